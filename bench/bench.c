@@ -1,0 +1,267 @@
+/*
+ * bench/bench.c — `orochi bench`: the engine's speed on one model, judged against the memory
+ * bandwidth floor.
+ *
+ * Two measurements, both in one process so their ratios are fair:
+ *   1. sequential greedy decode tok/s at 1 and 2 threads (or --threads list), with the achieved
+ *      weight-read GB/s;
+ *   2. the step time t(W) of one W-token forward (a chain) at a committed context of --ctx tokens
+ *      for W = 1, 2, 4, ..., 64: the ratio t(W)/t(1) says how wide a verification can be before it
+ *      costs more than it saves.
+ * Each timing is the median of --reps repetitions after a warm-up. A table goes to stdout and one
+ * JSON object per row to --json FILE (bench/results/bench.jsonl by default).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+
+#define BENCH_FLOOR_GBS 28.0
+#define BENCH_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+typedef struct {
+    const char *model, *json;
+    long decode_tokens, ctx, reps;
+    int threads[8], n_threads;
+    int widths[8], n_widths;
+    kv_type kv;
+} bench_opts;
+
+static int bench_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Deterministic token ids for the synthetic context. */
+static void bench_ids(int32_t *ids, int n, int vocab)
+{
+    uint64_t s = 12345;
+    for (int i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
+    }
+}
+
+/* Decode tok/s: greedy steps after a short prompt. */
+static int bench_decode(const llama_model *m, const bench_opts *o, int threads, double *tps)
+{
+    char err[256];
+    int n_prompt = 16;
+    llama_ctx_params cp = {.n_threads = threads, .max_width = 16,
+                           .n_ctx = n_prompt + (int)o->decode_tokens + 1, .kv = o->kv, .n_shards = 1};
+    llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
+    float *logits = malloc((size_t)m->cfg.vocab * sizeof *logits);
+    int32_t ids[16];
+    int rc = -1;
+    if (!ctx || !logits)
+        goto done;
+    bench_ids(ids, n_prompt, m->cfg.vocab);
+    if (llama_prefill(ctx, ids, n_prompt, logits, err, sizeof err))
+        goto done;
+    double t0 = cli_now();
+    for (long i = 0; i < o->decode_tokens; i++) {
+        int32_t id = sampler_argmax(logits, m->cfg.vocab), zero = 0;
+        llama_batch b = {.n = 1, .tokens = &id};
+        if (llama_forward(ctx, &b, logits, err, sizeof err) || llama_commit(ctx, &zero, 1, err, sizeof err))
+            goto done;
+    }
+    *tps = (double)o->decode_tokens / (cli_now() - t0);
+    rc = 0;
+done:
+    if (rc)
+        fprintf(stderr, "orochi bench: decode failed: %s\n", ctx ? err : "cannot create context");
+    free(logits);
+    llama_ctx_destroy(&ctx);
+    return rc;
+}
+
+/* Step time of a W-token chain at a committed context of o->ctx tokens (median of reps). */
+static int bench_width(const llama_model *m, const bench_opts *o, llama_ctx *ctx, int w, float *logits,
+                       double *t_step)
+{
+    char err[256];
+    int32_t ids[KMAT_MAX_W];
+    double times[64];
+    int reps = o->reps < 64 ? (int)o->reps : 64;
+    bench_ids(ids, w, m->cfg.vocab);
+    llama_batch b = {.n = w, .tokens = ids};
+    if (llama_forward(ctx, &b, logits, err, sizeof err)) { /* warm-up */
+        fprintf(stderr, "orochi bench: %s\n", err);
+        return -1;
+    }
+    for (int r = 0; r < reps; r++) {
+        double t0 = cli_now();
+        llama_forward(ctx, &b, logits, err, sizeof err);
+        times[r] = cli_now() - t0;
+    }
+    *t_step = bench_median(times, reps);
+    return 0;
+}
+
+static bool bench_list(const char *s, int *out, int *n, int max, long hi)
+{
+    *n = 0;
+    char *dup = strdup(s), *save = NULL;
+    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (*n == max || !cli_int("bench", "list", tok, 1, hi, &v)) {
+            free(dup);
+            return false;
+        }
+        out[(*n)++] = (int)v;
+    }
+    free(dup);
+    return *n > 0;
+}
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out, "usage: orochi bench [--model M] [--threads 1,2] [--widths 1,2,4,8,16,32,64]\n"
+                 "                    [--ctx 256] [--decode-tokens 64] [--reps 5] [--kv f32|f16]\n"
+                 "                    [--json FILE]\n"
+                 "  Decode tok/s per thread count and the W-token step-time curve at --ctx,\n"
+                 "  with achieved GB/s against the %.0f GB/s bandwidth floor.\n", BENCH_FLOOR_GBS);
+}
+
+static FILE *bench_open_json(const char *path)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = 0;
+        mkdir(dir, 0755);
+    }
+    return fopen(path, "a");
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_opts o = {.model = BENCH_DEFAULT_MODEL, .json = "bench/results/bench.jsonl",
+                    .decode_tokens = 64, .ctx = 256, .reps = 5, .kv = KV_F32};
+    bench_list("1,2", o.threads, &o.n_threads, 8, 1024);
+    bench_list("1,2,4,8,16,32,64", o.widths, &o.n_widths, 8, KMAT_MAX_W);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            return 0;
+        }
+        if (!(v = cli_value("bench", argc, argv, &i)))
+            return 2;
+        if (!strcmp(a, "--model")) o.model = v;
+        else if (!strcmp(a, "--json")) o.json = v;
+        else if (!strcmp(a, "--threads")) {
+            if (!bench_list(v, o.threads, &o.n_threads, 8, 1024))
+                return 2;
+        } else if (!strcmp(a, "--widths")) {
+            if (!bench_list(v, o.widths, &o.n_widths, 8, KMAT_MAX_W))
+                return 2;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!cli_int("bench", a, v, 1, 1 << 20, &o.ctx))
+                return 2;
+        } else if (!strcmp(a, "--decode-tokens")) {
+            if (!cli_int("bench", a, v, 1, 1 << 20, &o.decode_tokens))
+                return 2;
+        } else if (!strcmp(a, "--reps")) {
+            if (!cli_int("bench", a, v, 1, 64, &o.reps))
+                return 2;
+        } else if (!strcmp(a, "--kv")) {
+            if (strcmp(v, "f32") && strcmp(v, "f16")) {
+                fprintf(stderr, "orochi bench: --kv expects f32 or f16\n");
+                return 2;
+            }
+            o.kv = strcmp(v, "f16") ? KV_F32 : KV_F16;
+        } else {
+            fprintf(stderr, "orochi bench: unknown option '%s'\n", a);
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    char err[512];
+    llama_model *m = llama_model_load(o.model, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    FILE *js = bench_open_json(o.json);
+    if (!js)
+        fprintf(stderr, "orochi bench: cannot open %s for JSON lines; table only\n", o.json);
+    double gb = (double)llama_model_step_bytes(m) / 1e9, macs = llama_model_step_macs(m);
+    const char *name = strrchr(o.model, '/') ? strrchr(o.model, '/') + 1 : o.model;
+    printf("model %s: %d layers, dim %d, vocab %d, %.1f MB of weights read per step\n\n", name,
+           m->cfg.n_layers, m->cfg.dim, m->cfg.vocab, gb * 1e3);
+
+    printf("%-10s %10s %10s %10s\n", "threads", "tok/s", "GB/s", "of floor");
+    int rc = 1;
+    for (int i = 0; i < o.n_threads; i++) {
+        double tps;
+        fprintf(stderr, "orochi bench: decoding %ld tokens at %d threads...\n", o.decode_tokens, o.threads[i]);
+        if (bench_decode(m, &o, o.threads[i], &tps))
+            goto done;
+        printf("%-10d %10.1f %10.2f %9.0f%%\n", o.threads[i], tps, tps * gb, 100 * tps * gb / BENCH_FLOOR_GBS);
+        if (js)
+            fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"threads\":%d,\"tok_s\":%.3f,"
+                        "\"gb_s\":%.3f,\"floor_gb_s\":%.1f}\n", name, o.threads[i], tps, tps * gb,
+                    BENCH_FLOOR_GBS);
+    }
+
+    int threads = o.threads[o.n_threads - 1];
+    llama_ctx_params cp = {.n_threads = threads, .max_width = KMAT_MAX_W,
+                           .n_ctx = (int)o.ctx + KMAT_MAX_W, .kv = o.kv, .n_shards = 1};
+    llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
+    float *logits = malloc((size_t)KMAT_MAX_W * (size_t)m->cfg.vocab * sizeof *logits);
+    int32_t *ids = malloc((size_t)o.ctx * sizeof *ids);
+    if (!ctx || !logits || !ids) {
+        fprintf(stderr, "orochi bench: %s\n", ctx ? "out of memory" : err);
+        goto width_done;
+    }
+    bench_ids(ids, (int)o.ctx, m->cfg.vocab);
+    fprintf(stderr, "orochi bench: filling a context of %ld tokens...\n", o.ctx);
+    if (llama_prefill(ctx, ids, (int)o.ctx, logits, err, sizeof err)) {
+        fprintf(stderr, "orochi bench: %s\n", err);
+        goto width_done;
+    }
+    printf("\nbatch step time at context %ld, %d threads (median of %ld)\n", o.ctx, threads, o.reps);
+    printf("%-6s %10s %10s %10s %10s %10s\n", "W", "ms", "t(W)/t(1)", "tok/s", "GB/s", "GFLOP/s");
+    double t1 = 0;
+    for (int i = 0; i < o.n_widths; i++) {
+        int w = o.widths[i];
+        double t;
+        if (bench_width(m, &o, ctx, w, logits, &t))
+            goto width_done;
+        if (i == 0)
+            t1 = t * (w == 1 ? 1 : 0);
+        double ratio = t1 > 0 ? t / t1 : NAN;
+        printf("%-6d %10.2f %10.2f %10.1f %10.2f %10.2f\n", w, t * 1e3, ratio, w / t, gb / t,
+               2 * macs * w / t / 1e9);
+        if (js)
+            fprintf(js, "{\"bench\":\"width\",\"model\":\"%s\",\"threads\":%d,\"ctx\":%ld,\"w\":%d,"
+                        "\"ms\":%.4f,\"ratio\":%.4f,\"gb_s\":%.3f,\"gflop_s\":%.3f}\n",
+                    name, threads, o.ctx, w, t * 1e3, t1 > 0 ? ratio : -1.0, gb / t,
+                    2 * macs * w / t / 1e9);
+    }
+    rc = 0;
+width_done:
+    free(ids);
+    free(logits);
+    llama_ctx_destroy(&ctx);
+done:
+    if (js)
+        fclose(js);
+    llama_model_destroy(&m);
+    if (!rc && js)
+        fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
+    return rc;
+}

@@ -1,0 +1,16 @@
+/*
+ * cli/commands — the subcommands of the `orochi` CLI. Each takes the arguments after its name
+ * (argv[0] is the subcommand) and returns the process exit status: 0 ok, 1 runtime failure,
+ * 2 bad input (usage, malformed model file).
+ */
+#ifndef OROCHI_CLI_COMMANDS_H
+#define OROCHI_CLI_COMMANDS_H
+
+int cmd_run(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * cli/util.c — see util.h. Option values are checked in full (no trailing junk, in range) so a
+ * typo becomes an error message rather than a silent default.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/util.h"
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+bool cli_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "orochi %s: %s expects an integer in [%ld, %ld], got '%s'\n", cmd, opt, lo,
+                hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_float(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "orochi %s: %s expects a number in [%g, %g], got '%s'\n", cmd, opt, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+const char *cli_value(const char *cmd, int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "orochi %s: %s needs a value\n", cmd, argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_parse_ids(const char *cmd, const char *s, int32_t **ids)
+{
+    size_t cap = strlen(s) / 2 + 1, n = 0;
+    int32_t *out = malloc(cap * sizeof *out);
+    if (!out)
+        return -1;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "orochi %s: bad token id near '%.16s'\n", cmd, p);
+            free(out);
+            return -1;
+        }
+        out[n++] = (int32_t)v;
+        p = end;
+    }
+    *ids = out;
+    return (int)n;
+}
+
+uint64_t cli_peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+int cli_online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install the Debian packages orochi builds and tests with. Idempotent: packages already present
+# are skipped, so CI and developers can run it every time.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcjson-dev
+  libcmocka-dev clang libclang-rt-14-dev
+  python3 python3-numpy python3-regex python3-pip unzip
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

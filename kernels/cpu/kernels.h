@@ -1,0 +1,137 @@
+/*
+ * kernels/cpu — the CPU op set of orochi.
+ *
+ * Everything the Llama forward needs, written for a memory-bound machine:
+ *   - tensor types (ggml block layouts) and their traits: block size, bytes per block;
+ *   - a batched matmul y[t][r] = W[r] . x[t] for W = 1..64 tokens over an output-row range
+ *     [lo, hi), which streams every weight block from memory once for all tokens;
+ *   - rmsnorm, rope, silu*mul, softmax;
+ *   - attention as partials: (max, sum, output) per query-head over a dense prefix and over a
+ *     sparse (COO) tree part, and the online-softmax merge of partials;
+ *   - a pthread pool that runs a function over [0, n) in chunks.
+ * Every kernel has a portable scalar path; AVX2+FMA (x86-64) and NEON (arm64) paths are chosen
+ * at compile time.
+ */
+#ifndef OROCHI_KERNELS_H
+#define OROCHI_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+/* ===== tensor types (ggml numbering, as stored in GGUF) ===== */
+
+typedef enum {
+    KT_F32 = 0,
+    KT_F16 = 1,
+    KT_Q4_0 = 2,
+    KT_Q4_1 = 3,
+    KT_Q8_0 = 8,
+    KT_BF16 = 30,
+} kt_type;
+
+#define KT_QBLOCK 32 /* elements per block of the quantized types */
+
+typedef struct {
+    const char *name;
+    int block;          /* elements per block */
+    int block_bytes;    /* bytes per block */
+    bool supported;     /* orochi has kernels for it */
+} kt_traits;
+
+/* Traits of ggml type id `type`; name is "type<N>" style and supported=false for ids orochi does
+ * not implement, NULL for ids that are not ggml types at all. */
+const kt_traits *kt_traits_of(uint32_t type);
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
+size_t kt_row_bytes(uint32_t type, uint64_t n);
+
+float kt_f16_to_f32(uint16_t h);
+uint16_t kt_f32_to_f16(float f);
+float kt_bf16_to_f32(uint16_t h);
+uint16_t kt_f32_to_bf16(float f);
+
+/* Quantize n floats (n % 32 == 0) into `type` blocks (F32/F16/BF16/Q8_0/Q4_0/Q4_1). */
+void kt_quantize_row(uint32_t type, const float *x, void *out, int64_t n);
+/* Expand one row of n elements to floats. */
+void kt_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);
+
+/* ===== thread pool ===== */
+
+typedef struct kpool kpool;
+/* fn(arg, begin, end, thread_index): run over a chunk [begin, end). */
+typedef void (*kpool_fn)(void *arg, int64_t begin, int64_t end, int thread);
+
+kpool *kpool_new(int n_threads);
+void kpool_destroy(kpool **pool);
+int kpool_threads(const kpool *pool);
+/* Split [0, n) into chunks of at least `grain` items and run them on all threads; returns when
+ * every chunk is done. With pool == NULL it runs inline on the caller. */
+void kpool_run(kpool *pool, int64_t n, int64_t grain, kpool_fn fn, void *arg);
+
+/* ===== matmul ===== */
+
+/* A weight matrix as stored in GGUF: `rows` output features, each `cols` input elements long,
+ * row r at data + r * row_bytes. */
+typedef struct {
+    uint32_t type;
+    int64_t rows, cols;
+    size_t row_bytes;
+    const void *data;
+} kmat;
+
+#define KMAT_MAX_W 64 /* widest token batch a matmul takes */
+
+/* y[t * ldy + r] = sum_k W[r][k] * x[t * cols + k] for t < n_tok, lo <= r < hi.
+ * Each output row is computed the same way whatever [lo, hi) and the thread count are, so shards
+ * concatenate bit-identically. Quantized weights use 8-bit activations (Q8 blocks of 32). The
+ * scratch must hold kmat_scratch_bytes(cols, n_tok, kpool_threads(pool)) bytes; NULL allocates
+ * one per call. */
+void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x, int n_tok,
+              float *y, int64_t ldy, void *scratch);
+size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads);
+/* Copy row r of w into out as floats (the embedding lookup). */
+void kmat_row(const kmat *w, int64_t r, float *out);
+
+/* ===== elementwise ===== */
+
+void k_rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
+/* Rotate pairs (x[2i], x[2i+1]) of each of n_heads heads of size head_dim by pos * base^(-2i/d),
+ * d = rot_dim (<= head_dim; dimensions past rot_dim are untouched). */
+void k_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float base);
+void k_silu_mul(float *gate, const float *up, int n); /* gate = silu(gate) * up */
+void k_softmax(float *x, int n);
+float k_dot(const float *a, const float *b, int n);
+
+/* ===== attention partials ===== */
+
+/* A partial softmax-attention result of one query-head: the running max of scores, the sum of
+ * exp(score - max), and the unnormalised output sum exp(score - max) * v. */
+typedef struct {
+    float max;
+    float sum;
+} katt_stat;
+
+/* KV storage element type. */
+typedef enum { KV_F32 = 0, KV_F16 = 1 } kv_type;
+
+/* Keys/values of one KV head: position p at base + p * stride (elements of kv_type). */
+typedef struct {
+    kv_type type;
+    const void *k, *v;
+    int64_t stride; /* elements between consecutive positions */
+} katt_kv;
+
+/* Dense part: query q (head_dim) against positions [0, n) of kv. Writes stat and out (head_dim).
+ * n == 0 gives max = -inf, sum = 0, out = 0. */
+void katt_dense(const float *q, const katt_kv *kv, int n, int head_dim, float scale,
+                katt_stat *stat, float *out);
+/* Sparse part: query q against the listed positions idx[0..n) of kv (the query's ancestors in the
+ * token tree, itself included). */
+void katt_sparse(const float *q, const katt_kv *kv, const int32_t *idx, int n, int head_dim,
+                 float scale, katt_stat *stat, float *out);
+/* Merge partial b into a (online softmax): a becomes the partial over both key sets. */
+void katt_merge(katt_stat *a, float *out_a, const katt_stat *b, const float *out_b, int head_dim);
+/* Finish: out /= sum. */
+void katt_finish(const katt_stat *s, float *out, int head_dim);
+
+#endif

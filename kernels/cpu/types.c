@@ -1,0 +1,276 @@
+/*
+ * kernels/cpu/types.c — tensor type traits and the scalar (de)quantisers.
+ *
+ * Block layouts follow GGUF/ggml: a quantized row is a sequence of 32-element blocks.
+ *   Q8_0: f16 d, int8 q[32]                value = d * q
+ *   Q4_0: f16 d, uint8 qs[16]              value = d * (nibble - 8)
+ *   Q4_1: f16 d, f16 m, uint8 qs[16]       value = d * nibble + m
+ * where element j < 16 is the low nibble of qs[j] and element j + 16 the high nibble.
+ * These scalar routines are the reference the SIMD matmul is tested against, the embedding
+ * lookup, and what `orochi mkmodel` uses to write quantized weights.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/kernels.h"
+
+static const kt_traits TRAITS[] = {
+    [KT_F32] = {"F32", 1, 4, true},
+    [KT_F16] = {"F16", 1, 2, true},
+    [KT_Q4_0] = {"Q4_0", 32, 18, true},
+    [KT_Q4_1] = {"Q4_1", 32, 20, true},
+    [6] = {"Q5_0", 32, 22, false},
+    [7] = {"Q5_1", 32, 24, false},
+    [KT_Q8_0] = {"Q8_0", 32, 34, true},
+    [9] = {"Q8_1", 32, 36, false},
+    [10] = {"Q2_K", 256, 84, false},
+    [11] = {"Q3_K", 256, 110, false},
+    [12] = {"Q4_K", 256, 144, false},
+    [13] = {"Q5_K", 256, 176, false},
+    [14] = {"Q6_K", 256, 210, false},
+    [15] = {"Q8_K", 256, 292, false},
+    [16] = {"IQ2_XXS", 256, 66, false},
+    [17] = {"IQ2_XS", 256, 74, false},
+    [18] = {"IQ3_XXS", 256, 98, false},
+    [19] = {"IQ1_S", 256, 50, false},
+    [20] = {"IQ4_NL", 32, 18, false},
+    [21] = {"IQ3_S", 256, 110, false},
+    [22] = {"IQ2_S", 256, 82, false},
+    [23] = {"IQ4_XS", 256, 136, false},
+    [24] = {"I8", 1, 1, false},
+    [25] = {"I16", 1, 2, false},
+    [26] = {"I32", 1, 4, false},
+    [27] = {"I64", 1, 8, false},
+    [28] = {"F64", 1, 8, false},
+    [29] = {"IQ1_M", 256, 56, false},
+    [KT_BF16] = {"BF16", 1, 2, true},
+};
+
+const kt_traits *kt_traits_of(uint32_t type)
+{
+    if (type >= sizeof TRAITS / sizeof TRAITS[0] || !TRAITS[type].name)
+        return NULL;
+    return &TRAITS[type];
+}
+
+size_t kt_row_bytes(uint32_t type, uint64_t n)
+{
+    const kt_traits *t = kt_traits_of(type);
+    if (!t || n % (uint64_t)t->block)
+        return 0;
+    return (size_t)(n / (uint64_t)t->block) * (size_t)t->block_bytes;
+}
+
+/* ===== half and bfloat16 ===== */
+
+float kt_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t kt_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t absx = x & 0x7fffffff;
+    if (absx >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return (uint16_t)(sign | 0x7c00);
+    if (absx < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        float a;
+        memcpy(&a, &absx, 4);
+        /* a * 2^24 rounded to nearest even gives the subnormal mantissa */
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
+    }
+    /* normal: round mantissa to nearest even */
+    uint32_t rounded = absx + 0x0fff + ((absx >> 13) & 1);
+    return (uint16_t)(sign | (((rounded >> 13) - ((127 - 15) << 10)) & 0x7fff));
+}
+
+float kt_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t kt_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+/* ===== quantize / dequantize rows ===== */
+
+static void quantize_q8_0(const float *x, uint8_t *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, x += 32, out += 34) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.0f;
+        float id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = kt_f32_to_f16(d);
+        memcpy(out, &dh, 2);
+        for (int i = 0; i < 32; i++)
+            out[2 + i] = (uint8_t)(int8_t)lrintf(x[i] * id);
+    }
+}
+
+static void quantize_q4_0(const float *x, uint8_t *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, x += 32, out += 18) {
+        float amax = 0, maxv = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                maxv = x[i];
+            }
+        float d = maxv / -8.0f;
+        float id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = kt_f32_to_f16(d);
+        memcpy(out, &dh, 2);
+        for (int j = 0; j < 16; j++) {
+            int lo = (int)fminf(15.0f, floorf(x[j] * id + 8.5f));
+            int hi = (int)fminf(15.0f, floorf(x[j + 16] * id + 8.5f));
+            out[2 + j] = (uint8_t)(lo | (hi << 4));
+        }
+    }
+}
+
+static void quantize_q4_1(const float *x, uint8_t *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, x += 32, out += 20) {
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < 32; i++) {
+            mn = fminf(mn, x[i]);
+            mx = fmaxf(mx, x[i]);
+        }
+        float d = (mx - mn) / 15.0f;
+        float id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = kt_f32_to_f16(d), mh = kt_f32_to_f16(mn);
+        memcpy(out, &dh, 2);
+        memcpy(out + 2, &mh, 2);
+        for (int j = 0; j < 16; j++) {
+            int lo = (int)fminf(15.0f, floorf((x[j] - mn) * id + 0.5f));
+            int hi = (int)fminf(15.0f, floorf((x[j + 16] - mn) * id + 0.5f));
+            out[4 + j] = (uint8_t)(lo | (hi << 4));
+        }
+    }
+}
+
+void kt_quantize_row(uint32_t type, const float *x, void *out, int64_t n)
+{
+    uint8_t *o = out;
+    switch (type) {
+    case KT_F32:
+        memcpy(o, x, (size_t)n * 4);
+        break;
+    case KT_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = kt_f32_to_f16(x[i]);
+            memcpy(o + 2 * i, &h, 2);
+        }
+        break;
+    case KT_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = kt_f32_to_bf16(x[i]);
+            memcpy(o + 2 * i, &h, 2);
+        }
+        break;
+    case KT_Q8_0:
+        quantize_q8_0(x, o, n);
+        break;
+    case KT_Q4_0:
+        quantize_q4_0(x, o, n);
+        break;
+    case KT_Q4_1:
+        quantize_q4_1(x, o, n);
+        break;
+    default:
+        break;
+    }
+}
+
+static float load_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kt_f16_to_f32(h);
+}
+
+void kt_dequantize_row(uint32_t type, const void *row, float *out, int64_t n)
+{
+    const uint8_t *p = row;
+    switch (type) {
+    case KT_F32:
+        memcpy(out, p, (size_t)n * 4);
+        break;
+    case KT_F16:
+        for (int64_t i = 0; i < n; i++)
+            out[i] = load_f16(p + 2 * i);
+        break;
+    case KT_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = kt_bf16_to_f32(h);
+        }
+        break;
+    case KT_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 34, out += 32) {
+            float d = load_f16(p);
+            for (int i = 0; i < 32; i++)
+                out[i] = d * (float)(int8_t)p[2 + i];
+        }
+        break;
+    case KT_Q4_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 18, out += 32) {
+            float d = load_f16(p);
+            for (int j = 0; j < 16; j++) {
+                out[j] = d * (float)((p[2 + j] & 0xf) - 8);
+                out[j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+            }
+        }
+        break;
+    case KT_Q4_1:
+        for (int64_t b = 0; b < n / 32; b++, p += 20, out += 32) {
+            float d = load_f16(p), m = load_f16(p + 2);
+            for (int j = 0; j < 16; j++) {
+                out[j] = d * (float)(p[4 + j] & 0xf) + m;
+                out[j + 16] = d * (float)(p[4 + j] >> 4) + m;
+            }
+        }
+        break;
+    default:
+        break;
+    }
+}

@@ -1,0 +1,101 @@
+/*
+ * model/llama — the Llama-architecture target model: load from GGUF, run a batch of W tokens
+ * arranged as a token tree, commit an accepted path into the KV prefix.
+ *
+ * The forward takes tokens with explicit positions and parent indices (a chain is the causal case).
+ * Their K/V go to a per-layer tree area; each token attends to the committed prefix (dense part)
+ * and to its own ancestors in the tree (sparse part), merged by online softmax. Every linear layer
+ * and the lm_head are computed as one or more output-row ranges [lo, hi): a worker that owns a
+ * shard computes only its rows, and the pieces concatenate bit-identically.
+ */
+#ifndef OROCHI_LLAMA_H
+#define OROCHI_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kernels.h"
+#include "model/gguf.h"
+
+typedef struct {
+    int n_layers, dim, ffn, n_heads, n_kv_heads, head_dim, rot_dim, vocab, ctx;
+    float rope_base, norm_eps;
+} llama_config;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;
+    kmat wq, wk, wv, wo, w_gate, w_up, w_down;
+} llama_layer;
+
+typedef struct {
+    llama_config cfg;
+    gguf_file *file; /* owns the mapping every weight points into */
+    kmat tok_embd, lm_head;
+    const float *out_norm;
+    llama_layer *layers;
+    int tied; /* lm_head is the embedding matrix */
+} llama_model;
+
+/* Load a llama GGUF. On failure NULL and one line in err naming the file and what is wrong
+ * (missing key or tensor, wrong shape, unsupported tensor type). */
+llama_model *llama_model_load(const char *path, char *err, size_t errlen);
+void llama_model_destroy(llama_model **model);
+/* Bytes of weights a step reads: every layer matrix plus the lm_head. */
+size_t llama_model_step_bytes(const llama_model *m);
+/* Multiply-adds per token of a step (matmuls only, no attention). */
+double llama_model_step_macs(const llama_model *m);
+
+typedef struct {
+    int n_threads;  /* 0: all online cores */
+    int max_width;  /* widest batch a forward takes (<= KMAT_MAX_W) */
+    int n_ctx;      /* prefix capacity; 0: the model's context length */
+    kv_type kv;     /* KV cache element type */
+    int n_shards;   /* compute each linear as this many row ranges (1 = whole) */
+} llama_ctx_params;
+
+typedef struct llama_ctx llama_ctx;
+
+llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *err, size_t errlen);
+void llama_ctx_destroy(llama_ctx **ctx);
+int llama_ctx_prefix_len(const llama_ctx *ctx);
+int llama_ctx_threads(const llama_ctx *ctx);
+/* Forget the committed prefix. */
+void llama_ctx_reset(llama_ctx *ctx);
+
+typedef struct {
+    int n;                 /* tokens in the batch, 1..max_width */
+    const int32_t *tokens;
+    const int32_t *parent; /* parent index within the batch, -1 = child of the prefix; NULL = chain */
+    const int32_t *pos;    /* positions; NULL = prefix length + depth in the tree */
+    int logits_from;       /* compute logits only for tokens i >= logits_from */
+} llama_batch;
+
+/* Run the batch; logits (may be NULL) receives (n - logits_from) x vocab floats, row j holding
+ * the logits of token logits_from + j. Returns 0,
+ * or -1 with a message in err (bad token id, parent, capacity). The batch's K/V stay in the tree
+ * area until the next forward. */
+int llama_forward(llama_ctx *ctx, const llama_batch *b, float *logits, char *err, size_t errlen);
+/* Move the K/V of batch tokens path[0..n) (a root-to-node path, in order) into the prefix. */
+int llama_commit(llama_ctx *ctx, const int32_t *path, int n, char *err, size_t errlen);
+
+/* Convenience: feed ids as chains of up to max_width tokens, committing each; logits of the last
+ * token go to last_logits (may be NULL). */
+int llama_prefill(llama_ctx *ctx, const int32_t *ids, int n, float *last_logits, char *err,
+                  size_t errlen);
+
+/* ===== sampling ===== */
+
+typedef struct {
+    float temp;  /* 0 = greedy */
+    int top_k;   /* 0 = off */
+    float top_p; /* 1 = off */
+    uint64_t rng;
+} sampler;
+
+void sampler_init(sampler *s, float temp, int top_k, float top_p, uint64_t seed);
+/* Greedy: the lowest index among the maxima. Otherwise a draw from the tempered, truncated
+ * distribution; `work` must hold 2 * n floats' worth of scratch (n ints + n floats). */
+int32_t sampler_sample(sampler *s, const float *logits, int n, void *work);
+int32_t sampler_argmax(const float *logits, int n);
+
+#endif

@@ -1,0 +1,284 @@
+"""Independent numpy reference of the Llama forward pass over a GGUF model.
+
+Used by the `reference_*` tests: the C engine's logits are compared with the
+logits computed here.  Nothing is shared with the C code: the GGUF container is
+read by gguf_ref.py, the tensors are dequantised by dequant_ref.py, and the
+transformer below is written directly from the architecture description:
+
+  x = token_embd[token]
+  per layer:
+    h = rmsnorm(x) * attn_norm
+    q, k, v = Wq h, Wk h, Wv h          (RoPE on q and k, adjacent-pair layout)
+    attention over cached positions 0..p, query head h reads kv head
+      h // (n_heads / n_kv_heads), scores scaled by 1/sqrt(head_dim)
+    x += Wo attn
+    h = rmsnorm(x) * ffn_norm
+    x += Wdown (silu(Wgate h) * (Wup h))
+  logits = lm_head (rmsnorm(x) * output_norm)   (lm_head = token_embd if tied)
+
+All arithmetic is done in float64 by default (weights are dequantised once, at
+load, and kept in the compute dtype).  `LlamaRef.forward` accepts a chunk of
+tokens at once (causal within the chunk), which is mathematically the same as
+stepping them one by one but much faster for prompts.
+
+Run directly for a quick look:  python3 llama_ref.py MODEL.gguf [ID ...]
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dequant_ref import dequant  # noqa: E402
+from gguf_ref import GGUFRef  # noqa: E402
+
+
+class LlamaConfig:
+    """Hyper-parameters read from the GGUF metadata."""
+
+    def __init__(self, kv, tensors):
+        arch = kv.get("general.architecture", "llama")
+
+        def key(name, default=None):
+            value = kv.get("%s.%s" % (arch, name), default)
+            if value is None:
+                raise KeyError("GGUF metadata lacks %s.%s" % (arch, name))
+            return value
+
+        self.n_layers = int(key("block_count"))
+        self.dim = int(key("embedding_length"))
+        self.ffn = int(key("feed_forward_length"))
+        self.n_heads = int(key("attention.head_count"))
+        self.n_kv_heads = int(key("attention.head_count_kv", self.n_heads))
+        self.eps = float(key("attention.layer_norm_rms_epsilon"))
+        self.rope_base = float(key("rope.freq_base", 10000.0))
+        self.ctx = int(key("context_length"))
+        q_rows = int(tensors["blk.0.attn_q.weight"].ne[1])
+        self.head_dim = int(key("attention.key_length", q_rows // self.n_heads))
+        self.rot_dim = int(key("rope.dimension_count", self.head_dim))
+        self.vocab = int(tensors["token_embd.weight"].ne[1])
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("head_count %d not a multiple of head_count_kv %d"
+                             % (self.n_heads, self.n_kv_heads))
+        if self.rot_dim % 2 or self.rot_dim > self.head_dim:
+            raise ValueError("bad rope dimension %d" % self.rot_dim)
+
+    def __repr__(self):
+        return ("LlamaConfig(layers=%d dim=%d ffn=%d heads=%d kv_heads=%d "
+                "head_dim=%d rot_dim=%d vocab=%d ctx=%d base=%g eps=%g)"
+                % (self.n_layers, self.dim, self.ffn, self.n_heads,
+                   self.n_kv_heads, self.head_dim, self.rot_dim, self.vocab,
+                   self.ctx, self.rope_base, self.eps))
+
+
+class LlamaRef:
+    """Reference Llama model with its own KV cache (one sequence)."""
+
+    def __init__(self, path, dtype=np.float64):
+        self.path = path
+        self.dtype = dtype
+        gguf = GGUFRef(path)
+        self.cfg = LlamaConfig(gguf.kv, gguf.tensors)
+        cfg = self.cfg
+
+        def load(name, shape=None):
+            info = gguf.tensors[name]
+            mat = dequant(gguf.tensor_bytes(name), info.type, info.ne)
+            if shape is not None and mat.shape != shape:
+                raise ValueError("%s has shape %s, expected %s"
+                                 % (name, mat.shape, shape))
+            return mat.astype(dtype)
+
+        def vector(name):
+            return load(name).reshape(-1)
+
+        qdim = cfg.n_heads * cfg.head_dim
+        kvdim = cfg.n_kv_heads * cfg.head_dim
+        self.token_embd = load("token_embd.weight", (cfg.vocab, cfg.dim))
+        self.layers = []
+        for i in range(cfg.n_layers):
+            p = "blk.%d." % i
+            self.layers.append({
+                "attn_norm": vector(p + "attn_norm.weight"),
+                "wq": load(p + "attn_q.weight", (qdim, cfg.dim)),
+                "wk": load(p + "attn_k.weight", (kvdim, cfg.dim)),
+                "wv": load(p + "attn_v.weight", (kvdim, cfg.dim)),
+                "wo": load(p + "attn_output.weight", (cfg.dim, qdim)),
+                "ffn_norm": vector(p + "ffn_norm.weight"),
+                "w_gate": load(p + "ffn_gate.weight", (cfg.ffn, cfg.dim)),
+                "w_up": load(p + "ffn_up.weight", (cfg.ffn, cfg.dim)),
+                "w_down": load(p + "ffn_down.weight", (cfg.dim, cfg.ffn)),
+            })
+        self.output_norm = vector("output_norm.weight")
+        self.tied = "output.weight" not in gguf.tensors
+        if self.tied:
+            self.lm_head = self.token_embd
+        else:
+            self.lm_head = load("output.weight", (cfg.vocab, cfg.dim))
+        # inverse frequencies of the rotated pairs: base^(-2i/rot_dim)
+        pair = np.arange(cfg.rot_dim // 2, dtype=np.float64)
+        self.inv_freq = cfg.rope_base ** (-2.0 * pair / cfg.rot_dim)
+        self.reset()
+
+    # -- state -------------------------------------------------------------
+
+    def reset(self):
+        """Forget the sequence: empty KV cache, position 0."""
+        self.k_cache = None
+        self.v_cache = None
+        self.pos = 0
+
+    def _reserve(self, length):
+        """Grow the KV cache so that it holds at least `length` positions.
+
+        The cache grows on demand (doubling) instead of being sized for the
+        whole context window, which can be large for real models.
+        """
+        cfg = self.cfg
+        if length > cfg.ctx:
+            raise ValueError("sequence of %d tokens exceeds context %d"
+                             % (length, cfg.ctx))
+        have = 0 if self.k_cache is None else self.k_cache.shape[1]
+        if length <= have:
+            return
+        cap = min(cfg.ctx, max(length, 2 * have, 64))
+        shape = (cfg.n_layers, cap, cfg.n_kv_heads, cfg.head_dim)
+        k_new = np.zeros(shape, dtype=self.dtype)
+        v_new = np.zeros(shape, dtype=self.dtype)
+        if have:
+            k_new[:, :have] = self.k_cache
+            v_new[:, :have] = self.v_cache
+        self.k_cache, self.v_cache = k_new, v_new
+
+    # -- building blocks ---------------------------------------------------
+
+    def _rmsnorm(self, x, weight):
+        mean_sq = np.mean(x * x, axis=-1, keepdims=True)
+        return x / np.sqrt(mean_sq + self.cfg.eps) * weight
+
+    def _rope(self, x, positions):
+        """Rotate adjacent pairs (x[2i], x[2i+1]) of every head in place.
+
+        x: (T, heads, head_dim); positions: (T,) absolute positions.
+        """
+        half = self.cfg.rot_dim // 2
+        angle = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
+        cos = np.cos(angle)[:, None, :].astype(self.dtype)  # (T, 1, half)
+        sin = np.sin(angle)[:, None, :].astype(self.dtype)
+        even = x[:, :, 0:2 * half:2].copy()
+        odd = x[:, :, 1:2 * half:2].copy()
+        x[:, :, 0:2 * half:2] = even * cos - odd * sin
+        x[:, :, 1:2 * half:2] = even * sin + odd * cos
+        return x
+
+    def _attention(self, layer_index, q, k, v, positions):
+        """Causal grouped-query attention for a chunk; caches k and v.
+
+        q: (T, n_heads, hd); k, v: (T, n_kv, hd).  Returns (T, n_heads*hd).
+        """
+        cfg = self.cfg
+        T = q.shape[0]
+        start = int(positions[0])
+        end = start + T
+        k_cache = self.k_cache[layer_index]
+        v_cache = self.v_cache[layer_index]
+        k_cache[start:end] = k
+        v_cache[start:end] = v
+        keys = k_cache[:end]      # (S, n_kv, hd)
+        values = v_cache[:end]
+        group = cfg.n_heads // cfg.n_kv_heads
+        qg = q.reshape(T, cfg.n_kv_heads, group, cfg.head_dim)
+        # scores[g, r, t, s] for kv head g, query head g*group + r
+        scores = np.einsum("tgrd,sgd->grts", qg, keys) / np.sqrt(cfg.head_dim)
+        key_pos = np.arange(end)
+        visible = key_pos[None, :] <= positions[:, None]       # (T, S)
+        scores = np.where(visible[None, None], scores, -np.inf)
+        scores -= scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores)
+        weights /= weights.sum(axis=-1, keepdims=True)
+        out = np.einsum("grts,sgd->tgrd", weights, values)
+        return out.reshape(T, cfg.n_heads * cfg.head_dim)
+
+    # -- forward -------------------------------------------------------------
+
+    def forward(self, tokens):
+        """Consume a chunk of tokens; return logits (len(tokens), vocab)."""
+        cfg = self.cfg
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            return np.zeros((0, cfg.vocab), dtype=np.float64)
+        if tokens.min() < 0 or tokens.max() >= cfg.vocab:
+            raise ValueError("token id out of range")
+        T = tokens.size
+        positions = np.arange(self.pos, self.pos + T)
+        self._reserve(self.pos + T)
+        x = self.token_embd[tokens].copy()                    # (T, dim)
+        for i, L in enumerate(self.layers):
+            h = self._rmsnorm(x, L["attn_norm"])
+            q = (h @ L["wq"].T).reshape(T, cfg.n_heads, cfg.head_dim)
+            k = (h @ L["wk"].T).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            v = (h @ L["wv"].T).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            self._rope(q, positions)
+            self._rope(k, positions)
+            attn = self._attention(i, q, k, v, positions)
+            x = x + attn @ L["wo"].T
+            h = self._rmsnorm(x, L["ffn_norm"])
+            gate = h @ L["w_gate"].T
+            up = h @ L["w_up"].T
+            silu = gate / (1.0 + np.exp(-gate))
+            x = x + (silu * up) @ L["w_down"].T
+        self.pos += T
+        h = self._rmsnorm(x, self.output_norm)
+        return (h @ self.lm_head.T).astype(np.float64)
+
+    def step(self, token):
+        """Consume one token; return its logits as a float64 vector."""
+        return self.forward([int(token)])[0]
+
+    def teacher_forced(self, ids, chunk=64):
+        """Logits (len(ids), vocab) after each prefix of ids, from a reset state."""
+        self.reset()
+        rows = [self.forward(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+        return np.concatenate(rows, axis=0)
+
+    def greedy(self, prompt_ids, n):
+        """Greedy generation of n tokens after prompt_ids (state is reset).
+
+        Returns (generated_ids, logits) where logits has len(prompt_ids) + n
+        rows: row i holds the logits after consuming (prompt + generated)[:i+1],
+        so the last generated token is consumed as well.
+        """
+        self.reset()
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        rows = [self.forward(prompt_ids)]
+        generated = []
+        for _ in range(n):
+            nxt = int(np.argmax(rows[-1][-1]))
+            generated.append(nxt)
+            rows.append(self.forward([nxt]))
+        return generated, np.concatenate(rows, axis=0)
+
+
+def _main(argv):
+    if len(argv) < 2:
+        print("usage: llama_ref.py MODEL.gguf [ID ...]")
+        return 2
+    import time
+    t0 = time.time()
+    model = LlamaRef(argv[1])
+    print(model.cfg, "tied" if model.tied else "untied",
+          "loaded in %.1fs" % (time.time() - t0))
+    ids = [int(a) for a in argv[2:]] or [1]
+    t0 = time.time()
+    generated, logits = model.greedy(ids, 16)
+    print("generated:", generated, "(%.1fs)" % (time.time() - t0))
+    print("logits shape", logits.shape)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))
