@@ -237,7 +237,6 @@ int cmd_run(int argc, char **argv)
         }
     }
     double t_decode = cli_now() - t1;
-    fflush(stdout);
     if (o.print_ids) {
         for (int i = 0; i < n_out; i++)
             printf(i ? " %d" : "%d", out_ids[i]);
@@ -245,6 +244,7 @@ int cmd_run(int argc, char **argv)
     } else {
         printf("\n");
     }
+    fflush(stdout);
     /* each decode step after the first token runs one forward */
     int steps = n_out > 1 ? n_out - 1 : 0;
     double dec_tps = steps && t_decode > 0 ? steps / t_decode : 0;

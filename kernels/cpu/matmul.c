@@ -3,17 +3,17 @@
  *
  * Speculative verification lives on one property: W tokens cost about what one token costs,
  * because the weights are what a memory-bound step pays for. So the loop order is row-outer:
- * each thread takes a contiguous range of output rows; for each row it streams the row's blocks
- * from memory exactly once, expands them into an L1-resident buffer (int8 values plus per-block
- * scales for quantized types, f32 for float types) and then dots that buffer with every token of
- * the batch, four tokens at a time.
+ * each thread takes a contiguous range of output rows; each row is streamed from memory once and
+ * then stays in L1 while it is dotted with every token of the batch, four tokens per tile.
+ * Quantized blocks are expanded to int8 in registers (per tile), float-type rows are expanded to
+ * f32 once into a per-thread buffer.
  *
  * Quantized weights are multiplied against activations quantized to 8 bits per 32-element block
- * (scale d, and s = d * sum(q) for the Q4_1 offset term), done once per call before dispatch:
+ * (scale d, and s = d * sum(q) for the offset term), done once per call before dispatch:
  *   Q8_0: w = d_w * q              -> d_w d_x <q, x>
- *   Q4_0: w = d_w * (n - 8)        -> d_w d_x <n - 8, x>
+ *   Q4_0: w = d_w * n - 8 d_w      -> d_w d_x <n, x> - 8 d_w s_x
  *   Q4_1: w = d_w * n + m_w        -> d_w d_x <n, x> + m_w s_x
- * so all three share one int8 x int8 dot. Float weights (F32/F16/BF16) use f32 activations.
+ * with n the unsigned nibble, so the 4-bit types need no sign handling. Float weights (F32/F16/BF16) use f32 activations.
  * A row's result depends only on the row and the inputs, never on [lo, hi) or the thread count.
  */
 #include <math.h>
@@ -46,7 +46,7 @@ typedef struct {
     int n_tok;
     float *y;
     int64_t ldy;
-    uint8_t *scratch; /* per-thread row buffers */
+    uint8_t *scratch; /* per-thread f32 row buffers (float weight types) */
     size_t scratch_per_thread;
 } mm_job;
 
@@ -64,7 +64,7 @@ size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads)
 {
     size_t nb = (size_t)(cols + 31) / 32;
     size_t xq = mm_align((size_t)n_tok * (size_t)cols) + 2 * mm_align((size_t)n_tok * nb * 4);
-    size_t per_thread = mm_align((size_t)cols * 4) + 2 * mm_align(nb * 4);
+    size_t per_thread = mm_align((size_t)cols * 4);
     return xq + (size_t)n_threads * per_thread + 64;
 }
 
@@ -77,62 +77,83 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + t * cols + b * 32;
             int8_t *q = xq->q + t * cols + b * 32;
+#ifdef MM_AVX2
+            __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+            __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                      _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float amax = _mm_cvtss_f32(m4);
+            float d = amax / 127.0f, id = amax ? 127.0f / amax : 0.0f;
+            __m256 s = _mm256_set1_ps(id);
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            int isum = _mm_cvtsi128_si32(s4);
+            /* pack 32 int32 -> 32 int8 in order (packs work per 128-bit lane, then fix the order) */
+            __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
+            __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+            p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)q, p8);
+#else
             float amax = 0;
             for (int i = 0; i < 32; i++)
                 amax = fmaxf(amax, fabsf(v[i]));
             float d = amax / 127.0f, id = amax ? 127.0f / amax : 0.0f;
-            int sum = 0;
+            int isum = 0;
             for (int i = 0; i < 32; i++) {
                 q[i] = (int8_t)lrintf(v[i] * id);
-                sum += q[i];
+                isum += q[i];
             }
+#endif
             xq->d[t * nb + b] = d;
-            xq->s[t * nb + b] = d * (float)sum;
+            xq->s[t * nb + b] = d * (float)isum;
         }
 }
 
-/* ===== row expansion ===== */
+/* ===== weight blocks ===== */
 
-static float mm_f16(const uint8_t *p)
+static inline float mm_f16(const uint8_t *p)
 {
     uint16_t h;
     memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
     return kt_f16_to_f32(h);
+#endif
 }
 
-/* Expand a quantized row into int8 values plus per-block scale and offset. */
-static void mm_expand_quant(uint32_t type, const uint8_t *row, int64_t nb, int8_t *q, float *d,
-                            float *m)
+/* Where block b of a quantized row starts, its scale d and offset m. A Q4_0 block is treated
+ * as Q4_1 with m = -8d (value = d * n - 8d), so both 4-bit types multiply unsigned nibbles. */
+static inline const uint8_t *mm_block(uint32_t type, const uint8_t *row, int64_t b, float *d, float *m)
 {
-    for (int64_t b = 0; b < nb; b++, q += 32) {
-        if (type == KT_Q8_0) {
-            const uint8_t *p = row + b * 34;
-            d[b] = mm_f16(p);
-            m[b] = 0;
-            memcpy(q, p + 2, 32);
-            continue;
-        }
-        const uint8_t *p = type == KT_Q4_0 ? row + b * 18 : row + b * 20;
-        const uint8_t *qs = type == KT_Q4_0 ? p + 2 : p + 4;
-        d[b] = mm_f16(p);
-        m[b] = type == KT_Q4_1 ? mm_f16(p + 2) : 0.0f;
-        int bias = type == KT_Q4_0 ? 8 : 0;
-#ifdef MM_AVX2
-        __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-        __m128i mask = _mm_set1_epi8(0x0f);
-        __m128i lo = _mm_and_si128(raw, mask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-        __m256i v = _mm256_set_m128i(hi, lo);
-        v = _mm256_sub_epi8(v, _mm256_set1_epi8((char)bias));
-        _mm256_storeu_si256((__m256i *)q, v);
-#else
-        for (int j = 0; j < 16; j++) {
-            q[j] = (int8_t)((qs[j] & 0x0f) - bias);
-            q[j + 16] = (int8_t)((qs[j] >> 4) - bias);
-        }
-#endif
+    const uint8_t *p = row + b * (type == KT_Q8_0 ? 34 : type == KT_Q4_0 ? 18 : 20);
+    *d = mm_f16(p);
+    *m = type == KT_Q4_1 ? mm_f16(p + 2) : type == KT_Q4_0 ? -8.0f * *d : 0.0f;
+    return p + (type == KT_Q4_1 ? 4 : 2);
+}
+
+#ifndef MM_AVX2
+/* Expand one block's values to int8 (4-bit types as 0..15, see mm_block). */
+static inline void mm_block_i8(uint32_t type, const uint8_t *qs, int8_t *q)
+{
+    if (type == KT_Q8_0) {
+        memcpy(q, qs, 32);
+        return;
+    }
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(qs[j] & 0x0f);
+        q[j + 16] = (int8_t)(qs[j] >> 4);
     }
 }
+#endif
 
 static void mm_expand_float(uint32_t type, const uint8_t *row, int64_t cols, float *out)
 {
@@ -169,39 +190,101 @@ static inline float mm_hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-static inline __m256 mm_idot32(__m256i aw, __m256i w, const int8_t *x)
-{
-    __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-    __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
 #endif
 
-static void mm_dot_quant_tile(const int8_t *wq, const float *wd, int64_t nb, const mm_xq *xq,
+#define MM_INLINE static inline __attribute__((always_inline))
+
+#ifdef MM_AVX2
+/* Fold block b of the row into acc[0..NT) and the Q4_1 offset sums. TYPE and NT are constants at
+ * every call site, so the accumulators stay in registers. */
+MM_INLINE void mm_qblock(uint32_t TYPE, int NT, const uint8_t *row, int64_t b, int64_t nb,
+                         const mm_xq *xq, int t0, __m256 *acc, float *moff)
+{
+    float d, m;
+    const uint8_t *qs = mm_block(TYPE, row, b, &d, &m);
+    if (TYPE == KT_Q8_0) { /* signed x signed: move the sign onto x (maddubs wants u8 x s8) */
+        __m256i w = _mm256_loadu_si256((const __m256i *)qs);
+        __m256i aw = _mm256_sign_epi8(w, w);
+        for (int j = 0; j < NT; j++) {
+            int64_t xb = (int64_t)(t0 + j) * nb + b;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq->q + xb * 32));
+            __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
+            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+            acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq->d[xb]), acc[j]);
+        }
+        return;
+    }
+    /* 4-bit: unsigned nibbles straight into maddubs */
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+    for (int j = 0; j < NT; j++) {
+        int64_t xb = (int64_t)(t0 + j) * nb + b;
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(xq->q + xb * 32));
+        __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1)));
+        acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq->d[xb]), acc[j]);
+        moff[j] += m * xq->s[xb];
+    }
+}
+
+/* Dot one quantized row with tokens t0 .. t0+NT-1. The row's blocks are expanded in registers per
+ * tile (they sit in L1 after the first tile); two accumulator sets take even and odd blocks so the
+ * FMA latency chain does not bound a width-1 step. */
+MM_INLINE void mm_qtile(uint32_t TYPE, int NT, const uint8_t *row, int64_t nb, const mm_xq *xq,
+                        int t0, float *out)
+{
+    __m256 a0[MM_TILE], a1[MM_TILE];
+    float m0[MM_TILE] = {0}, m1[MM_TILE] = {0};
+    for (int j = 0; j < NT; j++)
+        a0[j] = a1[j] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        mm_qblock(TYPE, NT, row, b, nb, xq, t0, a0, m0);
+        mm_qblock(TYPE, NT, row, b + 1, nb, xq, t0, a1, m1);
+    }
+    if (b < nb)
+        mm_qblock(TYPE, NT, row, b, nb, xq, t0, a0, m0);
+    for (int j = 0; j < NT; j++)
+        out[j] = mm_hsum(_mm256_add_ps(a0[j], a1[j])) + (m0[j] + m1[j]);
+}
+
+#define MM_QTILE_FN(name, TYPE)                                                                  \
+    static void name(const uint8_t *row, int64_t nb, const mm_xq *xq, int t0, int nt, float *out) \
+    {                                                                                            \
+        switch (nt) {                                                                            \
+        case 1: mm_qtile(TYPE, 1, row, nb, xq, t0, out); break;                                  \
+        case 2: mm_qtile(TYPE, 2, row, nb, xq, t0, out); break;                                  \
+        case 3: mm_qtile(TYPE, 3, row, nb, xq, t0, out); break;                                  \
+        default: mm_qtile(TYPE, 4, row, nb, xq, t0, out); break;                                 \
+        }                                                                                        \
+    }
+MM_QTILE_FN(mm_qtile_q8_0, KT_Q8_0)
+MM_QTILE_FN(mm_qtile_q4_0, KT_Q4_0)
+MM_QTILE_FN(mm_qtile_q4_1, KT_Q4_1)
+
+static void mm_dot_quant_tile(uint32_t type, const uint8_t *row, int64_t nb, const mm_xq *xq,
                               int64_t cols, int t0, int nt, float *out)
 {
-#ifdef MM_AVX2
-    __m256 acc[MM_TILE];
-    for (int j = 0; j < MM_TILE; j++)
-        acc[j] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * 32));
-        __m256i aw = _mm256_sign_epi8(w, w);
-        for (int j = 0; j < nt; j++) {
-            int t = t0 + j;
-            __m256 scale = _mm256_set1_ps(wd[b] * xq->d[t * nb + b]);
-            acc[j] = _mm256_fmadd_ps(mm_idot32(aw, w, xq->q + t * cols + b * 32), scale, acc[j]);
-        }
-    }
-    for (int j = 0; j < nt; j++)
-        out[j] = mm_hsum(acc[j]);
+    if (type == KT_Q8_0)
+        mm_qtile_q8_0(row, nb, xq, t0, nt, out);
+    else if (type == KT_Q4_0)
+        mm_qtile_q4_0(row, nb, xq, t0, nt, out);
+    else
+        mm_qtile_q4_1(row, nb, xq, t0, nt, out);
+}
 #else
-    for (int j = 0; j < nt; j++) {
-        int t = t0 + j;
-        float sum = 0;
-        for (int64_t b = 0; b < nb; b++) {
-            const int8_t *x = xq->q + t * cols + b * 32;
-            const int8_t *w = wq + b * 32;
+/* Portable path: expand each block to int8, integer dot per token. */
+static void mm_dot_quant_tile(uint32_t type, const uint8_t *row, int64_t nb, const mm_xq *xq,
+                              int64_t cols, int t0, int nt, float *out)
+{
+    float sum[MM_TILE] = {0}, moff[MM_TILE] = {0};
+    int8_t w[32];
+    for (int64_t b = 0; b < nb; b++) {
+        float d, m;
+        mm_block_i8(type, mm_block(type, row, b, &d, &m), w);
+        for (int j = 0; j < nt; j++) {
+            int64_t xb = (int64_t)(t0 + j) * nb + b;
+            const int8_t *x = xq->q + xb * 32;
 #ifdef MM_NEON
             int16x8_t p0 = vmull_s8(vld1_s8(w), vld1_s8(x));
             int16x8_t p1 = vmull_s8(vld1_s8(w + 8), vld1_s8(x + 8));
@@ -217,12 +300,14 @@ static void mm_dot_quant_tile(const int8_t *wq, const float *wd, int64_t nb, con
             for (int i = 0; i < 32; i++)
                 isum += w[i] * x[i];
 #endif
-            sum += (float)isum * (wd[b] * xq->d[t * nb + b]);
+            sum[j] += (float)isum * (d * xq->d[xb]);
+            moff[j] += m * xq->s[xb];
         }
-        out[j] = sum;
     }
-#endif
+    for (int j = 0; j < nt; j++)
+        out[j] = sum[j] + moff[j];
 }
+#endif
 
 static void mm_dot_float_tile(const float *w, const float *x, int64_t cols, int nt, float *out)
 {
@@ -255,31 +340,21 @@ static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
     const mm_job *job = argp;
     const kmat *w = job->w;
     int64_t cols = w->cols, nb = cols / 32;
-    uint8_t *buf = job->scratch + (size_t)thread * job->scratch_per_thread;
     bool quant = mm_is_quant(w->type);
-    int8_t *wq = (int8_t *)buf;
-    float *wf = (float *)buf;
-    float *wd = (float *)(buf + mm_align((size_t)cols * 4));
-    float *wm = (float *)((uint8_t *)wd + mm_align((size_t)nb * 4));
+    float *wf = (float *)(job->scratch + (size_t)thread * job->scratch_per_thread);
     float tile[MM_TILE];
 
     for (int64_t i = begin; i < end; i++) {
         int64_t r = job->lo + i;
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        if (quant)
-            mm_expand_quant(w->type, row, nb, wq, wd, wm);
-        else
+        if (!quant)
             mm_expand_float(w->type, row, cols, wf);
         for (int t0 = 0; t0 < job->n_tok; t0 += MM_TILE) {
             int nt = job->n_tok - t0 < MM_TILE ? job->n_tok - t0 : MM_TILE;
-            if (quant) {
-                mm_dot_quant_tile(wq, wd, nb, &job->xq, cols, t0, nt, tile);
-                if (w->type == KT_Q4_1)
-                    for (int j = 0; j < nt; j++)
-                        tile[j] += k_dot(wm, job->xq.s + (t0 + j) * nb, (int)nb);
-            } else {
+            if (quant)
+                mm_dot_quant_tile(w->type, row, nb, &job->xq, cols, t0, nt, tile);
+            else
                 mm_dot_float_tile(wf, job->x + t0 * cols, cols, nt, tile);
-            }
             for (int j = 0; j < nt; j++)
                 job->y[(t0 + j) * job->ldy + r] = tile[j];
         }
@@ -303,7 +378,7 @@ void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x
     size_t nb = (size_t)w->cols / 32;
     mm_job job = {
         .w = w, .lo = lo, .x = x, .n_tok = n_tok, .y = y, .ldy = ldy,
-        .scratch_per_thread = mm_align((size_t)w->cols * 4) + 2 * mm_align(nb * 4),
+        .scratch_per_thread = mm_align((size_t)w->cols * 4),
     };
     if (mm_is_quant(w->type)) {
         job.xq.q = (int8_t *)base;

@@ -61,10 +61,17 @@ class RefTokenizer:
                        for t in toks]
         n = len(self.tokens)
         self.types = list(kv.get("tokenizer.ggml.token_type", [TT_NORMAL] * n))
+        # string -> first id; for SentencePiece the first *mergeable* id wins over control /
+        # byte / unused duplicates of the same string
         self.vocab = {}
-        for i, t in enumerate(self.tokens):
-            if t not in self.vocab:
-                self.vocab[t] = i
+        order = range(n)
+        if self.model == "llama":
+            bad = (TT_UNKNOWN, TT_CONTROL, TT_UNUSED, TT_BYTE)
+            order = [i for i in order if self.types[i] not in bad] + \
+                    [i for i in order if self.types[i] in bad]
+        for i in order:
+            if self.tokens[i] not in self.vocab:
+                self.vocab[self.tokens[i]] = i
         self.bos = kv.get("tokenizer.ggml.bos_token_id", -1)
         self.eos = kv.get("tokenizer.ggml.eos_token_id", -1)
         self.unk = kv.get("tokenizer.ggml.unknown_token_id", -1)

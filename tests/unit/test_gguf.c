@@ -274,7 +274,7 @@ static void walk_file(const gguf_file *f, const uint8_t *buf, size_t n)
                 else if (a->elem == GGUF_ARRAY)
                     sum += (unsigned)a->items[j].arr.n;
                 else
-                    sum += (unsigned)gguf_array_int(a, j) + (unsigned)gguf_array_float(a, j);
+                    sum += (unsigned)gguf_array_int(a, j) + (gguf_array_float(a, j) > 0.0);
             }
         }
     }
@@ -887,6 +887,39 @@ static void test_bad_tensors(void **state)
     free(b.p);
 }
 
+/* Long or hostile names are cut and escaped so the error stays one short line; a small error
+ * buffer is never overrun. */
+static void test_error_text(void **state)
+{
+    (void)state;
+    char key[2000];
+    memset(key, 'k', sizeof key - 1);
+    key[sizeof key - 1] = '\0';
+    key[10] = '\n';
+    tbuf b = {0};
+    tb_put(&b, "GGUF", 4);
+    tb_u32(&b, 3);
+    tb_u64(&b, 0);
+    tb_u64(&b, 1);
+    tb_key(&b, key, 99);
+    tb_u32(&b, 0);
+    char err[256];
+    expect_reject(&b, err, sizeof err);
+    assert_non_null(strstr(err, "at byte 2031")); /* the value type field after the key */
+    assert_non_null(strstr(err, "kkkk\\x0akkk"));
+    assert_non_null(strstr(err, "...'"));
+    assert_non_null(strstr(err, "unknown value type 99"));
+    assert_true(strlen(err) < 200);
+
+    char tiny[8];
+    uint8_t *copy;
+    memset(tiny, 'x', sizeof tiny);
+    assert_null(open_copy(b.p, b.n, &copy, tiny, sizeof tiny));
+    assert_true(strlen(tiny) < sizeof tiny);
+    free(copy);
+    free(b.p);
+}
+
 /* Known ggml types orochi cannot compute with (Q5_0, Q4_K, ...) are the loader's problem: the
  * reader accepts them and sizes them from its own table. */
 static void test_known_unsupported_types(void **state)
@@ -994,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_deep_nesting),
         cmocka_unit_test(test_bad_tensors),
+        cmocka_unit_test(test_error_text),
         cmocka_unit_test(test_known_unsupported_types),
         cmocka_unit_test(test_flip_every_byte),
         cmocka_unit_test(test_real_model),
