@@ -18,9 +18,13 @@
  * out of the text first, leftmost then longest match, and map straight to their ids.
  *
  * Conventions shared with the Python reference (tests/reference/tokenizer_ref.py): the first of
- * duplicate vocab strings wins; merges whose parts or result are not in the vocab are ignored; a
- * byte without a token becomes unknown_token_id, or is dropped when there is none; special tokens
- * decode to their literal text. Invalid UTF-8 input is accepted: each bad byte is one
+ * duplicate vocab strings wins (for SentencePiece, the first normal/user-defined one); merges whose
+ * parts or result are not in the vocab are ignored; in byte-level BPE a byte whose char has no
+ * token is dropped (vocabs such as SmolLM2's leave out 21 bytes, e.g. 0x04, 0xC0, 0xF5..0xFF, and
+ * their unknown_token_id is a control token like <|endoftext|>, which must not appear by
+ * accident), so decode(encode(s)) == s holds exactly when every byte of s has a token; in
+ * SentencePiece a piece without a token falls back to <0xXX> per byte, else unknown_token_id;
+ * special tokens decode to their literal text. Invalid UTF-8 input is accepted: each bad byte is one
  * "other"-class char (byte-level BPE then reproduces it exactly).
  *
  * Everything lives in the tokenizer struct (read-only after tokenizer_new), so one tokenizer may
@@ -556,11 +560,8 @@ static void tok_bpe_piece(const tokenizer *tok, tok_scratch *s, const uint8_t *p
                           tok_ids *out)
 {
     if (n == 1) {
-        int32_t id = tok->byte_id[p[0]];
-        if (id >= 0)
-            tok_ids_push(out, id);
-        else if (tok->unk >= 0)
-            tok_ids_push(out, tok->unk);
+        if (tok->byte_id[p[0]] >= 0)
+            tok_ids_push(out, tok->byte_id[p[0]]);
         return;
     }
     if (tok->ignore_merges) {
@@ -631,8 +632,6 @@ static void tok_bpe_piece(const tokenizer *tok, tok_scratch *s, const uint8_t *p
     for (int32_t i = 0; i >= 0; i = s->sym_next[i]) {
         if (s->sym_id[i] >= 0)
             tok_ids_push(out, s->sym_id[i]);
-        else if (tok->unk >= 0)
-            tok_ids_push(out, tok->unk);
     }
 }
 

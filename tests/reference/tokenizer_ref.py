@@ -14,8 +14,9 @@ algorithms rather than the fast ones:
   vocab piece with the highest score (leftmost on ties), unknown pieces fall back to <0xXX>.
 
 The conventions that are choices rather than facts (first duplicate wins in the vocab, merges
-whose parts or result are not in the vocab are ignored, a byte with no token becomes
-unknown_token_id or is dropped) are the same as the C side's, stated in model/tokenizer.c.
+whose parts or result are not in the vocab are ignored, in byte-level BPE a byte with no token is
+dropped, in SentencePiece a piece with no token becomes <0xXX> bytes or unknown_token_id) are the
+same as the C side's, stated in model/tokenizer.c.
 """
 
 import os
@@ -172,12 +173,8 @@ class RefTokenizer:
                     new.append(word[i])
                     i += 1
             word = new
-        ids = []
-        for w in word:
-            if w in self.vocab:
-                ids.append(self.vocab[w])
-            elif self.unk >= 0:  # only a single unmapped byte can get here
-                ids.append(self.unk)
+        # only a single byte without a token can be missing here: it is dropped
+        ids = [self.vocab[w] for w in word if w in self.vocab]
         self._cache[piece] = ids
         return ids
 
