@@ -197,7 +197,8 @@ static void inspect_print_tensors(const gguf_file *f)
            (unsigned long long)f->n_tensors, (unsigned long long)params,
            (unsigned long long)bytes, (double)bytes / (1024.0 * 1024.0));
     if (unsupported)
-        printf(", %llu tensors of types orochi has no kernels for", (unsigned long long)unsupported);
+        printf(", %llu tensors of types orochi has no kernels for",
+               (unsigned long long)unsupported);
     putchar('\n');
 }
 

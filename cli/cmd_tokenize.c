@@ -1,7 +1,7 @@
 /*
  * cli/cmd_tokenize — `orochi tokenize`: show how a model's own tokenizer splits a text.
  *
- *   orochi tokenize --model M [--no-special] [--no-bos] [--ids-only] [--chat] TEXT
+ *   orochi tokenize --model M [--no-special] [--no-bos] [--ids-only] [--chat] [--] TEXT
  *   orochi tokenize --model M [--no-special] [--no-bos] [--chat] --jsonl FILE
  *
  * The GGUF file is opened with gguf_open() and only its tokenizer.* metadata is used
@@ -38,7 +38,7 @@ typedef struct {
 static void tokenize_usage(FILE *out)
 {
     fprintf(out,
-            "usage: orochi tokenize --model M [options] TEXT\n"
+            "usage: orochi tokenize --model M [options] [--] TEXT\n"
             "       orochi tokenize --model M [options] --jsonl FILE\n"
             "\n"
             "Encode TEXT (\"-\" reads stdin) with the model's own tokenizer and print one line per\n"
@@ -219,9 +219,18 @@ static char *tokenize_read_stdin(size_t *len)
 int cmd_tokenize(int argc, char **argv)
 {
     tokenize_opts o = {.special = true, .bos = true};
+    bool options_done = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (options_done || a[0] != '-' || a[1] == '\0') {
+            if (o.text) {
+                fprintf(stderr, "orochi tokenize: more than one TEXT ('%s'); quote the text\n", a);
+                return 2;
+            }
+            o.text = a;
+        } else if (!strcmp(a, "--")) {
+            options_done = true;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             tokenize_usage(stdout);
             return 0;
         } else if (!strcmp(a, "--model") || !strcmp(a, "--jsonl")) {
@@ -241,15 +250,11 @@ int cmd_tokenize(int argc, char **argv)
             o.ids_only = true;
         } else if (!strcmp(a, "--chat")) {
             o.chat = true;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "orochi tokenize: unknown option '%s'\n", a);
+        } else {
+            fprintf(stderr, "orochi tokenize: unknown option '%s' (use -- before a TEXT that "
+                            "starts with '-')\n", a);
             tokenize_usage(stderr);
             return 2;
-        } else if (o.text) {
-            fprintf(stderr, "orochi tokenize: more than one TEXT ('%s'); quote the text\n", a);
-            return 2;
-        } else {
-            o.text = a;
         }
     }
     if (!o.model) {

@@ -280,7 +280,8 @@ static void gguf_set_what_named(gguf_reader *r, const char *kind, gguf_str name)
     snprintf(r->what, sizeof r->what, "%s '%s'", kind, q);
 }
 
-static void gguf_set_what(gguf_reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void gguf_set_what(gguf_reader *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void gguf_set_what(gguf_reader *r, const char *fmt, ...)
 {
     va_list ap;
@@ -579,7 +580,8 @@ static bool gguf_parse_kv(gguf_reader *r, gguf_file *f)
         if (ok)
             ok = gguf_parse_value(r, (gguf_type)type, &kv->value);
         if (ok) {
-            uint64_t first = gguf_nameset_add(&seen, f->kv, sizeof *f->kv, offsetof(gguf_kv, key), i);
+            uint64_t first =
+                gguf_nameset_add(&seen, f->kv, sizeof *f->kv, offsetof(gguf_kv, key), i);
             if (first != UINT64_MAX)
                 ok = gguf_fail(r, kv->offset, "duplicate key (first defined at byte %llu)",
                                (unsigned long long)f->kv[first].offset);

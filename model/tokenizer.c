@@ -822,6 +822,11 @@ static void tok_encode_fragment(const tokenizer *tok, tok_scratch *s, const char
 int tokenizer_encode(const tokenizer *tok, const char *text, size_t len, bool parse_special,
                      int32_t *ids, int cap, int *needed)
 {
+    if (len > (size_t)INT32_MAX / 4) { /* symbol indices are int32; 3 bytes per SPM space */
+        if (needed)
+            *needed = -1;
+        return -1;
+    }
     tok_ids out = {0};
     tok_scratch s = {0};
     size_t frag = 0;
@@ -1022,11 +1027,9 @@ static bool tok_is_int_type(gguf_type t)
            t == GGUF_UINT32 || t == GGUF_INT32 || t == GGUF_UINT64 || t == GGUF_INT64;
 }
 
-/* Sort helper context for specials: (first byte asc, length desc, id asc). */
-static int tok_special_cmp(const void *x, const void *y, void *ctx)
+/* Order of the special tokens: first byte ascending, then longest first, then id. */
+static int tok_special_cmp(const tokenizer *tok, int32_t a, int32_t b)
 {
-    const tokenizer *tok = ctx;
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
     size_t la, lb;
     const char *ta = tok_text(tok, a, &la), *tb = tok_text(tok, b, &lb);
     if ((uint8_t)ta[0] != (uint8_t)tb[0])
@@ -1036,7 +1039,7 @@ static int tok_special_cmp(const void *x, const void *y, void *ctx)
     return a < b ? -1 : (a > b);
 }
 
-/* insertion sort (few specials) then merge-sort fallback is overkill: use a simple shell sort */
+/* Shell sort (qsort has no context argument in C11; vocabs can have thousands of specials). */
 static void tok_sort_specials(tokenizer *tok)
 {
     int32_t *v = tok->special;
@@ -1045,7 +1048,7 @@ static void tok_sort_specials(tokenizer *tok)
         for (int32_t i = gap; i < n; i++) {
             int32_t x = v[i];
             int32_t j = i;
-            while (j >= gap && tok_special_cmp(&v[j - gap], &x, tok) > 0) {
+            while (j >= gap && tok_special_cmp(tok, v[j - gap], x) > 0) {
                 v[j] = v[j - gap];
                 j -= gap;
             }

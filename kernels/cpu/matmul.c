@@ -335,28 +335,43 @@ static void mm_dot_float_tile(const float *w, const float *x, int64_t cols, int 
 
 /* ===== the job ===== */
 
+/* Rows are taken MM_ROW_CHUNK at a time and, within a chunk, token tile by token tile: the chunk's
+ * weight rows and one tile of activations both stay in L1, so a wide batch reads its activations
+ * from L2 once per chunk rather than once per row. */
+#define MM_ROW_CHUNK 8
+
 static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
 {
     const mm_job *job = argp;
     const kmat *w = job->w;
     int64_t cols = w->cols, nb = cols / 32;
-    bool quant = mm_is_quant(w->type);
-    float *wf = (float *)(job->scratch + (size_t)thread * job->scratch_per_thread);
     float tile[MM_TILE];
 
-    for (int64_t i = begin; i < end; i++) {
-        int64_t r = job->lo + i;
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        if (!quant)
-            mm_expand_float(w->type, row, cols, wf);
+    if (!mm_is_quant(w->type)) {
+        float *wf = (float *)(job->scratch + (size_t)thread * job->scratch_per_thread);
+        for (int64_t i = begin; i < end; i++) {
+            int64_t r = job->lo + i;
+            mm_expand_float(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, cols, wf);
+            for (int t0 = 0; t0 < job->n_tok; t0 += MM_TILE) {
+                int nt = job->n_tok - t0 < MM_TILE ? job->n_tok - t0 : MM_TILE;
+                mm_dot_float_tile(wf, job->x + t0 * cols, cols, nt, tile);
+                for (int j = 0; j < nt; j++)
+                    job->y[(t0 + j) * job->ldy + r] = tile[j];
+            }
+        }
+        return;
+    }
+    for (int64_t c0 = begin; c0 < end; c0 += MM_ROW_CHUNK) {
+        int64_t c1 = c0 + MM_ROW_CHUNK < end ? c0 + MM_ROW_CHUNK : end;
         for (int t0 = 0; t0 < job->n_tok; t0 += MM_TILE) {
             int nt = job->n_tok - t0 < MM_TILE ? job->n_tok - t0 : MM_TILE;
-            if (quant)
+            for (int64_t i = c0; i < c1; i++) {
+                int64_t r = job->lo + i;
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
                 mm_dot_quant_tile(w->type, row, nb, &job->xq, cols, t0, nt, tile);
-            else
-                mm_dot_float_tile(wf, job->x + t0 * cols, cols, nt, tile);
-            for (int j = 0; j < nt; j++)
-                job->y[(t0 + j) * job->ldy + r] = tile[j];
+                for (int j = 0; j < nt; j++)
+                    job->y[(t0 + j) * job->ldy + r] = tile[j];
+            }
         }
     }
 }

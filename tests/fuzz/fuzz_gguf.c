@@ -57,7 +57,8 @@ static void fuzz_lookup(const gguf_file *f, gguf_str name, bool tensor, const vo
     char buf[4097];
     memcpy(buf, name.ptr, name.len);
     buf[name.len] = '\0';
-    const void *got = tensor ? (const void *)gguf_tensor_find(f, buf) : (const void *)gguf_find(f, buf);
+    const void *got =
+        tensor ? (const void *)gguf_tensor_find(f, buf) : (const void *)gguf_find(f, buf);
     if (got != expect)
         abort();
 }

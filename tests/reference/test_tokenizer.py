@@ -3,9 +3,10 @@
 Environment: OROCHI_BIN (the orochi binary), OROCHI_MODEL (the default model), OROCHI_TMP (a
 scratch directory). Checks, each independent of the C code except for the CLI under test:
 
-1. the default model (byte-level BPE, pre "smollm"): every line of tokenizer_corpus.jsonl is
-   encoded by `orochi tokenize --jsonl` and by the reference; the ids must be identical line by
-   line, and the reference's decode of the C ids must give the text back;
+1. the default model (byte-level BPE, pre "smollm"): every line of tokenizer_corpus.jsonl, plus
+   600 seeded random strings drawn from characters that hit every branch of the pre-tokenizer
+   patterns, is encoded by `orochi tokenize --jsonl` and by the reference; the ids must be
+   identical line by line, and the reference's decode of the C ids must give the text back;
 2. the same vocab and merges with tokenizer.ggml.pre set to "gpt2" and to "llama3" (a tokenizer-
    only GGUF written here), again over the whole corpus;
 3. `--chat` on the default model gives the ids of the exact ChatML prompt with SmolLM's default
@@ -187,21 +188,36 @@ SPM_TEXTS = [
 ]
 
 
+# characters that exercise every branch of the pre-tokenizer patterns
+STRESS_POOL = (list(" \t\n\r\x0b\x0c'sStTrReEvVmMlLdDxX09!?.,-_()\"") +
+               ["\u00a0", "\u2009", "\u3000", "\u0085", "\u2028", "\u0301", "\u00e9", "\u00bd",
+                "\u0663", "\u4e2d", "\u6587", "\u0430", "\u05d0", "\u0915", "\u094d", "\U0001F600",
+                "\u200d", "\ufe0f", "\u017f", "\u2160", "<|im_end|>", "<|im_start|>", "  ", "\n\n",
+                "'s", "'ll", "'re", "'VE", " 1", "123", "   ", "\r\n"])
+
+
+def stress_texts(n, seed):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(STRESS_POOL) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
 def main():
     if not MODEL or not os.path.exists(MODEL):
         print("SKIP: default model absent at %s (run make models)" % MODEL)
         sys.exit(77)
     os.makedirs(TMP, exist_ok=True)
 
-    # 1. default model over the corpus
+    # 1. default model over the corpus (+ random strings built to stress the scanners)
     ref = RefTokenizer(MODEL)
-    texts = load_corpus()
-    check(len(texts) >= 220, "corpus has only %d lines" % len(texts))
-    c_ids, dt = c_jsonl(MODEL, texts)
-    print("orochi tokenize --jsonl: %d lines in %.3f s (process incl. model load)" % (
-        len(texts), dt))
-    compare("smollm", ref, texts, c_ids)
+    corpus = load_corpus()
+    check(len(corpus) >= 220, "corpus has only %d lines" % len(corpus))
+    c_ids, dt = c_jsonl(MODEL, corpus)
+    print("orochi tokenize --jsonl: %d corpus lines in %.3f s (whole process, model load incl.)"
+          % (len(corpus), dt))
     check(dt < 5.0, "corpus took %.2f s" % dt)
+    texts = corpus + stress_texts(600, 2024)
+    c_ids, dt = c_jsonl(MODEL, texts)
+    compare("smollm corpus+stress", ref, texts, c_ids)
 
     # 2. other pre-tokenizers over the same vocab
     for pre in ("gpt2", "llama3"):

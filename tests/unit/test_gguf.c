@@ -533,7 +533,8 @@ static void test_open_path(void **state)
     (void)state;
     const char *dir = getenv("OROCHI_TMP");
     char path[512];
-    snprintf(path, sizeof path, "%s/unit_gguf_%ld.gguf", dir && *dir ? dir : "/tmp", (long)getpid());
+    snprintf(path, sizeof path, "%s/unit_gguf_%ld.gguf", dir && *dir ? dir : "/tmp",
+             (long)getpid());
     tlayout L;
     tbuf b = build_file(3, &L);
     char err[256];
