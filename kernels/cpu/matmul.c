@@ -32,10 +32,11 @@
 
 #define MM_TILE 4 /* tokens per inner tile */
 
-/* The quantized activations of the batch: q[t][k], d[t][b], s[t][b]. */
+/* The quantized activations of the batch: q[t][k], d[t][b], s[t][b], and dv[t][b][8] = d
+ * broadcast to a vector (one aligned load instead of a scalar multiply and broadcast). */
 typedef struct {
     int8_t *q;
-    float *d, *s;
+    float *d, *s, *dv;
 } mm_xq;
 
 typedef struct {
@@ -63,7 +64,8 @@ static size_t mm_align(size_t n)
 size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads)
 {
     size_t nb = (size_t)(cols + 31) / 32;
-    size_t xq = mm_align((size_t)n_tok * (size_t)cols) + 2 * mm_align((size_t)n_tok * nb * 4);
+    size_t xq = mm_align((size_t)n_tok * (size_t)cols) + 2 * mm_align((size_t)n_tok * nb * 4) +
+                mm_align((size_t)n_tok * nb * 32);
     size_t per_thread = mm_align((size_t)cols * 4);
     return xq + (size_t)n_threads * per_thread + 64;
 }
@@ -114,6 +116,8 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
 #endif
             xq->d[t * nb + b] = d;
             xq->s[t * nb + b] = d * (float)isum;
+            for (int i = 0; i < 8; i++)
+                xq->dv[(t * nb + b) * 8 + i] = d;
         }
 }
 
@@ -198,10 +202,11 @@ static inline float mm_hsum(__m256 v)
 /* Fold block b of the row into acc[0..NT) and the Q4_1 offset sums. TYPE and NT are constants at
  * every call site, so the accumulators stay in registers. */
 MM_INLINE void mm_qblock(uint32_t TYPE, int NT, const uint8_t *row, int64_t b, int64_t nb,
-                         const mm_xq *xq, int t0, __m256 *acc, float *moff)
+                         const mm_xq *xq, int t0, __m256 *acc, float *mrow)
 {
     float d, m;
     const uint8_t *qs = mm_block(TYPE, row, b, &d, &m);
+    __m256 dw = _mm256_set1_ps(d);
     if (TYPE == KT_Q8_0) { /* signed x signed: move the sign onto x (maddubs wants u8 x s8) */
         __m256i w = _mm256_loadu_si256((const __m256i *)qs);
         __m256i aw = _mm256_sign_epi8(w, w);
@@ -210,7 +215,7 @@ MM_INLINE void mm_qblock(uint32_t TYPE, int NT, const uint8_t *row, int64_t b, i
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq->q + xb * 32));
             __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
             __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-            acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq->d[xb]), acc[j]);
+            acc[j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_load_ps(xq->dv + xb * 8)), acc[j]);
         }
         return;
     }
@@ -222,40 +227,43 @@ MM_INLINE void mm_qblock(uint32_t TYPE, int NT, const uint8_t *row, int64_t b, i
         int64_t xb = (int64_t)(t0 + j) * nb + b;
         __m256i xv = _mm256_loadu_si256((const __m256i *)(xq->q + xb * 32));
         __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1)));
-        acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq->d[xb]), acc[j]);
-        moff[j] += m * xq->s[xb];
+        acc[j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_load_ps(xq->dv + xb * 8)), acc[j]);
     }
+    mrow[b] = m; /* the offset term is one dot per token after the block loop */
 }
 
 /* Dot one quantized row with tokens t0 .. t0+NT-1. The row's blocks are expanded in registers per
  * tile (they sit in L1 after the first tile); two accumulator sets take even and odd blocks so the
  * FMA latency chain does not bound a width-1 step. */
 MM_INLINE void mm_qtile(uint32_t TYPE, int NT, const uint8_t *row, int64_t nb, const mm_xq *xq,
-                        int t0, float *out)
+                        int t0, float *mrow, float *out)
 {
     __m256 a0[MM_TILE], a1[MM_TILE];
-    float m0[MM_TILE] = {0}, m1[MM_TILE] = {0};
     for (int j = 0; j < NT; j++)
         a0[j] = a1[j] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        mm_qblock(TYPE, NT, row, b, nb, xq, t0, a0, m0);
-        mm_qblock(TYPE, NT, row, b + 1, nb, xq, t0, a1, m1);
+        mm_qblock(TYPE, NT, row, b, nb, xq, t0, a0, mrow);
+        mm_qblock(TYPE, NT, row, b + 1, nb, xq, t0, a1, mrow);
     }
     if (b < nb)
-        mm_qblock(TYPE, NT, row, b, nb, xq, t0, a0, m0);
-    for (int j = 0; j < NT; j++)
-        out[j] = mm_hsum(_mm256_add_ps(a0[j], a1[j])) + (m0[j] + m1[j]);
+        mm_qblock(TYPE, NT, row, b, nb, xq, t0, a0, mrow);
+    for (int j = 0; j < NT; j++) {
+        out[j] = mm_hsum(_mm256_add_ps(a0[j], a1[j]));
+        if (TYPE != KT_Q8_0)
+            out[j] += k_dot(mrow, xq->s + (int64_t)(t0 + j) * nb, (int)nb);
+    }
 }
 
 #define MM_QTILE_FN(name, TYPE)                                                                  \
-    static void name(const uint8_t *row, int64_t nb, const mm_xq *xq, int t0, int nt, float *out) \
+    static void name(const uint8_t *row, int64_t nb, const mm_xq *xq, int t0, int nt,        \
+                     float *mrow, float *out)                                                    \
     {                                                                                            \
         switch (nt) {                                                                            \
-        case 1: mm_qtile(TYPE, 1, row, nb, xq, t0, out); break;                                  \
-        case 2: mm_qtile(TYPE, 2, row, nb, xq, t0, out); break;                                  \
-        case 3: mm_qtile(TYPE, 3, row, nb, xq, t0, out); break;                                  \
-        default: mm_qtile(TYPE, 4, row, nb, xq, t0, out); break;                                 \
+        case 1: mm_qtile(TYPE, 1, row, nb, xq, t0, mrow, out); break;                            \
+        case 2: mm_qtile(TYPE, 2, row, nb, xq, t0, mrow, out); break;                            \
+        case 3: mm_qtile(TYPE, 3, row, nb, xq, t0, mrow, out); break;                            \
+        default: mm_qtile(TYPE, 4, row, nb, xq, t0, mrow, out); break;                           \
         }                                                                                        \
     }
 MM_QTILE_FN(mm_qtile_q8_0, KT_Q8_0)
@@ -263,19 +271,19 @@ MM_QTILE_FN(mm_qtile_q4_0, KT_Q4_0)
 MM_QTILE_FN(mm_qtile_q4_1, KT_Q4_1)
 
 static void mm_dot_quant_tile(uint32_t type, const uint8_t *row, int64_t nb, const mm_xq *xq,
-                              int64_t cols, int t0, int nt, float *out)
+                              int t0, int nt, float *mrow, float *out)
 {
     if (type == KT_Q8_0)
-        mm_qtile_q8_0(row, nb, xq, t0, nt, out);
+        mm_qtile_q8_0(row, nb, xq, t0, nt, mrow, out);
     else if (type == KT_Q4_0)
-        mm_qtile_q4_0(row, nb, xq, t0, nt, out);
+        mm_qtile_q4_0(row, nb, xq, t0, nt, mrow, out);
     else
-        mm_qtile_q4_1(row, nb, xq, t0, nt, out);
+        mm_qtile_q4_1(row, nb, xq, t0, nt, mrow, out);
 }
 #else
 /* Portable path: expand each block to int8, integer dot per token. */
 static void mm_dot_quant_tile(uint32_t type, const uint8_t *row, int64_t nb, const mm_xq *xq,
-                              int64_t cols, int t0, int nt, float *out)
+                              int t0, int nt, float *mrow, float *out)
 {
     float sum[MM_TILE] = {0}, moff[MM_TILE] = {0};
     int8_t w[32];
@@ -346,9 +354,11 @@ static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
     const kmat *w = job->w;
     int64_t cols = w->cols, nb = cols / 32;
     float tile[MM_TILE];
+    float *buf = (float *)(job->scratch + (size_t)thread * job->scratch_per_thread);
+    float *mrow = buf; /* quantized types: the row's block offsets */
 
     if (!mm_is_quant(w->type)) {
-        float *wf = (float *)(job->scratch + (size_t)thread * job->scratch_per_thread);
+        float *wf = buf;
         for (int64_t i = begin; i < end; i++) {
             int64_t r = job->lo + i;
             mm_expand_float(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, cols, wf);
@@ -368,7 +378,7 @@ static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
             for (int64_t i = c0; i < c1; i++) {
                 int64_t r = job->lo + i;
                 const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                mm_dot_quant_tile(w->type, row, nb, &job->xq, cols, t0, nt, tile);
+                mm_dot_quant_tile(w->type, row, nb, &job->xq, t0, nt, mrow, tile);
                 for (int j = 0; j < nt; j++)
                     job->y[(t0 + j) * job->ldy + r] = tile[j];
             }
@@ -402,9 +412,12 @@ void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x
         base += mm_align((size_t)n_tok * nb * 4);
         job.xq.s = (float *)base;
         base += mm_align((size_t)n_tok * nb * 4);
+        job.xq.dv = (float *)base;
+        base += mm_align((size_t)n_tok * nb * 32);
         mm_quantize_x(x, w->cols, n_tok, &job.xq);
     } else {
-        base += mm_align((size_t)n_tok * (size_t)w->cols) + 2 * mm_align((size_t)n_tok * nb * 4);
+        base += mm_align((size_t)n_tok * (size_t)w->cols) + 2 * mm_align((size_t)n_tok * nb * 4) +
+                mm_align((size_t)n_tok * nb * 32);
     }
     job.scratch = base;
     kpool_run(pool, hi - lo, 16, mm_rows, &job);
