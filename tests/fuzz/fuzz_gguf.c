@@ -14,11 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The reader is compiled into this translation unit, not taken from liborochi_model.a: the
- * library is built without -fsanitize=fuzzer,address, so its code would be invisible to the
- * fuzzer's coverage feedback and unchecked by ASan. The archive's copy of gguf.o is then never
- * pulled in, because every symbol it defines is already defined here. */
-#include "model/gguf.c"
+#include "model/gguf.h"
 
 /* Fold bytes into a sink so the reads cannot be optimised away. */
 static void fuzz_touch(volatile uint8_t *sink, const void *p, uint64_t n)
