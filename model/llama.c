@@ -414,7 +414,9 @@ typedef struct {
     int layer, n;
 } att_job;
 
-/* One (token, query head) pair per item: dense prefix part + sparse tree part, merged. */
+/* One (token, query head) pair per item: the dense prefix part, then the token's ancestors in the
+ * tree folded into the same partial in position order (see kernels/cpu/attention.c for why this
+ * and not a merge of two partials). */
 static void att_run(void *argp, int64_t begin, int64_t end, int thread)
 {
     const att_job *j = argp;
@@ -422,7 +424,6 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
     const llama_config *c = &x->m->cfg;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
-    float tree_out[512];
     for (int64_t item = begin; item < end; item++) {
         int i = (int)(item / c->n_heads), h = (int)(item % c->n_heads), kvh = h / group;
         const float *q = x->q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
@@ -435,11 +436,9 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
         katt_kv tree = prefix;
         tree.k = (uint8_t *)kv_slot(x, x->k[j->layer], x->p.n_ctx) + (size_t)kvh * hd * x->kv_elem;
         tree.v = (uint8_t *)kv_slot(x, x->v[j->layer], x->p.n_ctx) + (size_t)kvh * hd * x->kv_elem;
-        katt_stat st, st_tree;
+        katt_stat st;
         katt_dense(q, &prefix, x->n_prefix, hd, scale, &st, out);
-        katt_sparse(q, &tree, x->anc + (int64_t)i * x->p.max_width, x->n_anc[i], hd, scale,
-                    &st_tree, tree_out);
-        katt_merge(&st, out, &st_tree, tree_out, hd);
+        katt_extend(q, &tree, x->anc + (int64_t)i * x->p.max_width, x->n_anc[i], hd, scale, &st, out);
         katt_finish(&st, out, hd);
     }
 }

@@ -8,6 +8,12 @@
  *   m = max(m_a, m_b), s = s_a e^(m_a-m) + s_b e^(m_b-m), o = o_a e^(m_a-m) + o_b e^(m_b-m).
  * That is what lets the dense part run on one device and the sparse part on another.
  * Keys within a part are processed in one pass with the same online rule.
+ *
+ * katt_extend folds further keys into an existing partial instead of merging two partials. The
+ * single-device forward uses it (dense prefix, then the tree keys in position order): then a token
+ * sees exactly the same sequence of operations whether an earlier key sits in the prefix or in the
+ * tree, so tree verification is bit-identical to sequential decoding — the property that keeps
+ * greedy speculative output equal to greedy sequential output even at near-ties.
  */
 #include <math.h>
 #include <string.h>
@@ -77,8 +83,14 @@ void katt_dense(const float *q, const katt_kv *kv, int n, int head_dim, float sc
 void katt_sparse(const float *q, const katt_kv *kv, const int32_t *idx, int n, int head_dim,
                  float scale, katt_stat *stat, float *out)
 {
-    float buf[ATT_MAX_HEAD_DIM];
     att_init(stat, out, head_dim);
+    katt_extend(q, kv, idx, n, head_dim, scale, stat, out);
+}
+
+void katt_extend(const float *q, const katt_kv *kv, const int32_t *idx, int n, int head_dim,
+                 float scale, katt_stat *stat, float *out)
+{
+    float buf[ATT_MAX_HEAD_DIM];
     for (int i = 0; i < n; i++)
         att_accumulate(q, kv, idx[i], head_dim, scale, stat, out, buf);
 }

@@ -129,6 +129,9 @@ void katt_dense(const float *q, const katt_kv *kv, int n, int head_dim, float sc
  * token tree, itself included). */
 void katt_sparse(const float *q, const katt_kv *kv, const int32_t *idx, int n, int head_dim,
                  float scale, katt_stat *stat, float *out);
+/* Fold the listed positions into an existing partial (same arithmetic as one longer pass). */
+void katt_extend(const float *q, const katt_kv *kv, const int32_t *idx, int n, int head_dim,
+                 float scale, katt_stat *stat, float *out);
 /* Merge partial b into a (online softmax): a becomes the partial over both key sets. */
 void katt_merge(katt_stat *a, float *out_a, const katt_stat *b, const float *out_b, int head_dim);
 /* Finish: out /= sum. */
