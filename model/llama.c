@@ -414,9 +414,9 @@ typedef struct {
     int layer, n;
 } att_job;
 
-/* One (token, query head) pair per item: the dense prefix part, then the token's ancestors in the
- * tree folded into the same partial in position order (see kernels/cpu/attention.c for why this
- * and not a merge of two partials). */
+/* One (token, query head) pair per item: the token attends to its key stream — the committed
+ * prefix, then its ancestors in the tree (which continue the positions) — in one causal pass (see
+ * kernels/cpu/attention.c for why one pass and not a merge of two partials). */
 static void att_run(void *argp, int64_t begin, int64_t end, int thread)
 {
     const att_job *j = argp;
@@ -428,17 +428,17 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
         int i = (int)(item / c->n_heads), h = (int)(item % c->n_heads), kvh = h / group;
         const float *q = x->q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         float *out = x->att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
-        katt_kv prefix = {
-            .type = x->p.kv, .stride = x->kv_row,
-            .k = (uint8_t *)x->k[j->layer] + (size_t)kvh * hd * x->kv_elem,
-            .v = (uint8_t *)x->v[j->layer] + (size_t)kvh * hd * x->kv_elem,
+        size_t head_off = (size_t)kvh * hd * x->kv_elem;
+        katt_keys keys = {
+            .type = x->p.kv, .stride = x->kv_row, .n_prefix = x->n_prefix,
+            .k = (uint8_t *)x->k[j->layer] + head_off,
+            .v = (uint8_t *)x->v[j->layer] + head_off,
+            .tree_k = (uint8_t *)kv_slot(x, x->k[j->layer], x->p.n_ctx) + head_off,
+            .tree_v = (uint8_t *)kv_slot(x, x->v[j->layer], x->p.n_ctx) + head_off,
+            .tree_slot = x->anc + (int64_t)i * x->p.max_width,
         };
-        katt_kv tree = prefix;
-        tree.k = (uint8_t *)kv_slot(x, x->k[j->layer], x->p.n_ctx) + (size_t)kvh * hd * x->kv_elem;
-        tree.v = (uint8_t *)kv_slot(x, x->v[j->layer], x->p.n_ctx) + (size_t)kvh * hd * x->kv_elem;
         katt_stat st;
-        katt_dense(q, &prefix, x->n_prefix, hd, scale, &st, out);
-        katt_extend(q, &tree, x->anc + (int64_t)i * x->p.max_width, x->n_anc[i], hd, scale, &st, out);
+        katt_causal(q, &keys, x->n_prefix + x->n_anc[i], hd, scale, &st, out);
         katt_finish(&st, out, hd);
     }
 }

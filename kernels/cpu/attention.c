@@ -9,11 +9,14 @@
  * That is what lets the dense part run on one device and the sparse part on another.
  * Keys within a part are processed in one pass with the same online rule.
  *
- * katt_extend folds further keys into an existing partial instead of merging two partials. The
- * single-device forward uses it (dense prefix, then the tree keys in position order): then a token
- * sees exactly the same sequence of operations whether an earlier key sits in the prefix or in the
- * tree, so tree verification is bit-identical to sequential decoding — the property that keeps
- * greedy speculative output equal to greedy sequential output even at near-ties.
+ * katt_extend folds further keys into an existing partial instead of merging two partials.
+ *
+ * katt_causal is what the single-device forward runs: it walks the query's whole key stream —
+ * prefix positions then its tree ancestors, which continue the positions — in chunks aligned to
+ * absolute positions (scores, one max, vector exp, weighted V sum per chunk). A token then sees
+ * exactly the same operations whether an earlier key sits in the prefix or in the tree, so tree
+ * verification is bit-identical to sequential decoding: the property that keeps greedy
+ * speculative output equal to greedy sequential output even at near-ties.
  */
 #include <math.h>
 #include <string.h>
@@ -117,4 +120,96 @@ void katt_finish(const katt_stat *s, float *out, int head_dim)
     float inv = s->sum > 0 ? 1.0f / s->sum : 0.0f;
     for (int i = 0; i < head_dim; i++)
         out[i] *= inv;
+}
+
+/* ===== causal attention over a position-mapped key stream ===== */
+
+#define ATT_CHUNK 16
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* e^x for 8 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n through
+ * the exponent bits. Relative error ~2e-7; inputs here are <= 0 (scores minus their max), and
+ * anything below -87 flushes to 0. */
+static inline __m256 att_exp8(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#endif
+
+/* Position j's row (key or value) in the stream. */
+static const void *att_stream_row(const katt_keys *s, const void *prefix, const void *tree, int j)
+{
+    size_t esz = s->type == KV_F16 ? 2 : 4;
+    if (j < s->n_prefix)
+        return (const uint8_t *)prefix + (size_t)j * (size_t)s->stride * esz;
+    return (const uint8_t *)tree + (size_t)s->tree_slot[j - s->n_prefix] * (size_t)s->stride * esz;
+}
+
+/* Scores of positions [c0, c1) into sc, scaled. */
+static void att_scores(const float *q, const katt_keys *s, int c0, int c1, int head_dim, float scale,
+                       float *sc, float *buf)
+{
+    for (int j = c0; j < c1; j++) {
+        const void *row = att_stream_row(s, s->k, s->tree_k, j);
+        const float *k = att_row(row, s->type, 0, 0, head_dim, buf);
+        sc[j - c0] = k_dot(q, k, head_dim) * scale;
+    }
+}
+
+void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,
+                 katt_stat *st, float *out)
+{
+    float buf[ATT_MAX_HEAD_DIM], sc[ATT_CHUNK];
+    att_init(st, out, head_dim);
+    /* chunks are aligned to absolute positions, so the arithmetic for position j never depends
+     * on where the prefix ends */
+    for (int c0 = 0; c0 < n; c0 += ATT_CHUNK) {
+        int c1 = c0 + ATT_CHUNK < n ? c0 + ATT_CHUNK : n, len = c1 - c0;
+        att_scores(q, s, c0, c1, head_dim, scale, sc, buf);
+        float mx = st->max;
+        for (int i = 0; i < len; i++)
+            mx = fmaxf(mx, sc[i]);
+        if (mx > st->max) {
+            float c = expf(st->max - mx); /* 0 on the first chunk (max was -inf) */
+            st->sum *= c;
+            for (int i = 0; i < head_dim; i++)
+                out[i] *= c;
+            st->max = mx;
+        }
+        int i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; i + 8 <= len; i += 8)
+            _mm256_storeu_ps(sc + i, att_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(mx))));
+#endif
+        for (; i < len; i++)
+            sc[i] = expf(sc[i] - mx);
+        for (int j = 0; j < len; j++) {
+            const float *v = att_row(att_stream_row(s, s->v, s->tree_v, c0 + j), s->type, 0, 0, head_dim, buf);
+            float e = sc[j];
+            st->sum += e;
+            int d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+            __m256 ev = _mm256_set1_ps(e);
+            for (; d + 8 <= head_dim; d += 8)
+                _mm256_storeu_ps(out + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+#endif
+            for (; d < head_dim; d++)
+                out[d] += e * v[d];
+        }
+    }
 }

@@ -134,6 +134,23 @@ void katt_extend(const float *q, const katt_kv *kv, const int32_t *idx, int n, i
                  float scale, katt_stat *stat, float *out);
 /* Merge partial b into a (online softmax): a becomes the partial over both key sets. */
 void katt_merge(katt_stat *a, float *out_a, const katt_stat *b, const float *out_b, int head_dim);
+/* The key stream of one KV head for a causal query: position j < n_prefix is prefix row j,
+ * position j >= n_prefix is tree row tree_slot[j - n_prefix] (the query's ancestors, in order). */
+typedef struct {
+    kv_type type;
+    const void *k, *v;           /* prefix rows */
+    const void *tree_k, *tree_v; /* tree rows */
+    int64_t stride;              /* elements between consecutive rows */
+    int n_prefix;
+    const int32_t *tree_slot;
+} katt_keys;
+
+/* Attention of q over positions [0, n) of the stream, in chunks aligned to absolute positions:
+ * the result for a query depends only on the keys' values and positions, never on where the
+ * prefix ends — tree verification is bit-identical to sequential decoding. Leaves the partial in
+ * st/out (call katt_finish). */
+void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,
+                 katt_stat *st, float *out);
 /* Finish: out /= sum. */
 void katt_finish(const katt_stat *s, float *out, int head_dim);
 

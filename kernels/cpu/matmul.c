@@ -207,9 +207,23 @@ static void mm_expand_float(uint32_t type, const uint8_t *row, int64_t cols, flo
 MM_INLINE void mm_qblock(uint32_t TYPE, int NT, const uint8_t *row, int64_t b, int64_t nb,
                          const mm_xq *xq, int t0, __m256 *acc, float *mrow)
 {
-    float d, m;
-    const uint8_t *qs = mm_block(TYPE, row, b, &d, &m);
-    __m256 dw = _mm256_set1_ps(d);
+    const uint8_t *p = row + b * (TYPE == KT_Q8_0 ? 34 : TYPE == KT_Q4_0 ? 18 : 20);
+    const uint8_t *qs = p + (TYPE == KT_Q4_1 ? 4 : 2);
+    /* the block's f16 scale (and Q4_1 offset) in one conversion: lanes [d, m] */
+    uint32_t raw_dm;
+    if (TYPE == KT_Q4_1) {
+        memcpy(&raw_dm, p, 4);
+    } else {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        raw_dm = h;
+    }
+    __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)raw_dm));
+    __m256 dw = _mm256_broadcastss_ps(dm);
+    if (TYPE == KT_Q4_1)
+        _mm_store_ss(mrow + b, _mm_movehdup_ps(dm));
+    else if (TYPE == KT_Q4_0)
+        _mm_store_ss(mrow + b, _mm_mul_ss(dm, _mm_set_ss(-8.0f)));
     __m256i wa, wb;
     if (TYPE == KT_Q8_0) {
         wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
@@ -227,7 +241,7 @@ MM_INLINE void mm_qblock(uint32_t TYPE, int NT, const uint8_t *row, int64_t b, i
                                      _mm256_madd_epi16(wb, _mm256_loadu_si256((const __m256i *)(x + 16))));
         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_load_ps(xq->dv + xb * 8)), acc[j]);
     }
-    mrow[b] = m; /* the offset term is one dot per token after the block loop */
+    /* mrow[b] (the block offset) feeds one dot per token after the block loop */
 }
 
 /* Dot one quantized row with tokens t0 .. t0+NT-1. The row's blocks are expanded in registers per

@@ -3,9 +3,16 @@
  *
  * A decode step dispatches a few hundred short jobs (one per matmul / attention op), so a job
  * launch must cost far less than a microsecond-scale kernel: workers spin on a generation counter
- * for a while after each job and only then sleep on a condition variable. The caller takes part as
- * thread 0. Work is split statically into one contiguous chunk per thread, so a given n and thread
- * count always produce the same chunks.
+ * for a while after each job and only then sleep on a condition variable. The caller takes part.
+ *
+ * Work is cut into chunks (contiguous ranges, fixed by n, grain and the thread count, so results
+ * never depend on scheduling) that threads claim from a shared counter. Claiming rather than a
+ * static split matters on a shared machine: when a worker is descheduled, the caller (or another
+ * worker) takes its chunks instead of the whole step waiting a time slice for it.
+ *
+ * The claim counter packs (job generation << 32 | next chunk) and is advanced by compare-and-swap,
+ * so a worker that wakes late can never claim a chunk of a newer job with an older job's
+ * descriptor; descriptors alternate between two slots by generation parity for the same reason.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -14,21 +21,26 @@
 
 #include "kernels/cpu/kernels.h"
 
-#define POOL_SPIN_ITERS 200000
+#define POOL_SPIN_ITERS 100000
+#define POOL_CHUNKS_PER_THREAD 4
+
+typedef struct {
+    kpool_fn fn;
+    void *arg;
+    int64_t n, chunks;
+} pool_job;
 
 struct kpool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t lock;
     pthread_cond_t wake;
-    atomic_uint generation; /* bumped once per job */
-    atomic_int pending;     /* workers still running the current job */
+    atomic_uint generation;  /* bumped once per job */
+    atomic_uint_fast64_t claim; /* generation << 32 | next chunk */
+    atomic_long done;        /* chunks finished in the current job */
     atomic_int sleepers;
     atomic_bool stop;
-    /* the current job */
-    kpool_fn fn;
-    void *arg;
-    int64_t n, grain;
+    pool_job jobs[2];        /* by generation parity */
 };
 
 typedef struct {
@@ -36,25 +48,25 @@ typedef struct {
     int index;
 } pool_worker_arg;
 
-static void pool_chunk(const kpool *p, int thread, int64_t *begin, int64_t *end)
+/* Claim and run chunks of generation gen until none is left. */
+static void pool_work(kpool *p, unsigned gen, int thread)
 {
-    int64_t chunks = p->n_threads;
-    if (p->grain > 0 && (p->n + p->grain - 1) / p->grain < chunks)
-        chunks = (p->n + p->grain - 1) / p->grain;
-    if (thread >= chunks) {
-        *begin = *end = 0;
-        return;
+    const pool_job *job = &p->jobs[gen & 1];
+    for (;;) {
+        uint64_t cur = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if ((unsigned)(cur >> 32) != gen)
+            return;
+        int64_t c = (int64_t)(cur & 0xffffffffu);
+        if (c >= job->chunks)
+            return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &cur, cur + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        int64_t b = job->n * c / job->chunks, e = job->n * (c + 1) / job->chunks;
+        if (e > b)
+            job->fn(job->arg, b, e, thread);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
     }
-    *begin = p->n * thread / chunks;
-    *end = p->n * (thread + 1) / chunks;
-}
-
-static void pool_do_chunk(kpool *p, int thread)
-{
-    int64_t b, e;
-    pool_chunk(p, thread, &b, &e);
-    if (e > b)
-        p->fn(p->arg, b, e, thread);
 }
 
 static void *pool_worker(void *argp)
@@ -81,8 +93,7 @@ static void *pool_worker(void *argp)
         if (atomic_load(&p->stop))
             return NULL;
         seen = gen;
-        pool_do_chunk(p, a.index);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+        pool_work(p, gen, a.index);
     }
 }
 
@@ -143,20 +154,24 @@ void kpool_run(kpool *p, int64_t n, int64_t grain, kpool_fn fn, void *arg)
         fn(arg, 0, n, 0);
         return;
     }
-    p->fn = fn;
-    p->arg = arg;
-    p->n = n;
-    p->grain = grain;
-    atomic_store(&p->pending, p->n_threads - 1);
-    atomic_fetch_add(&p->generation, 1); /* seq_cst: ordered before the sleepers check */
+    int64_t chunks = (int64_t)p->n_threads * POOL_CHUNKS_PER_THREAD;
+    if (grain > 0 && (n + grain - 1) / grain < chunks)
+        chunks = (n + grain - 1) / grain;
+    if (chunks > n)
+        chunks = n;
+    unsigned gen = atomic_load(&p->generation) + 1;
+    p->jobs[gen & 1] = (pool_job){fn, arg, n, chunks};
+    atomic_store(&p->done, 0);
+    atomic_store(&p->claim, (uint64_t)gen << 32);
+    atomic_store(&p->generation, gen); /* seq_cst: ordered before the sleepers check */
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->lock);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->lock);
     }
-    pool_do_chunk(p, 0);
+    pool_work(p, gen, 0);
     int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < chunks)
         if (++spins > 1000) {
             sched_yield();
             spins = 0;

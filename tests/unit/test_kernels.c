@@ -119,6 +119,47 @@ static void test_kernels_attention_merge(void **state)
     assert_true(tu_rel_l2(oa, ref, HD) < 1e-5);
 }
 
+/* katt_causal over a stream split as prefix + tree rows equals a direct softmax, and the split
+ * point does not change a single bit. */
+static void test_kernels_attention_causal(void **state)
+{
+    enum { HD = 64, NK = 45 };
+    float q[HD], k[NK * HD], v[NK * HD], ref[HD] = {0}, scores[NK];
+    fill(q, HD, 7);
+    fill(k, NK * HD, 8);
+    fill(v, NK * HD, 9);
+    float scale = 0.3f;
+    for (int p = 0; p < NK; p++)
+        scores[p] = k_dot(q, k + p * HD, HD) * scale;
+    k_softmax(scores, NK);
+    for (int p = 0; p < NK; p++)
+        for (int i = 0; i < HD; i++)
+            ref[i] += scores[p] * v[p * HD + i];
+    /* tree rows: the same keys stored in reverse slot order */
+    float tk[NK * HD], tv[NK * HD];
+    int32_t slot[NK];
+    for (int p = 0; p < NK; p++) {
+        memcpy(tk + (NK - 1 - p) * HD, k + p * HD, sizeof(float) * HD);
+        memcpy(tv + (NK - 1 - p) * HD, v + p * HD, sizeof(float) * HD);
+    }
+    float first[HD];
+    for (int split = 0; split <= NK; split += 4) {
+        for (int p = split; p < NK; p++)
+            slot[p - split] = NK - 1 - p;
+        katt_keys s = {.type = KV_F32, .k = k, .v = v, .tree_k = tk, .tree_v = tv, .stride = HD,
+                       .n_prefix = split, .tree_slot = slot};
+        katt_stat st;
+        float out[HD];
+        katt_causal(q, &s, NK, HD, scale, &st, out);
+        katt_finish(&st, out, HD);
+        assert_true(tu_rel_l2(out, ref, HD) < 1e-5);
+        if (split == 0)
+            memcpy(first, out, sizeof out);
+        else if (memcmp(first, out, sizeof out))
+            fail_msg("katt_causal result changes with the prefix/tree split at %d", split);
+    }
+}
+
 static void test_kernels_traits(void **state)
 {
     assert_int_equal(kt_row_bytes(KT_Q4_1, 64), 40);
@@ -135,6 +176,7 @@ int main(void)
         cmocka_unit_test(test_kernels_f16),
         cmocka_unit_test(test_kernels_matmul_types),
         cmocka_unit_test(test_kernels_attention_merge),
+        cmocka_unit_test(test_kernels_attention_causal),
         cmocka_unit_test(test_kernels_traits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
