@@ -83,7 +83,7 @@ typedef struct {
 
 /* y[t * ldy + r] = sum_k W[r][k] * x[t * cols + k] for t < n_tok, lo <= r < hi.
  * Each output row is computed the same way whatever [lo, hi) and the thread count are, so shards
- * concatenate bit-identically. Quantized weights use 8-bit activations (Q8 blocks of 32). The
+ * concatenate bit-identically. Quantized weights use 16-bit activations (blocks of 32). The
  * scratch must hold kmat_scratch_bytes(cols, n_tok, kpool_threads(pool)) bytes; NULL allocates
  * one per call. */
 void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x, int n_tok,

@@ -133,6 +133,30 @@ def dequant(raw, ggml_type, ne):
     return np.ascontiguousarray(out.reshape(rows, cols), dtype=np.float32)
 
 
+def block_offsets(raw, ggml_type, ne):
+    """The additive offset m of every block, shape (ne1, ne0 / 32), float32.
+
+    For Q4_1 it is the stored m, for Q4_0 it is -8 d (element = d*n - 8d with
+    n the unsigned nibble), for Q8_0 it is 0.  An engine may multiply the
+    offsets by exact activation block sums and only the d*n part by quantised
+    activations; the reference models that with these values.
+    """
+    ggml_type = int(ggml_type)
+    if ggml_type not in (GGML_Q4_0, GGML_Q4_1, GGML_Q8_0):
+        raise ValueError("ggml type %d has no block offsets" % ggml_type)
+    rows, cols = _shape_of(ne)
+    _, block_bytes = TYPE_LAYOUT[ggml_type]
+    nbytes = tensor_nbytes(ggml_type, ne)
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1)[:nbytes].reshape(-1, block_bytes)
+    if ggml_type == GGML_Q4_1:
+        offsets = _half_column(blocks, 2)
+    elif ggml_type == GGML_Q4_0:
+        offsets = -8.0 * _half_column(blocks, 0)
+    else:
+        offsets = np.zeros((blocks.shape[0], 1), dtype=np.float32)
+    return np.ascontiguousarray(offsets.reshape(rows, cols // QBLOCK), dtype=np.float32)
+
+
 # ---------------------------------------------------------------------------
 # Quantisers: used only to test `dequant` against data whose values we chose.
 # They need not match the C quantiser bit for bit; the tests only check that
