@@ -59,7 +59,7 @@ static int bench_decode(const llama_model *m, const bench_opts *o, int threads, 
     char err[256];
     int n_prompt = 16;
     llama_ctx_params cp = {.n_threads = threads, .max_width = 16,
-                           .n_ctx = n_prompt + (int)o->decode_tokens + 1, .kv = o->kv, .n_shards = 1};
+                           .n_ctx = n_prompt + (int)o->decode_tokens + 1, .kv = o->kv};
     llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
     float *logits = malloc((size_t)m->cfg.vocab * sizeof *logits);
     int32_t ids[16];
@@ -219,7 +219,7 @@ int cmd_bench(int argc, char **argv)
 
     int threads = o.threads[o.n_threads - 1];
     llama_ctx_params cp = {.n_threads = threads, .max_width = KMAT_MAX_W,
-                           .n_ctx = (int)o.ctx + KMAT_MAX_W, .kv = o.kv, .n_shards = 1};
+                           .n_ctx = (int)o.ctx + KMAT_MAX_W, .kv = o.kv};
     llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
     float *logits = malloc((size_t)KMAT_MAX_W * (size_t)m->cfg.vocab * sizeof *logits);
     int32_t *ids = malloc((size_t)o.ctx * sizeof *ids);

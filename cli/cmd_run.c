@@ -195,7 +195,7 @@ int cmd_run(int argc, char **argv)
         goto done;
     }
     llama_ctx_params cp = {.n_threads = (int)o.threads, .max_width = KMAT_MAX_W, .n_ctx = n_ctx,
-                           .kv = o.kv, .n_shards = 1};
+                           .kv = o.kv};
     ctx = llama_ctx_new(m, &cp, err, sizeof err);
     logits = malloc((size_t)m->cfg.vocab * sizeof *logits);
     work = malloc((size_t)m->cfg.vocab * 8);
@@ -272,13 +272,13 @@ done:
 int cmd_eval(int argc, char **argv)
 {
     const char *model = NULL, *ids_s = NULL, *out = NULL;
-    long batch = 1, threads = 0, shards = 1;
+    long batch = 1, threads = 0;
     kv_type kv = KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: orochi eval --model M --ids \"I J K ...\" --out FILE [--batch W]\n"
-                   "                   [--threads T] [--kv f32|f16] [--shards S]\n"
+                   "                   [--threads T] [--kv f32|f16]\n"
                    "  Teacher-forced forward over the ids in chains of W tokens; FILE gets n x vocab\n"
                    "  little-endian float32 logits, row i after consuming ids[0..i].\n");
             return 0;
@@ -296,9 +296,6 @@ int cmd_eval(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--threads")) {
             if (!cli_int("eval", a, v, 1, 1024, &threads))
-                return 2;
-        } else if (!strcmp(a, "--shards")) {
-            if (!cli_int("eval", a, v, 1, 64, &shards))
                 return 2;
         } else if (!strcmp(a, "--kv")) {
             if (!parse_kv("eval", v, &kv))
@@ -328,8 +325,7 @@ int cmd_eval(int argc, char **argv)
         return 2;
     }
     int rc = 1;
-    llama_ctx_params cp = {.n_threads = (int)threads, .max_width = (int)batch, .n_ctx = n, .kv = kv,
-                           .n_shards = (int)shards};
+    llama_ctx_params cp = {.n_threads = (int)threads, .max_width = (int)batch, .n_ctx = n, .kv = kv};
     llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
     float *logits = malloc((size_t)batch * (size_t)m->cfg.vocab * sizeof *logits);
     FILE *f = fopen(out, "wb");

@@ -8,9 +8,18 @@
  *   - per token, its ancestor list inside the batch (itself included): the sparse part of the
  *     tree mask in COO form.
  * A step reads like the math: embed -> per layer (rmsnorm -> q,k,v -> rope -> store K/V in the
- * tree area -> attention(prefix dense + tree sparse, merged) -> wo -> residual -> rmsnorm ->
- * gate/up -> silu*mul -> down -> residual) -> final norm -> lm_head. Every matmul goes through
- * llama_linear, which computes the output rows in `n_shards` ranges the way workers will.
+ * tree area -> attention over prefix + ancestors -> wo -> residual -> rmsnorm -> gate/up ->
+ * silu*mul -> down -> residual) -> final norm -> lm_head.
+ *
+ * Column split: a context can be one part of n_parts (one per worker process). Every linear layer
+ * is then computed only for the part's output rows, attention only for the part's KV heads (and
+ * their query heads), and the parts meet at four synchronisation points per layer (after
+ * attention, after the wo residual, after gate/up, after the down residual) through the sync
+ * callback — an arena barrier between processes, a pthread barrier between threads, nothing for a
+ * single part. The shared state (KV cache and the activations other parts read) lives in one
+ * block whose layout llama_shared_layout describes, so it can sit in a shared-memory arena. No
+ * all-reduce: every value is computed by exactly one part, the same way whatever n_parts is, so
+ * 1, 2 or 3 parts give bit-identical logits.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,15 +34,20 @@ struct llama_ctx {
     llama_ctx_params p;
     kpool *pool;
     int n_prefix;
-    size_t kv_elem;   /* bytes per KV element */
-    int64_t kv_row;   /* elements per position: n_kv_heads * head_dim */
-    uint8_t **k, **v; /* per layer: n_ctx prefix rows then max_width tree rows */
-    /* activations, max_width rows each */
-    float *x, *xb, *xb2, *q, *kk, *vv, *att, *hg, *hu;
-    int32_t *anc;     /* max_width x max_width ancestor lists */
+    size_t kv_elem;    /* bytes per KV element */
+    int64_t kv_row;    /* elements per position: n_kv_heads * head_dim */
+    llama_shared sh;   /* KV cache and shared activations (owned or external) */
+    void *owned_shared;
+    /* this part's slices */
+    int kvh0, kvh1;    /* KV heads [kvh0, kvh1) */
+    /* private */
+    float *xb;         /* normed x (every part computes it for all tokens) */
+    float *row;        /* one embedding row */
+    int32_t *anc;      /* max_width x max_width ancestor lists */
     int32_t *n_anc;
-    int32_t *pos;     /* positions of the current batch */
-    void *scratch;    /* matmul scratch */
+    int32_t *pos;      /* positions of the current batch */
+    int batch_n;       /* tokens of the batch the lists describe */
+    void *scratch;     /* matmul scratch */
 };
 
 /* ===== loading ===== */
@@ -270,6 +284,61 @@ static long online_cores(void)
     return n > 0 ? n : 1;
 }
 
+static size_t sh_align(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, kv_type kv,
+                           llama_shared *offsets)
+{
+    size_t W = (size_t)max_width, qd = (size_t)c->n_heads * c->head_dim;
+    size_t kv_row = (size_t)c->n_kv_heads * c->head_dim, esz = kv == KV_F16 ? 2 : 4;
+    size_t layer_kv = sh_align((size_t)(n_ctx + max_width) * kv_row * esz);
+    size_t off = 0;
+    llama_shared o = {0};
+#define SH_PLACE(field, bytes)                  \
+    o.field##_off = off;                        \
+    off += sh_align(bytes);
+    SH_PLACE(kv, 2 * layer_kv * (size_t)c->n_layers)
+    SH_PLACE(x, W * (size_t)c->dim * 4)
+    SH_PLACE(q, W * qd * 4)
+    SH_PLACE(att, W * qd * 4)
+    SH_PLACE(xb2, W * (size_t)c->dim * 4)
+    SH_PLACE(hg, W * (size_t)c->ffn * 4)
+    SH_PLACE(hu, W * (size_t)c->ffn * 4)
+    SH_PLACE(kk, W * kv_row * 4)
+    SH_PLACE(vv, W * kv_row * 4)
+#undef SH_PLACE
+    o.layer_kv_bytes = layer_kv;
+    if (offsets)
+        *offsets = o;
+    return off;
+}
+
+void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx, int max_width,
+                       kv_type kv)
+{
+    llama_shared_layout(c, n_ctx, max_width, kv, sh);
+    uint8_t *b = base;
+    sh->base = base;
+    sh->kv = b + sh->kv_off;
+    sh->x = (float *)(b + sh->x_off);
+    sh->q = (float *)(b + sh->q_off);
+    sh->att = (float *)(b + sh->att_off);
+    sh->xb2 = (float *)(b + sh->xb2_off);
+    sh->hg = (float *)(b + sh->hg_off);
+    sh->hu = (float *)(b + sh->hu_off);
+    sh->kk = (float *)(b + sh->kk_off);
+    sh->vv = (float *)(b + sh->vv_off);
+}
+
+/* K or V rows of layer l (which: 0 = K, 1 = V). */
+static uint8_t *kv_layer(const llama_ctx *x, int l, int which)
+{
+    return x->sh.kv + (size_t)(2 * l + which) * x->sh.layer_kv_bytes;
+}
+
 llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *err, size_t errlen)
 {
     const llama_config *c = &m->cfg;
@@ -282,51 +351,46 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         x->p.n_threads = (int)online_cores();
     if (x->p.max_width <= 0)
         x->p.max_width = 1;
-    if (x->p.max_width > KMAT_MAX_W) {
-        snprintf(err, errlen, "max width %d exceeds %d", x->p.max_width, KMAT_MAX_W);
+    if (x->p.n_parts <= 0)
+        x->p.n_parts = 1;
+    if (x->p.max_width > KMAT_MAX_W || x->p.part < 0 || x->p.part >= x->p.n_parts ||
+        x->p.n_parts > c->n_kv_heads) {
+        snprintf(err, errlen, "bad context parameters: width %d (max %d), part %d of %d (at most %d "
+                 "parts: one KV head each)", x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts,
+                 c->n_kv_heads);
         free(x);
         return NULL;
     }
     if (x->p.n_ctx <= 0)
         x->p.n_ctx = c->ctx;
-    if (x->p.n_shards <= 0)
-        x->p.n_shards = 1;
     x->pool = kpool_new(x->p.n_threads);
     if (!x->pool)
         goto oom;
     x->kv_elem = x->p.kv == KV_F16 ? 2 : 4;
     x->kv_row = (int64_t)c->n_kv_heads * c->head_dim;
-    x->k = calloc((size_t)c->n_layers, sizeof *x->k);
-    x->v = calloc((size_t)c->n_layers, sizeof *x->v);
-    if (!x->k || !x->v)
-        goto oom;
-    size_t layer_bytes = (size_t)(x->p.n_ctx + x->p.max_width) * (size_t)x->kv_row * x->kv_elem;
-    for (int l = 0; l < c->n_layers; l++) {
-        x->k[l] = malloc(layer_bytes);
-        x->v[l] = malloc(layer_bytes);
-        if (!x->k[l] || !x->v[l])
+    x->kvh0 = c->n_kv_heads * x->p.part / x->p.n_parts;
+    x->kvh1 = c->n_kv_heads * (x->p.part + 1) / x->p.n_parts;
+    if (x->p.shared) {
+        llama_shared_bind(&x->sh, x->p.shared, c, x->p.n_ctx, x->p.max_width, x->p.kv);
+    } else {
+        size_t bytes = llama_shared_layout(c, x->p.n_ctx, x->p.max_width, x->p.kv, NULL);
+        /* page-aligned and untouched until used, so a large n_ctx costs address space only */
+        if (posix_memalign(&x->owned_shared, 4096, bytes))
             goto oom;
+        llama_shared_bind(&x->sh, x->owned_shared, c, x->p.n_ctx, x->p.max_width, x->p.kv);
     }
     size_t W = (size_t)x->p.max_width;
     int64_t qd = (int64_t)c->n_heads * c->head_dim;
     int64_t wide = c->ffn > qd ? c->ffn : qd;
     if (wide < c->dim)
         wide = c->dim;
-    x->x = malloc(W * (size_t)c->dim * 4);
-    x->xb = malloc(W * (size_t)wide * 4);
-    x->xb2 = malloc(W * (size_t)c->dim * 4);
-    x->q = malloc(W * (size_t)qd * 4);
-    x->kk = malloc(W * (size_t)x->kv_row * 4);
-    x->vv = malloc(W * (size_t)x->kv_row * 4);
-    x->att = malloc(W * (size_t)qd * 4);
-    x->hg = malloc(W * (size_t)c->ffn * 4);
-    x->hu = malloc(W * (size_t)c->ffn * 4);
+    x->xb = malloc(W * (size_t)c->dim * 4);
+    x->row = malloc((size_t)c->dim * 4);
     x->anc = malloc(W * W * sizeof *x->anc);
     x->n_anc = malloc(W * sizeof *x->n_anc);
     x->pos = malloc(W * sizeof *x->pos);
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
-    if (!x->x || !x->xb || !x->xb2 || !x->q || !x->kk || !x->vv || !x->att || !x->hg || !x->hu ||
-        !x->anc || !x->n_anc || !x->pos || !x->scratch)
+    if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->scratch)
         goto oom;
     return x;
 oom:
@@ -341,21 +405,9 @@ void llama_ctx_destroy(llama_ctx **ctx)
     llama_ctx *x = *ctx;
     if (!x)
         return;
-    for (int l = 0; x->k && x->v && l < x->m->cfg.n_layers; l++) {
-        free(x->k[l]);
-        free(x->v[l]);
-    }
-    free(x->k);
-    free(x->v);
-    free(x->x);
+    free(x->owned_shared);
     free(x->xb);
-    free(x->xb2);
-    free(x->q);
-    free(x->kk);
-    free(x->vv);
-    free(x->att);
-    free(x->hg);
-    free(x->hu);
+    free(x->row);
     free(x->anc);
     free(x->n_anc);
     free(x->pos);
@@ -370,9 +422,19 @@ int llama_ctx_prefix_len(const llama_ctx *ctx)
     return ctx->n_prefix;
 }
 
+void llama_ctx_set_prefix_len(llama_ctx *ctx, int n)
+{
+    ctx->n_prefix = n < 0 ? 0 : n > ctx->p.n_ctx ? ctx->p.n_ctx : n;
+}
+
 int llama_ctx_threads(const llama_ctx *ctx)
 {
     return kpool_threads(ctx->pool);
+}
+
+const llama_shared *llama_ctx_shared(const llama_ctx *ctx)
+{
+    return &ctx->sh;
 }
 
 void llama_ctx_reset(llama_ctx *ctx)
@@ -382,14 +444,27 @@ void llama_ctx_reset(llama_ctx *ctx)
 
 /* ===== the forward ===== */
 
-/* y = W x for n tokens, output rows computed as n_shards ranges (what column-split workers do). */
-static void llama_linear(llama_ctx *x, const kmat *w, const float *in, int n, float *out)
+/* This part's rows of an n-row output: [n*part/parts, n*(part+1)/parts). */
+static void part_rows(const llama_ctx *x, int64_t n, int64_t *lo, int64_t *hi)
 {
-    int s = x->p.n_shards;
-    for (int i = 0; i < s; i++) {
-        int64_t lo = w->rows * i / s, hi = w->rows * (i + 1) / s;
-        kmat_mul(x->pool, w, lo, hi, in, n, out, w->rows, x->scratch);
-    }
+    *lo = n * x->p.part / x->p.n_parts;
+    *hi = n * (x->p.part + 1) / x->p.n_parts;
+}
+
+/* y[:, lo:hi] = W[lo:hi] x for n tokens. */
+static void llama_linear(llama_ctx *x, const kmat *w, int64_t lo, int64_t hi, const float *in, int n,
+                         float *out)
+{
+    kmat_mul(x->pool, w, lo, hi, in, n, out, w->rows, x->scratch);
+}
+
+static int llama_sync(llama_ctx *x, char *err, size_t errlen)
+{
+    if (!x->p.sync || x->p.sync(x->p.sync_arg) == 0)
+        return 0;
+    snprintf(err, errlen, "part %d of %d: a peer did not reach the step barrier (lost or too slow)",
+             x->p.part, x->p.n_parts);
+    return -1;
 }
 
 static void *kv_slot(const llama_ctx *x, uint8_t *base, int64_t p)
@@ -397,15 +472,18 @@ static void *kv_slot(const llama_ctx *x, uint8_t *base, int64_t p)
     return base + (size_t)p * (size_t)x->kv_row * x->kv_elem;
 }
 
+/* Store this part's KV heads of one projected row into slot p. */
 static void kv_store(const llama_ctx *x, uint8_t *base, int64_t p, const float *src)
 {
-    void *dst = kv_slot(x, base, p);
+    int hd = x->m->cfg.head_dim;
+    int64_t c0 = (int64_t)x->kvh0 * hd, c1 = (int64_t)x->kvh1 * hd;
+    uint8_t *dst = kv_slot(x, base, p);
     if (x->p.kv == KV_F32) {
-        memcpy(dst, src, (size_t)x->kv_row * 4);
+        memcpy((float *)dst + c0, src + c0, (size_t)(c1 - c0) * 4);
         return;
     }
-    uint16_t *h = dst;
-    for (int64_t i = 0; i < x->kv_row; i++)
+    uint16_t *h = (uint16_t *)dst;
+    for (int64_t i = c0; i < c1; i++)
         h[i] = kt_f32_to_f16(src[i]);
 }
 
@@ -414,27 +492,29 @@ typedef struct {
     int layer, n;
 } att_job;
 
-/* One (token, query head) pair per item: the token attends to its key stream — the committed
- * prefix, then its ancestors in the tree (which continue the positions) — in one causal pass (see
- * kernels/cpu/attention.c for why one pass and not a merge of two partials). */
+/* One (token, query head of this part) pair per item: the token attends to its key stream — the
+ * committed prefix, then its ancestors in the tree (which continue the positions) — in one causal
+ * pass (see kernels/cpu/attention.c for why one pass and not a merge of two partials). */
 static void att_run(void *argp, int64_t begin, int64_t end, int thread)
 {
     const att_job *j = argp;
     llama_ctx *x = j->x;
     const llama_config *c = &x->m->cfg;
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    int heads = (x->kvh1 - x->kvh0) * group, h0 = x->kvh0 * group;
     float scale = 1.0f / sqrtf((float)hd);
+    uint8_t *kl = kv_layer(x, j->layer, 0), *vl = kv_layer(x, j->layer, 1);
     for (int64_t item = begin; item < end; item++) {
-        int i = (int)(item / c->n_heads), h = (int)(item % c->n_heads), kvh = h / group;
-        const float *q = x->q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
-        float *out = x->att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
+        int i = (int)(item / heads), h = h0 + (int)(item % heads), kvh = h / group;
+        const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
+        float *out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         size_t head_off = (size_t)kvh * hd * x->kv_elem;
         katt_keys keys = {
             .type = x->p.kv, .stride = x->kv_row, .n_prefix = x->n_prefix,
-            .k = (uint8_t *)x->k[j->layer] + head_off,
-            .v = (uint8_t *)x->v[j->layer] + head_off,
-            .tree_k = (uint8_t *)kv_slot(x, x->k[j->layer], x->p.n_ctx) + head_off,
-            .tree_v = (uint8_t *)kv_slot(x, x->v[j->layer], x->p.n_ctx) + head_off,
+            .k = kl + head_off,
+            .v = vl + head_off,
+            .tree_k = (uint8_t *)kv_slot(x, kl, x->p.n_ctx) + head_off,
+            .tree_v = (uint8_t *)kv_slot(x, vl, x->p.n_ctx) + head_off,
             .tree_slot = x->anc + (int64_t)i * x->p.max_width,
         };
         katt_stat st;
@@ -467,74 +547,111 @@ static int llama_tree_prepare(llama_ctx *x, const llama_batch *b, char *err, siz
             return -1;
         }
     }
+    x->batch_n = b->n;
     return 0;
 }
 
-static void add_into(float *dst, const float *src, int64_t n)
+static int llama_batch_check(llama_ctx *x, const llama_batch *b, char *err, size_t errlen)
 {
-    for (int64_t i = 0; i < n; i++)
-        dst[i] += src[i];
+    const llama_config *c = &x->m->cfg;
+    if (b->n < 1 || b->n > x->p.max_width) {
+        snprintf(err, errlen, "batch of %d tokens: must be 1..%d", b->n, x->p.max_width);
+        return -1;
+    }
+    if (x->n_prefix + b->n > x->p.n_ctx) {
+        snprintf(err, errlen, "context full: %d committed + %d new tokens exceed %d", x->n_prefix,
+                 b->n, x->p.n_ctx);
+        return -1;
+    }
+    for (int i = 0; i < b->n; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab) {
+            snprintf(err, errlen, "token %d: id %d outside the vocabulary [0, %d)", i, b->tokens[i],
+                     c->vocab);
+            return -1;
+        }
+    return llama_tree_prepare(x, b, err, errlen);
+}
+
+int llama_ctx_set_batch(llama_ctx *x, const llama_batch *b, char *err, size_t errlen)
+{
+    return llama_batch_check(x, b, err, errlen);
+}
+
+/* x[t, lo:hi] += d[t, lo:hi] for n tokens of width `dim`. */
+static void add_cols(float *x, const float *d, int n, int64_t dim, int64_t lo, int64_t hi)
+{
+    for (int t = 0; t < n; t++)
+        for (int64_t i = lo; i < hi; i++)
+            x[t * dim + i] += d[t * dim + i];
 }
 
 int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, size_t errlen)
 {
     const llama_model *m = x->m;
     const llama_config *c = &m->cfg;
+    const llama_shared *sh = &x->sh;
     int n = b->n;
-    if (n < 1 || n > x->p.max_width) {
-        snprintf(err, errlen, "batch of %d tokens: must be 1..%d", n, x->p.max_width);
-        return -1;
-    }
-    if (x->n_prefix + n > x->p.n_ctx) {
-        snprintf(err, errlen, "context full: %d committed + %d new tokens exceed %d", x->n_prefix, n,
-                 x->p.n_ctx);
-        return -1;
-    }
-    for (int i = 0; i < n; i++)
-        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab) {
-            snprintf(err, errlen, "token %d: id %d outside the vocabulary [0, %d)", i, b->tokens[i],
-                     c->vocab);
-            return -1;
-        }
-    if (llama_tree_prepare(x, b, err, errlen))
+    if (llama_batch_check(x, b, err, errlen))
         return -1;
 
-    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row;
-    for (int i = 0; i < n; i++)
-        kmat_row(&m->tok_embd, b->tokens[i], x->x + i * dim);
+    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
+    int group = c->n_heads / c->n_kv_heads;
+    int64_t d0, d1, f0, f1; /* this part's columns of dim and of ffn */
+    part_rows(x, dim, &d0, &d1);
+    part_rows(x, c->ffn, &f0, &f1);
+    int64_t q0 = (int64_t)x->kvh0 * group * hd, q1 = (int64_t)x->kvh1 * group * hd;
+    int64_t k0 = (int64_t)x->kvh0 * hd, k1 = (int64_t)x->kvh1 * hd;
+
+    for (int i = 0; i < n; i++) {
+        kmat_row(&m->tok_embd, b->tokens[i], x->row);
+        memcpy(sh->x + i * dim + d0, x->row + d0, (size_t)(d1 - d0) * 4);
+    }
+    if (llama_sync(x, err, errlen))
+        return -1;
 
     for (int l = 0; l < c->n_layers; l++) {
         const llama_layer *L = &m->layers[l];
         for (int i = 0; i < n; i++)
-            k_rmsnorm(x->xb + i * dim, x->x + i * dim, L->attn_norm, (int)dim, c->norm_eps);
-        llama_linear(x, &L->wq, x->xb, n, x->q);
-        llama_linear(x, &L->wk, x->xb, n, x->kk);
-        llama_linear(x, &L->wv, x->xb, n, x->vv);
+            k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->attn_norm, (int)dim, c->norm_eps);
+        llama_linear(x, &L->wq, q0, q1, x->xb, n, sh->q);
+        llama_linear(x, &L->wk, k0, k1, x->xb, n, sh->kk);
+        llama_linear(x, &L->wv, k0, k1, x->xb, n, sh->vv);
         for (int i = 0; i < n; i++) {
-            k_rope(x->q + i * qd, c->n_heads, c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
-            k_rope(x->kk + i * kvd, c->n_kv_heads, c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
-            kv_store(x, x->k[l], x->p.n_ctx + i, x->kk + i * kvd);
-            kv_store(x, x->v[l], x->p.n_ctx + i, x->vv + i * kvd);
+            k_rope(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
+            k_rope(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
+            kv_store(x, kv_layer(x, l, 0), x->p.n_ctx + i, sh->kk + i * kvd);
+            kv_store(x, kv_layer(x, l, 1), x->p.n_ctx + i, sh->vv + i * kvd);
         }
         att_job aj = {x, l, n};
-        kpool_run(x->pool, (int64_t)n * c->n_heads, 1, att_run, &aj);
-        llama_linear(x, &L->wo, x->att, n, x->xb2);
-        add_into(x->x, x->xb2, n * dim);
+        kpool_run(x->pool, (int64_t)n * (x->kvh1 - x->kvh0) * group, 1, att_run, &aj);
+        if (llama_sync(x, err, errlen))
+            return -1;
+        llama_linear(x, &L->wo, d0, d1, sh->att, n, sh->xb2);
+        add_cols(sh->x, sh->xb2, n, dim, d0, d1);
+        if (llama_sync(x, err, errlen))
+            return -1;
 
         for (int i = 0; i < n; i++)
-            k_rmsnorm(x->xb + i * dim, x->x + i * dim, L->ffn_norm, (int)dim, c->norm_eps);
-        llama_linear(x, &L->w_gate, x->xb, n, x->hg);
-        llama_linear(x, &L->w_up, x->xb, n, x->hu);
-        k_silu_mul(x->hg, x->hu, n * c->ffn);
-        llama_linear(x, &L->w_down, x->hg, n, x->xb2);
-        add_into(x->x, x->xb2, n * dim);
+            k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->ffn_norm, (int)dim, c->norm_eps);
+        llama_linear(x, &L->w_gate, f0, f1, x->xb, n, sh->hg);
+        llama_linear(x, &L->w_up, f0, f1, x->xb, n, sh->hu);
+        for (int i = 0; i < n; i++)
+            k_silu_mul(sh->hg + i * c->ffn + f0, sh->hu + i * c->ffn + f0, (int)(f1 - f0));
+        if (llama_sync(x, err, errlen))
+            return -1;
+        llama_linear(x, &L->w_down, d0, d1, sh->hg, n, sh->xb2);
+        add_cols(sh->x, sh->xb2, n, dim, d0, d1);
+        if (llama_sync(x, err, errlen))
+            return -1;
     }
 
     int from = b->logits_from < 0 ? 0 : b->logits_from;
     if (logits && from < n) {
+        int64_t v0, v1;
+        part_rows(x, c->vocab, &v0, &v1);
         for (int i = from; i < n; i++)
-            k_rmsnorm(x->xb + (i - from) * dim, x->x + i * dim, m->out_norm, (int)dim, c->norm_eps);
-        llama_linear(x, &m->lm_head, x->xb, n - from, logits);
+            k_rmsnorm(x->xb + (i - from) * dim, sh->x + i * dim, m->out_norm, (int)dim, c->norm_eps);
+        llama_linear(x, &m->lm_head, v0, v1, x->xb, n - from, logits);
     }
     return 0;
 }
@@ -547,17 +664,21 @@ int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t err
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        if (path[i] < 0 || path[i] >= x->p.max_width || x->pos[path[i]] != x->n_prefix + i) {
+        if (path[i] < 0 || path[i] >= x->batch_n || x->pos[path[i]] != x->n_prefix + i) {
             snprintf(err, errlen, "commit: path[%d] = %d is not at position %d", i, path[i],
                      x->n_prefix + i);
             return -1;
         }
     }
-    size_t row = (size_t)x->kv_row * x->kv_elem;
+    /* a part moves only its own KV heads, so parts can commit concurrently with each other */
+    size_t c0 = (size_t)x->kvh0 * (size_t)x->m->cfg.head_dim * x->kv_elem;
+    size_t len = (size_t)(x->kvh1 - x->kvh0) * (size_t)x->m->cfg.head_dim * x->kv_elem;
     for (int l = 0; l < x->m->cfg.n_layers; l++)
-        for (int i = 0; i < n; i++) {
-            memcpy(kv_slot(x, x->k[l], x->n_prefix + i), kv_slot(x, x->k[l], x->p.n_ctx + path[i]), row);
-            memcpy(kv_slot(x, x->v[l], x->n_prefix + i), kv_slot(x, x->v[l], x->p.n_ctx + path[i]), row);
+        for (int w = 0; w < 2; w++) {
+            uint8_t *base = kv_layer(x, l, w);
+            for (int i = 0; i < n; i++)
+                memcpy((uint8_t *)kv_slot(x, base, x->n_prefix + i) + c0,
+                       (uint8_t *)kv_slot(x, base, x->p.n_ctx + path[i]) + c0, len);
         }
     x->n_prefix += n;
     return 0;

@@ -4,9 +4,10 @@
  *
  * The forward takes tokens with explicit positions and parent indices (a chain is the causal case).
  * Their K/V go to a per-layer tree area; each token attends to the committed prefix (dense part)
- * and to its own ancestors in the tree (sparse part), merged by online softmax. Every linear layer
- * and the lm_head are computed as one or more output-row ranges [lo, hi): a worker that owns a
- * shard computes only its rows, and the pieces concatenate bit-identically.
+ * and to its own ancestors in the tree, in one causal pass. A context may be one part of a column
+ * split: it then computes only its output rows of every linear layer and the lm_head, and only its
+ * KV heads of attention, meeting the other parts at synchronisation points; the parts' pieces
+ * concatenate bit-identically.
  */
 #ifndef OROCHI_LLAMA_H
 #define OROCHI_LLAMA_H
@@ -45,12 +46,36 @@ size_t llama_model_step_bytes(const llama_model *m);
 /* Multiply-adds per token of a step (matmuls only, no attention). */
 double llama_model_step_macs(const llama_model *m);
 
+/* The state the parts of a column-split forward share: the KV cache (per layer K then V, each
+ * n_ctx prefix rows + max_width tree rows of n_kv_heads * head_dim) and the activations a part
+ * reads from others. One contiguous block; llama_shared_layout gives its size and offsets, so the
+ * block can be a region of the shared-memory arena. */
+typedef struct {
+    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off;
+    size_t layer_kv_bytes; /* bytes of one layer's K (or V) rows */
+    /* bound pointers (llama_shared_bind) */
+    void *base;
+    uint8_t *kv;
+    float *x, *q, *att, *xb2, *hg, *hu, *kk, *vv;
+} llama_shared;
+
+/* Bytes of the shared block for this shape; fills offsets when not NULL. */
+size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, kv_type kv,
+                           llama_shared *offsets);
+void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx, int max_width,
+                       kv_type kv);
+
 typedef struct {
     int n_threads;  /* 0: all online cores */
     int max_width;  /* widest batch a forward takes (<= KMAT_MAX_W) */
     int n_ctx;      /* prefix capacity; 0: the model's context length */
     kv_type kv;     /* KV cache element type */
-    int n_shards;   /* compute each linear as this many row ranges (1 = whole) */
+    /* column split: this context computes part `part` of `n_parts` (n_parts <= n_kv_heads) */
+    int part, n_parts;
+    void *shared;   /* the shared block (llama_shared_layout bytes), or NULL to allocate one */
+    /* called at each synchronisation point when n_parts > 1; returns 0, or -1 if a peer is lost */
+    int (*sync)(void *arg);
+    void *sync_arg;
 } llama_ctx_params;
 
 typedef struct llama_ctx llama_ctx;
@@ -59,6 +84,9 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
 void llama_ctx_destroy(llama_ctx **ctx);
 int llama_ctx_prefix_len(const llama_ctx *ctx);
 int llama_ctx_threads(const llama_ctx *ctx);
+/* Set the committed length (a worker learns it from the coordinator each step). */
+void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);
+const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
 /* Forget the committed prefix. */
 void llama_ctx_reset(llama_ctx *ctx);
 
@@ -75,6 +103,9 @@ typedef struct {
  * or -1 with a message in err (bad token id, parent, capacity). The batch's K/V stay in the tree
  * area until the next forward. */
 int llama_forward(llama_ctx *ctx, const llama_batch *b, float *logits, char *err, size_t errlen);
+/* Validate a batch and derive its ancestor lists and positions without running it (a process
+ * that commits a step other processes computed calls this first). */
+int llama_ctx_set_batch(llama_ctx *ctx, const llama_batch *b, char *err, size_t errlen);
 /* Move the K/V of batch tokens path[0..n) (a root-to-node path, in order) into the prefix. */
 int llama_commit(llama_ctx *ctx, const int32_t *path, int n, char *err, size_t errlen);
 

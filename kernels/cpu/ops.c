@@ -47,14 +47,22 @@ void k_rmsnorm(float *out, const float *x, const float *weight, int n, float eps
 
 void k_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float base)
 {
-    for (int i = 0; i < rot_dim / 2; i++) {
+    /* cos/sin once per call; then the same inner loop for every head, so an element's arithmetic
+     * never depends on how many heads a column part holds (a compiler may vectorise the inner
+     * loop, but identically for each head) */
+    float cs[512], sn[512];
+    int half = rot_dim / 2 < 512 ? rot_dim / 2 : 512;
+    for (int i = 0; i < half; i++) {
         double theta = pos * pow(base, -2.0 * i / rot_dim);
-        float c = (float)cos(theta), s = (float)sin(theta);
-        for (int h = 0; h < n_heads; h++) {
-            float *p = x + h * head_dim + 2 * i;
-            float a = p[0], b = p[1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
+        cs[i] = (float)cos(theta);
+        sn[i] = (float)sin(theta);
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float *p = x + (int64_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * cs[i] - b * sn[i];
+            p[2 * i + 1] = a * sn[i] + b * cs[i];
         }
     }
 }

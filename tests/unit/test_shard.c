@@ -1,8 +1,8 @@
 /*
  * tests/unit/test_shard.c — column sharding is exact: computing every linear layer and the lm_head
  * as row ranges [0,a), [a,b), [b,n) and concatenating is bit-identical to computing them whole,
- * for every tensor type, batch width and thread count. Workers depend on this: 1, 2 or 3 of
- * them must produce the same logits.
+ * for every tensor type, batch width and thread count; and a whole forward split into 1, 2 or 3
+ * column parts gives bit-identical logits. Workers depend on this.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "model/llama.h"
 #include "tests/unit/testutil.h"
@@ -60,29 +61,93 @@ static void test_shard_matmul_ranges(void **state)
     kpool_destroy(&pool);
 }
 
-/* Whole forward: logits with 1, 2 and 3 shards per linear (and 1 vs 2 threads) are identical. */
-static void test_shard_forward(void **state)
+/* Whole forward split in 1, 2 and 3 column parts, each part a thread with its own context over one
+ * shared block, meeting at a pthread barrier (what worker processes do through the arena): the
+ * logits are bit-identical to the single-part forward, for every tensor type. */
+typedef struct {
+    llama_model *m;
+    int part, n_parts, n_tok;
+    void *shared;
+    pthread_barrier_t *barrier;
+    float *logits;
+    int rc;
+    char err[256];
+} part_arg;
+
+static int part_sync(void *arg)
+{
+    pthread_barrier_wait(arg);
+    return 0;
+}
+
+static void *part_run(void *argp)
+{
+    part_arg *a = argp;
+    static const int32_t ids[] = {3, 50, 201, 7, 7, 9, 120, 33};
+    static const int32_t parent[] = {-1, 0, 1, 1, 3, -1, 5, 2};
+    llama_ctx_params p = {.n_threads = 1, .max_width = 8, .n_ctx = 32, .kv = KV_F32, .part = a->part,
+                          .n_parts = a->n_parts, .shared = a->shared, .sync = part_sync,
+                          .sync_arg = a->barrier};
+    llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
+    if (!ctx) {
+        a->rc = -1;
+        return NULL;
+    }
+    /* a committed prefix of 3, then a tree of 8 */
+    int32_t path[] = {0, 1, 2};
+    llama_batch pre = {.n = 3, .tokens = ids};
+    a->rc = llama_forward(ctx, &pre, NULL, a->err, sizeof a->err);
+    if (!a->rc)
+        a->rc = llama_commit(ctx, path, 3, a->err, sizeof a->err);
+    llama_batch b = {.n = a->n_tok, .tokens = ids, .parent = parent};
+    if (!a->rc)
+        a->rc = llama_forward(ctx, &b, a->logits, a->err, sizeof a->err);
+    llama_ctx_destroy(&ctx);
+    return NULL;
+}
+
+static void run_parts(llama_model *m, int n_parts, float *logits)
+{
+    size_t bytes = llama_shared_layout(&m->cfg, 32, 8, KV_F32, NULL);
+    void *shared = calloc(1, bytes);
+    pthread_barrier_t barrier;
+    pthread_barrier_init(&barrier, NULL, (unsigned)n_parts);
+    part_arg args[4];
+    pthread_t th[4];
+    for (int i = 0; i < n_parts; i++) {
+        args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .n_tok = 8, .shared = shared,
+                             .barrier = &barrier, .logits = logits};
+        pthread_create(&th[i], NULL, part_run, &args[i]);
+    }
+    for (int i = 0; i < n_parts; i++) {
+        pthread_join(th[i], NULL);
+        if (args[i].rc)
+            fail_msg("part %d of %d: %s", i, n_parts, args[i].err);
+    }
+    pthread_barrier_destroy(&barrier);
+    free(shared);
+}
+
+static void test_shard_forward_parts(void **state)
 {
     char err[256];
     for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
-        llama_model *m = llama_model_load(tu_make_model("shard", TYPES[t], NULL), err, sizeof err);
+        /* 6 KV heads so that 1, 2 and 3 parts all divide them differently from the rows */
+        llama_model *m = llama_model_load(
+            tu_make_model("shard", TYPES[t], "--layers 2 --dim 96 --ffn 160 --heads 6 --kv-heads 3 "
+                          "--vocab 301 --ctx 64"), err, sizeof err);
         if (!m)
             fail_msg("%s", err);
-        int V = m->cfg.vocab;
-        int32_t ids[] = {3, 50, 201, 7, 7, 9, 120, 33};
-        float *ref = malloc((size_t)8 * V * 4), *got = malloc((size_t)8 * V * 4);
-        for (int shards = 1; shards <= 3; shards++)
-            for (int threads = 1; threads <= 2; threads++) {
-                llama_ctx_params p = {.n_threads = threads, .max_width = 8, .n_ctx = 32, .kv = KV_F32,
-                                      .n_shards = shards};
-                llama_ctx *ctx = llama_ctx_new(m, &p, err, sizeof err);
-                assert_non_null(ctx);
-                llama_batch b = {.n = 8, .tokens = ids};
-                assert_int_equal(llama_forward(ctx, &b, shards == 1 && threads == 1 ? ref : got, err, sizeof err), 0);
-                if ((shards > 1 || threads > 1) && memcmp(ref, got, (size_t)8 * V * 4))
-                    fail_msg("%s: %d shards x %d threads: logits differ from 1 x 1", TYPES[t], shards, threads);
-                llama_ctx_destroy(&ctx);
-            }
+        size_t n = (size_t)8 * m->cfg.vocab;
+        float *ref = calloc(n, 4), *got = calloc(n, 4);
+        run_parts(m, 1, ref);
+        for (int parts = 2; parts <= 3; parts++) {
+            memset(got, 0, n * 4);
+            run_parts(m, parts, got);
+            if (memcmp(ref, got, n * 4))
+                fail_msg("%s: %d parts: logits differ from 1 part (relative L2 %.3g)", TYPES[t], parts,
+                         tu_rel_l2(got, ref, n));
+        }
         free(ref);
         free(got);
         llama_model_destroy(&m);
@@ -93,7 +158,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_matmul_ranges),
-        cmocka_unit_test(test_shard_forward),
+        cmocka_unit_test(test_shard_forward_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,7 @@ static const int32_t PARENT[] = {-1, 0, 0, 1, 1, 2, -1, 6, 3, 8, 7};
 static llama_ctx *new_ctx(const llama_model *m, int width, int threads, kv_type kv)
 {
     char err[256];
-    llama_ctx_params p = {.n_threads = threads, .max_width = width, .n_ctx = 64, .kv = kv, .n_shards = 1};
+    llama_ctx_params p = {.n_threads = threads, .max_width = width, .n_ctx = 64, .kv = kv};
     llama_ctx *ctx = llama_ctx_new(m, &p, err, sizeof err);
     assert_non_null(ctx);
     return ctx;
@@ -66,7 +66,7 @@ static void check_tree(const char *type, kv_type kv)
     assert_non_null(m);
     int V = m->cfg.vocab;
     float *tree = malloc((size_t)N_TREE * V * sizeof *tree), *seq = malloc((size_t)V * sizeof *seq);
-    llama_ctx_params p = {.n_threads = 2, .max_width = 16, .n_ctx = 64, .kv = kv, .n_shards = 1};
+    llama_ctx_params p = {.n_threads = 2, .max_width = 16, .n_ctx = 64, .kv = kv};
     llama_ctx *ctx = llama_ctx_new(m, &p, err, sizeof err);
     assert_non_null(ctx);
     assert_int_equal(llama_prefill(ctx, PROMPT, N_PROMPT, seq, err, sizeof err), 0);
