@@ -134,6 +134,7 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
 
 /* ===== weight blocks ===== */
 
+#ifndef MM_AVX2
 static inline float mm_f16(const uint8_t *p)
 {
     uint16_t h;
@@ -155,7 +156,6 @@ static inline const uint8_t *mm_block(uint32_t type, const uint8_t *row, int64_t
     return p + (type == KT_Q4_1 ? 4 : 2);
 }
 
-#ifndef MM_AVX2
 /* Expand one block's values to int16 (4-bit types as 0..15, see mm_block). */
 static inline void mm_block_i16(uint32_t type, const uint8_t *qs, int16_t *q)
 {
