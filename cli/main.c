@@ -19,6 +19,8 @@ static const command COMMANDS[] = {
     {"tokenize", cmd_tokenize, "print the token ids and pieces of a text"},
     {"mkmodel", cmd_mkmodel, "write a deterministic random-weight Llama GGUF"},
     {"bench", cmd_bench, "decode speed and batch step-time curve"},
+    {"generate", cmd_generate, "one request to a running coordinator's HTTP API"},
+    {"chat", cmd_chat, "interactive chat with a running coordinator"},
 };
 
 static void usage(FILE *out)

@@ -252,6 +252,31 @@ void llama_model_destroy(llama_model **model)
     *model = NULL;
 }
 
+int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err, size_t errlen)
+{
+    if (n < 1 || n > m->cfg.n_layers) {
+        snprintf(err, errlen, "layer list of %d entries: need 1..%d", n, m->cfg.n_layers);
+        return -1;
+    }
+    llama_layer *kept = malloc((size_t)n * sizeof *kept);
+    if (!kept) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (layers[i] < 0 || layers[i] >= m->cfg.n_layers) {
+            snprintf(err, errlen, "layer %d does not exist (the model has %d)", layers[i], m->cfg.n_layers);
+            free(kept);
+            return -1;
+        }
+        kept[i] = m->layers[layers[i]];
+    }
+    free(m->layers);
+    m->layers = kept;
+    m->cfg.n_layers = n;
+    return 0;
+}
+
 static size_t mat_bytes(const kmat *w)
 {
     return (size_t)w->rows * w->row_bytes;

@@ -41,6 +41,9 @@ typedef struct {
  * (missing key or tensor, wrong shape, unsupported tensor type). */
 llama_model *llama_model_load(const char *path, char *err, size_t errlen);
 void llama_model_destroy(llama_model **model);
+/* Keep only the listed layers, in that order (self-speculation: the target with layers skipped).
+ * Returns 0, or -1 with err for an index out of range or an empty list. */
+int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err, size_t errlen);
 /* Bytes of weights a step reads: every layer matrix plus the lm_head. */
 size_t llama_model_step_bytes(const llama_model *m);
 /* Multiply-adds per token of a step (matmuls only, no attention). */

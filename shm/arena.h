@@ -7,8 +7,10 @@
  * regions by name. Nothing inside the arena is a pointer: the header and region table hold
  * offsets only, so every process may map it at a different address. A generation counter in the
  * header changes whenever the coordinator re-creates the layout, so an attacher can tell a stale
- * view. A lock file in the run directory holding the creator's pid lets the next `up` detect and
- * remove an arena left behind by a crashed group.
+ * view. The header also records the creator's pid: that is how the next `up` tells an arena left
+ * behind by a crashed group (creator dead, or header unreadable) from one still in use (creator
+ * alive), without any lock file. Names are "/NAME": a leading '/', no other '/', at most 200
+ * characters. Regions are 64-byte aligned, zero-filled, named uniquely (< 32 characters).
  */
 #ifndef OROCHI_ARENA_H
 #define OROCHI_ARENA_H
@@ -46,24 +48,30 @@ typedef struct {
     uint64_t size;
 } arena_spec;
 
-/* Create the arena `name` (e.g. "/orochi-<group>") with the given regions, zero-filled. An
- * existing object of that name is an error unless `replace_stale` (then it is unlinked first).
- * NULL with a one-line err on failure. */
+/* Create the arena `name` (e.g. "/orochi-<group>") with the given regions (0..ARENA_MAX_REGIONS,
+ * each of nonzero size), zero-filled, mode 0600.
+ * An existing object of that name is an error unless `replace_stale`: then it is inspected, and
+ * unlinked and replaced if its creator is dead or its header is garbage; if its creator is alive
+ * the call fails with "arena /NAME is in use by pid P". NULL with a one-line err on failure. */
 arena *arena_create(const char *name, const arena_spec *specs, int n_specs, bool replace_stale,
                     char *err, size_t errlen);
-/* Attach to an existing arena; checks magic, layout version and size. */
+/* Attach to an existing arena; checks magic, layout version, total size against the object's
+ * size and every region's bounds, alignment and name. */
 arena *arena_attach(const char *name, char *err, size_t errlen);
-/* Unmap (and, for the creator, unlink) and free; nulls *a. */
+/* Unmap, close (and, in the creating process, not a fork()ed copy, unlink) and free; nulls *a. */
 void arena_destroy(arena **a);
-/* Remove a named arena left behind by a crashed group; returns true if one was removed. */
+/* Remove a named arena left behind by a crashed group (creator dead, or header garbage); returns
+ * true if one was removed. An arena whose creator is alive is left alone. */
 bool arena_unlink_stale(const char *name);
 
 const arena_header *arena_header_of(const arena *a);
 void *arena_base(const arena *a);
 uint64_t arena_size(const arena *a);
 const char *arena_name(const arena *a);
-/* The region's memory, or NULL if absent; *size (if not NULL) gets its size. */
+/* The region's memory, or NULL if absent; *size (if not NULL) gets its size. Looks in this
+ * process's validated copy of the region table, never in the shared header. */
 void *arena_region_find(const arena *a, const char *name, uint64_t *size);
+/* 1 at creation; bumped atomically (acquire/release) by whoever changes the layout's meaning. */
 uint64_t arena_generation(const arena *a);
 void arena_bump_generation(arena *a);
 
@@ -77,11 +85,16 @@ typedef struct {
     uint32_t broken;   /* set when a round was abandoned (timeout); futex wakers see it */
 } arena_barrier;
 
+/* (Re)configure for `parties` participants and clear `broken`; call only while nobody waits. */
 void arena_barrier_init(arena_barrier *b, uint32_t parties);
 /* Wait for all parties. Returns 0 when the round completed, -1 on timeout (the barrier is then
  * marked broken and every waiter returns -1 until arena_barrier_init is called again), so a dead
- * peer never hangs the others. Spins `spin` iterations before sleeping on the futex. */
+ * peer never hangs the others. Spins `spin` iterations before sleeping on the futex.
+ * timeout_ms < 0 waits without limit. An unconfigured barrier (parties 0) returns -1. */
 int arena_barrier_wait(arena_barrier *b, int timeout_ms, int spin);
+/* Abandon the current round from outside (the coordinator, when it sees a party die): every
+ * waiter returns -1 now, and later waits too until arena_barrier_init. */
+void arena_barrier_break(arena_barrier *b);
 
 /* ===== draft ring: one per speculator, seqlocked slots ===== */
 
@@ -105,9 +118,12 @@ typedef struct {
 
 size_t arena_draft_ring_bytes(uint32_t n_slots);
 void arena_draft_ring_init(arena_draft_ring *r, uint32_t n_slots);
-/* Publish a draft; returns the slot index written. */
+/* Publish a draft (one writer per ring); `head` advances after the slot is complete, so slot
+ * (head - 1) % n_slots is the newest finished draft. d->seq is ignored and d->n is clamped to
+ * ARENA_DRAFT_MAX. Returns the slot index written, or UINT32_MAX for an unconfigured ring. */
 uint32_t arena_draft_ring_put(arena_draft_ring *r, const arena_draft *d);
-/* Copy slot i out consistently; false if it was being written (retry later) or is empty. */
+/* Copy slot i out consistently; false if it was being written (retry later) or is empty.
+ * out->seq gets the slot's (even) version; tokens and conf past out->n are zero. */
 bool arena_draft_ring_get(const arena_draft_ring *r, uint32_t slot, arena_draft *out);
 
 #endif

@@ -1,0 +1,127 @@
+/*
+ * coordinator/coord — the coordinator's internal state, shared by its three files:
+ *   coord_main.c    options, set-up (arena, socket, HTTP), the main loop, shutdown;
+ *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
+ *                   the status file;
+ *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
+ *                   commit -> feedback), stop conditions, metrics.
+ * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
+ * only hand requests over through the queue.
+ */
+#ifndef OROCHI_COORD_H
+#define OROCHI_COORD_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "coordinator/http.h"
+#include "coordinator/request.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "workers/runtime.h"
+
+#define COORD_MAX_PEERS 32
+#define COORD_MAX_WORKERS 8
+#define COORD_QUEUE 64
+#define COORD_MAX_SPAWN_ARGS 32
+
+typedef enum { PEER_FREE = 0, PEER_WORKER, PEER_SPECULATOR } coord_peer_role;
+
+typedef struct {
+    coord_peer_role role;
+    char name[64];           /* "worker-0", "ngram", ... (the launcher's role name) */
+    uint8_t ident[64];       /* ZeroMQ routing id */
+    size_t ident_len;
+    bool connected;          /* welcomed and alive */
+    pid_t pid;               /* from Hello */
+    pid_t child;             /* when we spawned it: the child pid we wait for */
+    char *argv[COORD_MAX_SPAWN_ARGS]; /* how to spawn it again (NULL: not ours) */
+    uint64_t started_us, last_hb_us, hb_steps;
+    int restarts;
+    uint64_t respawn_at_us;  /* when to spawn again after a death */
+    int index;               /* worker part / speculator ring */
+    char kind[16];
+    /* speculator bookkeeping */
+    uint64_t drafted, accepted, drafts_used;
+    double acr;              /* running acceptance rate of its drafts */
+    uint64_t ready_req, ready_ctx; /* latest DraftReady */
+    uint32_t ready_slot, ready_n;
+    bool ready_fresh;
+    uint64_t fed_req, fed_ctx;     /* latest Feedback sent */
+} coord_peer;
+
+typedef struct {
+    /* options */
+    const char *run_dir, *target, *bind, *api_key, *external;
+    int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
+    int heartbeat_ms, dead_ms;
+    bool trace, no_spawn;
+    const char *spec_specs[RT_MAX_SPECULATORS];
+    int n_spec_specs;
+    char bin_dir[4096];
+
+    /* the group */
+    void *zctx, *sock;
+    arena *arena;
+    rt_step *step;
+    float *logits;
+    arena_draft_ring *rings;
+    size_t ring_bytes;
+    coord_peer peers[COORD_MAX_PEERS];
+    uint64_t started_us, last_status_us, last_hb_sent_us;
+    uint64_t step_counter;
+    /* the step in flight */
+    uint64_t step_wait_id;
+    uint32_t step_done_mask;
+    bool step_failed;
+    char step_err[256];
+
+    /* the model (weights stay unmapped but for metadata: the coordinator computes nothing) */
+    llama_model *model;
+    tokenizer *tok;
+    llama_ctx *kv; /* a view over the shared block, used to commit accepted paths */
+    uint64_t vocab_hash;
+    char model_name[256];
+
+    /* requests: HTTP threads push, the main loop pops */
+    pthread_mutex_t qlock;
+    coord_request *queue[COORD_QUEUE];
+    int qhead, qlen;
+    uint64_t next_request_id;
+    http_server *http;
+
+    /* metrics */
+    pthread_mutex_t mlock;
+    uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
+    uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
+    double m_step_seconds, m_draft_wait_seconds;
+    double m_worker_compute_us[COORD_MAX_WORKERS];
+    uint64_t m_worker_steps[COORD_MAX_WORKERS];
+    char m_spec_text[4096]; /* speculator gauges, rebuilt by the main loop */
+} coord;
+
+extern volatile int coord_stop_flag;
+
+/* coord_group.c */
+int coord_group_spawn_all(coord *c);
+void coord_group_pump(coord *c, int timeout_ms);
+void coord_group_supervise(coord *c);
+bool coord_group_workers_ready(const coord *c);
+int coord_group_count(const coord *c, coord_peer_role role, bool connected_only);
+void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which, void *body);
+void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body);
+void coord_group_shutdown(coord *c);
+void coord_group_write_status(coord *c);
+
+/* coord_engine.c */
+int coord_engine_submit(void *ctx, coord_request *req);
+char *coord_engine_metrics(void *ctx);
+int coord_engine_health(void *ctx, char *msg, size_t len);
+void coord_engine_run_next(coord *c);
+void coord_engine_on_step_done(coord *c, coord_peer *p, const Orochi__StepDone *d);
+void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r);
+void coord_engine_on_worker_lost(coord *c, coord_peer *p);
+
+#endif

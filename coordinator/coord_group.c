@@ -1,0 +1,497 @@
+/*
+ * coordinator/coord_group.c — the process group as the coordinator sees it.
+ *
+ * The coordinator spawns the workers and speculators named on its command line (their output goes
+ * to RUN_DIR/logs/ROLE.log), answers each Hello with a Welcome, and supervises: a child that exits
+ * (waitpid) or any peer that stops heartbeating for --dead-ms is declared dead. A dead worker
+ * breaks the step barrier so the survivors stop waiting, the interrupted step is marked failed (the
+ * engine re-runs it), and the worker is spawned again after a short back-off; it re-maps the arena
+ * and carries on. A dead speculator only means fewer drafts; it is restarted the same way when it
+ * was ours. Peers started by someone else (`attach-speculator`, `debug ROLE`) are supervised but
+ * never spawned. RUN_DIR/status is rewritten twice a second for `orochi-launch status`.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "coordinator/coord.h"
+
+#define RESPAWN_BACKOFF_US 300000u
+
+void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body)
+{
+    Orochi__Envelope env;
+    rt_send(c->sock, p->ident, p->ident_len, rt_env(&env, which, body));
+}
+
+void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which, void *body)
+{
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role == role && c->peers[i].connected)
+            coord_group_send(c, &c->peers[i], which, body);
+}
+
+int coord_group_count(const coord *c, coord_peer_role role, bool connected_only)
+{
+    int n = 0;
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role == role && (!connected_only || c->peers[i].connected))
+            n++;
+    return n;
+}
+
+bool coord_group_workers_ready(const coord *c)
+{
+    int ready = 0;
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role == PEER_WORKER && c->peers[i].connected)
+            ready++;
+    return ready == c->n_workers;
+}
+
+/* ===== spawning ===== */
+
+static coord_peer *group_slot(coord *c, const char *name)
+{
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role != PEER_FREE && !strcmp(c->peers[i].name, name))
+            return &c->peers[i];
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role == PEER_FREE)
+            return &c->peers[i];
+    return NULL;
+}
+
+static int group_spawn(coord *c, coord_peer *p)
+{
+    char log[4200];
+    snprintf(log, sizeof log, "%s/logs/%s.log", c->run_dir, p->name);
+    pid_t pid = fork();
+    if (pid < 0) {
+        rt_log("coordinator", "cannot fork for %s: %s", p->name, strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setpgid(0, getppid()); /* stay in the group's process group for `down` */
+        execv(p->argv[0], p->argv);
+        fprintf(stderr, "cannot exec %s: %s\n", p->argv[0], strerror(errno));
+        _exit(127);
+    }
+    p->child = pid;
+    p->started_us = rt_now_us();
+    p->last_hb_us = p->started_us;
+    p->respawn_at_us = 0;
+    rt_log("coordinator", "spawned %s (pid %d)", p->name, (int)pid);
+    return 0;
+}
+
+static void group_argv(coord_peer *p, int n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n && i < COORD_MAX_SPAWN_ARGS - 1; i++)
+        p->argv[i] = strdup(va_arg(ap, const char *));
+    va_end(ap);
+}
+
+static void group_argv_add(coord_peer *p, const char *a)
+{
+    int i = 0;
+    while (i < COORD_MAX_SPAWN_ARGS - 1 && p->argv[i])
+        i++;
+    if (i < COORD_MAX_SPAWN_ARGS - 1)
+        p->argv[i] = strdup(a);
+}
+
+/* --speculator KIND[:k=v,k=v] -> orochi-speculator --kind KIND --k v ... */
+static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
+{
+    char kind[32], args[1024] = "";
+    const char *colon = strchr(spec_s, ':');
+    size_t kl = colon ? (size_t)(colon - spec_s) : strlen(spec_s);
+    if (kl == 0 || kl >= sizeof kind) {
+        rt_log("coordinator", "bad --speculator '%s' (KIND[:key=value,...])", spec_s);
+        return -1;
+    }
+    memcpy(kind, spec_s, kl);
+    kind[kl] = 0;
+    if (colon)
+        snprintf(args, sizeof args, "%s", colon + 1);
+    char name[64];
+    snprintf(name, sizeof name, ordinal ? "%s-%d" : "%s", kind, ordinal);
+    coord_peer *p = group_slot(c, name);
+    if (!p)
+        return -1;
+    memset(p, 0, sizeof *p);
+    p->role = PEER_SPECULATOR;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%s/orochi-speculator", c->bin_dir);
+    group_argv(p, 9, bin, "--run-dir", c->run_dir, "--kind", kind, "--id", name, "--target", c->target);
+    char maxd[16];
+    snprintf(maxd, sizeof maxd, "%d", c->max_draft);
+    group_argv_add(p, "--max-draft");
+    group_argv_add(p, maxd);
+    for (char *save = NULL, *kv = strtok_r(args, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        char opt[96];
+        if (eq)
+            *eq = 0;
+        snprintf(opt, sizeof opt, "--%s", kv);
+        group_argv_add(p, opt);
+        if (eq)
+            group_argv_add(p, eq + 1);
+    }
+    return 0;
+}
+
+int coord_group_spawn_all(coord *c)
+{
+    char logs[4200];
+    snprintf(logs, sizeof logs, "%s/logs", c->run_dir);
+    mkdir(logs, 0755);
+    for (int i = 0; i < c->n_workers; i++) {
+        char name[32], idx[16], thr[16], bin[4200];
+        snprintf(name, sizeof name, "worker-%d", i);
+        snprintf(idx, sizeof idx, "%d", i);
+        snprintf(thr, sizeof thr, "%d", c->threads_per_worker);
+        snprintf(bin, sizeof bin, "%s/orochi-worker", c->bin_dir);
+        coord_peer *p = group_slot(c, name);
+        memset(p, 0, sizeof *p);
+        p->role = PEER_WORKER;
+        p->index = i;
+        snprintf(p->name, sizeof p->name, "%s", name);
+        group_argv(p, 7, bin, "--run-dir", c->run_dir, "--index", idx, "--threads", thr);
+    }
+    for (int i = 0; i < c->n_spec_specs; i++)
+        if (group_add_speculator(c, c->spec_specs[i], i))
+            return -1;
+    c->started_us = rt_now_us();
+    char cmds[4200];
+    snprintf(cmds, sizeof cmds, "%s/cmd", c->run_dir);
+    mkdir(cmds, 0755);
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        coord_peer *p = &c->peers[i];
+        if (p->role == PEER_FREE || !p->argv[0])
+            continue;
+        /* RUN_DIR/cmd/ROLE: how this role is started, one argument per line (`debug ROLE`) */
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", cmds, p->name);
+        FILE *f = fopen(path, "w");
+        for (int a = 0; f && a < COORD_MAX_SPAWN_ARGS && p->argv[a]; a++)
+            fprintf(f, "%s\n", p->argv[a]);
+        if (f)
+            fclose(f);
+        if (c->no_spawn || (c->external && !strcmp(c->external, p->name))) {
+            rt_log("coordinator", "not spawning %s: waiting for it to connect", p->name);
+            continue;
+        }
+        if (group_spawn(c, p))
+            return -1;
+    }
+    return 0;
+}
+
+/* ===== messages ===== */
+
+static void group_refuse(coord *c, const uint8_t *id, size_t id_len, const char *msg)
+{
+    Orochi__Error e = OROCHI__ERROR__INIT;
+    e.message = (char *)msg;
+    e.code = 400;
+    Orochi__Envelope env;
+    rt_send(c->sock, id, id_len, rt_env(&env, OROCHI__ENVELOPE__BODY_ERROR, &e));
+    rt_log("coordinator", "refused a peer: %s", msg);
+}
+
+static coord_peer *group_by_ident(coord *c, const uint8_t *id, size_t len)
+{
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role != PEER_FREE && c->peers[i].ident_len == len &&
+            !memcmp(c->peers[i].ident, id, len))
+            return &c->peers[i];
+    return NULL;
+}
+
+static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi__Hello *h)
+{
+    char msg[512];
+    coord_peer *p = NULL;
+    Orochi__Welcome w = OROCHI__WELCOME__INIT;
+    if (h->role == OROCHI__ROLE__ROLE_WORKER) {
+        if (h->worker_index >= (uint32_t)c->n_workers) {
+            snprintf(msg, sizeof msg, "worker index %u: this group has %d workers (0..%d)",
+                     h->worker_index, c->n_workers, c->n_workers - 1);
+            group_refuse(c, id, id_len, msg);
+            return;
+        }
+        char name[32];
+        snprintf(name, sizeof name, "worker-%u", h->worker_index);
+        p = group_slot(c, name);
+        if (p->role == PEER_FREE) {
+            memset(p, 0, sizeof *p);
+            p->role = PEER_WORKER;
+            snprintf(p->name, sizeof p->name, "%s", name);
+        }
+        p->index = (int)h->worker_index;
+        w.worker_index = h->worker_index;
+    } else if (h->role == OROCHI__ROLE__ROLE_SPECULATOR) {
+        if (h->vocab_size && (h->vocab_size != (uint32_t)c->model->cfg.vocab || h->vocab_hash != c->vocab_hash)) {
+            snprintf(msg, sizeof msg, "speculator %s: its vocabulary (%u tokens, hash %016llx) differs "
+                     "from the target's (%d tokens, hash %016llx); a draft model must share the "
+                     "target's tokenizer", h->id, h->vocab_size, (unsigned long long)h->vocab_hash,
+                     c->model->cfg.vocab, (unsigned long long)c->vocab_hash);
+            group_refuse(c, id, id_len, msg);
+            return;
+        }
+        p = group_slot(c, h->id[0] ? h->id : "speculator");
+        if (!p) {
+            group_refuse(c, id, id_len, "too many peers");
+            return;
+        }
+        if (p->role == PEER_FREE) {
+            memset(p, 0, sizeof *p);
+            p->role = PEER_SPECULATOR;
+            snprintf(p->name, sizeof p->name, "%s", h->id[0] ? h->id : "speculator");
+        }
+        /* ring index: the slot's position among speculator slots */
+        int ring = 0;
+        for (int i = 0; i < COORD_MAX_PEERS && &c->peers[i] != p; i++)
+            if (c->peers[i].role == PEER_SPECULATOR)
+                ring++;
+        if (ring >= RT_MAX_SPECULATORS) {
+            group_refuse(c, id, id_len, "no free draft ring (at most 8 speculators)");
+            p->role = PEER_FREE;
+            return;
+        }
+        p->index = ring;
+        snprintf(p->kind, sizeof p->kind, "%s", h->kind);
+        arena_draft_ring_init((arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
+                              RT_DRAFT_SLOTS);
+        w.draft_ring = (uint32_t)ring;
+        p->ready_fresh = false;
+        p->fed_req = p->fed_ctx = 0;
+    } else {
+        group_refuse(c, id, id_len, "Hello without a role");
+        return;
+    }
+    memcpy(p->ident, id, id_len);
+    p->ident_len = id_len;
+    p->pid = (pid_t)h->pid;
+    p->connected = true;
+    p->last_hb_us = rt_now_us();
+    if (!p->child)
+        p->started_us = p->last_hb_us;
+    w.arena_name = (char *)arena_name(c->arena);
+    w.layout_version = ARENA_LAYOUT_VERSION;
+    w.arena_generation = arena_generation(c->arena);
+    w.n_workers = (uint32_t)c->n_workers;
+    w.max_width = (uint32_t)c->max_width;
+    w.n_ctx = (uint32_t)c->n_ctx;
+    w.target_model = (char *)c->target;
+    coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
+    rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "", h->kind);
+}
+
+static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__Envelope *env)
+{
+    if (env->body_case == OROCHI__ENVELOPE__BODY_HELLO) {
+        group_hello(c, id, id_len, env->hello);
+        return;
+    }
+    coord_peer *p = group_by_ident(c, id, id_len);
+    if (!p || !p->connected) {
+        if (c->trace)
+            rt_log("coordinator", "message %d from an unknown peer ignored", env->body_case);
+        return;
+    }
+    p->last_hb_us = rt_now_us();
+    switch (env->body_case) {
+    case OROCHI__ENVELOPE__BODY_HEARTBEAT:
+        p->hb_steps = env->heartbeat->steps;
+        break;
+    case OROCHI__ENVELOPE__BODY_STEP_DONE:
+        if (p->role == PEER_WORKER)
+            coord_engine_on_step_done(c, p, env->step_done);
+        break;
+    case OROCHI__ENVELOPE__BODY_DRAFT_READY:
+        if (p->role == PEER_SPECULATOR)
+            coord_engine_on_draft_ready(c, p, env->draft_ready);
+        break;
+    case OROCHI__ENVELOPE__BODY_ERROR:
+        rt_log("coordinator", "%s reports: %s", p->name, env->error->message);
+        break;
+    default:
+        rt_log("coordinator", "unexpected message %d from %s ignored", env->body_case, p->name);
+    }
+}
+
+void coord_group_pump(coord *c, int timeout_ms)
+{
+    zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0)
+        return;
+    for (int budget = 0; budget < 256; budget++) {
+        uint8_t id[256];
+        size_t id_len = 0;
+        bool bad;
+        char err[256];
+        Orochi__Envelope *env = rt_recv(c->sock, true, id, sizeof id, &id_len, &bad, err, sizeof err);
+        if (bad) {
+            rt_log("coordinator", "ignoring a bad frame: %s", err);
+            if (strstr(err, "protocol version"))
+                group_refuse(c, id, id_len, err);
+            continue;
+        }
+        if (!env)
+            break;
+        group_dispatch(c, id, id_len, env);
+        rt_free(env);
+    }
+}
+
+/* ===== supervision ===== */
+
+static void group_lost(coord *c, coord_peer *p, const char *why)
+{
+    rt_log("coordinator", "%s (pid %d) lost: %s", p->name, (int)(p->child ? p->child : p->pid), why);
+    bool was_connected = p->connected;
+    p->connected = false;
+    p->ident_len = 0;
+    if (p->role == PEER_WORKER && was_connected)
+        coord_engine_on_worker_lost(c, p);
+    if (p->argv[0]) {
+        if (p->child)
+            kill(p->child, SIGKILL); /* a hung child: make sure it is gone before its successor */
+        p->respawn_at_us = rt_now_us() + RESPAWN_BACKOFF_US;
+    } else if (p->role == PEER_SPECULATOR) {
+        p->role = PEER_FREE; /* an attached speculator that left: forget it */
+    }
+    pthread_mutex_lock(&c->mlock);
+    c->m_restarts++;
+    pthread_mutex_unlock(&c->mlock);
+}
+
+void coord_group_supervise(coord *c)
+{
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < COORD_MAX_PEERS; i++) {
+            coord_peer *p = &c->peers[i];
+            if (p->role == PEER_FREE || p->child != pid)
+                continue;
+            char why[64];
+            if (WIFSIGNALED(status))
+                snprintf(why, sizeof why, "killed by signal %d", WTERMSIG(status));
+            else
+                snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(status));
+            p->child = 0;
+            group_lost(c, p, why);
+        }
+    }
+    uint64_t now = rt_now_us();
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        coord_peer *p = &c->peers[i];
+        if (p->role == PEER_FREE)
+            continue;
+        if (p->connected && now - p->last_hb_us > (uint64_t)c->dead_ms * 1000u)
+            group_lost(c, p, "no heartbeat");
+        if (!p->connected && !p->child && p->argv[0] && p->respawn_at_us && now >= p->respawn_at_us &&
+            !coord_stop_flag) {
+            p->restarts++;
+            group_spawn(c, p);
+        }
+    }
+    if (now - c->last_hb_sent_us > (uint64_t)c->heartbeat_ms * 1000u) {
+        Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
+        hb.time_us = now;
+        hb.steps = c->step_counter;
+        hb.state = "serving";
+        coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
+        coord_group_broadcast(c, PEER_SPECULATOR, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
+        c->last_hb_sent_us = now;
+    }
+    if (now - c->last_status_us > 500000u) {
+        coord_group_write_status(c);
+        c->last_status_us = now;
+    }
+}
+
+void coord_group_write_status(coord *c)
+{
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/status", c->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    uint64_t now = rt_now_us();
+    fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat      -  steps %llu\n", "coordinator",
+            (int)getpid(), (now - c->started_us) / 1e6, (unsigned long long)c->step_counter);
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        const coord_peer *p = &c->peers[i];
+        if (p->role == PEER_FREE)
+            continue;
+        if (p->connected)
+            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d%s%s\n",
+                    p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
+                    (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts,
+                    p->role == PEER_SPECULATOR ? "  kind " : "", p->kind);
+        else
+            fprintf(f, "%-16s pid %-7s (not connected%s)  restarts %d\n", p->name, "-",
+                    p->child ? ", starting" : "", p->restarts);
+    }
+    fclose(f);
+    rename(tmp, path);
+}
+
+void coord_group_shutdown(coord *c)
+{
+    Orochi__Shutdown s = OROCHI__SHUTDOWN__INIT;
+    s.reason = "coordinator stopping";
+    coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_SHUTDOWN, &s);
+    coord_group_broadcast(c, PEER_SPECULATOR, OROCHI__ENVELOPE__BODY_SHUTDOWN, &s);
+    uint64_t deadline = rt_now_us() + 1500000u;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < COORD_MAX_PEERS; i++) {
+            coord_peer *p = &c->peers[i];
+            if (p->child && waitpid(p->child, NULL, WNOHANG) == 0)
+                alive++;
+            else
+                p->child = 0;
+        }
+        if (!alive)
+            break;
+        if (rt_now_us() > deadline) {
+            for (int i = 0; i < COORD_MAX_PEERS; i++)
+                if (c->peers[i].child) {
+                    kill(c->peers[i].child, SIGKILL);
+                    waitpid(c->peers[i].child, NULL, 0);
+                    c->peers[i].child = 0;
+                }
+            break;
+        }
+        usleep(20000);
+    }
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        for (int j = 0; j < COORD_MAX_SPAWN_ARGS; j++) {
+            free(c->peers[i].argv[j]);
+            c->peers[i].argv[j] = NULL;
+        }
+}

@@ -1,0 +1,285 @@
+/*
+ * orochi-coordinator — the brain of a process group: owns the run directory, the shared-memory
+ * arena and the control socket, spawns and supervises the workers and speculators, serves the
+ * HTTP API, and runs the verification loop (coord_engine.c).
+ *
+ * Start-up: load the target's metadata and tokenizer (the weights stay mapped but untouched: the
+ * coordinator computes nothing), lay out the arena (step inputs + barrier, the llama shared block
+ * of KV cache and activations, logits, draft rings), bind ROUTER at ipc://RUN_DIR/ctl, spawn the
+ * roles, start HTTP. The main loop then alternates between the control socket, supervision and
+ * the next queued request. SIGTERM/SIGINT stop it: workers and speculators get Shutdown, children
+ * are reaped, the arena is unlinked.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "coordinator/coord.h"
+
+volatile int coord_stop_flag;
+
+static void coord_on_signal(int sig)
+{
+    (void)sig;
+    coord_stop_flag = 1;
+}
+
+static void coord_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: orochi-coordinator --run-dir D --target M [--port P] [--bind ADDR]\n"
+            "         [--workers N] [--threads-per-worker T] [--speculator KIND[:k=v,...]]...\n"
+            "         [--max-width W] [--n-ctx C] [--max-draft S] [--draft-wait-ms MS]\n"
+            "         [--api-key KEY] [--external ROLE] [--no-spawn] [--heartbeat-ms MS]\n"
+            "         [--dead-ms MS] [--trace]\n"
+            "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
+            "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
+            "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
+            "  connect (orochi-launch debug).\n");
+}
+
+static int coord_parse(coord *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"run-dir", required_argument, 0, 'r'}, {"target", required_argument, 0, 'm'},
+        {"port", required_argument, 0, 'p'}, {"bind", required_argument, 0, 'b'},
+        {"workers", required_argument, 0, 'w'}, {"threads-per-worker", required_argument, 0, 't'},
+        {"speculator", required_argument, 0, 's'}, {"max-width", required_argument, 0, 'W'},
+        {"n-ctx", required_argument, 0, 'c'}, {"max-draft", required_argument, 0, 'd'},
+        {"draft-wait-ms", required_argument, 0, 'D'}, {"api-key", required_argument, 0, 'k'},
+        {"external", required_argument, 0, 'x'}, {"no-spawn", no_argument, 0, 'N'},
+        {"heartbeat-ms", required_argument, 0, 'H'}, {"dead-ms", required_argument, 0, 'X'},
+        {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'r': c->run_dir = optarg; break;
+        case 'm': c->target = optarg; break;
+        case 'p': c->port = atoi(optarg); break;
+        case 'b': c->bind = optarg; break;
+        case 'w':
+            /* "cpu:N" or "N" */
+            c->n_workers = atoi(strncmp(optarg, "cpu:", 4) ? optarg : optarg + 4);
+            break;
+        case 't': c->threads_per_worker = atoi(optarg); break;
+        case 's':
+            if (c->n_spec_specs == RT_MAX_SPECULATORS) {
+                fprintf(stderr, "orochi-coordinator: at most %d speculators\n", RT_MAX_SPECULATORS);
+                return 2;
+            }
+            c->spec_specs[c->n_spec_specs++] = optarg;
+            break;
+        case 'W': c->max_width = atoi(optarg); break;
+        case 'c': c->n_ctx = atoi(optarg); break;
+        case 'd': c->max_draft = atoi(optarg); break;
+        case 'D': c->draft_wait_ms = atoi(optarg); break;
+        case 'k': c->api_key = optarg; break;
+        case 'x': c->external = optarg; break;
+        case 'N': c->no_spawn = true; break;
+        case 'H': c->heartbeat_ms = atoi(optarg); break;
+        case 'X': c->dead_ms = atoi(optarg); break;
+        case 'v': c->trace = true; break;
+        case 'h': coord_usage(stdout); exit(0);
+        default: coord_usage(stderr); return 2;
+        }
+    }
+    if (!c->run_dir || !c->target) {
+        coord_usage(stderr);
+        return 2;
+    }
+    if (c->n_workers < 1 || c->n_workers > COORD_MAX_WORKERS || c->threads_per_worker < 1 ||
+        c->max_width < 1 || c->max_width > RT_MAX_WIDTH || c->max_draft < 1 ||
+        c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100) {
+        fprintf(stderr, "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
+                        "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100\n",
+                COORD_MAX_WORKERS, RT_MAX_WIDTH);
+        return 2;
+    }
+    return 0;
+}
+
+/* Where orochi-worker and orochi-speculator live: beside this executable. */
+static void coord_bin_dir(coord *c)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        snprintf(c->bin_dir, sizeof c->bin_dir, ".");
+        return;
+    }
+    self[n] = 0;
+    snprintf(c->bin_dir, sizeof c->bin_dir, "%s", dirname(self));
+}
+
+static int coord_setup(coord *c)
+{
+    char err[512];
+    c->model = llama_model_load(c->target, err, sizeof err);
+    if (!c->model) {
+        rt_log("coordinator", "%s", err);
+        return 2;
+    }
+    c->tok = tokenizer_new(c->model->file, err, sizeof err);
+    if (!c->tok) {
+        rt_log("coordinator", "%s", err);
+        return 2;
+    }
+    if (c->n_workers > c->model->cfg.n_kv_heads) {
+        rt_log("coordinator", "%d workers: the model has %d KV heads, at most one worker per head",
+               c->n_workers, c->model->cfg.n_kv_heads);
+        return 2;
+    }
+    if (c->n_ctx <= 0 || c->n_ctx > c->model->cfg.ctx)
+        c->n_ctx = c->model->cfg.ctx < 4096 ? c->model->cfg.ctx : 4096;
+    uint64_t h = 0;
+    for (int32_t i = 0; i < tokenizer_vocab_size(c->tok); i++) {
+        const char *t = tokenizer_token_text(c->tok, i);
+        h = rt_fnv1a(h, t ? t : "", t ? strlen(t) + 1 : 1);
+    }
+    c->vocab_hash = h;
+    const char *base = strrchr(c->target, '/');
+    snprintf(c->model_name, sizeof c->model_name, "%s", base ? base + 1 : c->target);
+    char *dot = strstr(c->model_name, ".gguf");
+    if (dot)
+        *dot = 0;
+
+    /* the arena */
+    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, KV_F32, NULL);
+    c->ring_bytes = rt_ring_stride();
+    arena_spec specs[] = {
+        {RT_REGION_STEP, sizeof(rt_step)},
+        {RT_REGION_LLAMA, llama_bytes},
+        {RT_REGION_LOGITS, (uint64_t)c->max_width * (uint64_t)c->model->cfg.vocab * 4},
+        {RT_REGION_DRAFTS, (uint64_t)RT_MAX_SPECULATORS * c->ring_bytes},
+    };
+    char name[64];
+    rt_arena_name(c->run_dir, name, sizeof name);
+    c->arena = arena_create(name, specs, 4, true, err, sizeof err);
+    if (!c->arena) {
+        rt_log("coordinator", "%s", err);
+        return 1;
+    }
+    c->step = arena_region_find(c->arena, RT_REGION_STEP, NULL);
+    void *shared = arena_region_find(c->arena, RT_REGION_LLAMA, NULL);
+    c->logits = arena_region_find(c->arena, RT_REGION_LOGITS, NULL);
+    c->rings = arena_region_find(c->arena, RT_REGION_DRAFTS, NULL);
+    llama_ctx_params p = {.n_threads = 1, .max_width = c->max_width, .n_ctx = c->n_ctx, .kv = KV_F32,
+                          .n_parts = 1, .shared = shared};
+    c->kv = llama_ctx_new(c->model, &p, err, sizeof err);
+    if (!c->kv) {
+        rt_log("coordinator", "%s", err);
+        return 1;
+    }
+
+    /* the control socket */
+    char endpoint[4200], sockpath[4200];
+    rt_ctl_endpoint(c->run_dir, endpoint, sizeof endpoint);
+    snprintf(sockpath, sizeof sockpath, "%s/ctl", c->run_dir);
+    unlink(sockpath); /* a stale socket file from a crashed coordinator */
+    c->zctx = zmq_ctx_new();
+    c->sock = zmq_socket(c->zctx, ZMQ_ROUTER);
+    int one = 1, linger = 0;
+    zmq_setsockopt(c->sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(c->sock, endpoint)) {
+        rt_log("coordinator", "cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        return 1;
+    }
+    rt_log("coordinator", "arena %s (%.1f MiB), control %s, %d workers x %d threads, width %d, "
+           "context %d", name, (double)arena_size(c->arena) / (1 << 20), endpoint, c->n_workers,
+           c->threads_per_worker, c->max_width, c->n_ctx);
+    return 0;
+}
+
+static int coord_start_http(coord *c)
+{
+    char err[512];
+    http_config hc = {.bind_addr = c->bind, .port = c->port, .api_key = c->api_key,
+                      .model_name = c->model_name, .max_tokens_cap = c->n_ctx};
+    http_engine he = {.ctx = c, .submit = coord_engine_submit, .metrics = coord_engine_metrics,
+                      .health = coord_engine_health};
+    c->http = http_server_start(&hc, &he, err, sizeof err);
+    if (!c->http) {
+        rt_log("coordinator", "HTTP: %s", err);
+        return 1;
+    }
+    rt_log("coordinator", "serving http://%s:%d/ (model %s)", c->bind ? c->bind : "127.0.0.1",
+           http_server_port(c->http), c->model_name);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/port", c->run_dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%d\n", http_server_port(c->http));
+        fclose(f);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    coord c = {.port = 8080, .n_workers = 2, .threads_per_worker = 1, .max_width = 8, .max_draft = 4,
+               .draft_wait_ms = 200, .heartbeat_ms = 250, .dead_ms = 3000};
+    int rc = coord_parse(&c, argc, argv);
+    if (rc)
+        return rc;
+    pthread_mutex_init(&c.qlock, NULL);
+    pthread_mutex_init(&c.mlock, NULL);
+    struct sigaction sa = {0};
+    sa.sa_handler = coord_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    mkdir(c.run_dir, 0755);
+    coord_bin_dir(&c);
+    char pidpath[4200];
+    snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.run_dir);
+    FILE *pf = fopen(pidpath, "w");
+    if (pf) {
+        fprintf(pf, "%d\n", (int)getpid());
+        fclose(pf);
+    }
+
+    rc = coord_setup(&c);
+    if (!rc && coord_group_spawn_all(&c))
+        rc = 1;
+    if (!rc)
+        rc = coord_start_http(&c);
+    while (!rc && !coord_stop_flag) {
+        coord_group_pump(&c, 2);
+        coord_group_supervise(&c);
+        if (coord_group_workers_ready(&c))
+            coord_engine_run_next(&c);
+    }
+    rt_log("coordinator", "stopping");
+    http_server_stop(&c.http);
+    /* fail whatever is still queued */
+    for (coord_request *r; (r = (pthread_mutex_lock(&c.qlock), c.qlen ? c.queue[c.qhead] : NULL),
+                           pthread_mutex_unlock(&c.qlock), r);) {
+        pthread_mutex_lock(&c.qlock);
+        c.qhead = (c.qhead + 1) % COORD_QUEUE;
+        c.qlen--;
+        pthread_mutex_unlock(&c.qlock);
+        coord_request_fail(r, 503, "the coordinator is shutting down");
+        coord_request_unref(&r);
+    }
+    if (c.sock)
+        coord_group_shutdown(&c);
+    llama_ctx_destroy(&c.kv);
+    arena_destroy(&c.arena);
+    tokenizer_destroy(&c.tok);
+    llama_model_destroy(&c.model);
+    if (c.sock)
+        zmq_close(c.sock);
+    if (c.zctx)
+        zmq_ctx_term(c.zctx);
+    unlink(pidpath);
+    return rc;
+}

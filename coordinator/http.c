@@ -1,0 +1,1306 @@
+/*
+ * coordinator/http.c — the OpenAI-compatible HTTP API of the coordinator (see http.h and
+ * docs/http-api.md).
+ *
+ * Threading model. libmicrohttpd runs in thread-per-connection mode (MHD_USE_THREAD_PER_CONNECTION
+ * with its internal listening thread, poll() based). Each connection's handler may therefore block:
+ * a generation request is submitted to the engine, then the handler (non-streaming) or the
+ * content-reader callback (streaming) sleeps on the request's condition variable until the engine
+ * appends text or ends it. This keeps the code a straight line; the price is one thread per open
+ * connection, bounded by http_config.max_connections, which suits an engine that serves a handful
+ * of concurrent sequences. The alternative (suspend/resume with a wakeup path from the engine
+ * thread into libmicrohttpd) buys nothing at that scale.
+ *
+ * Waits are sliced into HTTP_TICK_MS ticks. Between ticks a handler checks whether the client has
+ * hung up (poll for POLLRDHUP on the connection's socket) and whether the server is stopping;
+ * either way it cancels the request so the engine stops spending steps on it. A streaming response
+ * also notices a vanished client when a write fails: libmicrohttpd then destroys the response and
+ * our free callback cancels the request.
+ *
+ * Request life: the first call of the access handler (headers only) sets up an http_exchange as
+ * the connection's per-request state; body bytes accumulate in it up to max_body_bytes (the rest
+ * is read and thrown away, so the 413 answer is not lost to a TCP reset; a client that announced
+ * "Expect: 100-continue" or a body far beyond the limit is answered at once instead). The last
+ * call routes, authenticates, validates and answers. Every answer goes through http_send, which
+ * also counts it for /metrics.
+ *
+ * Text from the engine is bytes; a token may end in the middle of a UTF-8 character. Streams hold
+ * back an incomplete trailing sequence until the next piece completes it, and every string put
+ * into JSON is first made valid UTF-8 (invalid bytes become U+FFFD), so clients always receive
+ * valid JSON.
+ */
+#define _GNU_SOURCE
+#include "coordinator/http.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HTTP_TICK_MS 200          /* how often a waiting handler looks for hang-up / stop */
+#define HTTP_DRAIN_FACTOR 16      /* bodies beyond 16x the limit are refused without reading */
+#define HTTP_MAX_COUNTERS 96      /* distinct (route, code) pairs counted for /metrics */
+#define HTTP_STREAM_BLOCK 16384   /* libmicrohttpd buffer for streamed responses */
+#define HTTP_CLIENT_GONE 499      /* metrics code for a client that left before the answer */
+
+enum {
+    ROUTE_COMPLETIONS,
+    ROUTE_CHAT,
+    ROUTE_MODELS,
+    ROUTE_HEALTH,
+    ROUTE_METRICS,
+    ROUTE_OTHER,
+    ROUTE_COUNT
+};
+static const char *const HTTP_ROUTE_LABEL[ROUTE_COUNT] = {
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "other"};
+
+typedef struct {
+    int route, code;
+    uint64_t count;
+} http_counter;
+
+struct http_server {
+    struct MHD_Daemon *mhd;
+    http_engine engine;
+    char *api_key, *model_name; /* api_key NULL: no authentication */
+    size_t max_body;
+    int max_tokens_cap, keepalive_ms, idle_timeout_s, port;
+    bool quiet;
+    time_t started;
+    uint64_t id_salt;
+    atomic_bool stopping;
+    atomic_uint_fast64_t next_id;
+    atomic_int active; /* generation requests held by HTTP threads */
+
+    pthread_mutex_t mu; /* guards counters, n_counters, starting, start_err */
+    http_counter counters[HTTP_MAX_COUNTERS];
+    int n_counters;
+    bool starting;
+    char start_err[256];
+};
+
+/* A growable byte buffer; `oom` sticks once an allocation failed. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} http_buf;
+
+/* Per-request state of one connection (libmicrohttpd's *con_cls). */
+typedef struct {
+    int route;
+    bool too_large;
+    http_buf body;
+} http_exchange;
+
+/* A validation error, answered as an OpenAI-style error object. */
+typedef struct {
+    int status;
+    char param[48]; /* "" -> null */
+    char message[320];
+} http_err;
+
+/* One streaming response (the content-reader callback's closure). */
+typedef struct {
+    http_server *srv;
+    coord_request *req;
+    int fd;
+    bool chat, role_sent, ended;
+    time_t created;
+    size_t text_off;
+    http_buf out;  /* SSE bytes not yet handed to libmicrohttpd */
+    size_t out_off;
+    http_buf hold; /* text whose last UTF-8 character is incomplete */
+    double last_emit;
+} http_stream;
+
+static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                       const char *method, const char *version,
+                                       const char *upload_data, size_t *upload_data_size,
+                                       void **con_cls);
+static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                              enum MHD_RequestTerminationCode toe);
+static void http_log(void *cls, const char *fmt, va_list ap);
+static void http_buf_add(http_buf *b, const char *s, size_t n);
+static void http_buf_printf(http_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ==== server life ============================================================================= */
+
+static int http_resolve(const char *host, int port, struct sockaddr_storage *ss, char *err,
+                        size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = getaddrinfo(host, service, &hints, &res);
+    if (rc) {
+        snprintf(err, errlen, "http: cannot resolve bind address '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+http_server *http_server_start(const http_config *cfg, const http_engine *engine, char *err,
+                               size_t errlen)
+{
+    static const http_config defaults = {0};
+    if (!cfg)
+        cfg = &defaults;
+    if (!engine || !engine->submit) {
+        snprintf(err, errlen, "http: the engine provides no submit callback");
+        return NULL;
+    }
+    if (cfg->port < 0 || cfg->port > 65535) {
+        snprintf(err, errlen, "http: port %d is out of range", cfg->port);
+        return NULL;
+    }
+    const char *bind_addr = cfg->bind_addr && *cfg->bind_addr ? cfg->bind_addr : "127.0.0.1";
+    struct sockaddr_storage ss;
+    if (http_resolve(bind_addr, cfg->port, &ss, err, errlen))
+        return NULL;
+
+    http_server *srv = calloc(1, sizeof *srv);
+    if (!srv || pthread_mutex_init(&srv->mu, NULL)) {
+        free(srv);
+        snprintf(err, errlen, "http: out of memory");
+        return NULL;
+    }
+    srv->engine = *engine;
+    srv->api_key = cfg->api_key && *cfg->api_key ? strdup(cfg->api_key) : NULL;
+    srv->model_name = strdup(cfg->model_name && *cfg->model_name ? cfg->model_name : "orochi");
+    srv->max_body = cfg->max_body_bytes ? cfg->max_body_bytes : (size_t)1 << 20;
+    srv->max_tokens_cap = cfg->max_tokens_cap > 0 ? cfg->max_tokens_cap : 4096;
+    srv->keepalive_ms = cfg->keepalive_ms > 0 ? cfg->keepalive_ms : 15000;
+    srv->idle_timeout_s = 60;
+    srv->quiet = cfg->quiet;
+    srv->started = time(NULL);
+    srv->id_salt = ((uint64_t)srv->started << 20) ^ ((uint64_t)getpid() << 40) ^ (uintptr_t)srv;
+    atomic_init(&srv->stopping, false);
+    atomic_init(&srv->next_id, 1);
+    atomic_init(&srv->active, 0);
+    if ((cfg->api_key && *cfg->api_key && !srv->api_key) || !srv->model_name) {
+        snprintf(err, errlen, "http: out of memory");
+        http_server_stop(&srv);
+        return NULL;
+    }
+
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    unsigned max_conn = cfg->max_connections > 0 ? (unsigned)cfg->max_connections : 64;
+    srv->starting = true;
+    srv->mhd = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, http_on_request, srv,
+                                MHD_OPTION_EXTERNAL_LOGGER, http_log, srv,
+                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                MHD_OPTION_CONNECTION_LIMIT, max_conn,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->idle_timeout_s,
+                                MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, srv,
+                                MHD_OPTION_END);
+    pthread_mutex_lock(&srv->mu);
+    srv->starting = false;
+    pthread_mutex_unlock(&srv->mu);
+    if (!srv->mhd) {
+        snprintf(err, errlen, "http: cannot serve on %s port %d: %s", bind_addr, cfg->port,
+                 srv->start_err[0] ? srv->start_err : "libmicrohttpd refused to start");
+        http_server_stop(&srv);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    srv->port = info ? info->port : cfg->port;
+    return srv;
+}
+
+int http_server_port(const http_server *srv)
+{
+    return srv->port;
+}
+
+void http_server_stop(http_server **psrv)
+{
+    if (!psrv || !*psrv)
+        return;
+    http_server *srv = *psrv;
+    *psrv = NULL;
+    /* waiting handlers see the flag within a tick, cancel their requests and return, so that
+     * MHD_stop_daemon can join their threads */
+    atomic_store(&srv->stopping, true);
+    if (srv->mhd)
+        MHD_stop_daemon(srv->mhd);
+    free(srv->api_key);
+    free(srv->model_name);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv);
+}
+
+/* libmicrohttpd's messages: kept as the start error while starting, else printed unless quiet. */
+static void http_log(void *cls, const char *fmt, va_list ap)
+{
+    http_server *srv = cls;
+    char line[256];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == ' '))
+        line[--n] = 0;
+    pthread_mutex_lock(&srv->mu);
+    bool starting = srv->starting;
+    if (starting && !srv->start_err[0])
+        snprintf(srv->start_err, sizeof srv->start_err, "%s", line);
+    pthread_mutex_unlock(&srv->mu);
+    if (!starting && !srv->quiet)
+        fprintf(stderr, "orochi http: %s\n", line);
+}
+
+/* ==== small helpers =========================================================================== */
+
+static double http_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void http_buf_add(http_buf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void http_buf_printf(http_buf *b, const char *fmt, ...)
+{
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = true;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        http_buf_add(b, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->oom = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    http_buf_add(b, big, (size_t)n);
+    free(big);
+}
+
+static void http_buf_free(http_buf *b)
+{
+    free(b->p);
+    *b = (http_buf){0};
+}
+
+/* Length of the longest prefix of s[0..n) that does not end inside a UTF-8 character which the
+ * next bytes could still complete. */
+static size_t http_utf8_complete(const unsigned char *s, size_t n)
+{
+    for (size_t back = 1; back <= 4 && back <= n; back++) {
+        unsigned char c = s[n - back];
+        if ((c & 0xC0) == 0x80)
+            continue; /* continuation byte: keep looking for the lead */
+        size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 1;
+        return need > back ? n - back : n;
+    }
+    return n;
+}
+
+/* Length of the valid UTF-8 character at s (1..4), or 0 if the bytes there are not one. */
+static size_t http_utf8_char(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    uint32_t cp, min;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2, cp = c & 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+        len = 3, cp = c & 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+        len = 4, cp = c & 0x07, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return len;
+}
+
+/* A NUL-terminated copy of s[0..n) as valid UTF-8: invalid bytes become U+FFFD, NULs are dropped
+ * (they would end the C string cJSON sees). NULL when out of memory. */
+static char *http_utf8_clean(const char *s, size_t n)
+{
+    char *out = malloc(n * 3 + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *u = (const unsigned char *)s;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = http_utf8_char(u + i, n - i);
+        if (!len) {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        } else {
+            if (u[i])
+                memcpy(out + o, s + i, len), o += len;
+            i += len;
+        }
+    }
+    out[o] = 0;
+    return out;
+}
+
+static void http_json_add_text(cJSON *obj, const char *key, const char *s, size_t n)
+{
+    char *clean = http_utf8_clean(s ? s : "", s ? n : 0);
+    cJSON_AddStringToObject(obj, key, clean ? clean : "");
+    free(clean);
+}
+
+/* The object member `name`, treating JSON null like an absent member. */
+static const cJSON *http_field(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* A JSON number with an integral value; huge magnitudes are clamped so range checks still read
+ * naturally ("at most 4096, got 1e300" is reported as the clamp). */
+static bool http_json_integer(const cJSON *v, long long *out)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || floor(v->valuedouble) != v->valuedouble)
+        return false;
+    double d = v->valuedouble;
+    *out = d > 4e18 ? (long long)4e18 : d < -4e18 ? (long long)-4e18 : (long long)d;
+    return true;
+}
+
+/* Constant-time comparison so the API key cannot be guessed byte by byte from response times. */
+static bool http_equal_ct(const char *a, size_t na, const char *b, size_t nb)
+{
+    unsigned char diff = na != nb;
+    size_t n = na > nb ? na : nb;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)((i < na ? a[i] : 0) ^ (i < nb ? b[i] : 0));
+    return diff == 0;
+}
+
+/* Has the peer closed its side of the connection? (Clients do not half-close HTTP requests, so
+ * an end-of-stream on the socket means the client went away.) */
+static bool http_peer_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static int http_route_of(const char *url)
+{
+    if (!strcmp(url, "/v1/completions"))
+        return ROUTE_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions"))
+        return ROUTE_CHAT;
+    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11))
+        return ROUTE_MODELS;
+    if (!strcmp(url, "/health"))
+        return ROUTE_HEALTH;
+    if (!strcmp(url, "/metrics"))
+        return ROUTE_METRICS;
+    return ROUTE_OTHER;
+}
+
+/* ==== answers ================================================================================= */
+
+static void http_count(http_server *srv, int route, int code)
+{
+    pthread_mutex_lock(&srv->mu);
+    int i = 0;
+    while (i < srv->n_counters && (srv->counters[i].route != route || srv->counters[i].code != code))
+        i++;
+    if (i == srv->n_counters && i < HTTP_MAX_COUNTERS)
+        srv->counters[srv->n_counters++] = (http_counter){route, code, 0};
+    if (i < srv->n_counters)
+        srv->counters[i].count++;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Queues `body` (malloc'd; taken) as the answer and counts it. */
+static enum MHD_Result http_send(http_server *srv, struct MHD_Connection *conn, int route,
+                                 int status, const char *content_type, char *body, size_t len,
+                                 const char *allow)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer_with_free_callback(len, body, free);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (allow)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (status == 401)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    http_count(srv, route, status);
+    return ok;
+}
+
+/* Serializes and queues `js` (taken); a newline ends the body for the benefit of curl users. */
+static enum MHD_Result http_send_json(http_server *srv, struct MHD_Connection *conn, int route,
+                                      int status, cJSON *js, const char *allow)
+{
+    char *text = js ? cJSON_PrintUnformatted(js) : NULL;
+    cJSON_Delete(js);
+    if (!text)
+        return MHD_NO; /* out of memory: dropping the connection is all that is left */
+    size_t n = strlen(text);
+    char *body = malloc(n + 2);
+    if (body) {
+        memcpy(body, text, n);
+        body[n] = '\n';
+        body[n + 1] = 0;
+    }
+    cJSON_free(text);
+    if (!body)
+        return MHD_NO;
+    return http_send(srv, conn, route, status, "application/json", body, n + 1, allow);
+}
+
+static const char *http_error_type(int status)
+{
+    if (status == 401)
+        return "authentication_error";
+    if (status == 429)
+        return "rate_limit_error";
+    if (status >= 500)
+        return "server_error";
+    return "invalid_request_error";
+}
+
+static cJSON *http_error_json(int status, const char *message, const char *param)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(root, "error");
+    http_json_add_text(e, "message", message, strlen(message));
+    cJSON_AddStringToObject(e, "type", http_error_type(status));
+    if (param && *param)
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    cJSON_AddNullToObject(e, "code");
+    return root;
+}
+
+static enum MHD_Result http_send_error(http_server *srv, struct MHD_Connection *conn, int route,
+                                       int status, const char *message, const char *param)
+{
+    return http_send_json(srv, conn, route, status, http_error_json(status, message, param), NULL);
+}
+
+static enum MHD_Result http_send_405(http_server *srv, struct MHD_Connection *conn, int route,
+                                     const char *method, const char *url, const char *allow)
+{
+    char msg[320];
+    snprintf(msg, sizeof msg, "method %.16s is not allowed on %.200s; use %s", method, url, allow);
+    return http_send_json(srv, conn, route, 405, http_error_json(405, msg, NULL), allow);
+}
+
+static enum MHD_Result http_send_too_large(http_server *srv, struct MHD_Connection *conn,
+                                           http_exchange *ex)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", srv->max_body);
+    return http_send_error(srv, conn, ex->route, 413, msg, NULL);
+}
+
+/* ==== parsing a generation request ============================================================ */
+
+static int http_fail(http_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int http_fail(http_err *e, int status, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int http_parse_prompt(const cJSON *root, coord_request *req, http_err *e)
+{
+    const cJSON *v = http_field(root, "prompt");
+    if (!v)
+        return http_fail(e, 400, "prompt", "missing required field 'prompt' (a string)");
+    if (cJSON_IsArray(v)) {
+        /* a one-element list is what many clients send for a single prompt */
+        const cJSON *first = cJSON_GetArrayItem(v, 0);
+        if (cJSON_GetArraySize(v) == 1 && cJSON_IsString(first))
+            v = first;
+        else if (first && cJSON_IsNumber(first))
+            return http_fail(e, 400, "prompt",
+                             "prompt as token ids is not supported; send the prompt as a string");
+        else
+            return http_fail(e, 400, "prompt",
+                             "prompt must be a string (lists of several prompts are not supported)");
+    }
+    if (!cJSON_IsString(v))
+        return http_fail(e, 400, "prompt", "prompt must be a string");
+    if (coord_request_set_prompt(req, v->valuestring))
+        return http_fail(e, 503, NULL, "out of memory");
+    return 0;
+}
+
+/* Message content: a string, or an array of {"type":"text","text":...} parts joined together. */
+static int http_message_content(const cJSON *c, http_buf *out)
+{
+    if (cJSON_IsString(c)) {
+        http_buf_add(out, c->valuestring, strlen(c->valuestring));
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return -1;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return -1;
+        http_buf_add(out, text->valuestring, strlen(text->valuestring));
+    }
+    http_buf_add(out, "", 0);
+    return 0;
+}
+
+static int http_parse_messages(const cJSON *root, coord_request *req, http_err *e)
+{
+    const cJSON *msgs = http_field(root, "messages");
+    if (!msgs)
+        return http_fail(e, 400, "messages", "missing required field 'messages' (an array)");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return http_fail(e, 400, "messages", "messages must be a non-empty array of {role, content}");
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[48];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m))
+            return http_fail(e, 400, param, "messages[%d] must be an object with role and content", i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!cJSON_IsString(role))
+            return http_fail(e, 400, param, "messages[%d].role must be a string", i);
+        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
+            strcmp(role->valuestring, "assistant"))
+            return http_fail(e, 400, param,
+                             "messages[%d].role must be \"system\", \"user\" or \"assistant\"", i);
+        http_buf text = {0};
+        snprintf(param, sizeof param, "messages[%d].content", i);
+        if (!content || http_message_content(content, &text)) {
+            http_buf_free(&text);
+            return http_fail(e, 400, param,
+                             "messages[%d].content must be a string (or an array of text parts)", i);
+        }
+        int rc = text.oom ? -1 : coord_request_add_message(req, role->valuestring, text.p ? text.p : "");
+        http_buf_free(&text);
+        if (rc)
+            return http_fail(e, 503, NULL, "out of memory");
+        i++;
+    }
+    return 0;
+}
+
+static int http_parse_stop(const cJSON *v, coord_request *req, http_err *e)
+{
+    if (cJSON_IsString(v)) {
+        if (!*v->valuestring)
+            return http_fail(e, 400, "stop", "stop must not be an empty string");
+        return coord_request_add_stop(req, v->valuestring) ? http_fail(e, 503, NULL, "out of memory") : 0;
+    }
+    if (!cJSON_IsArray(v))
+        return http_fail(e, 400, "stop", "stop must be a string or an array of strings");
+    if (cJSON_GetArraySize(v) > COORD_MAX_STOP)
+        return http_fail(e, 400, "stop", "stop takes at most %d sequences", COORD_MAX_STOP);
+    const cJSON *s;
+    cJSON_ArrayForEach(s, v) {
+        if (!cJSON_IsString(s) || !*s->valuestring)
+            return http_fail(e, 400, "stop", "stop must be a string or an array of non-empty strings");
+        if (coord_request_add_stop(req, s->valuestring))
+            return http_fail(e, 503, NULL, "out of memory");
+    }
+    return 0;
+}
+
+/* The sampling and control fields both routes share. */
+static int http_parse_common(const http_server *srv, const cJSON *root, coord_request *req,
+                             http_err *e)
+{
+    coord_params *p = coord_request_params(req);
+    const cJSON *v;
+    long long i;
+    if ((v = http_field(root, "max_tokens")) || (v = http_field(root, "max_completion_tokens"))) {
+        const char *name = v->string;
+        if (!http_json_integer(v, &i))
+            return http_fail(e, 400, name, "%s must be an integer", name);
+        if (i < 1)
+            return http_fail(e, 400, name, "%s must be at least 1, got %lld", name, i);
+        if (i > srv->max_tokens_cap)
+            return http_fail(e, 400, name, "%s must be at most %d, got %lld", name,
+                             srv->max_tokens_cap, i);
+        p->max_tokens = (int)i;
+    }
+    if ((v = http_field(root, "temperature"))) {
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+            return http_fail(e, 400, "temperature", "temperature must be a number");
+        if (v->valuedouble < 0 || v->valuedouble > 2)
+            return http_fail(e, 400, "temperature",
+                             "temperature must be between 0 and 2 (0 is greedy), got %g", v->valuedouble);
+        p->temperature = v->valuedouble;
+    }
+    if ((v = http_field(root, "top_p"))) {
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+            return http_fail(e, 400, "top_p", "top_p must be a number");
+        if (!(v->valuedouble > 0 && v->valuedouble <= 1))
+            return http_fail(e, 400, "top_p", "top_p must be in (0, 1], got %g", v->valuedouble);
+        p->top_p = v->valuedouble;
+    }
+    if ((v = http_field(root, "top_k"))) {
+        if (!http_json_integer(v, &i) || i < 0 || i > (1 << 24))
+            return http_fail(e, 400, "top_k", "top_k must be an integer >= 0 (0 turns it off)");
+        p->top_k = (int)i;
+    }
+    if ((v = http_field(root, "seed"))) {
+        if (!http_json_integer(v, &i))
+            return http_fail(e, 400, "seed", "seed must be an integer");
+        p->has_seed = true;
+        p->seed = i;
+    }
+    if ((v = http_field(root, "stream"))) {
+        if (!cJSON_IsBool(v))
+            return http_fail(e, 400, "stream", "stream must be true or false");
+        p->stream = cJSON_IsTrue(v);
+    }
+    if ((v = http_field(root, "n"))) {
+        if (!http_json_integer(v, &i) || i != 1)
+            return http_fail(e, 400, "n", "n must be 1 (one choice per request)");
+    }
+    if ((v = http_field(root, "stop")) && http_parse_stop(v, req, e))
+        return -1;
+    if ((v = http_field(root, "model"))) {
+        if (!cJSON_IsString(v))
+            return http_fail(e, 400, "model", "model must be a string");
+        if (coord_request_set_model(req, v->valuestring))
+            return http_fail(e, 503, NULL, "out of memory");
+    }
+    if ((v = http_field(root, "orochi"))) {
+        if (!cJSON_IsObject(v))
+            return http_fail(e, 400, "orochi", "orochi must be an object");
+        char *raw = cJSON_PrintUnformatted(v);
+        int rc = raw ? coord_request_set_options(req, raw) : -1;
+        cJSON_free(raw);
+        if (rc)
+            return http_fail(e, 503, NULL, "out of memory");
+    }
+    return 0;
+}
+
+/* A new request from a JSON body, or NULL with *e filled. */
+static coord_request *http_parse_request(const http_server *srv, bool chat, const char *body,
+                                         size_t len, http_err *e)
+{
+    if (!len) {
+        http_fail(e, 400, NULL, "the request body is empty; send a JSON object");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+        http_fail(e, 400, NULL, "the request body is not valid JSON (error at byte %zu)", at);
+        return NULL;
+    }
+    while (end && end < body + len && strchr(" \t\r\n", *end) && *end)
+        end++;
+    if (end && end < body + len) {
+        cJSON_Delete(root);
+        http_fail(e, 400, NULL, "the request body is not valid JSON (unexpected data at byte %zu)",
+                  (size_t)(end - body));
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        http_fail(e, 400, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    coord_request *req = coord_request_new(chat ? COORD_REQ_CHAT : COORD_REQ_COMPLETION);
+    int rc = req ? 0 : http_fail(e, 503, NULL, "out of memory");
+    if (!rc)
+        rc = chat ? http_parse_messages(root, req, e) : http_parse_prompt(root, req, e);
+    if (!rc)
+        rc = http_parse_common(srv, root, req, e);
+    cJSON_Delete(root);
+    if (rc)
+        coord_request_unref(&req);
+    return req;
+}
+
+/* ==== building responses ====================================================================== */
+
+/* The "orochi" object: generated ids and the speculation statistics. */
+static cJSON *http_orochi_json(coord_request *req, const coord_outcome *o)
+{
+    cJSON *obj = cJSON_CreateObject();
+    cJSON *ids = cJSON_AddArrayToObject(obj, "token_ids");
+    int n = 0;
+    int32_t *v = coord_request_ids(req, &n);
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(v[i]));
+    free(v);
+    cJSON_AddNumberToObject(obj, "steps", o->stats.steps);
+    cJSON_AddNumberToObject(obj, "mean_accepted", o->stats.mean_accepted);
+    cJSON *kinds = cJSON_AddArrayToObject(obj, "draft_kinds");
+    const char *s = o->stats.draft_kinds;
+    while (*s) {
+        size_t len = strcspn(s, ",");
+        while (len && s[len - 1] == ' ')
+            len--;
+        if (len) {
+            char *clean = http_utf8_clean(s, len);
+            if (clean)
+                cJSON_AddItemToArray(kinds, cJSON_CreateString(clean));
+            free(clean);
+        }
+        s += strcspn(s, ",");
+        while (*s == ',' || *s == ' ')
+            s++;
+    }
+    return obj;
+}
+
+static void http_add_usage(cJSON *root, const coord_outcome *o)
+{
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", o->stats.prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", o->stats.completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", o->stats.prompt_tokens + o->stats.completion_tokens);
+}
+
+static cJSON *http_envelope(const http_server *srv, coord_request *req, const char *object,
+                            time_t created)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", coord_request_params(req)->id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)created);
+    http_json_add_text(root, "model", srv->model_name, strlen(srv->model_name));
+    return root;
+}
+
+/* The whole answer of a finished non-streaming request. */
+static cJSON *http_result_json(const http_server *srv, coord_request *req, time_t created)
+{
+    bool chat = coord_request_params(req)->kind == COORD_REQ_CHAT;
+    coord_outcome o;
+    coord_request_outcome(req, &o);
+    size_t len = 0;
+    char *text = coord_request_text(req, &len);
+    cJSON *root = http_envelope(srv, req, chat ? "chat.completion" : "text_completion", created);
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        http_json_add_text(msg, "content", text, len);
+    } else {
+        http_json_add_text(choice, "text", text, len);
+    }
+    free(text);
+    cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddStringToObject(choice, "finish_reason", o.finish_reason[0] ? o.finish_reason : "stop");
+    http_add_usage(root, &o);
+    cJSON_AddItemToObject(root, "orochi", http_orochi_json(req, &o));
+    return root;
+}
+
+/* ==== streaming =============================================================================== */
+
+/* One chunk: a text piece, or (finish_reason set) the final chunk with usage and the orochi
+ * object. */
+static cJSON *http_chunk_json(http_stream *st, const char *text, const char *finish_reason)
+{
+    cJSON *root = http_envelope(st->srv, st->req, st->chat ? "chat.completion.chunk" : "text_completion",
+                                st->created);
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (st->chat) {
+        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+        if (!st->role_sent) {
+            cJSON_AddStringToObject(delta, "role", "assistant");
+            st->role_sent = true;
+        }
+        if (text)
+            cJSON_AddStringToObject(delta, "content", text);
+    } else {
+        cJSON_AddStringToObject(choice, "text", text ? text : "");
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    if (finish_reason) {
+        coord_outcome o;
+        coord_request_outcome(st->req, &o);
+        cJSON_AddStringToObject(choice, "finish_reason", finish_reason);
+        http_add_usage(root, &o);
+        cJSON_AddItemToObject(root, "orochi", http_orochi_json(st->req, &o));
+    } else {
+        cJSON_AddNullToObject(choice, "finish_reason");
+    }
+    return root;
+}
+
+/* Appends one SSE event carrying `js` (taken). cJSON's compact output has no raw newlines, so the
+ * JSON always fits one data: line. */
+static void http_stream_event(http_stream *st, cJSON *js)
+{
+    char *text = js ? cJSON_PrintUnformatted(js) : NULL;
+    cJSON_Delete(js);
+    if (!text) {
+        st->out.oom = true;
+        return;
+    }
+    http_buf_printf(&st->out, "data: %s\n\n", text);
+    cJSON_free(text);
+    st->last_emit = http_now();
+}
+
+/* Adds engine text; emits whatever forms complete UTF-8 (everything when flushing). */
+static void http_stream_text(http_stream *st, const char *text, size_t len, bool flush)
+{
+    http_buf_add(&st->hold, text, len);
+    if (st->hold.oom) {
+        st->out.oom = true;
+        return;
+    }
+    size_t n = flush ? st->hold.len : http_utf8_complete((const unsigned char *)st->hold.p, st->hold.len);
+    if (!n)
+        return;
+    char *clean = http_utf8_clean(st->hold.p, n);
+    if (!clean) {
+        st->out.oom = true;
+        return;
+    }
+    if (*clean)
+        http_stream_event(st, http_chunk_json(st, clean, NULL));
+    free(clean);
+    memmove(st->hold.p, st->hold.p + n, st->hold.len - n);
+    st->hold.len -= n;
+}
+
+/* Waits one tick for news and turns it into SSE bytes. -1: give up (client gone, server stopping,
+ * out of memory); the request is cancelled. */
+static int http_stream_pull(http_stream *st)
+{
+    char *piece = NULL;
+    size_t plen = 0;
+    coord_request_state state = coord_request_wait(st->req, &st->text_off, HTTP_TICK_MS, &piece, &plen);
+    if (piece) {
+        http_stream_text(st, piece, plen, false);
+        free(piece);
+    }
+    if (state == COORD_REQ_DONE) {
+        http_stream_text(st, NULL, 0, true);
+        coord_outcome o;
+        coord_request_outcome(st->req, &o);
+        http_stream_event(st, http_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop"));
+        http_buf_add(&st->out, "data: [DONE]\n\n", 15);
+        st->ended = true;
+    } else if (state == COORD_REQ_FAILED) {
+        http_stream_text(st, NULL, 0, true);
+        coord_outcome o;
+        coord_request_outcome(st->req, &o);
+        http_stream_event(st, http_error_json(o.http_status, o.message, NULL));
+        http_buf_add(&st->out, "data: [DONE]\n\n", 15);
+        st->ended = true;
+    } else if (!piece) {
+        if (atomic_load(&st->srv->stopping) || http_peer_gone(st->fd) ||
+            coord_request_cancelled(st->req)) {
+            coord_request_cancel(st->req);
+            return -1;
+        }
+        if ((http_now() - st->last_emit) * 1000.0 >= st->srv->keepalive_ms) {
+            http_buf_add(&st->out, ": keepalive\n\n", 13);
+            st->last_emit = http_now();
+        }
+    }
+    if (st->out.oom) {
+        coord_request_cancel(st->req);
+        return -1;
+    }
+    return 0;
+}
+
+static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    http_stream *st = cls;
+    (void)pos;
+    while (st->out_off == st->out.len) {
+        if (st->ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        st->out.len = st->out_off = 0;
+        if (http_stream_pull(st))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = st->out.len - st->out_off;
+    if (n > max)
+        n = max;
+    memcpy(buf, st->out.p + st->out_off, n);
+    st->out_off += n;
+    return (ssize_t)n;
+}
+
+/* libmicrohttpd is done with the response: normally after [DONE], or because the client vanished
+ * (a write failed) or the server stopped; in the latter cases the engine is told to stop. */
+static void http_stream_free(void *cls)
+{
+    http_stream *st = cls;
+    if (!st->ended)
+        coord_request_cancel(st->req);
+    atomic_fetch_sub(&st->srv->active, 1);
+    coord_request_unref(&st->req);
+    http_buf_free(&st->out);
+    http_buf_free(&st->hold);
+    free(st);
+}
+
+/* ==== routes ================================================================================== */
+
+/* Blocks until the request ends (or, with want_text, produces its first text). false: the client
+ * went away or the server is stopping, and the request was cancelled. */
+static bool http_await(http_server *srv, coord_request *req, int fd, bool want_text)
+{
+    size_t off = 0;
+    for (;;) {
+        coord_request_state st = coord_request_wait(req, &off, HTTP_TICK_MS, NULL, NULL);
+        if (st != COORD_REQ_RUNNING || (want_text && off > 0))
+            return true;
+        if (atomic_load(&srv->stopping) || http_peer_gone(fd) || coord_request_cancelled(req)) {
+            coord_request_cancel(req);
+            return false;
+        }
+    }
+}
+
+/* POST /v1/completions and /v1/chat/completions. */
+static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *conn, http_exchange *ex)
+{
+    bool chat = ex->route == ROUTE_CHAT;
+    http_err e = {0};
+    coord_request *req = http_parse_request(srv, chat, ex->body.p, ex->body.len, &e);
+    if (!req)
+        return http_send_error(srv, conn, ex->route, e.status, e.message, e.param);
+    coord_params *p = coord_request_params(req);
+    uint64_t serial = atomic_fetch_add(&srv->next_id, 1);
+    snprintf(p->id, sizeof p->id, "%s-%012llx%08llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)(srv->id_salt & 0xffffffffffffull), (unsigned long long)serial);
+    time_t created = time(NULL);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    atomic_fetch_add(&srv->active, 1);
+
+    enum MHD_Result ok;
+    coord_outcome o;
+    if (srv->engine.submit(srv->engine.ctx, req) != 0) {
+        coord_request_outcome(req, &o);
+        bool failed = o.state == COORD_REQ_FAILED;
+        ok = http_send_error(srv, conn, ex->route, failed ? o.http_status : 503,
+                             failed ? o.message : "the engine did not accept the request", NULL);
+    } else if (!http_await(srv, req, fd, p->stream)) {
+        http_count(srv, ex->route, HTTP_CLIENT_GONE);
+        ok = MHD_NO;
+    } else if (coord_request_outcome(req, &o), o.state == COORD_REQ_FAILED) {
+        /* failed before a byte was sent: a plain error answer with the engine's status */
+        ok = http_send_error(srv, conn, ex->route, o.http_status, o.message, NULL);
+    } else if (!p->stream) {
+        ok = http_send_json(srv, conn, ex->route, 200, http_result_json(srv, req, created), NULL);
+    } else {
+        http_stream *st = calloc(1, sizeof *st);
+        struct MHD_Response *r = NULL;
+        if (st) {
+            *st = (http_stream){.srv = srv, .req = req, .fd = fd, .chat = chat, .created = created,
+                                .last_emit = http_now()};
+            r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_STREAM_BLOCK,
+                                                  http_stream_read, st, http_stream_free);
+            if (!r) {
+                free(st);
+            } else {
+                req = NULL; /* the stream owns the reference and the active count now */
+            }
+        }
+        if (!r) {
+            coord_request_cancel(req);
+            ok = MHD_NO;
+        } else {
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+            MHD_add_response_header(r, "X-Accel-Buffering", "no");
+            ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
+            MHD_destroy_response(r);
+            http_count(srv, ex->route, 200);
+        }
+    }
+    if (req) {
+        atomic_fetch_sub(&srv->active, 1);
+        coord_request_unref(&req);
+    }
+    return ok;
+}
+
+static cJSON *http_model_json(const http_server *srv)
+{
+    cJSON *m = cJSON_CreateObject();
+    http_json_add_text(m, "id", srv->model_name, strlen(srv->model_name));
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)srv->started);
+    cJSON_AddStringToObject(m, "owned_by", "orochi");
+    return m;
+}
+
+/* GET /v1/models and /v1/models/NAME. */
+static enum MHD_Result http_models(http_server *srv, struct MHD_Connection *conn, const char *url)
+{
+    if (!strncmp(url, "/v1/models/", 11)) {
+        if (strcmp(url + 11, srv->model_name)) {
+            char msg[320];
+            snprintf(msg, sizeof msg, "the model '%.200s' does not exist; this server serves '%.64s'",
+                     url + 11, srv->model_name);
+            return http_send_error(srv, conn, ROUTE_MODELS, 404, msg, "model");
+        }
+        return http_send_json(srv, conn, ROUTE_MODELS, 200, http_model_json(srv), NULL);
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), http_model_json(srv));
+    return http_send_json(srv, conn, ROUTE_MODELS, 200, root, NULL);
+}
+
+static enum MHD_Result http_health(http_server *srv, struct MHD_Connection *conn)
+{
+    char msg[256] = "";
+    int healthy = srv->engine.health ? srv->engine.health(srv->engine.ctx, msg, sizeof msg) : 1;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "status", healthy ? "ok" : "unavailable");
+    if (!healthy) {
+        msg[sizeof msg - 1] = 0;
+        http_json_add_text(root, "message", msg[0] ? msg : "the engine is not ready",
+                           strlen(msg[0] ? msg : "the engine is not ready"));
+    }
+    return http_send_json(srv, conn, ROUTE_HEALTH, healthy ? 200 : 503, root, NULL);
+}
+
+/* GET /metrics: the engine's exposition followed by the HTTP counters. A request is counted when
+ * its answer is queued, so this answer is not in its own numbers. */
+static enum MHD_Result http_metrics(http_server *srv, struct MHD_Connection *conn)
+{
+    http_buf b = {0};
+    char *engine_text = srv->engine.metrics ? srv->engine.metrics(srv->engine.ctx) : NULL;
+    if (engine_text) {
+        size_t n = strlen(engine_text);
+        http_buf_add(&b, engine_text, n);
+        if (n && engine_text[n - 1] != '\n')
+            http_buf_add(&b, "\n", 1);
+        free(engine_text);
+    }
+    http_buf_printf(&b, "# HELP orochi_http_requests_total HTTP requests answered, by route and status "
+                        "code (499: the client left first).\n"
+                        "# TYPE orochi_http_requests_total counter\n");
+    pthread_mutex_lock(&srv->mu);
+    for (int i = 0; i < srv->n_counters; i++)
+        http_buf_printf(&b, "orochi_http_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
+                        HTTP_ROUTE_LABEL[srv->counters[i].route], srv->counters[i].code,
+                        (unsigned long long)srv->counters[i].count);
+    pthread_mutex_unlock(&srv->mu);
+    http_buf_printf(&b, "# HELP orochi_http_active_requests Generation requests being answered now.\n"
+                        "# TYPE orochi_http_active_requests gauge\n"
+                        "orochi_http_active_requests %d\n", atomic_load(&srv->active));
+    if (b.oom) {
+        http_buf_free(&b);
+        return MHD_NO;
+    }
+    return http_send(srv, conn, ROUTE_METRICS, 200, "text/plain; version=0.0.4; charset=utf-8", b.p,
+                     b.len, NULL);
+}
+
+static bool http_authorized(const http_server *srv, struct MHD_Connection *conn)
+{
+    if (!srv->api_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h)
+        return false;
+    while (*h == ' ' || *h == '\t')
+        h++;
+    if (strncasecmp(h, "Bearer ", 7))
+        return false;
+    h += 7;
+    while (*h == ' ' || *h == '\t')
+        h++;
+    size_t n = strlen(h);
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t'))
+        n--;
+    return http_equal_ct(h, n, srv->api_key, strlen(srv->api_key));
+}
+
+static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *conn,
+                                     http_exchange *ex, const char *url, const char *method)
+{
+    int route = ex->route;
+    if (route != ROUTE_HEALTH && !http_authorized(srv, conn))
+        return http_send_error(srv, conn, route, 401,
+                               "missing or invalid API key; send 'Authorization: Bearer KEY'", NULL);
+    bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+    bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    switch (route) {
+    case ROUTE_COMPLETIONS:
+    case ROUTE_CHAT:
+        if (!post)
+            return http_send_405(srv, conn, route, method, url, "POST");
+        return http_generate(srv, conn, ex);
+    case ROUTE_MODELS:
+        return get ? http_models(srv, conn, url) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+    case ROUTE_HEALTH:
+        return get ? http_health(srv, conn) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+    case ROUTE_METRICS:
+        return get ? http_metrics(srv, conn) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+    default: {
+        char msg[320];
+        snprintf(msg, sizeof msg, "no route for %.16s %.200s (see /v1/completions, "
+                 "/v1/chat/completions, /v1/models, /health, /metrics)", method, url);
+        return http_send_error(srv, conn, route, 404, msg, NULL);
+    }
+    }
+}
+
+/* ==== libmicrohttpd callbacks ================================================================= */
+
+static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                       const char *method, const char *version,
+                                       const char *upload_data, size_t *upload_data_size,
+                                       void **con_cls)
+{
+    http_server *srv = cls;
+    http_exchange *ex = *con_cls;
+    (void)version;
+    if (!ex) {
+        /* headers only: set up, and refuse an announced oversized body before it is sent */
+        if (!(ex = calloc(1, sizeof *ex)))
+            return MHD_NO;
+        *con_cls = ex;
+        ex->route = http_route_of(url);
+        /* a generation may take longer than the idle timeout: no timeout until it is answered
+         * (http_on_completed restores it) */
+        if (ex->route == ROUTE_COMPLETIONS || ex->route == ROUTE_CHAT)
+            MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            errno = 0;
+            char *end;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno == ERANGE || n > srv->max_body) {
+                ex->too_large = true;
+                const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+                if ((expect && !strcasecmp(expect, "100-continue")) || errno == ERANGE ||
+                    n / HTTP_DRAIN_FACTOR > srv->max_body)
+                    return http_send_too_large(srv, conn, ex);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        /* keep up to the limit; read and drop the rest so the 413 reaches the client */
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (!ex->too_large && ex->body.len + n > srv->max_body) {
+            ex->too_large = true;
+            http_buf_free(&ex->body);
+        }
+        if (!ex->too_large) {
+            http_buf_add(&ex->body, upload_data, n);
+            if (ex->body.oom)
+                return MHD_NO;
+        }
+        return MHD_YES;
+    }
+    if (ex->too_large)
+        return http_send_too_large(srv, conn, ex);
+    return http_dispatch(srv, conn, ex, url, method);
+}
+
+static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                              enum MHD_RequestTerminationCode toe)
+{
+    http_server *srv = cls;
+    http_exchange *ex = *con_cls;
+    if (!ex)
+        return;
+    /* the connection may live on (keep-alive): idle connections time out again, counted from now */
+    if ((ex->route == ROUTE_COMPLETIONS || ex->route == ROUTE_CHAT) &&
+        toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->idle_timeout_s);
+    http_buf_free(&ex->body);
+    free(ex);
+    *con_cls = NULL;
+}

@@ -1,0 +1,356 @@
+/*
+ * coordinator/request.c — see request.h. One mutex guards the output side (ids, text, state); a
+ * condition variable is broadcast on every change so any number of waiters (normally one HTTP
+ * thread) see new text promptly. The cancel flag is an atomic so the engine can poll it in its hot
+ * loop without taking the lock. Text and ids grow by doubling; a failed allocation turns the
+ * request into a 500 failure rather than silently dropping output.
+ */
+#define _GNU_SOURCE
+#include "coordinator/request.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct coord_request {
+    atomic_int refs;
+    atomic_bool cancelled;
+    coord_params params;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast on append, finish, fail, cancel */
+    coord_request_state state;
+    int32_t *ids;
+    int n_ids, cap_ids;
+    char *text; /* always NUL-terminated when non-NULL */
+    size_t text_len, text_cap;
+    int http_status;
+    char message[COORD_MESSAGE_LEN];
+    char finish_reason[16];
+    coord_stats stats;
+};
+
+static void request_free(coord_request *req);
+static int request_fail_locked(coord_request *req, int http_status, const char *message);
+
+coord_request *coord_request_new(coord_request_kind kind)
+{
+    coord_request *req = calloc(1, sizeof *req);
+    if (!req)
+        return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int cv_rc = pthread_cond_init(&req->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (cv_rc) {
+        free(req);
+        return NULL;
+    }
+    if (pthread_mutex_init(&req->mu, NULL)) {
+        pthread_cond_destroy(&req->cv);
+        free(req);
+        return NULL;
+    }
+    atomic_init(&req->refs, 1);
+    atomic_init(&req->cancelled, false);
+    req->params = (coord_params){.kind = kind, .max_tokens = 128, .temperature = 1.0, .top_p = 1.0};
+    req->state = COORD_REQ_RUNNING;
+    return req;
+}
+
+coord_request *coord_request_ref(coord_request *req)
+{
+    if (req)
+        atomic_fetch_add_explicit(&req->refs, 1, memory_order_relaxed);
+    return req;
+}
+
+void coord_request_unref(coord_request **req)
+{
+    if (!req || !*req)
+        return;
+    coord_request *r = *req;
+    *req = NULL;
+    if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1)
+        request_free(r);
+}
+
+/* ---- input ----------------------------------------------------------------------------------- */
+
+coord_params *coord_request_params(coord_request *req)
+{
+    return &req->params;
+}
+
+/* Replaces *slot with a copy of s (NULL clears it). */
+static int request_set_string(char **slot, const char *s)
+{
+    char *copy = NULL;
+    if (s && !(copy = strdup(s)))
+        return -1;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+int coord_request_set_prompt(coord_request *req, const char *text)
+{
+    return request_set_string(&req->params.prompt, text);
+}
+
+int coord_request_set_model(coord_request *req, const char *model)
+{
+    return request_set_string(&req->params.model, model);
+}
+
+int coord_request_set_options(coord_request *req, const char *json)
+{
+    return request_set_string(&req->params.options_json, json);
+}
+
+int coord_request_add_stop(coord_request *req, const char *stop)
+{
+    coord_params *p = &req->params;
+    if (p->n_stop >= COORD_MAX_STOP || !stop)
+        return -1;
+    if (!(p->stop[p->n_stop] = strdup(stop)))
+        return -1;
+    p->n_stop++;
+    return 0;
+}
+
+int coord_request_add_message(coord_request *req, const char *role, const char *content)
+{
+    coord_params *p = &req->params;
+    coord_message *grown = realloc(p->messages, ((size_t)p->n_messages + 1) * sizeof *grown);
+    if (!grown)
+        return -1;
+    p->messages = grown;
+    coord_message m = {strdup(role), strdup(content)};
+    if (!m.role || !m.content) {
+        free(m.role);
+        free(m.content);
+        return -1;
+    }
+    p->messages[p->n_messages++] = m;
+    return 0;
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+/* Makes room for `more` ids and `extra` text bytes (plus the NUL). */
+static int request_reserve(coord_request *req, int more, size_t extra)
+{
+    if (more > 0 && req->n_ids + more > req->cap_ids) {
+        int cap = req->cap_ids ? req->cap_ids : 64;
+        while (cap < req->n_ids + more)
+            cap *= 2;
+        int32_t *ids = realloc(req->ids, (size_t)cap * sizeof *ids);
+        if (!ids)
+            return -1;
+        req->ids = ids;
+        req->cap_ids = cap;
+    }
+    if (req->text_len + extra + 1 > req->text_cap) {
+        size_t cap = req->text_cap ? req->text_cap : 256;
+        while (cap < req->text_len + extra + 1)
+            cap *= 2;
+        char *text = realloc(req->text, cap);
+        if (!text)
+            return -1;
+        req->text = text;
+        req->text_cap = cap;
+    }
+    return 0;
+}
+
+int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text, size_t len)
+{
+    if (n < 0)
+        n = 0;
+    pthread_mutex_lock(&req->mu);
+    int rc = -1;
+    if (req->state != COORD_REQ_RUNNING) {
+        /* ended already: ignore */
+    } else if (request_reserve(req, n, len)) {
+        request_fail_locked(req, 500, "out of memory while collecting generated text");
+    } else {
+        if (n)
+            memcpy(req->ids + req->n_ids, ids, (size_t)n * sizeof *ids);
+        req->n_ids += n;
+        if (len)
+            memcpy(req->text + req->text_len, text, len);
+        req->text_len += len;
+        req->text[req->text_len] = 0;
+        rc = 0;
+        pthread_cond_broadcast(&req->cv);
+    }
+    pthread_mutex_unlock(&req->mu);
+    return rc;
+}
+
+int coord_request_finish(coord_request *req, const char *finish_reason, const coord_stats *stats)
+{
+    pthread_mutex_lock(&req->mu);
+    int rc = -1;
+    if (req->state == COORD_REQ_RUNNING) {
+        snprintf(req->finish_reason, sizeof req->finish_reason, "%s",
+                 finish_reason ? finish_reason : "stop");
+        if (stats) {
+            req->stats = *stats;
+            req->stats.draft_kinds[COORD_DRAFT_KINDS_LEN - 1] = 0;
+        } else {
+            req->stats = (coord_stats){.completion_tokens = req->n_ids};
+        }
+        req->state = COORD_REQ_DONE;
+        pthread_cond_broadcast(&req->cv);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&req->mu);
+    return rc;
+}
+
+int coord_request_fail(coord_request *req, int http_status, const char *message)
+{
+    pthread_mutex_lock(&req->mu);
+    int rc = request_fail_locked(req, http_status, message);
+    pthread_mutex_unlock(&req->mu);
+    return rc;
+}
+
+static int request_fail_locked(coord_request *req, int http_status, const char *message)
+{
+    if (req->state != COORD_REQ_RUNNING)
+        return -1;
+    req->http_status = http_status >= 400 && http_status <= 599 ? http_status : 500;
+    snprintf(req->message, sizeof req->message, "%s", message ? message : "request failed");
+    req->state = COORD_REQ_FAILED;
+    pthread_cond_broadcast(&req->cv);
+    return 0;
+}
+
+bool coord_request_cancelled(const coord_request *req)
+{
+    return atomic_load_explicit(&req->cancelled, memory_order_acquire);
+}
+
+/* ---- waiting side ---------------------------------------------------------------------------- */
+
+coord_request_state coord_request_wait(coord_request *req, size_t *text_off, int timeout_ms,
+                                       char **piece, size_t *piece_len)
+{
+    if (piece)
+        *piece = NULL;
+    if (piece_len)
+        *piece_len = 0;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms > 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&req->mu);
+    while (req->state == COORD_REQ_RUNNING && req->text_len <= *text_off &&
+           !atomic_load(&req->cancelled) && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&req->cv, &req->mu);
+        else if (pthread_cond_timedwait(&req->cv, &req->mu, &deadline) == ETIMEDOUT)
+            break;
+    }
+    if (req->text_len > *text_off) {
+        size_t n = req->text_len - *text_off;
+        bool handed = true;
+        if (piece && (handed = (*piece = malloc(n + 1)) != NULL)) {
+            memcpy(*piece, req->text + *text_off, n);
+            (*piece)[n] = 0;
+            if (piece_len)
+                *piece_len = n;
+        }
+        if (handed) /* out of memory: the text stays for the next call */
+            *text_off = req->text_len;
+    }
+    coord_request_state st = req->state;
+    pthread_mutex_unlock(&req->mu);
+    return st;
+}
+
+void coord_request_cancel(coord_request *req)
+{
+    atomic_store_explicit(&req->cancelled, true, memory_order_release);
+    pthread_mutex_lock(&req->mu);
+    pthread_cond_broadcast(&req->cv);
+    pthread_mutex_unlock(&req->mu);
+}
+
+coord_request_state coord_request_state_now(coord_request *req)
+{
+    pthread_mutex_lock(&req->mu);
+    coord_request_state st = req->state;
+    pthread_mutex_unlock(&req->mu);
+    return st;
+}
+
+void coord_request_outcome(coord_request *req, coord_outcome *out)
+{
+    pthread_mutex_lock(&req->mu);
+    *out = (coord_outcome){.state = req->state, .http_status = req->http_status,
+                           .stats = req->stats, .n_ids = req->n_ids, .text_len = req->text_len};
+    memcpy(out->message, req->message, sizeof out->message);
+    memcpy(out->finish_reason, req->finish_reason, sizeof out->finish_reason);
+    pthread_mutex_unlock(&req->mu);
+    out->cancelled = coord_request_cancelled(req);
+}
+
+int32_t *coord_request_ids(coord_request *req, int *n)
+{
+    pthread_mutex_lock(&req->mu);
+    int32_t *copy = req->n_ids ? malloc((size_t)req->n_ids * sizeof *copy) : NULL;
+    *n = copy ? req->n_ids : 0;
+    if (copy)
+        memcpy(copy, req->ids, (size_t)req->n_ids * sizeof *copy);
+    pthread_mutex_unlock(&req->mu);
+    return copy;
+}
+
+char *coord_request_text(coord_request *req, size_t *len)
+{
+    pthread_mutex_lock(&req->mu);
+    char *copy = malloc(req->text_len + 1);
+    *len = copy ? req->text_len : 0;
+    if (copy) {
+        if (req->text_len)
+            memcpy(copy, req->text, req->text_len);
+        copy[req->text_len] = 0;
+    }
+    pthread_mutex_unlock(&req->mu);
+    return copy;
+}
+
+static void request_free(coord_request *req)
+{
+    coord_params *p = &req->params;
+    free(p->prompt);
+    for (int i = 0; i < p->n_messages; i++) {
+        free(p->messages[i].role);
+        free(p->messages[i].content);
+    }
+    free(p->messages);
+    for (int i = 0; i < p->n_stop; i++)
+        free(p->stop[i]);
+    free(p->model);
+    free(p->options_json);
+    free(req->ids);
+    free(req->text);
+    pthread_cond_destroy(&req->cv);
+    pthread_mutex_destroy(&req->mu);
+    free(req);
+}

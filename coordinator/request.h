@@ -1,0 +1,142 @@
+/*
+ * coordinator/request — one generation job, shared between the HTTP threads that receive and
+ * answer it and the engine thread that runs it.
+ *
+ * Life of a request: an HTTP thread creates it (coord_request_new), fills the input parameters
+ * (plain fields of coord_params, string fields through the setters), and hands it to the engine's
+ * submit callback. From then on the parameters are read-only. The engine appends generated ids
+ * and their text as they are accepted (coord_request_append) and ends the request exactly once,
+ * with coord_request_finish or coord_request_fail. The HTTP thread meanwhile blocks in
+ * coord_request_wait, which hands over the text generated since its last offset, so a streaming
+ * response can forward each piece as it arrives. When the client goes away the HTTP side calls
+ * coord_request_cancel; the engine polls coord_request_cancelled between steps and should end the
+ * request soon after (finish with "stop" or fail; either is fine, nobody is listening).
+ *
+ * Ownership: the object is reference counted. The creator holds one reference; an engine that
+ * keeps the request past its submit callback takes its own with coord_request_ref and drops it
+ * with coord_request_unref(&req), which also nulls the caller's pointer. The last unref frees.
+ *
+ * Thread safety: all output-side and waiting functions may be called from any thread (one mutex
+ * and one condition variable per request). Parameter fields are written by the creator before
+ * submit only, so the engine reads them without locking.
+ */
+#ifndef OROCHI_COORD_REQUEST_H
+#define OROCHI_COORD_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define COORD_MAX_STOP 4          /* OpenAI allows up to four stop sequences */
+#define COORD_DRAFT_KINDS_LEN 128 /* "model,ngram,layerskip,medusa" and room to spare */
+#define COORD_MESSAGE_LEN 512     /* failure messages are cut to this many bytes */
+
+typedef enum { COORD_REQ_COMPLETION, COORD_REQ_CHAT } coord_request_kind;
+
+/* Where a request stands. RUNNING covers queued and generating. */
+typedef enum { COORD_REQ_RUNNING, COORD_REQ_DONE, COORD_REQ_FAILED } coord_request_state;
+
+typedef struct {
+    char *role;    /* "system" | "user" | "assistant" */
+    char *content; /* the message text (content parts already joined) */
+} coord_message;
+
+/* The job's input, as parsed from the HTTP body. Numeric fields are set directly by the creator;
+ * string fields are owned by the request and set through the coord_request_set_ / add_ functions. */
+typedef struct {
+    coord_request_kind kind;
+    char id[64];                /* "cmpl-..." / "chatcmpl-...", for responses and logs */
+    char *prompt;               /* COMPLETION: the prompt text (NUL-terminated) */
+    coord_message *messages;    /* CHAT: the conversation, oldest first */
+    int n_messages;
+    int max_tokens;             /* >= 1; default 128 */
+    double temperature;         /* >= 0; 0 means greedy; default 1.0 as in the OpenAI API */
+    double top_p;               /* (0, 1]; default 1 */
+    int top_k;                  /* 0 = off (a non-standard extension field) */
+    bool has_seed;
+    int64_t seed;
+    bool stream;                /* informational for the engine: the HTTP side streams */
+    char *stop[COORD_MAX_STOP]; /* stop sequences; the engine ends generation at the first match */
+    int n_stop;
+    char *model;                /* the model the client named, or NULL */
+    char *options_json;         /* the raw JSON text of the body's "orochi" object, or NULL */
+} coord_params;
+
+/* Run statistics, reported by the engine when it finishes a request. */
+typedef struct {
+    int prompt_tokens;
+    int completion_tokens;
+    int steps;                                /* verification steps (forward passes) */
+    double mean_accepted;                     /* tokens accepted per step */
+    char draft_kinds[COORD_DRAFT_KINDS_LEN];  /* comma separated, e.g. "ngram,model"; "" if none */
+} coord_stats;
+
+/* A consistent snapshot of the request's end state (coord_request_outcome). */
+typedef struct {
+    coord_request_state state;
+    bool cancelled;
+    int http_status;                 /* FAILED: the status to answer with */
+    char message[COORD_MESSAGE_LEN]; /* FAILED: why */
+    char finish_reason[16];          /* DONE: "stop" | "length" */
+    coord_stats stats;               /* DONE: as the engine reported them */
+    int n_ids;                       /* ids generated so far */
+    size_t text_len;                 /* bytes of text generated so far */
+} coord_outcome;
+
+typedef struct coord_request coord_request;
+
+/* A new request with the defaults above and one reference held by the caller; NULL when out of
+ * memory. */
+coord_request *coord_request_new(coord_request_kind kind);
+coord_request *coord_request_ref(coord_request *req);
+/* Drops the caller's reference and sets *req to NULL; frees on the last one. NULL-safe. */
+void coord_request_unref(coord_request **req);
+
+/* --- input (creator, before submit) ---------------------------------------------------------- */
+
+/* The parameters. Writable only until the request is submitted. */
+coord_params *coord_request_params(coord_request *req);
+/* String setters copy their argument; each returns 0, or -1 when out of memory (or, for
+ * coord_request_add_stop, when COORD_MAX_STOP are already set). */
+int coord_request_set_prompt(coord_request *req, const char *text);
+int coord_request_add_message(coord_request *req, const char *role, const char *content);
+int coord_request_add_stop(coord_request *req, const char *stop);
+int coord_request_set_model(coord_request *req, const char *model);
+int coord_request_set_options(coord_request *req, const char *json);
+
+/* --- output (engine thread) ------------------------------------------------------------------ */
+
+/* Appends n generated ids and the `len` bytes of text they decode to (either may be empty) and
+ * wakes waiters. Returns 0, or -1 if the request has already ended (the call is then ignored) or
+ * memory ran out (the request is then failed with 500). */
+int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text, size_t len);
+/* Ends the request successfully. finish_reason: "stop" or "length". stats may be NULL (then all
+ * zero except completion_tokens, which counts the appended ids). Returns -1 if already ended. */
+int coord_request_finish(coord_request *req, const char *finish_reason, const coord_stats *stats);
+/* Ends the request with an HTTP status (400, 413, 500, 503, ...) and a message for the client.
+ * Returns -1 if already ended. */
+int coord_request_fail(coord_request *req, int http_status, const char *message);
+/* True once the client has gone away; the engine should stop working on the request. */
+bool coord_request_cancelled(const coord_request *req);
+
+/* --- waiting side (HTTP thread) -------------------------------------------------------------- */
+
+/* Blocks until the text grows past *text_off, the request ends, or timeout_ms passes (< 0: no
+ * limit, 0: just look). The text past *text_off is handed over: if piece is not NULL, *piece gets a
+ * malloc'd NUL-terminated copy of it (NULL when there is none) and *piece_len its length, and
+ * *text_off moves to the end of the text (when the copy cannot be allocated, *piece is NULL and
+ * *text_off stays, so nothing is lost). Returns the state at
+ * that moment, so a DONE/FAILED return means the handed-over text is the last. Returns at once
+ * (RUNNING) once the request is cancelled. */
+coord_request_state coord_request_wait(coord_request *req, size_t *text_off, int timeout_ms,
+                                       char **piece, size_t *piece_len);
+/* The client went away: flags the request for the engine and wakes waiters. Idempotent. */
+void coord_request_cancel(coord_request *req);
+coord_request_state coord_request_state_now(coord_request *req);
+void coord_request_outcome(coord_request *req, coord_outcome *out);
+/* malloc'd copies of everything generated so far. The ids copy is NULL with *n = 0 when there are
+ * none; the text copy is NUL-terminated ("" when empty). NULL with a zero count when out of memory. */
+int32_t *coord_request_ids(coord_request *req, int *n);
+char *coord_request_text(coord_request *req, size_t *len);
+
+#endif

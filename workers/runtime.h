@@ -1,0 +1,79 @@
+/*
+ * workers/runtime — what every process of a group shares: the control-plane framing (one protobuf
+ * Envelope per ZeroMQ frame, with the protocol version checked on receipt), the run-directory
+ * conventions (socket and arena names), logging with the role's name, and the arena regions every
+ * role finds by name.
+ */
+#ifndef OROCHI_RUNTIME_H
+#define OROCHI_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "orochi.pb-c.h"
+#include "shm/arena.h"
+
+#define OROCHI_PROTOCOL_VERSION 1
+
+/* Arena regions (names shared by all roles). */
+#define RT_REGION_STEP "step"     /* rt_step: the current step's inputs */
+#define RT_REGION_LLAMA "llama"   /* llama_shared block: KV cache + shared activations */
+#define RT_REGION_LOGITS "logits" /* max_width x vocab floats */
+#define RT_REGION_DRAFTS "drafts" /* RT_MAX_SPECULATORS draft rings */
+
+#define RT_MAX_WIDTH 64
+#define RT_MAX_SPECULATORS 8
+#define RT_DRAFT_SLOTS 8
+
+/* The inputs of one verification step, written by the coordinator before StepBegin. */
+typedef struct {
+    arena_barrier barrier;  /* the workers' per-op barrier */
+    uint64_t step_id;
+    uint32_t n_tokens;
+    uint32_t n_prefix;
+    uint32_t logits_from;
+    uint32_t pad;
+    int32_t tokens[RT_MAX_WIDTH];
+    int32_t parent[RT_MAX_WIDTH];
+} rt_step;
+
+/* Bytes between consecutive draft rings in the drafts region (64-byte aligned). */
+static inline size_t rt_ring_stride(void)
+{
+    return (arena_draft_ring_bytes(RT_DRAFT_SLOTS) + 63) & ~(size_t)63;
+}
+
+/* ===== logging ===== */
+
+/* "2026-11-22T10:00:00.123 worker-0: message" to stderr (the launcher sends it to the role's log). */
+void rt_log(const char *role, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t rt_now_us(void);
+
+/* ===== names ===== */
+
+/* ipc://RUN_DIR/ctl */
+void rt_ctl_endpoint(const char *run_dir, char *out, size_t len);
+/* "/orochi-<16 hex digits of a hash of the absolute run dir>" */
+void rt_arena_name(const char *run_dir, char *out, size_t len);
+
+/* ===== framing ===== */
+
+/* Pack and send an envelope (version filled in). `identity` (ROUTER side) may be NULL for
+ * DEALER sockets. Returns 0 or -1 (errno from zmq). */
+int rt_send(void *sock, const void *identity, size_t id_len, Orochi__Envelope *env);
+/* Receive one envelope. For ROUTER sockets the peer identity is copied into id (cap bytes) and
+ * *id_len set. Returns NULL when nothing could be read (timeout/EAGAIN), or on a malformed frame
+ * or another protocol version — then *bad is set and err holds one line describing it (the caller
+ * logs it and, for a wrong version, answers with an Error). */
+Orochi__Envelope *rt_recv(void *sock, bool router, uint8_t *id, size_t cap, size_t *id_len,
+                          bool *bad, char *err, size_t errlen);
+void rt_free(Orochi__Envelope *env);
+
+/* Envelope builders: fill *env (stack storage) with the body; return env. */
+Orochi__Envelope *rt_env(Orochi__Envelope *env, Orochi__Envelope__BodyCase which, void *body);
+
+/* FNV-1a over a tokenizer's token strings, to check that a draft model shares the vocabulary. */
+uint64_t rt_fnv1a(uint64_t h, const void *data, size_t len);
+
+#endif

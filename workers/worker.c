@@ -1,0 +1,282 @@
+/*
+ * orochi-worker — executes its column part of the target model for each verification step.
+ *
+ * Life of a worker: connect a DEALER socket to the coordinator's control socket, say Hello with
+ * its part index, receive Welcome (arena name, number of parts, shapes, the target model path),
+ * map the model and attach the arena. Then, per StepBegin, read the step's tokens and tree from
+ * the arena, run its part of the forward — every linear layer for its output rows, attention for
+ * its KV heads — meeting the other workers at the arena barrier between ops, write its columns of
+ * the logits into the arena, and answer StepDone. Nothing but these small messages crosses the
+ * socket. All state worth keeping (the KV cache) lives in the arena, so a restarted worker simply
+ * maps it again and the coordinator re-runs the interrupted step.
+ *
+ * A worker heartbeats every HEARTBEAT_MS and exits on its own when the coordinator has been silent
+ * for --orphan-ms, so a crashed group never leaves workers behind.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "model/llama.h"
+#include "workers/runtime.h"
+
+#define HEARTBEAT_MS 200
+#define BARRIER_TIMEOUT_MS 3000
+#define BARRIER_SPIN 20000
+
+typedef struct {
+    const char *run_dir, *device;
+    int index, threads, orphan_ms;
+    bool trace;
+    char role[32];
+    void *zctx, *sock;
+    arena *arena;
+    rt_step *step;
+    float *logits;
+    llama_model *model;
+    llama_ctx *ctx;
+    uint64_t steps, last_coord_us;
+} worker;
+
+static volatile sig_atomic_t worker_stop;
+
+static void worker_on_signal(int sig)
+{
+    (void)sig;
+    worker_stop = 1;
+}
+
+static void worker_usage(FILE *out)
+{
+    fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu]\n"
+                 "                     [--orphan-ms MS] [--trace]\n"
+                 "  Joins the process group whose coordinator listens in run dir D and computes\n"
+                 "  column part I of the target model for every verification step.\n");
+}
+
+static int worker_barrier(void *arg)
+{
+    return arena_barrier_wait(arg, BARRIER_TIMEOUT_MS, BARRIER_SPIN);
+}
+
+static int worker_send(worker *w, Orochi__Envelope__BodyCase which, void *body)
+{
+    Orochi__Envelope env;
+    return rt_send(w->sock, NULL, 0, rt_env(&env, which, body));
+}
+
+static void worker_heartbeat(worker *w)
+{
+    Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
+    hb.time_us = rt_now_us();
+    hb.steps = w->steps;
+    hb.state = w->ctx ? "ready" : "joining";
+    worker_send(w, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
+}
+
+/* Hello until Welcome (or give up); then map the model and the arena. */
+static int worker_join(worker *w)
+{
+    Orochi__Hello hello = OROCHI__HELLO__INIT;
+    hello.role = OROCHI__ROLE__ROLE_WORKER;
+    hello.id = w->role;
+    hello.pid = (uint32_t)getpid();
+    hello.device = (char *)w->device;
+    hello.threads = (uint32_t)w->threads;
+    hello.worker_index = (uint32_t)w->index;
+    Orochi__Envelope *env = NULL;
+    for (int attempt = 0; !worker_stop && attempt < 300 && !env; attempt++) {
+        worker_send(w, OROCHI__ENVELOPE__BODY_HELLO, &hello);
+        zmq_pollitem_t it = {w->sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 1000) <= 0)
+            continue;
+        bool bad;
+        char err[256];
+        Orochi__Envelope *e = rt_recv(w->sock, false, NULL, 0, NULL, &bad, err, sizeof err);
+        if (bad)
+            rt_log(w->role, "ignoring a bad frame from the coordinator: %s", err);
+        if (e && e->body_case == OROCHI__ENVELOPE__BODY_WELCOME)
+            env = e;
+        else if (e && e->body_case == OROCHI__ENVELOPE__BODY_ERROR) {
+            rt_log(w->role, "coordinator refused us: %s", e->error->message);
+            rt_free(e);
+            return -1;
+        } else
+            rt_free(e);
+    }
+    if (!env) {
+        rt_log(w->role, "no Welcome from the coordinator at %s", w->run_dir);
+        return -1;
+    }
+    Orochi__Welcome *wel = env->welcome;
+    char err[512];
+    int rc = -1;
+    w->model = llama_model_load(wel->target_model, err, sizeof err);
+    if (!w->model) {
+        rt_log(w->role, "%s", err);
+        goto done;
+    }
+    w->arena = arena_attach(wel->arena_name, err, sizeof err);
+    if (!w->arena) {
+        rt_log(w->role, "%s", err);
+        goto done;
+    }
+    uint64_t llama_size = 0;
+    w->step = arena_region_find(w->arena, RT_REGION_STEP, NULL);
+    void *shared = arena_region_find(w->arena, RT_REGION_LLAMA, &llama_size);
+    w->logits = arena_region_find(w->arena, RT_REGION_LOGITS, NULL);
+    size_t need = llama_shared_layout(&w->model->cfg, (int)wel->n_ctx, (int)wel->max_width, KV_F32, NULL);
+    if (!w->step || !shared || !w->logits || llama_size < need) {
+        rt_log(w->role, "arena %s lacks the step/llama/logits regions this model needs", wel->arena_name);
+        goto done;
+    }
+    llama_ctx_params p = {.n_threads = w->threads, .max_width = (int)wel->max_width,
+                          .n_ctx = (int)wel->n_ctx, .kv = KV_F32, .part = (int)wel->worker_index,
+                          .n_parts = (int)wel->n_workers, .shared = shared, .sync = worker_barrier,
+                          .sync_arg = &w->step->barrier};
+    w->ctx = llama_ctx_new(w->model, &p, err, sizeof err);
+    if (!w->ctx) {
+        rt_log(w->role, "%s", err);
+        goto done;
+    }
+    rt_log(w->role, "joined: part %u of %u, %d threads, arena %s, model %s", wel->worker_index,
+           wel->n_workers, llama_ctx_threads(w->ctx), wel->arena_name, wel->target_model);
+    rc = 0;
+done:
+    rt_free(env);
+    return rc;
+}
+
+static void worker_step(worker *w, const Orochi__StepBegin *sb)
+{
+    Orochi__StepDone done = OROCHI__STEP_DONE__INIT;
+    done.step_id = sb->step_id;
+    done.worker_index = (uint32_t)w->index;
+    char err[256] = "";
+    uint64_t t0 = rt_now_us();
+    const rt_step *st = w->step;
+    if (st->step_id != sb->step_id || sb->n_tokens == 0 || sb->n_tokens > RT_MAX_WIDTH) {
+        snprintf(err, sizeof err, "step %llu: arena holds step %llu with %u tokens",
+                 (unsigned long long)sb->step_id, (unsigned long long)st->step_id, sb->n_tokens);
+    } else {
+        llama_ctx_set_prefix_len(w->ctx, (int)sb->n_prefix);
+        llama_batch b = {.n = (int)sb->n_tokens, .tokens = st->tokens, .parent = st->parent,
+                         .logits_from = (int)sb->logits_from};
+        if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0)
+            w->steps++;
+    }
+    done.compute_us = rt_now_us() - t0;
+    done.error = err;
+    if (err[0])
+        rt_log(w->role, "step %llu failed: %s", (unsigned long long)sb->step_id, err);
+    else if (w->trace)
+        rt_log(w->role, "step %llu: %u tokens in %llu us", (unsigned long long)sb->step_id,
+               sb->n_tokens, (unsigned long long)done.compute_us);
+    worker_send(w, OROCHI__ENVELOPE__BODY_STEP_DONE, &done);
+}
+
+static int worker_parse(worker *w, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"run-dir", required_argument, 0, 'r'}, {"index", required_argument, 0, 'i'},
+        {"threads", required_argument, 0, 't'}, {"device", required_argument, 0, 'd'},
+        {"orphan-ms", required_argument, 0, 'o'}, {"trace", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'r': w->run_dir = optarg; break;
+        case 'i': w->index = atoi(optarg); break;
+        case 't': w->threads = atoi(optarg); break;
+        case 'd': w->device = optarg; break;
+        case 'o': w->orphan_ms = atoi(optarg); break;
+        case 'v': w->trace = true; break;
+        case 'h': worker_usage(stdout); exit(0);
+        default: worker_usage(stderr); return 2;
+        }
+    }
+    if (!w->run_dir || w->index < 0 || w->threads < 0) {
+        worker_usage(stderr);
+        return 2;
+    }
+    if (strcmp(w->device, "cpu")) {
+        fprintf(stderr, "orochi-worker: --device %s is not available in this build (cpu only)\n", w->device);
+        return 2;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    worker w = {.device = "cpu", .threads = 1, .orphan_ms = 10000};
+    int rc = worker_parse(&w, argc, argv);
+    if (rc)
+        return rc;
+    snprintf(w.role, sizeof w.role, "worker-%d", w.index);
+    signal(SIGTERM, worker_on_signal);
+    signal(SIGINT, worker_on_signal);
+    signal(SIGPIPE, SIG_IGN);
+
+    char endpoint[4200];
+    rt_ctl_endpoint(w.run_dir, endpoint, sizeof endpoint);
+    w.zctx = zmq_ctx_new();
+    w.sock = zmq_socket(w.zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(w.sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(w.sock, ZMQ_ROUTING_ID, w.role, strlen(w.role));
+    if (zmq_connect(w.sock, endpoint)) {
+        rt_log(w.role, "cannot connect to %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        rc = 1;
+        goto out;
+    }
+    if (worker_join(&w)) {
+        rc = 1;
+        goto out;
+    }
+    w.last_coord_us = rt_now_us();
+    uint64_t last_hb = 0;
+    while (!worker_stop) {
+        uint64_t now = rt_now_us();
+        if (now - last_hb >= HEARTBEAT_MS * 1000u) {
+            worker_heartbeat(&w);
+            last_hb = now;
+        }
+        if (now - w.last_coord_us > (uint64_t)w.orphan_ms * 1000u) {
+            rt_log(w.role, "coordinator silent for %d ms: exiting", w.orphan_ms);
+            break;
+        }
+        zmq_pollitem_t it = {w.sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, HEARTBEAT_MS) <= 0)
+            continue;
+        bool bad;
+        char err[256];
+        Orochi__Envelope *env;
+        while ((env = rt_recv(w.sock, false, NULL, 0, NULL, &bad, err, sizeof err)) || bad) {
+            if (bad) {
+                rt_log(w.role, "ignoring a bad frame: %s", err);
+                continue;
+            }
+            w.last_coord_us = rt_now_us();
+            if (env->body_case == OROCHI__ENVELOPE__BODY_STEP_BEGIN)
+                worker_step(&w, env->step_begin);
+            else if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
+                rt_log(w.role, "shutdown: %s", env->shutdown->reason);
+                worker_stop = 1;
+            }
+            rt_free(env);
+        }
+    }
+out:
+    llama_ctx_destroy(&w.ctx);
+    llama_model_destroy(&w.model);
+    arena_destroy(&w.arena);
+    if (w.sock)
+        zmq_close(w.sock);
+    if (w.zctx)
+        zmq_ctx_term(w.zctx);
+    return rc;
+}
