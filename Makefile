@@ -29,7 +29,7 @@ $(MODEL):
 	bash deploy/fetch-model.sh $(MODEL_DIR)
 
 demo: models build
-	$(OROCHI_BIN) run --model $(MODEL) --chat --prompt "Name three colours of the rainbow." -n 64 --temp 0
+	/usr/bin/python3 bench/spec_bench.py --demo --bin-dir $(BUILD)/bin --model $(MODEL)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
