@@ -134,7 +134,8 @@ static int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o)
         }
     }
     if (!o->url) {
-        fprintf(stderr, "orochi %s: --url is required (or set $OROCHI_URL), e.g. http://127.0.0.1:8080\n", cmd);
+        fprintf(stderr, "orochi %s: --url is required (or set $OROCHI_URL), e.g. "
+                        "http://127.0.0.1:8080\n", cmd);
         return 2;
     }
     hcli_url u;

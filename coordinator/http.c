@@ -104,6 +104,7 @@ typedef struct {
 typedef struct {
     int route;
     bool too_large;
+    bool untimed; /* the idle timeout is off while a generation runs */
     http_buf body;
 } http_exchange;
 
@@ -190,7 +191,7 @@ http_server *http_server_start(const http_config *cfg, const http_engine *engine
     srv->max_body = cfg->max_body_bytes ? cfg->max_body_bytes : (size_t)1 << 20;
     srv->max_tokens_cap = cfg->max_tokens_cap > 0 ? cfg->max_tokens_cap : 4096;
     srv->keepalive_ms = cfg->keepalive_ms > 0 ? cfg->keepalive_ms : 15000;
-    srv->idle_timeout_s = 60;
+    srv->idle_timeout_s = cfg->idle_timeout_s > 0 ? cfg->idle_timeout_s : 60;
     srv->quiet = cfg->quiet;
     srv->started = time(NULL);
     srv->id_salt = ((uint64_t)srv->started << 20) ^ ((uint64_t)getpid() << 40) ^ (uintptr_t)srv;
@@ -1062,16 +1063,18 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
     atomic_fetch_add(&srv->active, 1);
 
     enum MHD_Result ok;
-    coord_outcome o;
-    if (srv->engine.submit(srv->engine.ctx, req) != 0) {
-        coord_request_outcome(req, &o);
+    coord_outcome o = {0};
+    bool submitted = srv->engine.submit(srv->engine.ctx, req) == 0;
+    bool waited = submitted && http_await(srv, req, fd, p->stream);
+    coord_request_outcome(req, &o);
+    if (!submitted) {
         bool failed = o.state == COORD_REQ_FAILED;
         ok = http_send_error(srv, conn, ex->route, failed ? o.http_status : 503,
                              failed ? o.message : "the engine did not accept the request", NULL);
-    } else if (!http_await(srv, req, fd, p->stream)) {
+    } else if (!waited) {
         http_count(srv, ex->route, HTTP_CLIENT_GONE);
         ok = MHD_NO;
-    } else if (coord_request_outcome(req, &o), o.state == COORD_REQ_FAILED) {
+    } else if (o.state == COORD_REQ_FAILED) {
         /* failed before a byte was sent: a plain error answer with the engine's status */
         ok = http_send_error(srv, conn, ex->route, o.http_status, o.message, NULL);
     } else if (!p->stream) {
@@ -1218,6 +1221,10 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
     case ROUTE_CHAT:
         if (!post)
             return http_send_405(srv, conn, route, method, url, "POST");
+        /* a generation may outlast the idle timeout: none until it is answered (the body is in,
+         * so a slow client cannot use this to hold the thread; http_on_completed restores it) */
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        ex->untimed = true;
         return http_generate(srv, conn, ex);
     case ROUTE_MODELS:
         return get ? http_models(srv, conn, url) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
@@ -1250,10 +1257,6 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
             return MHD_NO;
         *con_cls = ex;
         ex->route = http_route_of(url);
-        /* a generation may take longer than the idle timeout: no timeout until it is answered
-         * (http_on_completed restores it) */
-        if (ex->route == ROUTE_COMPLETIONS || ex->route == ROUTE_CHAT)
-            MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             errno = 0;
@@ -1261,7 +1264,8 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
             unsigned long long n = strtoull(cl, &end, 10);
             if (errno == ERANGE || n > srv->max_body) {
                 ex->too_large = true;
-                const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+                const char *expect =
+                    MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
                 if ((expect && !strcasecmp(expect, "100-continue")) || errno == ERANGE ||
                     n / HTTP_DRAIN_FACTOR > srv->max_body)
                     return http_send_too_large(srv, conn, ex);
@@ -1297,8 +1301,7 @@ static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con
     if (!ex)
         return;
     /* the connection may live on (keep-alive): idle connections time out again, counted from now */
-    if ((ex->route == ROUTE_COMPLETIONS || ex->route == ROUTE_CHAT) &&
-        toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    if (ex->untimed && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->idle_timeout_s);
     http_buf_free(&ex->body);
     free(ex);

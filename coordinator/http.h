@@ -28,6 +28,8 @@ typedef struct {
     int max_tokens_cap;      /* largest max_tokens accepted; 0: 4096 */
     int max_connections;     /* concurrent connections (one thread each); 0: 64 */
     int keepalive_ms;        /* SSE comment sent on a quiet stream this often; 0: 15000 */
+    int idle_timeout_s;      /* an idle connection is closed after this long (never while a
+                              * generation runs); 0: 60 */
     bool quiet;              /* don't print libmicrohttpd's runtime messages to stderr */
 } http_config;
 

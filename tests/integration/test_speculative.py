@@ -1,0 +1,158 @@
+"""Speculative greedy decoding equals sequential greedy decoding, for every speculator kind.
+
+A group drafts with ngram (prompt lookup), layerskip (the target with layers skipped), model (a
+separate draft GGUF sharing the vocabulary) or several speculators at once, and verifies the drafts
+with the workers; at temperature 0 the token ids must be exactly those of
+`orochi run --temp 0 --print-ids`. Drafts that are always right (a layerskip speculator keeping
+every layer, or a model speculator whose draft is the target itself) must also be accepted: mean
+accepted tokens per verification step well above 1. The default model is checked with prompts of
+different kinds (code, chat, repetitive text to summarise) when it is present.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import group as G  # noqa: E402
+
+t = G.Tests()
+
+TINY_PROMPTS = [
+    "hello world",
+    "for i in range(10): print(i)\nfor i in range(10): print(i)\nfor i in range(10):",
+    "one two three four one two three four one two three four one two",
+]
+N = 48
+
+REAL_PROMPTS = [
+    # code
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    # chat-like
+    "User: What are three good reasons to learn a second language?\nAssistant:",
+    # summarisation of repetitive text: the answer repeats the input, which ngram drafts well
+    "The meeting was moved to Tuesday. The meeting was moved to Tuesday because the room was booked. "
+    "Summary: The meeting",
+]
+
+
+def tiny():
+    return G.mkmodel(layers=4, dim=192, ffn=256, heads=6, kv_heads=6, vocab=300, ctx=256, type="f32", seed=2)
+
+
+def check_answer(r, want, what):
+    G.check_eq(r["orochi"]["token_ids"], want, what + ": token ids")
+    o = r["orochi"]
+    G.check(isinstance(o.get("draft_kinds"), list), "%s: draft_kinds is not a list: %r", what, o.get("draft_kinds"))
+    G.check(all(isinstance(k, str) for k in o["draft_kinds"]), "%s: draft_kinds %r", what, o["draft_kinds"])
+    G.check(isinstance(o.get("mean_accepted"), (int, float)) and o["mean_accepted"] >= 1,
+            "%s: mean_accepted %r < 1", what, o.get("mean_accepted"))
+    G.check(isinstance(o.get("steps"), int) and 1 <= o["steps"] <= len(want),
+            "%s: steps %r for %d tokens", what, o.get("steps"), len(want))
+
+
+def speculative_equals_run(model, speculators, prompts, n, name, kinds=None, min_mean=None, **group_kw):
+    want = {p: G.run_ids(model, p, n) for p in prompts}
+    with G.Group(name, model, speculators=speculators, **group_kw) as g:
+        st = g.status()
+        for s in speculators:
+            kind = s.split(":")[0]
+            G.check(any(v["kind"] == kind and v["connected"] for v in st.values()),
+                    "speculator %s not connected: %r", kind, {k: v["line"] for k, v in st.items()})
+        means, used = [], set()
+        for p in prompts:
+            r = g.complete(p, n)
+            check_answer(r, want[p], "%s, prompt %r" % (name, p[:40]))
+            means.append(r["orochi"]["mean_accepted"])
+            used.update(r["orochi"]["draft_kinds"])
+        G.log("  %s: identical on %d prompts; mean accepted %s; kinds used %s" % (
+            name, len(prompts), ", ".join("%.2f" % m for m in means), sorted(used)))
+        if kinds is not None:
+            G.check(used <= set(kinds), "%s: draft_kinds %r outside %r", name, sorted(used), kinds)
+        if min_mean is not None:
+            G.check(max(means) >= min_mean, "%s: mean accepted %r, expected at least %.2f on some prompt",
+                    name, means, min_mean)
+        return g, used
+
+
+@t.case
+def test_speculative_ngram():
+    _, used = speculative_equals_run(tiny(), ["ngram"], TINY_PROMPTS, N, "ngram", kinds=["ngram"])
+
+
+@t.case
+def test_speculative_layerskip():
+    speculative_equals_run(tiny(), ["layerskip:layers=0-1"], TINY_PROMPTS, N, "layerskip", kinds=["layerskip"])
+
+
+@t.case
+def test_speculative_layerskip_all_layers_accepted():
+    # keeping every layer makes the draft the target itself: drafts must be accepted
+    _, used = speculative_equals_run(tiny(), ["layerskip:layers=0-3"], TINY_PROMPTS[:2], N,
+                                     "layerskip-full", kinds=["layerskip"], min_mean=2.0)
+    G.check(used == {"layerskip"}, "perfect drafts were never used: draft_kinds %r", sorted(used))
+
+
+@t.case
+def test_speculative_model_draft():
+    draft = G.mkmodel(layers=2, dim=64, ffn=128, heads=2, kv_heads=2, vocab=300, ctx=256, type="f32", seed=9)
+    speculative_equals_run(tiny(), ["model:draft=%s" % draft], TINY_PROMPTS, N, "model", kinds=["model"])
+
+
+@t.case
+def test_speculative_model_draft_is_target():
+    model = tiny()
+    _, used = speculative_equals_run(model, ["model:draft=%s" % model], TINY_PROMPTS[:2], N, "model-self",
+                                     kinds=["model"], min_mean=2.0)
+    G.check(used == {"model"}, "perfect drafts were never used: draft_kinds %r", sorted(used))
+
+
+@t.case
+def test_speculative_ngram_and_layerskip():
+    speculative_equals_run(tiny(), ["ngram", "layerskip:layers=0-1"], TINY_PROMPTS, N, "ngram+layerskip",
+                           kinds=["ngram", "layerskip"])
+
+
+@t.case
+def test_speculative_all_kinds_wide():
+    # three speculators, a wider verification and longer drafts, 3 workers
+    draft = G.mkmodel(layers=2, dim=64, ffn=128, heads=2, kv_heads=2, vocab=300, ctx=256, type="f32", seed=9)
+    speculative_equals_run(tiny(), ["ngram", "layerskip:layers=0-2", "model:draft=%s" % draft], TINY_PROMPTS,
+                           N, "all-kinds", workers=3, max_width=12, max_draft=8,
+                           kinds=["ngram", "layerskip", "model"])
+
+
+@t.case
+def test_speculative_default_model():
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    n = 32
+    want = {p: G.run_ids(model, p, n) for p in REAL_PROMPTS}
+    for specs, name in ((["ngram"], "real-ngram"), (["layerskip:layers=0-14"], "real-layerskip"),
+                        (["ngram", "layerskip:layers=0-14"], "real-ngram+layerskip")):
+        with G.Group(name, model, speculators=specs) as g:
+            means = []
+            for p in REAL_PROMPTS:
+                r = g.complete(p, n)
+                check_answer(r, want[p], "%s, prompt %r" % (name, p[:40]))
+                means.append(r["orochi"]["mean_accepted"])
+            G.log("  %s: identical on %d prompts; mean accepted %s" % (
+                name, len(REAL_PROMPTS), ", ".join("%.2f" % m for m in means)))
+
+
+@t.case
+def test_speculative_default_model_chat():
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    q = "Name three primary colors."
+    want = G.run_ids(model, q, 32, chat=True)
+    with G.Group("real-chat", model, speculators=["ngram"]) as g:
+        r = g.http("/v1/chat/completions", "POST",
+                   {"messages": [{"role": "user", "content": q}], "max_tokens": 32, "temperature": 0})
+        G.check(r.status == 200, "chat completion: %r", r)
+        check_answer(r.json, want, "chat %r" % q)
+        G.check(r.json["choices"][0]["message"]["role"] == "assistant", "chat answer %r", r.json["choices"][0])
+
+
+if __name__ == "__main__":
+    t.main()

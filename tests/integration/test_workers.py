@@ -1,0 +1,86 @@
+"""1, 2 and 3 workers give bit-identical logits.
+
+Each worker computes a column shard of every layer (and its KV heads of attention); splitting must
+not change a single bit of the logits. Under greedy decoding any difference in the logits that
+matters shows up as a different token, so: the same prompts through groups of 1, 2 and 3 CPU
+workers must give exactly the token ids of `orochi run --temp 0 --print-ids`, on tiny models of two
+tensor types (f32 and the block-quantized q4_1, whose rows are sharded block-aligned) and on the
+default model (3 KV heads) when it is present.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import group as G  # noqa: E402
+
+t = G.Tests()
+
+PROMPTS = [
+    "hello world",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "a",
+]
+N = 40
+
+
+def across_workers(model, prompts, n, counts=(1, 2, 3)):
+    want = {p: G.run_ids(model, p, n) for p in prompts}
+    for p, ids in want.items():
+        G.check(len(ids) > 0, "orochi run generated nothing for %r", p)
+    for w in counts:
+        with G.Group("workers%d" % w, model, workers=w) as g:
+            for p in prompts:
+                r = g.complete(p, n)
+                G.check_eq(r["orochi"]["token_ids"], want[p], "%d workers, prompt %r: token ids" % (w, p))
+                G.check(r["usage"]["completion_tokens"] == len(want[p]),
+                        "usage.completion_tokens %s != %d", r["usage"]["completion_tokens"], len(want[p]))
+            G.log("  %d worker(s): %d prompts identical to orochi run" % (w, len(prompts)))
+
+
+@t.case
+def test_workers_f32_tiny():
+    model = G.mkmodel(layers=4, dim=192, ffn=256, heads=6, kv_heads=6, vocab=300, ctx=256, type="f32", seed=2)
+    across_workers(model, PROMPTS, N)
+
+
+@t.case
+def test_workers_q4_1_tiny():
+    model = G.mkmodel(layers=3, dim=192, ffn=512, heads=6, kv_heads=6, vocab=300, ctx=256, type="q4_1", seed=3)
+    across_workers(model, PROMPTS, N)
+
+
+@t.case
+def test_workers_gqa_tiny():
+    # grouped-query attention: 6 query heads over 3 KV heads, one or more KV heads per worker
+    model = G.mkmodel(layers=2, dim=192, ffn=256, heads=6, kv_heads=3, vocab=300, ctx=256, type="f16", seed=4)
+    across_workers(model, PROMPTS[:2], N)
+
+
+@t.case
+def test_workers_default_model():
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    across_workers(model, ["The capital of France is", "def add(a, b):"], 24)
+
+
+@t.case
+def test_workers_more_than_kv_heads_refused():
+    # 4 workers on a model with 3 KV heads: the group must refuse to start, saying why
+    model = G.mkmodel(layers=2, dim=192, ffn=256, heads=6, kv_heads=3, vocab=300, ctx=256, type="f32", seed=4)
+    g = G.Group("toomany", model, workers=4)
+    g.port = G.free_port()
+    G._LIVE_GROUPS.append(g)
+    g.started = True
+    try:
+        r = g.launch(*g.up_args(), timeout=120, check=False)
+        G.check(r.returncode != 0, "up with 4 workers on 3 KV heads succeeded")
+        text = r.stderr + g.log("coordinator")
+        G.check("KV heads" in text, "the refusal does not mention KV heads:\n%s", text[-1500:])
+    finally:
+        g.down()
+
+
+if __name__ == "__main__":
+    t.main()

@@ -1,0 +1,1362 @@
+/*
+ * tests/unit/test_http.c — the coordinator's HTTP API against a fake engine, over real sockets.
+ *
+ * The fake engine is a thread that answers each submitted request with a fixed sequence of text
+ * pieces (one id each, one of them the first half of a UTF-8 character) and finishes it; a few
+ * magic prompts make it fail at once, fail after some text, trickle text until cancelled, or
+ * never answer. Its submit callback refuses prompts longer than FAKE_CONTEXT bytes with 413, the
+ * way the real engine refuses prompts longer than the model context.
+ *
+ * The server is started on an ephemeral port per test; requests go through cli/http_client (so the
+ * client library is tested too) or, for malformed traffic, through raw sockets. Besides the happy
+ * paths the tests check every validation error's status and message, streaming (SSE events,
+ * reassembled text, [DONE]), authentication, body limits, metrics, client hang-up cancelling the
+ * engine's work, server stop with a request in flight, and that the server keeps serving after
+ * all of it. The request object is also tested directly.
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/http_client.h"
+#include "coordinator/http.h"
+#include "coordinator/request.h"
+
+#define FAKE_CONTEXT 64 /* prompts longer than this many bytes are refused with 413 */
+#define FAKE_QUEUE 64
+#define TIMEOUT_MS 10000
+
+/* The canned answer: "Hello, wérld!" with é split across two pieces. */
+static const char *const PIECES[] = {"Hello", ",", " w", "\xC3", "\xA9", "rld", "!"};
+#define N_PIECES 7
+#define FULL_TEXT "Hello, w\xC3\xA9rld!"
+
+/* ==== fake engine ============================================================================= */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    coord_request *queue[FAKE_QUEUE];
+    int n_queued;
+    coord_request *parked[FAKE_QUEUE]; /* "hang" requests: never answered until shutdown */
+    int n_parked;
+    bool stop, healthy;
+    pthread_t thread;
+    atomic_int cancels_seen, submitted;
+    /* the parameters of the last request, to check parsing */
+    coord_params last;
+    char last_options[256], last_stop0[32], last_model[64], last_messages[256];
+} fake_engine;
+
+static const char *fake_prompt(const coord_params *p)
+{
+    if (p->kind == COORD_REQ_COMPLETION)
+        return p->prompt;
+    return p->n_messages ? p->messages[p->n_messages - 1].content : "";
+}
+
+static size_t fake_prompt_len(const coord_params *p)
+{
+    if (p->kind == COORD_REQ_COMPLETION)
+        return strlen(p->prompt);
+    size_t n = 0;
+    for (int i = 0; i < p->n_messages; i++)
+        n += strlen(p->messages[i].content);
+    return n;
+}
+
+static int fake_submit(void *ctx, coord_request *req)
+{
+    fake_engine *f = ctx;
+    const coord_params *p = coord_request_params(req);
+    atomic_fetch_add(&f->submitted, 1);
+    size_t len = fake_prompt_len(p);
+    if (len > FAKE_CONTEXT) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "prompt of %zu tokens exceeds the context of %d", len, FAKE_CONTEXT);
+        coord_request_fail(req, 413, msg);
+        return -1;
+    }
+    pthread_mutex_lock(&f->mu);
+    f->last = *p;
+    snprintf(f->last_options, sizeof f->last_options, "%s", p->options_json ? p->options_json : "");
+    snprintf(f->last_stop0, sizeof f->last_stop0, "%s", p->n_stop ? p->stop[0] : "");
+    snprintf(f->last_model, sizeof f->last_model, "%s", p->model ? p->model : "");
+    f->last_messages[0] = 0;
+    for (int i = 0; i < p->n_messages; i++) {
+        size_t used = strlen(f->last_messages);
+        snprintf(f->last_messages + used, sizeof f->last_messages - used, "%s:%s|",
+                 p->messages[i].role, p->messages[i].content);
+    }
+    int rc = 0;
+    if (!strcmp(fake_prompt(p), "hang") && f->n_parked < FAKE_QUEUE) {
+        f->parked[f->n_parked++] = coord_request_ref(req);
+    } else if (f->n_queued < FAKE_QUEUE) {
+        f->queue[f->n_queued++] = coord_request_ref(req);
+        pthread_cond_signal(&f->cv);
+    } else {
+        coord_request_fail(req, 503, "the fake engine's queue is full");
+        rc = -1;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return rc;
+}
+
+static void fake_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void fake_run_one(fake_engine *f, coord_request *req)
+{
+    const coord_params *p = coord_request_params(req);
+    const char *prompt = fake_prompt(p);
+    if (!strcmp(prompt, "fail-now")) {
+        coord_request_fail(req, 503, "the engine is overloaded");
+        return;
+    }
+    if (!strcmp(prompt, "fail-midway")) {
+        int32_t id = 99;
+        coord_request_append(req, &id, 1, "partial", 7);
+        fake_sleep_ms(20);
+        coord_request_fail(req, 500, "worker 1 died");
+        return;
+    }
+    if (!strcmp(prompt, "slow")) {
+        for (int i = 0; i < 500 && !coord_request_cancelled(req); i++) {
+            int32_t id = 1000 + i;
+            coord_request_append(req, &id, 1, " tick", 5);
+            fake_sleep_ms(20);
+        }
+        if (coord_request_cancelled(req))
+            atomic_fetch_add(&f->cancels_seen, 1);
+        coord_request_finish(req, "stop", NULL);
+        return;
+    }
+    if (!strcmp(prompt, "sleepy"))
+        fake_sleep_ms(1500);
+    int n = 0;
+    for (; n < N_PIECES && n < p->max_tokens; n++) {
+        int32_t id = 10 + n;
+        coord_request_append(req, &id, 1, PIECES[n], strlen(PIECES[n]));
+        if (p->stream)
+            fake_sleep_ms(2); /* give the stream a chance to send pieces separately */
+    }
+    coord_stats st = {.prompt_tokens = (int)fake_prompt_len(p), .completion_tokens = n,
+                      .steps = (n + 1) / 2, .mean_accepted = n ? (double)n / ((n + 1) / 2) : 0};
+    snprintf(st.draft_kinds, sizeof st.draft_kinds, "ngram,model");
+    coord_request_finish(req, n == p->max_tokens ? "length" : "stop", &st);
+}
+
+static void *fake_main(void *arg)
+{
+    fake_engine *f = arg;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        while (!f->stop && !f->n_queued)
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop)
+            break;
+        coord_request *req = f->queue[0];
+        memmove(f->queue, f->queue + 1, (size_t)--f->n_queued * sizeof *f->queue);
+        pthread_mutex_unlock(&f->mu);
+        fake_run_one(f, req);
+        coord_request_unref(&req);
+        pthread_mutex_lock(&f->mu);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+static char *fake_metrics(void *ctx)
+{
+    fake_engine *f = ctx;
+    char buf[256];
+    snprintf(buf, sizeof buf,
+             "# TYPE fake_engine_submitted_total counter\nfake_engine_submitted_total %d\n",
+             atomic_load(&f->submitted));
+    return strdup(buf);
+}
+
+static int fake_health(void *ctx, char *msg, size_t len)
+{
+    fake_engine *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    bool ok = f->healthy;
+    pthread_mutex_unlock(&f->mu);
+    if (!ok)
+        snprintf(msg, len, "no workers connected");
+    return ok;
+}
+
+static void fake_start(fake_engine *f)
+{
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->healthy = true;
+    assert_int_equal(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_engine *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->stop = true;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    pthread_join(f->thread, NULL);
+    for (int i = 0; i < f->n_queued; i++) {
+        coord_request_fail(f->queue[i], 503, "shutting down");
+        coord_request_unref(&f->queue[i]);
+    }
+    for (int i = 0; i < f->n_parked; i++) {
+        coord_request_fail(f->parked[i], 503, "shutting down");
+        coord_request_unref(&f->parked[i]);
+    }
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+}
+
+/* ==== fixture ================================================================================= */
+
+typedef struct {
+    fake_engine eng;
+    http_server *srv;
+    char url[64];
+    int port;
+} fixture;
+
+static int fx_setup(void **state, http_config cfg)
+{
+    fixture *fx = calloc(1, sizeof *fx);
+    fake_start(&fx->eng);
+    http_engine e = {.ctx = &fx->eng, .submit = fake_submit, .metrics = fake_metrics,
+                     .health = fake_health};
+    cfg.model_name = "test-model";
+    cfg.quiet = true;
+    char err[256];
+    fx->srv = http_server_start(&cfg, &e, err, sizeof err);
+    if (!fx->srv)
+        fail_msg("http_server_start: %s", err);
+    fx->port = http_server_port(fx->srv);
+    assert_true(fx->port > 0);
+    snprintf(fx->url, sizeof fx->url, "http://127.0.0.1:%d", fx->port);
+    *state = fx;
+    return 0;
+}
+
+static int setup_default(void **state)
+{
+    return fx_setup(state, (http_config){0});
+}
+
+static int setup_small_body(void **state)
+{
+    return fx_setup(state, (http_config){.max_body_bytes = 4096});
+}
+
+static int setup_auth(void **state)
+{
+    return fx_setup(state, (http_config){.api_key = "sekrit"});
+}
+
+static int setup_short_idle(void **state)
+{
+    return fx_setup(state, (http_config){.idle_timeout_s = 1});
+}
+
+static int fx_teardown(void **state)
+{
+    fixture *fx = *state;
+    http_server_stop(&fx->srv);
+    assert_null(fx->srv);
+    fake_stop(&fx->eng);
+    free(fx);
+    return 0;
+}
+
+/* ==== client helpers ========================================================================== */
+
+/* One request; returns the status and the collected body (free with hcli_response_free). */
+static int http_call(const fixture *fx, const char *method, const char *path, const char *body,
+                     const char *key, hcli_response *resp)
+{
+    hcli_request rq = {.method = method, .path = path, .api_key = key, .body = body,
+                       .body_len = body ? strlen(body) : 0, .timeout_ms = TIMEOUT_MS};
+    char err[256];
+    int rc = hcli_do(fx->url, &rq, resp, err, sizeof err);
+    if (rc)
+        fail_msg("%s %s: %s", method ? method : "?", path, err);
+    return resp->status;
+}
+
+/* POST a JSON body; returns the parsed answer (caller deletes) and the status. */
+static cJSON *post_json(const fixture *fx, const char *path, const char *body, int *status)
+{
+    hcli_response resp;
+    *status = http_call(fx, "POST", path, body, NULL, &resp);
+    assert_non_null(resp.body);
+    cJSON *js = cJSON_Parse(resp.body);
+    if (!js)
+        fail_msg("answer is not JSON: %s", resp.body);
+    hcli_response_free(&resp);
+    return js;
+}
+
+static const cJSON *jget(const cJSON *obj, const char *path)
+{
+    /* "a.b.0.c": members and array indices */
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *cur = obj;
+    for (char *save = NULL, *tok = strtok_r(buf, ".", &save); tok && cur;
+         tok = strtok_r(NULL, ".", &save))
+        cur = (*tok >= '0' && *tok <= '9') ? cJSON_GetArrayItem(cur, atoi(tok))
+                                           : cJSON_GetObjectItemCaseSensitive(cur, tok);
+    return cur;
+}
+
+static const char *jstr(const cJSON *obj, const char *path)
+{
+    const cJSON *v = jget(obj, path);
+    if (!cJSON_IsString(v))
+        fail_msg("%s is not a string", path);
+    return v->valuestring;
+}
+
+static double jnum(const cJSON *obj, const char *path)
+{
+    const cJSON *v = jget(obj, path);
+    if (!cJSON_IsNumber(v))
+        fail_msg("%s is not a number", path);
+    return v->valuedouble;
+}
+
+/* Expects an OpenAI-style error with `status`, a message containing `needle`, and `param`
+ * (NULL: null). */
+static void expect_error(const fixture *fx, const char *path, const char *body, int status,
+                         const char *needle, const char *param)
+{
+    int got;
+    cJSON *js = post_json(fx, path, body, &got);
+    if (got != status)
+        fail_msg("body %s: status %d, wanted %d (%s)", body, got, status,
+                 cJSON_PrintUnformatted(js));
+    const char *msg = jstr(js, "error.message");
+    if (!strstr(msg, needle))
+        fail_msg("body %s: message '%s' lacks '%s'", body, msg, needle);
+    const char *type = jstr(js, "error.type");
+    assert_string_equal(type, status >= 500 ? "server_error" : "invalid_request_error");
+    const cJSON *p = jget(js, "error.param");
+    if (param) {
+        if (!cJSON_IsString(p) || strcmp(p->valuestring, param))
+            fail_msg("body %s: param %s, wanted %s", body, cJSON_PrintUnformatted(p), param);
+    } else {
+        assert_true(cJSON_IsNull(p));
+    }
+    cJSON_Delete(js);
+}
+
+/* Raw bytes to the server; collects the answer until the server closes or nothing arrives for
+ * wait_ms. */
+static size_t raw_exchange(int port, const char *data, size_t len, char *out, size_t cap, int wait_ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (len)
+        assert_int_equal(send(fd, data, len, MSG_NOSIGNAL), (ssize_t)len);
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < cap && (got = recv(fd, out + n, cap - 1 - n, 0)) > 0)
+        n += (size_t)got;
+    out[n] = 0;
+    close(fd);
+    return n;
+}
+
+/* A good request after whatever came before: the server still serves. */
+static void expect_still_serving(const fixture *fx)
+{
+    int status;
+    cJSON *js = post_json(fx, "/v1/completions", "{\"prompt\":\"still there?\"}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(js, "choices.0.text"), FULL_TEXT);
+    cJSON_Delete(js);
+}
+
+/* ==== the request object ====================================================================== */
+
+typedef struct {
+    coord_request *req;
+} producer_arg;
+
+static void *producer(void *arg)
+{
+    coord_request *req = ((producer_arg *)arg)->req;
+    for (int i = 0; i < 50; i++) {
+        int32_t id = i;
+        char t[8];
+        snprintf(t, sizeof t, "%d,", i);
+        coord_request_append(req, &id, 1, t, strlen(t));
+        if (i % 10 == 0)
+            fake_sleep_ms(1);
+    }
+    coord_stats st = {.prompt_tokens = 3, .completion_tokens = 50, .steps = 10, .mean_accepted = 5};
+    snprintf(st.draft_kinds, sizeof st.draft_kinds, "model");
+    coord_request_finish(req, "length", &st);
+    return NULL;
+}
+
+static void test_request_object(void **state)
+{
+    (void)state;
+    coord_request *req = coord_request_new(COORD_REQ_COMPLETION);
+    assert_non_null(req);
+    coord_params *p = coord_request_params(req);
+    assert_int_equal(p->max_tokens, 128);
+    assert_true(p->temperature == 1.0 && p->top_p == 1.0 && p->top_k == 0 && !p->has_seed);
+    assert_int_equal(coord_request_set_prompt(req, "abc"), 0);
+    for (int i = 0; i < COORD_MAX_STOP; i++)
+        assert_int_equal(coord_request_add_stop(req, "x"), 0);
+    assert_int_equal(coord_request_add_stop(req, "one too many"), -1);
+
+    /* nothing yet: a zero timeout just looks, a short one times out */
+    size_t off = 0;
+    char *piece;
+    size_t plen;
+    assert_int_equal(coord_request_wait(req, &off, 0, &piece, &plen), COORD_REQ_RUNNING);
+    assert_null(piece);
+    assert_int_equal(coord_request_wait(req, &off, 30, &piece, &plen), COORD_REQ_RUNNING);
+    assert_null(piece);
+
+    /* a producer thread; the waiter reassembles everything in order */
+    pthread_t t;
+    producer_arg arg = {coord_request_ref(req)};
+    assert_int_equal(pthread_create(&t, NULL, producer, &arg), 0);
+    char all[512] = "";
+    coord_request_state st;
+    do {
+        st = coord_request_wait(req, &off, -1, &piece, &plen);
+        if (piece) {
+            assert_int_equal(strlen(piece), plen);
+            strcat(all, piece);
+            free(piece);
+        }
+    } while (st == COORD_REQ_RUNNING);
+    pthread_join(t, NULL);
+    coord_request_unref(&arg.req);
+    assert_null(arg.req);
+    assert_int_equal(st, COORD_REQ_DONE);
+    char want[512] = "";
+    for (int i = 0; i < 50; i++)
+        sprintf(want + strlen(want), "%d,", i);
+    assert_string_equal(all, want);
+    assert_int_equal(off, strlen(want));
+
+    coord_outcome o;
+    coord_request_outcome(req, &o);
+    assert_int_equal(o.state, COORD_REQ_DONE);
+    assert_string_equal(o.finish_reason, "length");
+    assert_int_equal(o.stats.steps, 10);
+    assert_string_equal(o.stats.draft_kinds, "model");
+    assert_int_equal(o.n_ids, 50);
+    int n;
+    int32_t *ids = coord_request_ids(req, &n);
+    assert_int_equal(n, 50);
+    assert_int_equal(ids[49], 49);
+    free(ids);
+
+    /* ended: further output is refused */
+    int32_t id = 7;
+    assert_int_equal(coord_request_append(req, &id, 1, "x", 1), -1);
+    assert_int_equal(coord_request_fail(req, 500, "late"), -1);
+    assert_int_equal(coord_request_finish(req, "stop", NULL), -1);
+    coord_request_unref(&req);
+    assert_null(req);
+
+    /* failing and cancelling */
+    req = coord_request_new(COORD_REQ_CHAT);
+    assert_int_equal(coord_request_add_message(req, "user", "hi"), 0);
+    assert_false(coord_request_cancelled(req));
+    coord_request_cancel(req);
+    assert_true(coord_request_cancelled(req));
+    off = 0;
+    assert_int_equal(coord_request_wait(req, &off, -1, NULL, NULL), COORD_REQ_RUNNING);
+    assert_int_equal(coord_request_fail(req, 42, "odd status"), 0);
+    coord_request_outcome(req, &o);
+    assert_int_equal(o.state, COORD_REQ_FAILED);
+    assert_int_equal(o.http_status, 500); /* not an HTTP error status: made one */
+    assert_true(o.cancelled);
+    assert_string_equal(o.message, "odd status");
+    coord_request_unref(&req);
+    coord_request_unref(&req); /* NULL-safe */
+}
+
+/* ==== the client library on its own =========================================================== */
+
+static void test_client_url(void **state)
+{
+    (void)state;
+    hcli_url u;
+    char err[256];
+    assert_int_equal(hcli_url_parse("http://127.0.0.1:8080", &u, err, sizeof err), 0);
+    assert_string_equal(u.host, "127.0.0.1");
+    assert_string_equal(u.port, "8080");
+    assert_string_equal(u.prefix, "");
+    assert_int_equal(hcli_url_parse("HTTP://example.org/api/", &u, err, sizeof err), 0);
+    assert_string_equal(u.host, "example.org");
+    assert_string_equal(u.port, "80");
+    assert_string_equal(u.prefix, "/api");
+    assert_int_equal(hcli_url_parse("http://[::1]:9/", &u, err, sizeof err), 0);
+    assert_string_equal(u.host, "::1");
+    assert_string_equal(u.port, "9");
+    assert_int_equal(hcli_url_parse("https://x:1", &u, err, sizeof err), HCLI_EURL);
+    assert_non_null(strstr(err, "https"));
+    assert_int_equal(hcli_url_parse("http://x:70000", &u, err, sizeof err), HCLI_EURL);
+    assert_int_equal(hcli_url_parse("http://x:12ab", &u, err, sizeof err), HCLI_EURL);
+    assert_int_equal(hcli_url_parse("http://:80", &u, err, sizeof err), HCLI_EURL);
+    assert_int_equal(hcli_url_parse("localhost:80", &u, err, sizeof err), HCLI_EURL);
+
+    /* nobody listens on port 1 */
+    hcli_request rq = {.path = "/health", .timeout_ms = 2000};
+    hcli_response resp;
+    assert_int_equal(hcli_do("http://127.0.0.1:1", &rq, &resp, err, sizeof err), HCLI_ECONNECT);
+    assert_non_null(strstr(err, "cannot connect to http://127.0.0.1:1: "));
+    hcli_response_free(&resp);
+}
+
+typedef struct {
+    char joined[1024];
+    int events;
+} sse_collect;
+
+static int sse_collect_fn(void *ctx, const char *data, size_t len)
+{
+    sse_collect *c = ctx;
+    assert_int_equal(strlen(data), len);
+    strcat(c->joined, data);
+    strcat(c->joined, "|");
+    c->events++;
+    return 0;
+}
+
+static void test_client_sse_parser(void **state)
+{
+    (void)state;
+    const char *stream = ": keepalive\n\ndata: {\"a\":1}\n\ndata:x\r\ndata: y\r\n\r\nevent: e\nid: 3\n"
+                         "data: [DONE]\n\n";
+    /* fed whole, then byte by byte: same events */
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        sse_collect c = {0};
+        hcli_sse p;
+        hcli_sse_init(&p, sse_collect_fn, &c);
+        size_t n = strlen(stream);
+        if (bytewise)
+            for (size_t i = 0; i < n; i++)
+                assert_int_equal(hcli_sse_feed(&p, stream + i, 1), 0);
+        else
+            assert_int_equal(hcli_sse_feed(&p, stream, n), 0);
+        hcli_sse_free(&p);
+        assert_int_equal(c.events, 3);
+        assert_string_equal(c.joined, "{\"a\":1}|x\ny|[DONE]|");
+    }
+}
+
+/* ==== generation: plain answers =============================================================== */
+
+static void test_completion(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON *js = post_json(fx, "/v1/completions",
+                          "{\"model\":\"whatever\",\"prompt\":\"Say hi\",\"max_tokens\":16,"
+                          "\"temperature\":0,\"top_p\":0.5,\"top_k\":5,\"seed\":7,\"stop\":[\"\\n\",\"END\"],"
+                          "\"orochi\":{\"draft\":\"ngram\"},\"user\":\"ignored\"}",
+                          &status);
+    assert_int_equal(status, 200);
+    assert_true(!strncmp(jstr(js, "id"), "cmpl-", 5));
+    assert_string_equal(jstr(js, "object"), "text_completion");
+    assert_string_equal(jstr(js, "model"), "test-model");
+    assert_true(jnum(js, "created") > 1.6e9);
+    assert_int_equal(cJSON_GetArraySize(jget(js, "choices")), 1);
+    assert_int_equal(jnum(js, "choices.0.index"), 0);
+    assert_string_equal(jstr(js, "choices.0.text"), FULL_TEXT);
+    assert_string_equal(jstr(js, "choices.0.finish_reason"), "stop");
+    assert_int_equal(jnum(js, "usage.prompt_tokens"), 6);
+    assert_int_equal(jnum(js, "usage.completion_tokens"), N_PIECES);
+    assert_int_equal(jnum(js, "usage.total_tokens"), 6 + N_PIECES);
+    const cJSON *ids = jget(js, "orochi.token_ids");
+    assert_int_equal(cJSON_GetArraySize(ids), N_PIECES);
+    for (int i = 0; i < N_PIECES; i++)
+        assert_int_equal(cJSON_GetArrayItem(ids, i)->valuedouble, 10 + i);
+    assert_int_equal(jnum(js, "orochi.steps"), 4);
+    assert_true(jnum(js, "orochi.mean_accepted") == 7.0 / 4);
+    assert_string_equal(jstr(js, "orochi.draft_kinds.0"), "ngram");
+    assert_string_equal(jstr(js, "orochi.draft_kinds.1"), "model");
+    assert_int_equal(cJSON_GetArraySize(jget(js, "orochi.draft_kinds")), 2);
+    cJSON_Delete(js);
+
+    /* the engine got what the body said */
+    fake_engine *f = &fx->eng;
+    pthread_mutex_lock(&f->mu);
+    assert_int_equal(f->last.kind, COORD_REQ_COMPLETION);
+    assert_int_equal(f->last.max_tokens, 16);
+    assert_true(f->last.temperature == 0 && f->last.top_p == 0.5);
+    assert_int_equal(f->last.top_k, 5);
+    assert_true(f->last.has_seed && f->last.seed == 7);
+    assert_false(f->last.stream);
+    assert_int_equal(f->last.n_stop, 2);
+    assert_string_equal(f->last_stop0, "\n");
+    assert_string_equal(f->last_model, "whatever");
+    assert_string_equal(f->last_options, "{\"draft\":\"ngram\"}");
+    pthread_mutex_unlock(&f->mu);
+
+    /* defaults, a one-element prompt list, and max_tokens cutting the answer ("length") */
+    js = post_json(fx, "/v1/completions", "{\"prompt\":[\"x\"],\"max_tokens\":3,\"stop\":\"\\n\"}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(js, "choices.0.text"), "Hello, w");
+    assert_string_equal(jstr(js, "choices.0.finish_reason"), "length");
+    assert_int_equal(cJSON_GetArraySize(jget(js, "orochi.token_ids")), 3);
+    cJSON_Delete(js);
+    pthread_mutex_lock(&f->mu);
+    assert_true(f->last.temperature == 1.0 && f->last.top_p == 1.0 && !f->last.has_seed);
+    assert_int_equal(f->last.n_stop, 1);
+    pthread_mutex_unlock(&f->mu);
+
+    /* ids are unique per request */
+    cJSON *a = post_json(fx, "/v1/completions", "{\"prompt\":\"a\"}", &status);
+    cJSON *b = post_json(fx, "/v1/completions", "{\"prompt\":\"b\"}", &status);
+    assert_string_not_equal(jstr(a, "id"), jstr(b, "id"));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+}
+
+static void test_chat(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON *js = post_json(fx, "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                          "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hel\"},"
+                          "{\"type\":\"text\",\"text\":\"lo\"}]}],\"max_completion_tokens\":50}",
+                          &status);
+    assert_int_equal(status, 200);
+    assert_true(!strncmp(jstr(js, "id"), "chatcmpl-", 9));
+    assert_string_equal(jstr(js, "object"), "chat.completion");
+    assert_string_equal(jstr(js, "choices.0.message.role"), "assistant");
+    assert_string_equal(jstr(js, "choices.0.message.content"), FULL_TEXT);
+    assert_string_equal(jstr(js, "choices.0.finish_reason"), "stop");
+    assert_int_equal(jnum(js, "usage.completion_tokens"), N_PIECES);
+    assert_int_equal(cJSON_GetArraySize(jget(js, "orochi.token_ids")), N_PIECES);
+    cJSON_Delete(js);
+    pthread_mutex_lock(&fx->eng.mu);
+    assert_int_equal(fx->eng.last.kind, COORD_REQ_CHAT);
+    assert_int_equal(fx->eng.last.max_tokens, 50);
+    assert_string_equal(fx->eng.last_messages, "system:be brief|user:hello|");
+    pthread_mutex_unlock(&fx->eng.mu);
+}
+
+/* ==== streaming =============================================================================== */
+
+typedef struct {
+    hcli_sse sse;
+    char text[1024];
+    int chunks, done, after_done, errors, stop_after;
+    char finish[32], first_role[32];
+    int n_ids;
+    bool bad_json;
+    char error_msg[256];
+} stream_collect;
+
+static int stream_on_event(void *ctx, const char *data, size_t len)
+{
+    stream_collect *c = ctx;
+    (void)len;
+    if (c->done)
+        c->after_done++;
+    if (!strcmp(data, "[DONE]")) {
+        c->done++;
+        return 0;
+    }
+    cJSON *js = cJSON_Parse(data);
+    if (!js) {
+        c->bad_json = true;
+        return 0;
+    }
+    const cJSON *err = jget(js, "error.message");
+    if (cJSON_IsString(err)) {
+        c->errors++;
+        snprintf(c->error_msg, sizeof c->error_msg, "%s", err->valuestring);
+    }
+    const cJSON *t = jget(js, "choices.0.text");
+    if (!cJSON_IsString(t))
+        t = jget(js, "choices.0.delta.content");
+    if (cJSON_IsString(t))
+        strncat(c->text, t->valuestring, sizeof c->text - strlen(c->text) - 1);
+    const cJSON *role = jget(js, "choices.0.delta.role");
+    if (cJSON_IsString(role) && !c->first_role[0])
+        snprintf(c->first_role, sizeof c->first_role, "%s", role->valuestring);
+    const cJSON *fin = jget(js, "choices.0.finish_reason");
+    if (cJSON_IsString(fin)) {
+        snprintf(c->finish, sizeof c->finish, "%s", fin->valuestring);
+        c->n_ids = cJSON_GetArraySize(jget(js, "orochi.token_ids"));
+    } else if (!err) {
+        c->chunks++;
+    }
+    cJSON_Delete(js);
+    return c->stop_after && c->chunks >= c->stop_after;
+}
+
+static int stream_on_body(void *ctx, const char *data, size_t len)
+{
+    stream_collect *c = ctx;
+    return hcli_sse_feed(&c->sse, data, len);
+}
+
+/* POST with stream:true through the client; the events land in *c. Returns hcli_do's result. */
+static int stream_call(const fixture *fx, const char *path, const char *body, stream_collect *c,
+                       hcli_response *resp)
+{
+    hcli_sse_init(&c->sse, stream_on_event, c);
+    hcli_request rq = {.path = path, .body = body, .body_len = strlen(body), .timeout_ms = TIMEOUT_MS,
+                       .on_body = stream_on_body, .ctx = c};
+    char err[256];
+    int rc = hcli_do(fx->url, &rq, resp, err, sizeof err);
+    hcli_sse_free(&c->sse);
+    return rc;
+}
+
+static void test_stream_completion(void **state)
+{
+    fixture *fx = *state;
+    stream_collect c = {0};
+    hcli_response resp;
+    assert_int_equal(stream_call(fx, "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true}", &c, &resp),
+                     0);
+    assert_int_equal(resp.status, 200);
+    assert_true(!strncmp(resp.content_type, "text/event-stream", 17));
+    hcli_response_free(&resp);
+    assert_false(c.bad_json);
+    assert_string_equal(c.text, FULL_TEXT);
+    assert_true(c.chunks >= 2); /* pieces arrive as separate events */
+    assert_string_equal(c.finish, "stop");
+    assert_int_equal(c.n_ids, N_PIECES);
+    assert_int_equal(c.done, 1);
+    assert_int_equal(c.after_done, 0);
+    assert_int_equal(c.errors, 0);
+    pthread_mutex_lock(&fx->eng.mu);
+    assert_true(fx->eng.last.stream);
+    pthread_mutex_unlock(&fx->eng.mu);
+
+    /* cut by max_tokens in the middle of é: the held-back byte comes out as U+FFFD */
+    stream_collect d = {0};
+    assert_int_equal(stream_call(fx, "/v1/completions",
+                                 "{\"prompt\":\"hi\",\"stream\":true,\"max_tokens\":4}", &d, &resp), 0);
+    hcli_response_free(&resp);
+    assert_string_equal(d.text, "Hello, w\xEF\xBF\xBD");
+    assert_string_equal(d.finish, "length");
+    assert_int_equal(d.done, 1);
+}
+
+static void test_stream_chat(void **state)
+{
+    fixture *fx = *state;
+    stream_collect c = {0};
+    hcli_response resp;
+    assert_int_equal(stream_call(fx, "/v1/chat/completions",
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}",
+                                 &c, &resp),
+                     0);
+    assert_int_equal(resp.status, 200);
+    hcli_response_free(&resp);
+    assert_false(c.bad_json);
+    assert_string_equal(c.first_role, "assistant");
+    assert_string_equal(c.text, FULL_TEXT);
+    assert_string_equal(c.finish, "stop");
+    assert_int_equal(c.n_ids, N_PIECES);
+    assert_int_equal(c.done, 1);
+}
+
+/* ==== errors ================================================================================== */
+
+static void test_invalid_json(void **state)
+{
+    fixture *fx = *state;
+    expect_error(fx, "/v1/completions", "{\"prompt\": \"x\",", 400, "not valid JSON", NULL);
+    expect_error(fx, "/v1/completions", "{not json}", 400, "not valid JSON", NULL);
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"x\"} trailing", 400, "unexpected data", NULL);
+    expect_error(fx, "/v1/completions", "[1,2]", 400, "must be a JSON object", NULL);
+    expect_error(fx, "/v1/chat/completions", "\"hi\"", 400, "must be a JSON object", NULL);
+    expect_error(fx, "/v1/completions", "", 400, "empty", NULL);
+    expect_still_serving(fx);
+}
+
+static void test_wrong_types(void **state)
+{
+    fixture *fx = *state;
+    static const struct {
+        const char *path, *body, *needle, *param;
+    } cases[] = {
+        {"/v1/completions", "{}", "missing required field 'prompt'", "prompt"},
+        {"/v1/completions", "{\"prompt\":null}", "missing required field 'prompt'", "prompt"},
+        {"/v1/completions", "{\"prompt\":5}", "prompt must be a string", "prompt"},
+        {"/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", "lists of several prompts", "prompt"},
+        {"/v1/completions", "{\"prompt\":[1,2,3]}", "token ids", "prompt"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":\"5\"}", "max_tokens must be an integer", "max_tokens"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1.5}", "max_tokens must be an integer", "max_tokens"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":5000}", "at most 4096", "max_tokens"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1e300}", "at most 4096", "max_tokens"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"temperature\":\"hot\"}", "temperature must be a number", "temperature"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"temperature\":-0.5}", "between 0 and 2", "temperature"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"top_p\":0}", "top_p must be in (0, 1]", "top_p"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"top_p\":1.5}", "top_p must be in (0, 1]", "top_p"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"top_p\":[]}", "top_p must be a number", "top_p"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"top_k\":-1}", "top_k", "top_k"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"seed\":\"7\"}", "seed must be an integer", "seed"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stream\":\"yes\"}", "stream must be true or false", "stream"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stream\":1}", "stream must be true or false", "stream"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stop\":[1]}", "stop must be", "stop"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stop\":\"\"}", "stop must not be an empty string", "stop"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "at most 4", "stop"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"n\":2}", "n must be 1", "n"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"model\":7}", "model must be a string", "model"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"orochi\":[1]}", "orochi must be an object", "orochi"},
+        {"/v1/chat/completions", "{}", "missing required field 'messages'", "messages"},
+        {"/v1/chat/completions", "{\"messages\":\"hi\"}", "non-empty array", "messages"},
+        {"/v1/chat/completions", "{\"messages\":[]}", "non-empty array", "messages"},
+        {"/v1/chat/completions", "{\"messages\":[7]}", "messages[0] must be an object", "messages[0]"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":1,\"content\":\"x\"}]}", "messages[0].role must be a string", "messages[0].role"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\"}]}", "messages[1].content must be a string", "messages[1].content"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content must be a string", "messages[0].content"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "array of text parts", "messages[0].content"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "must be \"system\", \"user\" or \"assistant\"", "messages[0].role"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":true}", "temperature must be a number", "temperature"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_error(fx, cases[i].path, cases[i].body, 400, cases[i].needle, cases[i].param);
+    /* none of them reached the engine */
+    assert_int_equal(atomic_load(&fx->eng.submitted), 0);
+    expect_still_serving(fx);
+}
+
+static void test_bad_max_tokens(void **state)
+{
+    fixture *fx = *state;
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":-5}", 400,
+                 "max_tokens must be at least 1, got -5", "max_tokens");
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":0}", 400,
+                 "max_tokens must be at least 1, got 0", "max_tokens");
+    expect_error(fx, "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-1}", 400,
+                 "at least 1", "max_tokens");
+    expect_still_serving(fx);
+}
+
+static void test_prompt_too_long(void **state)
+{
+    fixture *fx = *state;
+    char body[512], prompt[201];
+    memset(prompt, 'a', 200);
+    prompt[200] = 0;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", prompt);
+    expect_error(fx, "/v1/completions", body, 413, "prompt of 200 tokens exceeds the context of 64", NULL);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"stream\":true}", prompt);
+    expect_error(fx, "/v1/completions", body, 413, "exceeds the context", NULL);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}]}", prompt);
+    expect_error(fx, "/v1/chat/completions", body, 413, "prompt of 200 tokens", NULL);
+    expect_still_serving(fx);
+}
+
+static void test_engine_failures(void **state)
+{
+    fixture *fx = *state;
+    /* failed before any text: a plain error answer with the engine's status, streaming or not */
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"fail-now\"}", 503, "overloaded", NULL);
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"fail-now\",\"stream\":true}", 503, "overloaded", NULL);
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"fail-midway\"}", 500, "worker 1 died", NULL);
+    /* failed mid-stream: the text so far, an error event, then [DONE] */
+    stream_collect c = {0};
+    hcli_response resp;
+    assert_int_equal(stream_call(fx, "/v1/completions", "{\"prompt\":\"fail-midway\",\"stream\":true}",
+                                 &c, &resp), 0);
+    assert_int_equal(resp.status, 200);
+    hcli_response_free(&resp);
+    assert_string_equal(c.text, "partial");
+    assert_int_equal(c.errors, 1);
+    assert_string_equal(c.error_msg, "worker 1 died");
+    assert_int_equal(c.done, 1);
+    assert_string_equal(c.finish, "");
+    expect_still_serving(fx);
+}
+
+static void test_routes(void **state)
+{
+    fixture *fx = *state;
+    hcli_response resp;
+    assert_int_equal(http_call(fx, "GET", "/v2/nothing", NULL, NULL, &resp), 404);
+    assert_non_null(strstr(resp.body, "no route for GET /v2/nothing"));
+    assert_true(!strncmp(resp.content_type, "application/json", 16));
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "POST", "/v1/completions/x", "{}", NULL, &resp), 404);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/v1/completions", NULL, NULL, &resp), 405);
+    assert_non_null(strstr(resp.body, "use POST"));
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "DELETE", "/v1/chat/completions", NULL, NULL, &resp), 405);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "POST", "/health", "{}", NULL, &resp), 405);
+    hcli_response_free(&resp);
+
+    /* models */
+    assert_int_equal(http_call(fx, "GET", "/v1/models", NULL, NULL, &resp), 200);
+    cJSON *js = cJSON_Parse(resp.body);
+    hcli_response_free(&resp);
+    assert_string_equal(jstr(js, "object"), "list");
+    assert_string_equal(jstr(js, "data.0.id"), "test-model");
+    assert_string_equal(jstr(js, "data.0.object"), "model");
+    cJSON_Delete(js);
+    assert_int_equal(http_call(fx, "GET", "/v1/models/test-model", NULL, NULL, &resp), 200);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/v1/models/gpt-4", NULL, NULL, &resp), 404);
+    hcli_response_free(&resp);
+
+    /* health, then an unhealthy engine */
+    assert_int_equal(http_call(fx, "GET", "/health", NULL, NULL, &resp), 200);
+    js = cJSON_Parse(resp.body);
+    hcli_response_free(&resp);
+    assert_string_equal(jstr(js, "status"), "ok");
+    cJSON_Delete(js);
+    pthread_mutex_lock(&fx->eng.mu);
+    fx->eng.healthy = false;
+    pthread_mutex_unlock(&fx->eng.mu);
+    assert_int_equal(http_call(fx, "GET", "/health", NULL, NULL, &resp), 503);
+    assert_non_null(strstr(resp.body, "no workers connected"));
+    hcli_response_free(&resp);
+}
+
+static void test_body_too_large(void **state)
+{
+    fixture *fx = *state; /* max_body_bytes = 4096 */
+    size_t n = 10000;
+    char *body = malloc(n + 1);
+    memset(body, ' ', n);
+    memcpy(body, "{\"prompt\":\"", 11);
+    memcpy(body + n - 2, "\"}", 2);
+    body[n] = 0;
+    expect_error(fx, "/v1/completions", body, 413, "exceeds the limit of 4096 bytes", NULL);
+    free(body);
+
+    /* announced with Expect: 100-continue: refused before the body is sent */
+    char head[512], out[4096];
+    snprintf(head, sizeof head,
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: 10485760\r\nExpect: 100-continue\r\n\r\n");
+    raw_exchange(fx->port, head, strlen(head), out, sizeof out, 5000);
+    assert_true(!strncmp(out, "HTTP/1.1 413", 12));
+    assert_null(strstr(out, "100 Continue"));
+
+    /* a chunked body (no Content-Length) over the limit */
+    static const char chunked_head[] =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    char *raw = malloc(20000);
+    size_t len = (size_t)sprintf(raw, "%s", chunked_head);
+    for (int i = 0; i < 6; i++) {
+        len += (size_t)sprintf(raw + len, "400\r\n");
+        memset(raw + len, 'x', 0x400);
+        len += 0x400;
+        len += (size_t)sprintf(raw + len, "\r\n");
+    }
+    len += (size_t)sprintf(raw + len, "0\r\n\r\n");
+    raw_exchange(fx->port, raw, len, out, sizeof out, 5000);
+    free(raw);
+    assert_true(!strncmp(out, "HTTP/1.1 413", 12));
+    expect_still_serving(fx);
+}
+
+static void test_api_key(void **state)
+{
+    fixture *fx = *state; /* api_key = "sekrit" */
+    static const char body[] = "{\"prompt\":\"hi\"}";
+    hcli_response resp;
+    assert_int_equal(http_call(fx, "POST", "/v1/completions", body, NULL, &resp), 401);
+    cJSON *js = cJSON_Parse(resp.body);
+    hcli_response_free(&resp);
+    assert_string_equal(jstr(js, "error.type"), "authentication_error");
+    assert_non_null(strstr(jstr(js, "error.message"), "API key"));
+    cJSON_Delete(js);
+    assert_int_equal(http_call(fx, "POST", "/v1/completions", body, "wrong", &resp), 401);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "POST", "/v1/completions", body, "sekrit2", &resp), 401);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "POST", "/v1/completions", body, "sekri", &resp), 401);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/metrics", NULL, NULL, &resp), 401);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/v1/models", NULL, "nope", &resp), 401);
+    hcli_response_free(&resp);
+    assert_int_equal(atomic_load(&fx->eng.submitted), 0);
+
+    assert_int_equal(http_call(fx, "POST", "/v1/completions", body, "sekrit", &resp), 200);
+    js = cJSON_Parse(resp.body);
+    hcli_response_free(&resp);
+    assert_string_equal(jstr(js, "choices.0.text"), FULL_TEXT);
+    cJSON_Delete(js);
+    assert_int_equal(http_call(fx, "GET", "/v1/models", NULL, "sekrit", &resp), 200);
+    hcli_response_free(&resp);
+    /* health needs no key */
+    assert_int_equal(http_call(fx, "GET", "/health", NULL, NULL, &resp), 200);
+    hcli_response_free(&resp);
+}
+
+static void test_metrics(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON_Delete(post_json(fx, "/v1/completions", "{\"prompt\":\"a\"}", &status));
+    cJSON_Delete(post_json(fx, "/v1/completions", "{\"prompt\":\"b\"}", &status));
+    cJSON_Delete(post_json(fx, "/v1/completions", "{\"prompt\":7}", &status));
+    cJSON_Delete(post_json(fx, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"c\"}]}", &status));
+    hcli_response resp;
+    http_call(fx, "GET", "/nowhere", NULL, NULL, &resp);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/metrics", NULL, NULL, &resp), 200);
+    assert_true(!strncmp(resp.content_type, "text/plain; version=0.0.4", 25));
+    const char *m = resp.body;
+    assert_non_null(strstr(m, "fake_engine_submitted_total 3\n"));
+    assert_non_null(strstr(m, "# TYPE orochi_http_requests_total counter\n"));
+    assert_non_null(strstr(m, "orochi_http_requests_total{route=\"/v1/completions\",code=\"200\"} 2\n"));
+    assert_non_null(strstr(m, "orochi_http_requests_total{route=\"/v1/completions\",code=\"400\"} 1\n"));
+    assert_non_null(strstr(m, "orochi_http_requests_total{route=\"/v1/chat/completions\",code=\"200\"} 1\n"));
+    assert_non_null(strstr(m, "orochi_http_requests_total{route=\"other\",code=\"404\"} 1\n"));
+    assert_non_null(strstr(m, "orochi_http_active_requests 0\n"));
+    hcli_response_free(&resp);
+    /* the first /metrics answer is counted in the next */
+    assert_int_equal(http_call(fx, "GET", "/metrics", NULL, NULL, &resp), 200);
+    assert_non_null(strstr(resp.body, "orochi_http_requests_total{route=\"/metrics\",code=\"200\"} 1\n"));
+    hcli_response_free(&resp);
+}
+
+/* ==== robustness ============================================================================== */
+
+static void test_garbage_traffic(void **state)
+{
+    fixture *fx = *state;
+    char out[4096];
+    static const char *const junk[] = {
+        "GARBAGE\r\n\r\n",
+        "GET / HTTP/9.9\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":", /* then hang up */
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", /* a TLS hello */
+        "",                                             /* connect and close */
+    };
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+        /* a short receive timeout: answers come quickly or never */
+        raw_exchange(fx->port, junk[i], strlen(junk[i]), out, sizeof out, 300);
+        expect_still_serving(fx);
+    }
+    /* a body with bytes that are not UTF-8 in the prompt: still a proper answer */
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"\xff\xfe\",\"max_tokens\":\"x\"}", 400,
+                 "max_tokens must be an integer", "max_tokens");
+    /* invalid UTF-8 in the URL of a 404 becomes U+FFFD, and the answer is valid JSON */
+    static const char bad_url[] = "GET /\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    raw_exchange(fx->port, bad_url, strlen(bad_url), out, sizeof out, 5000);
+    char *json = strstr(out, "\r\n\r\n");
+    if (json && strstr(out, " 404 ")) {
+        cJSON *js = cJSON_Parse(json + 4);
+        assert_non_null(js);
+        cJSON_Delete(js);
+    }
+    expect_still_serving(fx);
+}
+
+static void *call_many(void *arg)
+{
+    const fixture *fx = arg;
+    long ok = 0;
+    for (int i = 0; i < 5; i++) {
+        hcli_request rq = {.path = "/v1/completions", .body = "{\"prompt\":\"par\"}", .body_len = 16,
+                           .timeout_ms = TIMEOUT_MS};
+        hcli_response resp;
+        char err[256];
+        if (!hcli_do(fx->url, &rq, &resp, err, sizeof err) && resp.status == 200 && resp.body &&
+            strstr(resp.body, "\"text\":\"Hello, w"))
+            ok++;
+        hcli_response_free(&resp);
+    }
+    return (void *)ok;
+}
+
+static void test_concurrent_clients(void **state)
+{
+    fixture *fx = *state;
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, call_many, fx), 0);
+    long total = 0;
+    for (int i = 0; i < 4; i++) {
+        void *ok;
+        pthread_join(t[i], &ok);
+        total += (long)ok;
+    }
+    assert_int_equal(total, 20);
+}
+
+static bool wait_for_cancels(fake_engine *f, int want)
+{
+    for (int i = 0; i < 300 && atomic_load(&f->cancels_seen) < want; i++)
+        fake_sleep_ms(10);
+    return atomic_load(&f->cancels_seen) >= want;
+}
+
+static void test_client_gone_cancels(void **state)
+{
+    fixture *fx = *state;
+    /* streaming: the client stops reading after two chunks and hangs up */
+    stream_collect c = {.stop_after = 2};
+    hcli_response resp;
+    assert_int_equal(stream_call(fx, "/v1/completions", "{\"prompt\":\"slow\",\"stream\":true}", &c, &resp),
+                     HCLI_ABORTED);
+    hcli_response_free(&resp);
+    assert_true(wait_for_cancels(&fx->eng, 1));
+
+    /* not streaming: the client sends the request and hangs up while the engine works */
+    static const char req[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: 17\r\n\r\n{\"prompt\":\"slow\"}";
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx->port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    fake_sleep_ms(100);
+    close(fd);
+    assert_true(wait_for_cancels(&fx->eng, 2));
+    expect_still_serving(fx);
+
+    hcli_response m;
+    http_call(fx, "GET", "/metrics", NULL, NULL, &m);
+    assert_non_null(strstr(m.body, "code=\"499\"} 1\n"));
+    assert_non_null(strstr(m.body, "orochi_http_active_requests 0\n"));
+    hcli_response_free(&m);
+}
+
+/* The idle timeout (1 s here) closes idle keep-alive connections, but never cuts a generation
+ * that takes longer than that; after the answer the connection is idle and times out again. */
+static void test_idle_timeout(void **state)
+{
+    fixture *fx = *state;
+    static const char req[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: 19\r\n\r\n{\"prompt\":\"sleepy\"}";
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx->port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    char out[8192];
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < sizeof out && (got = recv(fd, out + n, sizeof out - 1 - n, 0)) > 0)
+        n += (size_t)got;
+    out[n] = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    close(fd);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(!strncmp(out, "HTTP/1.1 200", 12));
+    assert_non_null(strstr(out, FULL_TEXT));
+    /* the answer came after ~1.5 s, then the idle connection was closed ~1 s later */
+    assert_true(secs > 2.0 && secs < 8.0);
+}
+
+static void *post_hang(void *arg)
+{
+    const fixture *fx = arg;
+    hcli_request rq = {.path = "/v1/completions", .body = "{\"prompt\":\"hang\"}", .body_len = 17,
+                       .timeout_ms = TIMEOUT_MS};
+    hcli_response resp;
+    char err[256];
+    long rc = hcli_do(fx->url, &rq, &resp, err, sizeof err);
+    hcli_response_free(&resp);
+    return (void *)rc;
+}
+
+/* The engine never answers; stopping the server must still be prompt, and cancel the request. */
+static void test_stop_with_request_in_flight(void **state)
+{
+    fixture *fx = *state;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, post_hang, fx), 0);
+    for (int i = 0; i < 200 && atomic_load(&fx->eng.submitted) < 1; i++)
+        fake_sleep_ms(10);
+    assert_int_equal(atomic_load(&fx->eng.submitted), 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    http_server_stop(&fx->srv);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(secs < 3.0);
+    void *rc;
+    pthread_join(t, &rc);
+    assert_int_not_equal((long)rc, HCLI_OK); /* the connection was closed without an answer */
+    pthread_mutex_lock(&fx->eng.mu);
+    assert_int_equal(fx->eng.n_parked, 1);
+    assert_true(coord_request_cancelled(fx->eng.parked[0]));
+    pthread_mutex_unlock(&fx->eng.mu);
+}
+
+static void test_start_errors(void **state)
+{
+    fixture *fx = *state;
+    fake_engine *f = &fx->eng;
+    http_engine e = {.ctx = f, .submit = fake_submit};
+    char err[256];
+    /* the port is taken by the fixture's server */
+    http_config cfg = {.port = fx->port, .quiet = true};
+    http_server *srv = http_server_start(&cfg, &e, err, sizeof err);
+    assert_null(srv);
+    assert_non_null(strstr(err, "cannot serve on 127.0.0.1 port"));
+    cfg = (http_config){.bind_addr = "no.such.host.invalid", .quiet = true};
+    assert_null(http_server_start(&cfg, &e, err, sizeof err));
+    assert_non_null(strstr(err, "cannot resolve bind address"));
+    http_engine none = {0};
+    assert_null(http_server_start(NULL, &none, err, sizeof err));
+    assert_non_null(strstr(err, "submit"));
+    /* no engine callbacks for metrics/health: defaults */
+    cfg = (http_config){.quiet = true};
+    srv = http_server_start(&cfg, &e, err, sizeof err);
+    assert_non_null(srv);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", http_server_port(srv));
+    hcli_request rq = {.path = "/health", .timeout_ms = TIMEOUT_MS};
+    hcli_response resp;
+    assert_int_equal(hcli_do(url, &rq, &resp, err, sizeof err), 0);
+    assert_int_equal(resp.status, 200);
+    hcli_response_free(&resp);
+    rq.path = "/metrics";
+    assert_int_equal(hcli_do(url, &rq, &resp, err, sizeof err), 0);
+    assert_non_null(strstr(resp.body, "orochi_http_requests_total{route=\"/health\",code=\"200\"} 1"));
+    hcli_response_free(&resp);
+    rq.path = "/v1/models";
+    assert_int_equal(hcli_do(url, &rq, &resp, err, sizeof err), 0);
+    assert_non_null(strstr(resp.body, "\"id\":\"orochi\""));
+    hcli_response_free(&resp);
+    http_server_stop(&srv);
+    assert_null(srv);
+}
+
+/* ==== the CLI client (`orochi generate`) against the server =================================== */
+
+/* Runs `cmd`, returns the exit status; stdout and stderr go to out. */
+static int run_cli(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli_generate(void **state)
+{
+    fixture *fx = *state;
+    const char *bin = getenv("OROCHI_BIN");
+    if (!bin) {
+        printf("skipping: OROCHI_BIN is not set (ctest sets it)\n");
+        skip();
+    }
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "'%s' generate --url %s --prompt hi -n 50 --temp 0 2>&1", bin, fx->url);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 0);
+    assert_true(!strncmp(out, FULL_TEXT "\n", strlen(FULL_TEXT) + 1));
+    assert_non_null(strstr(out, "orochi generate: prompt 2 tok | 7 tok in"));
+    assert_non_null(strstr(out, "mean accepted 1.75, drafts ngram,model | finish stop"));
+
+    snprintf(cmd, sizeof cmd, "'%s' generate --url %s --prompt hi --stream 2>/dev/null", bin, fx->url);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 0);
+    assert_string_equal(out, FULL_TEXT "\n");
+
+    snprintf(cmd, sizeof cmd, "'%s' generate --url %s --prompt hi --print-ids -n 4 2>/dev/null", bin, fx->url);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 0);
+    assert_string_equal(out, "10 11 12 13\n");
+    snprintf(cmd, sizeof cmd, "'%s' generate --url %s --prompt hi --print-ids --stream --chat 2>/dev/null",
+             bin, fx->url);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 0);
+    assert_string_equal(out, "10 11 12 13 14 15 16\n");
+
+    /* an error answer and an unreachable server: exit 1 with a clear line */
+    snprintf(cmd, sizeof cmd, "'%s' generate --url %s --prompt fail-now 2>&1", bin, fx->url);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "orochi generate: the server answered 503: the engine is overloaded"));
+    snprintf(cmd, sizeof cmd, "'%s' generate --url http://127.0.0.1:1 --prompt hi 2>&1", bin);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "orochi generate: cannot connect to http://127.0.0.1:1: "));
+    snprintf(cmd, sizeof cmd, "'%s' generate --url https://x --prompt hi 2>&1", bin);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 2);
+
+    /* chat: two turns, the second sees the history */
+    snprintf(cmd, sizeof cmd, "printf 'first\\n\\nsecond\\n/exit\\nnot sent\\n' | '%s' chat --url %s 2>/dev/null",
+             bin, fx->url);
+    assert_int_equal(run_cli(cmd, out, sizeof out), 0);
+    assert_string_equal(out, FULL_TEXT "\n" FULL_TEXT "\n");
+    pthread_mutex_lock(&fx->eng.mu);
+    assert_string_equal(fx->eng.last_messages, "user:first|assistant:" FULL_TEXT "|user:second|");
+    pthread_mutex_unlock(&fx->eng.mu);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_request_object),
+        cmocka_unit_test(test_client_url),
+        cmocka_unit_test(test_client_sse_parser),
+        cmocka_unit_test_setup_teardown(test_completion, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_chat, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_completion, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_chat, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_invalid_json, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_types, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_max_tokens, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_prompt_too_long, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_engine_failures, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_routes, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_body_too_large, setup_small_body, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_api_key, setup_auth, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_garbage_traffic, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_clients, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_client_gone_cancels, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_idle_timeout, setup_short_idle, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_stop_with_request_in_flight, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_start_errors, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_generate, setup_default, fx_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
