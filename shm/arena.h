@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define ARENA_MAGIC 0x4f524f4348494131ull /* "OROCHIA1" */
-#define ARENA_LAYOUT_VERSION 1
+#define ARENA_LAYOUT_VERSION 2 /* 2: drafts are trees (parent indices) */
 #define ARENA_MAX_REGIONS 32
 #define ARENA_NAME_LEN 32
 
@@ -108,6 +108,8 @@ typedef struct {
     int32_t last_token;   /* the last committed token it assumed */
     int32_t tokens[ARENA_DRAFT_MAX];
     float conf[ARENA_DRAFT_MAX]; /* the drafter's probability of each token */
+    int32_t parent[ARENA_DRAFT_MAX]; /* tree: index of the parent draft token, -1 = a child of
+                                      * the last committed token; a chain has parent[i] = i - 1 */
 } arena_draft;
 
 typedef struct {

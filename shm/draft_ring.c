@@ -26,7 +26,7 @@
 
 #include "shm/arena.h"
 
-/* Copy header fields and the first n tokens/confidences; either side may be shared memory. */
+/* Copy header fields and the first n tokens/confidences/parents; either side may be shared memory. */
 static void ring_copy_payload(arena_draft *dst, const arena_draft *src, uint32_t n)
 {
     __atomic_store_n(&dst->request_id, __atomic_load_n(&src->request_id, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
@@ -34,6 +34,7 @@ static void ring_copy_payload(arena_draft *dst, const arena_draft *src, uint32_t
     __atomic_store_n(&dst->last_token, __atomic_load_n(&src->last_token, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < n; i++) {
         __atomic_store_n(&dst->tokens[i], __atomic_load_n(&src->tokens[i], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+        __atomic_store_n(&dst->parent[i], __atomic_load_n(&src->parent[i], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
         float c;
         __atomic_load(&src->conf[i], &c, __ATOMIC_RELAXED);
         __atomic_store(&dst->conf[i], &c, __ATOMIC_RELAXED);
@@ -95,5 +96,6 @@ bool arena_draft_ring_get(const arena_draft_ring *r, uint32_t slot, arena_draft 
     out->n = n;
     memset(out->tokens + n, 0, (ARENA_DRAFT_MAX - n) * sizeof out->tokens[0]);
     memset(out->conf + n, 0, (ARENA_DRAFT_MAX - n) * sizeof out->conf[0]);
+    memset(out->parent + n, 0, (ARENA_DRAFT_MAX - n) * sizeof out->parent[0]);
     return true;
 }

@@ -14,7 +14,7 @@
 #include "orochi.pb-c.h"
 #include "shm/arena.h"
 
-#define OROCHI_PROTOCOL_VERSION 1
+#define OROCHI_PROTOCOL_VERSION 2
 
 /* Arena regions (names shared by all roles). */
 #define RT_REGION_STEP "step"     /* rt_step: the current step's inputs */

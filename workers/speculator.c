@@ -10,14 +10,17 @@
  *   ngram      prompt lookup: the continuation of the most recent earlier occurrence of the
  *              context's last n tokens (n from --ngram down to 1); no model at all.
  *
- * State: the committed tokens of the current request (from Feedback) and this speculator's own
- * continuation `chain` beyond them, with a private KV cache covering committed + chain for the
- * model kinds. After each Feedback it publishes a draft of up to --max-draft tokens for the new
- * context into its ring in the arena and answers DraftReady (an empty draft too, so the
- * coordinator never waits on a speculator with nothing to say). Then it keeps drafting ahead (up
- * to --lookahead tokens) while the target verifies. When the next Feedback arrives, the part of
- * the chain the target accepted is kept — KV and all — and the rest, which assumed a context that
- * did not happen, is dropped and its KV rolled back.
+ * State: the committed tokens of the current request (from Feedback) and a private KV cache for
+ * the model kinds. After each Feedback the speculator grows a draft TREE for the new context
+ * (LLMCad: one batched tree-masked forward per round, a confidence-based branch pacer, branches
+ * opened where a candidate passes --branch-threshold, growth stopped by the self-adaptive fallback
+ * threshold alpha), publishes it into its ring in the arena and answers DraftReady (an empty
+ * draft too, so the coordinator never waits on a speculator with nothing to say). The budget —
+ * nodes, depth, and whether branches are allowed — comes with each Feedback from the
+ * coordinator's controllers. While the target verifies it works ahead: it extends its KV along
+ * the draft's main branch; when the next Feedback shows what was accepted, the KV rows of the
+ * accepted part are kept and the rest, computed for a context that did not happen, is dropped.
+ * After each verification alpha is updated by LLMCad's rule (see spec_update_alpha).
  */
 #include <getopt.h>
 #include <math.h>
@@ -37,10 +40,20 @@
 
 typedef enum { SPEC_LAYERSKIP, SPEC_MODEL, SPEC_NGRAM } spec_kind;
 
+/* A drafted token in the tree. parent -1: a child of the last committed token. */
+typedef struct {
+    int32_t token, parent;
+    float conf;   /* the drafter's probability of the token given its parent */
+    double cum;   /* cumulative confidence of the branch ending here (product of confs) */
+    int depth;    /* 1 for children of the root */
+    int children;
+} spec_node;
+
 typedef struct {
     const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id;
     spec_kind kind;
-    int max_draft, lookahead, ngram, threads, orphan_ms;
+    int max_draft, ngram, threads, orphan_ms;
+    float branch_threshold, alpha;
     bool trace;
     char role[64];
     void *zctx, *sock;
@@ -53,10 +66,16 @@ typedef struct {
     uint64_t request_id;
     bool active;
     int32_t *tokens; /* committed, then the chain */
-    float *conf;     /* per chain token: the drafter's probability */
     int n_committed, n_chain, kv_len, n_ctx;
     bool published;  /* a DraftReady went out for n_committed */
     uint64_t drafts, last_coord_us;
+    /* the draft budget from the last Feedback */
+    int max_nodes, max_depth;
+    bool tree;
+    /* the tree last published (for the fallback threshold update) */
+    spec_node nodes[ARENA_DRAFT_MAX];
+    int n_nodes;
+    float *tree_logits; /* (ARENA_DRAFT_MAX + 1) x vocab */
 } spec;
 
 static volatile sig_atomic_t spec_stop;
@@ -71,9 +90,9 @@ static void spec_usage(FILE *out)
 {
     fprintf(out,
             "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram [--id NAME]\n"
-            "                         [--max-draft S] [--lookahead L] [--threads T]\n"
+            "                         [--max-draft S] [--threads T]\n"
             "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
-            "                         [--ngram N] [--trace]\n"
+            "                         [--ngram N] [--branch-threshold P] [--alpha A] [--trace]\n"
             "  layerskip: the target with only --layers (default: the first half)\n"
             "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
             "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n");
@@ -120,89 +139,193 @@ bad:
     return -1;
 }
 
-/* Feed tokens[kv_len .. n_committed + n_chain) into the private KV; logits of the last one land
- * in s->logits. */
-static int spec_catch_up(spec *s)
+/* Make the private KV cover tokens[0 .. upto) (committed tokens, then the main branch of the last
+ * draft when the speculator works ahead). */
+static int spec_catch_up(spec *s, int upto)
 {
-    int total = s->n_committed + s->n_chain;
-    if (s->kv_len >= total)
+    if (s->kv_len >= upto)
         return 0;
     char err[256];
     llama_ctx_set_prefix_len(s->ctx, s->kv_len);
-    if (llama_prefill(s->ctx, s->tokens + s->kv_len, total - s->kv_len, s->logits, err, sizeof err)) {
+    if (llama_prefill(s->ctx, s->tokens + s->kv_len, upto - s->kv_len, s->logits, err, sizeof err)) {
         rt_log(s->role, "draft model: %s", err);
         return -1;
     }
-    s->kv_len = total;
+    s->kv_len = upto;
     return 0;
 }
 
-/* The drafter's next token after committed + chain, with its probability; -1 if none. */
-static int32_t spec_next_model(spec *s, float *conf)
+static int spec_node_cmp_desc(const void *a, const void *b)
 {
-    if (s->kv_len != s->n_committed + s->n_chain || s->kv_len == 0)
-        return -1;
-    int V = s->model->cfg.vocab;
-    int32_t best = sampler_argmax(s->logits, V);
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The k most probable tokens of a logits row (softmax), best first: out[i] = {prob, id}. */
+static int spec_top(const float *logits, int V, int k, float (*out)[2])
+{
+    float mx = logits[sampler_argmax(logits, V)];
     double sum = 0;
     for (int i = 0; i < V; i++)
-        sum += exp((double)s->logits[i] - s->logits[best]);
-    *conf = (float)(1.0 / sum);
-    return best;
-}
-
-static int32_t spec_next_ngram(spec *s, float *conf)
-{
-    int n = s->n_committed + s->n_chain;
-    for (int k = s->ngram; k >= 1; k--) {
-        if (n <= k)
-            continue;
-        const int32_t *tail = s->tokens + n - k;
-        for (int start = n - k - 1; start >= 0; start--) {
-            if (!memcmp(s->tokens + start, tail, (size_t)k * sizeof *tail)) {
-                *conf = (float)k / (float)(k + 1);
-                return s->tokens[start + k];
-            }
+        sum += exp((double)logits[i] - mx);
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        float p = (float)(exp((double)logits[i] - mx) / sum);
+        if (n < k || p > out[n - 1][0]) {
+            int j = n < k ? n++ : n - 1;
+            out[j][0] = p;
+            out[j][1] = (float)i;
+            qsort(out, (size_t)n, sizeof out[0], spec_node_cmp_desc);
         }
     }
-    return -1;
+    return n;
 }
 
-/* Extend the chain by one token; false when nothing more can be drafted now. */
-static bool spec_draft_one(spec *s)
+/* Grow a draft tree for the committed context with the draft model (LLMCad's tree generation):
+ * each round runs ONE batched forward over the last committed token and every node so far (the
+ * tree decoder: the tree mask keeps branches apart), then extends the leaves the confidence-based
+ * pacer picks. The pacer gives branch x the share M * C_x / sum(C) of the node budget M (C: the
+ * branch's cumulative confidence) and extends the branches furthest below their share first
+ * (max-min fairness). A leaf's best candidate extends its branch; other candidates whose
+ * probability passes the branch threshold open new branches. Growth stops when the tree-
+ * cumulative confidence (the best branch's C) drops below alpha — LLMCad's fallback: time to
+ * verify — or the budget (nodes, depth) is spent. */
+static int spec_grow_model(spec *s)
 {
-    if (!s->active || s->n_chain >= s->lookahead ||
-        s->n_committed + s->n_chain + 1 >= SPEC_MAX_TOKENS)
-        return false;
-    float conf = 0;
-    int32_t next;
-    if (s->kind == SPEC_NGRAM) {
-        next = spec_next_ngram(s, &conf);
-    } else {
-        if (s->n_committed + s->n_chain + 1 > s->n_ctx)
-            return false;
-        if (spec_catch_up(s))
-            return false;
-        next = spec_next_model(s, &conf);
+    int V = s->model->cfg.vocab, n = 0;
+    if (spec_catch_up(s, s->n_committed - 1))
+        return 0;
+    int32_t tok[ARENA_DRAFT_MAX + 1], par[ARENA_DRAFT_MAX + 1];
+    char err[256];
+    for (int round = 0; round < s->max_depth && n < s->max_nodes; round++) {
+        tok[0] = s->tokens[s->n_committed - 1];
+        par[0] = -1;
+        for (int i = 0; i < n; i++) {
+            tok[i + 1] = s->nodes[i].token;
+            par[i + 1] = s->nodes[i].parent + 1;
+        }
+        llama_ctx_set_prefix_len(s->ctx, s->n_committed - 1);
+        llama_batch b = {.n = n + 1, .tokens = tok, .parent = par, .logits_from = 0};
+        if (llama_forward(s->ctx, &b, s->tree_logits, err, sizeof err)) {
+            rt_log(s->role, "draft model: %s", err);
+            break;
+        }
+        /* the open leaves (the root on the first round), ordered by the pacer */
+        int leaves[ARENA_DRAFT_MAX + 1], n_leaves = 0;
+        double total = 0;
+        if (n == 0) {
+            leaves[n_leaves++] = -1;
+            total = 1;
+        }
+        for (int i = 0; i < n; i++)
+            if (!s->nodes[i].children && s->nodes[i].depth < s->max_depth) {
+                leaves[n_leaves++] = i;
+                total += s->nodes[i].cum;
+            }
+        if (!n_leaves)
+            break;
+        double deficit[ARENA_DRAFT_MAX + 1];
+        for (int l = 0; l < n_leaves; l++) {
+            const spec_node *nd = leaves[l] < 0 ? NULL : &s->nodes[leaves[l]];
+            double c = nd ? nd->cum : 1.0;
+            deficit[l] = s->max_nodes * c / (total > 0 ? total : 1) - (nd ? nd->depth : 0);
+        }
+        for (int a = 1; a < n_leaves; a++) /* insertion sort, largest deficit first */
+            for (int b2 = a; b2 > 0 && deficit[b2] > deficit[b2 - 1]; b2--) {
+                double td = deficit[b2];
+                deficit[b2] = deficit[b2 - 1];
+                deficit[b2 - 1] = td;
+                int tl = leaves[b2];
+                leaves[b2] = leaves[b2 - 1];
+                leaves[b2 - 1] = tl;
+            }
+        int grown = 0;
+        for (int l = 0; l < n_leaves && n < s->max_nodes; l++) {
+            int leaf = leaves[l];
+            if (n > 0 && deficit[l] <= 0 && grown)
+                break; /* this branch already has its share: let the others catch up next round */
+            const float *row = s->tree_logits + (size_t)(leaf + 1) * V;
+            float top[4][2];
+            int k = spec_top(row, V, s->tree ? 4 : 1, top);
+            double base = leaf < 0 ? 1.0 : s->nodes[leaf].cum;
+            int depth = leaf < 0 ? 1 : s->nodes[leaf].depth + 1;
+            for (int c = 0; c < k && n < s->max_nodes; c++) {
+                if (c > 0 && top[c][0] < s->branch_threshold)
+                    break;
+                s->nodes[n] = (spec_node){.token = (int32_t)top[c][1], .parent = leaf, .conf = top[c][0],
+                                          .cum = base * top[c][0], .depth = depth};
+                if (leaf >= 0)
+                    s->nodes[leaf].children++;
+                n++;
+                grown++;
+            }
+        }
+        if (!grown)
+            break;
+        double tc = 0; /* tree-cumulative confidence: the best branch */
+        for (int i = 0; i < n; i++)
+            if (!s->nodes[i].children && s->nodes[i].cum > tc)
+                tc = s->nodes[i].cum;
+        if (tc < s->alpha)
+            break;
     }
-    if (next < 0)
-        return false;
-    s->tokens[s->n_committed + s->n_chain] = next;
-    s->conf[s->n_chain] = conf;
-    s->n_chain++;
-    return true;
+    return n;
 }
 
-/* Publish up to max_draft chain tokens for the current context. */
+/* Prompt lookup: the continuation of the most recent earlier occurrence of the context's last
+ * k tokens (k from --ngram down to 1), as a chain. */
+static int spec_grow_ngram(spec *s)
+{
+    int n_ctx = s->n_committed, n = 0;
+    for (int k = s->ngram; k >= 1 && !n; k--) {
+        if (n_ctx <= k)
+            continue;
+        const int32_t *tail = s->tokens + n_ctx - k;
+        for (int start = n_ctx - k - 1; start >= 0 && !n; start--) {
+            if (memcmp(s->tokens + start, tail, (size_t)k * sizeof *tail))
+                continue;
+            for (int j = start + k; j < n_ctx && n < s->max_nodes && n < s->max_depth; j++, n++)
+                s->nodes[n] = (spec_node){.token = s->tokens[j], .parent = n - 1,
+                                          .conf = (float)k / (k + 1), .depth = n + 1};
+        }
+    }
+    return n;
+}
+
+/* The main branch of the published tree (the most confident leaf's path), as the chain the
+ * speculator works ahead on while the target verifies. */
+static void spec_set_chain(spec *s)
+{
+    int best = -1;
+    for (int i = 0; i < s->n_nodes; i++)
+        if (!s->nodes[i].children && (best < 0 || s->nodes[i].cum > s->nodes[best].cum))
+            best = i;
+    int path[ARENA_DRAFT_MAX], n = 0;
+    for (int i = best; i >= 0; i = s->nodes[i].parent)
+        path[n++] = i;
+    s->n_chain = 0;
+    for (int i = n - 1; i >= 0 && s->n_committed + s->n_chain < SPEC_MAX_TOKENS; i--)
+        s->tokens[s->n_committed + s->n_chain++] = s->nodes[path[i]].token;
+}
+
+/* Draft for the current context and publish it (an empty draft too). */
 static void spec_publish(spec *s)
 {
+    s->n_nodes = 0;
+    if (s->kind == SPEC_NGRAM)
+        s->n_nodes = spec_grow_ngram(s);
+    else if (s->n_committed >= 1 && s->n_committed + s->max_depth + 1 < s->n_ctx)
+        s->n_nodes = spec_grow_model(s);
     arena_draft d = {0};
     d.request_id = s->request_id;
     d.ctx_len = (uint64_t)s->n_committed;
     d.last_token = s->n_committed ? s->tokens[s->n_committed - 1] : -1;
-    d.n = (uint32_t)(s->n_chain < s->max_draft ? s->n_chain : s->max_draft);
-    memcpy(d.tokens, s->tokens + s->n_committed, d.n * sizeof *d.tokens);
-    memcpy(d.conf, s->conf, d.n * sizeof *d.conf);
+    d.n = (uint32_t)s->n_nodes;
+    for (int i = 0; i < s->n_nodes; i++) {
+        d.tokens[i] = s->nodes[i].token;
+        d.parent[i] = s->nodes[i].parent;
+        d.conf[i] = s->nodes[i].conf;
+    }
     uint32_t slot = arena_draft_ring_put(s->ring, &d);
     Orochi__DraftReady r = OROCHI__DRAFT_READY__INIT;
     r.request_id = s->request_id;
@@ -212,11 +335,54 @@ static void spec_publish(spec *s)
     spec_send(s, OROCHI__ENVELOPE__BODY_DRAFT_READY, &r);
     s->published = true;
     s->drafts++;
+    spec_set_chain(s);
     if (s->trace)
-        rt_log(s->role, "draft of %u tokens for context %d", d.n, s->n_committed);
+        rt_log(s->role, "draft of %u tokens for context %d (alpha %.4g)", d.n, s->n_committed, s->alpha);
 }
 
-/* Apply a Feedback: keep the accepted part of the chain, drop the rest. */
+/* Work ahead while the target verifies: extend the private KV along the main branch, so that if
+ * the target accepts it the next tree starts without a catch-up. One token per call. */
+static bool spec_work_ahead(spec *s)
+{
+    if (!s->model || !s->active || !s->published || s->kv_len >= s->n_committed + s->n_chain ||
+        s->kv_len + 1 >= s->n_ctx)
+        return false;
+    return spec_catch_up(s, s->kv_len + 1) == 0;
+}
+
+/* LLMCad's threshold update from the verification of our last tree: with the most matching
+ * branch holding N_all tokens of which the first N_correct were accepted, alpha halves when the
+ * branch was entirely right and becomes the error fraction (N_all - N_correct) / N_all otherwise. */
+static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
+{
+    if (!s->n_nodes)
+        return;
+    int best_all = 0, best_ok = -1;
+    for (int leaf = 0; leaf < s->n_nodes; leaf++) {
+        if (s->nodes[leaf].children)
+            continue;
+        int path[ARENA_DRAFT_MAX], n = 0;
+        for (int i = leaf; i >= 0; i = s->nodes[i].parent)
+            path[n++] = i;
+        int ok = 0;
+        while (ok < n && ok < n_acc && s->nodes[path[n - 1 - ok]].token == accepted[ok])
+            ok++;
+        if (ok > best_ok || (ok == best_ok && n < best_all)) {
+            best_ok = ok;
+            best_all = n;
+        }
+    }
+    if (best_all <= 0)
+        return;
+    if (best_ok == best_all)
+        s->alpha *= 0.5f;
+    else
+        s->alpha = (float)(best_all - best_ok) / (float)best_all;
+    if (s->alpha < 1e-6f)
+        s->alpha = 1e-6f;
+}
+
+/* Apply a Feedback: keep the accepted part of the chain (and its KV), drop the rest. */
 static void spec_feedback(spec *s, const Orochi__Feedback *fb)
 {
     if (fb->done) {
@@ -224,6 +390,11 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
             s->active = false;
         return;
     }
+    if (fb->max_nodes)
+        s->max_nodes = (int)(fb->max_nodes < ARENA_DRAFT_MAX ? fb->max_nodes : ARENA_DRAFT_MAX);
+    if (fb->max_depth)
+        s->max_depth = (int)fb->max_depth < s->max_draft ? (int)fb->max_depth : s->max_draft;
+    s->tree = fb->tree;
     if (fb->reset || fb->request_id != s->request_id) {
         if (!fb->reset) /* feedback for a request we never saw the start of */
             return;
@@ -238,30 +409,26 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         s->n_committed = (int)fb->n_tokens;
         s->n_chain = 0;
         s->kv_len = 0;
+        s->n_nodes = 0;
     } else {
         int n = (int)fb->n_tokens, keep = 0;
         if (s->n_committed + n >= SPEC_MAX_TOKENS) {
             s->active = false;
             return;
         }
+        spec_update_alpha(s, fb->tokens, n);
         while (keep < n && keep < s->n_chain && s->tokens[s->n_committed + keep] == fb->tokens[keep])
             keep++;
-        /* rows past the first disagreement were computed for a context that did not happen */
+        /* KV rows past the first disagreement were computed for a context that did not happen */
         int valid = s->n_committed + keep;
         if (s->kv_len > valid)
             s->kv_len = valid;
         memcpy(s->tokens + s->n_committed, fb->tokens, (size_t)n * sizeof *s->tokens);
-        int old_chain = s->n_chain;
         s->n_committed += n;
-        if (keep == n && old_chain > n) { /* the whole step matched our chain: keep the rest */
-            s->n_chain = old_chain - n;
-            memmove(s->conf, s->conf + n, (size_t)s->n_chain * sizeof *s->conf);
-        } else {
-            s->n_chain = 0;
-        }
+        s->n_chain = 0;
     }
     if ((uint64_t)s->n_committed != fb->ctx_len)
-        rt_log(s->role, "context length %d disagrees with the coordinator's %llu: resynchronising",
+        rt_log(s->role, "context length %d disagrees with the coordinator's %llu",
                s->n_committed, (unsigned long long)fb->ctx_len);
     s->published = false;
 }
@@ -359,19 +526,21 @@ static int spec_join(spec *s)
         }
         s->ring = (arena_draft_ring *)(rings + w->draft_ring * one);
         if (s->model) {
-            s->n_ctx = (int)w->n_ctx + RT_MAX_WIDTH + s->lookahead;
-            llama_ctx_params p = {.n_threads = s->threads, .max_width = 16, .n_ctx = s->n_ctx,
+            s->n_ctx = (int)w->n_ctx + RT_MAX_WIDTH + ARENA_DRAFT_MAX;
+            llama_ctx_params p = {.n_threads = s->threads, .max_width = ARENA_DRAFT_MAX, .n_ctx = s->n_ctx,
                                   .kv = KV_F32, .n_parts = 1};
             s->ctx = llama_ctx_new(s->model, &p, err, sizeof err);
             s->logits = malloc((size_t)s->model->cfg.vocab * sizeof *s->logits);
-            if (!s->ctx || !s->logits) {
+            s->tree_logits = malloc((size_t)(ARENA_DRAFT_MAX + 1) * (size_t)s->model->cfg.vocab * sizeof(float));
+            if (!s->ctx || !s->logits || !s->tree_logits) {
                 rt_log(s->role, "%s", s->ctx ? "out of memory" : err);
                 rt_free(e);
                 return -1;
             }
         }
-        rt_log(s->role, "joined: kind %s, draft ring %u, max draft %d, lookahead %d%s", s->kind_s,
-               w->draft_ring, s->max_draft, s->lookahead, s->model ? "" : " (prompt lookup)");
+        rt_log(s->role, "joined: kind %s, draft ring %u, max depth %d, branch threshold %.2f, alpha %.3g%s",
+               s->kind_s, w->draft_ring, s->max_draft, s->branch_threshold, s->alpha,
+               s->model ? "" : " (prompt lookup)");
         rt_free(e);
         return 0;
     }
@@ -384,10 +553,11 @@ static int spec_parse(spec *s, int argc, char **argv)
     static const struct option opts[] = {
         {"run-dir", required_argument, 0, 'r'}, {"kind", required_argument, 0, 'k'},
         {"id", required_argument, 0, 'i'}, {"max-draft", required_argument, 0, 's'},
-        {"lookahead", required_argument, 0, 'l'}, {"threads", required_argument, 0, 't'},
+        {"threads", required_argument, 0, 't'},
         {"layers", required_argument, 0, 'L'}, {"draft", required_argument, 0, 'd'},
         {"ngram", required_argument, 0, 'n'}, {"orphan-ms", required_argument, 0, 'o'},
-        {"target", required_argument, 0, 'T'},
+        {"target", required_argument, 0, 'T'}, {"branch-threshold", required_argument, 0, 'B'},
+        {"alpha", required_argument, 0, 'A'},
         {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -396,11 +566,12 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'k': s->kind_s = optarg; break;
         case 'i': s->id = optarg; break;
         case 's': s->max_draft = atoi(optarg); break;
-        case 'l': s->lookahead = atoi(optarg); break;
         case 't': s->threads = atoi(optarg); break;
         case 'L': s->layers_s = optarg; break;
         case 'd': s->draft_path = optarg; break;
         case 'T': s->target_path = optarg; break;
+        case 'B': s->branch_threshold = (float)atof(optarg); break;
+        case 'A': s->alpha = (float)atof(optarg); break;
         case 'n': s->ngram = atoi(optarg); break;
         case 'o': s->orphan_ms = atoi(optarg); break;
         case 'v': s->trace = true; break;
@@ -434,14 +605,18 @@ static int spec_parse(spec *s, int argc, char **argv)
         fprintf(stderr, "orochi-speculator: --max-draft must be 1..%d and --ngram >= 1\n", ARENA_DRAFT_MAX);
         return 2;
     }
-    if (s->lookahead < s->max_draft)
-        s->lookahead = s->max_draft;
+    if (!(s->branch_threshold > 0 && s->branch_threshold <= 1) || !(s->alpha > 0 && s->alpha < 1)) {
+        fprintf(stderr, "orochi-speculator: --branch-threshold must be in (0, 1], --alpha in (0, 1)\n");
+        return 2;
+    }
+    s->max_depth = s->max_draft;
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    spec s = {.max_draft = 4, .lookahead = 0, .ngram = 3, .threads = 1, .orphan_ms = 10000};
+    spec s = {.max_draft = 4, .ngram = 3, .threads = 1, .orphan_ms = 10000,
+              .branch_threshold = 0.2f, .alpha = 0.01f, .max_nodes = 8, .max_depth = 4};
     int rc = spec_parse(&s, argc, argv);
     if (rc)
         return rc;
@@ -450,7 +625,6 @@ int main(int argc, char **argv)
     signal(SIGINT, spec_on_signal);
     signal(SIGPIPE, SIG_IGN);
     s.tokens = malloc(SPEC_MAX_TOKENS * sizeof *s.tokens);
-    s.conf = malloc((size_t)(s.lookahead + 1) * sizeof *s.conf);
 
     char endpoint[4200];
     rt_ctl_endpoint(s.run_dir, endpoint, sizeof endpoint);
@@ -458,7 +632,7 @@ int main(int argc, char **argv)
     s.sock = zmq_socket(s.zctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(s.sock, ZMQ_LINGER, &linger, sizeof linger);
-    if (!s.tokens || !s.conf || zmq_connect(s.sock, endpoint) || spec_join(&s)) {
+    if (!s.tokens || zmq_connect(s.sock, endpoint) || spec_join(&s)) {
         rc = 1;
         goto out;
     }
@@ -478,14 +652,10 @@ int main(int argc, char **argv)
             rt_log(s.role, "coordinator silent for %d ms: exiting", s.orphan_ms);
             break;
         }
-        /* publish as soon as the draft for this context is as long as it will get */
-        if (s.active && !s.published) {
-            while (s.n_chain < s.max_draft && spec_draft_one(&s))
-                ;
+        /* draft and publish as soon as the context moved; then work ahead between polls */
+        if (s.active && !s.published)
             spec_publish(&s);
-        }
-        /* then keep drafting ahead, one token between polls, while the target verifies */
-        bool more = s.active && spec_draft_one(&s);
+        bool more = spec_work_ahead(&s);
         zmq_pollitem_t it = {s.sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, more ? 0 : HEARTBEAT_MS) <= 0)
             continue;
@@ -514,7 +684,7 @@ out:
     arena_destroy(&s.arena);
     free(s.logits);
     free(s.tokens);
-    free(s.conf);
+    free(s.tree_logits);
     if (s.sock)
         zmq_close(s.sock);
     if (s.zctx)
