@@ -26,6 +26,19 @@
 #define COORD_MAX_WORKERS 8
 #define COORD_QUEUE 64
 #define COORD_MAX_SPAWN_ARGS 32
+#define COORD_TREE_CAP 512     /* nodes of the merged draft trie */
+#define COORD_ADAPT_WINDOW 32  /* samples the adaptive-length fit looks back over */
+
+typedef enum { VOTE_MAJORITY, VOTE_UNION, VOTE_OFF } coord_vote;
+
+/* A token tree rooted at the last committed token (node 0). */
+typedef struct {
+    int n;
+    int32_t tokens[COORD_TREE_CAP];
+    int32_t parent[COORD_TREE_CAP]; /* parent[0] = -1; parent[i] < i */
+    float weight[COORD_TREE_CAP];   /* summed weight of the speculators that proposed the node */
+    uint32_t owners[COORD_TREE_CAP];/* bit r: the speculator on draft ring r proposed it */
+} coord_tree;
 
 typedef enum { PEER_FREE = 0, PEER_WORKER, PEER_SPECULATOR } coord_peer_role;
 
@@ -45,7 +58,11 @@ typedef struct {
     char kind[16];
     /* speculator bookkeeping */
     uint64_t drafted, accepted, drafts_used;
-    double acr;              /* running acceptance rate of its drafts */
+    double acr, acr_sum;     /* average acceptance rate (ACR) of its drafts */
+    uint64_t acr_n;
+    double weight;           /* its vote weight (Minions), from the ACR */
+    arena_draft draft;       /* its draft for the step being verified */
+    bool has_draft;
     uint64_t ready_req, ready_ctx; /* latest DraftReady */
     uint32_t ready_slot, ready_n;
     bool ready_fresh;
@@ -58,6 +75,15 @@ typedef struct {
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     int heartbeat_ms, dead_ms;
     bool trace, no_spawn;
+    /* speculation controllers (documented in coord_tree.c) */
+    bool tree, adaptive;
+    coord_vote vote;
+    int width;               /* verification width: nodes of a verified tree, root included */
+    int spec_len;            /* current speculation length (max draft depth) */
+    double acr_reward_threshold, acr_punish_threshold, reward_factor, punish_factor;
+    int decision_threshold, s_reward, s_punish;
+    double adapt_hist[COORD_ADAPT_WINDOW];
+    uint64_t adapt_n;
     const char *spec_specs[RT_MAX_SPECULATORS];
     int n_spec_specs;
     char bin_dir[4096];
@@ -96,6 +122,7 @@ typedef struct {
     pthread_mutex_t mlock;
     uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
     uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
+    uint64_t m_verified_nodes;
     double m_step_seconds, m_draft_wait_seconds;
     double m_worker_compute_us[COORD_MAX_WORKERS];
     uint64_t m_worker_steps[COORD_MAX_WORKERS];
@@ -114,6 +141,14 @@ void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__Bod
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body);
 void coord_group_shutdown(coord *c);
 void coord_group_write_status(coord *c);
+
+/* coord_tree.c */
+void coord_tree_init(coord_tree *t, int32_t root);
+void coord_tree_add(coord_tree *t, const arena_draft *d, float weight, int owner);
+void coord_tree_vote(const coord_tree *in, coord_vote mode, int max_nodes, coord_tree *out);
+void coord_tree_match(const arena_draft *d, const int32_t *accepted, int n_acc, int *depth, int *matched);
+void coord_acr_update(coord *c, coord_peer *p, int depth, int matched);
+void coord_adapt_sample(coord *c, double seconds_per_token);
 
 /* coord_engine.c */
 int coord_engine_submit(void *ctx, coord_request *req);

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "coordinator/coord.h"
+#include "coordinator/verify.h"
 
 #define ENGINE_WORKER_WAIT_US 60000000u /* how long a request waits for the workers to be back */
 
@@ -129,8 +130,12 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         st->n_prefix = (uint32_t)n_prefix;
         st->logits_from = (uint32_t)logits_from;
         memcpy(st->tokens, tokens, (size_t)n * sizeof *tokens);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             st->parent[i] = parent ? parent[i] : i - 1;
+            st->seq[i] = 0;
+        }
+        memset(st->seq_prefix, 0, sizeof st->seq_prefix);
+        st->seq_prefix[0] = (uint32_t)n_prefix;
         arena_barrier_init(&st->barrier, (uint32_t)c->n_workers);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         c->step_wait_id = st->step_id;
@@ -210,6 +215,9 @@ static void engine_feedback(coord *c, uint64_t req_id, const int32_t *all, int n
         fb.n_tokens = (size_t)(reset ? n_all : n_added);
         fb.accepted = (uint32_t)accepted;
         fb.drafted = (uint32_t)drafted;
+        fb.max_nodes = (uint32_t)(c->width - 1);
+        fb.max_depth = (uint32_t)c->spec_len;
+        fb.tree = c->tree;
         coord_group_send(c, p, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
         p->fed_req = req_id;
         p->fed_ctx = (uint64_t)n_all;
@@ -225,12 +233,13 @@ static void engine_feedback_done(coord *c, uint64_t req_id)
     coord_group_broadcast(c, PEER_SPECULATOR, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
 }
 
-/* Wait for the speculators' drafts for context n_all and take the best; returns its length. */
-static int engine_pick_draft(coord *c, uint64_t req_id, const int32_t *all, int n_all, int max,
-                             int32_t *out, coord_peer **from)
+/* Wait until every fed speculator has answered for context n_all (or --draft-wait-ms passed) and
+ * copy the drafts that continue exactly this context into the peers. Returns how many. */
+static int engine_gather_drafts(coord *c, uint64_t req_id, const int32_t *all, int n_all)
 {
-    *from = NULL;
-    if (max <= 0 || !coord_group_count(c, PEER_SPECULATOR, true))
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        c->peers[i].has_draft = false;
+    if (!coord_group_count(c, PEER_SPECULATOR, true))
         return 0;
     uint64_t t0 = rt_now_us(), deadline = t0 + (uint64_t)c->draft_wait_ms * 1000u;
     for (;;) {
@@ -249,9 +258,7 @@ static int engine_pick_draft(coord *c, uint64_t req_id, const int32_t *all, int 
     pthread_mutex_lock(&c->mlock);
     c->m_draft_wait_seconds += (rt_now_us() - t0) / 1e6;
     pthread_mutex_unlock(&c->mlock);
-    int best_n = 0;
-    double best_score = -1;
-    arena_draft d;
+    int got = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
         if (p->role != PEER_SPECULATOR || !p->connected || !p->ready_fresh || p->ready_req != req_id ||
@@ -259,19 +266,35 @@ static int engine_pick_draft(coord *c, uint64_t req_id, const int32_t *all, int 
             continue;
         arena_draft_ring *ring = (arena_draft_ring *)((uint8_t *)c->rings + (size_t)p->index * c->ring_bytes);
         /* the draft must continue exactly this context */
-        if (!arena_draft_ring_get(ring, p->ready_slot, &d) || d.request_id != req_id ||
-            d.ctx_len != (uint64_t)n_all || d.last_token != all[n_all - 1] || d.n == 0)
+        if (!arena_draft_ring_get(ring, p->ready_slot, &p->draft) || p->draft.request_id != req_id ||
+            p->draft.ctx_len != (uint64_t)n_all || p->draft.last_token != all[n_all - 1] || p->draft.n == 0)
             continue;
-        int n = (int)d.n < max ? (int)d.n : max;
-        double score = p->acr + 1e-3 * n;
-        if (score > best_score) {
-            best_score = score;
-            best_n = n;
-            memcpy(out, d.tokens, (size_t)n * sizeof *out);
-            *from = p;
+        p->has_draft = true;
+        got++;
+    }
+    return got;
+}
+
+/* The tree to verify: the drafts merged and voted on within the node budget. */
+static void engine_build_tree(coord *c, int32_t root, int max_nodes, coord_tree *out)
+{
+    static __thread coord_tree merged; /* 10 KiB: keep it off the stack */
+    coord_tree_init(&merged, root);
+    coord_peer *best = NULL;
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        coord_peer *p = &c->peers[i];
+        if (!p->has_draft)
+            continue;
+        if (c->vote == VOTE_OFF) {
+            if (!best || p->weight > best->weight || (p->weight == best->weight && p->draft.n > best->draft.n))
+                best = p;
+        } else {
+            coord_tree_add(&merged, &p->draft, (float)p->weight, p->index);
         }
     }
-    return best_n;
+    if (best)
+        coord_tree_add(&merged, &best->draft, (float)best->weight, best->index);
+    coord_tree_vote(&merged, c->vote, max_nodes, out);
 }
 
 /* ===== output ===== */
@@ -418,7 +441,7 @@ static void engine_run(coord *c, coord_request *req)
     sampler smp;
     sampler_init(&smp, (float)prm->temperature, prm->top_k, (float)prm->top_p,
                  prm->has_seed ? (uint64_t)prm->seed : req_id);
-    void *work = malloc((size_t)V * 8);
+    void *work = malloc((size_t)V * 3 * sizeof(float) + (size_t)V * 8);
     if (!work) {
         coord_request_fail(req, 500, "out of memory");
         goto done;
@@ -475,40 +498,39 @@ static void engine_run(coord *c, coord_request *req)
     bool stop = false;
     EMIT(&next, 1);
     engine_feedback(c, req_id, all, n_all, NULL, 0, 0, 0);
+    static __thread coord_tree tree;
     while (!stop && generated < max_new && !coord_request_cancelled(req) && !coord_stop_flag) {
-        int32_t batch[RT_MAX_WIDTH];
-        batch[0] = all[n_all - 1];
-        coord_peer *from = NULL;
         int room = max_new - generated; /* tokens we may still emit */
-        int k = 0;
-        if (greedy) {
-            int max_k = c->max_width - 1 < room ? c->max_width - 1 : room - 1;
-            if (n_prefix + 1 + max_k > c->n_ctx)
-                max_k = c->n_ctx - n_prefix - 1;
-            k = engine_pick_draft(c, req_id, all, n_all, max_k, batch + 1, &from);
-        }
-        llama_batch b = {.n = 1 + k, .tokens = batch, .logits_from = 0};
-        if (engine_step(c, 1 + k, batch, NULL, n_prefix, 0, err, sizeof err)) {
+        int budget = c->width < c->n_ctx - n_prefix ? c->width : c->n_ctx - n_prefix;
+        if (budget > room)
+            budget = room; /* a longer path could not be emitted anyway */
+        if (budget < 1)
+            budget = 1;
+        engine_gather_drafts(c, req_id, all, n_all);
+        engine_build_tree(c, all[n_all - 1], budget, &tree);
+        int k = tree.n - 1; /* drafted nodes under verification */
+        llama_batch b = {.n = tree.n, .tokens = tree.tokens, .parent = tree.parent, .logits_from = 0};
+        uint64_t t_step = rt_now_us();
+        if (engine_step(c, tree.n, tree.tokens, tree.parent, n_prefix, 0, err, sizeof err)) {
             coord_request_fail(req, 503, err);
             goto done_work;
         }
-        int a = 0;
-        int32_t corr;
-        if (greedy) {
-            while (a < k && sampler_argmax(c->logits + (size_t)a * V, V) == batch[1 + a])
-                a++;
-            corr = sampler_argmax(c->logits + (size_t)a * V, V);
-        } else {
-            corr = sampler_sample(&smp, c->logits, V, work);
-        }
-        if (engine_commit(c, &b, n_prefix, path, 1 + a, err, sizeof err)) {
+        verify_tree vt = {.n = tree.n, .tokens = tree.tokens, .parent = tree.parent};
+        verify_result vr;
+        if (greedy)
+            verify_greedy(&vt, c->logits, V, &vr);
+        else
+            verify_sample(&vt, c->logits, V, &smp, work, &vr);
+        int a = vr.n_path - 1;
+        if (engine_commit(c, &b, n_prefix, vr.path, vr.n_path, err, sizeof err)) {
             coord_request_fail(req, 500, err);
             goto done_work;
         }
-        n_prefix += 1 + a;
-        int32_t added[RT_MAX_WIDTH];
-        memcpy(added, batch + 1, (size_t)a * sizeof *added);
-        added[a] = corr;
+        n_prefix += vr.n_path;
+        int32_t added[RT_MAX_WIDTH + 1];
+        for (int i = 1; i < vr.n_path; i++)
+            added[i - 1] = tree.tokens[vr.path[i]];
+        added[a] = vr.next;
         int n_add = a + 1 < room ? a + 1 : room;
         memcpy(all + n_all, added, (size_t)n_add * sizeof *added);
         n_all += n_add;
@@ -516,19 +538,30 @@ static void engine_run(coord *c, coord_request *req)
         steps++;
         verify_steps++;
         accepted_total += a;
-        if (from) {
-            from->drafted += (uint64_t)k;
-            from->accepted += (uint64_t)a;
-            from->drafts_used++;
-            from->acr = 0.8 * from->acr + 0.2 * ((double)a / k);
-            if (from->index < RT_MAX_SPECULATORS && !kinds_used[from->index]) {
-                kinds_used[from->index] = true;
+        coord_adapt_sample(c, (rt_now_us() - t_step) / 1e6 / (a + 1));
+        for (int i = 0; i < COORD_MAX_PEERS; i++) {
+            coord_peer *p = &c->peers[i];
+            if (!p->has_draft)
+                continue;
+            int depth, matched;
+            coord_tree_match(&p->draft, added, a, &depth, &matched);
+            coord_acr_update(c, p, depth, matched);
+            p->drafted += (uint64_t)depth;
+            p->accepted += (uint64_t)matched;
+            p->drafts_used++;
+            bool verified = false;
+            for (int j = 1; j < tree.n; j++)
+                verified |= (tree.owners[j] >> p->index) & 1u;
+            if (verified && p->index < RT_MAX_SPECULATORS && !kinds_used[p->index]) {
+                kinds_used[p->index] = true;
                 size_t kl = strlen(kinds);
-                snprintf(kinds + kl, sizeof kinds - kl, "%s%s", kl ? "," : "", from->kind);
+                if (!strstr(kinds, p->kind))
+                    snprintf(kinds + kl, sizeof kinds - kl, "%s%s", kl ? "," : "", p->kind);
             }
         }
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[a < RT_MAX_WIDTH ? a : RT_MAX_WIDTH]++;
+        c->m_verified_nodes += (uint64_t)k;
         pthread_mutex_unlock(&c->mlock);
         EMIT(added, n_add);
         if (!stop)

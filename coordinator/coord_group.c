@@ -280,6 +280,8 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         }
         p->index = ring;
         snprintf(p->kind, sizeof p->kind, "%s", h->kind);
+        if (p->weight <= 0)
+            p->weight = 1.0; /* a newcomer starts with an average vote */
         arena_draft_ring_init((arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
                               RT_DRAFT_SLOTS);
         w.draft_ring = (uint32_t)ring;
@@ -447,15 +449,52 @@ void coord_group_write_status(coord *c)
         const coord_peer *p = &c->peers[i];
         if (p->role == PEER_FREE)
             continue;
-        if (p->connected)
-            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d%s%s\n",
+        if (p->connected && p->role == PEER_SPECULATOR)
+            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d  kind %s"
+                       "  acr %.3f  weight %.3f\n",
                     p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
-                    (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts,
-                    p->role == PEER_SPECULATOR ? "  kind " : "", p->kind);
+                    (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts, p->kind,
+                    p->acr, p->weight);
+        else if (p->connected)
+            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d\n",
+                    p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
+                    (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts);
         else
-            fprintf(f, "%-16s pid %-7s (not connected%s)  restarts %d\n", p->name, "-",
+            fprintf(f, "%-16s pid %-7d (not connected%s)  restarts %d\n", p->name, (int)p->child,
                     p->child ? ", starting" : "", p->restarts);
     }
+    fprintf(f, "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s\n", "controllers",
+            c->width, c->spec_len, c->tree ? "on" : "off",
+            c->vote == VOTE_MAJORITY ? "majority" : c->vote == VOTE_UNION ? "union" : "off",
+            c->adaptive ? "on" : "off");
+    /* the speculator gauges for /metrics */
+    char text[sizeof c->m_spec_text];
+    size_t n = 0;
+    n += (size_t)snprintf(text + n, sizeof text - n,
+                          "# HELP orochi_speculator_acr Average acceptance rate of a speculator's drafts.\n"
+                          "# TYPE orochi_speculator_acr gauge\n");
+    for (int i = 0; i < COORD_MAX_PEERS && n < sizeof text; i++) {
+        const coord_peer *p = &c->peers[i];
+        if (p->role == PEER_SPECULATOR)
+            n += (size_t)snprintf(text + n, sizeof text - n,
+                                  "orochi_speculator_acr{id=\"%s\",kind=\"%s\"} %.4f\n"
+                                  "orochi_speculator_weight{id=\"%s\",kind=\"%s\"} %.4f\n"
+                                  "orochi_speculator_up{id=\"%s\",kind=\"%s\"} %d\n"
+                                  "orochi_speculator_drafted_tokens_total{id=\"%s\"} %llu\n"
+                                  "orochi_speculator_accepted_tokens_total{id=\"%s\"} %llu\n",
+                                  p->name, p->kind, p->acr, p->name, p->kind, p->weight, p->name, p->kind,
+                                  p->connected ? 1 : 0, p->name, (unsigned long long)p->drafted, p->name,
+                                  (unsigned long long)p->accepted);
+    }
+    if (n < sizeof text)
+        n += (size_t)snprintf(text + n, sizeof text - n,
+                              "# TYPE orochi_speculation_length gauge\norochi_speculation_length %d\n"
+                              "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n",
+                              c->spec_len, c->width);
+    pthread_mutex_lock(&c->mlock);
+    memcpy(c->m_spec_text, text, sizeof text);
+    c->m_spec_text[sizeof c->m_spec_text - 1] = 0;
+    pthread_mutex_unlock(&c->mlock);
     fclose(f);
     rename(tmp, path);
 }

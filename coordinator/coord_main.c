@@ -39,7 +39,10 @@ static void coord_usage(FILE *out)
             "         [--workers N] [--threads-per-worker T] [--speculator KIND[:k=v,...]]...\n"
             "         [--max-width W] [--n-ctx C] [--max-draft S] [--draft-wait-ms MS]\n"
             "         [--api-key KEY] [--external ROLE] [--no-spawn] [--heartbeat-ms MS]\n"
-            "         [--dead-ms MS] [--trace]\n"
+            "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
+            "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
+            "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
+            "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--trace]\n"
             "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
             "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
             "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
@@ -57,8 +60,15 @@ static int coord_parse(coord *c, int argc, char **argv)
         {"draft-wait-ms", required_argument, 0, 'D'}, {"api-key", required_argument, 0, 'k'},
         {"external", required_argument, 0, 'x'}, {"no-spawn", no_argument, 0, 'N'},
         {"heartbeat-ms", required_argument, 0, 'H'}, {"dead-ms", required_argument, 0, 'X'},
+        {"tree", required_argument, 0, 'T'}, {"vote", required_argument, 0, 'V'},
+        {"adaptive", required_argument, 0, 'A'}, {"width", required_argument, 0, 'Y'},
+        {"acr-reward-threshold", required_argument, 0, 1}, {"acr-punish-threshold", required_argument, 0, 2},
+        {"reward-factor", required_argument, 0, 3}, {"punish-factor", required_argument, 0, 4},
+        {"decision-threshold", required_argument, 0, 5}, {"s-reward", required_argument, 0, 6},
+        {"s-punish", required_argument, 0, 7},
         {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int o;
+    bool bad = false;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'r': c->run_dir = optarg; break;
@@ -86,15 +96,44 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 'N': c->no_spawn = true; break;
         case 'H': c->heartbeat_ms = atoi(optarg); break;
         case 'X': c->dead_ms = atoi(optarg); break;
+        case 'T': c->tree = !strcmp(optarg, "on"); bad |= strcmp(optarg, "on") && strcmp(optarg, "off"); break;
+        case 'A': c->adaptive = !strcmp(optarg, "on"); bad |= strcmp(optarg, "on") && strcmp(optarg, "off"); break;
+        case 'V':
+            if (!strcmp(optarg, "majority")) c->vote = VOTE_MAJORITY;
+            else if (!strcmp(optarg, "union")) c->vote = VOTE_UNION;
+            else if (!strcmp(optarg, "off")) c->vote = VOTE_OFF;
+            else bad = true;
+            break;
+        case 'Y': c->width = atoi(optarg); break;
+        case 1: c->acr_reward_threshold = atof(optarg); break;
+        case 2: c->acr_punish_threshold = atof(optarg); break;
+        case 3: c->reward_factor = atof(optarg); break;
+        case 4: c->punish_factor = atof(optarg); break;
+        case 5: c->decision_threshold = atoi(optarg); break;
+        case 6: c->s_reward = atoi(optarg); break;
+        case 7: c->s_punish = atoi(optarg); break;
         case 'v': c->trace = true; break;
         case 'h': coord_usage(stdout); exit(0);
         default: coord_usage(stderr); return 2;
         }
     }
-    if (!c->run_dir || !c->target) {
+    if (!c->run_dir || !c->target || bad) {
+        if (bad)
+            fprintf(stderr, "orochi-coordinator: --tree/--adaptive take on|off, --vote majority|union|off\n");
         coord_usage(stderr);
         return 2;
     }
+    if (!c->width)
+        c->width = c->max_width;
+    if (c->width < 1 || c->width > c->max_width || c->decision_threshold < 1 || c->reward_factor < 1 ||
+        c->punish_factor <= 0 || c->punish_factor > 1) {
+        fprintf(stderr, "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
+                        "reward-factor >= 1, 0 < punish-factor <= 1\n");
+        return 2;
+    }
+    c->spec_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
+    if (c->spec_len < 1)
+        c->spec_len = 1;
     if (c->n_workers < 1 || c->n_workers > COORD_MAX_WORKERS || c->threads_per_worker < 1 ||
         c->max_width < 1 || c->max_width > RT_MAX_WIDTH || c->max_draft < 1 ||
         c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100) {
@@ -152,7 +191,7 @@ static int coord_setup(coord *c)
         *dot = 0;
 
     /* the arena */
-    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, KV_F32, NULL);
+    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, 1, KV_F32, NULL);
     c->ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
@@ -226,7 +265,10 @@ static int coord_start_http(coord *c)
 int main(int argc, char **argv)
 {
     coord c = {.port = 8080, .n_workers = 2, .threads_per_worker = 1, .max_width = 8, .max_draft = 4,
-               .draft_wait_ms = 200, .heartbeat_ms = 250, .dead_ms = 3000};
+               .draft_wait_ms = 200, .heartbeat_ms = 250, .dead_ms = 3000, .tree = true,
+               .vote = VOTE_MAJORITY, .adaptive = true, .acr_reward_threshold = 0.5,
+               .acr_punish_threshold = 0.2, .reward_factor = 1.1, .punish_factor = 0.9,
+               .decision_threshold = 8, .s_reward = 1, .s_punish = 1};
     int rc = coord_parse(&c, argc, argv);
     if (rc)
         return rc;

@@ -33,7 +33,8 @@ struct llama_ctx {
     const llama_model *m;
     llama_ctx_params p;
     kpool *pool;
-    int n_prefix;
+    int *prefix;       /* committed length of each sequence slot */
+    int64_t tree_row;  /* first tree-area row: after n_seq * n_ctx prefix rows */
     size_t kv_elem;    /* bytes per KV element */
     int64_t kv_row;    /* elements per position: n_kv_heads * head_dim */
     llama_shared sh;   /* KV cache and shared activations (owned or external) */
@@ -46,6 +47,7 @@ struct llama_ctx {
     int32_t *anc;      /* max_width x max_width ancestor lists */
     int32_t *n_anc;
     int32_t *pos;      /* positions of the current batch */
+    int32_t *seq;      /* sequence slot of each batch token */
     int batch_n;       /* tokens of the batch the lists describe */
     void *scratch;     /* matmul scratch */
 };
@@ -314,12 +316,14 @@ static size_t sh_align(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, kv_type kv,
+size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int n_seq, kv_type kv,
                            llama_shared *offsets)
 {
     size_t W = (size_t)max_width, qd = (size_t)c->n_heads * c->head_dim;
     size_t kv_row = (size_t)c->n_kv_heads * c->head_dim, esz = kv == KV_F16 ? 2 : 4;
-    size_t layer_kv = sh_align((size_t)(n_ctx + max_width) * kv_row * esz);
+    if (n_seq < 1)
+        n_seq = 1;
+    size_t layer_kv = sh_align(((size_t)n_seq * (size_t)n_ctx + W) * kv_row * esz);
     size_t off = 0;
     llama_shared o = {0};
 #define SH_PLACE(field, bytes)                  \
@@ -342,9 +346,9 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, kv_t
 }
 
 void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx, int max_width,
-                       kv_type kv)
+                       int n_seq, kv_type kv)
 {
-    llama_shared_layout(c, n_ctx, max_width, kv, sh);
+    llama_shared_layout(c, n_ctx, max_width, n_seq, kv, sh);
     uint8_t *b = base;
     sh->base = base;
     sh->kv = b + sh->kv_off;
@@ -378,6 +382,8 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         x->p.max_width = 1;
     if (x->p.n_parts <= 0)
         x->p.n_parts = 1;
+    if (x->p.n_seq <= 0)
+        x->p.n_seq = 1;
     if (x->p.max_width > KMAT_MAX_W || x->p.part < 0 || x->p.part >= x->p.n_parts ||
         x->p.n_parts > c->n_kv_heads) {
         snprintf(err, errlen, "bad context parameters: width %d (max %d), part %d of %d (at most %d "
@@ -396,14 +402,15 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->kvh0 = c->n_kv_heads * x->p.part / x->p.n_parts;
     x->kvh1 = c->n_kv_heads * (x->p.part + 1) / x->p.n_parts;
     if (x->p.shared) {
-        llama_shared_bind(&x->sh, x->p.shared, c, x->p.n_ctx, x->p.max_width, x->p.kv);
+        llama_shared_bind(&x->sh, x->p.shared, c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv);
     } else {
-        size_t bytes = llama_shared_layout(c, x->p.n_ctx, x->p.max_width, x->p.kv, NULL);
+        size_t bytes = llama_shared_layout(c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv, NULL);
         /* page-aligned and untouched until used, so a large n_ctx costs address space only */
         if (posix_memalign(&x->owned_shared, 4096, bytes))
             goto oom;
-        llama_shared_bind(&x->sh, x->owned_shared, c, x->p.n_ctx, x->p.max_width, x->p.kv);
+        llama_shared_bind(&x->sh, x->owned_shared, c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv);
     }
+    x->tree_row = (int64_t)x->p.n_seq * x->p.n_ctx;
     size_t W = (size_t)x->p.max_width;
     int64_t qd = (int64_t)c->n_heads * c->head_dim;
     int64_t wide = c->ffn > qd ? c->ffn : qd;
@@ -414,8 +421,10 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->anc = malloc(W * W * sizeof *x->anc);
     x->n_anc = malloc(W * sizeof *x->n_anc);
     x->pos = malloc(W * sizeof *x->pos);
+    x->seq = malloc(W * sizeof *x->seq);
+    x->prefix = calloc((size_t)x->p.n_seq, sizeof *x->prefix);
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
-    if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->scratch)
+    if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix || !x->scratch)
         goto oom;
     return x;
 oom:
@@ -436,6 +445,8 @@ void llama_ctx_destroy(llama_ctx **ctx)
     free(x->anc);
     free(x->n_anc);
     free(x->pos);
+    free(x->seq);
+    free(x->prefix);
     free(x->scratch);
     kpool_destroy(&x->pool);
     free(x);
@@ -444,12 +455,23 @@ void llama_ctx_destroy(llama_ctx **ctx)
 
 int llama_ctx_prefix_len(const llama_ctx *ctx)
 {
-    return ctx->n_prefix;
+    return ctx->prefix[0];
 }
 
 void llama_ctx_set_prefix_len(llama_ctx *ctx, int n)
 {
-    ctx->n_prefix = n < 0 ? 0 : n > ctx->p.n_ctx ? ctx->p.n_ctx : n;
+    llama_ctx_set_seq_prefix_len(ctx, 0, n);
+}
+
+int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq)
+{
+    return seq >= 0 && seq < ctx->p.n_seq ? ctx->prefix[seq] : 0;
+}
+
+void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n)
+{
+    if (seq >= 0 && seq < ctx->p.n_seq)
+        ctx->prefix[seq] = n < 0 ? 0 : n > ctx->p.n_ctx ? ctx->p.n_ctx : n;
 }
 
 int llama_ctx_threads(const llama_ctx *ctx)
@@ -464,7 +486,7 @@ const llama_shared *llama_ctx_shared(const llama_ctx *ctx)
 
 void llama_ctx_reset(llama_ctx *ctx)
 {
-    ctx->n_prefix = 0;
+    memset(ctx->prefix, 0, (size_t)ctx->p.n_seq * sizeof *ctx->prefix);
 }
 
 /* ===== the forward ===== */
@@ -534,16 +556,18 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
         const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         float *out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         size_t head_off = (size_t)kvh * hd * x->kv_elem;
+        int seq = x->seq[i], n_prefix = x->prefix[seq];
+        int64_t seq_row = (int64_t)seq * x->p.n_ctx;
         katt_keys keys = {
-            .type = x->p.kv, .stride = x->kv_row, .n_prefix = x->n_prefix,
-            .k = kl + head_off,
-            .v = vl + head_off,
-            .tree_k = (uint8_t *)kv_slot(x, kl, x->p.n_ctx) + head_off,
-            .tree_v = (uint8_t *)kv_slot(x, vl, x->p.n_ctx) + head_off,
+            .type = x->p.kv, .stride = x->kv_row, .n_prefix = n_prefix,
+            .k = (uint8_t *)kv_slot(x, kl, seq_row) + head_off,
+            .v = (uint8_t *)kv_slot(x, vl, seq_row) + head_off,
+            .tree_k = (uint8_t *)kv_slot(x, kl, x->tree_row) + head_off,
+            .tree_v = (uint8_t *)kv_slot(x, vl, x->tree_row) + head_off,
             .tree_slot = x->anc + (int64_t)i * x->p.max_width,
         };
         katt_stat st;
-        katt_causal(q, &keys, x->n_prefix + x->n_anc[i], hd, scale, &st, out);
+        katt_causal(q, &keys, n_prefix + x->n_anc[i], hd, scale, &st, out);
         katt_finish(&st, out, hd);
     }
 }
@@ -558,6 +582,13 @@ static int llama_tree_prepare(llama_ctx *x, const llama_batch *b, char *err, siz
             snprintf(err, errlen, "token %d: parent %d must be -1 or an earlier batch index", i, par);
             return -1;
         }
+        int seq = b->seq ? b->seq[i] : 0;
+        if (seq < 0 || seq >= x->p.n_seq || (par >= 0 && x->seq[par] != seq)) {
+            snprintf(err, errlen, "token %d: sequence %d is not a slot of this context (0..%d) or differs "
+                     "from its parent's", i, seq, x->p.n_seq - 1);
+            return -1;
+        }
+        x->seq[i] = seq;
         int32_t *a = x->anc + (int64_t)i * W;
         int n = 0;
         if (par >= 0) {
@@ -566,9 +597,14 @@ static int llama_tree_prepare(llama_ctx *x, const llama_batch *b, char *err, siz
         }
         a[n++] = i;
         x->n_anc[i] = n;
-        x->pos[i] = b->pos ? b->pos[i] : x->n_prefix + n - 1;
+        x->pos[i] = b->pos ? b->pos[i] : x->prefix[seq] + n - 1;
         if (x->pos[i] < 0) {
             snprintf(err, errlen, "token %d: negative position %d", i, x->pos[i]);
+            return -1;
+        }
+        if (x->prefix[seq] + n > x->p.n_ctx) {
+            snprintf(err, errlen, "context full: sequence %d has %d committed tokens; token %d at depth "
+                     "%d would exceed %d", seq, x->prefix[seq], i, n, x->p.n_ctx);
             return -1;
         }
     }
@@ -581,11 +617,6 @@ static int llama_batch_check(llama_ctx *x, const llama_batch *b, char *err, size
     const llama_config *c = &x->m->cfg;
     if (b->n < 1 || b->n > x->p.max_width) {
         snprintf(err, errlen, "batch of %d tokens: must be 1..%d", b->n, x->p.max_width);
-        return -1;
-    }
-    if (x->n_prefix + b->n > x->p.n_ctx) {
-        snprintf(err, errlen, "context full: %d committed + %d new tokens exceed %d", x->n_prefix,
-                 b->n, x->p.n_ctx);
         return -1;
     }
     for (int i = 0; i < b->n; i++)
@@ -644,8 +675,8 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         for (int i = 0; i < n; i++) {
             k_rope(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
             k_rope(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
-            kv_store(x, kv_layer(x, l, 0), x->p.n_ctx + i, sh->kk + i * kvd);
-            kv_store(x, kv_layer(x, l, 1), x->p.n_ctx + i, sh->vv + i * kvd);
+            kv_store(x, kv_layer(x, l, 0), x->tree_row + i, sh->kk + i * kvd);
+            kv_store(x, kv_layer(x, l, 1), x->tree_row + i, sh->vv + i * kvd);
         }
         att_job aj = {x, l, n};
         kpool_run(x->pool, (int64_t)n * (x->kvh1 - x->kvh0) * group, 1, att_run, &aj);
@@ -683,29 +714,38 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
 
 int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t errlen)
 {
-    if (x->n_prefix + n > x->p.n_ctx) {
-        snprintf(err, errlen, "commit of %d tokens overflows the context (%d of %d used)", n,
-                 x->n_prefix, x->p.n_ctx);
+    if (n <= 0)
+        return 0;
+    if (path[0] < 0 || path[0] >= x->batch_n) {
+        snprintf(err, errlen, "commit: path[0] = %d is not a token of the last batch", path[0]);
+        return -1;
+    }
+    int seq = x->seq[path[0]], base_len = x->prefix[seq];
+    if (base_len + n > x->p.n_ctx) {
+        snprintf(err, errlen, "commit of %d tokens overflows sequence %d (%d of %d used)", n, seq,
+                 base_len, x->p.n_ctx);
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        if (path[i] < 0 || path[i] >= x->batch_n || x->pos[path[i]] != x->n_prefix + i) {
-            snprintf(err, errlen, "commit: path[%d] = %d is not at position %d", i, path[i],
-                     x->n_prefix + i);
+        if (path[i] < 0 || path[i] >= x->batch_n || x->seq[path[i]] != seq ||
+            x->pos[path[i]] != base_len + i) {
+            snprintf(err, errlen, "commit: path[%d] = %d is not at position %d of sequence %d", i,
+                     path[i], base_len + i, seq);
             return -1;
         }
     }
     /* a part moves only its own KV heads, so parts can commit concurrently with each other */
     size_t c0 = (size_t)x->kvh0 * (size_t)x->m->cfg.head_dim * x->kv_elem;
     size_t len = (size_t)(x->kvh1 - x->kvh0) * (size_t)x->m->cfg.head_dim * x->kv_elem;
+    int64_t dst = (int64_t)seq * x->p.n_ctx + base_len;
     for (int l = 0; l < x->m->cfg.n_layers; l++)
         for (int w = 0; w < 2; w++) {
             uint8_t *base = kv_layer(x, l, w);
             for (int i = 0; i < n; i++)
-                memcpy((uint8_t *)kv_slot(x, base, x->n_prefix + i) + c0,
-                       (uint8_t *)kv_slot(x, base, x->p.n_ctx + path[i]) + c0, len);
+                memcpy((uint8_t *)kv_slot(x, base, dst + i) + c0,
+                       (uint8_t *)kv_slot(x, base, x->tree_row + path[i]) + c0, len);
         }
-    x->n_prefix += n;
+    x->prefix[seq] += n;
     return 0;
 }
 

@@ -62,16 +62,18 @@ typedef struct {
     float *x, *q, *att, *xb2, *hg, *hu, *kk, *vv;
 } llama_shared;
 
-/* Bytes of the shared block for this shape; fills offsets when not NULL. */
-size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, kv_type kv,
+/* Bytes of the shared block for this shape (n_seq sequence slots of n_ctx prefix rows each, then
+ * one tree area of max_width rows); fills offsets when not NULL. */
+size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int n_seq, kv_type kv,
                            llama_shared *offsets);
 void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx, int max_width,
-                       kv_type kv);
+                       int n_seq, kv_type kv);
 
 typedef struct {
     int n_threads;  /* 0: all online cores */
     int max_width;  /* widest batch a forward takes (<= KMAT_MAX_W) */
-    int n_ctx;      /* prefix capacity; 0: the model's context length */
+    int n_ctx;      /* prefix capacity per sequence; 0: the model's context length */
+    int n_seq;      /* sequence slots (batching of several requests); 0: 1 */
     kv_type kv;     /* KV cache element type */
     /* column split: this context computes part `part` of `n_parts` (n_parts <= n_kv_heads) */
     int part, n_parts;
@@ -87,8 +89,11 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
 void llama_ctx_destroy(llama_ctx **ctx);
 int llama_ctx_prefix_len(const llama_ctx *ctx);
 int llama_ctx_threads(const llama_ctx *ctx);
-/* Set the committed length (a worker learns it from the coordinator each step). */
+/* Set the committed length (a worker learns it from the coordinator each step). Without a
+ * sequence argument: slot 0. */
 void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);
+int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq);
+void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n);
 const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
 /* Forget the committed prefix. */
 void llama_ctx_reset(llama_ctx *ctx);
@@ -98,6 +103,7 @@ typedef struct {
     const int32_t *tokens;
     const int32_t *parent; /* parent index within the batch, -1 = child of the prefix; NULL = chain */
     const int32_t *pos;    /* positions; NULL = prefix length + depth in the tree */
+    const int32_t *seq;    /* sequence slot per token (a tree stays in one slot); NULL = slot 0 */
     int logits_from;       /* compute logits only for tokens i >= logits_from */
 } llama_batch;
 
@@ -109,7 +115,8 @@ int llama_forward(llama_ctx *ctx, const llama_batch *b, float *logits, char *err
 /* Validate a batch and derive its ancestor lists and positions without running it (a process
  * that commits a step other processes computed calls this first). */
 int llama_ctx_set_batch(llama_ctx *ctx, const llama_batch *b, char *err, size_t errlen);
-/* Move the K/V of batch tokens path[0..n) (a root-to-node path, in order) into the prefix. */
+/* Move the K/V of batch tokens path[0..n) (a root-to-node path, in order, all of one sequence)
+ * into that sequence's prefix. */
 int llama_commit(llama_ctx *ctx, const int32_t *path, int n, char *err, size_t errlen);
 
 /* Convenience: feed ids as chains of up to max_width tokens, committing each; logits of the last
@@ -131,5 +138,15 @@ void sampler_init(sampler *s, float temp, int top_k, float top_p, uint64_t seed)
  * distribution; `work` must hold 2 * n floats' worth of scratch (n ints + n floats). */
 int32_t sampler_sample(sampler *s, const float *logits, int n, void *work);
 int32_t sampler_argmax(const float *logits, int n);
+/* The distribution sampler_sample draws from, as a dense vector: probs[0..n) holds the tempered,
+ * top-k then top-p truncated probabilities (summing to 1 over the support, 0 elsewhere); greedy
+ * (temp <= 0) gives a one-hot at the argmax. `work` as for sampler_sample. Uses no randomness.
+ * Returns the support size. */
+int sampler_probs(const sampler *s, const float *logits, int n, float *probs, void *work);
+/* A draw from an explicit non-negative vector (normalised or not) by inverse CDF in id order, with
+ * the sampler's generator; -1 when it has no positive entry. */
+int32_t sampler_draw(sampler *s, const float *probs, int n);
+/* A uniform double in [0, 1) (53 bits) from the sampler's generator. */
+double sampler_uniform(sampler *s);
 
 #endif

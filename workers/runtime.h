@@ -23,6 +23,7 @@
 #define RT_REGION_DRAFTS "drafts" /* RT_MAX_SPECULATORS draft rings */
 
 #define RT_MAX_WIDTH 64
+#define RT_MAX_SEQ 8      /* sequence slots: requests verified together in one step */
 #define RT_MAX_SPECULATORS 8
 #define RT_DRAFT_SLOTS 8
 
@@ -36,6 +37,8 @@ typedef struct {
     uint32_t pad;
     int32_t tokens[RT_MAX_WIDTH];
     int32_t parent[RT_MAX_WIDTH];
+    int32_t seq[RT_MAX_WIDTH];        /* sequence slot of each token */
+    uint32_t seq_prefix[RT_MAX_SEQ];  /* committed length of each slot */
 } rt_step;
 
 /* Bytes between consecutive draft rings in the drafts region (64-byte aligned). */

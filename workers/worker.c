@@ -129,13 +129,18 @@ static int worker_join(worker *w)
     w->step = arena_region_find(w->arena, RT_REGION_STEP, NULL);
     void *shared = arena_region_find(w->arena, RT_REGION_LLAMA, &llama_size);
     w->logits = arena_region_find(w->arena, RT_REGION_LOGITS, NULL);
-    size_t need = llama_shared_layout(&w->model->cfg, (int)wel->n_ctx, (int)wel->max_width, KV_F32, NULL);
+    int n_seq = wel->n_seq ? (int)wel->n_seq : 1;
+    if (n_seq > RT_MAX_SEQ) {
+        rt_log(w->role, "Welcome asks for %d sequence slots; this build has %d", n_seq, RT_MAX_SEQ);
+        goto done;
+    }
+    size_t need = llama_shared_layout(&w->model->cfg, (int)wel->n_ctx, (int)wel->max_width, n_seq, KV_F32, NULL);
     if (!w->step || !shared || !w->logits || llama_size < need) {
         rt_log(w->role, "arena %s lacks the step/llama/logits regions this model needs", wel->arena_name);
         goto done;
     }
     llama_ctx_params p = {.n_threads = w->threads, .max_width = (int)wel->max_width,
-                          .n_ctx = (int)wel->n_ctx, .kv = KV_F32, .part = (int)wel->worker_index,
+                          .n_ctx = (int)wel->n_ctx, .n_seq = n_seq, .kv = KV_F32, .part = (int)wel->worker_index,
                           .n_parts = (int)wel->n_workers, .shared = shared, .sync = worker_barrier,
                           .sync_arg = &w->step->barrier};
     w->ctx = llama_ctx_new(w->model, &p, err, sizeof err);
@@ -163,9 +168,10 @@ static void worker_step(worker *w, const Orochi__StepBegin *sb)
         snprintf(err, sizeof err, "step %llu: arena holds step %llu with %u tokens",
                  (unsigned long long)sb->step_id, (unsigned long long)st->step_id, sb->n_tokens);
     } else {
-        llama_ctx_set_prefix_len(w->ctx, (int)sb->n_prefix);
+        for (int s = 0; s < RT_MAX_SEQ; s++)
+            llama_ctx_set_seq_prefix_len(w->ctx, s, (int)st->seq_prefix[s]);
         llama_batch b = {.n = (int)sb->n_tokens, .tokens = st->tokens, .parent = st->parent,
-                         .logits_from = (int)sb->logits_from};
+                         .seq = st->seq, .logits_from = (int)sb->logits_from};
         if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0)
             w->steps++;
     }

@@ -108,7 +108,7 @@ static void *part_run(void *argp)
 
 static void run_parts(llama_model *m, int n_parts, float *logits)
 {
-    size_t bytes = llama_shared_layout(&m->cfg, 32, 8, KV_F32, NULL);
+    size_t bytes = llama_shared_layout(&m->cfg, 32, 8, 1, KV_F32, NULL);
     void *shared = calloc(1, bytes);
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, NULL, (unsigned)n_parts);

@@ -133,12 +133,66 @@ static void test_tree_bad_parent(void **state)
     llama_model_destroy(&m);
 }
 
+/* Two sequences in one batch (batched verification of two requests): each sequence's logits are
+ * bit-identical to running it alone, and committing one does not disturb the other. */
+static void test_tree_two_sequences(void **state)
+{
+    char err[256];
+    llama_model *m = llama_model_load(tu_make_model("tree", "q4_1", NULL), err, sizeof err);
+    assert_non_null(m);
+    int V = m->cfg.vocab;
+    static const int32_t pa[] = {5, 6, 7, 8}, pb[] = {100, 101, 102};
+    float *alone = malloc((size_t)4 * V * sizeof *alone), *both = malloc((size_t)8 * V * sizeof *both);
+    llama_ctx_params p1 = {.n_threads = 1, .max_width = 8, .n_ctx = 32, .kv = KV_F32};
+    llama_ctx_params p2 = {.n_threads = 2, .max_width = 8, .n_ctx = 32, .n_seq = 2, .kv = KV_F32};
+    llama_ctx *two = llama_ctx_new(m, &p2, err, sizeof err);
+    assert_non_null(two);
+    /* prefixes: seq 0 gets pa[0..2), seq 1 gets pb[0..1) */
+    int32_t seq0[] = {0, 0}, seq1[] = {1}, path2[] = {0, 1}, path1[] = {0};
+    llama_batch b0 = {.n = 2, .tokens = pa, .seq = seq0};
+    assert_int_equal(llama_forward(two, &b0, NULL, err, sizeof err), 0);
+    assert_int_equal(llama_commit(two, path2, 2, err, sizeof err), 0);
+    llama_batch b1 = {.n = 1, .tokens = pb, .seq = seq1};
+    assert_int_equal(llama_forward(two, &b1, NULL, err, sizeof err), 0);
+    assert_int_equal(llama_commit(two, path1, 1, err, sizeof err), 0);
+    /* one step: chain pa[2..4) for seq 0 and chain pb[1..3) for seq 1 */
+    int32_t toks[] = {7, 8, 101, 102}, par[] = {-1, 0, -1, 2}, seqs[] = {0, 0, 1, 1};
+    llama_batch b = {.n = 4, .tokens = toks, .parent = par, .seq = seqs};
+    assert_int_equal(llama_forward(two, &b, both, err, sizeof err), 0);
+    for (int which = 0; which < 2; which++) {
+        llama_ctx *one = llama_ctx_new(m, &p1, err, sizeof err);
+        const int32_t *ids = which ? pb : pa;
+        int n = which ? 3 : 4;
+        assert_int_equal(llama_prefill(one, ids, n - 2, NULL, err, sizeof err), 0);
+        llama_batch c = {.n = 2, .tokens = ids + n - 2};
+        assert_int_equal(llama_forward(one, &c, alone, err, sizeof err), 0);
+        for (int i = 0; i < 2; i++)
+            expect_same("two-sequence batch, token", which ? "seq 1" : "seq 0", i,
+                        both + (size_t)(2 * which + i) * V, alone + (size_t)i * V, V);
+        llama_ctx_destroy(&one);
+    }
+    /* committing seq 1's chain extends only seq 1 */
+    int32_t p3[] = {2, 3};
+    assert_int_equal(llama_commit(two, p3, 2, err, sizeof err), 0);
+    assert_int_equal(llama_ctx_seq_prefix_len(two, 0), 2);
+    assert_int_equal(llama_ctx_seq_prefix_len(two, 1), 3);
+    /* a path that mixes sequences is refused */
+    assert_int_equal(llama_forward(two, &b, NULL, err, sizeof err), 0);
+    int32_t bad[] = {0, 3};
+    assert_int_equal(llama_commit(two, bad, 2, err, sizeof err), -1);
+    llama_ctx_destroy(&two);
+    free(alone);
+    free(both);
+    llama_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_f32),
         cmocka_unit_test(test_tree_q4_1),
         cmocka_unit_test(test_tree_bad_parent),
+        cmocka_unit_test(test_tree_two_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
