@@ -61,18 +61,23 @@ typedef struct {
     double acr, acr_sum;     /* average acceptance rate (ACR) of its drafts */
     uint64_t acr_n;
     double weight;           /* its vote weight (Minions), from the ACR */
-    arena_draft draft;       /* its draft for the step being verified */
+    arena_draft draft;       /* its latest draft, as gathered */
     bool has_draft;
+    arena_draft slot_draft[RT_MAX_SEQ]; /* its draft per sequence slot in the step being verified */
     uint64_t ready_req, ready_ctx; /* latest DraftReady */
     uint32_t ready_slot, ready_n;
     bool ready_fresh;
     uint64_t fed_req, fed_ctx;     /* latest Feedback sent */
 } coord_peer;
 
+struct coord_engine_state;
+
 typedef struct {
     /* options */
     const char *run_dir, *target, *bind, *api_key, *external;
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
+    int n_seq;               /* requests verified together (sequence slots) */
+    struct coord_engine_state *eng;
     int heartbeat_ms, dead_ms;
     bool trace, no_spawn;
     /* speculation controllers (documented in coord_tree.c) */
@@ -123,6 +128,7 @@ typedef struct {
     uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
     uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
     uint64_t m_verified_nodes;
+    uint64_t m_batch_hist[RT_MAX_SEQ + 1]; /* requests per verification step */
     double m_step_seconds, m_draft_wait_seconds;
     double m_worker_compute_us[COORD_MAX_WORKERS];
     uint64_t m_worker_steps[COORD_MAX_WORKERS];
@@ -154,7 +160,10 @@ void coord_adapt_sample(coord *c, double seconds_per_token);
 int coord_engine_submit(void *ctx, coord_request *req);
 char *coord_engine_metrics(void *ctx);
 int coord_engine_health(void *ctx, char *msg, size_t len);
-void coord_engine_run_next(coord *c);
+int coord_engine_init(coord *c);
+void coord_engine_fini(coord *c);
+/* Admit queued requests into free slots, then run one verification step for all active ones. */
+void coord_engine_tick(coord *c);
 void coord_engine_on_step_done(coord *c, coord_peer *p, const Orochi__StepDone *d);
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r);
 void coord_engine_on_worker_lost(coord *c, coord_peer *p);

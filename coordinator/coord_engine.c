@@ -112,10 +112,11 @@ static bool engine_wait_workers(coord *c)
     return true;
 }
 
-/* Run one step; re-run it while workers are lost and come back. Returns 0, or -1 if the group
- * cannot finish it (err says why). */
-static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *parent, int n_prefix,
-                       int logits_from, char *err, size_t errlen)
+/* Run one step over n tokens (parents, sequence slots; seq_prefix: committed length of every
+ * slot); re-run it while workers are lost and come back. Returns 0, or -1 if the group cannot
+ * finish it (err says why). */
+static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *parent, const int32_t *seq,
+                       const int *seq_prefix, int logits_from, char *err, size_t errlen)
 {
     uint64_t t0 = rt_now_us();
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -127,15 +128,15 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         rt_step *st = c->step;
         st->step_id = ++c->step_counter;
         st->n_tokens = (uint32_t)n;
-        st->n_prefix = (uint32_t)n_prefix;
+        st->n_prefix = (uint32_t)seq_prefix[seq ? seq[0] : 0];
         st->logits_from = (uint32_t)logits_from;
         memcpy(st->tokens, tokens, (size_t)n * sizeof *tokens);
         for (int i = 0; i < n; i++) {
             st->parent[i] = parent ? parent[i] : i - 1;
-            st->seq[i] = 0;
+            st->seq[i] = seq ? seq[i] : 0;
         }
-        memset(st->seq_prefix, 0, sizeof st->seq_prefix);
-        st->seq_prefix[0] = (uint32_t)n_prefix;
+        for (int s = 0; s < RT_MAX_SEQ; s++)
+            st->seq_prefix[s] = s < c->n_seq ? (uint32_t)seq_prefix[s] : 0;
         arena_barrier_init(&st->barrier, (uint32_t)c->n_workers);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         c->step_wait_id = st->step_id;
@@ -145,7 +146,7 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         Orochi__StepBegin sb = OROCHI__STEP_BEGIN__INIT;
         sb.step_id = st->step_id;
         sb.n_tokens = (uint32_t)n;
-        sb.n_prefix = (uint32_t)n_prefix;
+        sb.n_prefix = st->n_prefix;
         sb.logits_from = (uint32_t)logits_from;
         coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_STEP_BEGIN, &sb);
         uint32_t all = (1u << c->n_workers) - 1;
@@ -176,14 +177,12 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
     return -1;
 }
 
-/* Commit batch tokens path[0..n) after a step over `b`. */
-static int engine_commit(coord *c, const llama_batch *b, int n_prefix, const int32_t *path, int n,
-                         char *err, size_t errlen)
+/* Tell the commit view about the step just run (positions per sequence slot). */
+static int engine_set_batch(coord *c, const llama_batch *b, const int *seq_prefix, char *err, size_t errlen)
 {
-    llama_ctx_set_prefix_len(c->kv, n_prefix);
-    if (llama_ctx_set_batch(c->kv, b, err, errlen))
-        return -1;
-    return llama_commit(c->kv, path, n, err, errlen);
+    for (int s = 0; s < c->n_seq; s++)
+        llama_ctx_set_seq_prefix_len(c->kv, s, seq_prefix[s]);
+    return llama_ctx_set_batch(c->kv, b, err, errlen);
 }
 
 /* ===== drafts ===== */
@@ -397,218 +396,356 @@ static char *engine_render(coord *c, const coord_params *prm)
     return out;
 }
 
-static void engine_run(coord *c, coord_request *req)
+/* ===== the scheduler: up to n_seq requests share each verification step ===== */
+
+typedef struct {
+    bool used;
+    coord_request *req;
+    const coord_params *prm;
+    uint64_t req_id;
+    int32_t *all;          /* prompt + generated tokens */
+    int n_all, n_prompt, generated, max_new, steps, accepted_total, verify_steps;
+    bool greedy, stop;
+    const char *finish;
+    sampler smp;
+    void *work;            /* sampling scratch: 3 * V floats + V * 8 bytes */
+    engine_text out;
+    char kinds[COORD_DRAFT_KINDS_LEN];
+    coord_tree tree;       /* this step's tree */
+    int off;               /* where the tree sits in the step batch */
+    int last_added;        /* tokens the last step appended */
+} engine_slot;
+
+struct coord_engine_state {
+    engine_slot slots[RT_MAX_SEQ];
+    int prefix[RT_MAX_SEQ];   /* committed length per sequence slot */
+    int rr;                   /* round-robin start for budget leftovers */
+};
+
+static void slot_release(coord *c, int s)
 {
-    const coord_params *prm = coord_request_params(req);
-    uint64_t req_id = ++c->next_request_id;
+    engine_slot *sl = &c->eng->slots[s];
+    engine_feedback_done(c, sl->req_id);
+    free(sl->out.text);
+    free(sl->all);
+    free(sl->work);
+    coord_request_unref(&sl->req);
+    memset(sl, 0, sizeof *sl);
+    c->eng->prefix[s] = 0;
+}
+
+/* The request the speculators draft for: the oldest active one. A speculator keeps one request's
+ * state (private KV and all), so feeding it every slot in turn would make it start over each step;
+ * the other slots are verified without drafts until they become the oldest. */
+static uint64_t engine_focus(const coord *c)
+{
+    uint64_t best = 0;
+    for (int s = 0; s < c->n_seq; s++) {
+        const engine_slot *sl = &c->eng->slots[s];
+        if (sl->used && (!best || sl->req_id < best))
+            best = sl->req_id;
+    }
+    return best;
+}
+
+/* Emit new tokens of a slot; sets sl->stop at eos, a stop string or an allocation failure. */
+static void slot_emit(coord *c, engine_slot *sl, const int32_t *ids, int n)
+{
+    int32_t eos = tokenizer_eos(c->tok);
+    for (int e = 0; e < n; e++) {
+        coord_request_append(sl->req, &ids[e], 1, NULL, 0);
+        if (ids[e] == eos) {
+            sl->finish = "stop";
+            sl->stop = true;
+            return;
+        }
+        const char *pc;
+        size_t pl = tokenizer_is_special(c->tok, ids[e]) ? 0 : tokenizer_piece(c->tok, ids[e], &pc);
+        if (pl && text_add(&sl->out, pc, pl)) {
+            sl->stop = true;
+            return;
+        }
+    }
+    if (text_flush(&sl->out, sl->req, sl->prm, false)) {
+        sl->finish = "stop";
+        sl->stop = true;
+    }
+}
+
+static void slot_finish(coord *c, int s)
+{
+    engine_slot *sl = &c->eng->slots[s];
+    text_flush(&sl->out, sl->req, sl->prm, true); /* after a stop string this adds nothing */
+    coord_stats stats = {0};
+    stats.prompt_tokens = sl->n_prompt;
+    stats.completion_tokens = sl->generated;
+    stats.steps = sl->steps;
+    stats.mean_accepted = sl->verify_steps ? (double)(sl->accepted_total + sl->verify_steps) / sl->verify_steps : 1.0;
+    snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "%s", sl->kinds);
+    coord_request_finish(sl->req, sl->finish, &stats);
+    pthread_mutex_lock(&c->mlock);
+    c->m_tokens += (uint64_t)sl->generated;
+    c->m_prompt_tokens += (uint64_t)sl->n_prompt;
+    pthread_mutex_unlock(&c->mlock);
+    if (c->trace)
+        rt_log("coordinator", "request %llu: %d prompt + %d generated tokens in %d steps (%.2f per "
+               "verification)", (unsigned long long)sl->req_id, sl->n_prompt, sl->generated, sl->steps,
+               stats.mean_accepted);
+    slot_release(c, s);
+}
+
+static void slot_fail(coord *c, int s, int status, const char *msg)
+{
+    coord_request_fail(c->eng->slots[s].req, status, msg);
+    slot_release(c, s);
+}
+
+/* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
+ * only), draw the first token. Returns 0 when the slot is now active. */
+static int slot_start(coord *c, int s, coord_request *req)
+{
+    engine_slot *sl = &c->eng->slots[s];
+    memset(sl, 0, sizeof *sl);
+    sl->used = true;
+    sl->req = req;
+    sl->prm = coord_request_params(req);
+    sl->req_id = ++c->next_request_id;
+    sl->finish = "length";
+    c->eng->prefix[s] = 0;
     char err[512];
     int V = c->model->cfg.vocab;
-    char *text = engine_render(c, prm);
+    char *text = engine_render(c, sl->prm);
     int cap = text ? (int)strlen(text) + 8 : 0;
-    int32_t *all = text ? malloc(((size_t)cap + (size_t)c->n_ctx + 8) * sizeof *all) : NULL;
-    engine_text out = {0};
-    coord_stats stats = {0};
-    if (!all) {
-        coord_request_fail(req, 500, "out of memory");
-        goto done;
+    sl->all = text ? malloc(((size_t)cap + (size_t)c->n_ctx + RT_MAX_WIDTH + 8) * sizeof *sl->all) : NULL;
+    sl->work = malloc((size_t)V * 3 * sizeof(float) + (size_t)V * 8);
+    if (!sl->all || !sl->work) {
+        free(text);
+        slot_fail(c, s, 500, "out of memory");
+        return -1;
     }
-    int off = tokenizer_add_bos(c->tok) && tokenizer_bos(c->tok) >= 0 ? 1 : 0;
-    int needed = 0;
-    int n = tokenizer_encode(c->tok, text, strlen(text), true, all + off, cap - off, &needed);
+    int off = tokenizer_add_bos(c->tok) && tokenizer_bos(c->tok) >= 0 ? 1 : 0, needed = 0;
+    int n = tokenizer_encode(c->tok, text, strlen(text), true, sl->all + off, cap - off, &needed);
+    free(text);
     if (n < 0) {
-        coord_request_fail(req, 400, "the prompt could not be tokenized");
-        goto done;
+        slot_fail(c, s, 400, "the prompt could not be tokenized");
+        return -1;
     }
     if (off)
-        all[0] = tokenizer_bos(c->tok);
-    int n_all = n + off, n_prompt = n_all;
-    if (n_all == 0) {
-        coord_request_fail(req, 400, "the prompt is empty");
-        goto done;
+        sl->all[0] = tokenizer_bos(c->tok);
+    sl->n_all = sl->n_prompt = n + off;
+    if (sl->n_all == 0) {
+        slot_fail(c, s, 400, "the prompt is empty");
+        return -1;
     }
-    if (n_all >= c->n_ctx) {
+    if (sl->n_all >= c->n_ctx) {
         snprintf(err, sizeof err, "the prompt is %d tokens; the context holds %d (prompt plus at least "
-                 "one generated token)", n_all, c->n_ctx);
-        coord_request_fail(req, 413, err);
-        goto done;
+                 "one generated token)", sl->n_all, c->n_ctx);
+        slot_fail(c, s, 413, err);
+        return -1;
     }
-    int max_new = prm->max_tokens < c->n_ctx - n_all ? prm->max_tokens : c->n_ctx - n_all;
-    for (int i = 0; i < prm->n_stop; i++)
-        if (strlen(prm->stop[i]) > out.max_stop)
-            out.max_stop = strlen(prm->stop[i]);
-    out.max_stop = out.max_stop ? out.max_stop - 1 : 0;
-    bool greedy = prm->temperature <= 0;
-    sampler smp;
-    sampler_init(&smp, (float)prm->temperature, prm->top_k, (float)prm->top_p,
-                 prm->has_seed ? (uint64_t)prm->seed : req_id);
-    void *work = malloc((size_t)V * 3 * sizeof(float) + (size_t)V * 8);
-    if (!work) {
-        coord_request_fail(req, 500, "out of memory");
-        goto done;
-    }
-
-    /* prefill */
-    int n_prefix = 0;
-    int32_t path[RT_MAX_WIDTH];
-    for (int i = 0; i < RT_MAX_WIDTH; i++)
+    sl->max_new = sl->prm->max_tokens < c->n_ctx - sl->n_all ? sl->prm->max_tokens : c->n_ctx - sl->n_all;
+    for (int i = 0; i < sl->prm->n_stop; i++)
+        if (strlen(sl->prm->stop[i]) > sl->out.max_stop)
+            sl->out.max_stop = strlen(sl->prm->stop[i]);
+    sl->out.max_stop = sl->out.max_stop ? sl->out.max_stop - 1 : 0;
+    sl->greedy = sl->prm->temperature <= 0;
+    sampler_init(&sl->smp, (float)sl->prm->temperature, sl->prm->top_k, (float)sl->prm->top_p,
+                 sl->prm->has_seed ? (uint64_t)sl->prm->seed : sl->req_id);
+    int32_t path[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
+    for (int i = 0; i < RT_MAX_WIDTH; i++) {
         path[i] = i;
-    while (n_prefix < n_all) {
-        int w = n_all - n_prefix < c->max_width ? n_all - n_prefix : c->max_width;
-        bool last = n_prefix + w == n_all;
-        llama_batch b = {.n = w, .tokens = all + n_prefix, .logits_from = last ? w - 1 : w};
-        if (engine_step(c, w, all + n_prefix, NULL, n_prefix, b.logits_from, err, sizeof err) ||
-            engine_commit(c, &b, n_prefix, path, w, err, sizeof err)) {
-            coord_request_fail(req, 503, err);
-            goto done_work;
-        }
-        n_prefix += w;
+        seq[i] = s;
     }
-    int32_t next = greedy ? sampler_argmax(c->logits, V) : sampler_sample(&smp, c->logits, V, work);
-    all[n_all++] = next;
-    int generated = 1, steps = 1, accepted_total = 0, verify_steps = 0;
-    const char *finish = "length";
-    int32_t eos = tokenizer_eos(c->tok);
-    bool kinds_used[RT_MAX_SPECULATORS] = {0};
-    char kinds[COORD_DRAFT_KINDS_LEN] = "";
+    int *prefix = c->eng->prefix;
+    while (prefix[s] < sl->n_all) {
+        int w = sl->n_all - prefix[s] < c->max_width ? sl->n_all - prefix[s] : c->max_width;
+        bool last = prefix[s] + w == sl->n_all;
+        llama_batch b = {.n = w, .tokens = sl->all + prefix[s], .seq = seq, .logits_from = last ? w - 1 : w};
+        if (engine_step(c, w, b.tokens, NULL, seq, prefix, b.logits_from, err, sizeof err) ||
+            engine_set_batch(c, &b, prefix, err, sizeof err) || llama_commit(c->kv, path, w, err, sizeof err)) {
+            slot_fail(c, s, 503, err);
+            return -1;
+        }
+        prefix[s] += w;
+    }
+    int32_t next = sl->greedy ? sampler_argmax(c->logits, V) : sampler_sample(&sl->smp, c->logits, V, sl->work);
+    sl->all[sl->n_all++] = next;
+    sl->generated = 1;
+    sl->steps = 1;
+    slot_emit(c, sl, &next, 1);
+    if (sl->stop || sl->generated >= sl->max_new) {
+        slot_finish(c, s);
+        return -1;
+    }
+    if (engine_focus(c) == sl->req_id)
+        engine_feedback(c, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, 0);
+    return 0;
+}
 
-    /* emit a run of new tokens; returns true when generation must stop */
-#define EMIT(ids, cnt)                                                                             \
-    do {                                                                                           \
-        for (int e_ = 0; e_ < (cnt); e_++) {                                                       \
-            int32_t id_ = (ids)[e_];                                                               \
-            coord_request_append(req, &id_, 1, NULL, 0);                                           \
-            if (id_ == eos) {                                                                      \
-                finish = "stop";                                                                   \
-                stop = true;                                                                       \
-                break;                                                                             \
-            }                                                                                      \
-            const char *pc_;                                                                       \
-            size_t pl_ = tokenizer_is_special(c->tok, id_) ? 0 : tokenizer_piece(c->tok, id_, &pc_); \
-            if (pl_ && text_add(&out, pc_, pl_)) {                                                 \
-                stop = true;                                                                       \
-                break;                                                                             \
-            }                                                                                      \
-        }                                                                                          \
-        if (!stop && text_flush(&out, req, prm, false)) {                                         \
-            finish = "stop";                                                                       \
-            stop = true;                                                                           \
-        }                                                                                          \
-    } while (0)
-
-    bool stop = false;
-    EMIT(&next, 1);
-    engine_feedback(c, req_id, all, n_all, NULL, 0, 0, 0);
-    static __thread coord_tree tree;
-    while (!stop && generated < max_new && !coord_request_cancelled(req) && !coord_stop_flag) {
-        int room = max_new - generated; /* tokens we may still emit */
-        int budget = c->width < c->n_ctx - n_prefix ? c->width : c->n_ctx - n_prefix;
+/* One verification step for every active slot: each gets its share of the width, the drafts for
+ * its context merged and voted into a tree, all trees in one target step; then per slot: verify,
+ * commit, emit, feed back. */
+static void engine_step_all(coord *c)
+{
+    struct coord_engine_state *e = c->eng;
+    int active[RT_MAX_SEQ], n_act = 0;
+    for (int s = 0; s < c->n_seq; s++)
+        if (e->slots[s].used)
+            active[n_act++] = s;
+    if (!n_act)
+        return;
+    int V = c->model->cfg.vocab;
+    char err[512];
+    /* drafts: wait for the speculators once, then per slot */
+    int32_t tokens[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
+    int n = 0, width = c->width < RT_MAX_WIDTH ? c->width : RT_MAX_WIDTH;
+    int share = width / n_act, extra = width % n_act;
+    for (int k = 0; k < n_act; k++) {
+        int s = active[(k + e->rr) % n_act];
+        engine_slot *sl = &e->slots[s];
+        int budget = share + (k < extra ? 1 : 0);
+        int room = sl->max_new - sl->generated;
         if (budget > room)
-            budget = room; /* a longer path could not be emitted anyway */
+            budget = room;
+        if (budget > c->n_ctx - e->prefix[s])
+            budget = c->n_ctx - e->prefix[s];
         if (budget < 1)
             budget = 1;
-        engine_gather_drafts(c, req_id, all, n_all);
-        engine_build_tree(c, all[n_all - 1], budget, &tree);
-        int k = tree.n - 1; /* drafted nodes under verification */
-        llama_batch b = {.n = tree.n, .tokens = tree.tokens, .parent = tree.parent, .logits_from = 0};
-        uint64_t t_step = rt_now_us();
-        if (engine_step(c, tree.n, tree.tokens, tree.parent, n_prefix, 0, err, sizeof err)) {
-            coord_request_fail(req, 503, err);
-            goto done_work;
+        engine_gather_drafts(c, sl->req_id, sl->all, sl->n_all);
+        engine_build_tree(c, sl->all[sl->n_all - 1], budget, &sl->tree);
+        sl->off = n;
+        for (int i = 0; i < sl->tree.n; i++, n++) {
+            tokens[n] = sl->tree.tokens[i];
+            parent[n] = sl->tree.parent[i] < 0 ? -1 : sl->tree.parent[i] + sl->off;
+            seq[n] = s;
         }
-        verify_tree vt = {.n = tree.n, .tokens = tree.tokens, .parent = tree.parent};
+        /* copy this slot's drafts now: the next slot's gather reuses the peers' buffers */
+        for (int i = 0; i < COORD_MAX_PEERS; i++)
+            c->peers[i].slot_draft[s] = c->peers[i].has_draft ? c->peers[i].draft : (arena_draft){0};
+    }
+    e->rr++;
+    uint64_t t0 = rt_now_us();
+    llama_batch b = {.n = n, .tokens = tokens, .parent = parent, .seq = seq, .logits_from = 0};
+    if (engine_step(c, n, tokens, parent, seq, e->prefix, 0, err, sizeof err) ||
+        engine_set_batch(c, &b, e->prefix, err, sizeof err)) {
+        for (int k = 0; k < n_act; k++)
+            slot_fail(c, active[k], 503, err);
+        return;
+    }
+    double dt = (rt_now_us() - t0) / 1e6;
+    int yielded = 0;
+    pthread_mutex_lock(&c->mlock);
+    c->m_batch_hist[n_act]++;
+    pthread_mutex_unlock(&c->mlock);
+    for (int k = 0; k < n_act; k++) {
+        int s = active[k];
+        engine_slot *sl = &e->slots[s];
+        const coord_tree *t = &sl->tree;
+        verify_tree vt = {.n = t->n, .tokens = t->tokens, .parent = t->parent};
         verify_result vr;
-        if (greedy)
-            verify_greedy(&vt, c->logits, V, &vr);
+        const float *lg = c->logits + (size_t)sl->off * V;
+        if (sl->greedy)
+            verify_greedy(&vt, lg, V, &vr);
         else
-            verify_sample(&vt, c->logits, V, &smp, work, &vr);
-        int a = vr.n_path - 1;
-        if (engine_commit(c, &b, n_prefix, vr.path, vr.n_path, err, sizeof err)) {
-            coord_request_fail(req, 500, err);
-            goto done_work;
+            verify_sample(&vt, lg, V, &sl->smp, sl->work, &vr);
+        int32_t path[RT_MAX_WIDTH];
+        for (int i = 0; i < vr.n_path; i++)
+            path[i] = vr.path[i] + sl->off;
+        if (llama_commit(c->kv, path, vr.n_path, err, sizeof err)) {
+            slot_fail(c, s, 500, err);
+            continue;
         }
-        n_prefix += vr.n_path;
+        e->prefix[s] += vr.n_path;
+        int a = vr.n_path - 1, room = sl->max_new - sl->generated;
         int32_t added[RT_MAX_WIDTH + 1];
         for (int i = 1; i < vr.n_path; i++)
-            added[i - 1] = tree.tokens[vr.path[i]];
+            added[i - 1] = t->tokens[vr.path[i]];
         added[a] = vr.next;
         int n_add = a + 1 < room ? a + 1 : room;
-        memcpy(all + n_all, added, (size_t)n_add * sizeof *added);
-        n_all += n_add;
-        generated += n_add;
-        steps++;
-        verify_steps++;
-        accepted_total += a;
-        coord_adapt_sample(c, (rt_now_us() - t_step) / 1e6 / (a + 1));
+        memcpy(sl->all + sl->n_all, added, (size_t)n_add * sizeof *added);
+        sl->n_all += n_add;
+        sl->last_added = n_add;
+        sl->generated += n_add;
+        sl->steps++;
+        sl->verify_steps++;
+        sl->accepted_total += a;
+        yielded += a + 1;
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
             coord_peer *p = &c->peers[i];
-            if (!p->has_draft)
+            const arena_draft *d = &p->slot_draft[s];
+            if (p->role != PEER_SPECULATOR || !d->n)
                 continue;
             int depth, matched;
-            coord_tree_match(&p->draft, added, a, &depth, &matched);
+            coord_tree_match(d, added, a, &depth, &matched);
             coord_acr_update(c, p, depth, matched);
             p->drafted += (uint64_t)depth;
             p->accepted += (uint64_t)matched;
             p->drafts_used++;
             bool verified = false;
-            for (int j = 1; j < tree.n; j++)
-                verified |= (tree.owners[j] >> p->index) & 1u;
-            if (verified && p->index < RT_MAX_SPECULATORS && !kinds_used[p->index]) {
-                kinds_used[p->index] = true;
-                size_t kl = strlen(kinds);
-                if (!strstr(kinds, p->kind))
-                    snprintf(kinds + kl, sizeof kinds - kl, "%s%s", kl ? "," : "", p->kind);
-            }
+            for (int j = 1; j < t->n; j++)
+                verified |= (t->owners[j] >> p->index) & 1u;
+            size_t kl = strlen(sl->kinds);
+            if (verified && p->kind[0] && !strstr(sl->kinds, p->kind))
+                snprintf(sl->kinds + kl, sizeof sl->kinds - kl, "%s%s", kl ? "," : "", p->kind);
         }
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[a < RT_MAX_WIDTH ? a : RT_MAX_WIDTH]++;
-        c->m_verified_nodes += (uint64_t)k;
+        c->m_verified_nodes += (uint64_t)(t->n - 1);
         pthread_mutex_unlock(&c->mlock);
-        EMIT(added, n_add);
-        if (!stop)
-            engine_feedback(c, req_id, all, n_all, added, n_add, a, k);
+        slot_emit(c, sl, added, n_add);
+        if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
+            slot_finish(c, s);
     }
-#undef EMIT
-    text_flush(&out, req, prm, true); /* after a stop string this adds nothing */
-    stats.prompt_tokens = n_prompt;
-    stats.completion_tokens = generated;
-    stats.steps = steps;
-    stats.mean_accepted = verify_steps ? (double)(accepted_total + verify_steps) / verify_steps : 1.0;
-    snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "%s", kinds);
-    coord_request_finish(req, finish, &stats);
-    pthread_mutex_lock(&c->mlock);
-    c->m_tokens += (uint64_t)generated;
-    c->m_prompt_tokens += (uint64_t)n_prompt;
-    pthread_mutex_unlock(&c->mlock);
-    if (c->trace)
-        rt_log("coordinator", "request %llu: %d prompt + %d generated tokens in %d steps (%.2f per "
-               "verification)", (unsigned long long)req_id, n_prompt, generated, steps, stats.mean_accepted);
-done_work:
-    free(work);
-    engine_feedback_done(c, req_id);
-done:
-    free(out.text);
-    free(all);
-    free(text);
+    uint64_t focus = engine_focus(c);
+    for (int k = 0; k < n_act; k++) {
+        engine_slot *sl = &e->slots[active[k]];
+        if (sl->used && sl->req_id == focus) {
+            int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
+            engine_feedback(c, sl->req_id, sl->all, sl->n_all, sl->all + sl->n_all - sl->last_added,
+                            sl->last_added, a_step, sl->tree.n - 1);
+        }
+    }
+    if (yielded)
+        coord_adapt_sample(c, dt / yielded);
 }
 
-void coord_engine_run_next(coord *c)
+int coord_engine_init(coord *c)
 {
-    coord_request *req = engine_pop(c);
-    if (!req)
+    c->eng = calloc(1, sizeof *c->eng);
+    return c->eng ? 0 : -1;
+}
+
+void coord_engine_fini(coord *c)
+{
+    if (!c->eng)
         return;
-    pthread_mutex_lock(&c->mlock);
-    c->m_requests++;
-    pthread_mutex_unlock(&c->mlock);
-    if (!coord_request_cancelled(req))
-        engine_run(c, req);
-    if (coord_request_state_now(req) == COORD_REQ_RUNNING)
-        coord_request_fail(req, 500, "the engine stopped before the request finished");
-    if (coord_request_state_now(req) == COORD_REQ_FAILED) {
+    for (int s = 0; s < RT_MAX_SEQ; s++)
+        if (c->eng->slots[s].used)
+            slot_fail(c, s, 503, "the coordinator is shutting down");
+    free(c->eng);
+    c->eng = NULL;
+}
+
+void coord_engine_tick(coord *c)
+{
+    /* admit queued requests into free slots (FIFO) */
+    for (int s = 0; s < c->n_seq; s++) {
+        if (c->eng->slots[s].used)
+            continue;
+        coord_request *req = engine_pop(c);
+        if (!req)
+            break;
         pthread_mutex_lock(&c->mlock);
-        c->m_failed++;
+        c->m_requests++;
         pthread_mutex_unlock(&c->mlock);
+        if (coord_request_cancelled(req)) {
+            coord_request_fail(req, 499, "the client went away");
+            coord_request_unref(&req);
+            continue;
+        }
+        slot_start(c, s, req);
     }
-    coord_request_unref(&req);
+    engine_step_all(c);
 }
 
 /* ===== metrics ===== */
@@ -656,6 +793,15 @@ char *coord_engine_metrics(void *ctx)
     for (int i = 0; i < c->n_workers && i < COORD_MAX_WORKERS; i++)
         M("orochi_step_seconds_sum{role=\"worker-%d\"} %.6f\norochi_step_seconds_count{role=\"worker-%d\"} %llu\n",
           i, c->m_worker_compute_us[i] / 1e6, i, (unsigned long long)c->m_worker_steps[i]);
+    M("# HELP orochi_batch_size Requests verified together per step.\n# TYPE orochi_batch_size histogram\n");
+    uint64_t bc = 0, bs = 0;
+    for (int k = 1; k <= RT_MAX_SEQ; k++) {
+        bc += c->m_batch_hist[k];
+        bs += (uint64_t)k * c->m_batch_hist[k];
+        M("orochi_batch_size_bucket{le=\"%d\"} %llu\n", k, (unsigned long long)bc);
+    }
+    M("orochi_batch_size_bucket{le=\"+Inf\"} %llu\norochi_batch_size_sum %llu\norochi_batch_size_count %llu\n",
+      (unsigned long long)bc, (unsigned long long)bs, (unsigned long long)bc);
     M("# TYPE orochi_draft_wait_seconds_total counter\norochi_draft_wait_seconds_total %.6f\n",
       c->m_draft_wait_seconds);
     M("# TYPE orochi_peer_restarts_total counter\norochi_peer_restarts_total %llu\n",

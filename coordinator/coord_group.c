@@ -304,6 +304,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     w.n_workers = (uint32_t)c->n_workers;
     w.max_width = (uint32_t)c->max_width;
     w.n_ctx = (uint32_t)c->n_ctx;
+    w.n_seq = (uint32_t)c->n_seq;
     w.target_model = (char *)c->target;
     coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
     rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "", h->kind);

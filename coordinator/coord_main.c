@@ -42,7 +42,8 @@ static void coord_usage(FILE *out)
             "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
             "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
             "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
-            "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--trace]\n"
+            "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
+            "         [--trace]\n"
             "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
             "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
             "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
@@ -65,7 +66,7 @@ static int coord_parse(coord *c, int argc, char **argv)
         {"acr-reward-threshold", required_argument, 0, 1}, {"acr-punish-threshold", required_argument, 0, 2},
         {"reward-factor", required_argument, 0, 3}, {"punish-factor", required_argument, 0, 4},
         {"decision-threshold", required_argument, 0, 5}, {"s-reward", required_argument, 0, 6},
-        {"s-punish", required_argument, 0, 7},
+        {"s-punish", required_argument, 0, 7}, {"max-batch", required_argument, 0, 8},
         {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     bool bad = false;
@@ -112,6 +113,7 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 5: c->decision_threshold = atoi(optarg); break;
         case 6: c->s_reward = atoi(optarg); break;
         case 7: c->s_punish = atoi(optarg); break;
+        case 8: c->n_seq = atoi(optarg); break;
         case 'v': c->trace = true; break;
         case 'h': coord_usage(stdout); exit(0);
         default: coord_usage(stderr); return 2;
@@ -125,6 +127,10 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->width)
         c->width = c->max_width;
+    if (c->n_seq < 1 || c->n_seq > RT_MAX_SEQ) {
+        fprintf(stderr, "orochi-coordinator: --max-batch must be 1..%d\n", RT_MAX_SEQ);
+        return 2;
+    }
     if (c->width < 1 || c->width > c->max_width || c->decision_threshold < 1 || c->reward_factor < 1 ||
         c->punish_factor <= 0 || c->punish_factor > 1) {
         fprintf(stderr, "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
@@ -191,7 +197,7 @@ static int coord_setup(coord *c)
         *dot = 0;
 
     /* the arena */
-    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, 1, KV_F32, NULL);
+    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, c->n_seq, KV_F32, NULL);
     c->ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
@@ -210,8 +216,8 @@ static int coord_setup(coord *c)
     void *shared = arena_region_find(c->arena, RT_REGION_LLAMA, NULL);
     c->logits = arena_region_find(c->arena, RT_REGION_LOGITS, NULL);
     c->rings = arena_region_find(c->arena, RT_REGION_DRAFTS, NULL);
-    llama_ctx_params p = {.n_threads = 1, .max_width = c->max_width, .n_ctx = c->n_ctx, .kv = KV_F32,
-                          .n_parts = 1, .shared = shared};
+    llama_ctx_params p = {.n_threads = 1, .max_width = c->max_width, .n_ctx = c->n_ctx, .n_seq = c->n_seq,
+                          .kv = KV_F32, .n_parts = 1, .shared = shared};
     c->kv = llama_ctx_new(c->model, &p, err, sizeof err);
     if (!c->kv) {
         rt_log("coordinator", "%s", err);
@@ -268,7 +274,7 @@ int main(int argc, char **argv)
                .draft_wait_ms = 200, .heartbeat_ms = 250, .dead_ms = 3000, .tree = true,
                .vote = VOTE_MAJORITY, .adaptive = true, .acr_reward_threshold = 0.5,
                .acr_punish_threshold = 0.2, .reward_factor = 1.1, .punish_factor = 0.9,
-               .decision_threshold = 8, .s_reward = 1, .s_punish = 1};
+               .decision_threshold = 8, .s_reward = 1, .s_punish = 1, .n_seq = 4};
     int rc = coord_parse(&c, argc, argv);
     if (rc)
         return rc;
@@ -289,7 +295,7 @@ int main(int argc, char **argv)
         fclose(pf);
     }
 
-    rc = coord_setup(&c);
+    rc = coord_engine_init(&c) ? 1 : coord_setup(&c);
     if (!rc && coord_group_spawn_all(&c))
         rc = 1;
     if (!rc)
@@ -298,7 +304,7 @@ int main(int argc, char **argv)
         coord_group_pump(&c, 2);
         coord_group_supervise(&c);
         if (coord_group_workers_ready(&c))
-            coord_engine_run_next(&c);
+            coord_engine_tick(&c);
     }
     rt_log("coordinator", "stopping");
     http_server_stop(&c.http);
@@ -312,6 +318,7 @@ int main(int argc, char **argv)
         coord_request_fail(r, 503, "the coordinator is shutting down");
         coord_request_unref(&r);
     }
+    coord_engine_fini(&c);
     if (c.sock)
         coord_group_shutdown(&c);
     llama_ctx_destroy(&c.kv);

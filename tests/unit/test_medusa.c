@@ -421,6 +421,35 @@ static void test_medusa_zero_heads_are_target(void **state)
     check_identity("q8_0");
 }
 
+/* Default mkmedusa heads stay close to h, so head 0's top token mostly equals the target's own
+ * next-token guess for the same h (what makes random heads usable in speculation tests). */
+static void test_medusa_default_heads_informative(void **state)
+{
+    char tp[512], hp[512], err[512];
+    make_target(tp, sizeof tp, "medusa", "f32", SMALL_SHAPE);
+    make_heads(hp, sizeof hp, "default", tp, "--heads 2");
+    llama_model *t = load_target(tp);
+    medusa *m = medusa_load(hp, t, err, sizeof err);
+    if (!m)
+        fail_msg("%s", err);
+    int dim = t->cfg.dim, vocab = t->cfg.vocab, agree = 0, n = 12;
+    float *h = malloc((size_t)dim * sizeof *h), *tl = malloc((size_t)vocab * sizeof *tl);
+    float *got = malloc((size_t)vocab * sizeof *got);
+    for (int pos = 1; pos <= n; pos++) {
+        target_hidden(t, pos, h, tl);
+        assert_int_equal(medusa_head_logits(m, NULL, 0, h, got), 0);
+        assert_true(memcmp(got, tl, (size_t)vocab * sizeof *got) != 0);
+        agree += sampler_argmax(got, vocab) == sampler_argmax(tl, vocab);
+    }
+    if (agree < n * 3 / 4)
+        fail_msg("head 0 agrees with the target's argmax at only %d of %d positions", agree, n);
+    free(h);
+    free(tl);
+    free(got);
+    medusa_destroy(&m);
+    llama_model_destroy(&t);
+}
+
 /* ===== draft tree ===== */
 
 typedef struct {
@@ -690,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_medusa_logits_float_types),
         cmocka_unit_test(test_medusa_logits_quant),
         cmocka_unit_test(test_medusa_zero_heads_are_target),
+        cmocka_unit_test(test_medusa_default_heads_informative),
         cmocka_unit_test(test_medusa_tree_structure),
         cmocka_unit_test(test_medusa_tree_wide),
         cmocka_unit_test(test_medusa_mkmedusa_deterministic),
