@@ -17,9 +17,16 @@ Modes:
 
 Configurations are named: seq-group (2 workers, no speculator: the process-split overhead),
 ngram, layerskip, both (layerskip + ngram).
+
+  --sweep-width 1,2,4,...   acceptance length vs verification width, per category and draft kind
+                            (like Ghidorah's Table I): one group per (kind, width)
+  --ablation                chain -> tree -> +vote -> +adaptive -> +pipeline with layerskip+ngram,
+                            speedup over sequential per category, all checked lossless
+  --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification)
 """
 import argparse
 import json
+import threading
 import os
 import re
 import socket
@@ -37,6 +44,15 @@ CONFIGS = {
     "layerskip": ["layerskip"],
     "both": ["layerskip", "ngram"],
 }
+
+# the Minions-style ablation: each step adds one technique (coordinator flags, speculator flags)
+ABLATION = [
+    ("chain", ["--tree", "off", "--vote", "off", "--adaptive", "off"], "work-ahead=0"),
+    ("tree", ["--tree", "on", "--vote", "off", "--adaptive", "off"], "work-ahead=0"),
+    ("+vote", ["--tree", "on", "--vote", "majority", "--adaptive", "off"], "work-ahead=0"),
+    ("+adaptive", ["--tree", "on", "--vote", "majority", "--adaptive", "on"], "work-ahead=0"),
+    ("+pipeline", ["--tree", "on", "--vote", "majority", "--adaptive", "on"], "work-ahead=1"),
+]
 
 
 def free_port():
@@ -64,7 +80,7 @@ def sequential(bin_dir, model, prompt, n, threads):
 
 
 class Group:
-    def __init__(self, bin_dir, model, run_dir, workers, threads, specs, extra):
+    def __init__(self, bin_dir, model, run_dir, workers, threads, specs, extra, ctl=()):
         self.env = dict(os.environ, OROCHI_BIN_DIR=bin_dir)
         self.run_dir = run_dir
         self.port = free_port()
@@ -72,6 +88,7 @@ class Group:
                "--workers", "cpu:%d" % workers, "--threads-per-worker", str(threads)]
         for s in specs:
             cmd += ["--speculator", s]
+        cmd += list(ctl)
         if extra:
             cmd += ["--"] + extra
         subprocess.run(cmd, env=self.env, check=True, stdout=subprocess.DEVNULL)
@@ -88,6 +105,11 @@ class Group:
         t0 = time.time()
         r = post(self.url + "/v1/chat/completions",
                  {"messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0})
+        return r, time.time() - t0
+
+    def complete(self, prompt, n):
+        t0 = time.time()
+        r = post(self.url + "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0})
         return r, time.time() - t0
 
     def down(self):
@@ -120,6 +142,10 @@ def main():
     ap.add_argument("--run-dir", default="/tmp/orochi-bench-run")
     ap.add_argument("--demo", action="store_true")
     ap.add_argument("--extra", default="", help="extra coordinator options (space separated)")
+    ap.add_argument("--sweep-width", default="", help="widths, e.g. 1,2,4,8,16,32,64")
+    ap.add_argument("--kinds", default="ngram,layerskip", help="draft kinds for --sweep-width")
+    ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--concurrency", default="", help="requests in flight, e.g. 1,2,4,8")
     a = ap.parse_args()
     if not os.path.exists(a.model):
         print("spec_bench: model %s is absent (run make models)" % a.model, file=sys.stderr)
@@ -140,6 +166,13 @@ def main():
         n = a.max_tokens or p.get("max_tokens", 96)
         ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads)
         base[p["id"]] = {"ids": ids, "tok_s": len(ids) / wall, "decode_tok_s": dec_tps}
+
+    if a.sweep_width:
+        return sweep_width(a, prompts, base, out)
+    if a.ablation:
+        return ablation(a, prompts, base, out)
+    if a.concurrency:
+        return concurrency(a, prompts, base, out)
 
     rows = []
     split = []
@@ -205,6 +238,125 @@ def main():
         print("spec_bench: %d outputs differ from sequential decoding" % failures, file=sys.stderr)
         return 1
     return 0
+
+
+def run_config(a, prompts, base, out, label, specs, ctl, tag):
+    """One group; every prompt greedily; returns rows (checked lossless against base)."""
+    run_dir = "%s-%s" % (a.run_dir, re.sub(r"[^a-z0-9]+", "-", label.lower()))
+    g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, specs, a.extra.split(), ctl)
+    rows = []
+    try:
+        for p in prompts:
+            n = a.max_tokens or p.get("max_tokens", 96)
+            r, wall = g.chat(p["prompt"], n)
+            o = r["orochi"]
+            same = o["token_ids"] == base[p["id"]]["ids"]
+            if not same:
+                print("MISMATCH %s %s" % (label, p["id"]), file=sys.stderr)
+            row = dict(tag, bench=tag.get("bench", "spec"), label=label, id=p["id"], category=p["category"],
+                       tokens=len(o["token_ids"]), tok_s=len(o["token_ids"]) / wall, steps=o["steps"],
+                       mean_accepted=o["mean_accepted"], seq_tok_s=base[p["id"]]["tok_s"],
+                       speedup=(len(o["token_ids"]) / wall) / base[p["id"]]["tok_s"], lossless=same)
+            rows.append(row)
+            out.write(json.dumps(row) + "\n")
+    finally:
+        g.down()
+    return rows
+
+
+def summarize(rows, key):
+    """Per key value and category: tokens, tok/s, accepted per step, speedup (time-weighted)."""
+    table = {}
+    for r in rows:
+        for cat in (r["category"], "all"):
+            t = table.setdefault((r[key], cat), {"tok": 0, "t": 0.0, "tseq": 0.0, "acc": 0.0, "steps": 0, "ok": True})
+            t["tok"] += r["tokens"]
+            t["t"] += r["tokens"] / r["tok_s"]
+            t["tseq"] += r["tokens"] / r["seq_tok_s"]
+            t["acc"] += r["mean_accepted"] * r["steps"]
+            t["steps"] += r["steps"]
+            t["ok"] &= r["lossless"]
+    return table
+
+
+def sweep_width(a, prompts, base, out):
+    widths = [int(w) for w in a.sweep_width.split(",")]
+    rows = []
+    for kind in a.kinds.split(","):
+        for w in widths:
+            print("sweep: %s at width %d..." % (kind, w), file=sys.stderr)
+            ctl = ["--max-width", str(max(8, w)), "--width", str(w), "--adaptive", "off",
+                   "--max-draft", str(max(1, w - 1))]
+            rows += run_config(a, prompts, base, out, "%s-w%d" % (kind, w), [kind], ctl,
+                               {"bench": "width", "kind": kind, "width": w})
+    cats = sorted({r["category"] for r in rows}) + ["all"]
+    print("\nmean tokens accepted per verification step (incl. the correction token)")
+    print("%-10s %-6s " % ("kind", "width") + " ".join("%10s" % c for c in cats))
+    for kind in a.kinds.split(","):
+        for w in widths:
+            sel = [r for r in rows if r["kind"] == kind and r["width"] == w]
+            cells = []
+            for c in cats:
+                cs = [r for r in sel if c == "all" or r["category"] == c]
+                steps = sum(r["steps"] for r in cs)
+                cells.append("%10.2f" % (sum(r["mean_accepted"] * r["steps"] for r in cs) / max(1, steps)))
+            print("%-10s %-6d " % (kind, w) + " ".join(cells))
+    return 0 if all(r["lossless"] for r in rows) else 1
+
+
+def ablation(a, prompts, base, out):
+    rows = []
+    for label, ctl, spec_opt in ABLATION:
+        print("ablation: %s..." % label, file=sys.stderr)
+        specs = ["layerskip:" + spec_opt, "ngram"]
+        rows += run_config(a, prompts, base, out, label, specs, ctl, {"bench": "ablation", "step": label})
+    table = summarize(rows, "label")
+    cats = sorted({r["category"] for r in rows}) + ["all"]
+    print("\nspeedup over sequential (orochi run, same run), mean accepted per step in brackets")
+    print("%-10s " % "config" + " ".join("%16s" % c for c in cats))
+    for label, _, _ in ABLATION:
+        cells = []
+        for c in cats:
+            t = table.get((label, c))
+            cells.append("%9.2fx (%4.2f)" % (t["tseq"] / t["t"], t["acc"] / max(1, t["steps"])) if t else "%16s" % "-")
+        print("%-10s " % label + " ".join(cells) + ("" if all(table[(label, c)]["ok"] for c in cats if (label, c) in table) else "  NOT LOSSLESS"))
+    return 0 if all(r["lossless"] for r in rows) else 1
+
+
+def concurrency(a, prompts, base, out):
+    levels = [int(x) for x in a.concurrency.split(",")]
+    run_dir = a.run_dir + "-concurrency"
+    g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, ["ngram"], a.extra.split(),
+              ["--", "--max-batch", str(max(levels))])
+    ok = True
+    print("\n%-12s %10s %10s %12s" % ("concurrent", "tokens", "seconds", "tok/s"))
+    try:
+        for n in levels:
+            jobs = [prompts[i % len(prompts)] for i in range(n)]
+            res = [None] * n
+
+            def one(i):
+                res[i] = g.chat(jobs[i]["prompt"], a.max_tokens or 64)
+
+            t0 = time.time()
+            th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+            for t in th:
+                t.start()
+            for t in th:
+                t.join()
+            wall = time.time() - t0
+            toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
+            for i in range(n):
+                want = base[jobs[i]["id"]]["ids"][: len(res[i][0]["orochi"]["token_ids"])]
+                ok &= res[i][0]["orochi"]["token_ids"] == want
+            print("%-12d %10d %10.2f %12.1f" % (n, toks, wall, toks / wall))
+            out.write(json.dumps({"bench": "concurrency", "requests": n, "tokens": toks, "seconds": wall,
+                                  "tok_s": toks / wall}) + "\n")
+    finally:
+        g.down()
+    if not ok:
+        print("concurrency: some outputs differ from their single-request output", file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ typedef struct {
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms;
     float branch_threshold, alpha;
-    bool trace;
+    bool trace, work_ahead;
     char role[64];
     void *zctx, *sock;
     arena *arena;
@@ -92,7 +92,8 @@ static void spec_usage(FILE *out)
             "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram [--id NAME]\n"
             "                         [--max-draft S] [--threads T]\n"
             "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
-            "                         [--ngram N] [--branch-threshold P] [--alpha A] [--trace]\n"
+            "                         [--ngram N] [--branch-threshold P] [--alpha A]\n"
+            "                         [--work-ahead 0|1] [--trace]\n"
             "  layerskip: the target with only --layers (default: the first half)\n"
             "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
             "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n");
@@ -344,7 +345,7 @@ static void spec_publish(spec *s)
  * the target accepts it the next tree starts without a catch-up. One token per call. */
 static bool spec_work_ahead(spec *s)
 {
-    if (!s->model || !s->active || !s->published || s->kv_len >= s->n_committed + s->n_chain ||
+    if (!s->work_ahead || !s->model || !s->active || !s->published || s->kv_len >= s->n_committed + s->n_chain ||
         s->kv_len + 1 >= s->n_ctx)
         return false;
     return spec_catch_up(s, s->kv_len + 1) == 0;
@@ -557,7 +558,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         {"layers", required_argument, 0, 'L'}, {"draft", required_argument, 0, 'd'},
         {"ngram", required_argument, 0, 'n'}, {"orphan-ms", required_argument, 0, 'o'},
         {"target", required_argument, 0, 'T'}, {"branch-threshold", required_argument, 0, 'B'},
-        {"alpha", required_argument, 0, 'A'},
+        {"alpha", required_argument, 0, 'A'}, {"work-ahead", required_argument, 0, 'P'},
         {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -572,6 +573,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'T': s->target_path = optarg; break;
         case 'B': s->branch_threshold = (float)atof(optarg); break;
         case 'A': s->alpha = (float)atof(optarg); break;
+        case 'P': s->work_ahead = atoi(optarg) != 0; break;
         case 'n': s->ngram = atoi(optarg); break;
         case 'o': s->orphan_ms = atoi(optarg); break;
         case 'v': s->trace = true; break;
@@ -616,7 +618,7 @@ static int spec_parse(spec *s, int argc, char **argv)
 int main(int argc, char **argv)
 {
     spec s = {.max_draft = 4, .ngram = 3, .threads = 1, .orphan_ms = 10000,
-              .branch_threshold = 0.2f, .alpha = 0.01f, .max_nodes = 8, .max_depth = 4};
+              .branch_threshold = 0.2f, .alpha = 0.01f, .max_nodes = 8, .max_depth = 4, .work_ahead = true};
     int rc = spec_parse(&s, argc, argv);
     if (rc)
         return rc;
