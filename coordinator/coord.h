@@ -100,6 +100,7 @@ typedef struct {
     float *logits;
     arena_draft_ring *rings;
     size_t ring_bytes;
+    rt_hidden *hidden;
     coord_peer peers[COORD_MAX_PEERS];
     uint64_t started_us, last_status_us, last_hb_sent_us;
     uint64_t step_counter;

@@ -414,6 +414,7 @@ typedef struct {
     coord_tree tree;       /* this step's tree */
     int off;               /* where the tree sits in the step batch */
     int last_added;        /* tokens the last step appended */
+    int last_row;          /* batch row of the last accepted node */
 } engine_slot;
 
 struct coord_engine_state {
@@ -432,6 +433,20 @@ static void slot_release(coord *c, int s)
     coord_request_unref(&sl->req);
     memset(sl, 0, sizeof *sl);
     c->eng->prefix[s] = 0;
+}
+
+/* Publish the target's hidden state of batch row `row` (just computed) for the request's context
+ * of ctx_len tokens: Medusa speculators draft from it. */
+static void engine_publish_hidden(coord *c, uint64_t req_id, int ctx_len, int row)
+{
+    rt_hidden *h = c->hidden;
+    const float *x = llama_ctx_shared(c->kv)->x + (size_t)row * c->model->cfg.dim;
+    __atomic_store_n(&h->seq, h->seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    h->request_id = req_id;
+    h->ctx_len = (uint64_t)ctx_len;
+    memcpy(h->h, x, (size_t)c->model->cfg.dim * sizeof *x);
+    __atomic_store_n(&h->seq, h->seq + 1, __ATOMIC_RELEASE);
 }
 
 /* The request the speculators draft for: the oldest active one. A speculator keeps one request's
@@ -577,8 +592,11 @@ static int slot_start(coord *c, int s, coord_request *req)
         slot_finish(c, s);
         return -1;
     }
-    if (engine_focus(c) == sl->req_id)
+    if (engine_focus(c) == sl->req_id) {
+        int w_last = (sl->n_prompt - 1) % c->max_width; /* the last prompt token's batch row */
+        engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
         engine_feedback(c, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, 0);
+    }
     return 0;
 }
 
@@ -656,6 +674,7 @@ static void engine_step_all(coord *c)
             continue;
         }
         e->prefix[s] += vr.n_path;
+        sl->last_row = sl->off + vr.path[vr.n_path - 1];
         int a = vr.n_path - 1, room = sl->max_new - sl->generated;
         int32_t added[RT_MAX_WIDTH + 1];
         for (int i = 1; i < vr.n_path; i++)
@@ -701,6 +720,7 @@ static void engine_step_all(coord *c)
         engine_slot *sl = &e->slots[active[k]];
         if (sl->used && sl->req_id == focus) {
             int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
+            engine_publish_hidden(c, sl->req_id, sl->n_all, sl->last_row);
             engine_feedback(c, sl->req_id, sl->all, sl->n_all, sl->all + sl->n_all - sl->last_added,
                             sl->last_added, a_step, sl->tree.n - 1);
         }

@@ -204,10 +204,11 @@ static int coord_setup(coord *c)
         {RT_REGION_LLAMA, llama_bytes},
         {RT_REGION_LOGITS, (uint64_t)c->max_width * (uint64_t)c->model->cfg.vocab * 4},
         {RT_REGION_DRAFTS, (uint64_t)RT_MAX_SPECULATORS * c->ring_bytes},
+        {RT_REGION_HIDDEN, sizeof(rt_hidden) + (uint64_t)c->model->cfg.dim * sizeof(float)},
     };
     char name[64];
     rt_arena_name(c->run_dir, name, sizeof name);
-    c->arena = arena_create(name, specs, 4, true, err, sizeof err);
+    c->arena = arena_create(name, specs, (int)(sizeof specs / sizeof specs[0]), true, err, sizeof err);
     if (!c->arena) {
         rt_log("coordinator", "%s", err);
         return 1;
@@ -216,6 +217,8 @@ static int coord_setup(coord *c)
     void *shared = arena_region_find(c->arena, RT_REGION_LLAMA, NULL);
     c->logits = arena_region_find(c->arena, RT_REGION_LOGITS, NULL);
     c->rings = arena_region_find(c->arena, RT_REGION_DRAFTS, NULL);
+    c->hidden = arena_region_find(c->arena, RT_REGION_HIDDEN, NULL);
+    c->hidden->dim = (uint32_t)c->model->cfg.dim;
     llama_ctx_params p = {.n_threads = 1, .max_width = c->max_width, .n_ctx = c->n_ctx, .n_seq = c->n_seq,
                           .kv = KV_F32, .n_parts = 1, .shared = shared};
     c->kv = llama_ctx_new(c->model, &p, err, sizeof err);

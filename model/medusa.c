@@ -23,6 +23,9 @@
 
 #define MEDUSA_ARCH "orochi-medusa"
 
+/* all heads of a draft tree go through one kmat_mul batch */
+_Static_assert(MEDUSA_MAX_HEADS <= KMAT_MAX_W, "a batch of heads must fit one matmul");
+
 typedef struct {
     kmat res;          /* W_k: dim outputs x dim inputs */
     const float *bias; /* b_k (dim) or NULL */
@@ -80,8 +83,8 @@ static int medusa_check_meta(medusa_loader *ld, const llama_model *target, uint3
     if (!gguf_get_u32(ld->f, "medusa.embedding_length", &dim))
         return medusa_fail(ld, "missing or invalid metadata key 'medusa.embedding_length'");
     if (dim != (uint32_t)target->cfg.dim)
-        return medusa_fail(ld, "metadata key 'medusa.embedding_length' is %u, the target's dim is %d",
-                           dim, target->cfg.dim);
+        return medusa_fail(ld, "metadata key 'medusa.embedding_length' is %u, the target's dim "
+                           "is %d", dim, target->cfg.dim);
     if (!gguf_get_u32(ld->f, "medusa.vocab_size", &vocab))
         return medusa_fail(ld, "missing or invalid metadata key 'medusa.vocab_size'");
     if (vocab != (uint32_t)target->cfg.vocab)
@@ -114,9 +117,9 @@ static int medusa_bind_mat(medusa_loader *ld, const char *name, int64_t cols, in
                            "Q8_0, Q4_0, Q4_1)", name, tr ? tr->name : "unknown");
     uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->n_dims != 2 || t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)rows)
-        return medusa_fail(ld, "tensor '%s' has shape [%llu, %llu] (%u dims), expected [%lld, %lld]",
-                           name, (unsigned long long)t->ne[0], (unsigned long long)ne1, t->n_dims,
-                           (long long)cols, (long long)rows);
+        return medusa_fail(ld, "tensor '%s' has shape [%llu, %llu] (%u dims), expected "
+                           "[%lld, %lld]", name, (unsigned long long)t->ne[0],
+                           (unsigned long long)ne1, t->n_dims, (long long)cols, (long long)rows);
     size_t row_bytes = kt_row_bytes(t->type, (uint64_t)cols);
     if (!row_bytes)
         return medusa_fail(ld, "tensor '%s': row length %lld is not a multiple of the %s block",
@@ -208,9 +211,9 @@ medusa *medusa_load(const char *path, const llama_model *target, char *err, size
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         gguf_str name = f->tensors[i].name;
         if (!medusa_known_tensor(name, m->n_heads)) {
-            medusa_fail(&ld, "unexpected tensor '%.*s' (a %d-head file holds medusa.<k>.res.weight, "
-                        ".res.bias, .out.weight for k < %d)", (int)(name.len > 96 ? 96 : name.len),
-                        name.ptr, m->n_heads, m->n_heads);
+            medusa_fail(&ld, "unexpected tensor '%.*s' (a %d-head file holds "
+                        "medusa.<k>.res.weight, .res.bias, .out.weight for k < %d)",
+                        (int)(name.len > 96 ? 96 : name.len), name.ptr, m->n_heads, m->n_heads);
             goto fail;
         }
     }
@@ -269,7 +272,7 @@ static int medusa_eval(const medusa *m, kpool *pool, int first, int n, const flo
         kmat_mul(pool, &h->res, 0, dim, hidden, 1, u, dim, scratch);
         for (int64_t j = 0; j < dim; j++) {
             float a = h->bias ? u[j] + h->bias[j] : u[j];
-            u[j] = hidden[j] + a * 0.5f; /* z = h + silu(W h + b) */
+            u[j] = hidden[j] + a / (1.0f + expf(-a)); /* z = h + silu(W h + b) */
         }
         k_rmsnorm(zn + i * dim, u, m->target->out_norm, (int)dim, c->norm_eps);
     }
@@ -313,11 +316,12 @@ static void medusa_topk(const float *logits, int vocab, int k, int32_t *tok, flo
         }
         tok[j] = v;
     }
-    double mx = logits[tok[0]], sum = 0;
+    float mx = logits[tok[0]];
+    double sum = 0;
     for (int v = 0; v < vocab; v++)
-        sum += exp((double)logits[v] - mx);
+        sum += expf(logits[v] - mx);
     for (int j = 0; j < k; j++)
-        prob[j] = (float)(exp((double)logits[tok[j]] - mx) / sum);
+        prob[j] = (float)(expf(logits[tok[j]] - mx) / sum);
 }
 
 typedef struct {

@@ -21,6 +21,7 @@
 #define RT_REGION_LLAMA "llama"   /* llama_shared block: KV cache + shared activations */
 #define RT_REGION_LOGITS "logits" /* max_width x vocab floats */
 #define RT_REGION_DRAFTS "drafts" /* RT_MAX_SPECULATORS draft rings */
+#define RT_REGION_HIDDEN "hidden" /* rt_hidden: the target's last hidden state (Medusa heads) */
 
 #define RT_MAX_WIDTH 64
 #define RT_MAX_SEQ 8      /* sequence slots: requests verified together in one step */
@@ -46,6 +47,17 @@ static inline size_t rt_ring_stride(void)
 {
     return (arena_draft_ring_bytes(RT_DRAFT_SLOTS) + 63) & ~(size_t)63;
 }
+
+/* The target's final hidden state (residual stream after the last layer, before the output norm)
+ * at the last accepted token of the request the speculators draft for, published after each
+ * step under a seqlock. Medusa heads draft from it. */
+typedef struct {
+    uint32_t seq;        /* odd while being written */
+    uint32_t dim;
+    uint64_t request_id;
+    uint64_t ctx_len;    /* committed length it belongs to (the root token included) */
+    float h[];           /* dim floats */
+} rt_hidden;
 
 /* ===== logging ===== */
 

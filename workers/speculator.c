@@ -32,13 +32,14 @@
 #include <zmq.h>
 
 #include "model/llama.h"
+#include "model/medusa.h"
 #include "model/tokenizer.h"
 #include "workers/runtime.h"
 
 #define HEARTBEAT_MS 200
 #define SPEC_MAX_TOKENS 65536
 
-typedef enum { SPEC_LAYERSKIP, SPEC_MODEL, SPEC_NGRAM } spec_kind;
+typedef enum { SPEC_LAYERSKIP, SPEC_MODEL, SPEC_NGRAM, SPEC_MEDUSA } spec_kind;
 
 /* A drafted token in the tree. parent -1: a child of the last committed token. */
 typedef struct {
@@ -50,7 +51,7 @@ typedef struct {
 } spec_node;
 
 typedef struct {
-    const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id;
+    const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id, *heads_path, *template_s;
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms;
     float branch_threshold, alpha;
@@ -76,6 +77,11 @@ typedef struct {
     spec_node nodes[ARENA_DRAFT_MAX];
     int n_nodes;
     float *tree_logits; /* (ARENA_DRAFT_MAX + 1) x vocab */
+    /* medusa */
+    medusa *heads;
+    int tmpl[16], tmpl_len;
+    const rt_hidden *hidden;
+    float *hbuf;
 } spec;
 
 static volatile sig_atomic_t spec_stop;
@@ -93,10 +99,12 @@ static void spec_usage(FILE *out)
             "                         [--max-draft S] [--threads T]\n"
             "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
             "                         [--ngram N] [--branch-threshold P] [--alpha A]\n"
-            "                         [--work-ahead 0|1] [--trace]\n"
+            "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
+            "                         [--trace]\n"
             "  layerskip: the target with only --layers (default: the first half)\n"
             "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
-            "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n");
+            "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n"
+            "  medusa:    Medusa heads (--heads, see docs/medusa.md) on the target's hidden state\n");
 }
 
 static int spec_send(spec *s, Orochi__Envelope__BodyCase which, void *body)
@@ -293,6 +301,40 @@ static int spec_grow_ngram(spec *s)
     return n;
 }
 
+/* Medusa: the heads applied to the target's hidden state at the last accepted token, which the
+ * coordinator publishes in the arena; the tree follows the template (--template). */
+static int spec_grow_medusa(spec *s)
+{
+    const rt_hidden *h = s->hidden;
+    uint32_t dim = (uint32_t)s->model->cfg.dim;
+    for (int tries = 0; tries < 3; tries++) {
+        uint32_t before = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
+        if (before & 1)
+            continue;
+        bool match = h->request_id == s->request_id && h->ctx_len == (uint64_t)s->n_committed && h->dim == dim;
+        memcpy(s->hbuf, h->h, dim * sizeof(float));
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&h->seq, __ATOMIC_RELAXED) != before)
+            continue;
+        if (!match)
+            return 0; /* not this context's state (yet): no draft this time */
+        int depth = s->tmpl_len < s->max_depth ? s->tmpl_len : s->max_depth;
+        int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX];
+        float conf[ARENA_DRAFT_MAX];
+        int n = medusa_draft_tree(s->heads, NULL, s->hbuf, s->tmpl, depth, s->max_nodes, tok, par, conf);
+        for (int i = 0; i < n; i++) {
+            int d = par[i] < 0 ? 1 : s->nodes[par[i]].depth + 1;
+            double base = par[i] < 0 ? 1.0 : s->nodes[par[i]].cum;
+            s->nodes[i] = (spec_node){.token = tok[i], .parent = par[i], .conf = conf[i], .cum = base * conf[i],
+                                      .depth = d};
+            if (par[i] >= 0)
+                s->nodes[par[i]].children++;
+        }
+        return n < 0 ? 0 : n;
+    }
+    return 0;
+}
+
 /* The main branch of the published tree (the most confident leaf's path), as the chain the
  * speculator works ahead on while the target verifies. */
 static void spec_set_chain(spec *s)
@@ -315,6 +357,8 @@ static void spec_publish(spec *s)
     s->n_nodes = 0;
     if (s->kind == SPEC_NGRAM)
         s->n_nodes = spec_grow_ngram(s);
+    else if (s->kind == SPEC_MEDUSA)
+        s->n_nodes = spec_grow_medusa(s);
     else if (s->n_committed >= 1 && s->n_committed + s->max_depth + 1 < s->n_ctx)
         s->n_nodes = spec_grow_model(s);
     arena_draft d = {0};
@@ -345,7 +389,7 @@ static void spec_publish(spec *s)
  * the target accepts it the next tree starts without a catch-up. One token per call. */
 static bool spec_work_ahead(spec *s)
 {
-    if (!s->work_ahead || !s->model || !s->active || !s->published || s->kv_len >= s->n_committed + s->n_chain ||
+    if (!s->work_ahead || !s->ctx || !s->active || !s->published || s->kv_len >= s->n_committed + s->n_chain ||
         s->kv_len + 1 >= s->n_ctx)
         return false;
     return spec_catch_up(s, s->kv_len + 1) == 0;
@@ -447,6 +491,16 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
     s->model = llama_model_load(path, err, errlen);
     if (!s->model)
         return -1;
+    if (s->kind == SPEC_MEDUSA) {
+        s->heads = medusa_load(s->heads_path, s->model, err, errlen);
+        if (!s->heads)
+            return -1;
+        s->hbuf = malloc((size_t)s->model->cfg.dim * sizeof *s->hbuf);
+        if (!s->hbuf) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
     if (s->kind == SPEC_LAYERSKIP) {
         int n_layers = s->model->cfg.n_layers, list[4096];
         int n;
@@ -526,7 +580,15 @@ static int spec_join(spec *s)
             return -1;
         }
         s->ring = (arena_draft_ring *)(rings + w->draft_ring * one);
-        if (s->model) {
+        if (s->kind == SPEC_MEDUSA) {
+            uint64_t hb = 0;
+            s->hidden = arena_region_find(s->arena, RT_REGION_HIDDEN, &hb);
+            if (!s->hidden || hb < sizeof(rt_hidden) + (uint64_t)s->model->cfg.dim * sizeof(float)) {
+                rt_log(s->role, "arena %s has no hidden-state region for this model", w->arena_name);
+                rt_free(e);
+                return -1;
+            }
+        } else if (s->model) {
             s->n_ctx = (int)w->n_ctx + RT_MAX_WIDTH + ARENA_DRAFT_MAX;
             llama_ctx_params p = {.n_threads = s->threads, .max_width = ARENA_DRAFT_MAX, .n_ctx = s->n_ctx,
                                   .kv = KV_F32, .n_parts = 1};
@@ -559,6 +621,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         {"ngram", required_argument, 0, 'n'}, {"orphan-ms", required_argument, 0, 'o'},
         {"target", required_argument, 0, 'T'}, {"branch-threshold", required_argument, 0, 'B'},
         {"alpha", required_argument, 0, 'A'}, {"work-ahead", required_argument, 0, 'P'},
+        {"heads", required_argument, 0, 'M'}, {"template", required_argument, 0, 'E'},
         {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -574,6 +637,8 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'B': s->branch_threshold = (float)atof(optarg); break;
         case 'A': s->alpha = (float)atof(optarg); break;
         case 'P': s->work_ahead = atoi(optarg) != 0; break;
+        case 'M': s->heads_path = optarg; break;
+        case 'E': s->template_s = optarg; break;
         case 'n': s->ngram = atoi(optarg); break;
         case 'o': s->orphan_ms = atoi(optarg); break;
         case 'v': s->trace = true; break;
@@ -591,9 +656,27 @@ static int spec_parse(spec *s, int argc, char **argv)
         s->kind = SPEC_MODEL;
     else if (!strcmp(s->kind_s, "ngram"))
         s->kind = SPEC_NGRAM;
+    else if (!strcmp(s->kind_s, "medusa"))
+        s->kind = SPEC_MEDUSA;
     else {
-        fprintf(stderr, "orochi-speculator: unknown --kind '%s' (layerskip, model, ngram)\n", s->kind_s);
+        fprintf(stderr, "orochi-speculator: unknown --kind '%s' (layerskip, model, ngram, medusa)\n", s->kind_s);
         return 2;
+    }
+    if (s->kind == SPEC_MEDUSA && (!s->heads_path || !s->target_path)) {
+        fprintf(stderr, "orochi-speculator: --kind medusa needs --heads H.gguf and --target M.gguf\n");
+        return 2;
+    }
+    /* the Medusa tree template: candidates per level, e.g. 3,2,1 */
+    const char *t = s->template_s ? s->template_s : "3,2,2,1";
+    for (s->tmpl_len = 0; *t && s->tmpl_len < 16;) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (end == t || v < 1 || v > 16) {
+            fprintf(stderr, "orochi-speculator: --template expects counts 1..16 like 3,2,1\n");
+            return 2;
+        }
+        s->tmpl[s->tmpl_len++] = (int)v;
+        t = *end == ',' ? end + 1 : end;
     }
     if (s->kind == SPEC_MODEL && !s->draft_path) {
         fprintf(stderr, "orochi-speculator: --kind model needs --draft M.gguf\n");
@@ -687,6 +770,8 @@ out:
     free(s.logits);
     free(s.tokens);
     free(s.tree_logits);
+    free(s.hbuf);
+    medusa_destroy(&s.heads);
     if (s.sock)
         zmq_close(s.sock);
     if (s.zctx)

@@ -519,7 +519,8 @@ static void check_tree(const tree_fixture *f, const int *tmpl, int depth, int n,
             fail_msg("node %d: parent %d does not come first", i, par[i]);
         d[i] = par[i] < 0 ? 0 : d[par[i]] + 1; /* head index = level - 1 */
         if (i > 0 && d[i] < d[i - 1])
-            fail_msg("node %d: level %d after level %d (not breadth-first)", i, d[i] + 1, d[i - 1] + 1);
+            fail_msg("node %d: level %d after level %d (not breadth-first)", i, d[i] + 1,
+                     d[i - 1] + 1);
         assert_true(d[i] < depth && d[i] < K);
         double p;
         int rank = token_rank(f->logits[d[i]], vocab, tok[i], &p);
@@ -687,7 +688,8 @@ static void test_medusa_mkmedusa_deterministic(void **state)
 {
     char tp[512], a[512], b[512], c[512];
     make_target(tp, sizeof tp, "medusa", "f32", SMALL_SHAPE);
-    static const char *const variants[] = {"--heads 2 --seed 7", "--heads 3 --seed 7 --type q4_1 --own-out",
+    static const char *const variants[] = {"--heads 2 --seed 7",
+                                           "--heads 3 --seed 7 --type q4_1 --own-out",
                                            "--heads 1 --seed 7 --type bf16 --no-bias"};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         char args[256];
