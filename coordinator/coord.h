@@ -53,7 +53,9 @@ typedef struct {
     char *argv[COORD_MAX_SPAWN_ARGS]; /* how to spawn it again (NULL: not ours) */
     uint64_t started_us, last_hb_us, hb_steps;
     int restarts;
-    uint64_t respawn_at_us;  /* when to spawn again after a death */
+    uint64_t respawn_at_us;  /* when to spawn again after a death (0: not) */
+    int failed_starts;       /* deaths in a row before joining (back-off, give-up) */
+    bool refused;            /* the coordinator refused its Hello: never respawn */
     int index;               /* worker part / speculator ring */
     char kind[16];
     /* speculator bookkeeping */

@@ -24,7 +24,9 @@
 
 #include "coordinator/coord.h"
 
-#define RESPAWN_BACKOFF_US 300000u
+#define RESPAWN_BACKOFF_US 300000u   /* first wait before a restart; doubles per failed start */
+#define RESPAWN_BACKOFF_MAX_US 10000000u
+#define RESPAWN_MAX_FAILS 8           /* starts in a row that never joined: then give up */
 
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body)
 {
@@ -242,6 +244,14 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         char name[32];
         snprintf(name, sizeof name, "worker-%u", h->worker_index);
         p = group_slot(c, name);
+        /* a live worker keeps its slot: a second Hello for it is an impostor (or a confused peer) */
+        if (p->role == PEER_WORKER && p->connected && rt_now_us() - p->last_hb_us < (uint64_t)c->dead_ms * 1000u &&
+            (p->child ? (pid_t)h->pid != p->child : (pid_t)h->pid != p->pid)) {
+            snprintf(msg, sizeof msg, "%s is already connected (pid %d); Hello from pid %u refused", name,
+                     (int)(p->child ? p->child : p->pid), h->pid);
+            group_refuse(c, id, id_len, msg);
+            return;
+        }
         if (p->role == PEER_FREE) {
             memset(p, 0, sizeof *p);
             p->role = PEER_WORKER;
@@ -256,6 +266,9 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
                      "target's tokenizer", h->id, h->vocab_size, (unsigned long long)h->vocab_hash,
                      c->model->cfg.vocab, (unsigned long long)c->vocab_hash);
             group_refuse(c, id, id_len, msg);
+            for (int i = 0; i < COORD_MAX_PEERS; i++)
+                if (c->peers[i].role == PEER_SPECULATOR && !strcmp(c->peers[i].name, h->id))
+                    c->peers[i].refused = true; /* never restart it: it cannot join */
             return;
         }
         p = group_slot(c, h->id[0] ? h->id : "speculator");
@@ -295,6 +308,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     p->ident_len = id_len;
     p->pid = (pid_t)h->pid;
     p->connected = true;
+    p->failed_starts = 0;
     p->last_hb_us = rt_now_us();
     if (!p->child)
         p->started_us = p->last_hb_us;
@@ -369,10 +383,12 @@ void coord_group_pump(coord *c, int timeout_ms)
 
 /* ===== supervision ===== */
 
-static void group_lost(coord *c, coord_peer *p, const char *why)
+static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
 {
-    rt_log("coordinator", "%s (pid %d) lost: %s", p->name, (int)(p->child ? p->child : p->pid), why);
+    rt_log("coordinator", "%s (pid %d) lost: %s", p->name, (int)pid, why);
     bool was_connected = p->connected;
+    if (!was_connected)
+        p->failed_starts++; /* it died before joining: back off further */
     p->connected = false;
     p->ident_len = 0;
     if (p->role == PEER_WORKER && was_connected)
@@ -380,7 +396,15 @@ static void group_lost(coord *c, coord_peer *p, const char *why)
     if (p->argv[0]) {
         if (p->child)
             kill(p->child, SIGKILL); /* a hung child: make sure it is gone before its successor */
-        p->respawn_at_us = rt_now_us() + RESPAWN_BACKOFF_US;
+        uint64_t wait = RESPAWN_BACKOFF_US;
+        for (int i = 0; i < p->failed_starts && wait < RESPAWN_BACKOFF_MAX_US; i++)
+            wait *= 2;
+        p->respawn_at_us = rt_now_us() + (wait < RESPAWN_BACKOFF_MAX_US ? wait : RESPAWN_BACKOFF_MAX_US);
+        if (p->refused || p->failed_starts >= RESPAWN_MAX_FAILS) {
+            p->respawn_at_us = 0; /* it cannot join: restarting it again would only spin */
+            rt_log("coordinator", "not restarting %s: %s", p->name,
+                   p->refused ? "the coordinator refused it" : "it failed to start too many times in a row");
+        }
     } else if (p->role == PEER_SPECULATOR) {
         p->role = PEER_FREE; /* an attached speculator that left: forget it */
     }
@@ -404,7 +428,7 @@ void coord_group_supervise(coord *c)
             else
                 snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(status));
             p->child = 0;
-            group_lost(c, p, why);
+            group_lost(c, p, pid, why);
         }
     }
     uint64_t now = rt_now_us();
@@ -413,7 +437,7 @@ void coord_group_supervise(coord *c)
         if (p->role == PEER_FREE)
             continue;
         if (p->connected && now - p->last_hb_us > (uint64_t)c->dead_ms * 1000u)
-            group_lost(c, p, "no heartbeat");
+            group_lost(c, p, p->child ? p->child : p->pid, "no heartbeat");
         if (!p->connected && !p->child && p->argv[0] && p->respawn_at_us && now >= p->respawn_at_us &&
             !coord_stop_flag) {
             p->restarts++;

@@ -292,7 +292,6 @@ class Group:
             if attempt < 2 and "address already in use" in (r.stderr + coord_log).lower():
                 self.down()
                 continue
-            self.dump_logs()
             raise AssertionError("orochi-launch up failed (%d):\n%s%s" % (r.returncode, r.stdout, r.stderr))
         self.wait_healthy()
         if self.wait_speculators and self.speculators:
@@ -316,12 +315,14 @@ class Group:
     def __enter__(self):
         try:
             return self.up()
-        except BaseException:
+        except BaseException as e:
+            if not isinstance(e, (SystemExit, Skip)) and self.started:
+                self.dump_logs()
             self.down()
             raise
 
     def __exit__(self, etype, evalue, tb):
-        if etype is not None and etype is not SystemExit:
+        if etype is not None and not issubclass(etype, (SystemExit, Skip)):
             self.dump_logs()
         self.down()
         return False

@@ -5,13 +5,16 @@ coordinator spawns it again and re-runs the interrupted step: the request must c
 exactly the tokens of an undisturbed run, and the status file must show the worker back with
 `restarts 1`. A dead speculator only means fewer drafts (the request completes identically, the
 speculator is restarted); a hung worker (SIGSTOP) is declared dead after --dead-ms and replaced; a
-speculator attached while a request runs joins the group and drafts for the next request.
+speculator attached while a request runs joins the group and drafts for the next request; when
+the coordinator itself is killed, every other role exits on its own and a new group starts in the
+same run directory.
 
 The model is large enough (8 layers, dim 512) that a 200-token request takes a second or more on
 two cores, so the kill lands while the request is being generated: the test waits for the first
 streamed chunk before it kills.
 """
 import os
+import re
 import signal
 import sys
 import threading
@@ -78,6 +81,7 @@ class Background:
         last = self.events[-1] if self.events else {}
         G.check("error" not in last, "the stream ended with an error: %r", last)
         G.check("orochi" in last, "the final chunk has no orochi object: %r", last)
+        self.orochi = last["orochi"]
         return last["orochi"]["token_ids"]
 
 
@@ -176,16 +180,25 @@ def test_supervision_both_speculators_and_a_worker():
 
 @t.case
 def test_supervision_attach_speculator_mid_request():
+    # one single-threaded worker and a long answer: the request runs for a few seconds, long
+    # enough for the speculator to start and join while it is being generated
     model = slow_model()
-    want = want_ids(model)
-    with G.Group("sup-attach", model, workers=2) as g:
-        bg = Background(g, PROMPT, N)
+    n_long = 460
+    want_long = G.run_ids(model, PROMPT, n_long)
+    want = want_long[:N]
+    G.check(len(want_long) == n_long, "the reference stops after %d tokens", len(want_long))
+    with G.Group("sup-attach", model, workers=1) as g:
+        bg = Background(g, PROMPT, n_long)
         bg.wait_started()
         r = g.launch("attach-speculator", "--kind", "ngram", "--id", "live-ngram", timeout=60, check=False)
         G.check(r.returncode == 0, "attach-speculator failed (%d): %s%s", r.returncode, r.stdout, r.stderr)
         G.check("attached" in r.stdout, "attach-speculator printed %r", r.stdout)
-        G.log("  %s (request still running: %s)" % (r.stdout.strip(), not bg.finished.is_set()))
-        G.check_eq(bg.result(), want, "token ids of the request during which a speculator attached")
+        running = not bg.finished.is_set()
+        G.log("  %s (request still running: %s)" % (r.stdout.strip(), running))
+        G.check(running, "the request finished before the speculator had joined: the test proves nothing")
+        G.check_eq(bg.result(), want_long, "token ids of the request during which a speculator attached")
+        G.check(bg.orochi["draft_kinds"] == ["ngram"], "the speculator that joined mid-request drafted "
+                "nothing for it: draft_kinds %r", bg.orochi["draft_kinds"])
         st = g.status()
         G.check("live-ngram" in st and st["live-ngram"]["connected"] and st["live-ngram"]["kind"] == "ngram",
                 "the attached speculator is not in status: %r", {k: v["line"] for k, v in st.items()})
@@ -199,6 +212,40 @@ def test_supervision_attach_speculator_mid_request():
                 r["orochi"]["draft_kinds"])
         G.check(r["orochi"]["mean_accepted"] > 1, "mean_accepted %r with a repetitive output",
                 r["orochi"]["mean_accepted"])
+
+
+@t.case
+def test_supervision_coordinator_sigkill_orphans_exit_then_up_again():
+    # a crashed coordinator leaves no process behind (workers and speculators give up after their
+    # --orphan-ms, 10 s by default), and a new group starts in the same run directory over the
+    # stale socket and arena
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256, type="f32", seed=5)
+    prompt = "coordinator crash"
+    want = G.run_ids(model, prompt, 24)
+    g = G.Group("sup-coord", model, workers=2, speculators=["ngram", "layerskip:layers=0"])
+    with g:
+        st = g.status()
+        cpid = g.coordinator_pid()
+        peers = {r: v["pid"] for r, v in st.items() if r != "coordinator"}
+        os.kill(cpid, signal.SIGKILL)
+        G.log("  killed the coordinator (pid %d); waiting for %s to exit" % (cpid, sorted(peers)))
+        deadline = time.time() + 25
+        while time.time() < deadline and any(G.pid_alive(p) for p in peers.values()):
+            time.sleep(0.2)
+        left = {r: p for r, p in peers.items() if G.pid_alive(p)}
+        G.check(not left, "still running 25 s after the coordinator died: %r", left)
+        for r in peers:
+            G.check("exiting" in g.log(r), "%s.log does not say why it exited:\n%s", r, g.log(r)[-800:])
+        m = re.search(r"arena (/orochi-[0-9a-f]+)", g.log("coordinator"))
+        arena = "/dev/shm" + m.group(1) if m else None
+        G.check(arena and os.path.exists(arena), "no arena %r to be left behind", arena)
+        # `down` removes the arena the dead coordinator could not unlink
+        g.down()
+        G.check(not os.path.exists(arena), "%s is left after down", arena)
+        # up again in the same run directory
+        g.up()
+        G.check(g.coordinator_pid() != cpid, "the old coordinator pid is back")
+        G.check_eq(g.ids(prompt, 24), want, "completion from the group started after the crash")
 
 
 if __name__ == "__main__":
