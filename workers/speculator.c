@@ -672,11 +672,12 @@ static int spec_parse(spec *s, int argc, char **argv)
         char *end;
         long v = strtol(t, &end, 10);
         if (end == t || v < 1 || v > 16) {
-            fprintf(stderr, "orochi-speculator: --template expects counts 1..16 like 3,2,1\n");
+            fprintf(stderr, "orochi-speculator: --template expects counts 1..16 like 3,2,1 or 3-2-1\n");
             return 2;
         }
         s->tmpl[s->tmpl_len++] = (int)v;
-        t = *end == ',' ? end + 1 : end;
+        /* ',' or '-' between counts ('-' fits inside a launcher spec KIND:k=v,k=v) */
+        t = *end == ',' || *end == '-' ? end + 1 : end;
     }
     if (s->kind == SPEC_MODEL && !s->draft_path) {
         fprintf(stderr, "orochi-speculator: --kind model needs --draft M.gguf\n");
