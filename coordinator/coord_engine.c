@@ -662,10 +662,12 @@ static void engine_step_all(coord *c)
         verify_tree vt = {.n = t->n, .tokens = t->tokens, .parent = t->parent};
         verify_result vr;
         const float *lg = c->logits + (size_t)sl->off * V;
-        if (sl->greedy)
+        if (sl->greedy) {
             verify_greedy(&vt, lg, V, &vr);
-        else
-            verify_sample(&vt, lg, V, &sl->smp, sl->work, &vr);
+        } else if (verify_sample(&vt, lg, V, &sl->smp, sl->work, &vr)) {
+            slot_fail(c, s, 500, "internal error: the verification tree is malformed");
+            continue;
+        }
         int32_t path[RT_MAX_WIDTH];
         for (int i = 0; i < vr.n_path; i++)
             path[i] = vr.path[i] + sl->off;

@@ -158,21 +158,20 @@ static void dist_top2(const float *row, int V, int32_t *a, int32_t *b)
             *b = t;
 }
 
-/* The drafter: its committed prefix is brought up to the target's (the tokens in `seq` it has not
- * seen yet) in the same forward that gives its logits after the root; then a chain (its argmax,
- * 3 deep) or a tree (top-2 at two levels, then the argmax under the first grandchild). Returns the
- * node count; tok/par receive the tree, root first. */
-static int dist_draft(dist_env *e, bool tree, const int32_t *seq, int n_seq, int *d_len, int32_t *tok,
-                      int32_t *par)
+/* The drafter, from the committed context seq[0..n_seq) (the last token is the root): its prefix is
+ * set back to the prompt's and the generated tokens are fed in the forward that gives its logits
+ * after the root; then a chain (its argmax, 3 deep) or a tree (top-2 at two levels, then the argmax
+ * under the first grandchild). Returns the node count; tok/par receive the tree, root first. */
+static int dist_draft(dist_env *e, bool tree, const int32_t *seq, int n_seq, int32_t *tok, int32_t *par)
 {
-    int V = e->V;
-    int pending = n_seq - 1 - *d_len; /* committed tokens the drafter lacks; seq[n_seq-1] is the root */
-    dist_forward(e->dc, pending + 1, seq + *d_len, NULL, pending, e->dlog);
+    int V = e->V, base = DIST_N_PROMPT - 1;
+    int pending = n_seq - 1 - base; /* generated tokens before the root */
+    llama_ctx_set_prefix_len(e->dc, base);
+    dist_forward(e->dc, pending + 1, seq + base, NULL, pending, e->dlog);
     int32_t path[VERIFY_MAX];
     for (int i = 0; i < pending; i++)
         path[i] = i;
     dist_commit(e->dc, path, pending);
-    *d_len += pending;
     tok[0] = seq[n_seq - 1];
     par[0] = -1;
     if (!tree) {
@@ -198,6 +197,41 @@ static int dist_draft(dist_env *e, bool tree, const int32_t *seq, int n_seq, int
     return 8;
 }
 
+/* Drafts are a deterministic function of the context, and only a handful of contexts occur (the
+ * generated tokens so far, fewer than 3 of them), so they are computed once per context and kept:
+ * the target's forward, the verification and the commit still run for every step. */
+enum { DIST_MEMO = 1024 };
+typedef struct {
+    int n;
+    struct {
+        int n_gen, n_tree;
+        int32_t gen[DIST_TOKENS], tok[8], par[8];
+    } e[DIST_MEMO];
+} dist_memo;
+
+static int dist_draft_cached(dist_env *e, dist_memo *m, bool tree, const int32_t *seq, int n_seq,
+                             int32_t *tok, int32_t *par)
+{
+    int n_gen = n_seq - DIST_N_PROMPT;
+    const int32_t *gen = seq + DIST_N_PROMPT;
+    for (int i = 0; i < m->n; i++)
+        if (m->e[i].n_gen == n_gen && !memcmp(m->e[i].gen, gen, (size_t)n_gen * sizeof *gen)) {
+            memcpy(tok, m->e[i].tok, (size_t)m->e[i].n_tree * sizeof *tok);
+            memcpy(par, m->e[i].par, (size_t)m->e[i].n_tree * sizeof *par);
+            return m->e[i].n_tree;
+        }
+    int n = dist_draft(e, tree, seq, n_seq, tok, par);
+    if (m->n < DIST_MEMO) {
+        m->e[m->n].n_gen = n_gen;
+        m->e[m->n].n_tree = n;
+        memcpy(m->e[m->n].gen, gen, (size_t)n_gen * sizeof *gen);
+        memcpy(m->e[m->n].tok, tok, (size_t)n * sizeof *tok);
+        memcpy(m->e[m->n].par, par, (size_t)n * sizeof *par);
+        m->n++;
+    }
+    return n;
+}
+
 typedef struct {
     long steps, accepted;
     long by_accepted[VERIFY_MAX]; /* steps by the number of drafts they accepted */
@@ -218,15 +252,16 @@ static void dist_speculative(dist_env *e, bool tree, dist_verifier verify, uint6
     sampler s;
     sampler_init(&s, DIST_TEMP, DIST_TOP_K, 1.0f, seed);
     memset(st, 0, sizeof *st);
+    dist_memo *memo = calloc(1, sizeof *memo);
+    assert_non_null(memo);
     for (int i = 0; i < DIST_SAMPLES; i++) {
         llama_ctx_set_prefix_len(e->tc, base);
-        llama_ctx_set_prefix_len(e->dc, base);
         int32_t seq[DIST_N_PROMPT + VERIFY_MAX + DIST_TOKENS];
         memcpy(seq, DIST_PROMPT, sizeof DIST_PROMPT);
-        int n_seq = DIST_N_PROMPT, d_len = base, produced = 0;
+        int n_seq = DIST_N_PROMPT, produced = 0;
         while (produced < DIST_TOKENS) {
             int32_t tok[VERIFY_MAX], par[VERIFY_MAX];
-            int n = dist_draft(e, tree, seq, n_seq, &d_len, tok, par);
+            int n = dist_draft_cached(e, memo, tree, seq, n_seq, tok, par);
             dist_forward(e->tc, n, tok, par, 0, e->tlog);
             verify_tree t = {n, tok, par};
             verify_result r;
@@ -243,6 +278,7 @@ static void dist_speculative(dist_env *e, bool tree, dist_verifier verify, uint6
         }
         memcpy(out + (size_t)i * DIST_TOKENS, seq + DIST_N_PROMPT, DIST_TOKENS * sizeof *out);
     }
+    free(memo);
 }
 
 /* Broken verifier 1: accepts the first child at every node with probability 1, then draws the next

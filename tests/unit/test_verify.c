@@ -139,35 +139,40 @@ static void test_sampler_same_as_full_sort(void **state)
         {0.8f, 40, 0.95f}, {1.0f, 0, 1.0f}, {0.7f, 0, 0.9f}, {1.3f, 5, 1.0f},  {1.0f, 999, 0.5f},
         {0.5f, 1, 1.0f},   {1.0f, 600, 1.0f}, {2.0f, 0, 0.3f}, {1.0f, 1000, 1.0f}, {0.9f, 3, 0.6f},
     };
-    const int n = 1000;
-    float *lg = malloc((size_t)n * sizeof *lg);
-    void *work = malloc((size_t)n * 8);
+    /* a small vocabulary many times, and the default model's vocabulary size a few times */
+    static const int sizes[] = {1000, 49152}, draws[] = {3000, 30};
+    float *lg = malloc((size_t)49152 * sizeof *lg);
+    void *work = malloc((size_t)49152 * 8);
     uint64_t st = 12345;
-    for (size_t si = 0; si < sizeof set / sizeof set[0]; si++) {
-        sampler s;
-        sampler_init(&s, set[si].temp, set[si].top_k, set[si].top_p, 77 + si);
-        uint64_t ref_rng = s.rng;
-        for (int draw = 0; draw < 3000; draw++) {
-            if (draw % 10 == 0) {
-                /* every other vector is coarsely quantised so that ties (and -0 / +0) occur */
-                bool coarse = (draw / 10) % 2;
-                for (int i = 0; i < n; i++) {
-                    double v = 6 * (tv_rand(&st) - 0.5);
-                    lg[i] = coarse ? (float)(round(v * 2) / 2) : (float)v;
-                    if (coarse && lg[i] == 0 && (i & 1))
-                        lg[i] = -0.0f;
+    for (int zi = 0; zi < 2; zi++) {
+        int n = sizes[zi];
+        for (size_t si = 0; si < sizeof set / sizeof set[0]; si++) {
+            sampler s;
+            sampler_init(&s, set[si].temp, set[si].top_k, set[si].top_p, 77 + si);
+            uint64_t ref_rng = s.rng;
+            for (int draw = 0; draw < draws[zi]; draw++) {
+                if (draw % 10 == 0) {
+                    /* every other vector is coarsely quantised so that ties (and -0 / +0) occur */
+                    bool coarse = (draw / 10) % 2;
+                    for (int i = 0; i < n; i++) {
+                        double v = 6 * (tv_rand(&st) - 0.5);
+                        lg[i] = coarse ? (float)(round(v * 2) / 2) : (float)v;
+                        if (coarse && lg[i] == 0 && (i & 1))
+                            lg[i] = -0.0f;
+                    }
                 }
+                int32_t got = sampler_sample(&s, lg, n, work);
+                int32_t want = ref_sample(&ref_rng, set[si].temp, set[si].top_k, set[si].top_p, lg, n);
+                if (got != want)
+                    fail_msg("n %d setting %zu draw %d: sampler_sample %d, full-sort sampler %d", n, si,
+                             draw, got, want);
             }
-            int32_t got = sampler_sample(&s, lg, n, work);
-            int32_t want = ref_sample(&ref_rng, set[si].temp, set[si].top_k, set[si].top_p, lg, n);
-            if (got != want)
-                fail_msg("setting %zu draw %d: sampler_sample %d, full-sort sampler %d", si, draw, got, want);
         }
     }
     /* greedy needs no randomness and is the argmax */
     sampler g;
     sampler_init(&g, 0, 0, 1, 5);
-    assert_int_equal(sampler_sample(&g, lg, n, work), sampler_argmax(lg, n));
+    assert_int_equal(sampler_sample(&g, lg, 1000, work), sampler_argmax(lg, 1000));
     free(lg);
     free(work);
 }
