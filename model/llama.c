@@ -669,9 +669,13 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         const llama_layer *L = &m->layers[l];
         for (int i = 0; i < n; i++)
             k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->attn_norm, (int)dim, c->norm_eps);
-        llama_linear(x, &L->wq, q0, q1, x->xb, n, sh->q);
-        llama_linear(x, &L->wk, k0, k1, x->xb, n, sh->kk);
-        llama_linear(x, &L->wv, k0, k1, x->xb, n, sh->vv);
+        {
+            const kmat *w3[3] = {&L->wq, &L->wk, &L->wv};
+            int64_t lo3[3] = {q0, k0, k0}, hi3[3] = {q1, k1, k1};
+            float *y3[3] = {sh->q, sh->kk, sh->vv};
+            int64_t ld3[3] = {L->wq.rows, L->wk.rows, L->wv.rows};
+            kmat_mul_n(x->pool, 3, w3, lo3, hi3, x->xb, n, y3, ld3, x->scratch);
+        }
         for (int i = 0; i < n; i++) {
             k_rope(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
             k_rope(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
@@ -689,8 +693,13 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
 
         for (int i = 0; i < n; i++)
             k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->ffn_norm, (int)dim, c->norm_eps);
-        llama_linear(x, &L->w_gate, f0, f1, x->xb, n, sh->hg);
-        llama_linear(x, &L->w_up, f0, f1, x->xb, n, sh->hu);
+        {
+            const kmat *w2[2] = {&L->w_gate, &L->w_up};
+            int64_t lo2[2] = {f0, f0}, hi2[2] = {f1, f1};
+            float *y2[2] = {sh->hg, sh->hu};
+            int64_t ld2[2] = {L->w_gate.rows, L->w_up.rows};
+            kmat_mul_n(x->pool, 2, w2, lo2, hi2, x->xb, n, y2, ld2, x->scratch);
+        }
         for (int i = 0; i < n; i++)
             k_silu_mul(sh->hg + i * c->ffn + f0, sh->hu + i * c->ffn + f0, (int)(f1 - f0));
         if (llama_sync(x, err, errlen))

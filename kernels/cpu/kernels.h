@@ -89,6 +89,11 @@ typedef struct {
 void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x, int n_tok,
               float *y, int64_t ldy, void *scratch);
 size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads);
+/* Several matrices over the same input in one job (q/k/v, gate/up): the activations are quantized
+ * once and the pool is dispatched once. Each matrix's rows are computed exactly as kmat_mul would.
+ * Matrices of different row lengths or of float and quantized types mixed run one by one. */
+void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, const int64_t *hi,
+                const float *x, int n_tok, float *const *y, const int64_t *ldy, void *scratch);
 /* Copy row r of w into out as floats (the embedding lookup). */
 void kmat_row(const kmat *w, int64_t r, float *out);
 

@@ -44,14 +44,18 @@ typedef struct {
     float *s, *dv;
 } mm_xq;
 
+#define MM_MAX_MATS 4 /* matrices sharing one input in one job (q/k/v, gate/up) */
+
 typedef struct {
-    const kmat *w;
-    int64_t lo;
+    int n_mats;
+    const kmat *w[MM_MAX_MATS];
+    int64_t lo[MM_MAX_MATS];
+    int64_t start[MM_MAX_MATS + 1]; /* job row index where each matrix's rows begin */
+    float *y[MM_MAX_MATS];
+    int64_t ldy[MM_MAX_MATS];
     const float *x; /* float activations (float weight types) */
-    mm_xq xq;       /* quantized activations (quantized weight types) */
+    mm_xq xq;       /* quantized activations (quantized weight types), shared by all matrices */
     int n_tok;
-    float *y;
-    int64_t ldy;
     uint8_t *scratch; /* per-thread f32 row buffers (float weight types) */
     size_t scratch_per_thread;
 } mm_job;
@@ -363,11 +367,12 @@ static void mm_dot_float_tile(const float *w, const float *x, int64_t cols, int 
  * from L2 once per chunk rather than once per row. */
 #define MM_ROW_CHUNK 8
 
-static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
+/* Rows [begin, end) of matrix m of the job (matrix-local indices relative to its lo). */
+static void mm_rows_one(const mm_job *job, int m, int64_t begin, int64_t end, int thread)
 {
-    const mm_job *job = argp;
-    const kmat *w = job->w;
-    int64_t cols = w->cols, nb = cols / 32;
+    const kmat *w = job->w[m];
+    float *y = job->y[m];
+    int64_t ldy = job->ldy[m], cols = w->cols, nb = cols / 32;
     float tile[MM_TILE];
     float *buf = (float *)(job->scratch + (size_t)thread * job->scratch_per_thread);
     float *mrow = buf; /* quantized types: the row's block offsets */
@@ -375,13 +380,13 @@ static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
     if (!mm_is_quant(w->type)) {
         float *wf = buf;
         for (int64_t i = begin; i < end; i++) {
-            int64_t r = job->lo + i;
+            int64_t r = job->lo[m] + i;
             mm_expand_float(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, cols, wf);
             for (int t0 = 0; t0 < job->n_tok; t0 += MM_TILE) {
                 int nt = job->n_tok - t0 < MM_TILE ? job->n_tok - t0 : MM_TILE;
                 mm_dot_float_tile(wf, job->x + t0 * cols, cols, nt, tile);
                 for (int j = 0; j < nt; j++)
-                    job->y[(t0 + j) * job->ldy + r] = tile[j];
+                    y[(t0 + j) * ldy + r] = tile[j];
             }
         }
         return;
@@ -391,50 +396,83 @@ static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
         for (int t0 = 0; t0 < job->n_tok; t0 += MM_TILE) {
             int nt = job->n_tok - t0 < MM_TILE ? job->n_tok - t0 : MM_TILE;
             for (int64_t i = c0; i < c1; i++) {
-                int64_t r = job->lo + i;
+                int64_t r = job->lo[m] + i;
                 const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
                 mm_dot_quant_tile(w->type, row, nb, &job->xq, t0, nt, mrow, tile);
                 for (int j = 0; j < nt; j++)
-                    job->y[(t0 + j) * job->ldy + r] = tile[j];
+                    y[(t0 + j) * ldy + r] = tile[j];
             }
         }
     }
 }
 
-void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x, int n_tok,
-              float *y, int64_t ldy, void *scratch)
+static void mm_rows(void *argp, int64_t begin, int64_t end, int thread)
 {
-    if (hi <= lo || n_tok <= 0)
+    const mm_job *job = argp;
+    for (int m = 0; m < job->n_mats; m++) {
+        int64_t b = begin > job->start[m] ? begin : job->start[m];
+        int64_t e = end < job->start[m + 1] ? end : job->start[m + 1];
+        if (e > b)
+            mm_rows_one(job, m, b - job->start[m], e - job->start[m], thread);
+    }
+}
+
+void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, const int64_t *hi,
+                const float *x, int n_tok, float *const *y, const int64_t *ldy, void *scratch)
+{
+    if (n <= 0 || n_tok <= 0)
         return;
+    /* one job needs one input format: the same row length and all quantized or all float */
+    bool same = n <= MM_MAX_MATS;
+    for (int m = 1; m < n && same; m++)
+        same = w[m]->cols == w[0]->cols && mm_is_quant(w[m]->type) == mm_is_quant(w[0]->type);
+    if (!same) {
+        for (int m = 0; m < n; m++)
+            kmat_mul_n(pool, 1, &w[m], &lo[m], &hi[m], x, n_tok, &y[m], &ldy[m], scratch);
+        return;
+    }
     int threads = kpool_threads(pool);
     void *owned = NULL;
     if (!scratch) {
-        owned = malloc(kmat_scratch_bytes(w->cols, n_tok, threads));
+        owned = malloc(kmat_scratch_bytes(w[0]->cols, n_tok, threads));
         if (!owned)
             abort(); /* a few KiB per call; callers on the hot path pass their own scratch */
         scratch = owned;
     }
     uint8_t *base = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    size_t nb = (size_t)w->cols / 32;
-    mm_job job = {
-        .w = w, .lo = lo, .x = x, .n_tok = n_tok, .y = y, .ldy = ldy,
-        .scratch_per_thread = mm_align((size_t)w->cols * 4),
-    };
-    if (mm_is_quant(w->type)) {
+    int64_t cols = w[0]->cols;
+    size_t nb = (size_t)cols / 32;
+    mm_job job = {.n_mats = n, .x = x, .n_tok = n_tok, .scratch_per_thread = mm_align((size_t)cols * 4)};
+    for (int m = 0; m < n; m++) {
+        job.w[m] = w[m];
+        job.lo[m] = lo[m];
+        job.y[m] = y[m];
+        job.ldy[m] = ldy[m];
+        job.start[m + 1] = job.start[m] + (hi[m] > lo[m] ? hi[m] - lo[m] : 0);
+    }
+    if (mm_is_quant(w[0]->type)) {
         job.xq.q = (int16_t *)base;
-        base += mm_align((size_t)n_tok * (size_t)w->cols * 2);
+        base += mm_align((size_t)n_tok * (size_t)cols * 2);
         job.xq.s = (float *)base;
         base += mm_align((size_t)n_tok * nb * 4);
         job.xq.dv = (float *)base;
         base += mm_align((size_t)n_tok * nb * 32);
-        mm_quantize_x(x, w->cols, n_tok, &job.xq);
+        mm_quantize_x(x, cols, n_tok, &job.xq);
     } else {
-        base += mm_align((size_t)n_tok * (size_t)w->cols * 2) + mm_align((size_t)n_tok * nb * 4) +
+        base += mm_align((size_t)n_tok * (size_t)cols * 2) + mm_align((size_t)n_tok * nb * 4) +
                 mm_align((size_t)n_tok * nb * 32);
     }
     job.scratch = base;
-    kpool_run(pool, hi - lo, 16, mm_rows, &job);
+    if (job.start[n] > 0)
+        kpool_run(pool, job.start[n], 16, mm_rows, &job);
     free(owned);
+}
+
+void kmat_mul(kpool *pool, const kmat *w, int64_t lo, int64_t hi, const float *x, int n_tok,
+              float *y, int64_t ldy, void *scratch)
+{
+    if (hi > lo)
+        kmat_mul_n(pool, 1, &w, &lo, &hi, x, n_tok, &y, &ldy, scratch);
 }
 
 void kmat_row(const kmat *w, int64_t r, float *out)
