@@ -240,10 +240,10 @@ def main():
     return 0
 
 
-def run_config(a, prompts, base, out, label, specs, ctl, tag):
+def run_config(a, prompts, base, out, label, specs, ctl, tag, extra=()):
     """One group; every prompt greedily; returns rows (checked lossless against base)."""
     run_dir = "%s-%s" % (a.run_dir, re.sub(r"[^a-z0-9]+", "-", label.lower()))
-    g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, specs, a.extra.split(), ctl)
+    g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, specs, a.extra.split() + list(extra), ctl)
     rows = []
     try:
         for p in prompts:
@@ -285,10 +285,17 @@ def sweep_width(a, prompts, base, out):
     for kind in a.kinds.split(","):
         for w in widths:
             print("sweep: %s at width %d..." % (kind, w), file=sys.stderr)
-            ctl = ["--max-width", str(max(8, w)), "--width", str(w), "--adaptive", "off",
-                   "--max-draft", str(max(1, w - 1))]
+            # vote off: the speculator's whole tree is verified (majority would keep one chain)
+            ctl = ["--max-width", str(max(8, w)), "--width", str(w), "--adaptive", "off", "--vote", "off",
+                   "--max-draft", str(max(1, min(w - 1, 16)))]
+            # acceptance is what this table measures: wait for every draft, however long it takes
             rows += run_config(a, prompts, base, out, "%s-w%d" % (kind, w), [kind], ctl,
-                               {"bench": "width", "kind": kind, "width": w})
+                               {"bench": "width", "kind": kind, "width": w},
+                               extra=["--draft-wait-ms", "30000"])
+            done_rows = [r for r in rows if r["kind"] == kind and r["width"] == w]
+            steps = sum(r["steps"] for r in done_rows)
+            print("  %s width %d: mean accepted %.2f" % (kind, w, sum(r["mean_accepted"] * r["steps"] for r in done_rows)
+                                                          / max(1, steps)), file=sys.stderr, flush=True)
     cats = sorted({r["category"] for r in rows}) + ["all"]
     print("\nmean tokens accepted per verification step (incl. the correction token)")
     print("%-10s %-6s " % ("kind", "width") + " ".join("%10s" % c for c in cats))

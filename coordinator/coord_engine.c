@@ -274,6 +274,14 @@ static int engine_gather_drafts(coord *c, uint64_t req_id, const int32_t *all, i
     return got;
 }
 
+/* A speculator's vote: its Minions weight (rewarded/punished by ACR thresholds) scaled by its ACR
+ * itself, so that when two speculators sit at the same weight (both punished to the floor, say)
+ * the one whose drafts are accepted more often still wins the vote. */
+static float engine_vote_weight(const coord_peer *p)
+{
+    return (float)(p->weight * (0.05 + p->acr));
+}
+
 /* The tree to verify: the drafts merged and voted on within the node budget. */
 static void engine_build_tree(coord *c, int32_t root, int max_nodes, coord_tree *out)
 {
@@ -285,14 +293,15 @@ static void engine_build_tree(coord *c, int32_t root, int max_nodes, coord_tree 
         if (!p->has_draft)
             continue;
         if (c->vote == VOTE_OFF) {
-            if (!best || p->weight > best->weight || (p->weight == best->weight && p->draft.n > best->draft.n))
+            if (!best || engine_vote_weight(p) > engine_vote_weight(best) ||
+                (engine_vote_weight(p) == engine_vote_weight(best) && p->draft.n > best->draft.n))
                 best = p;
         } else {
-            coord_tree_add(&merged, &p->draft, (float)p->weight, p->index);
+            coord_tree_add(&merged, &p->draft, engine_vote_weight(p), p->index);
         }
     }
     if (best)
-        coord_tree_add(&merged, &best->draft, (float)best->weight, best->index);
+        coord_tree_add(&merged, &best->draft, engine_vote_weight(best), best->index);
     coord_tree_vote(&merged, c->vote, max_nodes, out);
 }
 
