@@ -48,6 +48,7 @@ typedef struct {
     uint8_t ident[64];       /* ZeroMQ routing id */
     size_t ident_len;
     bool connected;          /* welcomed and alive */
+    bool ready;              /* workers: mapped the model and the arena, may be rung */
     pid_t pid;               /* from Hello */
     pid_t child;             /* when we spawned it: the child pid we wait for */
     char *argv[COORD_MAX_SPAWN_ARGS]; /* how to spawn it again (NULL: not ours) */

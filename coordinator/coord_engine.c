@@ -75,15 +75,11 @@ int coord_engine_health(void *ctx, char *msg, size_t len)
 
 /* ===== one verification step through the workers ===== */
 
+/* The report of a finished step (the step itself completed through the arena doorbell). */
 void coord_engine_on_step_done(coord *c, coord_peer *p, const Orochi__StepDone *d)
 {
-    if (d->step_id != c->step_wait_id || p->index < 0 || p->index >= COORD_MAX_WORKERS)
+    if (p->index < 0 || p->index >= COORD_MAX_WORKERS)
         return;
-    if (d->error && d->error[0]) {
-        c->step_failed = true;
-        snprintf(c->step_err, sizeof c->step_err, "%s: %s", p->name, d->error);
-    }
-    c->step_done_mask |= 1u << p->index;
     pthread_mutex_lock(&c->mlock);
     c->m_worker_compute_us[p->index] += (double)d->compute_us;
     c->m_worker_steps[p->index]++;
@@ -138,24 +134,39 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         for (int s = 0; s < RT_MAX_SEQ; s++)
             st->seq_prefix[s] = s < c->n_seq ? (uint32_t)seq_prefix[s] : 0;
         arena_barrier_init(&st->barrier, (uint32_t)c->n_workers);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        memset(st->err, 0, sizeof st->err);
+        __atomic_store_n(&st->done, 0, __ATOMIC_RELAXED);
         c->step_wait_id = st->step_id;
         c->step_done_mask = 0;
         c->step_failed = false;
         c->step_err[0] = 0;
-        Orochi__StepBegin sb = OROCHI__STEP_BEGIN__INIT;
-        sb.step_id = st->step_id;
-        sb.n_tokens = (uint32_t)n;
-        sb.n_prefix = st->n_prefix;
-        sb.logits_from = (uint32_t)logits_from;
-        coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_STEP_BEGIN, &sb);
-        uint32_t all = (1u << c->n_workers) - 1;
-        while ((c->step_done_mask & all) != all && !c->step_failed && !coord_stop_flag) {
-            coord_group_pump(c, 1);
-            coord_group_supervise(c);
+        /* ring: the workers wait on the doorbell in the arena (see rt_step) */
+        __atomic_store_n(&st->doorbell, (uint32_t)st->step_id, __ATOMIC_SEQ_CST);
+        rt_futex_wake(&st->doorbell);
+        uint64_t last_pump = rt_now_us();
+        uint32_t want = (uint32_t)st->step_id;
+        int finished = 0;
+        for (;;) {
+            uint32_t d = __atomic_load_n(&st->done, __ATOMIC_ACQUIRE);
+            finished = 0;
+            for (int i = 0; i < c->n_workers && i < RT_MAX_WORKERS; i++)
+                finished += __atomic_load_n(&st->done_step[i], __ATOMIC_ACQUIRE) == want;
+            if (finished >= c->n_workers || c->step_failed || coord_stop_flag)
+                break;
+            rt_futex_wait(&st->done, d, 2);
+            if (rt_now_us() - last_pump > 2000) { /* liveness: a worker may have died */
+                coord_group_pump(c, 0);
+                coord_group_supervise(c);
+                last_pump = rt_now_us();
+            }
         }
+        for (int i = 0; i < c->n_workers && i < RT_MAX_WORKERS; i++)
+            if (st->err[i][0]) {
+                c->step_failed = true;
+                snprintf(c->step_err, sizeof c->step_err, "worker-%d: %.160s", i, st->err[i]);
+            }
         c->step_wait_id = 0;
-        if (!c->step_failed && (c->step_done_mask & all) == all) {
+        if (!c->step_failed && finished >= c->n_workers) {
             pthread_mutex_lock(&c->mlock);
             c->m_steps++;
             c->m_step_seconds += (rt_now_us() - t0) / 1e6;
@@ -164,7 +175,7 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         }
         if (coord_stop_flag)
             break;
-        rt_log("coordinator", "step %llu failed (%s): re-running it", (unsigned long long)sb.step_id,
+        rt_log("coordinator", "step %llu failed (%s): re-running it", (unsigned long long)st->step_id,
                c->step_err);
         /* let the survivors report back before the barrier is re-armed */
         uint64_t settle = rt_now_us() + 200000u;

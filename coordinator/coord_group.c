@@ -54,7 +54,7 @@ bool coord_group_workers_ready(const coord *c)
 {
     int ready = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role == PEER_WORKER && c->peers[i].connected)
+        if (c->peers[i].role == PEER_WORKER && c->peers[i].connected && c->peers[i].ready)
             ready++;
     return ready == c->n_workers;
 }
@@ -308,6 +308,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     p->ident_len = id_len;
     p->pid = (pid_t)h->pid;
     p->connected = true;
+    p->ready = false; /* a worker says "ready" in a heartbeat once it has mapped everything */
     p->failed_starts = 0;
     p->last_hb_us = rt_now_us();
     if (!p->child)
@@ -340,6 +341,7 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
     switch (env->body_case) {
     case OROCHI__ENVELOPE__BODY_HEARTBEAT:
         p->hb_steps = env->heartbeat->steps;
+        p->ready = env->heartbeat->state && !strcmp(env->heartbeat->state, "ready");
         break;
     case OROCHI__ENVELOPE__BODY_STEP_DONE:
         if (p->role == PEER_WORKER)

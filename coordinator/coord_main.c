@@ -290,12 +290,14 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     mkdir(c.run_dir, 0755);
     coord_bin_dir(&c);
-    char pidpath[4200];
+    char pidpath[4200], pidtmp[4300];
     snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.run_dir);
-    FILE *pf = fopen(pidpath, "w");
+    snprintf(pidtmp, sizeof pidtmp, "%s.%d", pidpath, (int)getpid());
+    FILE *pf = fopen(pidtmp, "w"); /* written aside and renamed: the launcher never reads it half-written */
     if (pf) {
         fprintf(pf, "%d\n", (int)getpid());
         fclose(pf);
+        rename(pidtmp, pidpath);
     }
 
     rc = coord_engine_init(&c) ? 1 : coord_setup(&c);

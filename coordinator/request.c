@@ -188,7 +188,10 @@ int coord_request_append(coord_request *req, const int32_t *ids, int n, const ch
         req->text_len += len;
         req->text[req->text_len] = 0;
         rc = 0;
-        pthread_cond_broadcast(&req->cv);
+        /* only a streaming response waits for text; waking a non-streaming waiter on every token
+         * would cost a context switch per token on a machine whose cores the workers need */
+        if (len && req->params.stream)
+            pthread_cond_broadcast(&req->cv);
     }
     pthread_mutex_unlock(&req->mu);
     return rc;

@@ -10,8 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "workers/runtime.h"
@@ -38,6 +42,17 @@ void rt_log(const char *role, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s.%03d %s: %s\n", stamp, (int)(tv.tv_usec / 1000), role, msg);
+}
+
+int rt_futex_wait(uint32_t *addr, uint32_t expected, int timeout_ms)
+{
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    return (int)syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+void rt_futex_wake(uint32_t *addr)
+{
+    syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 void rt_ctl_endpoint(const char *run_dir, char *out, size_t len)

@@ -28,9 +28,23 @@
 #define RT_MAX_SPECULATORS 8
 #define RT_DRAFT_SLOTS 8
 
-/* The inputs of one verification step, written by the coordinator before StepBegin. */
+#define RT_MAX_WORKERS 8
+
+/* The inputs of one verification step, written by the coordinator before it rings the doorbell.
+ * The hot path of a step does not go through ZeroMQ: a socket round trip wakes two I/O threads
+ * and two main threads per direction, which on a machine whose cores are busy with the forward
+ * costs more than a millisecond per step. The coordinator stores the step id in `doorbell` and
+ * wakes the workers' futex; each worker runs the step, writes its error (if any) into err[index]
+ * and the step id into done_step[index], bumps `done` and wakes the coordinator's futex. A worker
+ * only counts for the step it actually ran, so a late report from an abandoned attempt can never
+ * be taken for the re-run's. Workers are rung only once every one has reported itself ready. StepDone still goes over the socket
+ * afterwards as the step's report (timings), and StepBegin is kept in the protocol for tools. */
 typedef struct {
     arena_barrier barrier;  /* the workers' per-op barrier */
+    uint32_t doorbell;      /* futex word: low 32 bits of the step to run */
+    uint32_t done;          /* futex word: bumped whenever a worker finishes a step */
+    uint32_t done_step[RT_MAX_WORKERS]; /* low 32 bits of the last step each worker finished */
+    char err[RT_MAX_WORKERS][160];
     uint64_t step_id;
     uint32_t n_tokens;
     uint32_t n_prefix;
@@ -41,6 +55,10 @@ typedef struct {
     int32_t seq[RT_MAX_WIDTH];        /* sequence slot of each token */
     uint32_t seq_prefix[RT_MAX_SEQ];  /* committed length of each slot */
 } rt_step;
+
+/* Futex wait/wake on a 32-bit word in shared memory (cross-process: no private flag). */
+int rt_futex_wait(uint32_t *addr, uint32_t expected, int timeout_ms);
+void rt_futex_wake(uint32_t *addr);
 
 /* Bytes between consecutive draft rings in the drafts region (64-byte aligned). */
 static inline size_t rt_ring_stride(void)

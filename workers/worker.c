@@ -14,6 +14,7 @@
  * for --orphan-ms, so a crashed group never leaves workers behind.
  */
 #include <getopt.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,32 +157,40 @@ done:
     return rc;
 }
 
-static void worker_step(worker *w, const Orochi__StepBegin *sb)
+/* Run the step the arena holds (the doorbell rang), then report: error text and `done` in the
+ * arena for the coordinator's wait, StepDone over the socket for its metrics. */
+static void worker_step(worker *w)
 {
+    rt_step *st = w->step;
     Orochi__StepDone done = OROCHI__STEP_DONE__INIT;
-    done.step_id = sb->step_id;
+    done.step_id = st->step_id;
     done.worker_index = (uint32_t)w->index;
-    char err[256] = "";
+    char err[160] = "";
     uint64_t t0 = rt_now_us();
-    const rt_step *st = w->step;
-    if (st->step_id != sb->step_id || sb->n_tokens == 0 || sb->n_tokens > RT_MAX_WIDTH) {
-        snprintf(err, sizeof err, "step %llu: arena holds step %llu with %u tokens",
-                 (unsigned long long)sb->step_id, (unsigned long long)st->step_id, sb->n_tokens);
+    uint32_t n = st->n_tokens;
+    if (n == 0 || n > RT_MAX_WIDTH) {
+        snprintf(err, sizeof err, "step %llu: %u tokens", (unsigned long long)st->step_id, n);
     } else {
         for (int s = 0; s < RT_MAX_SEQ; s++)
             llama_ctx_set_seq_prefix_len(w->ctx, s, (int)st->seq_prefix[s]);
-        llama_batch b = {.n = (int)sb->n_tokens, .tokens = st->tokens, .parent = st->parent,
-                         .seq = st->seq, .logits_from = (int)sb->logits_from};
+        llama_batch b = {.n = (int)n, .tokens = st->tokens, .parent = st->parent,
+                         .seq = st->seq, .logits_from = (int)st->logits_from};
         if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0)
             w->steps++;
     }
     done.compute_us = rt_now_us() - t0;
+    if (w->index < RT_MAX_WORKERS) {
+        memcpy(st->err[w->index], err, sizeof st->err[0]);
+        __atomic_store_n(&st->done_step[w->index], (uint32_t)st->step_id, __ATOMIC_RELEASE);
+    }
+    __atomic_fetch_add(&st->done, 1, __ATOMIC_RELEASE);
+    rt_futex_wake(&st->done);
     done.error = err;
     if (err[0])
-        rt_log(w->role, "step %llu failed: %s", (unsigned long long)sb->step_id, err);
+        rt_log(w->role, "step %llu failed: %s", (unsigned long long)st->step_id, err);
     else if (w->trace)
-        rt_log(w->role, "step %llu: %u tokens in %llu us", (unsigned long long)sb->step_id,
-               sb->n_tokens, (unsigned long long)done.compute_us);
+        rt_log(w->role, "step %llu: %u tokens in %llu us", (unsigned long long)st->step_id, n,
+               (unsigned long long)done.compute_us);
     worker_send(w, OROCHI__ENVELOPE__BODY_STEP_DONE, &done);
 }
 
@@ -245,7 +254,30 @@ int main(int argc, char **argv)
     }
     w.last_coord_us = rt_now_us();
     uint64_t last_hb = 0;
+    /* the step already in the arena when we join (e.g. the one our predecessor died in) is the
+     * coordinator's to re-ring, not ours to run */
+    uint32_t last_bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
+    worker_heartbeat(&w); /* "ready": from now on the coordinator may ring us */
+    last_hb = rt_now_us();
     while (!worker_stop) {
+        /* the hot path: the doorbell, spinning briefly, then a futex sleep with a short timeout
+         * so heartbeats and control messages are still served */
+        uint32_t bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
+        for (int spin = 0; bell == last_bell && spin < 2000; spin++) {
+            if (!(spin & 31))
+                sched_yield();
+            bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
+        }
+        if (bell == last_bell) {
+            rt_futex_wait(&w.step->doorbell, last_bell, 20);
+            bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
+        }
+        if (bell != last_bell) {
+            last_bell = bell;
+            w.last_coord_us = rt_now_us();
+            worker_step(&w);
+            continue;
+        }
         uint64_t now = rt_now_us();
         if (now - last_hb >= HEARTBEAT_MS * 1000u) {
             worker_heartbeat(&w);
@@ -256,7 +288,7 @@ int main(int argc, char **argv)
             break;
         }
         zmq_pollitem_t it = {w.sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, HEARTBEAT_MS) <= 0)
+        if (zmq_poll(&it, 1, 0) <= 0)
             continue;
         bool bad;
         char err[256];
@@ -267,9 +299,7 @@ int main(int argc, char **argv)
                 continue;
             }
             w.last_coord_us = rt_now_us();
-            if (env->body_case == OROCHI__ENVELOPE__BODY_STEP_BEGIN)
-                worker_step(&w, env->step_begin);
-            else if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
+            if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
                 rt_log(w.role, "shutdown: %s", env->shutdown->reason);
                 worker_stop = 1;
             }
