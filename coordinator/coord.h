@@ -23,7 +23,6 @@
 #include "workers/runtime.h"
 
 #define COORD_MAX_PEERS 32
-#define COORD_MAX_WORKERS 8
 #define COORD_QUEUE 64
 #define COORD_MAX_SPAWN_ARGS 32
 #define COORD_TREE_CAP 512     /* nodes of the merged draft trie */
@@ -60,13 +59,12 @@ typedef struct {
     int index;               /* worker part / speculator ring */
     char kind[16];
     /* speculator bookkeeping */
-    uint64_t drafted, accepted, drafts_used;
+    uint64_t drafted, accepted;
     double acr, acr_sum;     /* average acceptance rate (ACR) of its drafts */
     uint64_t acr_n;
     double weight;           /* its vote weight (Minions), from the ACR */
-    arena_draft draft;       /* its latest draft, as gathered */
-    bool has_draft;
-    arena_draft slot_draft[RT_MAX_SEQ]; /* its draft per sequence slot in the step being verified */
+    arena_draft slot_draft[RT_MAX_SEQ]; /* its draft per sequence slot in the step being verified
+                                         * (n = 0: none) */
     uint64_t ready_req, ready_ctx; /* latest DraftReady */
     uint32_t ready_slot, ready_n;
     bool ready_fresh;
@@ -109,7 +107,6 @@ typedef struct {
     uint64_t step_counter;
     /* the step in flight */
     uint64_t step_wait_id;
-    uint32_t step_done_mask;
     bool step_failed;
     char step_err[256];
 
@@ -131,11 +128,10 @@ typedef struct {
     pthread_mutex_t mlock;
     uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
     uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
-    uint64_t m_verified_nodes;
     uint64_t m_batch_hist[RT_MAX_SEQ + 1]; /* requests per verification step */
     double m_step_seconds, m_draft_wait_seconds;
-    double m_worker_compute_us[COORD_MAX_WORKERS];
-    uint64_t m_worker_steps[COORD_MAX_WORKERS];
+    double m_worker_compute_us[RT_MAX_WORKERS];
+    uint64_t m_worker_steps[RT_MAX_WORKERS];
     char m_spec_text[4096]; /* speculator gauges, rebuilt by the main loop */
 } coord;
 

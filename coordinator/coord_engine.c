@@ -78,7 +78,7 @@ int coord_engine_health(void *ctx, char *msg, size_t len)
 /* The report of a finished step (the step itself completed through the arena doorbell). */
 void coord_engine_on_step_done(coord *c, coord_peer *p, const Orochi__StepDone *d)
 {
-    if (p->index < 0 || p->index >= COORD_MAX_WORKERS)
+    if (p->index < 0 || p->index >= RT_MAX_WORKERS)
         return;
     pthread_mutex_lock(&c->mlock);
     c->m_worker_compute_us[p->index] += (double)d->compute_us;
@@ -137,7 +137,6 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         memset(st->err, 0, sizeof st->err);
         __atomic_store_n(&st->done, 0, __ATOMIC_RELAXED);
         c->step_wait_id = st->step_id;
-        c->step_done_mask = 0;
         c->step_failed = false;
         c->step_err[0] = 0;
         /* ring: the workers wait on the doorbell in the arena (see rt_step) */
@@ -244,11 +243,12 @@ static void engine_feedback_done(coord *c, uint64_t req_id)
 }
 
 /* Wait until every fed speculator has answered for context n_all (or --draft-wait-ms passed) and
- * copy the drafts that continue exactly this context into the peers. Returns how many. */
-static int engine_gather_drafts(coord *c, uint64_t req_id, const int32_t *all, int n_all)
+ * copy the drafts that continue exactly this context into the peers' slot_draft[slot] (n = 0: no
+ * draft). Returns how many. */
+static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        c->peers[i].has_draft = false;
+        c->peers[i].slot_draft[slot].n = 0;
     if (!coord_group_count(c, PEER_SPECULATOR, true))
         return 0;
     uint64_t t0 = rt_now_us(), deadline = t0 + (uint64_t)c->draft_wait_ms * 1000u;
@@ -275,12 +275,14 @@ static int engine_gather_drafts(coord *c, uint64_t req_id, const int32_t *all, i
             p->ready_ctx != (uint64_t)n_all || p->ready_n == 0)
             continue;
         arena_draft_ring *ring = (arena_draft_ring *)((uint8_t *)c->rings + (size_t)p->index * c->ring_bytes);
+        arena_draft *d = &p->slot_draft[slot];
         /* the draft must continue exactly this context */
-        if (!arena_draft_ring_get(ring, p->ready_slot, &p->draft) || p->draft.request_id != req_id ||
-            p->draft.ctx_len != (uint64_t)n_all || p->draft.last_token != all[n_all - 1] || p->draft.n == 0)
+        if (!arena_draft_ring_get(ring, p->ready_slot, d) || d->request_id != req_id ||
+            d->ctx_len != (uint64_t)n_all || d->last_token != all[n_all - 1]) {
+            d->n = 0;
             continue;
-        p->has_draft = true;
-        got++;
+        }
+        got += d->n > 0;
     }
     return got;
 }
@@ -293,26 +295,27 @@ static float engine_vote_weight(const coord_peer *p)
     return (float)(p->weight * (0.05 + p->acr));
 }
 
-/* The tree to verify: the drafts merged and voted on within the node budget. */
-static void engine_build_tree(coord *c, int32_t root, int max_nodes, coord_tree *out)
+/* The tree to verify: slot's gathered drafts merged and voted on within the node budget. */
+static void engine_build_tree(coord *c, int slot, int32_t root, int max_nodes, coord_tree *out)
 {
     static __thread coord_tree merged; /* 10 KiB: keep it off the stack */
     coord_tree_init(&merged, root);
     coord_peer *best = NULL;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (!p->has_draft)
+        if (!p->slot_draft[slot].n)
             continue;
         if (c->vote == VOTE_OFF) {
             if (!best || engine_vote_weight(p) > engine_vote_weight(best) ||
-                (engine_vote_weight(p) == engine_vote_weight(best) && p->draft.n > best->draft.n))
+                (engine_vote_weight(p) == engine_vote_weight(best) &&
+                 p->slot_draft[slot].n > best->slot_draft[slot].n))
                 best = p;
         } else {
-            coord_tree_add(&merged, &p->draft, engine_vote_weight(p), p->index);
+            coord_tree_add(&merged, &p->slot_draft[slot], engine_vote_weight(p), p->index);
         }
     }
     if (best)
-        coord_tree_add(&merged, &best->draft, engine_vote_weight(best), best->index);
+        coord_tree_add(&merged, &best->slot_draft[slot], engine_vote_weight(best), best->index);
     coord_tree_vote(&merged, c->vote, max_nodes, out);
 }
 
@@ -649,17 +652,14 @@ static void engine_step_all(coord *c)
             budget = c->n_ctx - e->prefix[s];
         if (budget < 1)
             budget = 1;
-        engine_gather_drafts(c, sl->req_id, sl->all, sl->n_all);
-        engine_build_tree(c, sl->all[sl->n_all - 1], budget, &sl->tree);
+        engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all);
+        engine_build_tree(c, s, sl->all[sl->n_all - 1], budget, &sl->tree);
         sl->off = n;
         for (int i = 0; i < sl->tree.n; i++, n++) {
             tokens[n] = sl->tree.tokens[i];
             parent[n] = sl->tree.parent[i] < 0 ? -1 : sl->tree.parent[i] + sl->off;
             seq[n] = s;
         }
-        /* copy this slot's drafts now: the next slot's gather reuses the peers' buffers */
-        for (int i = 0; i < COORD_MAX_PEERS; i++)
-            c->peers[i].slot_draft[s] = c->peers[i].has_draft ? c->peers[i].draft : (arena_draft){0};
     }
     e->rr++;
     uint64_t t0 = rt_now_us();
@@ -721,7 +721,6 @@ static void engine_step_all(coord *c)
             coord_acr_update(c, p, depth, matched);
             p->drafted += (uint64_t)depth;
             p->accepted += (uint64_t)matched;
-            p->drafts_used++;
             bool verified = false;
             for (int j = 1; j < t->n; j++)
                 verified |= (t->owners[j] >> p->index) & 1u;
@@ -731,7 +730,6 @@ static void engine_step_all(coord *c)
         }
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[a < RT_MAX_WIDTH ? a : RT_MAX_WIDTH]++;
-        c->m_verified_nodes += (uint64_t)(t->n - 1);
         pthread_mutex_unlock(&c->mlock);
         slot_emit(c, sl, added, n_add);
         if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
@@ -832,7 +830,7 @@ char *coord_engine_metrics(void *ctx)
     M("# HELP orochi_step_seconds Wall time of target steps, by role.\n# TYPE orochi_step_seconds summary\n"
       "orochi_step_seconds_sum{role=\"coordinator\"} %.6f\norochi_step_seconds_count{role=\"coordinator\"} %llu\n",
       c->m_step_seconds, (unsigned long long)c->m_steps);
-    for (int i = 0; i < c->n_workers && i < COORD_MAX_WORKERS; i++)
+    for (int i = 0; i < c->n_workers && i < RT_MAX_WORKERS; i++)
         M("orochi_step_seconds_sum{role=\"worker-%d\"} %.6f\norochi_step_seconds_count{role=\"worker-%d\"} %llu\n",
           i, c->m_worker_compute_us[i] / 1e6, i, (unsigned long long)c->m_worker_steps[i]);
     M("# HELP orochi_batch_size Requests verified together per step.\n# TYPE orochi_batch_size histogram\n");

@@ -140,12 +140,12 @@ static int coord_parse(coord *c, int argc, char **argv)
     c->spec_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
     if (c->spec_len < 1)
         c->spec_len = 1;
-    if (c->n_workers < 1 || c->n_workers > COORD_MAX_WORKERS || c->threads_per_worker < 1 ||
+    if (c->n_workers < 1 || c->n_workers > RT_MAX_WORKERS || c->threads_per_worker < 1 ||
         c->max_width < 1 || c->max_width > RT_MAX_WIDTH || c->max_draft < 1 ||
         c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100) {
         fprintf(stderr, "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
                         "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100\n",
-                COORD_MAX_WORKERS, RT_MAX_WIDTH);
+                RT_MAX_WORKERS, RT_MAX_WIDTH);
         return 2;
     }
     return 0;
