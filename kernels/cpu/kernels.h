@@ -4,13 +4,15 @@
  * Everything the Llama forward needs, written for a memory-bound machine:
  *   - tensor types (ggml block layouts) and their traits: block size, bytes per block;
  *   - a batched matmul y[t][r] = W[r] . x[t] for W = 1..64 tokens over an output-row range
- *     [lo, hi), which streams every weight block from memory once for all tokens;
+ *     [lo, hi), which streams every weight block from memory once for all tokens (quantized
+ *     matrices repacked once into 16-row groups, one SIMD lane per row);
  *   - rmsnorm, rope, silu*mul, softmax;
  *   - attention as partials: (max, sum, output) per query-head over a dense prefix and over a
  *     sparse (COO) tree part, and the online-softmax merge of partials;
  *   - a pthread pool that runs a function over [0, n) in chunks.
- * Every kernel has a portable scalar path; AVX2+FMA (x86-64) and NEON (arm64) paths are chosen
- * at compile time.
+ * Every kernel has a portable scalar path. The matmul micro-kernels exist for AVX-512 (VNNI),
+ * AVX2 and plain C in one binary and are chosen at run time from cpuid (kisa_*); the other ops
+ * use AVX2+FMA (x86-64) or NEON (arm64), chosen at compile time.
  */
 #ifndef OROCHI_KERNELS_H
 #define OROCHI_KERNELS_H
@@ -77,7 +79,33 @@ typedef struct {
     int64_t rows, cols;
     size_t row_bytes;
     const void *data;
+    void *packed; /* quantized types: the 16-row group layout (kmat_pack), NULL until packed */
 } kmat;
+
+/* ===== instruction sets of the matmul ===== */
+
+typedef enum { KISA_PORTABLE = 0, KISA_AVX2 = 1, KISA_AVX512 = 2 } kisa;
+
+const char *kisa_name(kisa i);
+/* Whether this CPU (and build) can run the set: AVX2 needs AVX2+FMA+F16C, AVX512 needs
+ * AVX-512 F/BW/VL and VNNI. */
+bool kisa_supported(kisa i);
+kisa kisa_best(void);
+/* The set in use: the best supported one, or a lesser one named by OROCHI_ISA
+ * (portable|avx2|avx512) in the environment. */
+kisa kisa_current(void);
+/* Use set i from now on (tests, benchmarks); -1 if the CPU cannot run it. Not to be called while
+ * a matmul runs. Results of quantized types are bit-identical across sets; float types may differ
+ * in the last bits (different reduction widths). */
+int kisa_select(kisa i);
+
+/* Repack a quantized matrix (Q8_0/Q4_0/Q4_1, cols % 32 == 0) into w->packed, the layout the
+ * micro-kernels stream; other types are left as they are. 0, or -1 when out of memory. Matrices
+ * that are not packed still multiply correctly, packing a group at a time on the fly. */
+int kmat_pack(kpool *pool, kmat *w);
+void kmat_unpack(kmat *w);
+/* Bytes kmat_pack allocates for w (0 for types it does not pack). */
+size_t kmat_packed_bytes(const kmat *w);
 
 #define KMAT_MAX_W 64 /* widest token batch a matmul takes */
 
