@@ -1,18 +1,16 @@
 /*
- * kernels/cpu/mm_avx512.c — matmul micro-kernels for AVX-512 F/BW/VL with VNNI
- * (compiled with those flags only; matmul.c calls them when cpuid reports
- * them).
+ * kernels/cpu/mm_avx512.c — matmul micro-kernels for AVX-512 F/BW/VL with VNNI (compiled with
+ * those flags only; matmul.c calls them when cpuid reports them). Layouts and roundings: mm_isa.h.
  *
- * Quantized groups: one zmm lane per row of the 16-row group (see mm_isa.h).
- * 4-bit weights: the nibbles are the unsigned operand of vpdpbusd against the
- * low and high signed bytes of the activations (four columns per instruction
- * and lane, int32 accumulation: exact), combined as 256 * hi + lo per block.
- * Q8_0: int8 weights widened to int16 pairs, vpdpwssd. A block's weights are
- * unpacked once per tile of up to 8 tokens, so a verification step of W <= 8
- * tokens reads and unpacks each weight once. Float weights: a 4-row x 4-token
- * register tile (16 accumulators), F16 converted in registers (vcvtph2ps), BF16
- * by a 16-bit shift, the column tail by masked loads; each (row, token) sum is
- * one zmm reduced in a fixed order.
+ * One zmm lane per row of the 16-row group.
+ *   - 4-bit weights: the nibbles are the unsigned operand of vpdpbusd against the low and high
+ *     signed bytes of the activations (four columns per instruction and lane, int32 accumulation:
+ *     exact), combined as 256 * hi + lo per block. A block is unpacked once per tile of up to 8
+ *     tokens, so a verification step of W <= 8 reads and unpacks each weight once.
+ *   - Q8_0: int8 weights widened to int16 pairs, vpdpwssd.
+ *   - Float weights: per column, the 16 rows' weights (F16 converted in registers with vcvtph2ps,
+ *     BF16 by a 16-bit shift) times the broadcast activation of up to 6 tokens, four accumulators
+ *     per token.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -22,200 +20,186 @@
 
 #define AI static inline __attribute__((always_inline))
 #define QT 8 /* tokens per quantized tile */
-#define FT 4 /* tokens per float tile */
+#define FT 6 /* tokens per float tile (4 accumulators each) */
 
-AI __m512i a5_bcast(const void *p) {
-  int32_t v;
-  memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
+AI __m512i a5_bcast(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
 }
 
-AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
-                   float *out) {
-  const int64_t nb = xq->nb;
-  const size_t gb = q41 ? 320 : 288;
-  const __m512i mask = _mm512_set1_epi8(0x0f);
-  __m512 acc[QT];
-  for (int t = 0; t < NT; t++)
-    acc[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t *p = pk + (size_t)b * gb;
-    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    __m512 mw =
-        q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
-            : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
-    const uint8_t *qs = p + (q41 ? 64 : 32);
-    __m512i lo[QT], hi[QT];
+AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *out)
+{
+    const int64_t nb = xq->nb;
+    const size_t gb = q41 ? 320 : 288;
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    __m512 acc[QT];
     for (int t = 0; t < NT; t++)
-      lo[t] = hi[t] = _mm512_setzero_si512();
-    for (int k = 0; k < 4; k++) {
-      __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * k));
-      __m512i wl = _mm512_and_si512(raw, mask);
-      __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-      for (int t = 0; t < NT; t++) {
-        size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
-        const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
-        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, a5_bcast(xl + 4 * k));
-        lo[t] = _mm512_dpbusd_epi32(lo[t], wh, a5_bcast(xl + 16 + 4 * k));
-        hi[t] = _mm512_dpbusd_epi32(hi[t], wl, a5_bcast(xh + 4 * k));
-        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, a5_bcast(xh + 16 + 4 * k));
-      }
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pk + (size_t)b * gb;
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512 mw = q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
+                        : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+        const uint8_t *qs = p + (q41 ? 64 : 32);
+        __m512i lo[QT], hi[QT];
+        for (int t = 0; t < NT; t++)
+            lo[t] = hi[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * k));
+            __m512i wl = _mm512_and_si512(raw, mask);
+            __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+            for (int t = 0; t < NT; t++) {
+                size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
+                lo[t] = _mm512_dpbusd_epi32(lo[t], wl, a5_bcast(xl + 4 * k));
+                lo[t] = _mm512_dpbusd_epi32(lo[t], wh, a5_bcast(xl + 16 + 4 * k));
+                hi[t] = _mm512_dpbusd_epi32(hi[t], wl, a5_bcast(xh + 4 * k));
+                hi[t] = _mm512_dpbusd_epi32(hi[t], wh, a5_bcast(xh + 16 + 4 * k));
+            }
+        }
+        for (int t = 0; t < NT; t++) {
+            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[t], 8), lo[t]);
+            __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t]);
+            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->s[xb]), acc[t]);
+        }
     }
-    for (int t = 0; t < NT; t++) {
-      size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-      __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[t], 8), lo[t]);
-      __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t]);
-      acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->s[xb]), acc[t]);
-    }
-  }
-  for (int t = 0; t < NT; t++)
-    _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
-}
-
-AI void a5_q8_tile(int NT, const uint8_t *pk, const mm_xq *xq, int t0,
-                   float *out) {
-  const int64_t nb = xq->nb;
-  __m512 acc[QT];
-  for (int t = 0; t < NT; t++)
-    acc[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t *p = pk + (size_t)b * 544;
-    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    const uint8_t *qs = p + 32;
-    __m512i dot[QT];
     for (int t = 0; t < NT; t++)
-      dot[t] = _mm512_setzero_si512();
-    for (int pr = 0; pr < 16; pr++) {
-      __m512i w = _mm512_cvtepi8_epi16(
-          _mm256_loadu_si256((const __m256i *)(qs + 32 * pr)));
-      for (int t = 0; t < NT; t++)
-        dot[t] = _mm512_dpwssd_epi32(
-            dot[t], w,
-            a5_bcast(xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 +
-                     2 * pr));
-    }
-    for (int t = 0; t < NT; t++) {
-      size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-      __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), sc, acc[t]);
-    }
-  }
-  for (int t = 0; t < NT; t++)
-    _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
+        _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
 }
 
-#define A5_Q_CASES(CALL)                                                       \
-  switch (nt) {                                                                \
-  case 1:                                                                      \
-    CALL(1);                                                                   \
-    break;                                                                     \
-  case 2:                                                                      \
-    CALL(2);                                                                   \
-    break;                                                                     \
-  case 3:                                                                      \
-    CALL(3);                                                                   \
-    break;                                                                     \
-  case 4:                                                                      \
-    CALL(4);                                                                   \
-    break;                                                                     \
-  case 5:                                                                      \
-    CALL(5);                                                                   \
-    break;                                                                     \
-  case 6:                                                                      \
-    CALL(6);                                                                   \
-    break;                                                                     \
-  case 7:                                                                      \
-    CALL(7);                                                                   \
-    break;                                                                     \
-  default:                                                                     \
-    CALL(8);                                                                   \
-    break;                                                                     \
-  }
+AI void a5_q8_tile(int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *out)
+{
+    const int64_t nb = xq->nb;
+    __m512 acc[QT];
+    for (int t = 0; t < NT; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pk + (size_t)b * 544;
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        const uint8_t *qs = p + 32;
+        __m512i dot[QT];
+        for (int t = 0; t < NT; t++)
+            dot[t] = _mm512_setzero_si512();
+        for (int pr = 0; pr < 16; pr++) {
+            __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * pr)));
+            for (int t = 0; t < NT; t++)
+                dot[t] = _mm512_dpwssd_epi32(
+                    dot[t], w,
+                    a5_bcast(xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 + 2 * pr));
+        }
+        for (int t = 0; t < NT; t++) {
+            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), sc, acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
+}
 
-static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq,
-                      int n_tok, float *out) {
-  for (int t0 = 0; t0 < n_tok; t0 += QT) {
-    int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
-    if (type == KT_Q8_0) {
+#define A5_Q_CASES(CALL)                                                                           \
+    switch (nt) {                                                                                  \
+    case 1: CALL(1); break;                                                                        \
+    case 2: CALL(2); break;                                                                        \
+    case 3: CALL(3); break;                                                                        \
+    case 4: CALL(4); break;                                                                        \
+    case 5: CALL(5); break;                                                                        \
+    case 6: CALL(6); break;                                                                        \
+    case 7: CALL(7); break;                                                                        \
+    default: CALL(8); break;                                                                       \
+    }
+
+static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+{
+    for (int t0 = 0; t0 < n_tok; t0 += QT) {
+        int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
+        if (type == KT_Q8_0) {
 #define C8(N) a5_q8_tile(N, pk, xq, t0, out)
-      A5_Q_CASES(C8)
-    } else if (type == KT_Q4_1) {
+            A5_Q_CASES(C8)
+        } else if (type == KT_Q4_1) {
 #define C41(N) a5_q4_tile(true, N, pk, xq, t0, out)
-      A5_Q_CASES(C41)
-    } else {
+            A5_Q_CASES(C41)
+        } else {
 #define C40(N) a5_q4_tile(false, N, pk, xq, t0, out)
-      A5_Q_CASES(C40)
+            A5_Q_CASES(C40)
+        }
     }
-  }
 }
 
 /* ===== float weights ===== */
 
-AI __m512 a5_load_w(uint32_t type, const uint8_t *row, int64_t k, __mmask16 m) {
-  if (type == KT_F32)
-    return _mm512_maskz_loadu_ps(m, row + 4 * k);
-  __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * k);
-  if (type == KT_F16)
-    return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+AI __m512 a5_load_f(uint32_t type, const uint8_t *p)
+{
+    if (type == KT_F32)
+        return _mm512_loadu_ps(p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (type == KT_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-AI void a5_ftile(uint32_t type, int NR, int NT, const uint8_t *w,
-                 size_t row_bytes, int64_t cols, const float *x, int t0,
-                 float *out) {
-  __m512 acc[MM_FROWS][FT];
-  for (int r = 0; r < NR; r++)
+/* Tokens t0 .. t0 + NT - 1 of one float group: four partial sums per token (column k % 4). */
+AI void a5_f_tile(uint32_t type, int NT, const uint8_t *pk, int64_t cols, const float *x, int t0,
+                  float *out)
+{
+    const size_t es = type == KT_F32 ? 4 : 2;
+    __m512 acc[FT][4];
     for (int t = 0; t < NT; t++)
-      acc[r][t] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < cols; k += 16) {
-    __mmask16 m = cols - k >= 16 ? (__mmask16)0xffff
-                                 : (__mmask16)((1u << (cols - k)) - 1);
-    __m512 xv[FT];
-    for (int t = 0; t < NT; t++)
-      xv[t] = _mm512_maskz_loadu_ps(m, x + (size_t)(t0 + t) * (size_t)cols + k);
-    for (int r = 0; r < NR; r++) {
-      __m512 wv = a5_load_w(type, w + (size_t)r * row_bytes, k, m);
-      for (int t = 0; t < NT; t++)
-        acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-    }
-  }
-  for (int r = 0; r < NR; r++)
-    for (int t = 0; t < NT; t++)
-      out[(size_t)(t0 + t) * MM_FROWS + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-AI void a5_frows_t(uint32_t type, const uint8_t *w, size_t row_bytes, int nr,
-                   int64_t cols, const float *x, int n_tok, float *out) {
-  for (int t0 = 0; t0 < n_tok; t0 += FT) {
-    int nt = n_tok - t0 < FT ? n_tok - t0 : FT;
-    if (nr == MM_FROWS && nt == FT)
-      a5_ftile(type, MM_FROWS, FT, w, row_bytes, cols, x, t0, out);
-    else if (nr == MM_FROWS && nt == 2)
-      a5_ftile(type, MM_FROWS, 2, w, row_bytes, cols, x, t0, out);
-    else if (nr == MM_FROWS)
-      for (int t = t0; t < t0 + nt; t++)
-        a5_ftile(type, MM_FROWS, 1, w, row_bytes, cols, x, t, out);
-    else
-      for (int r = 0; r < nr; r++)
-        for (int t = t0; t < t0 + nt; t++) {
-          float one[MM_FROWS];
-          a5_ftile(type, 1, 1, w + (size_t)r * row_bytes, row_bytes, cols,
-                   x + (size_t)t * cols, 0, one);
-          out[(size_t)t * MM_FROWS + r] = one[0];
+        for (int p = 0; p < 4; p++)
+            acc[t][p] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 4 <= cols; k += 4)
+        for (int p = 0; p < 4; p++) {
+            __m512 w = a5_load_f(type, pk + (size_t)(k + p) * MM_GROUP * es);
+            for (int t = 0; t < NT; t++)
+                acc[t][p] = _mm512_fmadd_ps(
+                    w, _mm512_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k + p]), acc[t][p]);
         }
-  }
+    for (; k < cols; k++) {
+        __m512 w = a5_load_f(type, pk + (size_t)k * MM_GROUP * es);
+        for (int t = 0; t < NT; t++)
+            acc[t][k % 4] = _mm512_fmadd_ps(
+                w, _mm512_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k]), acc[t][k % 4]);
+    }
+    for (int t = 0; t < NT; t++)
+        _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP,
+                         _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
+                                       _mm512_add_ps(acc[t][2], acc[t][3])));
 }
 
-static void a5_frows(uint32_t type, const uint8_t *w, size_t row_bytes, int nr,
-                     int64_t cols, const float *x, int n_tok, float *out) {
-  if (type == KT_F16)
-    a5_frows_t(KT_F16, w, row_bytes, nr, cols, x, n_tok, out);
-  else if (type == KT_BF16)
-    a5_frows_t(KT_BF16, w, row_bytes, nr, cols, x, n_tok, out);
-  else
-    a5_frows_t(KT_F32, w, row_bytes, nr, cols, x, n_tok, out);
+#define A5_F_CASES(CALL)                                                                           \
+    switch (nt) {                                                                                  \
+    case 1: CALL(1); break;                                                                        \
+    case 2: CALL(2); break;                                                                        \
+    case 3: CALL(3); break;                                                                        \
+    case 4: CALL(4); break;                                                                        \
+    case 5: CALL(5); break;                                                                        \
+    default: CALL(6); break;                                                                       \
+    }
+
+AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
+                    float *out)
+{
+    for (int t0 = 0; t0 < n_tok; t0 += FT) {
+        int nt = n_tok - t0 < FT ? n_tok - t0 : FT;
+#define CF(N) a5_f_tile(type, N, pk, cols, x, t0, out)
+        A5_F_CASES(CF)
+    }
 }
 
-const mm_isa mm_isa_avx512 = {
-    .name = "avx512", .qgroup = a5_qgroup, .frows = a5_frows};
+static void a5_fgroup(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
+                      float *out)
+{
+    if (type == KT_F16)
+        a5_fgroup_t(KT_F16, pk, cols, x, n_tok, out);
+    else if (type == KT_BF16)
+        a5_fgroup_t(KT_BF16, pk, cols, x, n_tok, out);
+    else
+        a5_fgroup_t(KT_F32, pk, cols, x, n_tok, out);
+}
+
+const mm_isa mm_isa_avx512 = {.name = "avx512", .qgroup = a5_qgroup, .fgroup = a5_fgroup};

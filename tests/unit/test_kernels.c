@@ -38,49 +38,117 @@ static void test_kernels_f16(void **state)
     }
 }
 
+/* Every instruction set this machine runs, every weight type, every width W = 1..64, a row count
+ * that is not a multiple of the 16-row group, against a double-precision dot of the dequantised
+ * weights; packed and on-the-fly packed matrices agree bit for bit; a row range [lo, hi) that
+ * starts and ends inside groups gives the same bits as the whole matrix; the result of a token
+ * does not depend on W (its tile) or on the thread count; and every instruction set gives the
+ * same bits as the portable reference. */
 static void test_kernels_matmul_types(void **state)
 {
     const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
-    /* float weights: exact math up to rounding; quantized: 8-bit activations */
-    const double tol[] = {1e-6, 1e-6, 1e-6, 1e-2, 1e-2, 1e-2};
-    int64_t rows = 40, cols = 320;
-    int n = 11;
+    /* float weights: f32 arithmetic; quantized: 16-bit activations (|q| <= 32639 per block) */
+    const double tol[] = {1e-6, 1e-6, 1e-6, 1e-4, 1e-4, 1e-4};
+    const int64_t rows = 43, cols = 352; /* 43 = 2 groups + 11 rows; 352 = 11 blocks, % 16 == 0 */
+    const int n = KMAT_MAX_W;
     float *wf = malloc((size_t)(rows * cols) * 4), *deq = malloc((size_t)cols * 4);
     float *x = malloc((size_t)(n * cols) * 4), *y = malloc((size_t)(n * rows) * 4);
-    float *ref = malloc((size_t)(n * rows) * 4);
+    float *y2 = malloc((size_t)(n * rows) * 4), *yw = malloc((size_t)(n * rows) * 4);
+    float *ref = malloc((size_t)(n * rows) * 4), *portable = malloc((size_t)(n * rows) * 4);
     fill(wf, (size_t)(rows * cols), 5);
     fill(x, (size_t)(n * cols), 6);
-    kpool *pool = kpool_new(2);
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        size_t rb = kt_row_bytes(types[t], (uint64_t)cols);
+    kpool *pool1 = kpool_new(1), *pool3 = kpool_new(3);
+    kisa initial = kisa_current();
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t type = types[ti];
+        const char *tn = kt_traits_of(type)->name;
+        size_t rb = kt_row_bytes(type, (uint64_t)cols);
         uint8_t *wq = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++)
-            kt_quantize_row(types[t], wf + r * cols, wq + (size_t)r * rb, cols);
+            kt_quantize_row(type, wf + r * cols, wq + (size_t)r * rb, cols);
         for (int64_t r = 0; r < rows; r++) {
-            kt_dequantize_row(types[t], wq + (size_t)r * rb, deq, cols);
-            /* the quantiser itself is close to the input */
+            kt_dequantize_row(type, wq + (size_t)r * rb, deq, cols);
             double qe = tu_rel_l2(deq, wf + r * cols, (size_t)cols);
-            assert_true(qe < (types[t] == KT_F32 ? 1e-9 : types[t] == KT_Q4_0 || types[t] == KT_Q4_1 ? 0.2 : 0.01));
+            assert_true(qe < (type == KT_F32 ? 1e-9 : type == KT_Q4_0 || type == KT_Q4_1 ? 0.2 : 0.01));
             for (int i = 0; i < n; i++) {
-                double s = 0;
+                double sum = 0;
                 for (int64_t k = 0; k < cols; k++)
-                    s += (double)deq[k] * x[i * cols + k];
-                ref[i * rows + r] = (float)s;
+                    sum += (double)deq[k] * x[i * cols + k];
+                ref[i * rows + r] = (float)sum;
             }
         }
-        kmat w = {.type = types[t], .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
-        kmat_mul(pool, &w, 0, rows, x, n, y, rows, NULL);
-        double e = tu_rel_l2(y, ref, (size_t)(n * rows));
-        if (e > tol[t])
-            fail_msg("type %s: matmul relative L2 %.3g > %.1g", kt_traits_of(types[t])->name, e, tol[t]);
+        kmat plain = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+        kmat packed = plain;
+        assert_int_equal(kmat_pack(pool3, &packed), 0);
+        assert_non_null(packed.packed);
+        assert_true(kmat_packed_bytes(&packed) >= (size_t)rows * rb);
+        for (int isa = KISA_PORTABLE; isa <= KISA_AVX512; isa++) {
+            if (!kisa_supported((kisa)isa)) {
+                print_message("note: %s kernels not run: this CPU lacks the instructions\n",
+                              kisa_name((kisa)isa));
+                continue;
+            }
+            assert_int_equal(kisa_select((kisa)isa), 0);
+            const char *in = kisa_name((kisa)isa);
+            /* W = 64 on the packed matrix, 3 threads: the reference result of this set */
+            kmat_mul(pool3, &packed, 0, rows, x, n, y, rows, NULL);
+            double e = tu_rel_l2(y, ref, (size_t)(n * rows));
+            if (e > tol[ti])
+                fail_msg("%s %s: matmul relative L2 %.3g > %.1g", in, tn, e, tol[ti]);
+            if (isa == KISA_PORTABLE)
+                memcpy(portable, y, (size_t)(n * rows) * 4);
+            else if (memcmp(portable, y, (size_t)(n * rows) * 4))
+                fail_msg("%s %s: result differs from the portable kernels' bits", in, tn);
+            /* the unpacked matrix (packed on the fly), one thread */
+            kmat_mul(pool1, &plain, 0, rows, x, n, y2, rows, NULL);
+            if (memcmp(y, y2, (size_t)(n * rows) * 4))
+                fail_msg("%s %s: unpacked / 1 thread differs from packed / 3 threads", in, tn);
+            /* a row range starting and ending inside groups, written into a zeroed output */
+            memset(y2, 0, (size_t)(n * rows) * 4);
+            kmat_mul(pool3, &packed, 5, 37, x, n, y2, rows, NULL);
+            for (int t = 0; t < n; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    float want = r >= 5 && r < 37 ? y[t * rows + r] : 0.0f;
+                    if (memcmp(&want, &y2[t * rows + r], 4))
+                        fail_msg("%s %s: rows [5, 37): token %d row %lld wrong or written", in, tn, t,
+                                 (long long)r);
+                }
+            /* every width: each token's row equals its bits in the W = 64 batch */
+            for (int w = 1; w <= n; w++) {
+                kmat_mul(pool3, &packed, 0, rows, x, w, yw, rows, NULL);
+                if (memcmp(yw, y, (size_t)(w * rows) * 4))
+                    fail_msg("%s %s: W = %d gives other bits than W = 64 for the same tokens", in, tn, w);
+            }
+        }
+        kmat_unpack(&packed);
+        assert_null(packed.packed);
         free(wq);
     }
-    kpool_destroy(&pool);
+    assert_int_equal(kisa_select(initial), 0);
+    kpool_destroy(&pool1);
+    kpool_destroy(&pool3);
     free(wf);
     free(deq);
     free(x);
     free(y);
+    free(y2);
+    free(yw);
     free(ref);
+    free(portable);
+}
+
+/* The instruction-set choice: the portable set always runs, the best is supported, and a set the
+ * CPU lacks is refused. */
+static void test_kernels_isa(void **state)
+{
+    assert_true(kisa_supported(KISA_PORTABLE));
+    assert_true(kisa_supported(kisa_best()));
+    assert_string_equal(kisa_name(KISA_AVX512), "avx512");
+    for (int i = KISA_PORTABLE; i <= KISA_AVX512; i++)
+        assert_int_equal(kisa_select((kisa)i), kisa_supported((kisa)i) ? 0 : -1);
+    assert_int_equal(kisa_select(kisa_best()), 0);
+    assert_int_equal(kisa_current(), kisa_best());
+    print_message("note: this CPU's best matmul kernels: %s\n", kisa_name(kisa_best()));
 }
 
 static void test_kernels_attention_merge(void **state)
@@ -175,6 +243,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_f16),
         cmocka_unit_test(test_kernels_matmul_types),
+        cmocka_unit_test(test_kernels_isa),
         cmocka_unit_test(test_kernels_attention_merge),
         cmocka_unit_test(test_kernels_attention_causal),
         cmocka_unit_test(test_kernels_traits),
