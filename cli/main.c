@@ -18,6 +18,7 @@ static const command COMMANDS[] = {
     {"inspect", cmd_inspect, "print a GGUF file's metadata and tensor table"},
     {"tokenize", cmd_tokenize, "print the token ids and pieces of a text"},
     {"mkmodel", cmd_mkmodel, "write a deterministic random-weight Llama GGUF"},
+    {"quantize", cmd_quantize, "convert a GGUF model's weight matrices to another type"},
     {"mkmedusa", cmd_mkmedusa, "write deterministic random Medusa heads for a target GGUF"},
     {"bench", cmd_bench, "decode speed and batch step-time curve"},
     {"generate", cmd_generate, "one request to a running coordinator's HTTP API"},
