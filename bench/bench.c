@@ -4,7 +4,8 @@
  *
  * Two measurements, both in one process so their ratios are fair:
  *   1. sequential greedy decode tok/s at 1 and 2 threads (or --threads list), with the achieved
- *      weight-read GB/s;
+ *      weight-read GB/s against the measured read bandwidth at the same thread count (cli/
+ *      bandwidth.h; `--bandwidth` re-measures it);
  *   2. the step time t(W) of one W-token forward (a chain) at a committed context of --ctx tokens
  *      for W = 1, 2, 4, ..., 64: the ratio t(W)/t(1) says how wide a verification can be before it
  *      costs more than it saves.
@@ -17,10 +18,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/bandwidth.h"
 #include "cli/commands.h"
 #include "cli/util.h"
-
-#define BENCH_FLOOR_GBS 28.0
 #define BENCH_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 typedef struct {
@@ -29,6 +29,7 @@ typedef struct {
     int threads[8], n_threads;
     int widths[8], n_widths;
     kv_type kv;
+    bool bandwidth;
 } bench_opts;
 
 static int bench_cmp(const void *a, const void *b)
@@ -125,13 +126,48 @@ static bool bench_list(const char *s, int *out, int *n, int max, long hi)
     return *n > 0;
 }
 
+static FILE *bench_open_json(const char *path);
+
+static double bench_loadavg(void)
+{
+    double l[1] = {0};
+    return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
+/* --bandwidth: measure the floor at each thread count afresh, cache it, print it. */
+static int bench_bandwidth(const bench_opts *o)
+{
+    FILE *js = bench_open_json(o->json);
+    printf("%-10s %10s %10s\n", "threads", "read GB/s", "load avg");
+    for (int i = 0; i < o->n_threads; i++) {
+        fprintf(stderr, "orochi bench: measuring read bandwidth at %d threads...\n", o->threads[i]);
+        double g = bw_measure(o->threads[i]), la = bench_loadavg();
+        if (g <= 0) {
+            fprintf(stderr, "orochi bench: out of memory for the bandwidth buffer\n");
+            return 1;
+        }
+        bw_store(o->threads[i], g);
+        printf("%-10d %10.2f %10.2f\n", o->threads[i], g, la);
+        if (js)
+            fprintf(js, "{\"bench\":\"bandwidth\",\"threads\":%d,\"gb_s\":%.3f,\"loadavg\":%.2f}\n",
+                    o->threads[i], g, la);
+    }
+    if (js)
+        fclose(js);
+    fprintf(stderr, "orochi bench: cached in %s\n", bw_cache_path());
+    return 0;
+}
+
 static void bench_usage(FILE *out)
 {
     fprintf(out, "usage: orochi bench [--model M] [--threads 1,2] [--widths 1,2,4,8,16,32,64]\n"
                  "                    [--ctx 256] [--decode-tokens 64] [--reps 5] [--kv f32|f16]\n"
                  "                    [--json FILE]\n"
+                 "       orochi bench --bandwidth [--threads 1,2] [--json FILE]\n"
                  "  Decode tok/s per thread count and the W-token step-time curve at --ctx,\n"
-                 "  with achieved GB/s against the %.0f GB/s bandwidth floor.\n", BENCH_FLOOR_GBS);
+                 "  with achieved GB/s against the measured read-bandwidth floor at the same\n"
+                 "  thread count. --bandwidth measures that floor afresh and caches it in\n"
+                 "  %s (other commands measure what is missing).\n", bw_cache_path());
 }
 
 static FILE *bench_open_json(const char *path)
@@ -157,6 +193,10 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             bench_usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--bandwidth")) {
+            o.bandwidth = true;
+            continue;
         }
         if (!(v = cli_value("bench", argc, argv, &i)))
             return 2;
@@ -189,6 +229,8 @@ int cmd_bench(int argc, char **argv)
             return 2;
         }
     }
+    if (o.bandwidth)
+        return bench_bandwidth(&o);
     char err[512];
     llama_model *m = llama_model_load(o.model, err, sizeof err);
     if (!m) {
@@ -203,18 +245,25 @@ int cmd_bench(int argc, char **argv)
     printf("model %s: %d layers, dim %d, vocab %d, %.1f MB of weights read per step\n\n", name,
            m->cfg.n_layers, m->cfg.dim, m->cfg.vocab, gb * 1e3);
 
-    printf("%-10s %10s %10s %10s\n", "threads", "tok/s", "GB/s", "of floor");
+    double floors[8];
+    for (int i = 0; i < o.n_threads; i++)
+        floors[i] = bw_floor(o.threads[i], NULL);
+    printf("matmul kernels: %s; floor: measured read bandwidth at the same thread count (%s)\n",
+           kisa_name(kisa_current()), bw_cache_path());
+    printf("%-10s %10s %10s %10s %10s\n", "threads", "tok/s", "GB/s", "of floor", "floor GB/s");
     int rc = 1;
     for (int i = 0; i < o.n_threads; i++) {
         double tps;
         fprintf(stderr, "orochi bench: decoding %ld tokens at %d threads...\n", o.decode_tokens, o.threads[i]);
         if (bench_decode(m, &o, o.threads[i], &tps))
             goto done;
-        printf("%-10d %10.1f %10.2f %9.0f%%\n", o.threads[i], tps, tps * gb, 100 * tps * gb / BENCH_FLOOR_GBS);
+        printf("%-10d %10.1f %10.2f %9.0f%% %10.1f\n", o.threads[i], tps, tps * gb,
+               100 * tps * gb / floors[i], floors[i]);
         if (js)
-            fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"threads\":%d,\"tok_s\":%.3f,"
-                        "\"gb_s\":%.3f,\"floor_gb_s\":%.1f}\n", name, o.threads[i], tps, tps * gb,
-                    BENCH_FLOOR_GBS);
+            fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+                        "\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,\"of_floor\":%.4f,"
+                        "\"loadavg\":%.2f}\n", name, kisa_name(kisa_current()), o.threads[i], tps,
+                    tps * gb, floors[i], tps * gb / floors[i], bench_loadavg());
     }
 
     int threads = o.threads[o.n_threads - 1];

@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/bandwidth.h"
 #include "cli/util.h"
 #include "model/tokenizer.h"
 
-#define RUN_FLOOR_GBS 28.0 /* measured read bandwidth of the 2-core CPU machines */
 
 typedef struct {
     const char *model, *prompt, *prompt_file;
@@ -249,12 +249,14 @@ int cmd_run(int argc, char **argv)
     int steps = n_out > 1 ? n_out - 1 : 0;
     double dec_tps = steps && t_decode > 0 ? steps / t_decode : 0;
     double gbs = dec_tps * (double)llama_model_step_bytes(m) / 1e9;
+    double floor = bw_floor(llama_ctx_threads(ctx), NULL);
     fprintf(stderr,
             "orochi run: prompt %d tok, %.1f prompt tok/s | decode %d tok, %.1f decode tok/s, "
-            "%.2f GB/s weights (%.0f%% of the %.0f GB/s floor) | threads %d | peak RSS %.1f MiB\n",
+            "%.2f GB/s weights (%.0f%% of the %.1f GB/s measured floor) | threads %d, %s kernels | "
+            "peak RSS %.1f MiB\n",
             n_prompt, t_prompt > 0 ? n_prompt / t_prompt : 0, n_out, dec_tps, gbs,
-            100.0 * gbs / RUN_FLOOR_GBS, RUN_FLOOR_GBS, llama_ctx_threads(ctx),
-            (double)cli_peak_rss() / (1 << 20));
+            floor > 0 ? 100.0 * gbs / floor : 0, floor, llama_ctx_threads(ctx),
+            kisa_name(kisa_current()), (double)cli_peak_rss() / (1 << 20));
     rc = 0;
 done:
     llama_ctx_destroy(&ctx);

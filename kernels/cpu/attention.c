@@ -30,8 +30,8 @@
 #define ATT_MAX_HEAD_DIM 512
 
 /* Load row p of a KV tensor as floats into buf; returns a pointer to the floats. */
-static const float *att_row(const void *base, kv_type type, int64_t stride, int64_t p,
-                            int head_dim, float *buf)
+static const float *att_row(const void *base, kv_type type, int64_t stride, int64_t p, int head_dim,
+                            float *buf)
 {
     if (type == KV_F32)
         return (const float *)base + p * stride;
@@ -146,7 +146,8 @@ static inline __m256 att_exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 #endif
@@ -160,27 +161,79 @@ static const void *att_stream_row(const katt_keys *s, const void *prefix, const 
     return (const uint8_t *)tree + (size_t)s->tree_slot[j - s->n_prefix] * (size_t)s->stride * esz;
 }
 
-/* Scores of positions [c0, c1) into sc, scaled. */
-static void att_scores(const float *q, const katt_keys *s, int c0, int c1, int head_dim, float scale,
-                       float *sc, float *buf)
+#if defined(__AVX2__) && defined(__FMA__)
+/* k_dot(q, k) for eight keys at once, the same roundings as k_dot (two 8-lane accumulators over
+ * 16-element steps, then lo + hi, then the pairwise sums): each key's partial vector is formed
+ * alone and the eight horizontal sums run transposed, three adds for all eight instead of
+ * three per key. head_dim % 16 == 0. */
+static inline __m256 att_dot8(const float *q, const float *const *k, int head_dim)
 {
-    for (int j = c0; j < c1; j++) {
-        const void *row = att_stream_row(s, s->k, s->tree_k, j);
-        const float *k = att_row(row, s->type, 0, 0, head_dim, buf);
-        sc[j - c0] = k_dot(q, k, head_dim) * scale;
+    __m256 v[8];
+    for (int j = 0; j < 8; j++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int i = 0; i < head_dim; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k[j] + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k[j] + i + 8), a1);
+        }
+        v[j] = _mm256_add_ps(a0, a1);
     }
+    __m256 a[4];
+    for (int p = 0; p < 4; p++) /* [lo_j + hi_j | lo_j+1 + hi_j+1] */
+        a[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+    __m256 b0 =
+        _mm256_add_ps(_mm256_shuffle_ps(a[0], a[1], 0x44), _mm256_shuffle_ps(a[0], a[1], 0xee));
+    __m256 b1 =
+        _mm256_add_ps(_mm256_shuffle_ps(a[2], a[3], 0x44), _mm256_shuffle_ps(a[2], a[3], 0xee));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(b0, b1, 0x88), _mm256_shuffle_ps(b0, b1, 0xdd));
+    /* r holds keys 0 2 4 6 | 1 3 5 7 */
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
+/* Row pointers (as floats) of positions [c0, c1) for keys or values; f16 rows are converted into
+ * buf (ATT_CHUNK rows). Positions past c1 up to the chunk end point at a zero row. */
+static void att_chunk_rows(const katt_keys *s, const void *prefix, const void *tree, int c0, int c1,
+                           int head_dim, float *buf, const float *zero, const float **rows)
+{
+    for (int j = c0; j < c0 + ATT_CHUNK; j++) {
+        if (j >= c1) {
+            rows[j - c0] = zero;
+            continue;
+        }
+        rows[j - c0] = att_row(att_stream_row(s, prefix, tree, j), s->type, 0, 0, head_dim,
+                               buf + (size_t)(j - c0) * (size_t)head_dim);
+    }
+}
+
+/* Scores of positions [c0, c1) into sc, scaled. */
+static void att_scores(const float *q, const float *const *krows, int len, int head_dim,
+                       float scale, float *sc)
+{
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (head_dim % 16 == 0)
+        for (; j < len; j += 8)
+            _mm256_storeu_ps(
+                sc + j, _mm256_mul_ps(att_dot8(q, krows + j, head_dim), _mm256_set1_ps(scale)));
+#endif
+    for (; j < len; j++)
+        sc[j] = k_dot(q, krows[j], head_dim) * scale;
 }
 
 void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,
                  katt_stat *st, float *out)
 {
-    float buf[ATT_MAX_HEAD_DIM], sc[ATT_CHUNK];
+    float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_CHUNK];
+    static const float zero[ATT_MAX_HEAD_DIM];
+    const float *rows[ATT_CHUNK];
     att_init(st, out, head_dim);
     /* chunks are aligned to absolute positions, so the arithmetic for position j never depends
      * on where the prefix ends */
     for (int c0 = 0; c0 < n; c0 += ATT_CHUNK) {
         int c1 = c0 + ATT_CHUNK < n ? c0 + ATT_CHUNK : n, len = c1 - c0;
-        att_scores(q, s, c0, c1, head_dim, scale, sc, buf);
+        att_chunk_rows(s, s->k, s->tree_k, c0, c1, head_dim, buf, zero, rows);
+        att_scores(q, rows, len, head_dim, scale, sc);
         float mx = st->max;
         for (int i = 0; i < len; i++)
             mx = fmaxf(mx, sc[i]);
@@ -194,22 +247,26 @@ void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float 
         int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
         for (; i + 8 <= len; i += 8)
-            _mm256_storeu_ps(sc + i, att_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(mx))));
+            _mm256_storeu_ps(sc + i,
+                             att_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(mx))));
 #endif
         for (; i < len; i++)
             sc[i] = expf(sc[i] - mx);
-        for (int j = 0; j < len; j++) {
-            const float *v = att_row(att_stream_row(s, s->v, s->tree_v, c0 + j), s->type, 0, 0, head_dim, buf);
-            float e = sc[j];
-            st->sum += e;
-            int d = 0;
+        for (int j = 0; j < len; j++)
+            st->sum += sc[j];
+        att_chunk_rows(s, s->v, s->tree_v, c0, c1, head_dim, buf, zero, rows);
+        /* out[d] += e_j v_j[d], keys in order; the d-blocks outside so out stays in a register */
+        int d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-            __m256 ev = _mm256_set1_ps(e);
-            for (; d + 8 <= head_dim; d += 8)
-                _mm256_storeu_ps(out + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
-#endif
-            for (; d < head_dim; d++)
-                out[d] += e * v[d];
+        for (; d + 8 <= head_dim; d += 8) {
+            __m256 acc = _mm256_loadu_ps(out + d);
+            for (int j = 0; j < len; j++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), _mm256_loadu_ps(rows[j] + d), acc);
+            _mm256_storeu_ps(out + d, acc);
         }
+#endif
+        for (; d < head_dim; d++)
+            for (int j = 0; j < len; j++)
+                out[d] += sc[j] * rows[j][d];
     }
 }

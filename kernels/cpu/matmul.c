@@ -311,7 +311,7 @@ typedef struct {
 
 static size_t mm_thread_bytes(int64_t cols, int n_tok)
 {
-    return mm_align((size_t)n_tok * MM_GROUP * 4) + mm_align((size_t)cols * MM_GROUP * 4);
+    return mm_align((size_t)n_tok * MM_GROUP * 2 * 4) + mm_align((size_t)cols * MM_GROUP * 2 * 4);
 }
 
 static size_t mm_xq_bytes(int64_t cols, int n_tok)
@@ -326,33 +326,49 @@ size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads)
     return mm_xq_bytes(cols, n_tok) + (size_t)n_threads * mm_thread_bytes(cols, n_tok) + 64;
 }
 
-static int64_t mm_units(int64_t lo, int64_t hi)
+static int64_t mm_unit_groups(bool quant);
+
+static int64_t mm_units(int64_t lo, int64_t hi, bool quant)
 {
-    return hi > lo ? (hi - 1) / MM_GROUP - lo / MM_GROUP + 1 : 0;
+    int64_t groups = hi > lo ? (hi - 1) / MM_GROUP - lo / MM_GROUP + 1 : 0,
+            per = mm_unit_groups(quant);
+    return (groups + per - 1) / per;
 }
 
-/* Group u of the groups covering rows [lo, hi) of matrix m: all tokens, rows in range stored. */
+/* The groups per unit of work: quantized matrices one group, float matrices two (see mm_isa.h). */
+static int64_t mm_unit_groups(bool quant)
+{
+    return quant ? 1 : 2;
+}
+
+/* Unit u of the units covering rows [lo, hi) of matrix m: all tokens, rows in range stored. */
 static void mm_unit(const mm_job *job, int m, int64_t u, int thread)
 {
     const kmat *w = job->w[m];
     uint8_t *ts = job->scratch + (size_t)thread * job->scratch_per_thread;
     float *out = (float *)ts;
-    int64_t lo = job->lo[m], hi = job->hi[m], g = lo / MM_GROUP + u, base = g * MM_GROUP;
+    int64_t lo = job->lo[m], hi = job->hi[m], per = mm_unit_groups(job->quant);
+    int64_t g = lo / MM_GROUP + u * per, g_end = (hi - 1) / MM_GROUP + 1;
+    int ng = (int)(g + per <= g_end ? per : g_end - g);
+    int64_t base = g * MM_GROUP;
+    size_t gbytes = mm_group_bytes(w);
     const uint8_t *pk;
     if (w->packed) {
-        pk = (const uint8_t *)w->packed + (size_t)g * mm_group_bytes(w);
+        pk = (const uint8_t *)w->packed + (size_t)g * gbytes;
     } else {
-        uint8_t *buf = ts + mm_align((size_t)job->n_tok * MM_GROUP * 4);
-        mm_pack_group(w, g, buf);
+        uint8_t *buf = ts + mm_align((size_t)job->n_tok * MM_GROUP * 2 * 4);
+        for (int i = 0; i < ng; i++)
+            mm_pack_group(w, g + i, buf + (size_t)i * gbytes);
         pk = buf;
     }
     if (job->quant)
         job->isa->qgroup(w->type, pk, &job->xq, job->n_tok, out);
     else
-        job->isa->fgroup(w->type, pk, w->cols, job->x, job->n_tok, out);
-    int64_t r0 = base > lo ? base : lo, r1 = base + MM_GROUP < hi ? base + MM_GROUP : hi;
+        job->isa->fgroup(w->type, pk, ng, gbytes, w->cols, job->x, job->n_tok, out);
+    int64_t width = (int64_t)ng * MM_GROUP;
+    int64_t r0 = base > lo ? base : lo, r1 = base + width < hi ? base + width : hi;
     for (int t = 0; t < job->n_tok; t++)
-        memcpy(job->y[m] + t * job->ldy[m] + r0, out + (size_t)t * MM_GROUP + (r0 - base),
+        memcpy(job->y[m] + t * job->ldy[m] + r0, out + (size_t)t * (size_t)width + (r0 - base),
                (size_t)(r1 - r0) * sizeof(float));
 }
 
@@ -405,7 +421,7 @@ void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, con
         job.hi[m] = hi[m];
         job.y[m] = y[m];
         job.ldy[m] = ldy[m];
-        job.start[m + 1] = job.start[m] + mm_units(lo[m], hi[m]);
+        job.start[m + 1] = job.start[m] + mm_units(lo[m], hi[m], job.quant);
     }
     if (job.quant) {
         size_t nb = (size_t)cols / 32;

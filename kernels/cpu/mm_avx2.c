@@ -9,8 +9,8 @@
  *     block to int32. Each block is unpacked once per tile of up to 4 tokens.
  *   - Q8_0: the int8 weights are widened to int16 pairs and multiplied with vpmaddwd.
  *   - Float weights: per column, 8 rows' weights (F16 converted in registers with vcvtph2ps, BF16
- *     by a 16-bit shift) times the broadcast activation of up to 3 tokens, four accumulators per
- *     token; a single token (decode) takes both halves in one pass over the group.
+ *     by a 16-bit shift) times the broadcast activation of up to 5 tokens, two accumulators per
+ *     token; a single token (decode) takes both halves of both groups in one pass.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -20,7 +20,7 @@
 
 #define AI static inline __attribute__((always_inline))
 #define QT 4 /* tokens per quantized tile */
-#define FT 3 /* tokens per float tile (4 accumulators each) */
+#define FT 5 /* tokens per float tile (2 accumulators each) */
 
 AI __m256i a2_bcast(const int8_t *p)
 {
@@ -146,92 +146,104 @@ AI __m256 a2_load_f(uint32_t type, const uint8_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Half h (8 rows) of one float group, tokens t0 .. t0 + NT - 1, four partial sums per token. */
+/* Half h (8 rows) of one float group, tokens t0 .. t0 + NT - 1, two partial sums per token. */
 AI void a2_f_tile(uint32_t type, int NT, const uint8_t *pk, int h, int64_t cols, const float *x,
-                  int t0, float *out)
+                  int t0, float *out, int ostride)
 {
-    const size_t es = type == KT_F32 ? 4 : 2;
-    __m256 acc[FT][4];
+    const size_t es = type == KT_F32 ? 4 : 2, col = MM_GROUP * es;
+    __m256 acc[FT][2];
     for (int t = 0; t < NT; t++)
-        for (int p = 0; p < 4; p++)
-            acc[t][p] = _mm256_setzero_ps();
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     const uint8_t *base = pk + (size_t)8 * h * es;
     int64_t k = 0;
-    for (; k + 4 <= cols; k += 4)
-        for (int p = 0; p < 4; p++) {
-            __m256 w = a2_load_f(type, base + (size_t)(k + p) * MM_GROUP * es);
+    for (; k + 2 <= cols; k += 2)
+        for (int p = 0; p < 2; p++) {
+            __m256 w = a2_load_f(type, base + (size_t)(k + p) * col);
             for (int t = 0; t < NT; t++)
                 acc[t][p] = _mm256_fmadd_ps(
                     w, _mm256_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k + p]), acc[t][p]);
         }
-    for (; k < cols; k++) {
-        __m256 w = a2_load_f(type, base + (size_t)k * MM_GROUP * es);
+    if (k < cols) {
+        __m256 w = a2_load_f(type, base + (size_t)k * col);
         for (int t = 0; t < NT; t++)
-            acc[t][k % 4] = _mm256_fmadd_ps(
-                w, _mm256_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k]), acc[t][k % 4]);
+            acc[t][0] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k]),
+                                        acc[t][0]);
     }
     for (int t = 0; t < NT; t++)
-        _mm256_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP + 8 * h,
-                         _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
-                                       _mm256_add_ps(acc[t][2], acc[t][3])));
+        _mm256_storeu_ps(out + (size_t)(t0 + t) * ostride + 8 * h,
+                         _mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-/* One token, both halves in one pass (a decode step): the group is streamed once and each
- * activation broadcast serves 16 rows. The same per-lane roundings as a2_f_tile. */
-AI void a2_f_one(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, float *out)
+/* One token (a decode step), both halves of NG groups in one pass: each group is streamed once and
+ * each activation broadcast serves all rows. The same per-lane roundings as a2_f_tile. */
+AI void a2_f_one(uint32_t type, int NG, const uint8_t *pk, size_t gbytes, int64_t cols,
+                 const float *x, float *out)
 {
-    const size_t es = type == KT_F32 ? 4 : 2;
-    __m256 acc[2][4];
-    for (int h = 0; h < 2; h++)
-        for (int p = 0; p < 4; p++)
-            acc[h][p] = _mm256_setzero_ps();
+    const size_t es = type == KT_F32 ? 4 : 2, col = MM_GROUP * es;
+    __m256 acc[4][2];
+    for (int h = 0; h < 2 * NG; h++)
+        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     int64_t k = 0;
-    for (; k + 4 <= cols; k += 4)
-        for (int p = 0; p < 4; p++) {
-            const uint8_t *c = pk + (size_t)(k + p) * MM_GROUP * es;
+    for (; k + 2 <= cols; k += 2)
+        for (int p = 0; p < 2; p++) {
             __m256 xv = _mm256_set1_ps(x[k + p]);
-            acc[0][p] = _mm256_fmadd_ps(a2_load_f(type, c), xv, acc[0][p]);
-            acc[1][p] = _mm256_fmadd_ps(a2_load_f(type, c + 8 * es), xv, acc[1][p]);
+            for (int h = 0; h < 2 * NG; h++) {
+                const uint8_t *c = pk + (size_t)(h / 2) * gbytes + (size_t)(k + p) * col +
+                                   (size_t)8 * (h % 2) * es;
+                acc[h][p] = _mm256_fmadd_ps(a2_load_f(type, c), xv, acc[h][p]);
+            }
         }
-    for (; k < cols; k++) {
-        const uint8_t *c = pk + (size_t)k * MM_GROUP * es;
+    if (k < cols) {
         __m256 xv = _mm256_set1_ps(x[k]);
-        acc[0][k % 4] = _mm256_fmadd_ps(a2_load_f(type, c), xv, acc[0][k % 4]);
-        acc[1][k % 4] = _mm256_fmadd_ps(a2_load_f(type, c + 8 * es), xv, acc[1][k % 4]);
+        for (int h = 0; h < 2 * NG; h++) {
+            const uint8_t *c =
+                pk + (size_t)(h / 2) * gbytes + (size_t)k * col + (size_t)8 * (h % 2) * es;
+            acc[h][0] = _mm256_fmadd_ps(a2_load_f(type, c), xv, acc[h][0]);
+        }
     }
-    for (int h = 0; h < 2; h++)
-        _mm256_storeu_ps(out + 8 * h, _mm256_add_ps(_mm256_add_ps(acc[h][0], acc[h][1]),
-                                                    _mm256_add_ps(acc[h][2], acc[h][3])));
+    for (int h = 0; h < 2 * NG; h++)
+        _mm256_storeu_ps(out + 8 * h, _mm256_add_ps(acc[h][0], acc[h][1]));
 }
 
-AI void a2_fgroup_t(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
-                    float *out)
+AI void a2_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
+                    const float *x, int n_tok, float *out)
 {
     if (n_tok == 1) {
-        a2_f_one(type, pk, cols, x, out);
+        if (ng == 2)
+            a2_f_one(type, 2, pk, gbytes, cols, x, out);
+        else
+            a2_f_one(type, 1, pk, gbytes, cols, x, out);
         return;
     }
-    for (int h = 0; h < 2; h++)
-        for (int t0 = 0; t0 < n_tok; t0 += FT) {
-            int nt = n_tok - t0 < FT ? n_tok - t0 : FT;
-            if (nt == 1)
-                a2_f_tile(type, 1, pk, h, cols, x, t0, out);
-            else if (nt == 2)
-                a2_f_tile(type, 2, pk, h, cols, x, t0, out);
-            else
-                a2_f_tile(type, 3, pk, h, cols, x, t0, out);
-        }
+    for (int g = 0; g < ng; g++)
+        for (int h = 0; h < 2; h++)
+            for (int t0 = 0; t0 < n_tok; t0 += FT) {
+                int nt = n_tok - t0 < FT ? n_tok - t0 : FT;
+                const uint8_t *gp = pk + (size_t)g * gbytes;
+                float *go = out + MM_GROUP * g;
+                int os = MM_GROUP * ng;
+                if (nt == 1)
+                    a2_f_tile(type, 1, gp, h, cols, x, t0, go, os);
+                else if (nt == 2)
+                    a2_f_tile(type, 2, gp, h, cols, x, t0, go, os);
+                else if (nt == 3)
+                    a2_f_tile(type, 3, gp, h, cols, x, t0, go, os);
+                else if (nt == 4)
+                    a2_f_tile(type, 4, gp, h, cols, x, t0, go, os);
+                else
+                    a2_f_tile(type, 5, gp, h, cols, x, t0, go, os);
+            }
 }
 
-static void a2_fgroup(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
-                      float *out)
+static void a2_fgroup(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
+                      const float *x, int n_tok, float *out)
 {
     if (type == KT_F16)
-        a2_fgroup_t(KT_F16, pk, cols, x, n_tok, out);
+        a2_fgroup_t(KT_F16, pk, ng, gbytes, cols, x, n_tok, out);
     else if (type == KT_BF16)
-        a2_fgroup_t(KT_BF16, pk, cols, x, n_tok, out);
+        a2_fgroup_t(KT_BF16, pk, ng, gbytes, cols, x, n_tok, out);
     else
-        a2_fgroup_t(KT_F32, pk, cols, x, n_tok, out);
+        a2_fgroup_t(KT_F32, pk, ng, gbytes, cols, x, n_tok, out);
 }
 
 const mm_isa mm_isa_avx2 = {.name = "avx2", .qgroup = a2_qgroup, .fgroup = a2_fgroup};

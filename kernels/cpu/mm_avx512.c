@@ -8,9 +8,9 @@
  *     exact), combined as 256 * hi + lo per block. A block is unpacked once per tile of up to 8
  *     tokens, so a verification step of W <= 8 reads and unpacks each weight once.
  *   - Q8_0: int8 weights widened to int16 pairs, vpdpwssd.
- *   - Float weights: per column, the 16 rows' weights (F16 converted in registers with vcvtph2ps,
- *     BF16 by a 16-bit shift) times the broadcast activation of up to 6 tokens, four accumulators
- *     per token.
+ *   - Float weights: per column, two groups' weights (F16 converted in registers with vcvtph2ps,
+ *     BF16 by a 16-bit shift) times the broadcast activation of up to 6 tokens, two accumulators
+ *     per row and token: 24 accumulators, one broadcast per two FMAs.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -20,7 +20,7 @@
 
 #define AI static inline __attribute__((always_inline))
 #define QT 8 /* tokens per quantized tile */
-#define FT 6 /* tokens per float tile (4 accumulators each) */
+#define FT 6 /* tokens per float tile (2 accumulators per group each) */
 
 AI __m512i a5_bcast(const void *p)
 {
@@ -142,64 +142,74 @@ AI __m512 a5_load_f(uint32_t type, const uint8_t *p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Tokens t0 .. t0 + NT - 1 of one float group: four partial sums per token (column k % 4). */
-AI void a5_f_tile(uint32_t type, int NT, const uint8_t *pk, int64_t cols, const float *x, int t0,
-                  float *out)
+/* Tokens t0 .. t0 + NT - 1 of NG (1 or 2) adjacent float groups: two partial sums per row and
+ * token (column k % 2). Two groups per pass let each activation broadcast feed two FMAs. */
+AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbytes, int64_t cols,
+                  const float *x, int t0, float *out)
 {
-    const size_t es = type == KT_F32 ? 4 : 2;
-    __m512 acc[FT][4];
-    for (int t = 0; t < NT; t++)
-        for (int p = 0; p < 4; p++)
-            acc[t][p] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 4 <= cols; k += 4)
-        for (int p = 0; p < 4; p++) {
-            __m512 w = a5_load_f(type, pk + (size_t)(k + p) * MM_GROUP * es);
-            for (int t = 0; t < NT; t++)
-                acc[t][p] = _mm512_fmadd_ps(
-                    w, _mm512_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k + p]), acc[t][p]);
-        }
-    for (; k < cols; k++) {
-        __m512 w = a5_load_f(type, pk + (size_t)k * MM_GROUP * es);
+    const size_t es = type == KT_F32 ? 4 : 2, col = MM_GROUP * es;
+    __m512 acc[2][FT][2];
+    for (int g = 0; g < NG; g++)
         for (int t = 0; t < NT; t++)
-            acc[t][k % 4] = _mm512_fmadd_ps(
-                w, _mm512_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k]), acc[t][k % 4]);
-    }
-    for (int t = 0; t < NT; t++)
-        _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP,
-                         _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
-                                       _mm512_add_ps(acc[t][2], acc[t][3])));
+            acc[g][t][0] = acc[g][t][1] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 2 <= cols; k += 2)
+        for (int p = 0; p < 2; p++) {
+            __m512 w[2];
+            for (int g = 0; g < NG; g++)
+                w[g] = a5_load_f(type, pk + (size_t)g * gbytes + (size_t)(k + p) * col);
+            for (int t = 0; t < NT; t++) {
+                __m512 xv = _mm512_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k + p]);
+                for (int g = 0; g < NG; g++)
+                    acc[g][t][p] = _mm512_fmadd_ps(w[g], xv, acc[g][t][p]);
+            }
+        }
+    if (k < cols)
+        for (int g = 0; g < NG; g++) {
+            __m512 w = a5_load_f(type, pk + (size_t)g * gbytes + (size_t)k * col);
+            for (int t = 0; t < NT; t++)
+                acc[g][t][0] = _mm512_fmadd_ps(
+                    w, _mm512_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k]), acc[g][t][0]);
+        }
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < NT; t++)
+            _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP * NG + MM_GROUP * g,
+                             _mm512_add_ps(acc[g][t][0], acc[g][t][1]));
 }
 
-#define A5_F_CASES(CALL)                                                                           \
+#define A5_F_CASES(NG, CALL)                                                                       \
     switch (nt) {                                                                                  \
-    case 1: CALL(1); break;                                                                        \
-    case 2: CALL(2); break;                                                                        \
-    case 3: CALL(3); break;                                                                        \
-    case 4: CALL(4); break;                                                                        \
-    case 5: CALL(5); break;                                                                        \
-    default: CALL(6); break;                                                                       \
+    case 1: CALL(NG, 1); break;                                                                    \
+    case 2: CALL(NG, 2); break;                                                                    \
+    case 3: CALL(NG, 3); break;                                                                    \
+    case 4: CALL(NG, 4); break;                                                                    \
+    case 5: CALL(NG, 5); break;                                                                    \
+    default: CALL(NG, 6); break;                                                                   \
     }
 
-AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
-                    float *out)
+AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
+                    const float *x, int n_tok, float *out)
 {
     for (int t0 = 0; t0 < n_tok; t0 += FT) {
         int nt = n_tok - t0 < FT ? n_tok - t0 : FT;
-#define CF(N) a5_f_tile(type, N, pk, cols, x, t0, out)
-        A5_F_CASES(CF)
+#define CF(G, N) a5_f_tile(type, G, N, pk, gbytes, cols, x, t0, out)
+        if (ng == 2) {
+            A5_F_CASES(2, CF)
+        } else {
+            A5_F_CASES(1, CF)
+        }
     }
 }
 
-static void a5_fgroup(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
-                      float *out)
+static void a5_fgroup(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
+                      const float *x, int n_tok, float *out)
 {
     if (type == KT_F16)
-        a5_fgroup_t(KT_F16, pk, cols, x, n_tok, out);
+        a5_fgroup_t(KT_F16, pk, ng, gbytes, cols, x, n_tok, out);
     else if (type == KT_BF16)
-        a5_fgroup_t(KT_BF16, pk, cols, x, n_tok, out);
+        a5_fgroup_t(KT_BF16, pk, ng, gbytes, cols, x, n_tok, out);
     else
-        a5_fgroup_t(KT_F32, pk, cols, x, n_tok, out);
+        a5_fgroup_t(KT_F32, pk, ng, gbytes, cols, x, n_tok, out);
 }
 
 const mm_isa mm_isa_avx512 = {.name = "avx512", .qgroup = a5_qgroup, .fgroup = a5_fgroup};

@@ -29,9 +29,10 @@
  * acc = fma(float(dot), d_w * d_x, acc), then acc = fma(m_w, s_x, acc) for the 4-bit types
  * (m_w = -8 d_w for Q4_0, s_x the block's float sum).
  *
- * Float weights multiply f32 activations lane-wise: each row keeps four partial sums (column k
- * goes to sum k % 4, fused multiply-add) added as (s0 + s1) + (s2 + s3) at the end — no
- * horizontal reductions. So all three instruction sets give bit-identical results for every type.
+ * Float weights multiply f32 activations lane-wise: each row keeps two partial sums (column k
+ * goes to sum k % 2, fused multiply-add) added at the end — no horizontal reductions. So all
+ * three instruction sets give bit-identical results for every type. Float matrices are worked
+ * in pairs of groups (32 rows), so one activation broadcast feeds two FMAs.
  */
 #ifndef OROCHI_MM_ISA_H
 #define OROCHI_MM_ISA_H
@@ -70,10 +71,10 @@ typedef struct {
     /* One packed group (MM_GROUP rows) of a Q4_0 / Q4_1 / Q8_0 matrix times n_tok
      * tokens: out[t * MM_GROUP + j] = row j . token t. */
     void (*qgroup)(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out);
-    /* One packed group of an F32 / F16 / BF16 matrix (cols columns) times n_tok tokens of x
-     * (row-major f32, cols each): out[t * MM_GROUP + j]. */
-    void (*fgroup)(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
-                   float *out);
+    /* ng (1 or 2) adjacent packed groups (gbytes apart) of an F32 / F16 / BF16 matrix with cols
+     * columns times n_tok tokens of x (row-major f32, cols each): out[t * 16 ng + 16 g + j]. */
+    void (*fgroup)(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
+                   const float *x, int n_tok, float *out);
 } mm_isa;
 
 extern const mm_isa mm_isa_portable;

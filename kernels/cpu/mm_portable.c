@@ -62,17 +62,19 @@ static float pt_weight(uint32_t type, const uint8_t *pk, int64_t k, int j)
     return type == KT_F16 ? kt_f16_to_f32(h) : kt_bf16_to_f32(h);
 }
 
-static void pt_fgroup(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, int n_tok,
-                      float *out)
+static void pt_fgroup(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
+                      const float *x, int n_tok, float *out)
 {
-    for (int t = 0; t < n_tok; t++)
-        for (int j = 0; j < MM_GROUP; j++) {
-            const float *xt = x + (size_t)t * (size_t)cols;
-            float part[4] = {0};
-            for (int64_t k = 0; k < cols; k++)
-                part[k % 4] = fmaf(pt_weight(type, pk, k, j), xt[k], part[k % 4]);
-            out[t * MM_GROUP + j] = (part[0] + part[1]) + (part[2] + part[3]);
-        }
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < n_tok; t++)
+            for (int j = 0; j < MM_GROUP; j++) {
+                const float *xt = x + (size_t)t * (size_t)cols;
+                float part[2] = {0};
+                for (int64_t k = 0; k < cols; k++)
+                    part[k % 2] =
+                        fmaf(pt_weight(type, pk + (size_t)g * gbytes, k, j), xt[k], part[k % 2]);
+                out[(size_t)t * MM_GROUP * ng + MM_GROUP * g + j] = part[0] + part[1];
+            }
 }
 
 const mm_isa mm_isa_portable = {.name = "portable", .qgroup = pt_qgroup, .fgroup = pt_fgroup};
