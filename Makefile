@@ -1,11 +1,15 @@
 # Thin wrapper over CMake. `make` builds Release into build/, `make test` runs ctest.
+# LLAMA_CPP: the bin directory of a CPU-only llama.cpp build (the speed peer of `make bench-peer`),
+# as ../shared/bench/build-peer.sh prints it; PEER_FLAGS: extra bench/peer.py options (e.g. --quick).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 MODEL_DIR ?= models
 MODEL := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 OROCHI_BIN := $(BUILD)/bin/orochi
+LLAMA_CPP ?= /tmp/llama.cpp/build/bin
+PEER_FLAGS ?=
 
-.PHONY: all build test models demo asan fuzz clean format
+.PHONY: all build test models demo bench-peer asan fuzz clean format
 
 all: build
 
@@ -30,6 +34,9 @@ $(MODEL):
 
 demo: models build
 	/usr/bin/python3 bench/spec_bench.py --demo --bin-dir $(BUILD)/bin --model $(MODEL)
+
+bench-peer: build models
+	/usr/bin/python3 bench/peer.py --bin-dir $(BUILD)/bin --model $(MODEL) --llama-cpp $(LLAMA_CPP) $(PEER_FLAGS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
