@@ -221,52 +221,76 @@ static void att_scores(const float *q, const float *const *krows, int len, int h
         sc[j] = k_dot(q, krows[j], head_dim) * scale;
 }
 
-void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,
-                 katt_stat *st, float *out)
+#define ATT_MAX_GROUP 16 /* query heads per KV head katt_causal_group takes at once */
+
+void katt_causal_group(const float *q, int64_t q_stride, int nq, const katt_keys *s, int n,
+                       int head_dim, float scale, katt_stat *st, float *out, int64_t out_stride)
 {
-    float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_CHUNK];
+    float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_MAX_GROUP][ATT_CHUNK];
     static const float zero[ATT_MAX_HEAD_DIM];
     const float *rows[ATT_CHUNK];
-    att_init(st, out, head_dim);
+    if (nq > ATT_MAX_GROUP) { /* more heads than the stack arrays: in batches */
+        for (int h = 0; h < nq; h += ATT_MAX_GROUP)
+            katt_causal_group(q + h * q_stride, q_stride,
+                              nq - h < ATT_MAX_GROUP ? nq - h : ATT_MAX_GROUP, s, n, head_dim,
+                              scale, st + h, out + h * out_stride, out_stride);
+        return;
+    }
+    for (int h = 0; h < nq; h++)
+        att_init(&st[h], out + h * out_stride, head_dim);
     /* chunks are aligned to absolute positions, so the arithmetic for position j never depends
      * on where the prefix ends */
     for (int c0 = 0; c0 < n; c0 += ATT_CHUNK) {
         int c1 = c0 + ATT_CHUNK < n ? c0 + ATT_CHUNK : n, len = c1 - c0;
         att_chunk_rows(s, s->k, s->tree_k, c0, c1, head_dim, buf, zero, rows);
-        att_scores(q, rows, len, head_dim, scale, sc);
-        float mx = st->max;
-        for (int i = 0; i < len; i++)
-            mx = fmaxf(mx, sc[i]);
-        if (mx > st->max) {
-            float c = expf(st->max - mx); /* 0 on the first chunk (max was -inf) */
-            st->sum *= c;
-            for (int i = 0; i < head_dim; i++)
-                out[i] *= c;
-            st->max = mx;
-        }
-        int i = 0;
+        for (int h = 0; h < nq; h++) {
+            float *o = out + h * out_stride, *e = sc[h];
+            katt_stat *t = &st[h];
+            att_scores(q + h * q_stride, rows, len, head_dim, scale, e);
+            float mx = t->max;
+            for (int i = 0; i < len; i++)
+                mx = fmaxf(mx, e[i]);
+            if (mx > t->max) {
+                float c = expf(t->max - mx); /* 0 on the first chunk (max was -inf) */
+                t->sum *= c;
+                for (int i = 0; i < head_dim; i++)
+                    o[i] *= c;
+                t->max = mx;
+            }
+            int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-        for (; i + 8 <= len; i += 8)
-            _mm256_storeu_ps(sc + i,
-                             att_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(mx))));
+            for (; i + 8 <= len; i += 8)
+                _mm256_storeu_ps(
+                    e + i, att_exp8(_mm256_sub_ps(_mm256_loadu_ps(e + i), _mm256_set1_ps(mx))));
 #endif
-        for (; i < len; i++)
-            sc[i] = expf(sc[i] - mx);
-        for (int j = 0; j < len; j++)
-            st->sum += sc[j];
+            for (; i < len; i++)
+                e[i] = expf(e[i] - mx);
+            for (int j = 0; j < len; j++)
+                t->sum += e[j];
+        }
         att_chunk_rows(s, s->v, s->tree_v, c0, c1, head_dim, buf, zero, rows);
         /* out[d] += e_j v_j[d], keys in order; the d-blocks outside so out stays in a register */
-        int d = 0;
+        for (int h = 0; h < nq; h++) {
+            float *o = out + h * out_stride;
+            const float *e = sc[h];
+            int d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-        for (; d + 8 <= head_dim; d += 8) {
-            __m256 acc = _mm256_loadu_ps(out + d);
-            for (int j = 0; j < len; j++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), _mm256_loadu_ps(rows[j] + d), acc);
-            _mm256_storeu_ps(out + d, acc);
-        }
+            for (; d + 8 <= head_dim; d += 8) {
+                __m256 acc = _mm256_loadu_ps(o + d);
+                for (int j = 0; j < len; j++)
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(rows[j] + d), acc);
+                _mm256_storeu_ps(o + d, acc);
+            }
 #endif
-        for (; d < head_dim; d++)
-            for (int j = 0; j < len; j++)
-                out[d] += sc[j] * rows[j][d];
+            for (; d < head_dim; d++)
+                for (int j = 0; j < len; j++)
+                    o[d] += e[j] * rows[j][d];
+        }
     }
+}
+
+void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,
+                 katt_stat *st, float *out)
+{
+    katt_causal_group(q, 0, 1, s, n, head_dim, scale, st, out, 0);
 }

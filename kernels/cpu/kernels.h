@@ -184,6 +184,12 @@ typedef struct {
  * st/out (call katt_finish). */
 void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,
                  katt_stat *st, float *out);
+/* katt_causal for the nq query heads that share one KV head (grouped-query attention): query h at
+ * q + h * q_stride, its partial in st[h] and out + h * out_stride. Each key and value row is
+ * loaded (and converted) once for all of them; each head's result is bit-identical to katt_causal
+ * on its own. */
+void katt_causal_group(const float *q, int64_t q_stride, int nq, const katt_keys *s, int n,
+                       int head_dim, float scale, katt_stat *st, float *out, int64_t out_stride);
 /* Finish: out /= sum. */
 void katt_finish(const katt_stat *s, float *out, int head_dim);
 
