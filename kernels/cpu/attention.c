@@ -249,7 +249,7 @@ void katt_causal_group(const float *q, int64_t q_stride, int nq, const katt_keys
             att_scores(q + h * q_stride, rows, len, head_dim, scale, e);
             float mx = t->max;
             for (int i = 0; i < len; i++)
-                mx = fmaxf(mx, e[i]);
+                mx = e[i] > mx ? e[i] : mx; /* scores are never NaN: a compare, not a libm call */
             if (mx > t->max) {
                 float c = expf(t->max - mx); /* 0 on the first chunk (max was -inf) */
                 t->sum *= c;
@@ -275,6 +275,19 @@ void katt_causal_group(const float *q, int64_t q_stride, int nq, const katt_keys
             const float *e = sc[h];
             int d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+            if (head_dim == 64) { /* the whole output in eight registers, one broadcast per key */
+                __m256 acc[8];
+                for (int b = 0; b < 8; b++)
+                    acc[b] = _mm256_loadu_ps(o + 8 * b);
+                for (int j = 0; j < len; j++) {
+                    __m256 ev = _mm256_set1_ps(e[j]);
+                    for (int b = 0; b < 8; b++)
+                        acc[b] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(rows[j] + 8 * b), acc[b]);
+                }
+                for (int b = 0; b < 8; b++)
+                    _mm256_storeu_ps(o + 8 * b, acc[b]);
+                d = 64;
+            }
             for (; d + 8 <= head_dim; d += 8) {
                 __m256 acc = _mm256_loadu_ps(o + d);
                 for (int j = 0; j < len; j++)
