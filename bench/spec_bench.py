@@ -289,9 +289,10 @@ def sweep_width(a, prompts, base, out):
             ctl = ["--max-width", str(max(8, w)), "--width", str(w), "--adaptive", "off", "--vote", "off",
                    "--max-draft", str(max(1, min(w - 1, 16)))]
             # acceptance is what this table measures: wait for every draft, however long it takes
+            # (a fixed wait: the measured one would skip a drafter too slow to pay for itself)
             rows += run_config(a, prompts, base, out, "%s-w%d" % (kind, w), [kind], ctl,
                                {"bench": "width", "kind": kind, "width": w},
-                               extra=["--draft-wait-ms", "30000"])
+                               extra=["--draft-wait", "fixed", "--draft-wait-ms", "30000"])
             done_rows = [r for r in rows if r["kind"] == kind and r["width"] == w]
             steps = sum(r["steps"] for r in done_rows)
             print("  %s width %d: mean accepted %.2f" % (kind, w, sum(r["mean_accepted"] * r["steps"] for r in done_rows)

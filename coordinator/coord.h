@@ -25,8 +25,8 @@
 #define COORD_MAX_PEERS 32
 #define COORD_QUEUE 64
 #define COORD_MAX_SPAWN_ARGS 32
-#define COORD_TREE_CAP 512     /* nodes of the merged draft trie */
-#define COORD_ADAPT_WINDOW 32  /* samples the adaptive-length fit looks back over */
+#define COORD_TREE_CAP 512    /* nodes of the merged draft trie */
+#define COORD_ADAPT_WINDOW 32 /* samples the adaptive-length fit looks back over */
 
 typedef enum { VOTE_MAJORITY, VOTE_UNION, VOTE_OFF } coord_vote;
 
@@ -34,41 +34,48 @@ typedef enum { VOTE_MAJORITY, VOTE_UNION, VOTE_OFF } coord_vote;
 typedef struct {
     int n;
     int32_t tokens[COORD_TREE_CAP];
-    int32_t parent[COORD_TREE_CAP]; /* parent[0] = -1; parent[i] < i */
-    float weight[COORD_TREE_CAP];   /* summed weight of the speculators that proposed the node */
-    uint32_t owners[COORD_TREE_CAP];/* bit r: the speculator on draft ring r proposed it */
+    int32_t parent[COORD_TREE_CAP];  /* parent[0] = -1; parent[i] < i */
+    float weight[COORD_TREE_CAP];    /* summed weight of the speculators that proposed the node */
+    uint32_t owners[COORD_TREE_CAP]; /* bit r: the speculator on draft ring r proposed it */
 } coord_tree;
 
 typedef enum { PEER_FREE = 0, PEER_WORKER, PEER_SPECULATOR } coord_peer_role;
 
 typedef struct {
     coord_peer_role role;
-    char name[64];           /* "worker-0", "ngram", ... (the launcher's role name) */
-    uint8_t ident[64];       /* ZeroMQ routing id */
+    char name[64];     /* "worker-0", "ngram", ... (the launcher's role name) */
+    uint8_t ident[64]; /* ZeroMQ routing id */
     size_t ident_len;
-    bool connected;          /* welcomed and alive */
-    bool ready;              /* workers: mapped the model and the arena, may be rung */
-    pid_t pid;               /* from Hello */
-    pid_t child;             /* when we spawned it: the child pid we wait for */
+    bool connected;                   /* welcomed and alive */
+    bool ready;                       /* workers: mapped the model and the arena, may be rung */
+    pid_t pid;                        /* from Hello */
+    pid_t child;                      /* when we spawned it: the child pid we wait for */
     char *argv[COORD_MAX_SPAWN_ARGS]; /* how to spawn it again (NULL: not ours) */
     uint64_t started_us, last_hb_us, hb_steps;
     int restarts;
-    uint64_t respawn_at_us;  /* when to spawn again after a death (0: not) */
-    int failed_starts;       /* deaths in a row before joining (back-off, give-up) */
-    bool refused;            /* the coordinator refused its Hello: never respawn */
-    int index;               /* worker part / speculator ring */
+    uint64_t respawn_at_us; /* when to spawn again after a death (0: not) */
+    int failed_starts;      /* deaths in a row before joining (back-off, give-up) */
+    bool refused;           /* the coordinator refused its Hello: never respawn */
+    int index;              /* worker part / speculator ring */
     char kind[16];
     /* speculator bookkeeping */
     uint64_t drafted, accepted;
-    double acr, acr_sum;     /* average acceptance rate (ACR) of its drafts */
+    double acr, acr_sum; /* average acceptance rate (ACR) of its drafts */
     uint64_t acr_n;
-    double weight;           /* its vote weight (Minions), from the ACR */
+    double weight;                      /* its vote weight (Minions), from the ACR */
     arena_draft slot_draft[RT_MAX_SEQ]; /* its draft per sequence slot in the step being verified
                                          * (n = 0: none) */
-    uint64_t ready_req, ready_ctx; /* latest DraftReady */
+    uint64_t ready_req, ready_ctx;      /* latest DraftReady */
     uint32_t ready_slot, ready_n;
     bool ready_fresh;
-    uint64_t fed_req, fed_ctx;     /* latest Feedback sent */
+    uint64_t fed_req, fed_ctx; /* latest Feedback sent */
+    /* what the draft wait learns about it (coord_engine.c, engine_draft_budget_us) */
+    uint64_t fed_us;       /* when the latest Feedback went out */
+    bool reply_timed;      /* its reply to that Feedback has been timed */
+    double reply_ema_us;   /* time from a Feedback to its DraftReady, EMA */
+    double accept_ema;     /* its drafted tokens the target accepted per step, EMA */
+    int reply_n, accept_n; /* samples behind each EMA */
+    int unscored;          /* steps since its last acceptance sample */
 } coord_peer;
 
 struct coord_engine_state;
@@ -77,15 +84,17 @@ typedef struct {
     /* options */
     const char *run_dir, *target, *bind, *api_key, *external;
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
-    int n_seq;               /* requests verified together (sequence slots) */
+    bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
+    double step_ema_us;    /* a verification cycle but its draft wait, EMA: a token's price */
+    int n_seq;             /* requests verified together (sequence slots) */
     struct coord_engine_state *eng;
     int heartbeat_ms, dead_ms;
     bool trace, no_spawn;
     /* speculation controllers (documented in coord_tree.c) */
     bool tree, adaptive;
     coord_vote vote;
-    int width;               /* verification width: nodes of a verified tree, root included */
-    int spec_len;            /* current speculation length (max draft depth) */
+    int width;    /* verification width: nodes of a verified tree, root included */
+    int spec_len; /* current speculation length (max draft depth) */
     double acr_reward_threshold, acr_punish_threshold, reward_factor, punish_factor;
     int decision_threshold, s_reward, s_punish;
     double adapt_hist[COORD_ADAPT_WINDOW];
@@ -128,7 +137,7 @@ typedef struct {
     pthread_mutex_t mlock;
     uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
     uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
-    uint64_t m_batch_hist[RT_MAX_SEQ + 1]; /* requests per verification step */
+    uint64_t m_batch_hist[RT_MAX_SEQ + 1];    /* requests per verification step */
     double m_step_seconds, m_draft_wait_seconds;
     double m_worker_compute_us[RT_MAX_WORKERS];
     uint64_t m_worker_steps[RT_MAX_WORKERS];
@@ -143,7 +152,8 @@ void coord_group_pump(coord *c, int timeout_ms);
 void coord_group_supervise(coord *c);
 bool coord_group_workers_ready(const coord *c);
 int coord_group_count(const coord *c, coord_peer_role role, bool connected_only);
-void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which, void *body);
+void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which,
+                           void *body);
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body);
 void coord_group_shutdown(coord *c);
 void coord_group_write_status(coord *c);
@@ -152,7 +162,8 @@ void coord_group_write_status(coord *c);
 void coord_tree_init(coord_tree *t, int32_t root);
 void coord_tree_add(coord_tree *t, const arena_draft *d, float weight, int owner);
 void coord_tree_vote(const coord_tree *in, coord_vote mode, int max_nodes, coord_tree *out);
-void coord_tree_match(const arena_draft *d, const int32_t *accepted, int n_acc, int *depth, int *matched);
+void coord_tree_match(const arena_draft *d, const int32_t *accepted, int n_acc, int *depth,
+                      int *matched);
 void coord_acr_update(coord *c, coord_peer *p, int depth, int matched);
 void coord_adapt_sample(coord *c, double seconds_per_token);
 

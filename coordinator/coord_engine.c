@@ -1,23 +1,30 @@
 /*
  * coordinator/coord_engine.c — requests through the verification loop.
  *
- * One sequence at a time. For a request: render and tokenize the prompt, refuse it if it cannot
- * fit the context (413), prefill it through the workers in chains of max_width, and take the first
- * token from the last prompt position. Then, step after step:
- *   1. drafts: every connected speculator has been told the committed context (Feedback) and
- *      answers with a draft in its arena ring (DraftReady, possibly empty); wait until all have
- *      answered for this exact context or --draft-wait-ms passes, and take the draft of the
- *      speculator with the best acceptance record (ties: the longer draft);
- *   2. verify: the batch is [last committed token, d1..dk] as a chain; one StepBegin to each
- *      worker, wait for every StepDone (a lost worker makes the step fail and be re-run once the
- *      worker is back: inputs and the committed KV are in the arena, untouched);
- *   3. accept: greedy — d(i+1) is accepted while it equals the argmax at position i; the argmax at
- *      the first mismatch (or after the last draft) is the correction/bonus token;
- *   4. commit the accepted path's K/V rows into the prefix, emit the new tokens, tell the
- *      speculators (Feedback with the appended tokens).
- * Because a chain's logits are bit-identical to sequential decoding (see model/llama.c), the
- * output equals `orochi run --temp 0` token for token. With temperature > 0 this issue's engine
- * samples sequentially (no drafts), which is trivially lossless.
+ * Up to --max-batch requests share each target step, each in its own KV sequence slot. For a
+ * request: render and tokenize the prompt, refuse it if it cannot fit the context (413), prefill
+ * it through the workers in chains of max_width, and take the first token from the last prompt
+ * position. Then, step after step, for every active slot:
+ *   1. drafts: the speculators follow the oldest request (they keep one request's state): each
+ *      has been told its committed context (Feedback) and answers with a draft in its arena ring
+ *      (DraftReady, possibly empty). The step waits for a speculator only while that pays: a draft
+ *      that brings a accepted tokens saves a target steps, so with T the measured step time it is
+ *      waited on up to a * T, and not at all when its measured reply latency says it will come
+ *      later (averages per speculator; see engine_draft_budget_us). An instant answer costs no
+ *      wait; --draft-wait-ms caps every wait, --draft-wait fixed waits up to it for everyone, and
+ *      so does a request that samples with a seed (its output depends on the trees verified).
+ *      The drafts are merged and voted into one tree within the slot's share of the width;
+ *   2. verify: all slots' trees in one target step through the workers (the arena doorbell; a
+ *      lost worker makes the step fail and be re-run once the worker is back: inputs and the
+ *      committed KV are in the arena, untouched);
+ *   3. accept: greedy — the longest root-to-leaf path whose tokens equal the target's argmax,
+ *      plus the argmax after it as the correction/bonus token; with temperature > 0, multi-step
+ *      speculative sampling over the tree (coordinator/verify.c);
+ *   4. commit the accepted path's K/V rows into the slot's prefix, emit the new tokens, tell the
+ *      speculators (Feedback with the appended tokens) and score their drafts (acceptance rates,
+ *      vote weights, the wait's averages).
+ * Because a tree's logits are bit-identical to sequential decoding along each path (see
+ * model/llama.c), greedy output equals `orochi run --temp 0` token for token.
  * Stop conditions: the tokenizer's eos, max_tokens (or the context end), stop strings (text is
  * held back until it cannot be the start of a stop string).
  */
@@ -32,6 +39,9 @@
 #include "coordinator/verify.h"
 
 #define ENGINE_WORKER_WAIT_US 60000000u /* how long a request waits for the workers to be back */
+#define ENGINE_EMA 0.25      /* weight of the newest sample in the draft wait's averages */
+#define ENGINE_WAIT_WARMUP 4 /* samples of a speculator before its wait is measured, not capped */
+#define ENGINE_WAIT_PROBE 32 /* steps unscored before a speculator is waited on again */
 
 /* ===== the queue (HTTP threads -> main loop) ===== */
 
@@ -111,8 +121,9 @@ static bool engine_wait_workers(coord *c)
 /* Run one step over n tokens (parents, sequence slots; seq_prefix: committed length of every
  * slot); re-run it while workers are lost and come back. Returns 0, or -1 if the group cannot
  * finish it (err says why). */
-static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *parent, const int32_t *seq,
-                       const int *seq_prefix, int logits_from, char *err, size_t errlen)
+static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *parent,
+                       const int32_t *seq, const int *seq_prefix, int logits_from, char *err,
+                       size_t errlen)
 {
     uint64_t t0 = rt_now_us();
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -174,8 +185,8 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         }
         if (coord_stop_flag)
             break;
-        rt_log("coordinator", "step %llu failed (%s): re-running it", (unsigned long long)st->step_id,
-               c->step_err);
+        rt_log("coordinator", "step %llu failed (%s): re-running it",
+               (unsigned long long)st->step_id, c->step_err);
         /* let the survivors report back before the barrier is re-armed */
         uint64_t settle = rt_now_us() + 200000u;
         while (rt_now_us() < settle) {
@@ -183,12 +194,14 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
             coord_group_supervise(c);
         }
     }
-    snprintf(err, errlen, "step could not be completed: %s", c->step_err[0] ? c->step_err : "stopping");
+    snprintf(err, errlen, "step could not be completed: %s",
+             c->step_err[0] ? c->step_err : "stopping");
     return -1;
 }
 
 /* Tell the commit view about the step just run (positions per sequence slot). */
-static int engine_set_batch(coord *c, const llama_batch *b, const int *seq_prefix, char *err, size_t errlen)
+static int engine_set_batch(coord *c, const llama_batch *b, const int *seq_prefix, char *err,
+                            size_t errlen)
 {
     for (int s = 0; s < c->n_seq; s++)
         llama_ctx_set_seq_prefix_len(c->kv, s, seq_prefix[s]);
@@ -197,8 +210,20 @@ static int engine_set_batch(coord *c, const llama_batch *b, const int *seq_prefi
 
 /* ===== drafts ===== */
 
+/* An exponential moving average; the first sample (have == 0) starts it. */
+static double engine_ema(double avg, int have, double x)
+{
+    return have ? avg + ENGINE_EMA * (x - avg) : x;
+}
+
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
+    /* its reply latency, timed whether or not a step still waits for it */
+    if (!p->reply_timed && p->fed_us && r->request_id == p->fed_req && r->ctx_len == p->fed_ctx) {
+        p->reply_ema_us =
+            engine_ema(p->reply_ema_us, p->reply_n++, (double)(rt_now_us() - p->fed_us));
+        p->reply_timed = true;
+    }
     p->ready_req = r->request_id;
     p->ready_ctx = r->ctx_len;
     p->ready_slot = r->slot;
@@ -207,9 +232,12 @@ void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftRea
 }
 
 /* Tell every speculator the committed context: a full reset to those that have not seen this
- * request, the appended tokens to the others. */
-static void engine_feedback(coord *c, uint64_t req_id, const int32_t *all, int n_all, const int32_t *added,
-                            int n_added, int accepted, int drafted)
+ * request, the appended tokens to the others. `verified`: the tree the step verified (NULL: none);
+ * each speculator learns how many of its own nodes were in it — none when its draft came too late
+ * or lost the vote, which is then no verdict on its confidence threshold. */
+static void engine_feedback(coord *c, uint64_t req_id, const int32_t *all, int n_all,
+                            const int32_t *added, int n_added, int accepted,
+                            const coord_tree *verified)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
@@ -223,13 +251,18 @@ static void engine_feedback(coord *c, uint64_t req_id, const int32_t *all, int n
         fb.tokens = (int32_t *)(reset ? all : added);
         fb.n_tokens = (size_t)(reset ? n_all : n_added);
         fb.accepted = (uint32_t)accepted;
-        fb.drafted = (uint32_t)drafted;
+        uint32_t mine = 0;
+        for (int j = 1; verified && j < verified->n; j++)
+            mine += (verified->owners[j] >> p->index) & 1u;
+        fb.drafted = mine;
         fb.max_nodes = (uint32_t)(c->width - 1);
         fb.max_depth = (uint32_t)c->spec_len;
         fb.tree = c->tree;
         coord_group_send(c, p, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
         p->fed_req = req_id;
         p->fed_ctx = (uint64_t)n_all;
+        p->fed_us = rt_now_us();
+        p->reply_timed = false;
         p->ready_fresh = false;
     }
 }
@@ -242,25 +275,75 @@ static void engine_feedback_done(coord *c, uint64_t req_id)
     coord_group_broadcast(c, PEER_SPECULATOR, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
 }
 
-/* Wait until every fed speculator has answered for context n_all (or --draft-wait-ms passed) and
- * copy the drafts that continue exactly this context into the peers' slot_draft[slot] (n = 0: no
- * draft). Returns how many. */
-static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all)
+/* How long (us from t0, the start of the wait) this step may wait for p's draft. A draft that
+ * brings a accepted tokens saves a verification cycles of time T each (T: measured, the wait
+ * excluded), so waiting w for it pays
+ * while w < a * T: p is waited on up to that gain, and not at all when its measured reply latency
+ * says the draft will come later than that. A speculator that is never waited on gives no
+ * acceptance samples, so after ENGINE_WAIT_PROBE steps without one it is waited on once more (up to
+ * twice its reply latency) to measure it again. Before enough samples, with --draft-wait fixed,
+ * and when `fixed` (see engine_gather_drafts) the wait is --draft-wait-ms, which caps every wait.
+ * *probe tells a probe. */
+static uint64_t engine_draft_budget_us(const coord *c, const coord_peer *p, uint64_t t0, bool fixed,
+                                       bool *probe)
+{
+    double cap = c->draft_wait_ms > 0 ? c->draft_wait_ms * 1000.0 : 0, w;
+    *probe = false;
+    if (fixed || c->draft_wait_fixed || p->reply_n < ENGINE_WAIT_WARMUP ||
+        p->accept_n < ENGINE_WAIT_WARMUP || c->step_ema_us <= 0)
+        return (uint64_t)cap;
+    double gain = p->accept_ema * c->step_ema_us;
+    double due =
+        p->reply_ema_us - (double)(t0 > p->fed_us ? t0 - p->fed_us : 0); /* its expected reply */
+    if (p->unscored >= ENGINE_WAIT_PROBE) {
+        *probe = true;
+        w = gain > 2 * p->reply_ema_us ? gain : 2 * p->reply_ema_us;
+    } else {
+        w = due > gain ? 0 : gain;
+    }
+    return (uint64_t)(w < cap ? w : cap);
+}
+
+/* Wait for the fed speculators' answers for context n_all, each as long as engine_draft_budget_us
+ * allows (no longer than its answer: an instant one costs nothing), and copy the drafts that
+ * continue exactly this context into the peers' slot_draft[slot] (n = 0: no draft). Returns how
+ * many. `fixed`: wait up to --draft-wait-ms whatever the measurements say — for a request that
+ * samples with a seed, whose output depends on the trees verified (speculative sampling draws
+ * along them) and which a seed promises to reproduce: its trees must not depend on timing. */
+static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all,
+                                bool fixed)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
         c->peers[i].slot_draft[slot].n = 0;
     if (!coord_group_count(c, PEER_SPECULATOR, true))
         return 0;
-    uint64_t t0 = rt_now_us(), deadline = t0 + (uint64_t)c->draft_wait_ms * 1000u;
+    uint64_t t0 = rt_now_us(), until[COORD_MAX_PEERS] = {0};
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        coord_peer *p = &c->peers[i];
+        if (p->role != PEER_SPECULATOR || !p->connected || p->fed_req != req_id)
+            continue;
+        bool probe;
+        until[i] = t0 + engine_draft_budget_us(c, p, t0, fixed, &probe);
+        if (probe)
+            p->unscored = 0; /* one probe, then the gain rules again */
+        if (c->trace)
+            rt_log("coordinator",
+                   "draft wait for %s: up to %.1f ms%s (accepted %.2f, step %.1f ms, "
+                   "reply %.1f ms, fed %.1f ms ago)",
+                   p->name, (until[i] - t0) / 1e3, probe ? " (probe)" : "", p->accept_ema,
+                   c->step_ema_us / 1e3, p->reply_ema_us / 1e3, (t0 - p->fed_us) / 1e3);
+    }
     for (;;) {
         int waiting = 0;
+        uint64_t now = rt_now_us();
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
             coord_peer *p = &c->peers[i];
             if (p->role == PEER_SPECULATOR && p->connected && p->fed_req == req_id &&
+                now < until[i] &&
                 !(p->ready_fresh && p->ready_req == req_id && p->ready_ctx == (uint64_t)n_all))
                 waiting++;
         }
-        if (!waiting || rt_now_us() >= deadline || coord_stop_flag)
+        if (!waiting || coord_stop_flag)
             break;
         coord_group_pump(c, 1);
         coord_group_supervise(c);
@@ -271,10 +354,11 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     int got = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected || !p->ready_fresh || p->ready_req != req_id ||
-            p->ready_ctx != (uint64_t)n_all || p->ready_n == 0)
+        if (p->role != PEER_SPECULATOR || !p->connected || !p->ready_fresh ||
+            p->ready_req != req_id || p->ready_ctx != (uint64_t)n_all || p->ready_n == 0)
             continue;
-        arena_draft_ring *ring = (arena_draft_ring *)((uint8_t *)c->rings + (size_t)p->index * c->ring_bytes);
+        arena_draft_ring *ring =
+            (arena_draft_ring *)((uint8_t *)c->rings + (size_t)p->index * c->ring_bytes);
         arena_draft *d = &p->slot_draft[slot];
         /* the draft must continue exactly this context */
         if (!arena_draft_ring_get(ring, p->ready_slot, d) || d->request_id != req_id ||
@@ -283,6 +367,11 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
             continue;
         }
         got += d->n > 0;
+    }
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        coord_peer *p = &c->peers[i];
+        if (p->role == PEER_SPECULATOR && p->fed_req == req_id && !p->slot_draft[slot].n)
+            p->unscored++; /* a draft in time is scored after the verification */
     }
     return got;
 }
@@ -322,7 +411,7 @@ static void engine_build_tree(coord *c, int slot, int32_t root, int max_nodes, c
 /* ===== output ===== */
 
 typedef struct {
-    char *text;        /* all generated text */
+    char *text; /* all generated text */
     size_t len, cap, sent;
     size_t max_stop;
 } engine_text;
@@ -412,8 +501,9 @@ static char *engine_render(coord *c, const coord_params *prm)
     free(probe);
     for (int i = 0; i < prm->n_messages; i++) {
         const coord_message *m = &prm->messages[i];
-        n += (size_t)snprintf(out + n, cap - n, chatml ? "<|im_start|>%s\n%s<|im_end|>\n" : "[%s] %s\n",
-                              m->role, m->content);
+        n += (size_t)snprintf(out + n, cap - n,
+                              chatml ? "<|im_start|>%s\n%s<|im_end|>\n" : "[%s] %s\n", m->role,
+                              m->content);
     }
     snprintf(out + n, cap - n, chatml ? "<|im_start|>assistant\n" : "[assistant] ");
     return out;
@@ -426,24 +516,24 @@ typedef struct {
     coord_request *req;
     const coord_params *prm;
     uint64_t req_id;
-    int32_t *all;          /* prompt + generated tokens */
+    int32_t *all; /* prompt + generated tokens */
     int n_all, n_prompt, generated, max_new, steps, accepted_total, verify_steps;
     bool greedy, stop;
     const char *finish;
     sampler smp;
-    void *work;            /* sampling scratch: 3 * V floats + V * 8 bytes */
+    void *work; /* sampling scratch: 3 * V floats + V * 8 bytes */
     engine_text out;
     char kinds[COORD_DRAFT_KINDS_LEN];
-    coord_tree tree;       /* this step's tree */
-    int off;               /* where the tree sits in the step batch */
-    int last_added;        /* tokens the last step appended */
-    int last_row;          /* batch row of the last accepted node */
+    coord_tree tree; /* this step's tree */
+    int off;         /* where the tree sits in the step batch */
+    int last_added;  /* tokens the last step appended */
+    int last_row;    /* batch row of the last accepted node */
 } engine_slot;
 
 struct coord_engine_state {
     engine_slot slots[RT_MAX_SEQ];
-    int prefix[RT_MAX_SEQ];   /* committed length per sequence slot */
-    int rr;                   /* round-robin start for budget leftovers */
+    int prefix[RT_MAX_SEQ]; /* committed length per sequence slot */
+    int rr;                 /* round-robin start for budget leftovers */
 };
 
 static void slot_release(coord *c, int s)
@@ -518,7 +608,8 @@ static void slot_finish(coord *c, int s)
     stats.prompt_tokens = sl->n_prompt;
     stats.completion_tokens = sl->generated;
     stats.steps = sl->steps;
-    stats.mean_accepted = sl->verify_steps ? (double)(sl->accepted_total + sl->verify_steps) / sl->verify_steps : 1.0;
+    stats.mean_accepted =
+        sl->verify_steps ? (double)(sl->accepted_total + sl->verify_steps) / sl->verify_steps : 1.0;
     snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "%s", sl->kinds);
     coord_request_finish(sl->req, sl->finish, &stats);
     pthread_mutex_lock(&c->mlock);
@@ -526,8 +617,10 @@ static void slot_finish(coord *c, int s)
     c->m_prompt_tokens += (uint64_t)sl->n_prompt;
     pthread_mutex_unlock(&c->mlock);
     if (c->trace)
-        rt_log("coordinator", "request %llu: %d prompt + %d generated tokens in %d steps (%.2f per "
-               "verification)", (unsigned long long)sl->req_id, sl->n_prompt, sl->generated, sl->steps,
+        rt_log("coordinator",
+               "request %llu: %d prompt + %d generated tokens in %d steps (%.2f per "
+               "verification)",
+               (unsigned long long)sl->req_id, sl->n_prompt, sl->generated, sl->steps,
                stats.mean_accepted);
     slot_release(c, s);
 }
@@ -554,7 +647,8 @@ static int slot_start(coord *c, int s, coord_request *req)
     int V = c->model->cfg.vocab;
     char *text = engine_render(c, sl->prm);
     int cap = text ? (int)strlen(text) + 8 : 0;
-    sl->all = text ? malloc(((size_t)cap + (size_t)c->n_ctx + RT_MAX_WIDTH + 8) * sizeof *sl->all) : NULL;
+    sl->all =
+        text ? malloc(((size_t)cap + (size_t)c->n_ctx + RT_MAX_WIDTH + 8) * sizeof *sl->all) : NULL;
     sl->work = malloc((size_t)V * 3 * sizeof(float) + (size_t)V * 8);
     if (!sl->all || !sl->work) {
         free(text);
@@ -576,12 +670,15 @@ static int slot_start(coord *c, int s, coord_request *req)
         return -1;
     }
     if (sl->n_all >= c->n_ctx) {
-        snprintf(err, sizeof err, "the prompt is %d tokens; the context holds %d (prompt plus at least "
-                 "one generated token)", sl->n_all, c->n_ctx);
+        snprintf(err, sizeof err,
+                 "the prompt is %d tokens; the context holds %d (prompt plus at least "
+                 "one generated token)",
+                 sl->n_all, c->n_ctx);
         slot_fail(c, s, 413, err);
         return -1;
     }
-    sl->max_new = sl->prm->max_tokens < c->n_ctx - sl->n_all ? sl->prm->max_tokens : c->n_ctx - sl->n_all;
+    sl->max_new =
+        sl->prm->max_tokens < c->n_ctx - sl->n_all ? sl->prm->max_tokens : c->n_ctx - sl->n_all;
     for (int i = 0; i < sl->prm->n_stop; i++)
         if (strlen(sl->prm->stop[i]) > sl->out.max_stop)
             sl->out.max_stop = strlen(sl->prm->stop[i]);
@@ -598,15 +695,18 @@ static int slot_start(coord *c, int s, coord_request *req)
     while (prefix[s] < sl->n_all) {
         int w = sl->n_all - prefix[s] < c->max_width ? sl->n_all - prefix[s] : c->max_width;
         bool last = prefix[s] + w == sl->n_all;
-        llama_batch b = {.n = w, .tokens = sl->all + prefix[s], .seq = seq, .logits_from = last ? w - 1 : w};
+        llama_batch b = {
+            .n = w, .tokens = sl->all + prefix[s], .seq = seq, .logits_from = last ? w - 1 : w};
         if (engine_step(c, w, b.tokens, NULL, seq, prefix, b.logits_from, err, sizeof err) ||
-            engine_set_batch(c, &b, prefix, err, sizeof err) || llama_commit(c->kv, path, w, err, sizeof err)) {
+            engine_set_batch(c, &b, prefix, err, sizeof err) ||
+            llama_commit(c->kv, path, w, err, sizeof err)) {
             slot_fail(c, s, 503, err);
             return -1;
         }
         prefix[s] += w;
     }
-    int32_t next = sl->greedy ? sampler_argmax(c->logits, V) : sampler_sample(&sl->smp, c->logits, V, sl->work);
+    int32_t next = sl->greedy ? sampler_argmax(c->logits, V)
+                              : sampler_sample(&sl->smp, c->logits, V, sl->work);
     sl->all[sl->n_all++] = next;
     sl->generated = 1;
     sl->steps = 1;
@@ -618,7 +718,7 @@ static int slot_start(coord *c, int s, coord_request *req)
     if (engine_focus(c) == sl->req_id) {
         int w_last = (sl->n_prompt - 1) % c->max_width; /* the last prompt token's batch row */
         engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
-        engine_feedback(c, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, 0);
+        engine_feedback(c, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, NULL);
     }
     return 0;
 }
@@ -637,6 +737,7 @@ static void engine_step_all(coord *c)
         return;
     int V = c->model->cfg.vocab;
     char err[512];
+    uint64_t t_cycle = rt_now_us(), waited = 0;
     /* drafts: wait for the speculators once, then per slot */
     int32_t tokens[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
     int n = 0, width = c->width < RT_MAX_WIDTH ? c->width : RT_MAX_WIDTH;
@@ -652,7 +753,10 @@ static void engine_step_all(coord *c)
             budget = c->n_ctx - e->prefix[s];
         if (budget < 1)
             budget = 1;
-        engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all);
+        uint64_t w0 = rt_now_us();
+        engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all,
+                             !sl->greedy && sl->prm->has_seed);
+        waited += rt_now_us() - w0;
         engine_build_tree(c, s, sl->all[sl->n_all - 1], budget, &sl->tree);
         sl->off = n;
         for (int i = 0; i < sl->tree.n; i++, n++) {
@@ -719,6 +823,8 @@ static void engine_step_all(coord *c)
             int depth, matched;
             coord_tree_match(d, added, a, &depth, &matched);
             coord_acr_update(c, p, depth, matched);
+            p->accept_ema = engine_ema(p->accept_ema, p->accept_n++, matched);
+            p->unscored = 0;
             p->drafted += (uint64_t)depth;
             p->accepted += (uint64_t)matched;
             bool verified = false;
@@ -742,9 +848,12 @@ static void engine_step_all(coord *c)
             int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
             engine_publish_hidden(c, sl->req_id, sl->n_all, sl->last_row);
             engine_feedback(c, sl->req_id, sl->all, sl->n_all, sl->all + sl->n_all - sl->last_added,
-                            sl->last_added, a_step, sl->tree.n - 1);
+                            sl->last_added, a_step, &sl->tree);
         }
     }
+    /* what a token costs without drafts: this whole cycle but its wait for drafts */
+    c->step_ema_us =
+        engine_ema(c->step_ema_us, c->step_ema_us > 0, (double)(rt_now_us() - t_cycle - waited));
     if (yielded)
         coord_adapt_sample(c, dt / yielded);
 }
@@ -800,16 +909,21 @@ char *coord_engine_metrics(void *ctx)
     size_t n = 0;
 #define M(...) n += (size_t)snprintf(s + n, n < cap ? cap - n : 0, __VA_ARGS__)
     pthread_mutex_lock(&c->mlock);
-    M("# HELP orochi_requests_total Requests taken by the engine.\n# TYPE orochi_requests_total counter\n"
-      "orochi_requests_total %llu\n", (unsigned long long)c->m_requests);
+    M("# HELP orochi_requests_total Requests taken by the engine.\n# TYPE orochi_requests_total "
+      "counter\n"
+      "orochi_requests_total %llu\n",
+      (unsigned long long)c->m_requests);
     M("# TYPE orochi_requests_failed_total counter\norochi_requests_failed_total %llu\n",
       (unsigned long long)c->m_failed);
-    M("# HELP orochi_tokens_generated_total Tokens generated.\n# TYPE orochi_tokens_generated_total counter\n"
-      "orochi_tokens_generated_total %llu\n", (unsigned long long)c->m_tokens);
+    M("# HELP orochi_tokens_generated_total Tokens generated.\n# TYPE "
+      "orochi_tokens_generated_total counter\n"
+      "orochi_tokens_generated_total %llu\n",
+      (unsigned long long)c->m_tokens);
     M("# TYPE orochi_prompt_tokens_total counter\norochi_prompt_tokens_total %llu\n",
       (unsigned long long)c->m_prompt_tokens);
     M("# HELP orochi_steps_total Target forward steps (prefill and verification).\n"
-      "# TYPE orochi_steps_total counter\norochi_steps_total %llu\n", (unsigned long long)c->m_steps);
+      "# TYPE orochi_steps_total counter\norochi_steps_total %llu\n",
+      (unsigned long long)c->m_steps);
     M("# HELP orochi_accepted_per_step Drafted tokens accepted per verification step.\n"
       "# TYPE orochi_accepted_per_step histogram\n");
     uint64_t cum = 0, count = 0, sum = 0;
@@ -825,22 +939,27 @@ char *coord_engine_metrics(void *ctx)
         M("orochi_accepted_per_step_bucket{le=\"%d\"} %llu\n", le[b], (unsigned long long)cum);
     }
     M("orochi_accepted_per_step_bucket{le=\"+Inf\"} %llu\norochi_accepted_per_step_sum %llu\n"
-      "orochi_accepted_per_step_count %llu\n", (unsigned long long)count, (unsigned long long)sum,
-      (unsigned long long)count);
-    M("# HELP orochi_step_seconds Wall time of target steps, by role.\n# TYPE orochi_step_seconds summary\n"
-      "orochi_step_seconds_sum{role=\"coordinator\"} %.6f\norochi_step_seconds_count{role=\"coordinator\"} %llu\n",
+      "orochi_accepted_per_step_count %llu\n",
+      (unsigned long long)count, (unsigned long long)sum, (unsigned long long)count);
+    M("# HELP orochi_step_seconds Wall time of target steps, by role.\n# TYPE orochi_step_seconds "
+      "summary\n"
+      "orochi_step_seconds_sum{role=\"coordinator\"} "
+      "%.6f\norochi_step_seconds_count{role=\"coordinator\"} %llu\n",
       c->m_step_seconds, (unsigned long long)c->m_steps);
     for (int i = 0; i < c->n_workers && i < RT_MAX_WORKERS; i++)
-        M("orochi_step_seconds_sum{role=\"worker-%d\"} %.6f\norochi_step_seconds_count{role=\"worker-%d\"} %llu\n",
+        M("orochi_step_seconds_sum{role=\"worker-%d\"} "
+          "%.6f\norochi_step_seconds_count{role=\"worker-%d\"} %llu\n",
           i, c->m_worker_compute_us[i] / 1e6, i, (unsigned long long)c->m_worker_steps[i]);
-    M("# HELP orochi_batch_size Requests verified together per step.\n# TYPE orochi_batch_size histogram\n");
+    M("# HELP orochi_batch_size Requests verified together per step.\n# TYPE orochi_batch_size "
+      "histogram\n");
     uint64_t bc = 0, bs = 0;
     for (int k = 1; k <= RT_MAX_SEQ; k++) {
         bc += c->m_batch_hist[k];
         bs += (uint64_t)k * c->m_batch_hist[k];
         M("orochi_batch_size_bucket{le=\"%d\"} %llu\n", k, (unsigned long long)bc);
     }
-    M("orochi_batch_size_bucket{le=\"+Inf\"} %llu\norochi_batch_size_sum %llu\norochi_batch_size_count %llu\n",
+    M("orochi_batch_size_bucket{le=\"+Inf\"} %llu\norochi_batch_size_sum "
+      "%llu\norochi_batch_size_count %llu\n",
       (unsigned long long)bc, (unsigned long long)bs, (unsigned long long)bc);
     M("# TYPE orochi_draft_wait_seconds_total counter\norochi_draft_wait_seconds_total %.6f\n",
       c->m_draft_wait_seconds);

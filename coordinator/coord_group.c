@@ -24,9 +24,9 @@
 
 #include "coordinator/coord.h"
 
-#define RESPAWN_BACKOFF_US 300000u   /* first wait before a restart; doubles per failed start */
+#define RESPAWN_BACKOFF_US 300000u /* first wait before a restart; doubles per failed start */
 #define RESPAWN_BACKOFF_MAX_US 10000000u
-#define RESPAWN_MAX_FAILS 8           /* starts in a row that never joined: then give up */
+#define RESPAWN_MAX_FAILS 8 /* starts in a row that never joined: then give up */
 
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body)
 {
@@ -34,7 +34,8 @@ void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which,
     rt_send(c->sock, p->ident, p->ident_len, rt_env(&env, which, body));
 }
 
-void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which, void *body)
+void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which,
+                           void *body)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
         if (c->peers[i].role == role && c->peers[i].connected)
@@ -143,7 +144,8 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
     snprintf(p->name, sizeof p->name, "%s", name);
     char bin[4200];
     snprintf(bin, sizeof bin, "%s/orochi-speculator", c->bin_dir);
-    group_argv(p, 9, bin, "--run-dir", c->run_dir, "--kind", kind, "--id", name, "--target", c->target);
+    group_argv(p, 9, bin, "--run-dir", c->run_dir, "--kind", kind, "--id", name, "--target",
+               c->target);
     char maxd[16];
     snprintf(maxd, sizeof maxd, "%d", c->max_draft);
     group_argv_add(p, "--max-draft");
@@ -244,11 +246,12 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         char name[32];
         snprintf(name, sizeof name, "worker-%u", h->worker_index);
         p = group_slot(c, name);
-        /* a live worker keeps its slot: a second Hello for it is an impostor (or a confused peer) */
-        if (p->role == PEER_WORKER && p->connected && rt_now_us() - p->last_hb_us < (uint64_t)c->dead_ms * 1000u &&
+        /* a live worker keeps its slot: a second Hello for it is an impostor (or confused) */
+        if (p->role == PEER_WORKER && p->connected &&
+            rt_now_us() - p->last_hb_us < (uint64_t)c->dead_ms * 1000u &&
             (p->child ? (pid_t)h->pid != p->child : (pid_t)h->pid != p->pid)) {
-            snprintf(msg, sizeof msg, "%s is already connected (pid %d); Hello from pid %u refused", name,
-                     (int)(p->child ? p->child : p->pid), h->pid);
+            snprintf(msg, sizeof msg, "%s is already connected (pid %d); Hello from pid %u refused",
+                     name, (int)(p->child ? p->child : p->pid), h->pid);
             group_refuse(c, id, id_len, msg);
             return;
         }
@@ -260,11 +263,14 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         p->index = (int)h->worker_index;
         w.worker_index = h->worker_index;
     } else if (h->role == OROCHI__ROLE__ROLE_SPECULATOR) {
-        if (h->vocab_size && (h->vocab_size != (uint32_t)c->model->cfg.vocab || h->vocab_hash != c->vocab_hash)) {
-            snprintf(msg, sizeof msg, "speculator %s: its vocabulary (%u tokens, hash %016llx) differs "
+        if (h->vocab_size &&
+            (h->vocab_size != (uint32_t)c->model->cfg.vocab || h->vocab_hash != c->vocab_hash)) {
+            snprintf(msg, sizeof msg,
+                     "speculator %s: its vocabulary (%u tokens, hash %016llx) differs "
                      "from the target's (%d tokens, hash %016llx); a draft model must share the "
-                     "target's tokenizer", h->id, h->vocab_size, (unsigned long long)h->vocab_hash,
-                     c->model->cfg.vocab, (unsigned long long)c->vocab_hash);
+                     "target's tokenizer",
+                     h->id, h->vocab_size, (unsigned long long)h->vocab_hash, c->model->cfg.vocab,
+                     (unsigned long long)c->vocab_hash);
             group_refuse(c, id, id_len, msg);
             for (int i = 0; i < COORD_MAX_PEERS; i++)
                 if (c->peers[i].role == PEER_SPECULATOR && !strcmp(c->peers[i].name, h->id))
@@ -295,11 +301,12 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         snprintf(p->kind, sizeof p->kind, "%s", h->kind);
         if (p->weight <= 0)
             p->weight = 1.0; /* a newcomer starts with an average vote */
-        arena_draft_ring_init((arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
-                              RT_DRAFT_SLOTS);
+        arena_draft_ring_init(
+            (arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
+            RT_DRAFT_SLOTS);
         w.draft_ring = (uint32_t)ring;
         p->ready_fresh = false;
-        p->fed_req = p->fed_ctx = 0;
+        p->fed_req = p->fed_ctx = p->fed_us = 0;
     } else {
         group_refuse(c, id, id_len, "Hello without a role");
         return;
@@ -322,7 +329,8 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     w.n_seq = (uint32_t)c->n_seq;
     w.target_model = (char *)c->target;
     coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
-    rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "", h->kind);
+    rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "",
+           h->kind);
 }
 
 static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__Envelope *env)
@@ -369,7 +377,8 @@ void coord_group_pump(coord *c, int timeout_ms)
         size_t id_len = 0;
         bool bad;
         char err[256];
-        Orochi__Envelope *env = rt_recv(c->sock, true, id, sizeof id, &id_len, &bad, err, sizeof err);
+        Orochi__Envelope *env =
+            rt_recv(c->sock, true, id, sizeof id, &id_len, &bad, err, sizeof err);
         if (bad) {
             rt_log("coordinator", "ignoring a bad frame: %s", err);
             if (strstr(err, "protocol version"))
@@ -401,11 +410,13 @@ static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
         uint64_t wait = RESPAWN_BACKOFF_US;
         for (int i = 0; i < p->failed_starts && wait < RESPAWN_BACKOFF_MAX_US; i++)
             wait *= 2;
-        p->respawn_at_us = rt_now_us() + (wait < RESPAWN_BACKOFF_MAX_US ? wait : RESPAWN_BACKOFF_MAX_US);
+        p->respawn_at_us =
+            rt_now_us() + (wait < RESPAWN_BACKOFF_MAX_US ? wait : RESPAWN_BACKOFF_MAX_US);
         if (p->refused || p->failed_starts >= RESPAWN_MAX_FAILS) {
             p->respawn_at_us = 0; /* it cannot join: restarting it again would only spin */
             rt_log("coordinator", "not restarting %s: %s", p->name,
-                   p->refused ? "the coordinator refused it" : "it failed to start too many times in a row");
+                   p->refused ? "the coordinator refused it"
+                              : "it failed to start too many times in a row");
         }
     } else if (p->role == PEER_SPECULATOR) {
         p->role = PEER_FREE; /* an attached speculator that left: forget it */
@@ -440,8 +451,8 @@ void coord_group_supervise(coord *c)
             continue;
         if (p->connected && now - p->last_hb_us > (uint64_t)c->dead_ms * 1000u)
             group_lost(c, p, p->child ? p->child : p->pid, "no heartbeat");
-        if (!p->connected && !p->child && p->argv[0] && p->respawn_at_us && now >= p->respawn_at_us &&
-            !coord_stop_flag) {
+        if (!p->connected && !p->child && p->argv[0] && p->respawn_at_us &&
+            now >= p->respawn_at_us && !coord_stop_flag) {
             p->restarts++;
             group_spawn(c, p);
         }
@@ -477,11 +488,13 @@ void coord_group_write_status(coord *c)
         if (p->role == PEER_FREE)
             continue;
         if (p->connected && p->role == PEER_SPECULATOR)
-            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d  kind %s"
-                       "  acr %.3f  weight %.3f\n",
-                    p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
-                    (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts, p->kind,
-                    p->acr, p->weight);
+            fprintf(
+                f,
+                "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d  kind %s"
+                "  acr %.3f  weight %.3f  reply %.1fms  accepted %.2f\n",
+                p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
+                (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts, p->kind,
+                p->acr, p->weight, p->reply_ema_us / 1e3, p->accept_ema);
         else if (p->connected)
             fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d\n",
                     p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
@@ -490,16 +503,19 @@ void coord_group_write_status(coord *c)
             fprintf(f, "%-16s pid %-7d (not connected%s)  restarts %d\n", p->name, (int)p->child,
                     p->child ? ", starting" : "", p->restarts);
     }
-    fprintf(f, "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s\n", "controllers",
-            c->width, c->spec_len, c->tree ? "on" : "off",
-            c->vote == VOTE_MAJORITY ? "majority" : c->vote == VOTE_UNION ? "union" : "off",
+    fprintf(f, "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s\n",
+            "controllers", c->width, c->spec_len, c->tree ? "on" : "off",
+            c->vote == VOTE_MAJORITY ? "majority"
+            : c->vote == VOTE_UNION  ? "union"
+                                     : "off",
             c->adaptive ? "on" : "off");
     /* the speculator gauges for /metrics */
     char text[sizeof c->m_spec_text];
     size_t n = 0;
-    n += (size_t)snprintf(text + n, sizeof text - n,
-                          "# HELP orochi_speculator_acr Average acceptance rate of a speculator's drafts.\n"
-                          "# TYPE orochi_speculator_acr gauge\n");
+    n += (size_t)snprintf(
+        text + n, sizeof text - n,
+        "# HELP orochi_speculator_acr Average acceptance rate of a speculator's drafts.\n"
+        "# TYPE orochi_speculator_acr gauge\n");
     for (int i = 0; i < COORD_MAX_PEERS && n < sizeof text; i++) {
         const coord_peer *p = &c->peers[i];
         if (p->role == PEER_SPECULATOR)
@@ -509,15 +525,17 @@ void coord_group_write_status(coord *c)
                                   "orochi_speculator_up{id=\"%s\",kind=\"%s\"} %d\n"
                                   "orochi_speculator_drafted_tokens_total{id=\"%s\"} %llu\n"
                                   "orochi_speculator_accepted_tokens_total{id=\"%s\"} %llu\n",
-                                  p->name, p->kind, p->acr, p->name, p->kind, p->weight, p->name, p->kind,
-                                  p->connected ? 1 : 0, p->name, (unsigned long long)p->drafted, p->name,
+                                  p->name, p->kind, p->acr, p->name, p->kind, p->weight, p->name,
+                                  p->kind, p->connected ? 1 : 0, p->name,
+                                  (unsigned long long)p->drafted, p->name,
                                   (unsigned long long)p->accepted);
     }
     if (n < sizeof text)
-        n += (size_t)snprintf(text + n, sizeof text - n,
-                              "# TYPE orochi_speculation_length gauge\norochi_speculation_length %d\n"
-                              "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n",
-                              c->spec_len, c->width);
+        n += (size_t)snprintf(
+            text + n, sizeof text - n,
+            "# TYPE orochi_speculation_length gauge\norochi_speculation_length %d\n"
+            "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n",
+            c->spec_len, c->width);
     pthread_mutex_lock(&c->mlock);
     memcpy(c->m_spec_text, text, sizeof text);
     c->m_spec_text[sizeof c->m_spec_text - 1] = 0;

@@ -34,40 +34,64 @@ static void coord_on_signal(int sig)
 
 static void coord_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: orochi-coordinator --run-dir D --target M [--port P] [--bind ADDR]\n"
-            "         [--workers N] [--threads-per-worker T] [--speculator KIND[:k=v,...]]...\n"
-            "         [--max-width W] [--n-ctx C] [--max-draft S] [--draft-wait-ms MS]\n"
-            "         [--api-key KEY] [--external ROLE] [--no-spawn] [--heartbeat-ms MS]\n"
-            "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
-            "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
-            "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
-            "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
-            "         [--trace]\n"
-            "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
-            "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
-            "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
-            "  connect (orochi-launch debug).\n");
+    fprintf(
+        out,
+        "usage: orochi-coordinator --run-dir D --target M [--port P] [--bind ADDR]\n"
+        "         [--workers N] [--threads-per-worker T] [--speculator KIND[:k=v,...]]...\n"
+        "         [--max-width W] [--n-ctx C] [--max-draft S] [--draft-wait-ms MS]\n"
+        "         [--draft-wait measured|fixed]\n"
+        "         [--api-key KEY] [--external ROLE] [--no-spawn] [--heartbeat-ms MS]\n"
+        "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
+        "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
+        "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
+        "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
+        "         [--trace]\n"
+        "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
+        "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
+        "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
+        "  connect (orochi-launch debug).\n"
+        "  Draft wait: each step waits for a speculator's draft only while the tokens it is\n"
+        "  expected to bring (its measured acceptance x the measured step time) are worth more\n"
+        "  than the wait, given its measured reply time; --draft-wait-ms (default 200) caps\n"
+        "  every wait. --draft-wait fixed waits for every speculator up to --draft-wait-ms\n"
+        "  (acceptance measurements: a large value then means 'always wait for the draft'), as\n"
+        "  does a request that samples with a seed (reproducible output needs the same trees).\n");
 }
 
 static int coord_parse(coord *c, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"run-dir", required_argument, 0, 'r'}, {"target", required_argument, 0, 'm'},
-        {"port", required_argument, 0, 'p'}, {"bind", required_argument, 0, 'b'},
-        {"workers", required_argument, 0, 'w'}, {"threads-per-worker", required_argument, 0, 't'},
-        {"speculator", required_argument, 0, 's'}, {"max-width", required_argument, 0, 'W'},
-        {"n-ctx", required_argument, 0, 'c'}, {"max-draft", required_argument, 0, 'd'},
-        {"draft-wait-ms", required_argument, 0, 'D'}, {"api-key", required_argument, 0, 'k'},
-        {"external", required_argument, 0, 'x'}, {"no-spawn", no_argument, 0, 'N'},
-        {"heartbeat-ms", required_argument, 0, 'H'}, {"dead-ms", required_argument, 0, 'X'},
-        {"tree", required_argument, 0, 'T'}, {"vote", required_argument, 0, 'V'},
-        {"adaptive", required_argument, 0, 'A'}, {"width", required_argument, 0, 'Y'},
-        {"acr-reward-threshold", required_argument, 0, 1}, {"acr-punish-threshold", required_argument, 0, 2},
-        {"reward-factor", required_argument, 0, 3}, {"punish-factor", required_argument, 0, 4},
-        {"decision-threshold", required_argument, 0, 5}, {"s-reward", required_argument, 0, 6},
-        {"s-punish", required_argument, 0, 7}, {"max-batch", required_argument, 0, 8},
-        {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"run-dir", required_argument, 0, 'r'},
+                                         {"target", required_argument, 0, 'm'},
+                                         {"port", required_argument, 0, 'p'},
+                                         {"bind", required_argument, 0, 'b'},
+                                         {"workers", required_argument, 0, 'w'},
+                                         {"threads-per-worker", required_argument, 0, 't'},
+                                         {"speculator", required_argument, 0, 's'},
+                                         {"max-width", required_argument, 0, 'W'},
+                                         {"n-ctx", required_argument, 0, 'c'},
+                                         {"max-draft", required_argument, 0, 'd'},
+                                         {"draft-wait-ms", required_argument, 0, 'D'},
+                                         {"draft-wait", required_argument, 0, 9},
+                                         {"api-key", required_argument, 0, 'k'},
+                                         {"external", required_argument, 0, 'x'},
+                                         {"no-spawn", no_argument, 0, 'N'},
+                                         {"heartbeat-ms", required_argument, 0, 'H'},
+                                         {"dead-ms", required_argument, 0, 'X'},
+                                         {"tree", required_argument, 0, 'T'},
+                                         {"vote", required_argument, 0, 'V'},
+                                         {"adaptive", required_argument, 0, 'A'},
+                                         {"width", required_argument, 0, 'Y'},
+                                         {"acr-reward-threshold", required_argument, 0, 1},
+                                         {"acr-punish-threshold", required_argument, 0, 2},
+                                         {"reward-factor", required_argument, 0, 3},
+                                         {"punish-factor", required_argument, 0, 4},
+                                         {"decision-threshold", required_argument, 0, 5},
+                                         {"s-reward", required_argument, 0, 6},
+                                         {"s-punish", required_argument, 0, 7},
+                                         {"max-batch", required_argument, 0, 8},
+                                         {"trace", no_argument, 0, 'v'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int o;
     bool bad = false;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -97,13 +121,23 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 'N': c->no_spawn = true; break;
         case 'H': c->heartbeat_ms = atoi(optarg); break;
         case 'X': c->dead_ms = atoi(optarg); break;
-        case 'T': c->tree = !strcmp(optarg, "on"); bad |= strcmp(optarg, "on") && strcmp(optarg, "off"); break;
-        case 'A': c->adaptive = !strcmp(optarg, "on"); bad |= strcmp(optarg, "on") && strcmp(optarg, "off"); break;
+        case 'T':
+            c->tree = !strcmp(optarg, "on");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
+        case 'A':
+            c->adaptive = !strcmp(optarg, "on");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
         case 'V':
-            if (!strcmp(optarg, "majority")) c->vote = VOTE_MAJORITY;
-            else if (!strcmp(optarg, "union")) c->vote = VOTE_UNION;
-            else if (!strcmp(optarg, "off")) c->vote = VOTE_OFF;
-            else bad = true;
+            if (!strcmp(optarg, "majority"))
+                c->vote = VOTE_MAJORITY;
+            else if (!strcmp(optarg, "union"))
+                c->vote = VOTE_UNION;
+            else if (!strcmp(optarg, "off"))
+                c->vote = VOTE_OFF;
+            else
+                bad = true;
             break;
         case 'Y': c->width = atoi(optarg); break;
         case 1: c->acr_reward_threshold = atof(optarg); break;
@@ -114,6 +148,10 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 6: c->s_reward = atoi(optarg); break;
         case 7: c->s_punish = atoi(optarg); break;
         case 8: c->n_seq = atoi(optarg); break;
+        case 9:
+            c->draft_wait_fixed = !strcmp(optarg, "fixed");
+            bad |= strcmp(optarg, "fixed") && strcmp(optarg, "measured");
+            break;
         case 'v': c->trace = true; break;
         case 'h': coord_usage(stdout); exit(0);
         default: coord_usage(stderr); return 2;
@@ -121,7 +159,9 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->run_dir || !c->target || bad) {
         if (bad)
-            fprintf(stderr, "orochi-coordinator: --tree/--adaptive take on|off, --vote majority|union|off\n");
+            fprintf(stderr,
+                    "orochi-coordinator: --tree/--adaptive take on|off, --vote majority|union|off, "
+                    "--draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }
@@ -131,10 +171,11 @@ static int coord_parse(coord *c, int argc, char **argv)
         fprintf(stderr, "orochi-coordinator: --max-batch must be 1..%d\n", RT_MAX_SEQ);
         return 2;
     }
-    if (c->width < 1 || c->width > c->max_width || c->decision_threshold < 1 || c->reward_factor < 1 ||
-        c->punish_factor <= 0 || c->punish_factor > 1) {
-        fprintf(stderr, "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
-                        "reward-factor >= 1, 0 < punish-factor <= 1\n");
+    if (c->width < 1 || c->width > c->max_width || c->decision_threshold < 1 ||
+        c->reward_factor < 1 || c->punish_factor <= 0 || c->punish_factor > 1) {
+        fprintf(stderr,
+                "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
+                "reward-factor >= 1, 0 < punish-factor <= 1\n");
         return 2;
     }
     c->spec_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
@@ -143,8 +184,9 @@ static int coord_parse(coord *c, int argc, char **argv)
     if (c->n_workers < 1 || c->n_workers > RT_MAX_WORKERS || c->threads_per_worker < 1 ||
         c->max_width < 1 || c->max_width > RT_MAX_WIDTH || c->max_draft < 1 ||
         c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100) {
-        fprintf(stderr, "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
-                        "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100\n",
+        fprintf(stderr,
+                "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
+                "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100\n",
                 RT_MAX_WORKERS, RT_MAX_WIDTH);
         return 2;
     }
@@ -197,7 +239,8 @@ static int coord_setup(coord *c)
         *dot = 0;
 
     /* the arena */
-    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, c->n_seq, KV_F32, NULL);
+    size_t llama_bytes =
+        llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, c->n_seq, KV_F32, NULL);
     c->ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
@@ -208,7 +251,8 @@ static int coord_setup(coord *c)
     };
     char name[64];
     rt_arena_name(c->run_dir, name, sizeof name);
-    c->arena = arena_create(name, specs, (int)(sizeof specs / sizeof specs[0]), true, err, sizeof err);
+    c->arena =
+        arena_create(name, specs, (int)(sizeof specs / sizeof specs[0]), true, err, sizeof err);
     if (!c->arena) {
         rt_log("coordinator", "%s", err);
         return 1;
@@ -219,8 +263,13 @@ static int coord_setup(coord *c)
     c->rings = arena_region_find(c->arena, RT_REGION_DRAFTS, NULL);
     c->hidden = arena_region_find(c->arena, RT_REGION_HIDDEN, NULL);
     c->hidden->dim = (uint32_t)c->model->cfg.dim;
-    llama_ctx_params p = {.n_threads = 1, .max_width = c->max_width, .n_ctx = c->n_ctx, .n_seq = c->n_seq,
-                          .kv = KV_F32, .n_parts = 1, .shared = shared};
+    llama_ctx_params p = {.n_threads = 1,
+                          .max_width = c->max_width,
+                          .n_ctx = c->n_ctx,
+                          .n_seq = c->n_seq,
+                          .kv = KV_F32,
+                          .n_parts = 1,
+                          .shared = shared};
     c->kv = llama_ctx_new(c->model, &p, err, sizeof err);
     if (!c->kv) {
         rt_log("coordinator", "%s", err);
@@ -241,8 +290,10 @@ static int coord_setup(coord *c)
         rt_log("coordinator", "cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
         return 1;
     }
-    rt_log("coordinator", "arena %s (%.1f MiB), control %s, %d workers x %d threads, width %d, "
-           "context %d", name, (double)arena_size(c->arena) / (1 << 20), endpoint, c->n_workers,
+    rt_log("coordinator",
+           "arena %s (%.1f MiB), control %s, %d workers x %d threads, width %d, "
+           "context %d",
+           name, (double)arena_size(c->arena) / (1 << 20), endpoint, c->n_workers,
            c->threads_per_worker, c->max_width, c->n_ctx);
     return 0;
 }
@@ -250,9 +301,14 @@ static int coord_setup(coord *c)
 static int coord_start_http(coord *c)
 {
     char err[512];
-    http_config hc = {.bind_addr = c->bind, .port = c->port, .api_key = c->api_key,
-                      .model_name = c->model_name, .max_tokens_cap = c->n_ctx};
-    http_engine he = {.ctx = c, .submit = coord_engine_submit, .metrics = coord_engine_metrics,
+    http_config hc = {.bind_addr = c->bind,
+                      .port = c->port,
+                      .api_key = c->api_key,
+                      .model_name = c->model_name,
+                      .max_tokens_cap = c->n_ctx};
+    http_engine he = {.ctx = c,
+                      .submit = coord_engine_submit,
+                      .metrics = coord_engine_metrics,
                       .health = coord_engine_health};
     c->http = http_server_start(&hc, &he, err, sizeof err);
     if (!c->http) {
@@ -273,11 +329,25 @@ static int coord_start_http(coord *c)
 
 int main(int argc, char **argv)
 {
-    coord c = {.port = 8080, .n_workers = 2, .threads_per_worker = 1, .max_width = 8, .max_draft = 4,
-               .draft_wait_ms = 200, .heartbeat_ms = 250, .dead_ms = 3000, .tree = true,
-               .vote = VOTE_MAJORITY, .adaptive = true, .acr_reward_threshold = 0.5,
-               .acr_punish_threshold = 0.2, .reward_factor = 1.1, .punish_factor = 0.9,
-               .decision_threshold = 8, .s_reward = 1, .s_punish = 1, .n_seq = 4};
+    coord c = {.port = 8080,
+               .n_workers = 2,
+               .threads_per_worker = 1,
+               .max_width = 8,
+               .max_draft = 4,
+               .draft_wait_ms = 200,
+               .heartbeat_ms = 250,
+               .dead_ms = 3000,
+               .tree = true,
+               .vote = VOTE_MAJORITY,
+               .adaptive = true,
+               .acr_reward_threshold = 0.5,
+               .acr_punish_threshold = 0.2,
+               .reward_factor = 1.1,
+               .punish_factor = 0.9,
+               .decision_threshold = 8,
+               .s_reward = 1,
+               .s_punish = 1,
+               .n_seq = 4};
     int rc = coord_parse(&c, argc, argv);
     if (rc)
         return rc;
@@ -293,7 +363,8 @@ int main(int argc, char **argv)
     char pidpath[4200], pidtmp[4300];
     snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.run_dir);
     snprintf(pidtmp, sizeof pidtmp, "%s.%d", pidpath, (int)getpid());
-    FILE *pf = fopen(pidtmp, "w"); /* written aside and renamed: the launcher never reads it half-written */
+    FILE *pf = fopen(pidtmp,
+                     "w"); /* written aside and renamed: the launcher never reads it half-written */
     if (pf) {
         fprintf(pf, "%d\n", (int)getpid());
         fclose(pf);

@@ -5,8 +5,13 @@
  *   - per layer, K and V for `n_ctx` prefix positions and `max_width` tree slots, each row
  *     n_kv_heads * head_dim elements (f32 or f16);
  *   - activations for max_width tokens (x, normed x, q, k, v, attention output, ffn hidden);
- *   - per token, its ancestor list inside the batch (itself included): the sparse part of the
+ *   - per tree token, its ancestor list inside the tree (itself included): the sparse part of the
  *     tree mask in COO form.
+ * A tree is the tokens of one fresh batch plus those of the batches appended to it since; an
+ * appended batch's token i lives in tree slot (tree size before it) + i, so its K/V land next to
+ * the earlier nodes' and its ancestor list, built from its parent's, names their slots. Activations
+ * are per batch. Attention reads the same rows in the same order either way, which is why a tree
+ * grown by appends has bit-identical logits to the same tree run at once.
  * A step reads like the math: embed -> per layer (rmsnorm -> q,k,v -> rope -> store K/V in the
  * tree area -> attention over prefix + ancestors -> wo -> residual -> rmsnorm -> gate/up ->
  * silu*mul -> down -> residual) -> final norm -> lm_head.
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "model/llama.h"
@@ -33,23 +39,25 @@ struct llama_ctx {
     const llama_model *m;
     llama_ctx_params p;
     kpool *pool;
-    int *prefix;       /* committed length of each sequence slot */
-    int64_t tree_row;  /* first tree-area row: after n_seq * n_ctx prefix rows */
-    size_t kv_elem;    /* bytes per KV element */
-    int64_t kv_row;    /* elements per position: n_kv_heads * head_dim */
-    llama_shared sh;   /* KV cache and shared activations (owned or external) */
+    int *prefix;      /* committed length of each sequence slot */
+    int64_t tree_row; /* first tree-area row: after n_seq * n_ctx prefix rows */
+    size_t kv_elem;   /* bytes per KV element */
+    int64_t kv_row;   /* elements per position: n_kv_heads * head_dim */
+    llama_shared sh;  /* KV cache and shared activations (owned or external) */
     void *owned_shared;
     /* this part's slices */
-    int kvh0, kvh1;    /* KV heads [kvh0, kvh1) */
+    int kvh0, kvh1; /* KV heads [kvh0, kvh1) */
     /* private */
-    float *xb;         /* normed x (every part computes it for all tokens) */
-    float *row;        /* one embedding row */
-    int32_t *anc;      /* max_width x max_width ancestor lists */
+    float *xb;    /* normed x (every part computes it for all tokens) */
+    float *row;   /* one embedding row */
+    int32_t *anc; /* max_width x max_width ancestor lists */
     int32_t *n_anc;
-    int32_t *pos;      /* positions of the current batch */
-    int32_t *seq;      /* sequence slot of each batch token */
-    int batch_n;       /* tokens of the batch the lists describe */
-    void *scratch;     /* matmul scratch */
+    int32_t *pos; /* positions of the tree's tokens */
+    int32_t *seq; /* sequence slot of each tree token */
+    int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
+    int batch_base; /* tree slot of the running batch's first token (> 0 for an appended batch) */
+    bool tree_open; /* the tree may be appended to: the prefix has not moved since it started */
+    void *scratch;  /* matmul scratch */
 };
 
 /* ===== loading ===== */
@@ -85,15 +93,18 @@ static int load_mat(llama_loader *ld, const char *name, int64_t cols, int64_t ro
     }
     const kt_traits *tr = kt_traits_of(t->type);
     if (!tr || !tr->supported) {
-        snprintf(ld->err, ld->errlen, "%s: tensor '%s' has unsupported type %s (supported: F32, F16, "
-                 "BF16, Q8_0, Q4_0, Q4_1)", ld->f->path, name, tr ? tr->name : "unknown");
+        snprintf(ld->err, ld->errlen,
+                 "%s: tensor '%s' has unsupported type %s (supported: F32, F16, "
+                 "BF16, Q8_0, Q4_0, Q4_1)",
+                 ld->f->path, name, tr ? tr->name : "unknown");
         return -1;
     }
     uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)rows || t->n_dims > 2) {
-        snprintf(ld->err, ld->errlen, "%s: tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]",
-                 ld->f->path, name, (unsigned long long)t->ne[0], (unsigned long long)ne1,
-                 (long long)cols, (long long)rows);
+        snprintf(ld->err, ld->errlen,
+                 "%s: tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", ld->f->path, name,
+                 (unsigned long long)t->ne[0], (unsigned long long)ne1, (long long)cols,
+                 (long long)rows);
         return -1;
     }
     if (tr->block > 1 && cols % 32) {
@@ -101,8 +112,11 @@ static int load_mat(llama_loader *ld, const char *name, int64_t cols, int64_t ro
                  ld->f->path, name, (long long)cols);
         return -1;
     }
-    *out = (kmat){.type = t->type, .rows = rows, .cols = cols,
-                  .row_bytes = kt_row_bytes(t->type, (uint64_t)cols), .data = t->data};
+    *out = (kmat){.type = t->type,
+                  .rows = rows,
+                  .cols = cols,
+                  .row_bytes = kt_row_bytes(t->type, (uint64_t)cols),
+                  .data = t->data};
     return 0;
 }
 
@@ -119,7 +133,8 @@ static int load_norm(llama_loader *ld, const char *name, int64_t n, const float 
         return -1;
     }
     if ((uintptr_t)t->data % 4) {
-        snprintf(ld->err, ld->errlen, "%s: tensor '%s' data is not 4-byte aligned", ld->f->path, name);
+        snprintf(ld->err, ld->errlen, "%s: tensor '%s' data is not 4-byte aligned", ld->f->path,
+                 name);
         return -1;
     }
     *out = t->data;
@@ -131,14 +146,15 @@ static int load_config(llama_loader *ld, llama_config *c)
     gguf_str arch_s;
     char arch[64];
     if (!gguf_get_str(ld->f, "general.architecture", &arch_s) || arch_s.len >= sizeof arch) {
-        snprintf(ld->err, ld->errlen, "%s: missing metadata key 'general.architecture'", ld->f->path);
+        snprintf(ld->err, ld->errlen, "%s: missing metadata key 'general.architecture'",
+                 ld->f->path);
         return -1;
     }
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = 0;
     if (strcmp(arch, "llama")) {
-        snprintf(ld->err, ld->errlen, "%s: architecture '%s' is not supported (orochi runs 'llama')",
-                 ld->f->path, arch);
+        snprintf(ld->err, ld->errlen,
+                 "%s: architecture '%s' is not supported (orochi runs 'llama')", ld->f->path, arch);
         return -1;
     }
     uint32_t layers, dim, ffn, heads, kv_heads, ctx, rot, vocab = 0;
@@ -151,15 +167,18 @@ static int load_config(llama_loader *ld, llama_config *c)
         return -1;
     if (!layers || !dim || !ffn || !heads || !kv_heads || layers > 4096 || dim > 65536 ||
         ffn > 1048576 || heads > 1024 || dim % heads || heads % kv_heads) {
-        snprintf(ld->err, ld->errlen, "%s: inconsistent shape: layers %u dim %u ffn %u heads %u "
-                 "kv_heads %u", ld->f->path, layers, dim, ffn, heads, kv_heads);
+        snprintf(ld->err, ld->errlen,
+                 "%s: inconsistent shape: layers %u dim %u ffn %u heads %u "
+                 "kv_heads %u",
+                 ld->f->path, layers, dim, ffn, heads, kv_heads);
         return -1;
     }
     if (load_u32(ld, arch, "rope.dimension_count", &rot, false, dim / heads))
         return -1;
     const gguf_tensor *emb = gguf_tensor_find(ld->f, "token_embd.weight");
     if (!emb || emb->n_dims != 2 || emb->ne[1] == 0 || emb->ne[1] > (1u << 24)) {
-        snprintf(ld->err, ld->errlen, "%s: missing or malformed tensor 'token_embd.weight'", ld->f->path);
+        snprintf(ld->err, ld->errlen, "%s: missing or malformed tensor 'token_embd.weight'",
+                 ld->f->path);
         return -1;
     }
     vocab = (uint32_t)emb->ne[1];
@@ -186,6 +205,8 @@ static int load_config(llama_loader *ld, llama_config *c)
         c->norm_eps = 1e-5f;
     return 0;
 }
+
+static int llama_model_pack(llama_model *m);
 
 llama_model *llama_model_load(const char *path, char *err, size_t errlen)
 {
@@ -222,10 +243,10 @@ llama_model *llama_model_load(const char *path, char *err, size_t errlen)
     for (int l = 0; l < c->n_layers; l++) {
         llama_layer *L = &m->layers[l];
         char name[96];
-#define LAYER_T(field, suffix, fn, ...)                                   \
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);        \
-        if (fn(&ld, name, __VA_ARGS__, &L->field))                         \
-            goto fail;
+#define LAYER_T(field, suffix, fn, ...)                                                            \
+    snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                    \
+    if (fn(&ld, name, __VA_ARGS__, &L->field))                                                     \
+        goto fail;
         LAYER_T(attn_norm, "attn_norm", load_norm, c->dim)
         LAYER_T(ffn_norm, "ffn_norm", load_norm, c->dim)
         LAYER_T(wq, "attn_q", load_mat, c->dim, qd)
@@ -237,10 +258,52 @@ llama_model *llama_model_load(const char *path, char *err, size_t errlen)
         LAYER_T(w_down, "ffn_down", load_mat, c->ffn, c->dim)
 #undef LAYER_T
     }
+    if (llama_model_pack(m)) {
+        snprintf(err, errlen, "%s: out of memory repacking the weights", path);
+        goto fail;
+    }
     return m;
 fail:
     llama_model_destroy(&m);
     return NULL;
+}
+
+/* Every quantized matrix repacked into the matmul's 16-row group layout (kernels/cpu/mm_isa.h).
+ * The packed copy is what every step streams, so the file's pages of those matrices are dropped
+ * from this process's resident set (they stay in the page cache; the embedding rows, read one at
+ * a time for lookups, fault back in as needed). */
+static void mat_drop_pages(const kmat *w)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)w->data + page - 1) & ~(page - 1);
+    uintptr_t b = ((uintptr_t)w->data + (size_t)w->rows * w->row_bytes) & ~(page - 1);
+    if (w->packed && b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+static int llama_model_pack(llama_model *m)
+{
+    kpool *pool = kpool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
+    int rc = kmat_pack(pool, &m->lm_head);
+    if (!m->tied)
+        mat_drop_pages(&m->lm_head);
+    for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
+        llama_layer *L = &m->layers[l];
+        kmat *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7 && !rc; i++) {
+            rc = kmat_pack(pool, mats[i]);
+            mat_drop_pages(mats[i]);
+        }
+    }
+    kpool_destroy(&pool);
+    return rc;
+}
+
+static void llama_layer_unpack(llama_layer *L)
+{
+    kmat *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    for (int i = 0; i < 7; i++)
+        kmat_unpack(mats[i]);
 }
 
 void llama_model_destroy(llama_model **model)
@@ -248,6 +311,9 @@ void llama_model_destroy(llama_model **model)
     llama_model *m = *model;
     if (!m)
         return;
+    kmat_unpack(&m->lm_head);
+    for (int l = 0; m->layers && l < m->cfg.n_layers; l++)
+        llama_layer_unpack(&m->layers[l]);
     gguf_close(&m->file);
     free(m->layers);
     free(m);
@@ -267,11 +333,29 @@ int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err,
     }
     for (int i = 0; i < n; i++) {
         if (layers[i] < 0 || layers[i] >= m->cfg.n_layers) {
-            snprintf(err, errlen, "layer %d does not exist (the model has %d)", layers[i], m->cfg.n_layers);
+            snprintf(err, errlen, "layer %d does not exist (the model has %d)", layers[i],
+                     m->cfg.n_layers);
             free(kept);
             return -1;
         }
         kept[i] = m->layers[layers[i]];
+    }
+    /* each packed buffer keeps exactly one owner: a layer listed twice shares the first copy's
+     * buffer only through the unpacked path, and layers left out release theirs */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (layers[j] == layers[i]) {
+                kmat *mats[7] = {&kept[i].wq,     &kept[i].wk,   &kept[i].wv,    &kept[i].wo,
+                                 &kept[i].w_gate, &kept[i].w_up, &kept[i].w_down};
+                for (int k = 0; k < 7; k++)
+                    mats[k]->packed = NULL;
+            }
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        bool used = false;
+        for (int i = 0; i < n && !used; i++)
+            used = layers[i] == l;
+        if (!used)
+            llama_layer_unpack(&m->layers[l]);
     }
     free(m->layers);
     m->layers = kept;
@@ -326,8 +410,8 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
     size_t layer_kv = sh_align(((size_t)n_seq * (size_t)n_ctx + W) * kv_row * esz);
     size_t off = 0;
     llama_shared o = {0};
-#define SH_PLACE(field, bytes)                  \
-    o.field##_off = off;                        \
+#define SH_PLACE(field, bytes)                                                                     \
+    o.field##_off = off;                                                                           \
     off += sh_align(bytes);
     SH_PLACE(kv, 2 * layer_kv * (size_t)c->n_layers)
     SH_PLACE(x, W * (size_t)c->dim * 4)
@@ -345,8 +429,8 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
     return off;
 }
 
-void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx, int max_width,
-                       int n_seq, kv_type kv)
+void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx,
+                       int max_width, int n_seq, kv_type kv)
 {
     llama_shared_layout(c, n_ctx, max_width, n_seq, kv, sh);
     uint8_t *b = base;
@@ -386,9 +470,10 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         x->p.n_seq = 1;
     if (x->p.max_width > KMAT_MAX_W || x->p.part < 0 || x->p.part >= x->p.n_parts ||
         x->p.n_parts > c->n_kv_heads) {
-        snprintf(err, errlen, "bad context parameters: width %d (max %d), part %d of %d (at most %d "
-                 "parts: one KV head each)", x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts,
-                 c->n_kv_heads);
+        snprintf(err, errlen,
+                 "bad context parameters: width %d (max %d), part %d of %d (at most %d "
+                 "parts: one KV head each)",
+                 x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts, c->n_kv_heads);
         free(x);
         return NULL;
     }
@@ -404,11 +489,13 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     if (x->p.shared) {
         llama_shared_bind(&x->sh, x->p.shared, c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv);
     } else {
-        size_t bytes = llama_shared_layout(c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv, NULL);
+        size_t bytes =
+            llama_shared_layout(c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv, NULL);
         /* page-aligned and untouched until used, so a large n_ctx costs address space only */
         if (posix_memalign(&x->owned_shared, 4096, bytes))
             goto oom;
-        llama_shared_bind(&x->sh, x->owned_shared, c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv);
+        llama_shared_bind(&x->sh, x->owned_shared, c, x->p.n_ctx, x->p.max_width, x->p.n_seq,
+                          x->p.kv);
     }
     x->tree_row = (int64_t)x->p.n_seq * x->p.n_ctx;
     size_t W = (size_t)x->p.max_width;
@@ -424,7 +511,8 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->seq = malloc(W * sizeof *x->seq);
     x->prefix = calloc((size_t)x->p.n_seq, sizeof *x->prefix);
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
-    if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix || !x->scratch)
+    if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix ||
+        !x->scratch)
         goto oom;
     return x;
 oom:
@@ -470,8 +558,13 @@ int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq)
 
 void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n)
 {
-    if (seq >= 0 && seq < ctx->p.n_seq)
-        ctx->prefix[seq] = n < 0 ? 0 : n > ctx->p.n_ctx ? ctx->p.n_ctx : n;
+    if (seq < 0 || seq >= ctx->p.n_seq)
+        return;
+    n = n < 0 ? 0 : n > ctx->p.n_ctx ? ctx->p.n_ctx : n;
+    /* the tree's positions were derived from the old length: it can no longer grow */
+    if (n != ctx->prefix[seq])
+        ctx->tree_open = false;
+    ctx->prefix[seq] = n;
 }
 
 int llama_ctx_threads(const llama_ctx *ctx)
@@ -487,6 +580,7 @@ const llama_shared *llama_ctx_shared(const llama_ctx *ctx)
 void llama_ctx_reset(llama_ctx *ctx)
 {
     memset(ctx->prefix, 0, (size_t)ctx->p.n_seq * sizeof *ctx->prefix);
+    ctx->tree_open = false;
 }
 
 /* ===== the forward ===== */
@@ -499,8 +593,8 @@ static void part_rows(const llama_ctx *x, int64_t n, int64_t *lo, int64_t *hi)
 }
 
 /* y[:, lo:hi] = W[lo:hi] x for n tokens. */
-static void llama_linear(llama_ctx *x, const kmat *w, int64_t lo, int64_t hi, const float *in, int n,
-                         float *out)
+static void llama_linear(llama_ctx *x, const kmat *w, int64_t lo, int64_t hi, const float *in,
+                         int n, float *out)
 {
     kmat_mul(x->pool, w, lo, hi, in, n, out, w->rows, x->scratch);
 }
@@ -509,6 +603,7 @@ static int llama_sync(llama_ctx *x, char *err, size_t errlen)
 {
     if (!x->p.sync || x->p.sync(x->p.sync_arg) == 0)
         return 0;
+    x->tree_open = false; /* the batch's K/V rows are incomplete: nothing may grow on them */
     snprintf(err, errlen, "part %d of %d: a peer did not reach the step barrier (lost or too slow)",
              x->p.part, x->p.n_parts);
     return -1;
@@ -547,45 +642,77 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
     const att_job *j = argp;
     llama_ctx *x = j->x;
     const llama_config *c = &x->m->cfg;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    int heads = (x->kvh1 - x->kvh0) * group, h0 = x->kvh0 * group;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_heads = x->kvh1 - x->kvh0;
     float scale = 1.0f / sqrtf((float)hd);
     uint8_t *kl = kv_layer(x, j->layer, 0), *vl = kv_layer(x, j->layer, 1);
+    katt_stat st[64];
     for (int64_t item = begin; item < end; item++) {
-        int i = (int)(item / heads), h = h0 + (int)(item % heads), kvh = h / group;
+        /* one (token, KV head) per item: its `group` query heads share every key and value load */
+        int i = (int)(item / kv_heads), kvh = x->kvh0 + (int)(item % kv_heads), h = kvh * group;
+        int slot = x->batch_base + i; /* activations are per batch, lists per tree slot */
         const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         float *out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         size_t head_off = (size_t)kvh * hd * x->kv_elem;
-        int seq = x->seq[i], n_prefix = x->prefix[seq];
+        int seq = x->seq[slot], n_prefix = x->prefix[seq];
         int64_t seq_row = (int64_t)seq * x->p.n_ctx;
         katt_keys keys = {
-            .type = x->p.kv, .stride = x->kv_row, .n_prefix = n_prefix,
+            .type = x->p.kv,
+            .stride = x->kv_row,
+            .n_prefix = n_prefix,
             .k = (uint8_t *)kv_slot(x, kl, seq_row) + head_off,
             .v = (uint8_t *)kv_slot(x, vl, seq_row) + head_off,
             .tree_k = (uint8_t *)kv_slot(x, kl, x->tree_row) + head_off,
             .tree_v = (uint8_t *)kv_slot(x, vl, x->tree_row) + head_off,
-            .tree_slot = x->anc + (int64_t)i * x->p.max_width,
+            .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
         };
-        katt_stat st;
-        katt_causal(q, &keys, n_prefix + x->n_anc[i], hd, scale, &st, out);
-        katt_finish(&st, out, hd);
+        for (int g0 = 0; g0 < group; g0 += 64) {
+            int ng = group - g0 < 64 ? group - g0 : 64;
+            katt_causal_group(q + (int64_t)g0 * hd, hd, ng, &keys, n_prefix + x->n_anc[slot], hd,
+                              scale, st, out + (int64_t)g0 * hd, hd);
+            for (int g = 0; g < ng; g++)
+                katt_finish(&st[g], out + (int64_t)(g0 + g) * hd, hd);
+        }
     }
 }
 
-/* Ancestor lists (root first, self last) and positions from the parent indices. */
+/* Ancestor lists (root first, self last) and positions from the parent indices, for tree slots
+ * [base, base + n): base 0 for a fresh tree, the current tree size for an appended batch (whose
+ * parents may then be tokens of earlier batches). On failure nothing of an existing tree changes
+ * but its openness; a fresh tree that fails is empty. */
 static int llama_tree_prepare(llama_ctx *x, const llama_batch *b, char *err, size_t errlen)
 {
-    int W = x->p.max_width;
-    for (int i = 0; i < b->n; i++) {
-        int par = b->parent ? b->parent[i] : i - 1;
-        if (par >= i || par < -1) {
-            snprintf(err, errlen, "token %d: parent %d must be -1 or an earlier batch index", i, par);
+    int W = x->p.max_width, base = 0;
+    if (b->append) {
+        if (!x->tree_open) {
+            snprintf(err, errlen,
+                     "append: no tree to grow (none was run, or a commit, reset or prefix "
+                     "change since the last one closed it)");
             return -1;
         }
-        int seq = b->seq ? b->seq[i] : 0;
+        base = x->batch_n;
+        if (base + b->n > W) {
+            snprintf(err, errlen, "append: a tree of %d tokens plus %d would exceed the width %d",
+                     base, b->n, W);
+            return -1;
+        }
+    } else {
+        x->batch_n = 0;
+        x->tree_open = false;
+    }
+    for (int k = 0; k < b->n; k++) {
+        int i = base + k; /* the token's tree slot */
+        int par = b->parent ? b->parent[k] : i - 1;
+        if (par >= i || par < -1) {
+            snprintf(err, errlen, "token %d: parent %d must be -1 or an earlier tree index (< %d)",
+                     k, par, i);
+            return -1;
+        }
+        int seq = b->seq ? b->seq[k] : 0;
         if (seq < 0 || seq >= x->p.n_seq || (par >= 0 && x->seq[par] != seq)) {
-            snprintf(err, errlen, "token %d: sequence %d is not a slot of this context (0..%d) or differs "
-                     "from its parent's", i, seq, x->p.n_seq - 1);
+            snprintf(err, errlen,
+                     "token %d: sequence %d is not a slot of this context (0..%d) or differs "
+                     "from its parent's",
+                     k, seq, x->p.n_seq - 1);
             return -1;
         }
         x->seq[i] = seq;
@@ -597,18 +724,22 @@ static int llama_tree_prepare(llama_ctx *x, const llama_batch *b, char *err, siz
         }
         a[n++] = i;
         x->n_anc[i] = n;
-        x->pos[i] = b->pos ? b->pos[i] : x->prefix[seq] + n - 1;
+        x->pos[i] = b->pos ? b->pos[k] : x->prefix[seq] + n - 1;
         if (x->pos[i] < 0) {
-            snprintf(err, errlen, "token %d: negative position %d", i, x->pos[i]);
+            snprintf(err, errlen, "token %d: negative position %d", k, x->pos[i]);
             return -1;
         }
         if (x->prefix[seq] + n > x->p.n_ctx) {
-            snprintf(err, errlen, "context full: sequence %d has %d committed tokens; token %d at depth "
-                     "%d would exceed %d", seq, x->prefix[seq], i, n, x->p.n_ctx);
+            snprintf(err, errlen,
+                     "context full: sequence %d has %d committed tokens; token %d at depth "
+                     "%d would exceed %d",
+                     seq, x->prefix[seq], k, n, x->p.n_ctx);
             return -1;
         }
     }
-    x->batch_n = b->n;
+    x->batch_base = base;
+    x->batch_n = base + b->n;
+    x->tree_open = true;
     return 0;
 }
 
@@ -677,13 +808,16 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             kmat_mul_n(x->pool, 3, w3, lo3, hi3, x->xb, n, y3, ld3, x->scratch);
         }
         for (int i = 0; i < n; i++) {
-            k_rope(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
-            k_rope(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, c->rot_dim, x->pos[i], c->rope_base);
-            kv_store(x, kv_layer(x, l, 0), x->tree_row + i, sh->kk + i * kvd);
-            kv_store(x, kv_layer(x, l, 1), x->tree_row + i, sh->vv + i * kvd);
+            int slot = x->batch_base + i;
+            k_rope(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, c->rot_dim,
+                   x->pos[slot], c->rope_base);
+            k_rope(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, c->rot_dim, x->pos[slot],
+                   c->rope_base);
+            kv_store(x, kv_layer(x, l, 0), x->tree_row + slot, sh->kk + i * kvd);
+            kv_store(x, kv_layer(x, l, 1), x->tree_row + slot, sh->vv + i * kvd);
         }
         att_job aj = {x, l, n};
-        kpool_run(x->pool, (int64_t)n * (x->kvh1 - x->kvh0) * group, 1, att_run, &aj);
+        kpool_run(x->pool, (int64_t)n * (x->kvh1 - x->kvh0), 1, att_run, &aj);
         if (llama_sync(x, err, errlen))
             return -1;
         llama_linear(x, &L->wo, d0, d1, sh->att, n, sh->xb2);
@@ -715,7 +849,8 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         int64_t v0, v1;
         part_rows(x, c->vocab, &v0, &v1);
         for (int i = from; i < n; i++)
-            k_rmsnorm(x->xb + (i - from) * dim, sh->x + i * dim, m->out_norm, (int)dim, c->norm_eps);
+            k_rmsnorm(x->xb + (i - from) * dim, sh->x + i * dim, m->out_norm, (int)dim,
+                      c->norm_eps);
         llama_linear(x, &m->lm_head, v0, v1, x->xb, n - from, logits);
     }
     return 0;
@@ -726,7 +861,8 @@ int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t err
     if (n <= 0)
         return 0;
     if (path[0] < 0 || path[0] >= x->batch_n) {
-        snprintf(err, errlen, "commit: path[0] = %d is not a token of the last batch", path[0]);
+        snprintf(err, errlen, "commit: path[0] = %d is not a token of the tree (%d tokens)",
+                 path[0], x->batch_n);
         return -1;
     }
     int seq = x->seq[path[0]], base_len = x->prefix[seq];
@@ -755,6 +891,7 @@ int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t err
                        (uint8_t *)kv_slot(x, base, x->tree_row + path[i]) + c0, len);
         }
     x->prefix[seq] += n;
+    x->tree_open = false; /* positions of the rest of the tree no longer follow the prefix */
     return 0;
 }
 
@@ -768,7 +905,8 @@ int llama_prefill(llama_ctx *x, const int32_t *ids, int n, float *last_logits, c
         int w = n - done < x->p.max_width ? n - done : x->p.max_width;
         bool last = done + w == n;
         llama_batch b = {.n = w, .tokens = ids + done, .logits_from = w - 1};
-        if (llama_forward(x, &b, last ? last_logits : NULL, err, errlen) || llama_commit(x, path, w, err, errlen))
+        if (llama_forward(x, &b, last ? last_logits : NULL, err, errlen) ||
+            llama_commit(x, path, w, err, errlen))
             return -1;
         done += w;
     }

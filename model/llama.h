@@ -4,14 +4,16 @@
  *
  * The forward takes tokens with explicit positions and parent indices (a chain is the causal case).
  * Their K/V go to a per-layer tree area; each token attends to the committed prefix (dense part)
- * and to its own ancestors in the tree, in one causal pass. A context may be one part of a column
- * split: it then computes only its output rows of every linear layer and the lm_head, and only its
- * KV heads of attention, meeting the other parts at synchronisation points; the parts' pieces
- * concatenate bit-identically.
+ * and to its own ancestors in the tree, in one causal pass. A batch may also append to the tree
+ * of the previous ones (a drafter growing its tree round by round computes each node once). A
+ * context may be one part of a column split: it then computes only its output rows of every linear
+ * layer and the lm_head, and only its KV heads of attention, meeting the other parts at
+ * synchronisation points; the parts' pieces concatenate bit-identically.
  */
 #ifndef OROCHI_LLAMA_H
 #define OROCHI_LLAMA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,18 +68,18 @@ typedef struct {
  * one tree area of max_width rows); fills offsets when not NULL. */
 size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int n_seq, kv_type kv,
                            llama_shared *offsets);
-void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx, int max_width,
-                       int n_seq, kv_type kv);
+void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx,
+                       int max_width, int n_seq, kv_type kv);
 
 typedef struct {
-    int n_threads;  /* 0: all online cores */
-    int max_width;  /* widest batch a forward takes (<= KMAT_MAX_W) */
-    int n_ctx;      /* prefix capacity per sequence; 0: the model's context length */
-    int n_seq;      /* sequence slots (batching of several requests); 0: 1 */
-    kv_type kv;     /* KV cache element type */
+    int n_threads; /* 0: all online cores */
+    int max_width; /* widest batch a forward takes (<= KMAT_MAX_W) */
+    int n_ctx;     /* prefix capacity per sequence; 0: the model's context length */
+    int n_seq;     /* sequence slots (batching of several requests); 0: 1 */
+    kv_type kv;    /* KV cache element type */
     /* column split: this context computes part `part` of `n_parts` (n_parts <= n_kv_heads) */
     int part, n_parts;
-    void *shared;   /* the shared block (llama_shared_layout bytes), or NULL to allocate one */
+    void *shared; /* the shared block (llama_shared_layout bytes), or NULL to allocate one */
     /* called at each synchronisation point when n_parts > 1; returns 0, or -1 if a peer is lost */
     int (*sync)(void *arg);
     void *sync_arg;
@@ -98,25 +100,38 @@ const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
 /* Forget the committed prefix. */
 void llama_ctx_reset(llama_ctx *ctx);
 
+/* A batch of tokens forming a token tree — or, with `append`, growing the current one.
+ *
+ * Tree indices: a fresh batch's token i is tree index i. An appended batch's token i is tree index
+ * T + i, T being the tree's size before it (the tokens of every batch since the last fresh one), so
+ * a parent may be a token of an earlier batch; the appended tokens attend to the prefix and to
+ * their ancestors, whose K/V stay in the tree area. Growing a tree by appends gives bit-identical
+ * logits to one forward over the whole tree (a drafter pays each node once, not once per round).
+ * Appending is refused once the tree is closed: by llama_commit, llama_ctx_reset, a change of a
+ * prefix length, or a failed forward; and when the tree would exceed max_width tokens in all.
+ * Every part of a column split must be given the same sequence of batches. */
 typedef struct {
-    int n;                 /* tokens in the batch, 1..max_width */
+    int n; /* tokens in the batch, 1..max_width */
     const int32_t *tokens;
-    const int32_t *parent; /* parent index within the batch, -1 = child of the prefix; NULL = chain */
+    const int32_t *parent; /* parent's tree index, -1 = child of the prefix; NULL = chain (the
+                            * previous tree index, so an appended chain continues the last token) */
     const int32_t *pos;    /* positions; NULL = prefix length + depth in the tree */
     const int32_t *seq;    /* sequence slot per token (a tree stays in one slot); NULL = slot 0 */
-    int logits_from;       /* compute logits only for tokens i >= logits_from */
+    int logits_from;       /* compute logits only for tokens i >= logits_from (batch indices) */
+    bool append;           /* grow the current tree instead of starting a new one */
 } llama_batch;
 
 /* Run the batch; logits (may be NULL) receives (n - logits_from) x vocab floats, row j holding
- * the logits of token logits_from + j. Returns 0,
- * or -1 with a message in err (bad token id, parent, capacity). The batch's K/V stay in the tree
- * area until the next forward. */
+ * the logits of batch token logits_from + j (an appended batch: its own tokens only). Returns 0,
+ * or -1 with a message in err (bad token id, parent, capacity). The tree's K/V stay in the tree
+ * area until the next fresh batch. */
 int llama_forward(llama_ctx *ctx, const llama_batch *b, float *logits, char *err, size_t errlen);
 /* Validate a batch and derive its ancestor lists and positions without running it (a process
  * that commits a step other processes computed calls this first). */
 int llama_ctx_set_batch(llama_ctx *ctx, const llama_batch *b, char *err, size_t errlen);
-/* Move the K/V of batch tokens path[0..n) (a root-to-node path, in order, all of one sequence)
- * into that sequence's prefix. */
+/* Move the K/V of tree tokens path[0..n) (tree indices of a root-to-node path, in order, all of
+ * one sequence) into that sequence's prefix. Several paths (of different sequences) may be
+ * committed from one tree; the tree can no longer be appended to. */
 int llama_commit(llama_ctx *ctx, const int32_t *path, int n, char *err, size_t errlen);
 
 /* Convenience: feed ids as chains of up to max_width tokens, committing each; logits of the last

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /*
  * workers/runtime.c — framing and conventions shared by the coordinator, workers and speculators.
  *
@@ -7,6 +8,7 @@
  * never a crash. ROUTER sockets prefix the peer identity as its own frame.
  */
 #include <stdarg.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,4 +197,29 @@ void rt_free(Orochi__Envelope *env)
 {
     if (env)
         orochi__envelope__free_unpacked(env, NULL);
+}
+
+void rt_pin_from_env(const char *role, const char *var, int index)
+{
+    const char *v = getenv(var);
+    if (!v || !*v)
+        return;
+    int cpus[256], n = 0;
+    for (const char *p = v; *p && n < 256;) {
+        char *end;
+        long c = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        cpus[n++] = (int)c;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (!n)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[(index < 0 ? 0 : index) % n], &set);
+    if (sched_setaffinity(0, sizeof set, &set))
+        rt_log(role, "%s: cannot pin to CPU %d", var, cpus[(index < 0 ? 0 : index) % n]);
+    else
+        rt_log(role, "pinned to CPU %d (%s)", cpus[(index < 0 ? 0 : index) % n], var);
 }

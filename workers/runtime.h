@@ -81,6 +81,11 @@ typedef struct {
 
 /* "2026-11-22T10:00:00.123 worker-0: message" to stderr (the launcher sends it to the role's log). */
 void rt_log(const char *role, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Pin this process to one CPU when the environment variable `var` holds a comma list of CPU
+ * numbers: entry index % count (OROCHI_PIN_WORKERS for worker i, OROCHI_PIN_SPECULATOR for a
+ * speculator). Call before any thread starts so they all inherit it. Placement experiments only
+ * (bench/placement.py); by default nothing is pinned. */
+void rt_pin_from_env(const char *role, const char *var, int index);
 uint64_t rt_now_us(void);
 
 /* ===== names ===== */

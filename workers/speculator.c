@@ -12,15 +12,21 @@
  *
  * State: the committed tokens of the current request (from Feedback) and a private KV cache for
  * the model kinds. After each Feedback the speculator grows a draft TREE for the new context
- * (LLMCad: one batched tree-masked forward per round, a confidence-based branch pacer, branches
- * opened where a candidate passes --branch-threshold, growth stopped by the self-adaptive fallback
- * threshold alpha), publishes it into its ring in the arena and answers DraftReady (an empty
- * draft too, so the coordinator never waits on a speculator with nothing to say). The budget —
- * nodes, depth, and whether branches are allowed — comes with each Feedback from the
- * coordinator's controllers. While the target verifies it works ahead: it extends its KV along
- * the draft's main branch; when the next Feedback shows what was accepted, the KV rows of the
- * accepted part are kept and the rest, computed for a context that did not happen, is dropped.
- * After each verification alpha is updated by LLMCad's rule (see spec_update_alpha).
+ * (LLMCad: one tree-masked forward per round that appends only the nodes grown in the previous
+ * round, so each node is computed once; a confidence-based branch pacer, branches opened where a
+ * candidate passes --branch-threshold, growth stopped by the self-adaptive fallback threshold
+ * alpha), publishes it into its ring in the arena and answers DraftReady (an empty draft too, so
+ * the coordinator never waits on a speculator with nothing to say). The budget — nodes, depth,
+ * and whether branches are allowed — comes with each Feedback from the coordinator's
+ * controllers. While the target verifies it works ahead, one token-forward between socket polls:
+ * it extends its KV along the draft's main branch and then keeps drafting greedily past the leaf
+ * (the predicted correction/bonus token and a next draft's depth). When the next Feedback shows
+ * everything up to there as drafted, the rest of that chain is the next draft's trunk, its K/V
+ * already in place, often the whole draft — the same tree growth from scratch would give, only
+ * sooner; otherwise the KV rows of the accepted part are kept and the rest, computed for a context
+ * that did not happen, is dropped. After each verification that included its draft (the Feedback
+ * says how many of its nodes were verified) alpha is updated by LLMCad's rule (see
+ * spec_update_alpha).
  */
 #include <getopt.h>
 #include <math.h>
@@ -38,20 +44,24 @@
 
 #define HEARTBEAT_MS 200
 #define SPEC_MAX_TOKENS 65536
+/* the chain: the published main branch (<= ARENA_DRAFT_MAX), the predicted correction/bonus token
+ * and a next draft's depth (<= ARENA_DRAFT_MAX) drafted ahead */
+#define SPEC_CHAIN_MAX (2 * ARENA_DRAFT_MAX + 1)
 
 typedef enum { SPEC_LAYERSKIP, SPEC_MODEL, SPEC_NGRAM, SPEC_MEDUSA } spec_kind;
 
 /* A drafted token in the tree. parent -1: a child of the last committed token. */
 typedef struct {
     int32_t token, parent;
-    float conf;   /* the drafter's probability of the token given its parent */
-    double cum;   /* cumulative confidence of the branch ending here (product of confs) */
-    int depth;    /* 1 for children of the root */
+    float conf; /* the drafter's probability of the token given its parent */
+    double cum; /* cumulative confidence of the branch ending here (product of confs) */
+    int depth;  /* 1 for children of the root */
     int children;
 } spec_node;
 
 typedef struct {
-    const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id, *heads_path, *template_s;
+    const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id, *heads_path,
+        *template_s;
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms;
     float branch_threshold, alpha;
@@ -68,7 +78,13 @@ typedef struct {
     bool active;
     int32_t *tokens; /* committed, then the chain */
     int n_committed, n_chain, kv_len, n_ctx;
-    bool published;  /* a DraftReady went out for n_committed */
+    int target_ctx; /* the target's context: tokens past it can never be committed */
+    float chain_conf[SPEC_CHAIN_MAX]; /* the drafter's probability of each chain token */
+    float chain_alt[SPEC_CHAIN_MAX];  /* ... and of the best other candidate at its parent (1:
+                                       * unknown), which decides whether the tree branches there */
+    int n_pub;      /* main-branch length of the published draft (the chain starts with it) */
+    int logits_at;  /* `logits` are the next-token logits after tokens[0..logits_at) (-1: none) */
+    bool published; /* a DraftReady went out for n_committed */
     uint64_t drafts, last_coord_us;
     /* the draft budget from the last Feedback */
     int max_nodes, max_depth;
@@ -94,17 +110,20 @@ static void spec_on_signal(int sig)
 
 static void spec_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram [--id NAME]\n"
-            "                         [--max-draft S] [--threads T]\n"
-            "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
-            "                         [--ngram N] [--branch-threshold P] [--alpha A]\n"
-            "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
-            "                         [--trace]\n"
-            "  layerskip: the target with only --layers (default: the first half)\n"
-            "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
-            "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n"
-            "  medusa:    Medusa heads (--heads, see docs/medusa.md) on the target's hidden state\n");
+    fprintf(
+        out,
+        "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram [--id NAME]\n"
+        "                         [--max-draft S] [--threads T]\n"
+        "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
+        "                         [--ngram N] [--branch-threshold P] [--alpha A]\n"
+        "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
+        "                         [--trace]\n"
+        "  layerskip: the target with only --layers (default: the first half)\n"
+        "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
+        "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n"
+        "  medusa:    Medusa heads (--heads, see docs/medusa.md) on the target's hidden state\n"
+        "  --work-ahead 1 (default): while the target verifies, extend the KV along the draft's\n"
+        "  main branch and keep drafting past it, so a confirmed chain is the next draft\n");
 }
 
 static int spec_send(spec *s, Orochi__Envelope__BodyCase which, void *body)
@@ -144,7 +163,8 @@ static int spec_parse_layers(const char *spec_s, int n_layers, int *out, char *e
     }
     return n;
 bad:
-    snprintf(err, errlen, "--layers '%s': expected indices or ranges within 0..%d", spec_s, n_layers - 1);
+    snprintf(err, errlen, "--layers '%s': expected indices or ranges within 0..%d", spec_s,
+             n_layers - 1);
     return -1;
 }
 
@@ -156,18 +176,34 @@ static int spec_catch_up(spec *s, int upto)
         return 0;
     char err[256];
     llama_ctx_set_prefix_len(s->ctx, s->kv_len);
-    if (llama_prefill(s->ctx, s->tokens + s->kv_len, upto - s->kv_len, s->logits, err, sizeof err)) {
+    s->logits_at = -1;
+    if (llama_prefill(s->ctx, s->tokens + s->kv_len, upto - s->kv_len, s->logits, err,
+                      sizeof err)) {
         rt_log(s->role, "draft model: %s", err);
         return -1;
     }
-    s->kv_len = upto;
+    s->kv_len = s->logits_at = upto;
     return 0;
 }
 
+/* Forget KV rows from `len` on (computed for tokens that are no longer there), and the next-token
+ * logits if they came from those rows. */
+static void spec_kv_truncate(spec *s, int len)
+{
+    if (s->kv_len > len)
+        s->kv_len = len;
+    if (s->logits_at > s->kv_len)
+        s->logits_at = -1;
+}
+
+/* Most probable first, ties to the lower id: the k best are then the first k of one order, so the
+ * best candidate is the same whatever k is (the work-ahead asks for 2, the tree decoder for 4). */
 static int spec_node_cmp_desc(const void *a, const void *b)
 {
-    float x = ((const float *)a)[0], y = ((const float *)b)[0];
-    return x < y ? 1 : x > y ? -1 : 0;
+    const float *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? 1 : -1;
+    return x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0;
 }
 
 /* The k most probable tokens of a logits row (softmax), best first: out[i] = {prob, id}. */
@@ -190,35 +226,76 @@ static int spec_top(const float *logits, int V, int k, float (*out)[2])
     return n;
 }
 
-/* Grow a draft tree for the committed context with the draft model (LLMCad's tree generation):
- * each round runs ONE batched forward over the last committed token and every node so far (the
- * tree decoder: the tree mask keeps branches apart), then extends the leaves the confidence-based
- * pacer picks. The pacer gives branch x the share M * C_x / sum(C) of the node budget M (C: the
- * branch's cumulative confidence) and extends the branches furthest below their share first
- * (max-min fairness). A leaf's best candidate extends its branch; other candidates whose
- * probability passes the branch threshold open new branches. Growth stops when the tree-
- * cumulative confidence (the best branch's C) drops below alpha — LLMCad's fallback: time to
- * verify — or the budget (nodes, depth) is spent. */
+/* Grow a draft tree for the committed context with the draft model (LLMCad's tree generation).
+ *
+ * The trunk: when the Feedback confirmed everything the speculator had drafted ahead (see
+ * spec_work_ahead), the rest of that chain already continues this very context, its K/V computed
+ * or nearly. Its tokens are the drafter's best candidates, so as long as no other candidate at a
+ * parent passes the branch threshold, growth from scratch would make exactly these nodes, one per
+ * round (confidences multiplying, stopped by the same budget and alpha): they are taken as they
+ * are, and the tree grows below the last of them — the draft is the one growth from scratch gives,
+ * only sooner. If the trunk reaches the budget or alpha the draft is ready without a forward.
+ *
+ * Growth: the first round runs the root alone (the last committed token, or the trunk's last
+ * token) as a fresh tree, each later round appends only the nodes the previous round grew (the tree
+ * decoder: the tree mask keeps branches apart, the earlier nodes' K/V stay in the tree area), so
+ * every node is forwarded once and a chain of depth d costs d token-forwards, not 1 + 2 + ... + d.
+ * Appending gives bit-identical logits to re-running the whole tree (tests/unit/test_draft_kv.c),
+ * so the tree is the one a full forward per round grows. After each round the leaves the
+ * confidence-based pacer picks are extended. The pacer gives branch x the share M * C_x / sum(C)
+ * of the node budget M (C: the branch's cumulative confidence) and extends the branches furthest
+ * below their share first (max-min fairness). A leaf's best candidate extends its branch; other
+ * candidates whose probability passes the branch threshold open new branches. Growth stops when
+ * the tree-cumulative confidence (the best branch's C) drops below alpha — LLMCad's fallback:
+ * time to verify — or the budget (nodes, depth) is spent. */
 static int spec_grow_model(spec *s)
 {
     int V = s->model->cfg.vocab, n = 0;
-    if (spec_catch_up(s, s->n_committed - 1))
-        return 0;
+    double cum = 1.0;
+    for (;;) {
+        if (n >= s->max_depth || n >= s->max_nodes || cum < s->alpha)
+            return n; /* growth would stop here too */
+        if (n >= s->n_chain || (s->tree && s->chain_alt[n] >= s->branch_threshold))
+            break; /* growth would branch at this parent: the tree decoder takes over */
+        cum *= s->chain_conf[n];
+        s->nodes[n] = (spec_node){.token = s->tokens[s->n_committed + n],
+                                  .parent = n - 1,
+                                  .conf = s->chain_conf[n],
+                                  .cum = cum,
+                                  .depth = n + 1};
+        if (n > 0)
+            s->nodes[n - 1].children = 1;
+        n++;
+    }
+    int m = n;                     /* trunk nodes; node m - 1 is the root of the growth below */
+    int base = s->n_committed + m; /* tokens up to and including the root */
+    if (spec_catch_up(s, base - 1))
+        return m;
     int32_t tok[ARENA_DRAFT_MAX + 1], par[ARENA_DRAFT_MAX + 1];
     char err[256];
-    for (int round = 0; round < s->max_depth && n < s->max_nodes; round++) {
-        tok[0] = s->tokens[s->n_committed - 1];
-        par[0] = -1;
-        for (int i = 0; i < n; i++) {
-            tok[i + 1] = s->nodes[i].token;
-            par[i + 1] = s->nodes[i].parent + 1;
+    int n_run = m; /* nodes already forwarded */
+    llama_ctx_set_prefix_len(s->ctx, base - 1);
+    /* each trunk node took one round of growth from scratch: the rounds go on from there */
+    for (int round = m; round < s->max_depth && n < s->max_nodes; round++) {
+        /* tree index 0 is the root, node i >= m is tree index i - m + 1 */
+        llama_batch b = {.tokens = tok, .parent = par, .logits_from = 0, .append = round > m};
+        if (round == m) {
+            tok[0] = s->tokens[base - 1];
+            par[0] = -1;
+            b.n = 1;
+        } else {
+            for (int i = n_run; i < n; i++) {
+                tok[i - n_run] = s->nodes[i].token;
+                par[i - n_run] = s->nodes[i].parent - (m - 1);
+            }
+            b.n = n - n_run;
         }
-        llama_ctx_set_prefix_len(s->ctx, s->n_committed - 1);
-        llama_batch b = {.n = n + 1, .tokens = tok, .parent = par, .logits_from = 0};
-        if (llama_forward(s->ctx, &b, s->tree_logits, err, sizeof err)) {
+        float *rows = s->tree_logits + (size_t)(round == m ? 0 : n_run - m + 1) * V;
+        if (llama_forward(s->ctx, &b, rows, err, sizeof err)) {
             rt_log(s->role, "draft model: %s", err);
             break;
         }
+        n_run = n;
         /* the open leaves (the root on the first round), ordered by the pacer */
         int leaves[ARENA_DRAFT_MAX + 1], n_leaves = 0;
         double total = 0;
@@ -253,7 +330,7 @@ static int spec_grow_model(spec *s)
             int leaf = leaves[l];
             if (n > 0 && deficit[l] <= 0 && grown)
                 break; /* this branch already has its share: let the others catch up next round */
-            const float *row = s->tree_logits + (size_t)(leaf + 1) * V;
+            const float *row = s->tree_logits + (size_t)(leaf - m + 1) * V;
             float top[4][2];
             int k = spec_top(row, V, s->tree ? 4 : 1, top);
             double base = leaf < 0 ? 1.0 : s->nodes[leaf].cum;
@@ -261,8 +338,11 @@ static int spec_grow_model(spec *s)
             for (int c = 0; c < k && n < s->max_nodes; c++) {
                 if (c > 0 && top[c][0] < s->branch_threshold)
                     break;
-                s->nodes[n] = (spec_node){.token = (int32_t)top[c][1], .parent = leaf, .conf = top[c][0],
-                                          .cum = base * top[c][0], .depth = depth};
+                s->nodes[n] = (spec_node){.token = (int32_t)top[c][1],
+                                          .parent = leaf,
+                                          .conf = top[c][0],
+                                          .cum = base * top[c][0],
+                                          .depth = depth};
                 if (leaf >= 0)
                     s->nodes[leaf].children++;
                 n++;
@@ -294,8 +374,10 @@ static int spec_grow_ngram(spec *s)
             if (memcmp(s->tokens + start, tail, (size_t)k * sizeof *tail))
                 continue;
             for (int j = start + k; j < n_ctx && n < s->max_nodes && n < s->max_depth; j++, n++)
-                s->nodes[n] = (spec_node){.token = s->tokens[j], .parent = n - 1,
-                                          .conf = (float)k / (k + 1), .depth = n + 1};
+                s->nodes[n] = (spec_node){.token = s->tokens[j],
+                                          .parent = n - 1,
+                                          .conf = (float)k / (k + 1),
+                                          .depth = n + 1};
         }
     }
     return n;
@@ -311,7 +393,8 @@ static int spec_grow_medusa(spec *s)
         uint32_t before = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
         if (before & 1)
             continue;
-        bool match = h->request_id == s->request_id && h->ctx_len == (uint64_t)s->n_committed && h->dim == dim;
+        bool match = h->request_id == s->request_id && h->ctx_len == (uint64_t)s->n_committed &&
+                     h->dim == dim;
         memcpy(s->hbuf, h->h, dim * sizeof(float));
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(&h->seq, __ATOMIC_RELAXED) != before)
@@ -321,11 +404,15 @@ static int spec_grow_medusa(spec *s)
         int depth = s->tmpl_len < s->max_depth ? s->tmpl_len : s->max_depth;
         int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX];
         float conf[ARENA_DRAFT_MAX];
-        int n = medusa_draft_tree(s->heads, NULL, s->hbuf, s->tmpl, depth, s->max_nodes, tok, par, conf);
+        int n = medusa_draft_tree(s->heads, NULL, s->hbuf, s->tmpl, depth, s->max_nodes, tok, par,
+                                  conf);
         for (int i = 0; i < n; i++) {
             int d = par[i] < 0 ? 1 : s->nodes[par[i]].depth + 1;
             double base = par[i] < 0 ? 1.0 : s->nodes[par[i]].cum;
-            s->nodes[i] = (spec_node){.token = tok[i], .parent = par[i], .conf = conf[i], .cum = base * conf[i],
+            s->nodes[i] = (spec_node){.token = tok[i],
+                                      .parent = par[i],
+                                      .conf = conf[i],
+                                      .cum = base * conf[i],
                                       .depth = d};
             if (par[i] >= 0)
                 s->nodes[par[i]].children++;
@@ -336,7 +423,9 @@ static int spec_grow_medusa(spec *s)
 }
 
 /* The main branch of the published tree (the most confident leaf's path), as the chain the
- * speculator works ahead on while the target verifies. */
+ * speculator works ahead on while the target verifies. A chain drafted ahead that the branch
+ * begins (the branch was its trunk) is kept whole; otherwise K/V rows past the part both share
+ * were computed for other tokens and are dropped. */
 static void spec_set_chain(spec *s)
 {
     int best = -1;
@@ -346,14 +435,28 @@ static void spec_set_chain(spec *s)
     int path[ARENA_DRAFT_MAX], n = 0;
     for (int i = best; i >= 0; i = s->nodes[i].parent)
         path[n++] = i;
-    s->n_chain = 0;
-    for (int i = n - 1; i >= 0 && s->n_committed + s->n_chain < SPEC_MAX_TOKENS; i--)
-        s->tokens[s->n_committed + s->n_chain++] = s->nodes[path[i]].token;
+    if (s->n_committed + n >= SPEC_MAX_TOKENS)
+        n = 0;
+    int same = 0;
+    while (same < n && same < s->n_chain &&
+           s->tokens[s->n_committed + same] == s->nodes[path[n - 1 - same]].token)
+        same++;
+    s->n_pub = n;
+    if (same == n && s->n_chain >= n)
+        return;
+    for (int i = 0; i < n; i++) {
+        s->tokens[s->n_committed + i] = s->nodes[path[n - 1 - i]].token;
+        s->chain_conf[i] = s->nodes[path[n - 1 - i]].conf;
+        s->chain_alt[i] = 1.0f; /* not recorded in the tree: never a trunk node */
+    }
+    s->n_chain = n;
+    spec_kv_truncate(s, s->n_committed + same);
 }
 
 /* Draft for the current context and publish it (an empty draft too). */
 static void spec_publish(spec *s)
 {
+    uint64_t t0 = rt_now_us();
     s->n_nodes = 0;
     if (s->kind == SPEC_NGRAM)
         s->n_nodes = spec_grow_ngram(s);
@@ -380,24 +483,54 @@ static void spec_publish(spec *s)
     spec_send(s, OROCHI__ENVELOPE__BODY_DRAFT_READY, &r);
     s->published = true;
     s->drafts++;
+    int ahead = s->n_chain; /* drafted ahead for this context before the Feedback came */
     spec_set_chain(s);
     if (s->trace)
-        rt_log(s->role, "draft of %u tokens for context %d (alpha %.4g)", d.n, s->n_committed, s->alpha);
+        rt_log(s->role,
+               "draft of %u tokens for context %d in %.1f ms (%d drafted ahead, alpha %.4g)", d.n,
+               s->n_committed, (rt_now_us() - t0) / 1e3, ahead, s->alpha);
 }
 
-/* Work ahead while the target verifies: extend the private KV along the main branch, so that if
- * the target accepts it the next tree starts without a catch-up. One token per call. */
+/* May the chain grow by one more token drafted ahead? Up to the predicted correction/bonus token
+ * and a whole next draft's depth past the published main branch — what the next draft needs if
+ * the target accepts everything — and never past the target's context. */
+static bool spec_may_extend(const spec *s)
+{
+    int end = s->n_committed + s->n_chain;
+    return s->n_pub > 0 && s->n_chain < s->n_pub + 1 + s->max_depth &&
+           s->n_chain < SPEC_CHAIN_MAX && end < s->target_ctx && end + 1 < SPEC_MAX_TOKENS &&
+           end + 1 < s->n_ctx;
+}
+
+/* Work ahead while the target verifies (LLMCad's speculative generation): extend the private KV
+ * along the main branch, and past its leaf draft further tokens greedily (the drafter's argmax),
+ * so that when the Feedback shows the main branch and the correction/bonus token all as drafted,
+ * the rest of the chain is the start of the next draft with its K/V in place (spec_grow_model's
+ * trunk). At most one single-token forward per call: the caller polls its socket in between, so a
+ * Feedback never waits longer than one draft-token forward. Returns whether there is more to do. */
 static bool spec_work_ahead(spec *s)
 {
-    if (!s->work_ahead || !s->ctx || !s->active || !s->published || s->kv_len >= s->n_committed + s->n_chain ||
-        s->kv_len + 1 >= s->n_ctx)
+    if (!s->work_ahead || !s->ctx || !s->active || !s->published)
         return false;
-    return spec_catch_up(s, s->kv_len + 1) == 0;
+    int end = s->n_committed + s->n_chain;
+    /* the chain is covered but its last token's logits are gone: recompute that row */
+    if (s->kv_len == end && s->logits_at != end && s->kv_len > s->n_committed && spec_may_extend(s))
+        s->kv_len--;
+    if (s->kv_len < end && (s->kv_len + 1 >= s->n_ctx || spec_catch_up(s, s->kv_len + 1)))
+        return false;
+    if (s->kv_len == end && s->logits_at == end && spec_may_extend(s)) {
+        float top[2][2];
+        int k = spec_top(s->logits, s->model->cfg.vocab, 2, top);
+        s->tokens[end] = (int32_t)top[0][1];
+        s->chain_alt[s->n_chain] = k > 1 ? top[1][0] : 0.0f;
+        s->chain_conf[s->n_chain++] = top[0][0];
+    }
+    return s->kv_len < s->n_committed + s->n_chain;
 }
 
 /* LLMCad's threshold update from the verification of our last tree: with the most matching
  * branch holding N_all tokens of which the first N_correct were accepted, alpha halves when the
- * branch was entirely right and becomes the error fraction (N_all - N_correct) / N_all otherwise. */
+ * branch was entirely right and else becomes the error fraction (N_all - N_correct) / N_all. */
 static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
 {
     if (!s->n_nodes)
@@ -444,7 +577,8 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         if (!fb->reset) /* feedback for a request we never saw the start of */
             return;
         if (fb->n_tokens >= SPEC_MAX_TOKENS) {
-            rt_log(s->role, "context of %zu tokens is beyond what this speculator keeps", fb->n_tokens);
+            rt_log(s->role, "context of %zu tokens is beyond what this speculator keeps",
+                   fb->n_tokens);
             s->active = false;
             return;
         }
@@ -454,27 +588,38 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         s->n_committed = (int)fb->n_tokens;
         s->n_chain = 0;
         s->kv_len = 0;
+        s->logits_at = -1;
         s->n_nodes = 0;
+        s->n_pub = 0;
     } else {
         int n = (int)fb->n_tokens, keep = 0;
         if (s->n_committed + n >= SPEC_MAX_TOKENS) {
             s->active = false;
             return;
         }
-        spec_update_alpha(s, fb->tokens, n);
-        while (keep < n && keep < s->n_chain && s->tokens[s->n_committed + keep] == fb->tokens[keep])
+        if (fb->drafted) /* a draft the step never saw says nothing about alpha */
+            spec_update_alpha(s, fb->tokens, n);
+        while (keep < n && keep < s->n_chain &&
+               s->tokens[s->n_committed + keep] == fb->tokens[keep])
             keep++;
-        /* KV rows past the first disagreement were computed for a context that did not happen */
-        int valid = s->n_committed + keep;
-        if (s->kv_len > valid)
-            s->kv_len = valid;
-        memcpy(s->tokens + s->n_committed, fb->tokens, (size_t)n * sizeof *s->tokens);
-        s->n_committed += n;
-        s->n_chain = 0;
+        if (keep == n) {
+            /* all as drafted ahead: the rest of the chain, K/V included, continues the context */
+            s->n_committed += n;
+            s->n_chain -= n;
+            memmove(s->chain_conf, s->chain_conf + n, (size_t)s->n_chain * sizeof *s->chain_conf);
+            memmove(s->chain_alt, s->chain_alt + n, (size_t)s->n_chain * sizeof *s->chain_alt);
+        } else {
+            /* KV rows past the first disagreement were computed for a context that never was */
+            int valid = s->n_committed + keep;
+            spec_kv_truncate(s, valid);
+            memcpy(s->tokens + s->n_committed, fb->tokens, (size_t)n * sizeof *s->tokens);
+            s->n_committed += n;
+            s->n_chain = 0;
+        }
     }
     if ((uint64_t)s->n_committed != fb->ctx_len)
-        rt_log(s->role, "context length %d disagrees with the coordinator's %llu",
-               s->n_committed, (unsigned long long)fb->ctx_len);
+        rt_log(s->role, "context length %d disagrees with the coordinator's %llu", s->n_committed,
+               (unsigned long long)fb->ctx_len);
     s->published = false;
 }
 
@@ -571,11 +716,13 @@ static int spec_join(spec *s)
         Orochi__Welcome *w = e->welcome;
         s->arena = arena_attach(w->arena_name, err, sizeof err);
         uint64_t ring_bytes = 0;
-        uint8_t *rings = s->arena ? arena_region_find(s->arena, RT_REGION_DRAFTS, &ring_bytes) : NULL;
+        uint8_t *rings =
+            s->arena ? arena_region_find(s->arena, RT_REGION_DRAFTS, &ring_bytes) : NULL;
         size_t one = rt_ring_stride();
-        if (!rings || w->draft_ring >= RT_MAX_SPECULATORS || (w->draft_ring + 1) * one > ring_bytes) {
-            rt_log(s->role, "cannot use draft ring %u of arena %s: %s", w->draft_ring, w->arena_name,
-                   s->arena ? "region missing" : err);
+        if (!rings || w->draft_ring >= RT_MAX_SPECULATORS ||
+            (w->draft_ring + 1) * one > ring_bytes) {
+            rt_log(s->role, "cannot use draft ring %u of arena %s: %s", w->draft_ring,
+                   w->arena_name, s->arena ? "region missing" : err);
             rt_free(e);
             return -1;
         }
@@ -583,25 +730,33 @@ static int spec_join(spec *s)
         if (s->kind == SPEC_MEDUSA) {
             uint64_t hb = 0;
             s->hidden = arena_region_find(s->arena, RT_REGION_HIDDEN, &hb);
-            if (!s->hidden || hb < sizeof(rt_hidden) + (uint64_t)s->model->cfg.dim * sizeof(float)) {
-                rt_log(s->role, "arena %s has no hidden-state region for this model", w->arena_name);
+            if (!s->hidden ||
+                hb < sizeof(rt_hidden) + (uint64_t)s->model->cfg.dim * sizeof(float)) {
+                rt_log(s->role, "arena %s has no hidden-state region for this model",
+                       w->arena_name);
                 rt_free(e);
                 return -1;
             }
         } else if (s->model) {
             s->n_ctx = (int)w->n_ctx + RT_MAX_WIDTH + ARENA_DRAFT_MAX;
-            llama_ctx_params p = {.n_threads = s->threads, .max_width = ARENA_DRAFT_MAX, .n_ctx = s->n_ctx,
-                                  .kv = KV_F32, .n_parts = 1};
+            s->target_ctx = (int)w->n_ctx;
+            llama_ctx_params p = {.n_threads = s->threads,
+                                  .max_width = ARENA_DRAFT_MAX,
+                                  .n_ctx = s->n_ctx,
+                                  .kv = KV_F32,
+                                  .n_parts = 1};
             s->ctx = llama_ctx_new(s->model, &p, err, sizeof err);
             s->logits = malloc((size_t)s->model->cfg.vocab * sizeof *s->logits);
-            s->tree_logits = malloc((size_t)(ARENA_DRAFT_MAX + 1) * (size_t)s->model->cfg.vocab * sizeof(float));
+            s->tree_logits =
+                malloc((size_t)(ARENA_DRAFT_MAX + 1) * (size_t)s->model->cfg.vocab * sizeof(float));
             if (!s->ctx || !s->logits || !s->tree_logits) {
                 rt_log(s->role, "%s", s->ctx ? "out of memory" : err);
                 rt_free(e);
                 return -1;
             }
         }
-        rt_log(s->role, "joined: kind %s, draft ring %u, max depth %d, branch threshold %.2f, alpha %.3g%s",
+        rt_log(s->role,
+               "joined: kind %s, draft ring %u, max depth %d, branch threshold %.2f, alpha %.3g%s",
                s->kind_s, w->draft_ring, s->max_draft, s->branch_threshold, s->alpha,
                s->model ? "" : " (prompt lookup)");
         rt_free(e);
@@ -613,16 +768,24 @@ static int spec_join(spec *s)
 
 static int spec_parse(spec *s, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"run-dir", required_argument, 0, 'r'}, {"kind", required_argument, 0, 'k'},
-        {"id", required_argument, 0, 'i'}, {"max-draft", required_argument, 0, 's'},
-        {"threads", required_argument, 0, 't'},
-        {"layers", required_argument, 0, 'L'}, {"draft", required_argument, 0, 'd'},
-        {"ngram", required_argument, 0, 'n'}, {"orphan-ms", required_argument, 0, 'o'},
-        {"target", required_argument, 0, 'T'}, {"branch-threshold", required_argument, 0, 'B'},
-        {"alpha", required_argument, 0, 'A'}, {"work-ahead", required_argument, 0, 'P'},
-        {"heads", required_argument, 0, 'M'}, {"template", required_argument, 0, 'E'},
-        {"trace", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"run-dir", required_argument, 0, 'r'},
+                                         {"kind", required_argument, 0, 'k'},
+                                         {"id", required_argument, 0, 'i'},
+                                         {"max-draft", required_argument, 0, 's'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"layers", required_argument, 0, 'L'},
+                                         {"draft", required_argument, 0, 'd'},
+                                         {"ngram", required_argument, 0, 'n'},
+                                         {"orphan-ms", required_argument, 0, 'o'},
+                                         {"target", required_argument, 0, 'T'},
+                                         {"branch-threshold", required_argument, 0, 'B'},
+                                         {"alpha", required_argument, 0, 'A'},
+                                         {"work-ahead", required_argument, 0, 'P'},
+                                         {"heads", required_argument, 0, 'M'},
+                                         {"template", required_argument, 0, 'E'},
+                                         {"trace", no_argument, 0, 'v'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -659,11 +822,14 @@ static int spec_parse(spec *s, int argc, char **argv)
     else if (!strcmp(s->kind_s, "medusa"))
         s->kind = SPEC_MEDUSA;
     else {
-        fprintf(stderr, "orochi-speculator: unknown --kind '%s' (layerskip, model, ngram, medusa)\n", s->kind_s);
+        fprintf(stderr,
+                "orochi-speculator: unknown --kind '%s' (layerskip, model, ngram, medusa)\n",
+                s->kind_s);
         return 2;
     }
     if (s->kind == SPEC_MEDUSA && (!s->heads_path || !s->target_path)) {
-        fprintf(stderr, "orochi-speculator: --kind medusa needs --heads H.gguf and --target M.gguf\n");
+        fprintf(stderr,
+                "orochi-speculator: --kind medusa needs --heads H.gguf and --target M.gguf\n");
         return 2;
     }
     /* the Medusa tree template: candidates per level, e.g. 3,2,1 */
@@ -672,7 +838,8 @@ static int spec_parse(spec *s, int argc, char **argv)
         char *end;
         long v = strtol(t, &end, 10);
         if (end == t || v < 1 || v > 16) {
-            fprintf(stderr, "orochi-speculator: --template expects counts 1..16 like 3,2,1 or 3-2-1\n");
+            fprintf(stderr,
+                    "orochi-speculator: --template expects counts 1..16 like 3,2,1 or 3-2-1\n");
             return 2;
         }
         s->tmpl[s->tmpl_len++] = (int)v;
@@ -684,15 +851,18 @@ static int spec_parse(spec *s, int argc, char **argv)
         return 2;
     }
     if (s->kind == SPEC_LAYERSKIP && !s->target_path) {
-        fprintf(stderr, "orochi-speculator: --kind layerskip needs --target M.gguf (the target model)\n");
+        fprintf(stderr,
+                "orochi-speculator: --kind layerskip needs --target M.gguf (the target model)\n");
         return 2;
     }
     if (s->max_draft < 1 || s->max_draft > ARENA_DRAFT_MAX || s->ngram < 1) {
-        fprintf(stderr, "orochi-speculator: --max-draft must be 1..%d and --ngram >= 1\n", ARENA_DRAFT_MAX);
+        fprintf(stderr, "orochi-speculator: --max-draft must be 1..%d and --ngram >= 1\n",
+                ARENA_DRAFT_MAX);
         return 2;
     }
     if (!(s->branch_threshold > 0 && s->branch_threshold <= 1) || !(s->alpha > 0 && s->alpha < 1)) {
-        fprintf(stderr, "orochi-speculator: --branch-threshold must be in (0, 1], --alpha in (0, 1)\n");
+        fprintf(stderr,
+                "orochi-speculator: --branch-threshold must be in (0, 1], --alpha in (0, 1)\n");
         return 2;
     }
     s->max_depth = s->max_draft;
@@ -701,12 +871,21 @@ static int spec_parse(spec *s, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    spec s = {.max_draft = 4, .ngram = 3, .threads = 1, .orphan_ms = 10000,
-              .branch_threshold = 0.2f, .alpha = 0.01f, .max_nodes = 8, .max_depth = 4, .work_ahead = true};
+    spec s = {.max_draft = 4,
+              .ngram = 3,
+              .threads = 1,
+              .orphan_ms = 10000,
+              .branch_threshold = 0.2f,
+              .alpha = 0.01f,
+              .max_nodes = 8,
+              .max_depth = 4,
+              .work_ahead = true,
+              .logits_at = -1};
     int rc = spec_parse(&s, argc, argv);
     if (rc)
         return rc;
     snprintf(s.role, sizeof s.role, "%s", s.id ? s.id : s.kind_s);
+    rt_pin_from_env(s.role, "OROCHI_PIN_SPECULATOR", 0);
     signal(SIGTERM, spec_on_signal);
     signal(SIGINT, spec_on_signal);
     signal(SIGPIPE, SIG_IGN);

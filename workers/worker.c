@@ -232,6 +232,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     snprintf(w.role, sizeof w.role, "worker-%d", w.index);
+    rt_pin_from_env(w.role, "OROCHI_PIN_WORKERS", w.index);
     signal(SIGTERM, worker_on_signal);
     signal(SIGINT, worker_on_signal);
     signal(SIGPIPE, SIG_IGN);

@@ -21,7 +21,7 @@
 
 #include "kernels/cpu/kernels.h"
 
-#define POOL_SPIN_ITERS 100000
+#define POOL_SPIN_ITERS 100000 /* default; OROCHI_POOL_SPIN overrides (0: sleep at once) */
 #define POOL_CHUNKS_PER_THREAD 4
 
 typedef struct {
@@ -32,15 +32,16 @@ typedef struct {
 
 struct kpool {
     int n_threads;
+    long spin; /* iterations a worker spins for the next job before it sleeps */
     pthread_t *threads;
     pthread_mutex_t lock;
     pthread_cond_t wake;
-    atomic_uint generation;  /* bumped once per job */
+    atomic_uint generation;     /* bumped once per job */
     atomic_uint_fast64_t claim; /* generation << 32 | next chunk */
-    atomic_long done;        /* chunks finished in the current job */
+    atomic_long done;           /* chunks finished in the current job */
     atomic_int sleepers;
     atomic_bool stop;
-    pool_job jobs[2];        /* by generation parity */
+    pool_job jobs[2]; /* by generation parity */
 };
 
 typedef struct {
@@ -80,7 +81,7 @@ static void *pool_worker(void *argp)
         int spins = 0;
         while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
-            if (++spins < POOL_SPIN_ITERS)
+            if (++spins < p->spin)
                 continue;
             pthread_mutex_lock(&p->lock);
             atomic_fetch_add(&p->sleepers, 1);
@@ -105,6 +106,8 @@ kpool *kpool_new(int n_threads)
     if (!p)
         return NULL;
     p->n_threads = n_threads;
+    const char *spin = getenv("OROCHI_POOL_SPIN");
+    p->spin = spin && *spin ? atol(spin) : POOL_SPIN_ITERS;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->wake, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
@@ -114,7 +117,8 @@ kpool *kpool_new(int n_threads)
     }
     for (int i = 1; i < n_threads; i++) {
         pool_worker_arg *a = malloc(sizeof *a);
-        if (!a || (a->pool = p, a->index = i, pthread_create(&p->threads[i], NULL, pool_worker, a))) {
+        if (!a ||
+            (a->pool = p, a->index = i, pthread_create(&p->threads[i], NULL, pool_worker, a))) {
             free(a);
             p->n_threads = i; /* keep the threads we have */
             break;

@@ -1,0 +1,311 @@
+/*
+ * tests/unit/test_draft_kv.c — a token tree grown by appended batches (what a drafter does round
+ * by round: the root, then its children, then theirs, with branches) gives bit-identical logits
+ * to one forward over the whole tree, for f32 and f16 KV and for a column split; committing a
+ * path of the grown tree then continues exactly like sequential decoding; and appends are refused
+ * with a clear error past the width or once the tree is closed. This is the property the model
+ * speculator's incremental draft KV rests on: its drafts equal those of recomputing the tree.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+
+#include "model/llama.h"
+#include "tests/unit/testutil.h"
+
+static const int32_t PROMPT[] = {5, 77, 123, 9, 250, 31};
+#define N_PROMPT ((int)(sizeof PROMPT / sizeof PROMPT[0]))
+
+/* A tree in tree-index order, grown in the batches BATCH: round 0 the root (0); round 1 its
+ * children 1, 2; round 2 grandchildren 3, 4 (of 1) and 5 (of 2) plus a second root 6; round 3
+ * 7 (of 3), 8 (of 5), 9 (of 6); round 4 10 (of 7); round 5 11 (of 10) as a parent-less chain. */
+static const int32_t TOKENS[] = {40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51};
+static const int32_t PARENT[] = {-1, 0, 0, 1, 1, 2, -1, 3, 5, 6, 7, 10};
+static const int BATCH[] = {1, 2, 4, 3, 1, 1}; /* tokens per appended batch */
+#define N_TREE ((int)(sizeof TOKENS / sizeof TOKENS[0]))
+#define N_BATCH ((int)(sizeof BATCH / sizeof BATCH[0]))
+#define WIDTH 16
+
+static llama_model *load(const char *tag, const char *type, const char *extra)
+{
+    char err[256];
+    llama_model *m = llama_model_load(tu_make_model(tag, type, extra), err, sizeof err);
+    if (!m)
+        fail_msg("%s", err);
+    return m;
+}
+
+static llama_ctx *new_ctx(const llama_model *m, int width, int threads, kv_type kv)
+{
+    char err[256];
+    llama_ctx_params p = {.n_threads = threads, .max_width = width, .n_ctx = 64, .kv = kv};
+    llama_ctx *ctx = llama_ctx_new(m, &p, err, sizeof err);
+    if (!ctx)
+        fail_msg("%s", err);
+    return ctx;
+}
+
+static void forward_ok(llama_ctx *ctx, const llama_batch *b, float *logits)
+{
+    char err[256];
+    if (llama_forward(ctx, b, logits, err, sizeof err))
+        fail_msg("forward of %d tokens%s: %s", b->n, b->append ? " (append)" : "", err);
+}
+
+/* Grow the tree batch by batch; the last batch is a chain (parent NULL). */
+static void grow(llama_ctx *ctx, float *logits, int V)
+{
+    for (int k = 0, at = 0; k < N_BATCH; at += BATCH[k], k++) {
+        bool chain = k == N_BATCH - 1;
+        llama_batch b = {.n = BATCH[k],
+                         .tokens = TOKENS + at,
+                         .parent = chain ? NULL : PARENT + at,
+                         .append = k > 0};
+        forward_ok(ctx, &b, logits + (size_t)at * V);
+    }
+}
+
+static void expect_same(const char *what, const char *type, const char *kv, int node,
+                        const float *got, const float *want, int V)
+{
+    if (memcmp(got, want, (size_t)V * sizeof *got))
+        fail_msg("%s, %s KV: %s %d: logits differ (relative L2 %.3g)", type, kv, what, node,
+                 tu_rel_l2(got, want, (size_t)V));
+}
+
+static void check_append(const char *type, kv_type kv)
+{
+    const char *kvs = kv == KV_F16 ? "f16" : "f32";
+    char err[256];
+    llama_model *m = load("draftkv", type, NULL);
+    int V = m->cfg.vocab;
+    float *whole = malloc((size_t)N_TREE * V * sizeof *whole);
+    float *grown = malloc((size_t)N_TREE * V * sizeof *grown),
+          *seq = malloc((size_t)V * sizeof *seq);
+
+    llama_ctx *ref = new_ctx(m, WIDTH, 2, kv);
+    assert_int_equal(llama_prefill(ref, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
+    llama_batch all = {.n = N_TREE, .tokens = TOKENS, .parent = PARENT};
+    forward_ok(ref, &all, whole);
+
+    llama_ctx *ctx = new_ctx(m, WIDTH, 2, kv);
+    assert_int_equal(llama_prefill(ctx, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
+    grow(ctx, grown, V);
+    for (int i = 0; i < N_TREE; i++)
+        expect_same("appended node", type, kvs, i, grown + (size_t)i * V, whole + (size_t)i * V, V);
+
+    /* logits_from counts within the appended batch: only the new tokens' rows come back */
+    llama_batch one = {.n = 2, .tokens = TOKENS, .parent = (const int32_t[]){-1, 0}};
+    forward_ok(ctx, &one, grown);
+    llama_batch tail = {.n = 2,
+                        .tokens = TOKENS + 2,
+                        .parent = (const int32_t[]){0, 2},
+                        .logits_from = 1,
+                        .append = true};
+    forward_ok(ctx, &tail, grown);
+    llama_batch w4 = {.n = 4, .tokens = TOKENS, .parent = (const int32_t[]){-1, 0, 0, 2}};
+    forward_ok(ref, &w4, whole);
+    expect_same("logits_from of an append, node", type, kvs, 3, grown, whole + (size_t)3 * V, V);
+
+    /* commit root -> 2 -> 5 -> 8 of the grown tree, then one more token: as sequential */
+    grow(ctx, grown, V);
+    int32_t path[] = {0, 2, 5, 8};
+    assert_int_equal(llama_commit(ctx, path, 4, err, sizeof err), 0);
+    assert_int_equal(llama_ctx_prefix_len(ctx), N_PROMPT + 4);
+    int32_t next = 99, zero = 0;
+    llama_batch nb = {.n = 1, .tokens = &next};
+    forward_ok(ctx, &nb, grown);
+    llama_ctx *sc = new_ctx(m, 8, 1, kv);
+    int32_t ids[N_PROMPT + 5];
+    memcpy(ids, PROMPT, sizeof PROMPT);
+    for (int i = 0; i < 4; i++)
+        ids[N_PROMPT + i] = TOKENS[path[i]];
+    ids[N_PROMPT + 4] = next;
+    for (int i = 0; i < N_PROMPT + 5; i++) {
+        llama_batch b = {.n = 1, .tokens = &ids[i]};
+        forward_ok(sc, &b, seq);
+        assert_int_equal(llama_commit(sc, &zero, 1, err, sizeof err), 0);
+    }
+    expect_same("after committing an appended path, token", type, kvs, 0, grown, seq, V);
+
+    llama_ctx_destroy(&sc);
+    llama_ctx_destroy(&ctx);
+    llama_ctx_destroy(&ref);
+    free(whole);
+    free(grown);
+    free(seq);
+    llama_model_destroy(&m);
+}
+
+static void test_draft_kv_f32(void **state)
+{
+    (void)state;
+    check_append("f32", KV_F32);
+    check_append("f32", KV_F16);
+}
+
+static void test_draft_kv_quantized(void **state)
+{
+    (void)state;
+    check_append("q4_1", KV_F32);
+    check_append("q8_0", KV_F16);
+}
+
+/* Appends are refused, with a message saying why, past the width and once the tree is closed;
+ * a refused append leaves the tree as it was. */
+static void test_draft_kv_refused(void **state)
+{
+    (void)state;
+    char err[256];
+    llama_model *m = load("draftkv", "f32", NULL);
+    int V = m->cfg.vocab;
+    float *lg = malloc((size_t)4 * V * sizeof *lg), *again = malloc((size_t)V * sizeof *again);
+    llama_ctx *ctx = new_ctx(m, 4, 1, KV_F32);
+    int32_t toks[] = {1, 2, 3, 4, 5};
+    llama_batch app = {.n = 1, .tokens = toks, .append = true};
+    assert_int_equal(llama_forward(ctx, &app, NULL, err, sizeof err), -1); /* nothing to grow */
+    assert_non_null(strstr(err, "append"));
+    llama_batch root = {.n = 3, .tokens = toks};
+    forward_ok(ctx, &root, lg);
+    llama_batch wide = {.n = 2, .tokens = toks + 3, .append = true};
+    assert_int_equal(llama_forward(ctx, &wide, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "width"));
+    int32_t self[] = {3};
+    llama_batch bad = {.n = 1, .tokens = toks + 3, .parent = self, .append = true};
+    assert_int_equal(llama_forward(ctx, &bad, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "parent"));
+    llama_batch fits = {
+        .n = 1, .tokens = toks + 3, .append = true}; /* still open, still 3 tokens */
+    forward_ok(ctx, &fits, again);
+    int32_t path[] = {0, 1, 2, 3};
+    assert_int_equal(llama_commit(ctx, path, 4, err, sizeof err), 0);
+    assert_int_equal(llama_forward(ctx, &app, NULL, err, sizeof err), -1); /* committed: closed */
+    assert_non_null(strstr(err, "append"));
+    forward_ok(ctx, &root, lg);
+    llama_ctx_set_prefix_len(ctx, 2);
+    assert_int_equal(llama_forward(ctx, &app, NULL, err, sizeof err),
+                     -1); /* prefix moved: closed */
+    assert_non_null(strstr(err, "append"));
+    llama_ctx_destroy(&ctx);
+    free(lg);
+    free(again);
+    llama_model_destroy(&m);
+}
+
+/* A column split grows the tree the same way: each part gets the same batches. */
+typedef struct {
+    llama_model *m;
+    int part, n_parts;
+    void *shared;
+    pthread_barrier_t *barrier;
+    float *logits;
+    bool append;
+    int rc;
+    char err[256];
+} part_arg;
+
+static int part_sync(void *arg)
+{
+    pthread_barrier_wait(arg);
+    return 0;
+}
+
+static void *part_run(void *argp)
+{
+    part_arg *a = argp;
+    int V = a->m->cfg.vocab;
+    llama_ctx_params p = {.n_threads = 1,
+                          .max_width = WIDTH,
+                          .n_ctx = 32,
+                          .kv = KV_F16,
+                          .part = a->part,
+                          .n_parts = a->n_parts,
+                          .shared = a->shared,
+                          .sync = part_sync,
+                          .sync_arg = a->barrier};
+    llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
+    if (!ctx) {
+        a->rc = -1;
+        return NULL;
+    }
+    a->rc = llama_prefill(ctx, PROMPT, N_PROMPT, NULL, a->err, sizeof a->err);
+    if (!a->append) {
+        llama_batch b = {.n = N_TREE, .tokens = TOKENS, .parent = PARENT};
+        if (!a->rc)
+            a->rc = llama_forward(ctx, &b, a->logits, a->err, sizeof a->err);
+    }
+    for (int k = 0, at = 0; a->append && !a->rc && k < N_BATCH; at += BATCH[k], k++) {
+        llama_batch b = {
+            .n = BATCH[k], .tokens = TOKENS + at, .parent = PARENT + at, .append = k > 0};
+        a->rc = llama_forward(ctx, &b, a->logits + (size_t)at * V, a->err, sizeof a->err);
+        /* a part may still read the shared activations for its logits: the next batch waits (the
+         * workers' step barrier does this between steps) */
+        part_sync(a->barrier);
+    }
+    llama_ctx_destroy(&ctx);
+    return NULL;
+}
+
+static void run_parts(llama_model *m, int n_parts, bool append, float *logits)
+{
+    size_t bytes = llama_shared_layout(&m->cfg, 32, WIDTH, 1, KV_F16, NULL);
+    void *shared = calloc(1, bytes);
+    pthread_barrier_t barrier;
+    pthread_barrier_init(&barrier, NULL, (unsigned)n_parts);
+    part_arg args[4];
+    pthread_t th[4];
+    for (int i = 0; i < n_parts; i++) {
+        args[i] = (part_arg){.m = m,
+                             .part = i,
+                             .n_parts = n_parts,
+                             .shared = shared,
+                             .barrier = &barrier,
+                             .logits = logits,
+                             .append = append};
+        pthread_create(&th[i], NULL, part_run, &args[i]);
+    }
+    for (int i = 0; i < n_parts; i++) {
+        pthread_join(th[i], NULL);
+        if (args[i].rc)
+            fail_msg("part %d of %d: %s", i, n_parts, args[i].err);
+    }
+    pthread_barrier_destroy(&barrier);
+    free(shared);
+}
+
+static void test_draft_kv_parts(void **state)
+{
+    (void)state;
+    llama_model *m =
+        load("draftkv-parts", "q4_1",
+             "--layers 2 --dim 96 --ffn 160 --heads 6 --kv-heads 3 --vocab 301 --ctx 64");
+    size_t n = (size_t)N_TREE * m->cfg.vocab;
+    float *ref = calloc(n, 4), *got = calloc(n, 4);
+    run_parts(m, 1, false, ref);
+    for (int parts = 1; parts <= 3; parts++) {
+        memset(got, 0, n * 4);
+        run_parts(m, parts, true, got);
+        if (memcmp(ref, got, n * 4))
+            fail_msg("%d parts: the appended tree's logits differ from the whole tree's (relative "
+                     "L2 %.3g)",
+                     parts, tu_rel_l2(got, ref, n));
+    }
+    free(ref);
+    free(got);
+    llama_model_destroy(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_draft_kv_f32),
+        cmocka_unit_test(test_draft_kv_quantized),
+        cmocka_unit_test(test_draft_kv_refused),
+        cmocka_unit_test(test_draft_kv_parts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
