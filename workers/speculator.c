@@ -198,30 +198,35 @@ static void spec_kv_truncate(spec *s, int len)
 
 /* Most probable first, ties to the lower id: the k best are then the first k of one order, so the
  * best candidate is the same whatever k is (the work-ahead asks for 2, the tree decoder for 4). */
-static int spec_node_cmp_desc(const void *a, const void *b)
-{
-    const float *x = a, *y = b;
-    if (x[0] != y[0])
-        return x[0] < y[0] ? 1 : -1;
-    return x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0;
-}
-
 /* The k most probable tokens of a logits row (softmax), best first: out[i] = {prob, id}. */
 static int spec_top(const float *logits, int V, int k, float (*out)[2])
 {
-    float mx = logits[sampler_argmax(logits, V)];
-    double sum = 0;
-    for (int i = 0; i < V; i++)
-        sum += exp((double)logits[i] - mx);
-    int n = 0;
+    /* the k largest logits in one pass (ties: the lower id), then one vectorised pass for the
+     * softmax denominator: the drafter calls this once per leaf per round over the whole vocabulary
+     */
+    float best[4];
+    int ids[4], n = 0;
+    if (k > 4)
+        k = 4;
     for (int i = 0; i < V; i++) {
-        float p = (float)(exp((double)logits[i] - mx) / sum);
-        if (n < k || p > out[n - 1][0]) {
-            int j = n < k ? n++ : n - 1;
-            out[j][0] = p;
-            out[j][1] = (float)i;
-            qsort(out, (size_t)n, sizeof out[0], spec_node_cmp_desc);
+        float l = logits[i];
+        if (n == k && l <= best[n - 1])
+            continue;
+        int j = n < k ? n++ : n - 1;
+        while (j > 0 && best[j - 1] < l) {
+            best[j] = best[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
         }
+        best[j] = l;
+        ids[j] = i;
+    }
+    if (!n)
+        return 0;
+    float sum = k_sum_exp(logits, V, best[0]);
+    for (int j = 0; j < n; j++) {
+        out[j][0] = sum > 0 ? expf(best[j] - best[0]) / sum : 0.0f;
+        out[j][1] = (float)ids[j];
     }
     return n;
 }

@@ -133,6 +133,8 @@ void k_rmsnorm(float *out, const float *x, const float *weight, int n, float eps
 void k_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float base);
 void k_silu_mul(float *gate, const float *up, int n); /* gate = silu(gate) * up */
 void k_softmax(float *x, int n);
+/* sum of e^(x[i] - mx) over n values (vectorised; mx at least the largest x keeps it finite) */
+float k_sum_exp(const float *x, int n, float mx);
 float k_dot(const float *a, const float *b, int n);
 
 /* ===== attention partials ===== */

@@ -11,6 +11,7 @@
 #endif
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vexp.h"
 
 float k_dot(const float *a, const float *b, int n)
 {
@@ -88,4 +89,21 @@ void k_softmax(float *x, int n)
     float inv = (float)(1.0 / sum);
     for (int i = 0; i < n; i++)
         x[i] *= inv;
+}
+
+float k_sum_exp(const float *x, int n, float mx)
+{
+    int i = 0;
+    float s = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps(), m = _mm256_set1_ps(mx);
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_add_ps(acc, k_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+    float part[8];
+    _mm256_storeu_ps(part, acc);
+    s = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+#endif
+    for (; i < n; i++)
+        s += expf(x[i] - mx);
+    return s;
 }
