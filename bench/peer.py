@@ -408,7 +408,7 @@ def round_spec(a, res, rnd, models, prompts, failures):
 
         for label, tool, spec in (("ngram", "llama-lookup", "ngram"),
                                   ("draft %s" % a.spec_draft, "llama-speculative",
-                                   "model:draft=%s,threads=%d" % (draft, a.speculator_threads))):
+                                   "model:draft=%s,threads=%d" % (draft, a.speculator_threads or t))):
             log("%s: spec t=%d %s, %d prompts ..." % (tag, t, tool, len(prompts)))
             ll = load1()
             lrows = []
@@ -427,7 +427,10 @@ def round_spec(a, res, rnd, models, prompts, failures):
             lo = load1()
             run_dir = "%s-%s-t%d" % (a.run_dir, re.sub(r"[^a-z0-9]+", "-", label.lower()), t)
             try:
-                g = spec_bench.Group(a.bin_dir, target, run_dir, 1, t, [spec], [])
+                # the drafter is the target's own low-bit copy: long drafts pay (--max-draft up to
+                # width - 1); prompt lookup keeps the group default
+                ctl = ["--max-draft", str(a.max_draft)] if spec.startswith("model") else []
+                g = spec_bench.Group(a.bin_dir, target, run_dir, 1, t, [spec], [], ctl=ctl)
             except subprocess.CalledProcessError:
                 raise PeerError("the orochi group (%s) did not start: see %s/logs" % (label, run_dir))
             orows = []
@@ -504,7 +507,9 @@ def main():
     ap.add_argument("--no-spec", dest="spec", action="store_false", help="skip the speculative section")
     ap.add_argument("--spec-target", default="F16", help="type of the target in the spec section")
     ap.add_argument("--spec-draft", default="Q4_1", help="type of the draft model in the spec section")
-    ap.add_argument("--speculator-threads", type=int, default=1, help="threads of orochi's model speculator")
+    ap.add_argument("--speculator-threads", type=int, default=0,
+                    help="threads of orochi's model speculator (0: the same as the target's)")
+    ap.add_argument("--max-draft", type=int, default=7, help="the model drafter group's --max-draft")
     ap.add_argument("--prompts", default=os.path.join(os.path.dirname(ROOT), "shared", "bench", "prompts.jsonl"))
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "peer.jsonl"))

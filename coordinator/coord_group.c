@@ -150,6 +150,8 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
     snprintf(maxd, sizeof maxd, "%d", c->max_draft);
     group_argv_add(p, "--max-draft");
     group_argv_add(p, maxd);
+    int spec_threads = 1;
+    bool work_ahead_given = false;
     for (char *save = NULL, *kv = strtok_r(args, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
         char opt[96];
@@ -159,6 +161,24 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
         group_argv_add(p, opt);
         if (eq)
             group_argv_add(p, eq + 1);
+        if (!strcmp(kv, "threads") && eq)
+            spec_threads = atoi(eq + 1) > 0 ? atoi(eq + 1) : 1;
+        work_ahead_given |= !strcmp(kv, "work-ahead");
+    }
+    /* Placement (docs/performance.md, measured with bench/placement.py): a model drafter that
+     * drafts ahead while the target verifies only pays when it has cores of its own. Sharing cores,
+     * it slows every verification step more than its early drafts save (F16 target, Q4_1 drafter,
+     * 2 cores: 70.7 tok/s with, 81.9 without), so by default it then waits for the Feedback. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    bool model_kind = !strcmp(kind, "model") || !strcmp(kind, "layerskip");
+    if (model_kind && !work_ahead_given &&
+        (long)c->n_workers * c->threads_per_worker + spec_threads > cores) {
+        group_argv_add(p, "--work-ahead");
+        group_argv_add(p, "0");
+        rt_log("coordinator",
+               "%s: %d worker thread(s) + %d drafter thread(s) > %ld cores: no drafting "
+               "ahead during verification (set work-ahead=1 to force it)",
+               name, c->n_workers * c->threads_per_worker, spec_threads, cores);
     }
     return 0;
 }
