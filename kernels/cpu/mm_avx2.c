@@ -209,10 +209,9 @@ AI void a2_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int
                     const float *x, int n_tok, float *out)
 {
     if (n_tok == 1) {
-        if (ng == 2)
-            a2_f_one(type, 2, pk, gbytes, cols, x, out);
-        else
-            a2_f_one(type, 1, pk, gbytes, cols, x, out);
+        /* one group after the other: one sequential stream (two side by side stream slower) */
+        for (int g = 0; g < ng; g++)
+            a2_f_one(type, 1, pk + (size_t)g * gbytes, gbytes, cols, x, out + MM_GROUP * g);
         return;
     }
     for (int g = 0; g < ng; g++)
