@@ -4,7 +4,7 @@
  *
  * A measurement streams a buffer far larger than the last-level cache with T threads, each
  * summing its own contiguous slice with vector loads (the access pattern of a decode step), and
- * keeps the best of a few passes. Results are cached per CPU model and thread count in
+ * keeps the best of a few passes of two loop shapes (a bare sum; half floats widened). Results are cached per CPU model and thread count in
  * $XDG_CACHE_HOME/orochi/bandwidth (default ~/.cache/orochi/bandwidth), one line per thread count:
  * "<cpu model>\t<threads>\t<GB/s>". `orochi bench --bandwidth` re-measures and rewrites the cache;
  * everything else reads it and measures (about a second) only what is missing.
