@@ -92,6 +92,11 @@ typedef struct {
     /* the tree last published (for the fallback threshold update) */
     spec_node nodes[ARENA_DRAFT_MAX];
     int n_nodes;
+    /* the tree the last growth left in the draft context (tree index 0: the root at position
+     * tree_root_pos, node i: tree index i + 1, the first tree_run nodes forwarded); valid until any
+     * other forward, and only for a growth without a trunk */
+    bool tree_ok;
+    int tree_run, tree_root_pos;
     float *tree_logits; /* (ARENA_DRAFT_MAX + 1) x vocab */
     /* medusa */
     medusa *heads;
@@ -177,6 +182,7 @@ static int spec_catch_up(spec *s, int upto)
     char err[256];
     llama_ctx_set_prefix_len(s->ctx, s->kv_len);
     s->logits_at = -1;
+    s->tree_ok = false; /* this forward overwrites the tree area */
     if (llama_prefill(s->ctx, s->tokens + s->kv_len, upto - s->kv_len, s->logits, err,
                       sizeof err)) {
         rt_log(s->role, "draft model: %s", err);
@@ -363,6 +369,9 @@ static int spec_grow_model(spec *s)
         if (tc < s->alpha)
             break;
     }
+    s->tree_ok = m == 0 && n_run > 0;
+    s->tree_run = n_run;
+    s->tree_root_pos = base - 1;
     return n;
 }
 
@@ -458,6 +467,35 @@ static void spec_set_chain(spec *s)
     spec_kv_truncate(s, s->n_committed + same);
 }
 
+/* Drafting ahead starts from the published tree's main branch: its rows that the growth already
+ * forwarded move from the tree area into the prefix (root first), so the work-ahead only computes
+ * the branch's last token and what lies beyond, instead of forwarding the branch again. */
+static void spec_keep_main_branch(spec *s)
+{
+    if (!s->work_ahead || !s->tree_ok || s->kv_len != s->tree_root_pos || s->n_nodes <= 0)
+        return;
+    int best = -1;
+    for (int i = 0; i < s->n_nodes; i++)
+        if (!s->nodes[i].children && (best < 0 || s->nodes[i].cum > s->nodes[best].cum))
+            best = i;
+    int chain[ARENA_DRAFT_MAX], n = 0;
+    for (int i = best; i >= 0; i = s->nodes[i].parent)
+        chain[n++] = i;
+    int32_t path[ARENA_DRAFT_MAX + 1];
+    int len = 0;
+    path[len++] = 0;
+    for (int k = n - 1; k >= 0 && chain[k] < s->tree_run && len <= n - 1; k--)
+        path[len++] = chain[k] + 1;
+    s->tree_ok = false;
+    char err[256];
+    if (llama_commit(s->ctx, path, len, err, sizeof err)) {
+        rt_log(s->role, "draft model: %s", err);
+        return;
+    }
+    s->kv_len += len;
+    s->logits_at = -1;
+}
+
 /* Draft for the current context and publish it (an empty draft too). */
 static void spec_publish(spec *s)
 {
@@ -490,6 +528,7 @@ static void spec_publish(spec *s)
     s->drafts++;
     int ahead = s->n_chain; /* drafted ahead for this context before the Feedback came */
     spec_set_chain(s);
+    spec_keep_main_branch(s);
     if (s->trace)
         rt_log(s->role,
                "draft of %u tokens for context %d in %.1f ms (%d drafted ahead, alpha %.4g)", d.n,
@@ -566,6 +605,43 @@ static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
 }
 
 /* Apply a Feedback: keep the accepted part of the chain (and its KV), drop the rest. */
+/* The accepted tokens that the last grown tree already forwarded keep their K/V: the tree's root
+ * and the accepted path below it move from the tree area into the prefix (llama_commit) instead of
+ * being forwarded again by the next catch-up — each drafted token is computed once. */
+static void spec_commit_accepted(spec *s, const int32_t *acc, int n)
+{
+    if (!s->tree_ok || s->kv_len != s->tree_root_pos || s->n_nodes <= 0) {
+        if (s->trace)
+            rt_log(s->role, "no tree K/V to keep (tree %d, kv %d, root %d, nodes %d)", s->tree_ok,
+                   s->kv_len, s->tree_root_pos, s->n_nodes);
+        return;
+    }
+    s->tree_ok = false;
+    int32_t path[ARENA_DRAFT_MAX + 1];
+    int len = 0, parent = -1;
+    path[len++] = 0;                  /* the root: the last committed token */
+    for (int k = 0; k + 1 < n; k++) { /* not the last token: it is the next tree's root */
+        int hit = -1;
+        for (int i = 0; i < s->tree_run && i < s->n_nodes; i++)
+            if (s->nodes[i].parent == parent && s->nodes[i].token == acc[k]) {
+                hit = i;
+                break;
+            }
+        if (hit < 0)
+            break;
+        path[len++] = hit + 1;
+        parent = hit;
+    }
+    char err[256];
+    if (llama_commit(s->ctx, path, len, err, sizeof err)) {
+        rt_log(s->role, "draft model: %s", err);
+        return;
+    }
+    s->kv_len += len;
+    if (s->trace)
+        rt_log(s->role, "kept the K/V of %d tree rows (root and %d accepted)", len, len - 1);
+}
+
 static void spec_feedback(spec *s, const Orochi__Feedback *fb)
 {
     if (fb->done) {
@@ -604,6 +680,7 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         }
         if (fb->drafted) /* a draft the step never saw says nothing about alpha */
             spec_update_alpha(s, fb->tokens, n);
+        spec_commit_accepted(s, fb->tokens, n);
         while (keep < n && keep < s->n_chain &&
                s->tokens[s->n_committed + keep] == fb->tokens[keep])
             keep++;
