@@ -5,6 +5,7 @@
  * compiler vectorises; k_dot is explicit because attention leans on it.
  */
 #include <math.h>
+#include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -81,6 +82,20 @@ void k_silu_mul(float *gate, const float *up, int n)
         __m256 e = k_exp8(_mm256_min_ps(_mm256_xor_ps(g, sign), hi));
         _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
                                                  _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        /* the tail goes through the same lanes (padded), so an element's value never depends on
+         * where a column part's range starts or ends */
+        float gt[8] = {0}, ut[8] = {0};
+        int m = n - i;
+        memcpy(gt, gate + i, (size_t)m * sizeof(float));
+        memcpy(ut, up + i, (size_t)m * sizeof(float));
+        __m256 g = _mm256_loadu_ps(gt);
+        __m256 e = k_exp8(_mm256_min_ps(_mm256_xor_ps(g, sign), hi));
+        _mm256_storeu_ps(
+            gt, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(ut)));
+        memcpy(gate + i, gt, (size_t)m * sizeof(float));
+        i = n;
     }
 #endif
     for (; i < n; i++) {
