@@ -190,13 +190,17 @@ AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbyte
 AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
                     const float *x, int n_tok, float *out)
 {
-    if (n_tok == 1 && ng == 2) {
-        /* a decode step is memory-bound: one group after the other is one sequential stream,
-         * two groups side by side are two (and stream slower); each lane computes the same */
-        float one[2][MM_GROUP];
-        a5_f_tile(type, 1, 1, pk, gbytes, cols, x, 0, one[0]);
-        a5_f_tile(type, 1, 1, pk + gbytes, gbytes, cols, x, 0, one[1]);
-        memcpy(out, one, sizeof one);
+    if (n_tok <= 4 && ng == 2) {
+        /* up to four tokens a step is (nearly) memory-bound: one group after the other is one
+         * sequential stream, two groups side by side are two (and stream slower); each lane
+         * computes the same either way */
+        float part[2][4 * MM_GROUP];
+        for (int g = 0; g < 2; g++)
+            a5_fgroup_t(type, pk + (size_t)g * gbytes, 1, gbytes, cols, x, n_tok, part[g]);
+        for (int t = 0; t < n_tok; t++)
+            for (int g = 0; g < 2; g++)
+                memcpy(out + (size_t)t * 2 * MM_GROUP + MM_GROUP * g,
+                       part[g] + (size_t)t * MM_GROUP, MM_GROUP * sizeof(float));
         return;
     }
     for (int t0 = 0; t0 < n_tok; t0 += FT) {
