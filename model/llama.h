@@ -52,7 +52,8 @@ size_t llama_model_step_bytes(const llama_model *m);
 double llama_model_step_macs(const llama_model *m);
 
 /* The state the parts of a column-split forward share: the KV cache (per layer K then V, each
- * n_ctx prefix rows + max_width tree rows of n_kv_heads * head_dim) and the activations a part
+ * head-major: per KV head, n_seq * n_ctx prefix rows then max_width tree rows of head_dim
+ * elements) and the activations a part
  * reads from others. One contiguous block; llama_shared_layout gives its size and offsets, so the
  * block can be a region of the shared-memory arena. */
 typedef struct {
