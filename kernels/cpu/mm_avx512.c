@@ -43,9 +43,13 @@ AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
         __m512 mw = q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
                         : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
         const uint8_t *qs = p + (q41 ? 64 : 32);
-        __m512i lo[QT], hi[QT];
+        /* with few tokens the dependent vpdpbusd chains bound the loop, so each of lo and hi is
+         * split in two (low and high nibbles); integer sums, so the split changes no bit */
+        const int SPLIT = NT <= 2 ? 2 : 1;
+        __m512i lo[QT][2], hi[QT][2];
         for (int t = 0; t < NT; t++)
-            lo[t] = hi[t] = _mm512_setzero_si512();
+            for (int h = 0; h < SPLIT; h++)
+                lo[t][h] = hi[t][h] = _mm512_setzero_si512();
         for (int k = 0; k < 4; k++) {
             __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * k));
             __m512i wl = _mm512_and_si512(raw, mask);
@@ -53,15 +57,22 @@ AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
             for (int t = 0; t < NT; t++) {
                 size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
                 const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
-                lo[t] = _mm512_dpbusd_epi32(lo[t], wl, a5_bcast(xl + 4 * k));
-                lo[t] = _mm512_dpbusd_epi32(lo[t], wh, a5_bcast(xl + 16 + 4 * k));
-                hi[t] = _mm512_dpbusd_epi32(hi[t], wl, a5_bcast(xh + 4 * k));
-                hi[t] = _mm512_dpbusd_epi32(hi[t], wh, a5_bcast(xh + 16 + 4 * k));
+                lo[t][0] = _mm512_dpbusd_epi32(lo[t][0], wl, a5_bcast(xl + 4 * k));
+                lo[t][SPLIT - 1] =
+                    _mm512_dpbusd_epi32(lo[t][SPLIT - 1], wh, a5_bcast(xl + 16 + 4 * k));
+                hi[t][0] = _mm512_dpbusd_epi32(hi[t][0], wl, a5_bcast(xh + 4 * k));
+                hi[t][SPLIT - 1] =
+                    _mm512_dpbusd_epi32(hi[t][SPLIT - 1], wh, a5_bcast(xh + 16 + 4 * k));
             }
         }
         for (int t = 0; t < NT; t++) {
             size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-            __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[t], 8), lo[t]);
+            __m512i lot = lo[t][0], hit = hi[t][0];
+            if (SPLIT == 2) {
+                lot = _mm512_add_epi32(lot, lo[t][1]);
+                hit = _mm512_add_epi32(hit, hi[t][1]);
+            }
+            __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hit, 8), lot);
             __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t]);
             acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->s[xb]), acc[t]);
@@ -81,20 +92,25 @@ AI void a5_q8_tile(int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *ou
         const uint8_t *p = pk + (size_t)b * 544;
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         const uint8_t *qs = p + 32;
-        __m512i dot[QT];
+        /* few tokens: two chains per token (even and odd pairs) so vpdpwssd latency does not
+         * bound the loop; integer sums, so the split changes no bit */
+        const int SPLIT = NT <= 2 ? 2 : 1;
+        __m512i dot[QT][2];
         for (int t = 0; t < NT; t++)
-            dot[t] = _mm512_setzero_si512();
+            for (int h = 0; h < SPLIT; h++)
+                dot[t][h] = _mm512_setzero_si512();
         for (int pr = 0; pr < 16; pr++) {
             __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * pr)));
             for (int t = 0; t < NT; t++)
-                dot[t] = _mm512_dpwssd_epi32(
-                    dot[t], w,
+                dot[t][pr % SPLIT] = _mm512_dpwssd_epi32(
+                    dot[t][pr % SPLIT], w,
                     a5_bcast(xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 + 2 * pr));
         }
         for (int t = 0; t < NT; t++) {
             size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            __m512i d = SPLIT == 2 ? _mm512_add_epi32(dot[t][0], dot[t][SPLIT - 1]) : dot[t][0];
             __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), sc, acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[t]);
         }
     }
     for (int t = 0; t < NT; t++)
