@@ -283,20 +283,45 @@ static void mat_drop_pages(const kmat *w)
 
 static int llama_model_pack(llama_model *m)
 {
-    kpool *pool = kpool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
-    int rc = kmat_pack(pool, &m->lm_head);
-    if (!m->tied)
-        mat_drop_pages(&m->lm_head);
-    for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
+    /* every matrix in the order a step reads it (layer by layer, then the lm_head), in one block
+     * on huge pages: a decode step is then one long sequential stream */
+    int n = 0, cap = 7 * m->cfg.n_layers + 1;
+    kmat **mats = malloc((size_t)cap * sizeof *mats);
+    if (!mats)
+        return -1;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
         llama_layer *L = &m->layers[l];
-        kmat *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7 && !rc; i++) {
-            rc = kmat_pack(pool, mats[i]);
+        kmat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            mats[n++] = ms[i];
+    }
+    mats[n++] = &m->lm_head;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += (kmat_packed_bytes(mats[i]) + 63) & ~(size_t)63;
+    size_t huge = (size_t)2 << 20, bytes = (total + huge - 1) & ~(huge - 1);
+    if (posix_memalign(&m->pack_block, huge, bytes ? bytes : huge)) {
+        m->pack_block = NULL;
+        free(mats);
+        return -1;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(m->pack_block, bytes, MADV_HUGEPAGE);
+#endif
+    kpool *pool = kpool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = kmat_packed_bytes(mats[i]);
+        if (!b)
+            continue;
+        kmat_pack_into(pool, mats[i], (uint8_t *)m->pack_block + off);
+        if (mats[i] != &m->lm_head || !m->tied)
             mat_drop_pages(mats[i]);
-        }
+        off += (b + 63) & ~(size_t)63;
     }
     kpool_destroy(&pool);
-    return rc;
+    free(mats);
+    return 0;
 }
 
 static void llama_layer_unpack(llama_layer *L)
@@ -314,6 +339,7 @@ void llama_model_destroy(llama_model **model)
     kmat_unpack(&m->lm_head);
     for (int l = 0; m->layers && l < m->cfg.n_layers; l++)
         llama_layer_unpack(&m->layers[l]);
+    free(m->pack_block);
     gguf_close(&m->file);
     free(m->layers);
     free(m);
@@ -340,23 +366,8 @@ int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err,
         }
         kept[i] = m->layers[layers[i]];
     }
-    /* each packed buffer keeps exactly one owner: a layer listed twice shares the first copy's
-     * buffer only through the unpacked path, and layers left out release theirs */
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++)
-            if (layers[j] == layers[i]) {
-                kmat *mats[7] = {&kept[i].wq,     &kept[i].wk,   &kept[i].wv,    &kept[i].wo,
-                                 &kept[i].w_gate, &kept[i].w_up, &kept[i].w_down};
-                for (int k = 0; k < 7; k++)
-                    mats[k]->packed = NULL;
-            }
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        bool used = false;
-        for (int i = 0; i < n && !used; i++)
-            used = layers[i] == l;
-        if (!used)
-            llama_layer_unpack(&m->layers[l]);
-    }
+    /* the packed rows live in the model's one block (m->pack_block): a layer listed twice shares
+     * them, and layers left out keep theirs there until the model goes */
     free(m->layers);
     m->layers = kept;
     m->cfg.n_layers = n;

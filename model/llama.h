@@ -37,6 +37,7 @@ typedef struct {
     const float *out_norm;
     llama_layer *layers;
     int tied; /* lm_head is the embedding matrix */
+    void *pack_block; /* every matrix's packed rows, in step order (owned) */
 } llama_model;
 
 /* Load a llama GGUF. On failure NULL and one line in err naming the file and what is wrong

@@ -79,7 +79,8 @@ typedef struct {
     int64_t rows, cols;
     size_t row_bytes;
     const void *data;
-    void *packed; /* quantized types: the 16-row group layout (kmat_pack), NULL until packed */
+    void *packed; /* the 16-row group layout (kmat_pack / kmat_pack_into), NULL until packed */
+    bool packed_borrowed; /* packed lies in memory someone else owns (kmat_pack_into) */
 } kmat;
 
 /* ===== instruction sets of the matmul ===== */
@@ -99,10 +100,14 @@ kisa kisa_current(void);
  * in the last bits (different reduction widths). */
 int kisa_select(kisa i);
 
-/* Repack a quantized matrix (Q8_0/Q4_0/Q4_1, cols % 32 == 0) into w->packed, the layout the
- * micro-kernels stream; other types are left as they are. 0, or -1 when out of memory. Matrices
- * that are not packed still multiply correctly, packing a group at a time on the fly. */
+/* Repack a matrix (F32/F16/BF16, or Q8_0/Q4_0/Q4_1 with cols % 32 == 0) into w->packed, the
+ * layout the micro-kernels stream. 0, or -1 when out of memory. Matrices that are not packed still
+ * multiply correctly, packing a group at a time on the fly. */
 int kmat_pack(kpool *pool, kmat *w);
+/* Pack into dst (kmat_packed_bytes(w) bytes, 64-byte aligned, owned by the caller): a model packs
+ * all its matrices into one block in the order a step reads them. */
+void kmat_pack_into(kpool *pool, kmat *w, void *dst);
+/* Free w->packed (unless borrowed) and forget it. */
 void kmat_unpack(kmat *w);
 /* Bytes kmat_pack allocates for w (0 for types it does not pack). */
 size_t kmat_packed_bytes(const kmat *w);

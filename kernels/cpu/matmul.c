@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -210,18 +211,37 @@ int kmat_pack(kpool *pool, kmat *w)
     if (!bytes || w->packed)
         return 0;
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes))
+    /* large matrices on 2 MiB boundaries and, where the kernel allows, transparent huge pages:
+     * a decode step streams every byte once, and 4 KiB pages cost a TLB walk per page */
+    size_t align = bytes >= ((size_t)2 << 20) ? ((size_t)2 << 20) : 64;
+    if (posix_memalign(&p, align, bytes))
         return -1;
+#ifdef MADV_HUGEPAGE
+    if (align > 64)
+        madvise(p, bytes, MADV_HUGEPAGE);
+#endif
     mm_pack_job j = {w, p};
     kpool_run(pool, mm_groups(w), 4, mm_pack_run, &j);
     w->packed = p;
     return 0;
 }
 
+void kmat_pack_into(kpool *pool, kmat *w, void *dst)
+{
+    if (!kmat_packed_bytes(w))
+        return;
+    mm_pack_job j = {w, dst};
+    kpool_run(pool, mm_groups(w), 4, mm_pack_run, &j);
+    w->packed = dst;
+    w->packed_borrowed = true;
+}
+
 void kmat_unpack(kmat *w)
 {
-    free(w->packed);
+    if (!w->packed_borrowed)
+        free(w->packed);
     w->packed = NULL;
+    w->packed_borrowed = false;
 }
 
 /* ===== activation quantisation ===== */
