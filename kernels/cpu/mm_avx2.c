@@ -116,8 +116,42 @@ AI void a2_q8_tile(int NT, const uint8_t *pk, int h, const mm_xq *xq, int t0, fl
     default: CALL(4); break;                                                                       \
     }
 
+/* Q8_0, one token (a decode step): both halves in one pass over the group, so each block is
+ * streamed once; per lane the same integer dot and roundings as a2_q8_tile. */
+static void a2_q8_one(const uint8_t *pk, const mm_xq *xq, float *out)
+{
+    const int64_t nb = xq->nb;
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pk + (size_t)b * 544, *qs = p + 32;
+        const int16_t *x = xq->q + (size_t)b * 32;
+        __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int pr = 0; pr < 16; pr++) {
+            int32_t v;
+            memcpy(&v, x + 2 * pr, 4);
+            __m256i xv = _mm256_set1_epi32(v);
+            for (int h = 0; h < 2; h++) {
+                __m256i w =
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * pr + 16 * h)));
+                dot[h] = _mm256_add_epi32(dot[h], _mm256_madd_epi16(w, xv));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[b]));
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h]), sc, acc[h]);
+        }
+    }
+    _mm256_storeu_ps(out, acc[0]);
+    _mm256_storeu_ps(out + 8, acc[1]);
+}
+
 static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
 {
+    if (type == KT_Q8_0 && n_tok == 1) {
+        a2_q8_one(pk, xq, out);
+        return;
+    }
     for (int h = 0; h < 2; h++)
         for (int t0 = 0; t0 < n_tok; t0 += QT) {
             int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
