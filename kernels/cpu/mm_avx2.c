@@ -146,10 +146,54 @@ static void a2_q8_one(const uint8_t *pk, const mm_xq *xq, float *out)
     _mm256_storeu_ps(out + 8, acc[1]);
 }
 
+/* 4-bit, one token: both halves in one pass over the group; per lane the same integer dot and
+ * roundings as a2_q4_tile. */
+static void a2_q4_one(bool q41, const uint8_t *pk, const mm_xq *xq, float *out)
+{
+    const int64_t nb = xq->nb;
+    const size_t gb = q41 ? 320 : 288;
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pk + (size_t)b * gb, *qs = p + (q41 ? 64 : 32);
+        const int8_t *xl = xq->lo + (size_t)b * 32, *xh = xq->hi + (size_t)b * 32;
+        __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[1]};
+        for (int k = 0; k < 4; k++) {
+            __m256i bl0 = a2_bcast(xl + 4 * k), bl1 = a2_bcast(xl + 16 + 4 * k);
+            __m256i bh0 = a2_bcast(xh + 4 * k), bh1 = a2_bcast(xh + 16 + 4 * k);
+            for (int h = 0; h < 2; h++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
+                __m256i wl = _mm256_and_si256(raw, mask);
+                __m256i wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(wl, bl0));
+                lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(wh, bl1));
+                hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(wl, bh0));
+                hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(wh, bh1));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+            __m256 mw = q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h)))
+                            : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+            __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[h], ones), 8),
+                                           _mm256_madd_epi16(lo[h], ones));
+            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[b]));
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[h]);
+            acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[b]), acc[h]);
+        }
+    }
+    _mm256_storeu_ps(out, acc[0]);
+    _mm256_storeu_ps(out + 8, acc[1]);
+}
+
 static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
 {
     if (type == KT_Q8_0 && n_tok == 1) {
         a2_q8_one(pk, xq, out);
+        return;
+    }
+    if (n_tok == 1) {
+        a2_q4_one(type == KT_Q4_1, pk, xq, out);
         return;
     }
     for (int h = 0; h < 2; h++)
