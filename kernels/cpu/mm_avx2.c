@@ -2,7 +2,8 @@
  * kernels/cpu/mm_avx2.c — matmul micro-kernels for AVX2 + FMA + F16C (compiled with those flags
  * only; matmul.c calls them when cpuid reports them). Layouts and roundings: mm_isa.h.
  *
- * A 16-row group runs as two halves of 8 rows, one ymm lane per row.
+ * A 16-row group runs as two halves of 8 rows, one ymm lane per row; a single token (a decode
+ * step) takes both halves in one pass, so each block is streamed once.
  *   - 4-bit weights: the nibbles are the unsigned operand of vpmaddubsw against the low and high
  *     signed bytes of the activations, four columns per instruction and lane; eight such products
  *     summed in int16 cannot overflow (8 * 2 * 15 * 128 < 32768), then one vpmaddwd widens the
