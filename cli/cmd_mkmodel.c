@@ -29,89 +29,59 @@ static const char MK_CORPUS[] =
     "one two three four five six seven eight nine ten. int main(void) { return 0; } "
     "for i in range(10): print(i) # numbers and code and prose, again and again and again.";
 
-/* ===== a growable byte buffer for the header ===== */
+/* ===== GGUF header pieces (cli_buf, cli/util.h) ===== */
 
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-    bool oom;
-} mk_buf;
-
-static void mk_put(mk_buf *b, const void *src, size_t n)
+static void mk_str(cli_buf *b, const char *s)
 {
-    if (b->oom)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
+    cli_buf_str(b, s, strlen(s));
 }
 
-static void mk_u32(mk_buf *b, uint32_t v) { mk_put(b, &v, 4); }
-static void mk_u64(mk_buf *b, uint64_t v) { mk_put(b, &v, 8); }
-
-static void mk_str(mk_buf *b, const char *s)
-{
-    mk_u64(b, strlen(s));
-    mk_put(b, s, strlen(s));
-}
-
-static void mk_kv_u32(mk_buf *b, const char *key, uint32_t v)
+static void mk_kv_u32(cli_buf *b, const char *key, uint32_t v)
 {
     mk_str(b, key);
-    mk_u32(b, 4);
-    mk_u32(b, v);
+    cli_buf_u32(b, 4);
+    cli_buf_u32(b, v);
 }
 
-static void mk_kv_f32(mk_buf *b, const char *key, float v)
+static void mk_kv_f32(cli_buf *b, const char *key, float v)
 {
     mk_str(b, key);
-    mk_u32(b, 6);
-    mk_put(b, &v, 4);
+    cli_buf_u32(b, 6);
+    cli_buf_put(b, &v, 4);
 }
 
-static void mk_kv_bool(mk_buf *b, const char *key, bool v)
+static void mk_kv_bool(cli_buf *b, const char *key, bool v)
 {
     uint8_t x = v;
     mk_str(b, key);
-    mk_u32(b, 7);
-    mk_put(b, &x, 1);
+    cli_buf_u32(b, 7);
+    cli_buf_put(b, &x, 1);
 }
 
-static void mk_kv_str(mk_buf *b, const char *key, const char *v)
+static void mk_kv_str(cli_buf *b, const char *key, const char *v)
 {
     mk_str(b, key);
-    mk_u32(b, 8);
+    cli_buf_u32(b, 8);
     mk_str(b, v);
 }
 
-static void mk_kv_strs(mk_buf *b, const char *key, char **v, uint64_t n)
+static void mk_kv_strs(cli_buf *b, const char *key, char **v, uint64_t n)
 {
     mk_str(b, key);
-    mk_u32(b, 9);
-    mk_u32(b, 8);
-    mk_u64(b, n);
+    cli_buf_u32(b, 9);
+    cli_buf_u32(b, 8);
+    cli_buf_u64(b, n);
     for (uint64_t i = 0; i < n; i++)
         mk_str(b, v[i]);
 }
 
-static void mk_kv_i32s(mk_buf *b, const char *key, const int32_t *v, uint64_t n)
+static void mk_kv_i32s(cli_buf *b, const char *key, const int32_t *v, uint64_t n)
 {
     mk_str(b, key);
-    mk_u32(b, 9);
-    mk_u32(b, 5);
-    mk_u64(b, n);
-    mk_put(b, v, n * 4);
+    cli_buf_u32(b, 9);
+    cli_buf_u32(b, 5);
+    cli_buf_u64(b, n);
+    cli_buf_put(b, v, n * 4);
 }
 
 /* ===== the vocabulary ===== */
@@ -415,11 +385,11 @@ int cmd_mkmodel(int argc, char **argv)
     if (!tied)
         mk_add(t, &n_t, "output.weight", type, dim, vocab, false);
 
-    mk_buf b = {0};
-    mk_put(&b, "GGUF", 4);
-    mk_u32(&b, 3);
-    mk_u64(&b, (uint64_t)n_t);
-    mk_u64(&b, 19);
+    cli_buf b = {0};
+    cli_buf_put(&b, "GGUF", 4);
+    cli_buf_u32(&b, 3);
+    cli_buf_u64(&b, (uint64_t)n_t);
+    cli_buf_u64(&b, 19);
     mk_kv_str(&b, "general.architecture", "llama");
     mk_kv_str(&b, "general.name", "orochi-mkmodel");
     mk_kv_u32(&b, "general.alignment", MK_ALIGN);
@@ -447,15 +417,15 @@ int cmd_mkmodel(int argc, char **argv)
         t[i].offset = off;
         off += (mk_tensor_bytes(&t[i]) + MK_ALIGN - 1) / MK_ALIGN * MK_ALIGN;
         mk_str(&b, t[i].name);
-        mk_u32(&b, (uint32_t)t[i].n_dims);
-        mk_u64(&b, (uint64_t)t[i].cols);
+        cli_buf_u32(&b, (uint32_t)t[i].n_dims);
+        cli_buf_u64(&b, (uint64_t)t[i].cols);
         if (t[i].n_dims == 2)
-            mk_u64(&b, (uint64_t)t[i].rows);
-        mk_u32(&b, t[i].type);
-        mk_u64(&b, t[i].offset);
+            cli_buf_u64(&b, (uint64_t)t[i].rows);
+        cli_buf_u32(&b, t[i].type);
+        cli_buf_u64(&b, t[i].offset);
     }
     static const uint8_t zeros[MK_ALIGN];
-    mk_put(&b, zeros, (MK_ALIGN - b.n % MK_ALIGN) % MK_ALIGN);
+    cli_buf_put(&b, zeros, (MK_ALIGN - b.n % MK_ALIGN) % MK_ALIGN);
 
     int rc = 1;
     FILE *f = b.oom ? NULL : fopen(out, "wb");

@@ -46,13 +46,13 @@
 #include "model/gguf.h"
 
 #define QZ_DEFAULT_THREADS 2
-#define QZ_MAX_THREADS     256
-#define QZ_SLAB_BYTES      (8u << 20) /* output bytes converted per pool job */
-#define QZ_ROW_GRAIN       8          /* rows per pool chunk at least */
-#define QZ_BAR_WIDTH       30
-#define QZ_REDRAW_SECONDS  0.1
-#define QZ_MIB             (1024.0 * 1024.0)
-#define QZ_TYPE_LIST       "F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+#define QZ_MAX_THREADS 256
+#define QZ_SLAB_BYTES (8u << 20) /* output bytes converted per pool job */
+#define QZ_ROW_GRAIN 8           /* rows per pool chunk at least */
+#define QZ_BAR_WIDTH 30
+#define QZ_REDRAW_SECONDS 0.1
+#define QZ_MIB (1024.0 * 1024.0)
+#define QZ_TYPE_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_1"
 
 /* The types TYPE may name, with llama.cpp's general.file_type number (enum llama_ftype). */
 typedef struct {
@@ -83,52 +83,6 @@ typedef struct {
     uint64_t nbytes; /* output data bytes */
     uint64_t offset; /* in the output data section */
 } qz_tensor;
-
-/* ===== a growable byte buffer for the header ===== */
-
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-    bool oom;
-} qz_buf;
-
-static void qz_put(qz_buf *b, const void *src, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1 << 16;
-        while (cap < b->n + n)
-            cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void qz_put_u32(qz_buf *b, uint32_t v)
-{
-    uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    qz_put(b, le, 4);
-}
-
-static void qz_put_u64(qz_buf *b, uint64_t v)
-{
-    qz_put_u32(b, (uint32_t)v);
-    qz_put_u32(b, (uint32_t)(v >> 32));
-}
-
-static void qz_put_str(qz_buf *b, const char *s, uint64_t len)
-{
-    qz_put_u64(b, len);
-    qz_put(b, s, (size_t)len);
-}
 
 /* ===== metadata: encoded sizes, so each key/value can be copied as raw bytes ===== */
 
@@ -174,7 +128,7 @@ static uint64_t qz_kv_bytes(const gguf_kv *kv)
  * a message when a record's computed size does not match the offsets the reader recorded
  * (cannot happen for a file gguf_open accepted; checked so that a reader change cannot turn
  * this copy into garbage). */
-static uint64_t qz_write_metadata(const gguf_file *f, uint32_t file_type, qz_buf *b)
+static uint64_t qz_write_metadata(const gguf_file *f, uint32_t file_type, cli_buf *b)
 {
     static const char key[] = "general.file_type";
     bool replaced = false;
@@ -194,18 +148,18 @@ static uint64_t qz_write_metadata(const gguf_file *f, uint32_t file_type, qz_buf
             return 0;
         }
         if (gguf_str_eq(kv->key, key)) {
-            qz_put_str(b, key, sizeof key - 1);
-            qz_put_u32(b, GGUF_UINT32);
-            qz_put_u32(b, file_type);
+            cli_buf_str(b, key, sizeof key - 1);
+            cli_buf_u32(b, GGUF_UINT32);
+            cli_buf_u32(b, file_type);
             replaced = true;
         } else {
-            qz_put(b, f->base + kv->offset, (size_t)len);
+            cli_buf_put(b, f->base + kv->offset, (size_t)len);
         }
     }
     if (!replaced) {
-        qz_put_str(b, key, sizeof key - 1);
-        qz_put_u32(b, GGUF_UINT32);
-        qz_put_u32(b, file_type);
+        cli_buf_str(b, key, sizeof key - 1);
+        cli_buf_u32(b, GGUF_UINT32);
+        cli_buf_u32(b, file_type);
     }
     return f->n_kv + !replaced;
 }
@@ -281,30 +235,31 @@ static uint64_t qz_plan(const gguf_file *f, const qz_options *o, qz_tensor *ts, 
 }
 
 /* The header: magic, version 3, counts, metadata, tensor infos, padding to the alignment. */
-static bool qz_write_header(const gguf_file *f, const qz_options *o, const qz_tensor *ts, qz_buf *b)
+static bool qz_write_header(const gguf_file *f, const qz_options *o, const qz_tensor *ts,
+                            cli_buf *b)
 {
-    qz_put(b, "GGUF", 4);
-    qz_put_u32(b, 3);
-    qz_put_u64(b, f->n_tensors);
+    cli_buf_put(b, "GGUF", 4);
+    cli_buf_u32(b, 3);
+    cli_buf_u64(b, f->n_tensors);
     size_t n_kv_at = b->n;
-    qz_put_u64(b, 0); /* patched below: one more when general.file_type is added */
+    cli_buf_u64(b, 0); /* patched below: one more when general.file_type is added */
     uint64_t n_kv = qz_write_metadata(f, o->to->file_type, b);
     if (!n_kv && f->n_kv)
         return false;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *src = ts[i].src;
-        qz_put_str(b, src->name.ptr, src->name.len);
-        qz_put_u32(b, src->n_dims);
+        cli_buf_str(b, src->name.ptr, src->name.len);
+        cli_buf_u32(b, src->n_dims);
         for (uint32_t d = 0; d < src->n_dims; d++)
-            qz_put_u64(b, src->ne[d]);
-        qz_put_u32(b, ts[i].type);
-        qz_put_u64(b, ts[i].offset);
+            cli_buf_u64(b, src->ne[d]);
+        cli_buf_u32(b, ts[i].type);
+        cli_buf_u64(b, ts[i].offset);
     }
     static const uint8_t zeros[256];
     size_t pad = (size_t)((f->alignment - b->n % f->alignment) % f->alignment);
     while (pad) {
         size_t k = pad < sizeof zeros ? pad : sizeof zeros;
-        qz_put(b, zeros, k);
+        cli_buf_put(b, zeros, k);
         pad -= k;
     }
     if (b->oom) {
@@ -425,7 +380,7 @@ static bool qz_write_tensor(qz_writer *w, const qz_tensor *t, uint64_t index)
 }
 
 /* Header, then each tensor's data padded to the alignment. */
-static bool qz_write_file(qz_writer *w, const gguf_file *f, const qz_tensor *ts, const qz_buf *hdr)
+static bool qz_write_file(qz_writer *w, const gguf_file *f, const qz_tensor *ts, const cli_buf *hdr)
 {
     static const uint8_t zeros[256];
     if (!qz_write_bytes(w, hdr->p, hdr->n))
@@ -572,7 +527,7 @@ int cmd_quantize(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 2;
     }
-    qz_buf hdr = {0};
+    cli_buf hdr = {0};
     qz_writer w = {0};
     qz_progress progress = {.tty = isatty(STDERR_FILENO) == 1, .decile = 0};
     char *tmp = NULL;

@@ -39,7 +39,8 @@ bool cli_float(const char *cmd, const char *opt, const char *s, double lo, doubl
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "orochi %s: %s expects a number in [%g, %g], got '%s'\n", cmd, opt, lo, hi, s);
+        fprintf(stderr, "orochi %s: %s expects a number in [%g, %g], got '%s'\n", cmd, opt, lo, hi,
+                s);
         return false;
     }
     *out = v;
@@ -93,4 +94,42 @@ int cli_online_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+void cli_buf_put(cli_buf *b, const void *src, size_t n)
+{
+    if (b->oom || n == 0)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 1 << 16;
+        while (cap < b->n + n)
+            cap *= 2;
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+void cli_buf_u32(cli_buf *b, uint32_t v)
+{
+    uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    cli_buf_put(b, le, 4);
+}
+
+void cli_buf_u64(cli_buf *b, uint64_t v)
+{
+    cli_buf_u32(b, (uint32_t)v);
+    cli_buf_u32(b, (uint32_t)(v >> 32));
+}
+
+void cli_buf_str(cli_buf *b, const char *s, uint64_t len)
+{
+    cli_buf_u64(b, len);
+    cli_buf_put(b, s, (size_t)len);
 }

@@ -6,6 +6,7 @@
 #define OROCHI_CLI_UTIL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/llama.h"
@@ -22,5 +23,18 @@ int cli_parse_ids(const char *cmd, const char *s, int32_t **ids);
 /* Peak resident set size of this process in bytes. */
 uint64_t cli_peak_rss(void);
 int cli_online_cores(void);
+
+/* A growable byte buffer for writing GGUF headers (orochi mkmodel, orochi quantize): values are
+ * appended little-endian; an allocation failure sets oom and later appends do nothing. */
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+    bool oom;
+} cli_buf;
+void cli_buf_put(cli_buf *b, const void *src, size_t n);
+void cli_buf_u32(cli_buf *b, uint32_t v);
+void cli_buf_u64(cli_buf *b, uint64_t v);
+/* a GGUF string: u64 length, then the bytes */
+void cli_buf_str(cli_buf *b, const char *s, uint64_t len);
 
 #endif
