@@ -436,19 +436,26 @@ static int spec_grow_medusa(spec *s)
     return 0;
 }
 
+/* The main branch of the published tree: its most confident leaf's path, leaf first (node
+ * indices into out); returns its length. */
+static int spec_main_branch(const spec *s, int *out)
+{
+    int best = -1, n = 0;
+    for (int i = 0; i < s->n_nodes; i++)
+        if (!s->nodes[i].children && (best < 0 || s->nodes[i].cum > s->nodes[best].cum))
+            best = i;
+    for (int i = best; i >= 0; i = s->nodes[i].parent)
+        out[n++] = i;
+    return n;
+}
+
 /* The main branch of the published tree (the most confident leaf's path), as the chain the
  * speculator works ahead on while the target verifies. A chain drafted ahead that the branch
  * begins (the branch was its trunk) is kept whole; otherwise K/V rows past the part both share
  * were computed for other tokens and are dropped. */
 static void spec_set_chain(spec *s)
 {
-    int best = -1;
-    for (int i = 0; i < s->n_nodes; i++)
-        if (!s->nodes[i].children && (best < 0 || s->nodes[i].cum > s->nodes[best].cum))
-            best = i;
-    int path[ARENA_DRAFT_MAX], n = 0;
-    for (int i = best; i >= 0; i = s->nodes[i].parent)
-        path[n++] = i;
+    int path[ARENA_DRAFT_MAX], n = spec_main_branch(s, path);
     if (s->n_committed + n >= SPEC_MAX_TOKENS)
         n = 0;
     int same = 0;
@@ -474,13 +481,7 @@ static void spec_keep_main_branch(spec *s)
 {
     if (!s->work_ahead || !s->tree_ok || s->kv_len != s->tree_root_pos || s->n_nodes <= 0)
         return;
-    int best = -1;
-    for (int i = 0; i < s->n_nodes; i++)
-        if (!s->nodes[i].children && (best < 0 || s->nodes[i].cum > s->nodes[best].cum))
-            best = i;
-    int chain[ARENA_DRAFT_MAX], n = 0;
-    for (int i = best; i >= 0; i = s->nodes[i].parent)
-        chain[n++] = i;
+    int chain[ARENA_DRAFT_MAX], n = spec_main_branch(s, chain);
     int32_t path[ARENA_DRAFT_MAX + 1];
     int len = 0;
     path[len++] = 0;
