@@ -220,9 +220,8 @@ int kmat_pack(kpool *pool, kmat *w)
     if (align > 64)
         madvise(p, bytes, MADV_HUGEPAGE);
 #endif
-    mm_pack_job j = {w, p};
-    kpool_run(pool, mm_groups(w), 4, mm_pack_run, &j);
-    w->packed = p;
+    kmat_pack_into(pool, w, p);
+    w->packed_borrowed = false; /* this allocation is w's own */
     return 0;
 }
 

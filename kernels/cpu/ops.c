@@ -69,20 +69,23 @@ void k_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float bas
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* silu(g) * u for eight lanes (e^x clamped at 88: beyond it silu(g) is 0 to float precision) */
+static inline __m256 k_silu8(__m256 g, __m256 u)
+{
+    __m256 e =
+        k_exp8(_mm256_min_ps(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(88.0f)));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+#endif
+
 void k_silu_mul(float *gate, const float *up, int n)
 {
     int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-    /* a prompt chunk runs this over 64 x ffn values per layer: eight lanes of e^-g at a time
-     * (e^x clamped at 88: beyond it silu(g) is 0 to float precision anyway) */
-    const __m256 one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(88.0f),
-                 sign = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = k_exp8(_mm256_min_ps(_mm256_xor_ps(g, sign), hi));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
-                                                 _mm256_loadu_ps(up + i)));
-    }
+    /* a prompt chunk runs this over 64 x ffn values per layer: eight lanes at a time */
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(gate + i, k_silu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
     if (i < n) {
         /* the tail goes through the same lanes (padded), so an element's value never depends on
          * where a column part's range starts or ends */
@@ -90,10 +93,7 @@ void k_silu_mul(float *gate, const float *up, int n)
         int m = n - i;
         memcpy(gt, gate + i, (size_t)m * sizeof(float));
         memcpy(ut, up + i, (size_t)m * sizeof(float));
-        __m256 g = _mm256_loadu_ps(gt);
-        __m256 e = k_exp8(_mm256_min_ps(_mm256_xor_ps(g, sign), hi));
-        _mm256_storeu_ps(
-            gt, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(ut)));
+        _mm256_storeu_ps(gt, k_silu8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
         memcpy(gate + i, gt, (size_t)m * sizeof(float));
         i = n;
     }
