@@ -31,82 +31,103 @@ AI __m256i a2_bcast(const int8_t *p)
 }
 
 /* One 8-row half (h) of a 4-bit group, tokens t0 .. t0 + NT - 1. */
-AI void a2_q4_tile(bool q41, int NT, const uint8_t *pk, int h, const mm_xq *xq, int t0, float *out)
+/* Halves h0 .. h0 + NH - 1 (8 rows each) of a 4-bit group, tokens t0 .. t0 + NT - 1. A single
+ * token takes both halves in one pass (NH = 2), so each block is streamed once; wider tiles run
+ * the halves one after the other (NH = 1) to keep their accumulators in registers. */
+AI void a2_q4_tile(bool q41, int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, int t0,
+                   float *out)
 {
     const int64_t nb = xq->nb;
     const size_t gb = q41 ? 320 : 288;
     const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 acc[QT];
+    __m256 acc[QT][2];
     for (int t = 0; t < NT; t++)
-        acc[t] = _mm256_setzero_ps();
+        for (int h = 0; h < NH; h++)
+            acc[t][h] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = pk + (size_t)b * gb;
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-        __m256 mw = q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h)))
-                        : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-        const uint8_t *qs = p + (q41 ? 64 : 32) + 32 * h;
-        __m256i lo[QT], hi[QT];
+        const uint8_t *p = pk + (size_t)b * gb, *qs = p + (q41 ? 64 : 32);
+        __m256i lo[QT][2], hi[QT][2];
         for (int t = 0; t < NT; t++)
-            lo[t] = hi[t] = _mm256_setzero_si256();
-        for (int k = 0; k < 4; k++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * k));
-            __m256i wl = _mm256_and_si256(raw, mask);
-            __m256i wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-            for (int t = 0; t < NT; t++) {
-                size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
-                const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
-                lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(wl, a2_bcast(xl + 4 * k)));
-                lo[t] =
-                    _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(wh, a2_bcast(xl + 16 + 4 * k)));
-                hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(wl, a2_bcast(xh + 4 * k)));
-                hi[t] =
-                    _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(wh, a2_bcast(xh + 16 + 4 * k)));
+            for (int h = 0; h < NH; h++)
+                lo[t][h] = hi[t][h] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++)
+            for (int h = 0; h < NH; h++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * (h0 + h)));
+                __m256i wl = _mm256_and_si256(raw, mask);
+                __m256i wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                for (int t = 0; t < NT; t++) {
+                    size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                    const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
+                    lo[t][h] =
+                        _mm256_add_epi16(lo[t][h], _mm256_maddubs_epi16(wl, a2_bcast(xl + 4 * k)));
+                    lo[t][h] = _mm256_add_epi16(
+                        lo[t][h], _mm256_maddubs_epi16(wh, a2_bcast(xl + 16 + 4 * k)));
+                    hi[t][h] =
+                        _mm256_add_epi16(hi[t][h], _mm256_maddubs_epi16(wl, a2_bcast(xh + 4 * k)));
+                    hi[t][h] = _mm256_add_epi16(
+                        hi[t][h], _mm256_maddubs_epi16(wh, a2_bcast(xh + 16 + 4 * k)));
+                }
             }
-        }
-        for (int t = 0; t < NT; t++) {
-            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-            __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[t], ones), 8),
-                                           _mm256_madd_epi16(lo[t], ones));
-            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[xb]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[t]);
-            acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[xb]), acc[t]);
+        for (int h = 0; h < NH; h++) {
+            int hh = h0 + h;
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * hh)));
+            __m256 mw = q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * hh)))
+                            : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+            for (int t = 0; t < NT; t++) {
+                size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+                __m256i dot =
+                    _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 8),
+                                     _mm256_madd_epi16(lo[t][h], ones));
+                __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[xb]));
+                acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[t][h]);
+                acc[t][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[xb]), acc[t][h]);
+            }
         }
     }
     for (int t = 0; t < NT; t++)
-        _mm256_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP + 8 * h, acc[t]);
+        for (int h = 0; h < NH; h++)
+            _mm256_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP + 8 * (h0 + h), acc[t][h]);
 }
 
-AI void a2_q8_tile(int NT, const uint8_t *pk, int h, const mm_xq *xq, int t0, float *out)
+/* Q8_0, the same halves scheme as a2_q4_tile. */
+AI void a2_q8_tile(int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, int t0, float *out)
 {
     const int64_t nb = xq->nb;
-    __m256 acc[QT];
+    __m256 acc[QT][2];
     for (int t = 0; t < NT; t++)
-        acc[t] = _mm256_setzero_ps();
+        for (int h = 0; h < NH; h++)
+            acc[t][h] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = pk + (size_t)b * 544;
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-        const uint8_t *qs = p + 32 + 16 * h;
-        __m256i dot[QT];
+        const uint8_t *p = pk + (size_t)b * 544, *qs = p + 32;
+        __m256i dot[QT][2];
         for (int t = 0; t < NT; t++)
-            dot[t] = _mm256_setzero_si256();
-        for (int pr = 0; pr < 16; pr++) {
-            __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * pr)));
-            for (int t = 0; t < NT; t++) {
-                const int16_t *x =
-                    xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 + 2 * pr;
-                int32_t v;
-                memcpy(&v, x, 4);
-                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(w, _mm256_set1_epi32(v)));
+            for (int h = 0; h < NH; h++)
+                dot[t][h] = _mm256_setzero_si256();
+        for (int pr = 0; pr < 16; pr++)
+            for (int h = 0; h < NH; h++) {
+                __m256i w = _mm256_cvtepi8_epi16(
+                    _mm_loadu_si128((const __m128i *)(qs + 32 * pr + 16 * (h0 + h))));
+                for (int t = 0; t < NT; t++) {
+                    const int16_t *x =
+                        xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 + 2 * pr;
+                    int32_t v;
+                    memcpy(&v, x, 4);
+                    dot[t][h] =
+                        _mm256_add_epi32(dot[t][h], _mm256_madd_epi16(w, _mm256_set1_epi32(v)));
+                }
             }
-        }
-        for (int t = 0; t < NT; t++) {
-            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[xb]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), sc, acc[t]);
+        for (int h = 0; h < NH; h++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * (h0 + h))));
+            for (int t = 0; t < NT; t++) {
+                size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+                __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[xb]));
+                acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t][h]), sc, acc[t][h]);
+            }
         }
     }
     for (int t = 0; t < NT; t++)
-        _mm256_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP + 8 * h, acc[t]);
+        for (int h = 0; h < NH; h++)
+            _mm256_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP + 8 * (h0 + h), acc[t][h]);
 }
 
 #define A2_Q_CASES(CALL)                                                                           \
@@ -117,97 +138,26 @@ AI void a2_q8_tile(int NT, const uint8_t *pk, int h, const mm_xq *xq, int t0, fl
     default: CALL(4); break;                                                                       \
     }
 
-/* Q8_0, one token (a decode step): both halves in one pass over the group, so each block is
- * streamed once; per lane the same integer dot and roundings as a2_q8_tile. */
-static void a2_q8_one(const uint8_t *pk, const mm_xq *xq, float *out)
-{
-    const int64_t nb = xq->nb;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = pk + (size_t)b * 544, *qs = p + 32;
-        const int16_t *x = xq->q + (size_t)b * 32;
-        __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int pr = 0; pr < 16; pr++) {
-            int32_t v;
-            memcpy(&v, x + 2 * pr, 4);
-            __m256i xv = _mm256_set1_epi32(v);
-            for (int h = 0; h < 2; h++) {
-                __m256i w =
-                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * pr + 16 * h)));
-                dot[h] = _mm256_add_epi32(dot[h], _mm256_madd_epi16(w, xv));
-            }
-        }
-        for (int h = 0; h < 2; h++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[b]));
-            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h]), sc, acc[h]);
-        }
-    }
-    _mm256_storeu_ps(out, acc[0]);
-    _mm256_storeu_ps(out + 8, acc[1]);
-}
-
-/* 4-bit, one token: both halves in one pass over the group; per lane the same integer dot and
- * roundings as a2_q4_tile. */
-static void a2_q4_one(bool q41, const uint8_t *pk, const mm_xq *xq, float *out)
-{
-    const int64_t nb = xq->nb;
-    const size_t gb = q41 ? 320 : 288;
-    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = pk + (size_t)b * gb, *qs = p + (q41 ? 64 : 32);
-        const int8_t *xl = xq->lo + (size_t)b * 32, *xh = xq->hi + (size_t)b * 32;
-        __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[1]};
-        for (int k = 0; k < 4; k++) {
-            __m256i bl0 = a2_bcast(xl + 4 * k), bl1 = a2_bcast(xl + 16 + 4 * k);
-            __m256i bh0 = a2_bcast(xh + 4 * k), bh1 = a2_bcast(xh + 16 + 4 * k);
-            for (int h = 0; h < 2; h++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
-                __m256i wl = _mm256_and_si256(raw, mask);
-                __m256i wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-                lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(wl, bl0));
-                lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(wh, bl1));
-                hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(wl, bh0));
-                hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(wh, bh1));
-            }
-        }
-        for (int h = 0; h < 2; h++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-            __m256 mw = q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h)))
-                            : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-            __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[h], ones), 8),
-                                           _mm256_madd_epi16(lo[h], ones));
-            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[b]));
-            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[h]);
-            acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[b]), acc[h]);
-        }
-    }
-    _mm256_storeu_ps(out, acc[0]);
-    _mm256_storeu_ps(out + 8, acc[1]);
-}
-
 static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
 {
-    if (type == KT_Q8_0 && n_tok == 1) {
-        a2_q8_one(pk, xq, out);
-        return;
-    }
-    if (n_tok == 1) {
-        a2_q4_one(type == KT_Q4_1, pk, xq, out);
+    if (n_tok == 1) { /* a decode step: both halves in one pass */
+        if (type == KT_Q8_0)
+            a2_q8_tile(1, 2, pk, 0, xq, 0, out);
+        else
+            a2_q4_tile(type == KT_Q4_1, 1, 2, pk, 0, xq, 0, out);
         return;
     }
     for (int h = 0; h < 2; h++)
         for (int t0 = 0; t0 < n_tok; t0 += QT) {
             int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
             if (type == KT_Q8_0) {
-#define C8(N) a2_q8_tile(N, pk, h, xq, t0, out)
+#define C8(N) a2_q8_tile(N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C8)
             } else if (type == KT_Q4_1) {
-#define C41(N) a2_q4_tile(true, N, pk, h, xq, t0, out)
+#define C41(N) a2_q4_tile(true, N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C41)
             } else {
-#define C40(N) a2_q4_tile(false, N, pk, h, xq, t0, out)
+#define C40(N) a2_q4_tile(false, N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C40)
             }
         }
@@ -253,34 +203,30 @@ AI void a2_f_tile(uint32_t type, int NT, const uint8_t *pk, int h, int64_t cols,
                          _mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-/* One token (a decode step), both halves of NG groups in one pass: each group is streamed once and
- * each activation broadcast serves all rows. The same per-lane roundings as a2_f_tile. */
-AI void a2_f_one(uint32_t type, int NG, const uint8_t *pk, size_t gbytes, int64_t cols,
-                 const float *x, float *out)
+/* One token (a decode step), both halves of one group in one pass: the group is streamed once
+ * and each activation broadcast serves all 16 rows. The same per-lane roundings as a2_f_tile. */
+AI void a2_f_one(uint32_t type, const uint8_t *pk, int64_t cols, const float *x, float *out)
 {
     const size_t es = type == KT_F32 ? 4 : 2, col = MM_GROUP * es;
-    __m256 acc[4][2];
-    for (int h = 0; h < 2 * NG; h++)
+    __m256 acc[2][2];
+    for (int h = 0; h < 2; h++)
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 2 <= cols; k += 2)
         for (int p = 0; p < 2; p++) {
             __m256 xv = _mm256_set1_ps(x[k + p]);
-            for (int h = 0; h < 2 * NG; h++) {
-                const uint8_t *c = pk + (size_t)(h / 2) * gbytes + (size_t)(k + p) * col +
-                                   (size_t)8 * (h % 2) * es;
-                acc[h][p] = _mm256_fmadd_ps(a2_load_f(type, c), xv, acc[h][p]);
-            }
+            for (int h = 0; h < 2; h++)
+                acc[h][p] = _mm256_fmadd_ps(
+                    a2_load_f(type, pk + (size_t)(k + p) * col + (size_t)8 * h * es), xv,
+                    acc[h][p]);
         }
     if (k < cols) {
         __m256 xv = _mm256_set1_ps(x[k]);
-        for (int h = 0; h < 2 * NG; h++) {
-            const uint8_t *c =
-                pk + (size_t)(h / 2) * gbytes + (size_t)k * col + (size_t)8 * (h % 2) * es;
-            acc[h][0] = _mm256_fmadd_ps(a2_load_f(type, c), xv, acc[h][0]);
-        }
+        for (int h = 0; h < 2; h++)
+            acc[h][0] = _mm256_fmadd_ps(a2_load_f(type, pk + (size_t)k * col + (size_t)8 * h * es),
+                                        xv, acc[h][0]);
     }
-    for (int h = 0; h < 2 * NG; h++)
+    for (int h = 0; h < 2; h++)
         _mm256_storeu_ps(out + 8 * h, _mm256_add_ps(acc[h][0], acc[h][1]));
 }
 
@@ -290,7 +236,7 @@ AI void a2_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int
     if (n_tok == 1) {
         /* one group after the other: one sequential stream (two side by side stream slower) */
         for (int g = 0; g < ng; g++)
-            a2_f_one(type, 1, pk + (size_t)g * gbytes, gbytes, cols, x, out + MM_GROUP * g);
+            a2_f_one(type, pk + (size_t)g * gbytes, cols, x, out + MM_GROUP * g);
         return;
     }
     for (int g = 0; g < ng; g++)
