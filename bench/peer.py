@@ -370,17 +370,6 @@ def round_engine(a, res, rnd, models, prompt_path):
                 res.add("step", "t(%d)" % w, typ, t, rnd, steps[w], lsteps[w], "ms", lo_bench, ll2, width=w)
 
 
-def group_decode(g, prompt, n):
-    """Greedy chat completion through a group; decode tok/s excludes the prompt: the wall time of
-    a 1-token request (prompt + first token, which also warms the group) is subtracted."""
-    _, wall1 = g.chat(prompt, 1)
-    r, wall = g.chat(prompt, n)
-    o = r["orochi"]
-    k = len(o["token_ids"])
-    dt = wall - wall1
-    return o, (k - 1) / dt if k > 1 and dt > 0 else k / wall, dt if k > 1 and dt > 0 else wall
-
-
 def round_spec(a, res, rnd, models, prompts, failures):
     tag = "round %d/%d" % (rnd, a.rounds)
     target, draft = models[a.spec_target], models[a.spec_draft]
@@ -436,7 +425,7 @@ def round_spec(a, res, rnd, models, prompts, failures):
             orows = []
             try:
                 for p in prompts:
-                    o, tps, dt = group_decode(g, p["prompt"], a.n)
+                    o, tps, dt = spec_bench.group_decode(g, p["prompt"], a.n)
                     want = seq[p["id"]][0]
                     same = o["token_ids"] == want
                     if not same:

@@ -25,28 +25,18 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import spec_bench  # noqa: E402  (shared helpers: Group, sequential, load_prompts)
+import spec_bench  # noqa: E402  (shared helpers: Group, sequential, load_prompts, group_decode)
 
 DEFAULT_PLACEMENTS = "1x2+1=1x2+1,1x2+2=1x2+2,1x1+1=1x1+1,1x1+1pin=1x1+1,pin,2x1+1=2x1+1,1x2+1nospin=1x2+1,nospin"
 
 
 def parse_placement(s):
+    """NAME=WxT+S (the flags that may follow it in the comma list are set by the caller)."""
     name, spec = s.split("=", 1)
-    parts = spec.split(",")
-    wt, st = parts[0].split("+")
+    wt, st = spec.split("+")
     w, t = wt.split("x")
     return {"name": name, "workers": int(w), "threads": int(t), "spec_threads": int(st),
-            "pin": "pin" in parts[1:], "nospin": "nospin" in parts[1:]}
-
-
-def group_decode(g, prompt, n):
-    """Decode tok/s of a chat completion, the prompt's time (a 1-token request) subtracted."""
-    _, wall1 = g.chat(prompt, 1)
-    r, wall = g.chat(prompt, n)
-    o = r["orochi"]
-    k = len(o["token_ids"])
-    dt = wall - wall1
-    return o, (k - 1) / dt if k > 1 and dt > 0 else k / wall
+            "pin": False, "nospin": False}
 
 
 def main():
@@ -100,7 +90,7 @@ def main():
             try:
                 tps, acc, same = [], [], True
                 for p in prompts:
-                    o, t = group_decode(g, p["prompt"], a.n)
+                    o, t, _ = spec_bench.group_decode(g, p["prompt"], a.n)
                     tps.append(t)
                     acc.append(o["mean_accepted"])
                     if o["token_ids"] != seq[p["id"]][0]:
