@@ -46,6 +46,8 @@ AI void a2_q4_tile(bool q41, int NT, int NH, const uint8_t *pk, int h0, const mm
             acc[t][h] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = pk + (size_t)b * gb, *qs = p + (q41 ? 64 : 32);
+        if (NT >= MM_PF_MIN_TOK)
+            mm_prefetch(p, gb);
         __m256i lo[QT][2], hi[QT][2];
         for (int t = 0; t < NT; t++)
             for (int h = 0; h < NH; h++)
@@ -99,6 +101,8 @@ AI void a2_q8_tile(int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, i
             acc[t][h] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = pk + (size_t)b * 544, *qs = p + 32;
+        if (NT >= MM_PF_MIN_TOK)
+            mm_prefetch(p, 544);
         __m256i dot[QT][2];
         for (int t = 0; t < NT; t++)
             for (int h = 0; h < NH; h++)
@@ -185,13 +189,16 @@ AI void a2_f_tile(uint32_t type, int NT, const uint8_t *pk, int h, int64_t cols,
         acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     const uint8_t *base = pk + (size_t)8 * h * es;
     int64_t k = 0;
-    for (; k + 2 <= cols; k += 2)
+    for (; k + 2 <= cols; k += 2) {
+        if (NT >= MM_PF_MIN_TOK)
+            mm_prefetch(pk + (size_t)k * col, 2 * col);
         for (int p = 0; p < 2; p++) {
             __m256 w = a2_load_f(type, base + (size_t)(k + p) * col);
             for (int t = 0; t < NT; t++)
                 acc[t][p] = _mm256_fmadd_ps(
                     w, _mm256_set1_ps(x[(size_t)(t0 + t) * (size_t)cols + k + p]), acc[t][p]);
         }
+    }
     if (k < cols) {
         __m256 w = a2_load_f(type, base + (size_t)k * col);
         for (int t = 0; t < NT; t++)

@@ -39,6 +39,8 @@ AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = pk + (size_t)b * gb;
+        if (NT >= MM_PF_MIN_TOK)
+            mm_prefetch(p, gb);
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 mw = q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
                         : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
@@ -90,6 +92,8 @@ AI void a5_q8_tile(int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *ou
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = pk + (size_t)b * 544;
+        if (NT >= MM_PF_MIN_TOK)
+            mm_prefetch(p, 544);
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         const uint8_t *qs = p + 32;
         /* few tokens: two chains per token (even and odd pairs) so vpdpwssd latency does not
@@ -169,7 +173,10 @@ AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbyte
         for (int t = 0; t < NT; t++)
             acc[g][t][0] = acc[g][t][1] = _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 2 <= cols; k += 2)
+    for (; k + 2 <= cols; k += 2) {
+        if (NT >= MM_PF_MIN_TOK)
+            for (int g = 0; g < NG; g++)
+                mm_prefetch(pk + (size_t)g * gbytes + (size_t)k * col, 2 * col);
         for (int p = 0; p < 2; p++) {
             __m512 w[2];
             for (int g = 0; g < NG; g++)
@@ -180,6 +187,7 @@ AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbyte
                     acc[g][t][p] = _mm512_fmadd_ps(w[g], xv, acc[g][t][p]);
             }
         }
+    }
     if (k < cols)
         for (int g = 0; g < NG; g++) {
             __m512 w = a5_load_f(type, pk + (size_t)g * gbytes + (size_t)k * col);

@@ -41,6 +41,21 @@
 #include <stdint.h>
 
 #define MM_GROUP 16   /* rows per packed group (one AVX-512 lane each) */
+
+/* Software prefetch in the tiles of MM_PF_MIN_TOK or more tokens, MM_PF_BYTES ahead of the weight
+ * stream. Those tiles do enough arithmetic per byte that the hardware prefetcher falls behind: on
+ * AMD Zen 4 an F16 step of 4 tokens read 11 GB/s on one core without it and ran 1.3x faster with
+ * it (step 21.5 -> 16.5 ms at 1 thread, 12.4 -> 10.3 ms at 2, min of 6 interleaved rounds); the 1-
+ * and 2-token tiles stream fast enough on their own and only pay for the extra instructions. */
+#define MM_PF_BYTES 4096
+#define MM_PF_MIN_TOK 3
+
+/* prefetch the n bytes that lie MM_PF_BYTES past p (one hint per cache line) */
+static inline void mm_prefetch(const void *p, size_t n)
+{
+    for (size_t l = 0; l < n; l += 64)
+        __builtin_prefetch((const char *)p + MM_PF_BYTES + l, 0, 3);
+}
 #define MM_QMAX 32639 /* largest |q| of a quantized activation: hi stays in [-128, 127] */
 
 /* bytes of one packed block of MM_GROUP rows (quantized types) */
