@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "coordinator/control.h"
 #include "coordinator/http.h"
 #include "coordinator/request.h"
 #include "model/llama.h"
@@ -25,19 +26,10 @@
 #define COORD_MAX_PEERS 32
 #define COORD_QUEUE 64
 #define COORD_MAX_SPAWN_ARGS 32
-#define COORD_TREE_CAP 512    /* nodes of the merged draft trie */
-#define COORD_ADAPT_WINDOW 32 /* samples the adaptive-length fit looks back over */
+#define COORD_TREE_CAP CTL_TREE_CAP /* nodes of the merged draft trie */
 
-typedef enum { VOTE_MAJORITY, VOTE_UNION, VOTE_OFF } coord_vote;
-
-/* A token tree rooted at the last committed token (node 0). */
-typedef struct {
-    int n;
-    int32_t tokens[COORD_TREE_CAP];
-    int32_t parent[COORD_TREE_CAP];  /* parent[0] = -1; parent[i] < i */
-    float weight[COORD_TREE_CAP];    /* summed weight of the speculators that proposed the node */
-    uint32_t owners[COORD_TREE_CAP]; /* bit r: the speculator on draft ring r proposed it */
-} coord_tree;
+typedef ctl_vote coord_vote;
+typedef ctl_tree coord_tree; /* a token tree rooted at the last committed token (node 0) */
 
 typedef enum { PEER_FREE = 0, PEER_WORKER, PEER_SPECULATOR } coord_peer_role;
 
@@ -60,9 +52,7 @@ typedef struct {
     char kind[16];
     /* speculator bookkeeping */
     uint64_t drafted, accepted;
-    double acr, acr_sum; /* average acceptance rate (ACR) of its drafts */
-    uint64_t acr_n;
-    double weight;                      /* its vote weight (Minions), from the ACR */
+    ctl_acr acr; /* average acceptance rate of its voted drafts, and its vote weight (Minions) */
     arena_draft slot_draft[RT_MAX_SEQ]; /* its draft per sequence slot in the step being verified
                                          * (n = 0: none) */
     uint64_t ready_req, ready_ctx;      /* latest DraftReady */
@@ -95,10 +85,17 @@ typedef struct {
     coord_vote vote;
     int width;    /* verification width: nodes of a verified tree, root included */
     int spec_len; /* current speculation length (max draft depth) */
-    double acr_reward_threshold, acr_punish_threshold, reward_factor, punish_factor;
+    ctl_acr_params acr;
     int decision_threshold, s_reward, s_punish;
-    double adapt_hist[COORD_ADAPT_WINDOW];
-    uint64_t adapt_n;
+    ctl_length len;  /* the adaptive length (--adaptive on) */
+    ctl_guard guard; /* speculation off while it is slower than plain decoding (--guard on) */
+    bool guard_enabled;
+    int guard_window, guard_probe;
+    /* the plan (--plan FILE; reread when the file changes) */
+    const char *plan_path;
+    struct coord_plan *plan;
+    int64_t plan_mtime;
+    uint64_t plan_checked_us;
     const char *spec_specs[RT_MAX_SPECULATORS];
     int n_spec_specs;
     char bin_dir[4096];
@@ -158,14 +155,12 @@ void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which,
 void coord_group_shutdown(coord *c);
 void coord_group_write_status(coord *c);
 
-/* coord_tree.c */
-void coord_tree_init(coord_tree *t, int32_t root);
-void coord_tree_add(coord_tree *t, const arena_draft *d, float weight, int owner);
-void coord_tree_vote(const coord_tree *in, coord_vote mode, int max_nodes, coord_tree *out);
-void coord_tree_match(const arena_draft *d, const int32_t *accepted, int n_acc, int *depth,
-                      int *matched);
-void coord_acr_update(coord *c, coord_peer *p, int depth, int matched);
-void coord_adapt_sample(coord *c, double seconds_per_token);
+/* coord_plan.c */
+int coord_plan_load(coord *c, char *err, size_t errlen);
+/* reread the plan when its file changed (checked at most once a second) */
+void coord_plan_poll(coord *c);
+/* apply the plan's bucket for a context of n_ctx tokens (width, length bounds) */
+void coord_plan_apply(coord *c, int n_ctx);
 
 /* coord_engine.c */
 int coord_engine_submit(void *ctx, coord_request *req);

@@ -381,14 +381,14 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
  * the one whose drafts are accepted more often still wins the vote. */
 static float engine_vote_weight(const coord_peer *p)
 {
-    return (float)(p->weight * (0.05 + p->acr));
+    return (float)(p->acr.weight * (0.05 + p->acr.acr));
 }
 
 /* The tree to verify: slot's gathered drafts merged and voted on within the node budget. */
 static void engine_build_tree(coord *c, int slot, int32_t root, int max_nodes, coord_tree *out)
 {
     static __thread coord_tree merged; /* 10 KiB: keep it off the stack */
-    coord_tree_init(&merged, root);
+    ctl_tree_init(&merged, root);
     coord_peer *best = NULL;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
@@ -400,12 +400,12 @@ static void engine_build_tree(coord *c, int slot, int32_t root, int max_nodes, c
                  p->slot_draft[slot].n > best->slot_draft[slot].n))
                 best = p;
         } else {
-            coord_tree_add(&merged, &p->slot_draft[slot], engine_vote_weight(p), p->index);
+            ctl_tree_add(&merged, &p->slot_draft[slot], engine_vote_weight(p), p->index);
         }
     }
     if (best)
-        coord_tree_add(&merged, &best->slot_draft[slot], engine_vote_weight(best), best->index);
-    coord_tree_vote(&merged, c->vote, max_nodes, out);
+        ctl_tree_add(&merged, &best->slot_draft[slot], engine_vote_weight(best), best->index);
+    ctl_tree_vote(&merged, c->vote, max_nodes, out);
 }
 
 /* ===== output ===== */
@@ -633,6 +633,14 @@ static void slot_fail(coord *c, int s, int status, const char *msg)
 
 /* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
  * only), draw the first token. Returns 0 when the slot is now active. */
+/* Whether this cycle verifies drafts: a width above 1 (the plan's choice for the context) and
+ * the guard on. While not, speculators get no Feedback and sit idle (their cores go to the
+ * target); the next Feedback resets them to the then committed context. */
+static bool engine_speculating(const coord *c)
+{
+    return c->width > 1 && (!c->guard_enabled || c->guard.on);
+}
+
 static int slot_start(coord *c, int s, coord_request *req)
 {
     engine_slot *sl = &c->eng->slots[s];
@@ -715,7 +723,7 @@ static int slot_start(coord *c, int s, coord_request *req)
         slot_finish(c, s);
         return -1;
     }
-    if (engine_focus(c) == sl->req_id) {
+    if (engine_focus(c) == sl->req_id && engine_speculating(c)) {
         int w_last = (sl->n_prompt - 1) % c->max_width; /* the last prompt token's batch row */
         engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
         engine_feedback(c, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, NULL);
@@ -738,6 +746,8 @@ static void engine_step_all(coord *c)
     int V = c->model->cfg.vocab;
     char err[512];
     uint64_t t_cycle = rt_now_us(), waited = 0;
+    coord_plan_apply(c, e->prefix[active[0]]);
+    bool speculating = engine_speculating(c);
     /* drafts: wait for the speculators once, then per slot */
     int32_t tokens[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
     int n = 0, width = c->width < RT_MAX_WIDTH ? c->width : RT_MAX_WIDTH;
@@ -751,11 +761,15 @@ static void engine_step_all(coord *c)
             budget = room;
         if (budget > c->n_ctx - e->prefix[s])
             budget = c->n_ctx - e->prefix[s];
-        if (budget < 1)
+        if (budget < 1 || !speculating)
             budget = 1;
         uint64_t w0 = rt_now_us();
-        engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all,
-                             !sl->greedy && sl->prm->has_seed);
+        if (speculating)
+            engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all,
+                                 !sl->greedy && sl->prm->has_seed);
+        else
+            for (int i = 0; i < COORD_MAX_PEERS; i++)
+                c->peers[i].slot_draft[s].n = 0;
         waited += rt_now_us() - w0;
         engine_build_tree(c, s, sl->all[sl->n_all - 1], budget, &sl->tree);
         sl->off = n;
@@ -766,7 +780,6 @@ static void engine_step_all(coord *c)
         }
     }
     e->rr++;
-    uint64_t t0 = rt_now_us();
     llama_batch b = {.n = n, .tokens = tokens, .parent = parent, .seq = seq, .logits_from = 0};
     if (engine_step(c, n, tokens, parent, seq, e->prefix, 0, err, sizeof err) ||
         engine_set_batch(c, &b, e->prefix, err, sizeof err)) {
@@ -774,7 +787,6 @@ static void engine_step_all(coord *c)
             slot_fail(c, active[k], 503, err);
         return;
     }
-    double dt = (rt_now_us() - t0) / 1e6;
     int yielded = 0;
     pthread_mutex_lock(&c->mlock);
     c->m_batch_hist[n_act]++;
@@ -821,15 +833,16 @@ static void engine_step_all(coord *c)
             if (p->role != PEER_SPECULATOR || !d->n)
                 continue;
             int depth, matched;
-            coord_tree_match(d, added, a, &depth, &matched);
-            coord_acr_update(c, p, depth, matched);
+            ctl_tree_match(d, added, a, &depth, &matched);
+            bool verified = false;
+            for (int j = 1; j < t->n; j++)
+                verified |= (t->owners[j] >> p->index) & 1u;
+            if (verified) /* ACR credits the voted drafts only (Minions) */
+                ctl_acr_update(&p->acr, &c->acr, depth, matched);
             p->accept_ema = engine_ema(p->accept_ema, p->accept_n++, matched);
             p->unscored = 0;
             p->drafted += (uint64_t)depth;
             p->accepted += (uint64_t)matched;
-            bool verified = false;
-            for (int j = 1; j < t->n; j++)
-                verified |= (t->owners[j] >> p->index) & 1u;
             size_t kl = strlen(sl->kinds);
             if (verified && p->kind[0] && !strstr(sl->kinds, p->kind))
                 snprintf(sl->kinds + kl, sizeof sl->kinds - kl, "%s%s", kl ? "," : "", p->kind);
@@ -841,8 +854,17 @@ static void engine_step_all(coord *c)
         if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
             slot_finish(c, s);
     }
+    /* the controllers learn from single-request cycles (a batch's cost per token says more about
+     * the batch than about speculation): the whole cycle, drafting and waiting included */
+    double cycle = (rt_now_us() - t_cycle) / 1e6;
+    if (n_act == 1 && yielded && c->width > 1) {
+        if (c->guard_enabled)
+            ctl_guard_sample(&c->guard, speculating, cycle, yielded);
+        if (c->adaptive && speculating)
+            c->spec_len = ctl_length_sample(&c->len, cycle, yielded);
+    }
     uint64_t focus = engine_focus(c);
-    for (int k = 0; k < n_act; k++) {
+    for (int k = 0; k < n_act && engine_speculating(c); k++) {
         engine_slot *sl = &e->slots[active[k]];
         if (sl->used && sl->req_id == focus) {
             int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
@@ -854,8 +876,6 @@ static void engine_step_all(coord *c)
     /* what a token costs without drafts: this whole cycle but its wait for drafts */
     c->step_ema_us =
         engine_ema(c->step_ema_us, c->step_ema_us > 0, (double)(rt_now_us() - t_cycle - waited));
-    if (yielded)
-        coord_adapt_sample(c, dt / yielded);
 }
 
 int coord_engine_init(coord *c)

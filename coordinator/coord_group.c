@@ -319,8 +319,8 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         }
         p->index = ring;
         snprintf(p->kind, sizeof p->kind, "%s", h->kind);
-        if (p->weight <= 0)
-            p->weight = 1.0; /* a newcomer starts with an average vote */
+        if (p->acr.weight <= 0)
+            p->acr.weight = 1.0; /* a newcomer starts with an average vote */
         arena_draft_ring_init(
             (arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
             RT_DRAFT_SLOTS);
@@ -514,7 +514,7 @@ void coord_group_write_status(coord *c)
                 "  acr %.3f  weight %.3f  reply %.1fms  accepted %.2f\n",
                 p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
                 (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts, p->kind,
-                p->acr, p->weight, p->reply_ema_us / 1e3, p->accept_ema);
+                p->acr.acr, p->acr.weight, p->reply_ema_us / 1e3, p->accept_ema);
         else if (p->connected)
             fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d\n",
                     p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
@@ -523,12 +523,16 @@ void coord_group_write_status(coord *c)
             fprintf(f, "%-16s pid %-7d (not connected%s)  restarts %d\n", p->name, (int)p->child,
                     p->child ? ", starting" : "", p->restarts);
     }
-    fprintf(f, "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s\n",
+    fprintf(f,
+            "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s  guard %s"
+            "  plain %.2fms/token  speculative %.2fms/token  plan %s\n",
             "controllers", c->width, c->spec_len, c->tree ? "on" : "off",
             c->vote == VOTE_MAJORITY ? "majority"
             : c->vote == VOTE_UNION  ? "union"
                                      : "off",
-            c->adaptive ? "on" : "off");
+            c->adaptive ? "on" : "off",
+            !c->guard_enabled ? "disabled" : c->guard.on ? "on (speculating)" : "off (plain)",
+            c->guard.base * 1e3, c->guard.spec * 1e3, c->plan_path ? c->plan_path : "none");
     /* the speculator gauges for /metrics */
     char text[sizeof c->m_spec_text];
     size_t n = 0;
@@ -545,7 +549,7 @@ void coord_group_write_status(coord *c)
                                   "orochi_speculator_up{id=\"%s\",kind=\"%s\"} %d\n"
                                   "orochi_speculator_drafted_tokens_total{id=\"%s\"} %llu\n"
                                   "orochi_speculator_accepted_tokens_total{id=\"%s\"} %llu\n",
-                                  p->name, p->kind, p->acr, p->name, p->kind, p->weight, p->name,
+                                  p->name, p->kind, p->acr.acr, p->name, p->kind, p->acr.weight, p->name,
                                   p->kind, p->connected ? 1 : 0, p->name,
                                   (unsigned long long)p->drafted, p->name,
                                   (unsigned long long)p->accepted);
@@ -554,8 +558,13 @@ void coord_group_write_status(coord *c)
         n += (size_t)snprintf(
             text + n, sizeof text - n,
             "# TYPE orochi_speculation_length gauge\norochi_speculation_length %d\n"
-            "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n",
-            c->spec_len, c->width);
+            "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n"
+            "# HELP orochi_guard_on Whether speculation is on (the fallback guard).\n"
+            "# TYPE orochi_guard_on gauge\norochi_guard_on %d\n"
+            "# TYPE orochi_guard_switches_off_total counter\n"
+            "orochi_guard_switches_off_total %llu\n",
+            c->spec_len, c->width, !c->guard_enabled || c->guard.on ? 1 : 0,
+            (unsigned long long)c->guard.switches_off);
     pthread_mutex_lock(&c->mlock);
     memcpy(c->m_spec_text, text, sizeof text);
     c->m_spec_text[sizeof c->m_spec_text - 1] = 0;

@@ -45,6 +45,7 @@ static void coord_usage(FILE *out)
         "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
+        "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
@@ -55,7 +56,12 @@ static void coord_usage(FILE *out)
         "  than the wait, given its measured reply time; --draft-wait-ms (default 200) caps\n"
         "  every wait. --draft-wait fixed waits for every speculator up to --draft-wait-ms\n"
         "  (acceptance measurements: a large value then means 'always wait for the draft'), as\n"
-        "  does a request that samples with a seed (reproducible output needs the same trees).\n");
+        "  does a request that samples with a seed (reproducible output needs the same trees).\n"
+        "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
+        "  is compared with plain decoding's; speculation that does not pay is switched off\n"
+        "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
+        "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
+        "  plain step time); reread whenever the file changes.\n");
 }
 
 static int coord_parse(coord *c, int argc, char **argv)
@@ -89,6 +95,10 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"s-reward", required_argument, 0, 6},
                                          {"s-punish", required_argument, 0, 7},
                                          {"max-batch", required_argument, 0, 8},
+                                         {"guard", required_argument, 0, 10},
+                                         {"guard-window", required_argument, 0, 11},
+                                         {"guard-probe", required_argument, 0, 12},
+                                         {"plan", required_argument, 0, 13},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -140,10 +150,17 @@ static int coord_parse(coord *c, int argc, char **argv)
                 bad = true;
             break;
         case 'Y': c->width = atoi(optarg); break;
-        case 1: c->acr_reward_threshold = atof(optarg); break;
-        case 2: c->acr_punish_threshold = atof(optarg); break;
-        case 3: c->reward_factor = atof(optarg); break;
-        case 4: c->punish_factor = atof(optarg); break;
+        case 1: c->acr.reward_threshold = atof(optarg); break;
+        case 2: c->acr.punish_threshold = atof(optarg); break;
+        case 3: c->acr.reward_factor = atof(optarg); break;
+        case 4: c->acr.punish_factor = atof(optarg); break;
+        case 10:
+            c->guard_enabled = !strcmp(optarg, "on");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
+        case 11: c->guard_window = atoi(optarg); break;
+        case 12: c->guard_probe = atoi(optarg); break;
+        case 13: c->plan_path = optarg; break;
         case 5: c->decision_threshold = atoi(optarg); break;
         case 6: c->s_reward = atoi(optarg); break;
         case 7: c->s_punish = atoi(optarg); break;
@@ -160,7 +177,7 @@ static int coord_parse(coord *c, int argc, char **argv)
     if (!c->run_dir || !c->target || bad) {
         if (bad)
             fprintf(stderr,
-                    "orochi-coordinator: --tree/--adaptive take on|off, --vote majority|union|off, "
+                    "orochi-coordinator: --tree/--adaptive/--guard take on|off, --vote majority|union|off, "
                     "--draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
@@ -172,10 +189,11 @@ static int coord_parse(coord *c, int argc, char **argv)
         return 2;
     }
     if (c->width < 1 || c->width > c->max_width || c->decision_threshold < 1 ||
-        c->reward_factor < 1 || c->punish_factor <= 0 || c->punish_factor > 1) {
+        c->acr.reward_factor < 1 || c->acr.punish_factor <= 0 || c->acr.punish_factor > 1 ||
+        c->guard_window < 1 || c->guard_probe < 1) {
         fprintf(stderr,
                 "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
-                "reward-factor >= 1, 0 < punish-factor <= 1\n");
+                "reward-factor >= 1, 0 < punish-factor <= 1, guard-window and guard-probe >= 1\n");
         return 2;
     }
     c->spec_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
@@ -340,10 +358,13 @@ int main(int argc, char **argv)
                .tree = true,
                .vote = VOTE_MAJORITY,
                .adaptive = true,
-               .acr_reward_threshold = 0.5,
-               .acr_punish_threshold = 0.2,
-               .reward_factor = 1.1,
-               .punish_factor = 0.9,
+               .acr = {.reward_threshold = 0.5,
+                       .punish_threshold = 0.2,
+                       .reward_factor = 1.1,
+                       .punish_factor = 0.9},
+               .guard_enabled = true,
+               .guard_window = 8,
+               .guard_probe = 48,
                .decision_threshold = 8,
                .s_reward = 1,
                .s_punish = 1,
@@ -371,12 +392,24 @@ int main(int argc, char **argv)
         rename(pidtmp, pidpath);
     }
 
+    /* the guard measures plain decoding itself (a plan's in-process t(1) leaves out the group's
+     * own costs) */
+    ctl_guard_init(&c.guard, 0, c.guard_window, c.guard_probe);
+    ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.decision_threshold, 6);
+    if (c.plan_path) {
+        char perr[512];
+        if (coord_plan_load(&c, perr, sizeof perr)) {
+            fprintf(stderr, "orochi-coordinator: %s\n", perr);
+            return 2;
+        }
+    }
     rc = coord_engine_init(&c) ? 1 : coord_setup(&c);
     if (!rc && coord_group_spawn_all(&c))
         rc = 1;
     if (!rc)
         rc = coord_start_http(&c);
     while (!rc && !coord_stop_flag) {
+        coord_plan_poll(&c);
         coord_group_pump(&c, 2);
         coord_group_supervise(&c);
         if (coord_group_workers_ready(&c))

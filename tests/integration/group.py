@@ -224,10 +224,13 @@ class Group:
     speculators: list of launcher specs ("ngram", "layerskip:layers=0-1", "model:draft=PATH").
     extra: coordinator options after `--` (e.g. ["--n-ctx", "64"]).
     wait_speculators: after /health, wait until every speculator shows as connected in status.
+    guard: leave the coordinator's fallback guard on. Off by default here: these tests check what
+    drafts do (losslessness, acceptance), and the guard would rightly switch speculation off on
+    tiny test models where drafting costs more than it saves.
     """
 
     def __init__(self, name, target, workers=2, speculators=(), threads=1, max_width=None,
-                 max_draft=None, extra=(), wait_speculators=True):
+                 max_draft=None, extra=(), wait_speculators=True, guard=False):
         e = env()
         self.env = e
         _SEQ[0] += 1
@@ -244,7 +247,7 @@ class Group:
         self.threads = threads
         self.max_width = max_width
         self.max_draft = max_draft
-        self.extra = list(extra)
+        self.extra = list(extra) + ([] if guard else ["--guard", "off"])
         self.wait_speculators = wait_speculators
         self.port = None
         self.started = False

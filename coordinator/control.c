@@ -1,0 +1,457 @@
+/*
+ * coordinator/control.c — the speculation controllers (interface and rationale: control.h,
+ * docs/speculation.md). Pure functions: no I/O, no clock.
+ */
+#include "coordinator/control.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ===== the draft trie and the vote ===== */
+
+void ctl_tree_init(ctl_tree *t, int32_t root)
+{
+    t->n = 1;
+    t->tokens[0] = root;
+    t->parent[0] = -1;
+    t->weight[0] = t->support[0] = 0;
+    t->owners[0] = 0;
+    memset(t->owner_w, 0, sizeof t->owner_w);
+}
+
+/* The child of node p carrying token tok, or -1. */
+static int tree_child(const ctl_tree *t, int p, int32_t tok)
+{
+    for (int i = p + 1; i < t->n; i++)
+        if (t->parent[i] == p && t->tokens[i] == tok)
+            return i;
+    return -1;
+}
+
+void ctl_tree_add(ctl_tree *t, const arena_draft *d, float w, int owner)
+{
+    int map[ARENA_DRAFT_MAX];
+    if (owner < 0 || owner >= CTL_MAX_OWNERS)
+        return;
+    t->owner_w[owner] = w;
+    for (uint32_t i = 0; i < d->n && i < ARENA_DRAFT_MAX; i++) {
+        int p = d->parent[i] < 0 ? 0 : ((uint32_t)d->parent[i] < i ? map[d->parent[i]] : -1);
+        if (p < 0) { /* malformed parent: ignore the subtree */
+            map[i] = -1;
+            continue;
+        }
+        int c = tree_child(t, p, d->tokens[i]);
+        if (c < 0) {
+            if (t->n == CTL_TREE_CAP) {
+                map[i] = -1;
+                continue;
+            }
+            c = t->n++;
+            t->tokens[c] = d->tokens[i];
+            t->parent[c] = p;
+            t->weight[c] = t->support[c] = 0;
+            t->owners[c] = 0;
+        }
+        float conf = d->conf[i] > 0 && d->conf[i] <= 1 ? d->conf[i] : 1.0f;
+        if (!(t->owners[c] >> owner & 1u)) { /* a speculator counts once per node */
+            t->weight[c] += w;
+            t->support[c] += w * conf;
+        }
+        t->owners[c] |= 1u << owner;
+        map[i] = c;
+    }
+}
+
+/* Copy nodes keep[0..n) (each parent kept before its children) into out, renumbered. */
+static void tree_select(const ctl_tree *in, const int *keep, int n, ctl_tree *out)
+{
+    int map[CTL_TREE_CAP];
+    for (int i = 0; i < in->n; i++)
+        map[i] = -1;
+    out->n = 0;
+    memcpy(out->owner_w, in->owner_w, sizeof out->owner_w);
+    for (int k = 0; k < n; k++) {
+        int i = keep[k];
+        int j = out->n++;
+        map[i] = j;
+        out->tokens[j] = in->tokens[i];
+        out->parent[j] = in->parent[i] < 0 ? -1 : map[in->parent[i]];
+        out->weight[j] = in->weight[i];
+        out->support[j] = in->support[i];
+        out->owners[j] = in->owners[i];
+    }
+}
+
+/* The summed weight of the speculators that drafted some child of p. */
+static double tree_mass_below(const ctl_tree *t, int p)
+{
+    uint32_t who = 0;
+    for (int i = p + 1; i < t->n; i++)
+        if (t->parent[i] == p)
+            who |= t->owners[i];
+    double m = 0;
+    for (int r = 0; r < CTL_MAX_OWNERS; r++)
+        if (who >> r & 1u)
+            m += t->owner_w[r];
+    return m;
+}
+
+void ctl_tree_vote(const ctl_tree *in, ctl_vote mode, int max_nodes, ctl_tree *out)
+{
+    int keep[CTL_TREE_CAP], n = 0, depth[CTL_TREE_CAP];
+    double score[CTL_TREE_CAP];
+    bool taken[CTL_TREE_CAP] = {true};
+    keep[n++] = 0;
+    if (max_nodes > CTL_TREE_CAP)
+        max_nodes = CTL_TREE_CAP;
+    depth[0] = 0;
+    score[0] = 1;
+    if (mode == VOTE_MAJORITY) {
+        double mass[CTL_TREE_CAP];
+        for (int i = 0; i < in->n; i++)
+            mass[i] = tree_mass_below(in, i);
+        for (int i = 1; i < in->n; i++) {
+            int p = in->parent[i];
+            depth[i] = depth[p] + 1;
+            score[i] = score[p] * (mass[p] > 0 ? in->support[i] / mass[p] : 0);
+        }
+    } else {
+        for (int i = 1; i < in->n; i++) {
+            depth[i] = depth[in->parent[i]] + 1;
+            score[i] = in->weight[i];
+        }
+    }
+    while (n < max_nodes) {
+        int best = -1;
+        for (int i = 1; i < in->n; i++) {
+            if (taken[i] || !taken[in->parent[i]])
+                continue;
+            if (best < 0 || score[i] > score[best] ||
+                (score[i] == score[best] && mode == VOTE_MAJORITY && depth[i] < depth[best]))
+                best = i;
+        }
+        if (best < 0)
+            break;
+        taken[best] = true;
+        keep[n++] = best;
+    }
+    /* parents first: sort the kept indices (a parent always has a smaller index) */
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && keep[b] < keep[b - 1]; b--) {
+            int x = keep[b];
+            keep[b] = keep[b - 1];
+            keep[b - 1] = x;
+        }
+    tree_select(in, keep, n, out);
+}
+
+void ctl_tree_match(const arena_draft *d, const int32_t *acc, int n_acc, int *depth, int *matched)
+{
+    int dep[ARENA_DRAFT_MAX];
+    *depth = 0;
+    *matched = 0;
+    for (uint32_t i = 0; i < d->n && i < ARENA_DRAFT_MAX; i++) {
+        int p = d->parent[i];
+        dep[i] = p < 0 || (uint32_t)p >= i ? 1 : dep[p] + 1;
+        if (dep[i] > *depth)
+            *depth = dep[i];
+    }
+    int cur = -1;
+    for (int k = 0; k < n_acc; k++) {
+        int next = -1;
+        for (uint32_t i = 0; i < d->n && i < ARENA_DRAFT_MAX; i++)
+            if (d->parent[i] == cur && d->tokens[i] == acc[k]) {
+                next = (int)i;
+                break;
+            }
+        if (next < 0)
+            break;
+        cur = next;
+        (*matched)++;
+    }
+}
+
+/* ===== ACR ===== */
+
+void ctl_acr_update(ctl_acr *a, const ctl_acr_params *p, int depth, int matched)
+{
+    if (depth <= 0)
+        return;
+    a->acr_sum += (double)matched / depth;
+    a->acr_n++;
+    a->acr = a->acr_sum / (double)a->acr_n;
+    if (a->acr > p->reward_threshold)
+        a->weight *= p->reward_factor;
+    else if (a->acr < p->punish_threshold)
+        a->weight *= p->punish_factor;
+    if (a->weight < 0.05)
+        a->weight = 0.05;
+    if (a->weight > 20)
+        a->weight = 20;
+}
+
+/* ===== adaptive length ===== */
+
+void ctl_length_init(ctl_length *l, int start, int lo, int hi, int window, int stale)
+{
+    memset(l, 0, sizeof *l);
+    if (hi > CTL_LEN_MAX)
+        hi = CTL_LEN_MAX;
+    if (lo < 1)
+        lo = 1;
+    if (hi < lo)
+        hi = lo;
+    l->lo = lo;
+    l->hi = hi;
+    l->len = start < lo ? lo : start > hi ? hi : start;
+    l->window = window < 1 ? 1 : window;
+    l->stale = stale < 1 ? 1 : stale;
+}
+
+static bool length_wants(const ctl_length *l, int x)
+{
+    return x >= l->lo && x <= l->hi && (l->cost[x] <= 0 || l->age[x] >= (uint32_t)l->stale);
+}
+
+int ctl_length_sample(ctl_length *l, double seconds, int tokens)
+{
+    if (tokens <= 0 || seconds < 0)
+        return l->len;
+    l->sec += seconds;
+    l->tok += tokens;
+    if (++l->n < l->window)
+        return l->len;
+    for (int x = l->lo; x <= l->hi; x++)
+        l->age[x]++;
+    l->cost[l->len] = l->sec / (double)l->tok;
+    l->age[l->len] = 0;
+    l->sec = 0;
+    l->tok = 0;
+    l->n = 0;
+    l->decisions++;
+    /* the cheapest of the fresh figures around: move there; at a local minimum, re-measure a
+     * neighbour whose figure is missing or stale (up first) */
+    int cur = l->len, best = cur;
+    for (int x = cur - 1; x <= cur + 1; x += 2)
+        if (x >= l->lo && x <= l->hi && l->cost[x] > 0 && l->age[x] < (uint32_t)l->stale &&
+            l->cost[x] < l->cost[best])
+            best = x;
+    if (best != cur)
+        l->len = best;
+    else if (length_wants(l, cur + 1))
+        l->len = cur + 1;
+    else if (length_wants(l, cur - 1))
+        l->len = cur - 1;
+    return l->len;
+}
+
+/* ===== fallback guard ===== */
+
+void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe)
+{
+    memset(g, 0, sizeof *g);
+    g->base = base_prior > 0 ? base_prior : 0;
+    g->window = window < 1 ? 1 : window;
+    g->probe = g->probe_now = probe < 1 ? 1 : probe;
+    g->on = g->base > 0; /* without a plain figure, measure one first */
+}
+
+bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
+{
+    if (tokens <= 0 || seconds < 0)
+        return g->on;
+    if (!g->on && speculated) /* a stray speculative cycle while off: not a plain sample */
+        return g->on;           /* (while on, a cycle that got no drafts counts as on) */
+    g->sec += seconds;
+    g->tok += tokens;
+    if (++g->n < g->window)
+        return g->on;
+    double cost = g->sec / (double)g->tok;
+    g->sec = 0;
+    g->tok = 0;
+    g->n = 0;
+    if (g->on) {
+        g->spec = cost;
+        if (g->base > 0 && cost >= g->base) {
+            g->on = false;
+            g->off_n = 0;
+            g->switches_off++;
+            if (g->probe_now < 16 * g->probe)
+                g->probe_now *= 2; /* it did not pay: probe less often */
+        } else {
+            g->probe_now = g->probe;
+        }
+    } else {
+        g->base = g->base > 0 ? 0.5 * (g->base + cost) : cost;
+        g->off_n += g->window;
+        if (g->off_n >= g->probe_now || g->spec <= 0) {
+            g->on = true;
+            g->switches_on++;
+        }
+    }
+    return g->on;
+}
+
+/* ===== ARCA planning ===== */
+
+static double plan_path_prob(const ctl_template *t, const double *acc, int ranks, int i)
+{
+    double p = 1;
+    for (; i > 0; i = t->parent[i])
+        p *= acc[(t->depth[i] - 1) * ranks + t->rank[i]];
+    return p;
+}
+
+static bool plan_has(const ctl_template *t, int parent, int rank)
+{
+    for (int i = 1; i < t->n; i++)
+        if (t->parent[i] == parent && t->rank[i] == rank)
+            return true;
+    return false;
+}
+
+double ctl_plan_tree(const double *acc, int depths, int ranks, int width, ctl_template *t)
+{
+    if (width > CTL_TREE_CAP)
+        width = CTL_TREE_CAP;
+    t->n = 1;
+    t->parent[0] = -1;
+    t->rank[0] = 0;
+    t->depth[0] = 0;
+    double expect = 1;
+    while (t->n < width) {
+        int bp = -1, br = -1;
+        double bprob = 0;
+        for (int p = 0; p < t->n; p++) {
+            if (t->depth[p] >= depths)
+                continue;
+            double pp = plan_path_prob(t, acc, ranks, p);
+            for (int r = 0; r < ranks; r++) {
+                if (plan_has(t, p, r))
+                    continue;
+                double q = pp * acc[t->depth[p] * ranks + r];
+                if (q > bprob) {
+                    bprob = q;
+                    bp = p;
+                    br = r;
+                }
+                break; /* ranks are taken in order below a parent: only the next one is free */
+            }
+        }
+        if (bp < 0)
+            break;
+        int i = t->n++;
+        t->parent[i] = bp;
+        t->rank[i] = br;
+        t->depth[i] = t->depth[bp] + 1;
+        expect += bprob;
+    }
+    return expect;
+}
+
+double ctl_plan_eval(const ctl_template *t, const int8_t *paths, int n_paths, int depths)
+{
+    if (n_paths <= 0)
+        return 1;
+    long total = 0;
+    for (int s = 0; s < n_paths; s++) {
+        const int8_t *r = paths + (size_t)s * (size_t)depths;
+        int cur = 0, d = 0;
+        for (; d < depths && r[d] >= 0; d++) {
+            int next = -1;
+            for (int i = cur + 1; i < t->n; i++)
+                if (t->parent[i] == cur && t->rank[i] == r[d]) {
+                    next = i;
+                    break;
+                }
+            if (next < 0)
+                break;
+            cur = next;
+        }
+        total += d + 1;
+    }
+    return (double)total / n_paths;
+}
+
+static bool plan_is_leaf(const ctl_template *t, int i)
+{
+    for (int j = i + 1; j < t->n; j++)
+        if (t->parent[j] == i)
+            return false;
+    return true;
+}
+
+/* t without node i (a leaf): later nodes shift down, parents renumbered. */
+static void plan_remove(const ctl_template *t, int i, ctl_template *out)
+{
+    out->n = 0;
+    for (int j = 0; j < t->n; j++) {
+        if (j == i)
+            continue;
+        int k = out->n++;
+        int p = t->parent[j];
+        out->parent[k] = p > i ? p - 1 : p;
+        out->rank[k] = t->rank[j];
+        out->depth[k] = t->depth[j];
+    }
+}
+
+double ctl_plan_refine(ctl_template *t, const int8_t *paths, int n_paths, int depths, int ranks,
+                       int rounds)
+{
+    double best = ctl_plan_eval(t, paths, n_paths, depths);
+    static __thread ctl_template cand, trial;
+    for (int round = 0; round < rounds; round++) {
+        bool moved = false;
+        double round_best = best;
+        ctl_template keep = *t;
+        for (int leaf = 1; leaf < t->n; leaf++) {
+            if (!plan_is_leaf(t, leaf))
+                continue;
+            plan_remove(t, leaf, &cand);
+            for (int p = 0; p < cand.n; p++) {
+                if (cand.depth[p] >= depths)
+                    continue;
+                for (int r = 0; r < ranks; r++) {
+                    if (plan_has(&cand, p, r))
+                        continue;
+                    if (p == (t->parent[leaf] > leaf ? t->parent[leaf] - 1 : t->parent[leaf]) &&
+                        r == t->rank[leaf])
+                        continue; /* where it was */
+                    trial = cand;
+                    int k = trial.n++;
+                    trial.parent[k] = p;
+                    trial.rank[k] = r;
+                    trial.depth[k] = cand.depth[p] + 1;
+                    double m = ctl_plan_eval(&trial, paths, n_paths, depths);
+                    if (m > round_best + 1e-12) {
+                        round_best = m;
+                        keep = trial;
+                        moved = true;
+                    }
+                }
+            }
+        }
+        if (!moved)
+            break;
+        *t = keep;
+        best = round_best;
+    }
+    return best;
+}
+
+int ctl_plan_best_width(const int *widths, const double *seconds, const double *tokens, int n)
+{
+    int best = -1;
+    double rate = 0;
+    for (int i = 0; i < n; i++) {
+        if (seconds[i] <= 0)
+            continue;
+        double r = tokens[i] / seconds[i];
+        if (best < 0 || r > rate || (r == rate && widths[i] < widths[best])) {
+            best = i;
+            rate = r;
+        }
+    }
+    return best;
+}

@@ -1,0 +1,139 @@
+/*
+ * coordinator/control — the speculation controllers, as pure functions over small state structs
+ * (no sockets, no clocks: every decision is a function of the samples it is given, so each has a
+ * unit test on fixtures, tests/unit/test_control.c). The coordinator owns one of each and feeds
+ * them after every verification; `orochi profile` uses the plan half to choose trees and widths.
+ *
+ *   ctl_tree    the merged draft trie and the vote that cuts it to the verified tree
+ *   ctl_acr     a speculator's average acceptance rate and vote weight (Minions 3.2)
+ *   ctl_length  the adaptive speculation length: hill-climbs on measured cost per token
+ *   ctl_guard   the fallback guard: speculation off when it is slower than plain decoding
+ *   ctl_plan_*  ARCA: the best tree per width from per-depth/rank accuracies, its acceptance on
+ *               recorded calibration paths, its refinement, and the width choice from curves
+ * Rationale and the papers' sections: docs/speculation.md.
+ */
+#ifndef OROCHI_CONTROL_H
+#define OROCHI_CONTROL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shm/arena.h"
+
+#define CTL_TREE_CAP 512 /* nodes of a merged draft trie */
+#define CTL_MAX_OWNERS 32
+#define CTL_LEN_MAX 64
+
+typedef enum { VOTE_MAJORITY, VOTE_UNION, VOTE_OFF } ctl_vote;
+
+/* A token tree rooted at the last committed token (node 0); parents precede children. */
+typedef struct {
+    int n;
+    int32_t tokens[CTL_TREE_CAP];
+    int32_t parent[CTL_TREE_CAP];  /* parent[0] = -1; parent[i] < i */
+    float weight[CTL_TREE_CAP];    /* summed vote weight of the speculators that proposed it */
+    float support[CTL_TREE_CAP];   /* summed weight x the proposer's confidence in the token */
+    uint32_t owners[CTL_TREE_CAP]; /* bit r: the speculator with owner index r proposed it */
+    float owner_w[CTL_MAX_OWNERS]; /* each owner's vote weight */
+} ctl_tree;
+
+void ctl_tree_init(ctl_tree *t, int32_t root);
+/* Merge one speculator's draft (weight w, owner index 0..31) into the trie. */
+void ctl_tree_add(ctl_tree *t, const arena_draft *d, float w, int owner);
+/* Cut `in` to at most max_nodes nodes (root included) into `out`:
+ *   majority  the voted tree: nodes are taken best first by their path share, the product along
+ *             the path of (support of the node / summed weight of the speculators that drafted
+ *             below its parent) — where the speculators agree a branch is one chain, where they
+ *             split it branches in proportion to their weights and confidences; ties go to the
+ *             shallower node, then the earlier one;
+ *   union     the heaviest nodes (summed weight) whose parents are kept;
+ *   off       as union (the input then holds one speculator's draft). */
+void ctl_tree_vote(const ctl_tree *in, ctl_vote mode, int max_nodes, ctl_tree *out);
+/* Depth of the deepest node of a draft, and how many accepted tokens follow one of its paths. */
+void ctl_tree_match(const arena_draft *d, const int32_t *accepted, int n_acc, int *depth,
+                    int *matched);
+
+/* ===== ACR and vote weight (Minions 3.2) ===== */
+typedef struct {
+    double reward_threshold, punish_threshold, reward_factor, punish_factor;
+} ctl_acr_params;
+
+typedef struct {
+    double acr, acr_sum; /* average acceptance rate of its verified drafts */
+    uint64_t acr_n;
+    double weight; /* vote weight, in [0.05, 20] */
+} ctl_acr;
+
+/* One verification that included the speculator's draft (credit goes only to speculators whose
+ * nodes were in the voted tree): `matched` of its `depth` drafted levels were accepted. */
+void ctl_acr_update(ctl_acr *a, const ctl_acr_params *p, int depth, int matched);
+
+/* ===== adaptive speculation length ===== */
+/* Every verification cycle gives (seconds, tokens): its whole time, drafting and waiting for
+ * drafts included, and the tokens it yielded. After `window` cycles at a length, that length's
+ * cost per token (sum of seconds / sum of tokens over the window) is recorded and the length
+ * hill-climbs: to the cheapest of {len - 1, len, len + 1} among figures younger than `stale`
+ * decisions; when len itself is the cheapest, to a neighbour whose figure is missing or stale
+ * (up first), so the length grows as readily as it shrinks and keeps checking both sides. */
+typedef struct {
+    int len, lo, hi, window, stale;
+    double cost[CTL_LEN_MAX + 1]; /* seconds per token measured at each length (0: never) */
+    uint32_t age[CTL_LEN_MAX + 1];
+    double sec;
+    long tok;
+    int n;
+    uint64_t decisions;
+} ctl_length;
+
+void ctl_length_init(ctl_length *l, int start, int lo, int hi, int window, int stale);
+/* Returns the length to use from now on. */
+int ctl_length_sample(ctl_length *l, double seconds, int tokens);
+
+/* ===== the fallback guard ===== */
+/* Speculation must never be slower than plain decoding. While on, every `window` cycles the
+ * achieved cost per token is compared with the plain cost (`base`: from the plan's t(1), refreshed
+ * by the guard's own measurements while off); when it is not lower the guard switches off. While
+ * off, cycles are plain W = 1 steps and refresh `base`; after `probe` of them the guard switches on
+ * again to test. A probe that fails doubles the interval (up to 16x); one that pays resets it.
+ * With no base known yet the guard starts off for one window to measure it. */
+typedef struct {
+    bool on;
+    double base, spec; /* seconds per token: plain, and speculative at the last judgement */
+    int window, probe, probe_now;
+    double sec;
+    long tok;
+    int n, off_n;
+    uint64_t switches_off, switches_on;
+} ctl_guard;
+
+void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe);
+/* One cycle: speculated = whether it verified drafts. Returns whether speculation is on now. */
+bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens);
+
+/* ===== ARCA planning ===== */
+/* A tree template: node 0 is the root; node i > 0 is the candidate of rank rank[i] (0 = the
+ * drafter's best) below node parent[i]; parents precede children. */
+typedef struct {
+    int n;
+    int parent[CTL_TREE_CAP], rank[CTL_TREE_CAP], depth[CTL_TREE_CAP];
+} ctl_template;
+
+/* acc[d * ranks + r]: the probability that the rank-r candidate at depth d + 1 is the target's
+ * token, given its parent was. Builds the best template of `width` nodes (root included) by adding
+ * the most likely node one at a time (its path probability: the product of its nodes' accuracies),
+ * no deeper than `depths`. Returns the expected tokens per step (accepted + the bonus token). */
+double ctl_plan_tree(const double *acc, int depths, int ranks, int width, ctl_template *t);
+/* Mean tokens per step the template gives on recorded calibration paths: paths[i * depths + d] is
+ * the rank of the target's token among the drafter's candidates at depth d + 1 of sample i (-1:
+ * not among them; the path ends there). */
+double ctl_plan_eval(const ctl_template *t, const int8_t *paths, int n_paths, int depths);
+/* Brute-force refinement on the calibration paths: move a leaf to any free (parent, rank) slot
+ * whenever that raises the measured mean, until no move does (at most `rounds`). Returns the
+ * final mean. */
+double ctl_plan_refine(ctl_template *t, const int8_t *paths, int n_paths, int depths, int ranks,
+                       int rounds);
+/* The width that maximises tokens per second: tokens[i] per step / seconds[i] per step (drafting
+ * included) at width widths[i]; W = 1 is a candidate like any other. Returns its index. */
+int ctl_plan_best_width(const int *widths, const double *seconds, const double *tokens, int n);
+
+#endif

@@ -1,0 +1,168 @@
+/*
+ * coordinator/coord_plan.c — the coordinator follows the plan `orochi profile` wrote (--plan FILE;
+ * schema: docs/speculation.md, "The plan"). Per context-length bucket the plan gives the
+ * verification width (1: do not speculate there) and the speculation length to start from; the
+ * adaptive length then moves within [1, width - 1] and the guard keeps watch on top. The file is
+ * checked once a second and reread when its modification time changes, so a new profile takes
+ * effect without a restart; a plan that fails to parse at run time is reported and the old one
+ * kept.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "coordinator/coord.h"
+
+#define PLAN_MAX_BUCKETS 16
+
+struct coord_plan {
+    int n;
+    int ctx[PLAN_MAX_BUCKETS], width[PLAN_MAX_BUCKETS], length[PLAN_MAX_BUCKETS];
+};
+
+static char *plan_read(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot read the plan %s", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 && n < (64l << 20) ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        snprintf(err, errlen, "cannot read the plan %s", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+static int plan_int(const cJSON *o, const char *key, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v))
+        return -1;
+    *out = v->valueint;
+    return 0;
+}
+
+static int plan_parse(const coord *c, const char *text, struct coord_plan *p, char *err,
+                      size_t errlen)
+{
+    cJSON *root = cJSON_Parse(text);
+    int version = 0, rc = -1;
+    if (!root) {
+        snprintf(err, errlen, "the plan %s is not JSON", c->plan_path);
+        return -1;
+    }
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "buckets");
+    if (plan_int(root, "orochi_plan", &version) || version != 1) {
+        snprintf(err, errlen, "the plan %s lacks \"orochi_plan\": 1 (not a plan of this version)",
+                 c->plan_path);
+    } else if (!cJSON_IsArray(b) || !cJSON_GetArraySize(b)) {
+        snprintf(err, errlen, "the plan %s has no \"buckets\"", c->plan_path);
+    } else if (cJSON_GetArraySize(b) > PLAN_MAX_BUCKETS) {
+        snprintf(err, errlen, "the plan %s has more than %d buckets", c->plan_path,
+                 PLAN_MAX_BUCKETS);
+    } else {
+        p->n = 0;
+        rc = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, b)
+        {
+            int i = p->n, ctx, width, length;
+            if (plan_int(e, "ctx", &ctx) || plan_int(e, "width", &width) ||
+                plan_int(e, "length", &length) || ctx < 1 || width < 1 || length < 0 ||
+                (i && ctx <= p->ctx[i - 1])) {
+                snprintf(err, errlen,
+                         "the plan %s: bucket %d needs integer ctx (increasing), width >= 1 and "
+                         "length >= 0",
+                         c->plan_path, i);
+                rc = -1;
+                break;
+            }
+            p->ctx[i] = ctx;
+            p->width[i] = width < c->max_width ? width : c->max_width;
+            p->length[i] = length;
+            p->n++;
+        }
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int64_t plan_mtime(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return -1;
+    return (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+int coord_plan_load(coord *c, char *err, size_t errlen)
+{
+    int64_t mt = plan_mtime(c->plan_path);
+    char *text = plan_read(c->plan_path, err, errlen);
+    if (!text)
+        return -1;
+    struct coord_plan *p = calloc(1, sizeof *p);
+    if (!p || plan_parse(c, text, p, err, errlen)) {
+        free(p);
+        free(text);
+        return -1;
+    }
+    free(text);
+    free(c->plan);
+    c->plan = p;
+    c->plan_mtime = mt;
+    rt_log("coordinator", "plan %s: %d context buckets", c->plan_path, p->n);
+    for (int i = 0; i < p->n; i++)
+        rt_log("coordinator", "  up to %d tokens: width %d, speculation length %d", p->ctx[i],
+               p->width[i], p->length[i]);
+    coord_plan_apply(c, 0);
+    return 0;
+}
+
+void coord_plan_poll(coord *c)
+{
+    if (!c->plan_path)
+        return;
+    uint64_t now = rt_now_us();
+    if (now - c->plan_checked_us < 1000000)
+        return;
+    c->plan_checked_us = now;
+    int64_t mt = plan_mtime(c->plan_path);
+    if (mt < 0 || mt == c->plan_mtime)
+        return;
+    char err[512];
+    if (coord_plan_load(c, err, sizeof err)) {
+        rt_log("coordinator", "%s (the previous plan stays)", err);
+        c->plan_mtime = mt; /* do not retry until it changes again */
+    }
+}
+
+void coord_plan_apply(coord *c, int n_ctx)
+{
+    const struct coord_plan *p = c->plan;
+    if (!p || !p->n)
+        return;
+    int i = 0;
+    while (i + 1 < p->n && n_ctx > p->ctx[i])
+        i++;
+    int width = p->width[i];
+    if (width == c->width && c->len.hi == (width > 1 ? width - 1 : 1))
+        return;
+    c->width = width;
+    int len = p->length[i] < 1 ? 1 : p->length[i];
+    if (width > 1 && len > width - 1)
+        len = width - 1;
+    ctl_length_init(&c->len, len, 1, width > 1 ? width - 1 : 1, c->decision_threshold, 6);
+    c->spec_len = c->len.len;
+}

@@ -1,0 +1,277 @@
+/*
+ * tests/unit/test_control.c — the speculation controllers' decisions on fixtures
+ * (coordinator/control.h): the voted tree, ACR reward and punishment, the adaptive length moving
+ * up and down to the cheapest length, the fallback guard switching off and back on, ARCA's tree
+ * from given accuracies, its acceptance on recorded paths and refinement, and the width choice
+ * from given curves.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "coordinator/control.h"
+
+/* a draft of n tokens with the given parents (-1: child of the root) and confidences */
+static arena_draft draft(int n, const int32_t *tok, const int32_t *par, const float *conf)
+{
+    arena_draft d;
+    memset(&d, 0, sizeof d);
+    d.n = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        d.tokens[i] = tok[i];
+        d.parent[i] = par[i];
+        d.conf[i] = conf ? conf[i] : 1.0f;
+    }
+    return d;
+}
+
+/* does the voted tree hold the path root -> a -> b ... (tokens), in that shape? */
+static bool has_path(const ctl_tree *t, const int32_t *path, int n)
+{
+    int cur = 0;
+    for (int k = 0; k < n; k++) {
+        int next = -1;
+        for (int i = 1; i < t->n; i++)
+            if (t->parent[i] == cur && t->tokens[i] == path[k])
+                next = i;
+        if (next < 0)
+            return false;
+        cur = next;
+    }
+    return true;
+}
+
+static void vote_agreeing_speculators_give_one_chain(void **state)
+{
+    (void)state;
+    static ctl_tree m, out;
+    const int32_t tok[] = {10, 11, 12}, par[] = {-1, 0, 1};
+    arena_draft a = draft(3, tok, par, NULL), b = draft(3, tok, par, NULL);
+    ctl_tree_init(&m, 1);
+    ctl_tree_add(&m, &a, 1.0f, 0);
+    ctl_tree_add(&m, &b, 2.0f, 1);
+    ctl_tree_vote(&m, VOTE_MAJORITY, 8, &out);
+    assert_int_equal(out.n, 4);
+    assert_true(has_path(&out, tok, 3));
+    assert_float_equal(out.weight[1], 3.0f, 1e-6);
+    assert_int_equal(out.owners[3], 3);
+}
+
+static void vote_splits_the_width_by_weight(void **state)
+{
+    (void)state;
+    static ctl_tree m, out;
+    const int32_t xa[] = {20, 21}, ya[] = {30, 31}, par[] = {-1, 0};
+    arena_draft x = draft(2, xa, par, NULL), y = draft(2, ya, par, NULL);
+    ctl_tree_init(&m, 1);
+    ctl_tree_add(&m, &x, 2.0f, 0);
+    ctl_tree_add(&m, &y, 1.0f, 1);
+    /* path shares: 20 and 21 at 2/3, 30 and 31 at 1/3: a budget of 4 keeps x's chain and 30 */
+    ctl_tree_vote(&m, VOTE_MAJORITY, 4, &out);
+    assert_int_equal(out.n, 4);
+    assert_true(has_path(&out, xa, 2));
+    const int32_t y1[] = {30}, y2[] = {30, 31};
+    assert_true(has_path(&out, y1, 1));
+    assert_false(has_path(&out, y2, 2));
+    for (int i = 1; i < out.n; i++)
+        assert_true(out.parent[i] < i); /* parents first */
+    /* a budget of 2 keeps the heavier speculator's first token only */
+    ctl_tree_vote(&m, VOTE_MAJORITY, 2, &out);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(out.tokens[1], 20);
+}
+
+static void vote_keeps_one_speculators_tree_by_confidence(void **state)
+{
+    (void)state;
+    static ctl_tree m, out;
+    /* root -> 40 (0.6) -> 42 (0.9); root -> 41 (0.3) */
+    const int32_t tok[] = {40, 41, 42}, par[] = {-1, -1, 0};
+    const float conf[] = {0.6f, 0.3f, 0.9f};
+    arena_draft d = draft(3, tok, par, conf);
+    ctl_tree_init(&m, 1);
+    ctl_tree_add(&m, &d, 1.0f, 3);
+    ctl_tree_vote(&m, VOTE_MAJORITY, 8, &out);
+    assert_int_equal(out.n, 4); /* the whole tree fits: nothing is cut to a chain */
+    ctl_tree_vote(&m, VOTE_MAJORITY, 3, &out);
+    const int32_t deep[] = {40, 42};
+    assert_int_equal(out.n, 3);
+    assert_true(has_path(&out, deep, 2)); /* 0.54 beats 0.3 */
+}
+
+static void acr_rewards_and_punishes(void **state)
+{
+    (void)state;
+    ctl_acr_params p = {.reward_threshold = 0.5,
+                        .punish_threshold = 0.2,
+                        .reward_factor = 1.1,
+                        .punish_factor = 0.9};
+    ctl_acr a = {.weight = 1.0};
+    ctl_acr_update(&a, &p, 4, 4); /* rate 1 */
+    assert_float_equal(a.acr, 1.0, 1e-12);
+    assert_float_equal(a.weight, 1.1, 1e-12);
+    ctl_acr_update(&a, &p, 4, 0); /* average 0.5: neither */
+    assert_float_equal(a.acr, 0.5, 1e-12);
+    assert_float_equal(a.weight, 1.1, 1e-12);
+    ctl_acr_update(&a, &p, 4, 0);
+    ctl_acr_update(&a, &p, 4, 0);
+    ctl_acr_update(&a, &p, 4, 0); /* averages 1/3, 1/4, 1/5: not below 0.2 */
+    assert_float_equal(a.weight, 1.1, 1e-12);
+    ctl_acr_update(&a, &p, 4, 0); /* 1/6 < 0.2: punished */
+    assert_float_equal(a.weight, 0.99, 1e-12);
+    ctl_acr_update(&a, &p, 0, 0); /* no draft: no verdict */
+    assert_int_equal(a.acr_n, 6);
+    for (int i = 0; i < 100; i++)
+        ctl_acr_update(&a, &p, 4, 0);
+    assert_float_equal(a.weight, 0.05, 1e-12); /* floor */
+}
+
+/* cost per token with a minimum at length 5 */
+static double cost_at(int len)
+{
+    return 1.0 + 0.1 * abs(len - 5);
+}
+
+static int run_length(int start, int decisions, int *at_best)
+{
+    ctl_length l;
+    ctl_length_init(&l, start, 1, 9, 2, 6);
+    *at_best = 0;
+    for (int d = 0; d < decisions; d++) {
+        for (int k = 0; k < 2; k++) /* a window of 2 cycles of 3 tokens */
+            ctl_length_sample(&l, 3 * cost_at(l.len), 3);
+        *at_best += l.len == 5;
+    }
+    return l.len;
+}
+
+static void length_grows_and_shrinks_to_the_cheapest(void **state)
+{
+    (void)state;
+    int at_best;
+    int end = run_length(1, 80, &at_best); /* grows */
+    assert_true(end >= 4 && end <= 6);
+    assert_true(at_best >= 40);
+    end = run_length(9, 80, &at_best); /* shrinks */
+    assert_true(end >= 4 && end <= 6);
+    assert_true(at_best >= 40);
+    /* a window is a ratio of sums: 1 token in 1 s and 3 in 1 s give 0.5 s per token */
+    ctl_length l;
+    ctl_length_init(&l, 3, 1, 7, 2, 6);
+    ctl_length_sample(&l, 1.0, 1);
+    assert_int_equal(l.len, 3);
+    assert_int_equal(ctl_length_sample(&l, 1.0, 3), 4); /* measured 3, explores up */
+    assert_float_equal(l.cost[3], 0.5, 1e-12);
+}
+
+static void guard_switches_off_and_back_on(void **state)
+{
+    (void)state;
+    ctl_guard g;
+    ctl_guard_init(&g, 0, 4, 8);
+    assert_false(g.on); /* no plain figure yet: measure one */
+    for (int i = 0; i < 3; i++)
+        assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_true(ctl_guard_sample(&g, false, 0.010, 1)); /* base known: try speculation */
+    assert_float_equal(g.base, 0.010, 1e-12);
+    /* speculation at 12 ms per token loses: off after one window */
+    for (int i = 0; i < 3; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.024, 2));
+    assert_false(ctl_guard_sample(&g, true, 0.024, 2));
+    assert_int_equal(g.switches_off, 1);
+    assert_int_equal(g.probe_now, 16); /* the failed probe doubles the interval */
+    /* a stray speculative sample while off is ignored */
+    assert_false(ctl_guard_sample(&g, true, 0.001, 5));
+    /* 16 plain cycles, then a probe */
+    for (int i = 0; i < 15; i++)
+        assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_true(ctl_guard_sample(&g, false, 0.010, 1));
+    /* now speculation pays (5 ms per token): it stays on, the interval resets */
+    for (int i = 0; i < 40; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.010, 2));
+    assert_int_equal(g.probe_now, 8);
+    assert_int_equal(g.switches_off, 1);
+    /* a prior base starts it on */
+    ctl_guard_init(&g, 0.01, 4, 8);
+    assert_true(g.on);
+}
+
+static void plan_tree_adds_the_most_likely_node(void **state)
+{
+    (void)state;
+    const double acc[] = {0.8, 0.1, 0.7, 0.1, 0.6, 0.1}; /* 3 depths x 2 ranks */
+    ctl_template t;
+    double e = ctl_plan_tree(acc, 3, 2, 4, &t);
+    assert_int_equal(t.n, 4); /* the chain of best candidates: 0.8, 0.56, 0.336 */
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(t.parent[i], i - 1);
+        assert_int_equal(t.rank[i], 0);
+    }
+    assert_float_equal(e, 1 + 0.8 + 0.56 + 0.336, 1e-12);
+    e = ctl_plan_tree(acc, 3, 2, 5, &t); /* next: rank 1 at depth 1 (0.1 > 0.08) */
+    assert_int_equal(t.n, 5);
+    assert_int_equal(t.parent[4], 0);
+    assert_int_equal(t.rank[4], 1);
+    assert_float_equal(e, 1 + 0.8 + 0.56 + 0.336 + 0.1, 1e-12);
+    e = ctl_plan_tree(acc, 3, 2, 1, &t);
+    assert_int_equal(t.n, 1);
+    assert_float_equal(e, 1.0, 1e-12);
+}
+
+static void plan_eval_and_refine_on_recorded_paths(void **state)
+{
+    (void)state;
+    /* template: root -> rank 0 -> rank 0 */
+    ctl_template t = {.n = 3, .parent = {-1, 0, 1}, .rank = {0, 0, 0}, .depth = {0, 1, 2}};
+    const int8_t paths[] = {0, 0, -1, /* 2 accepted + bonus = 3 */
+                            1, 0, 0,  /* 0 + 1 */
+                            0, 1, 0}; /* 1 + 1 */
+    assert_float_equal(ctl_plan_eval(&t, paths, 3, 3), 2.0, 1e-12);
+    /* calibration where the second candidate at depth 1 is right half of the time */
+    int8_t cal[8 * 3];
+    for (int i = 0; i < 8; i++) {
+        cal[3 * i] = (int8_t)(i % 2); /* rank 0 or 1 at depth 1 */
+        cal[3 * i + 1] = (int8_t)(i % 4 == 0 ? 0 : -1);
+        cal[3 * i + 2] = -1;
+    }
+    double before = ctl_plan_eval(&t, cal, 8, 3);
+    double after = ctl_plan_refine(&t, cal, 8, 3, 2, 4);
+    assert_true(after > before);
+    assert_float_equal(after, ctl_plan_eval(&t, cal, 8, 3), 1e-12);
+    bool has_r1 = false;
+    for (int i = 1; i < t.n; i++)
+        has_r1 |= t.parent[i] == 0 && t.rank[i] == 1;
+    assert_true(has_r1);
+    assert_int_equal(t.n, 3); /* a move, not a growth */
+}
+
+static void plan_best_width_from_curves(void **state)
+{
+    (void)state;
+    const int w[] = {1, 2, 4, 8};
+    const double sec[] = {0.010, 0.011, 0.014, 0.020};
+    const double good[] = {1.0, 1.6, 2.4, 3.0}, poor[] = {1.0, 1.05, 1.1, 1.2};
+    assert_int_equal(ctl_plan_best_width(w, sec, good, 4), 2); /* 171 tok/s at W = 4 */
+    assert_int_equal(ctl_plan_best_width(w, sec, poor, 4), 0); /* W = 1: do not speculate */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(vote_agreeing_speculators_give_one_chain),
+        cmocka_unit_test(vote_splits_the_width_by_weight),
+        cmocka_unit_test(vote_keeps_one_speculators_tree_by_confidence),
+        cmocka_unit_test(acr_rewards_and_punishes),
+        cmocka_unit_test(length_grows_and_shrinks_to_the_cheapest),
+        cmocka_unit_test(guard_switches_off_and_back_on),
+        cmocka_unit_test(plan_tree_adds_the_most_likely_node),
+        cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
+        cmocka_unit_test(plan_best_width_from_curves),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
