@@ -14,6 +14,7 @@ int cmd_mkmodel(int argc, char **argv);
 int cmd_mkmedusa(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 

@@ -21,6 +21,7 @@ static const command COMMANDS[] = {
     {"quantize", cmd_quantize, "convert a GGUF model's weight matrices to another type"},
     {"mkmedusa", cmd_mkmedusa, "write deterministic random Medusa heads for a target GGUF"},
     {"bench", cmd_bench, "decode speed and batch step-time curve"},
+    {"profile", cmd_profile, "ARCA: step times and acceptance, the plan a group follows"},
     {"generate", cmd_generate, "one request to a running coordinator's HTTP API"},
     {"chat", cmd_chat, "interactive chat with a running coordinator"},
 };

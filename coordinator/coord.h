@@ -94,6 +94,7 @@ typedef struct {
     /* the plan (--plan FILE; reread when the file changes) */
     const char *plan_path;
     struct coord_plan *plan;
+    int plan_bucket; /* the bucket applied last (-1: none) */
     int64_t plan_mtime;
     uint64_t plan_checked_us;
     const char *spec_specs[RT_MAX_SPECULATORS];

@@ -368,7 +368,8 @@ int main(int argc, char **argv)
                .decision_threshold = 8,
                .s_reward = 1,
                .s_punish = 1,
-               .n_seq = 4};
+               .n_seq = 4,
+               .plan_bucket = -1};
     int rc = coord_parse(&c, argc, argv);
     if (rc)
         return rc;

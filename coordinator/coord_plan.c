@@ -3,6 +3,8 @@
  * schema: docs/speculation.md, "The plan"). Per context-length bucket the plan gives the
  * verification width (1: do not speculate there) and the speculation length to start from; the
  * adaptive length then moves within [1, width - 1] and the guard keeps watch on top. The file is
+ * A bucket whose "speculate" is false (the profile measured plain decoding faster) starts with
+ * the guard off and probing four times less often. The file is
  * checked once a second and reread when its modification time changes, so a new profile takes
  * effect without a restart; a plan that fails to parse at run time is reported and the old one
  * kept.
@@ -20,6 +22,7 @@
 struct coord_plan {
     int n;
     int ctx[PLAN_MAX_BUCKETS], width[PLAN_MAX_BUCKETS], length[PLAN_MAX_BUCKETS];
+    bool speculate[PLAN_MAX_BUCKETS];
 };
 
 static char *plan_read(const char *path, char *err, size_t errlen)
@@ -91,6 +94,8 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
             p->ctx[i] = ctx;
             p->width[i] = width < c->max_width ? width : c->max_width;
             p->length[i] = length;
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "speculate");
+            p->speculate[i] = !cJSON_IsBool(sp) || cJSON_IsTrue(sp);
             p->n++;
         }
     }
@@ -122,10 +127,12 @@ int coord_plan_load(coord *c, char *err, size_t errlen)
     free(c->plan);
     c->plan = p;
     c->plan_mtime = mt;
+    c->plan_bucket = -1;
     rt_log("coordinator", "plan %s: %d context buckets", c->plan_path, p->n);
     for (int i = 0; i < p->n; i++)
-        rt_log("coordinator", "  up to %d tokens: width %d, speculation length %d", p->ctx[i],
-               p->width[i], p->length[i]);
+        rt_log("coordinator", "  up to %d tokens: width %d, speculation length %d%s", p->ctx[i],
+               p->width[i], p->length[i],
+               p->speculate[i] ? "" : " (plain decoding measured faster: speculation starts off)");
     coord_plan_apply(c, 0);
     return 0;
 }
@@ -157,9 +164,17 @@ void coord_plan_apply(coord *c, int n_ctx)
     while (i + 1 < p->n && n_ctx > p->ctx[i])
         i++;
     int width = p->width[i];
-    if (width == c->width && c->len.hi == (width > 1 ? width - 1 : 1))
+    if (i == c->plan_bucket && width == c->width)
         return;
+    c->plan_bucket = i;
     c->width = width;
+    if (!p->speculate[i] && c->guard.on) {
+        /* the profile found plain decoding faster here: start off and probe rarely (the guard
+         * still turns speculation on where it pays in this group, on this text) */
+        c->guard.on = false;
+        c->guard.probe_now = 4 * c->guard.probe;
+        c->guard.off_n = 0;
+    }
     int len = p->length[i] < 1 ? 1 : p->length[i];
     if (width > 1 && len > width - 1)
         len = width - 1;
