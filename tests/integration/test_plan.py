@@ -1,0 +1,129 @@
+"""ARCA: `orochi profile` writes a valid plan, and a group follows it.
+
+- profile on the default model (layerskip + ngram, small settings): the plan file parses, has
+  version 1, increasing buckets whose width is one of the profiled widths and whose tree fits the
+  width, the step-time curve and per-category acceptance; the tables are printed;
+- bad input: widths that do not start with 1, a missing prompt file, an unknown speculator kind
+  exit 2 with one line naming the problem;
+- a group started with `--plan` (guard on, as in production) answers greedy requests exactly like
+  `orochi run --temp 0`, shows the plan in its status, and picks up a rewritten plan without a
+  restart; a plan that is not a plan is refused at start with the reason.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import group as G  # noqa: E402
+
+t = G.Tests()
+
+PROFILE_ARGS = ["--widths", "1,2,4", "--ctx", "64,256", "--per-category", "1", "-n", "12",
+                "--reps", "2", "--depth", "4", "--threads", "1"]
+
+
+def model_or_skip():
+    m = G.default_model()
+    if not m:
+        raise G.Skip("the default model is absent (make models)")
+    return m
+
+
+def profile(model, out, *extra):
+    e = G.env()
+    cmd = [e["bin"], "profile", "--model", model, "--out", out,
+           "--prompts", os.path.join(e["source"], "bench", "prompts.jsonl")] + PROFILE_ARGS + list(extra)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@t.case
+def profile_writes_a_valid_plan():
+    model = model_or_skip()
+    out = os.path.join(G.env()["tmp"], "plan-%d.json" % os.getpid())
+    r = profile(model, out)
+    G.check(r.returncode == 0, "orochi profile failed (%d): %s", r.returncode, r.stderr[-2000:])
+    for table in ("step time (ms) by width", "tokens per step by width", "plan ("):
+        G.check(table in r.stdout, "the output lacks the table %r:\n%s", table, r.stdout)
+    plan = json.load(open(out))
+    G.check_eq(plan["orochi_plan"], 1, "plan version")
+    G.check_eq(plan["widths"], [1, 2, 4], "profiled widths")
+    ctx = [b["ctx"] for b in plan["buckets"]]
+    G.check_eq(ctx, [64, 256], "bucket contexts")
+    for b in plan["buckets"]:
+        G.check(b["width"] in (1, 2, 4), "bucket width %r", b["width"])
+        G.check(isinstance(b["speculate"], bool), "speculate %r", b["speculate"])
+        G.check(len(b["tree"]) <= b["width"] - 1, "tree of %d nodes in width %d", len(b["tree"]), b["width"])
+        for i, (parent, rank) in enumerate(b["tree"]):
+            G.check(0 <= parent <= i and rank >= 0, "tree node %d: parent %r rank %r", i + 1, parent, rank)
+    steps = plan["curves"]["step_ms"]
+    G.check(set(steps) == {"64", "256"} and all(len(v) == 3 and all(x > 0 for x in v) for v in steps.values()),
+            "step curves %r", steps)
+    sp = plan["curves"]["speculators"]
+    G.check(set(sp) == {"layerskip", "ngram"}, "speculators %r", list(sp))
+    for kind, x in sp.items():
+        cats = x["tokens_per_step_by_category"]
+        G.check({"chat", "code", "math", "summarize"} <= set(cats), "%s categories %r", kind, list(cats))
+        for v in cats.values():
+            G.check(all(1.0 <= y <= 5.0 for y in v[1:]), "%s tokens per step %r", kind, v)
+    G.log("  plan: %s" % [(b["ctx"], b["width"], b["length"], b["speculate"]) for b in plan["buckets"]])
+
+
+@t.case
+def profile_rejects_bad_input():
+    model = model_or_skip()
+    e = G.env()
+    out = os.path.join(e["tmp"], "plan-bad-%d.json" % os.getpid())
+    cases = [
+        (["--widths", "2,4"], "must start with 1"),
+        (["--prompts", "/nonexistent/prompts.jsonl"], "cannot read the prompt file"),
+        (["--speculator", "oracle"], "unknown speculator kind 'oracle'"),
+    ]
+    for extra, want in cases:
+        r = subprocess.run([e["bin"], "profile", "--model", model, "--out", out] + extra,
+                           capture_output=True, text=True, timeout=120)
+        G.check(r.returncode == 2, "%s: exit %d, want 2", extra, r.returncode)
+        G.check(want in r.stderr, "%s: stderr %r lacks %r", extra, r.stderr, want)
+
+
+@t.case
+def group_follows_the_plan_and_rereads_it():
+    model = model_or_skip()
+    tmp = G.env()["tmp"]
+    plan_path = os.path.join(tmp, "plan-group-%d.json" % os.getpid())
+    r = profile(model, plan_path)
+    G.check(r.returncode == 0, "orochi profile failed: %s", r.stderr[-2000:])
+    prompts = ["Write a Python function that adds two numbers.", "Summarize: the cat sat on the mat. The cat sat."]
+    with G.Group("plan", model, workers=2, speculators=["layerskip", "ngram"], guard=True,
+                 extra=["--plan", plan_path]) as g:
+        for p in prompts:
+            G.check_eq(g.ids(p, max_tokens=24), G.run_ids(model, p, 24), "token ids with the plan for %r" % p)
+        status = open(g.path("status")).read()
+        G.check("plan %s" % plan_path in status, "status does not name the plan:\n%s", status)
+        # a rewritten plan: one bucket, width 3, is picked up without a restart
+        plan = json.load(open(plan_path))
+        plan["buckets"] = [dict(plan["buckets"][0], ctx=100000, width=3, length=2, speculate=True)]
+        time.sleep(1.1)  # a new modification time
+        with open(plan_path + ".tmp", "w") as f:
+            json.dump(plan, f)
+        os.replace(plan_path + ".tmp", plan_path)
+        g.wait_log("coordinator", "up to 100000 tokens: width 3", timeout=10)
+        G.check_eq(g.ids(prompts[0], max_tokens=24), G.run_ids(model, prompts[0], 24), "token ids after reload")
+        deadline = time.time() + 10
+        while "controllers      width 3 " not in open(g.path("status")).read() and time.time() < deadline:
+            time.sleep(0.1)
+        G.check("controllers      width 3 " in open(g.path("status")).read(), "the status does not show width 3:\n%s",
+                open(g.path("status")).read())
+    bad = os.path.join(tmp, "plan-not-%d.json" % os.getpid())
+    with open(bad, "w") as f:
+        f.write('{"buckets": []}')
+    g = G.Group("plan-bad", model, workers=1, extra=["--plan", bad])
+    r = g.launch(*g.up_args(), timeout=60, check=False)
+    G.check(r.returncode != 0, "a group with a bad plan started")
+    G.check('lacks "orochi_plan": 1' in (r.stdout + r.stderr + g.log("coordinator")),
+            "the refusal does not say why:\n%s%s", r.stdout, r.stderr)
+
+
+if __name__ == "__main__":
+    t.main()
