@@ -351,8 +351,11 @@ def concurrency(a, prompts, base, out):
     g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, ["ngram"], a.extra.split(),
               ["--", "--max-batch", str(max(levels))])
     ok = True
-    print("\n%-12s %10s %10s %12s" % ("concurrent", "tokens", "seconds", "tok/s"))
+    one_tps = None
+    print("\n%-12s %10s %10s %12s %10s  %s" % ("concurrent", "tokens", "seconds", "tok/s", "x one",
+                                               "mean accepted per request"))
     try:
+        g.chat(prompts[0]["prompt"], 8)  # warm the group
         for n in levels:
             jobs = [prompts[i % len(prompts)] for i in range(n)]
             res = [None] * n
@@ -371,9 +374,14 @@ def concurrency(a, prompts, base, out):
             for i in range(n):
                 want = base[jobs[i]["id"]]["ids"][: len(res[i][0]["orochi"]["token_ids"])]
                 ok &= res[i][0]["orochi"]["token_ids"] == want
-            print("%-12d %10d %10.2f %12.1f" % (n, toks, wall, toks / wall))
+            acc = [r[0]["orochi"]["mean_accepted"] for r in res]
+            if one_tps is None:
+                one_tps = toks / wall
+            print("%-12d %10d %10.2f %12.1f %9.2fx  %s" % (n, toks, wall, toks / wall, toks / wall / one_tps,
+                                                          " ".join("%.2f" % x for x in acc)))
             out.write(json.dumps({"bench": "concurrency", "requests": n, "tokens": toks, "seconds": wall,
-                                  "tok_s": toks / wall}) + "\n")
+                                  "tok_s": toks / wall, "x_one": toks / wall / one_tps,
+                                  "mean_accepted": acc, "loadavg": os.getloadavg()[0]}) + "\n")
     finally:
         g.down()
     if not ok:

@@ -90,10 +90,10 @@ static int pf_list(const char *opt, const char *s, int *out, int max, long lo, l
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         long v;
         if (n == max || !cli_int("profile", opt, t, lo, hi, &v))
-            return n == max ? (fprintf(stderr, "orochi profile: %s takes at most %d values\n",
-                                       opt, max),
-                               -1)
-                            : -1;
+            return n == max
+                       ? (fprintf(stderr, "orochi profile: %s takes at most %d values\n", opt, max),
+                          -1)
+                       : -1;
         out[n++] = (int)v;
     }
     return n;
@@ -193,7 +193,8 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
         return -1;
     }
     if (o->widths[0] != 1) {
-        fprintf(stderr, "orochi profile: --widths must start with 1 (plain decoding is a candidate)\n");
+        fprintf(stderr,
+                "orochi profile: --widths must start with 1 (plain decoding is a candidate)\n");
         return -1;
     }
     if (!o->n_spec && (pf_add_spec(o, "layerskip") || pf_add_spec(o, "ngram")))
@@ -238,7 +239,8 @@ static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int 
     int maxw = 1;
     for (int i = 0; i < n_w; i++)
         maxw = ws[i] > maxw ? ws[i] : maxw;
-    llama_ctx_params cp = {.n_threads = threads, .max_width = PF_CHUNK, .n_ctx = ctx_len + maxw + 8};
+    llama_ctx_params cp = {
+        .n_threads = threads, .max_width = PF_CHUNK, .n_ctx = ctx_len + maxw + 8};
     llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
     int32_t *ids = malloc((size_t)(ctx_len + PF_CHUNK) * sizeof *ids);
     float *logits = malloc((size_t)PF_CHUNK * (size_t)m->cfg.vocab * sizeof *logits);
@@ -372,8 +374,7 @@ done:
     return rc;
 }
 
-static int pf_add_paths_to(const pf_opts *o, pf_spec *p, int c, const pf_seq *s,
-                           const int8_t *rank)
+static int pf_add_paths_to(const pf_opts *o, pf_spec *p, int c, const pf_seq *s, const int8_t *rank)
 {
     int D = o->depth;
     for (int i = s->n_prompt - 1; i < s->n - 1; i++) {
@@ -452,7 +453,8 @@ static int pf_load_prompts(pf_opts *o, const tokenizer *tok, pf_seq **out)
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         const cJSON *ca = cJSON_GetObjectItemCaseSensitive(j, "category");
         if (!cJSON_IsString(pr)) {
-            fprintf(stderr, "orochi profile: %s line %d: not a JSON object with a \"prompt\" string\n",
+            fprintf(stderr,
+                    "orochi profile: %s line %d: not a JSON object with a \"prompt\" string\n",
                     o->prompts, lineno);
             cJSON_Delete(j);
             fclose(f);
@@ -470,9 +472,9 @@ static int pf_load_prompts(pf_opts *o, const tokenizer *tok, pf_seq **out)
             size_t len = text ? strlen(text) : 0;
             int32_t *ids = malloc((len + 2 + (size_t)o->n_gen + 8) * sizeof *ids);
             int off = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0 ? 1 : 0, needed = 0;
-            int k = ids && text ? tokenizer_encode(tok, text, len, true, ids + off,
-                                                   (int)len + 1, &needed)
-                                : -1;
+            int k = ids && text
+                        ? tokenizer_encode(tok, text, len, true, ids + off, (int)len + 1, &needed)
+                        : -1;
             free(text);
             if (k >= 0 && n == cap) {
                 cap = cap ? 2 * cap : 16;
@@ -516,7 +518,8 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
     cJSON_AddNumberToObject(root, "orochi_plan", 1);
     cJSON_AddStringToObject(root, "target", o->model);
     cJSON_AddNumberToObject(root, "threads", o->threads);
-    cJSON_AddStringToObject(root, "calibrated_on", o->calib_cat < 0 ? "all" : o->cats[o->calib_cat]);
+    cJSON_AddStringToObject(root, "calibrated_on",
+                            o->calib_cat < 0 ? "all" : o->cats[o->calib_cat]);
     for (int c = 0; c < o->n_ctxs; c++) {
         cJSON *e = cJSON_CreateObject();
         int s = best_s[c], wi = best_w[c], w = o->widths[wi];
@@ -552,7 +555,8 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
         const pf_spec *p = &o->spec[s];
         cJSON *x = cJSON_CreateObject(), *cat = cJSON_CreateObject();
         cJSON_AddItemToObject(x, "draft_ms", cJSON_CreateDoubleArray(p->draft_ms, o->n_ctxs));
-        cJSON_AddItemToObject(x, "tokens_per_step", cJSON_CreateDoubleArray(p->tokens, o->n_widths));
+        cJSON_AddItemToObject(x, "tokens_per_step",
+                              cJSON_CreateDoubleArray(p->tokens, o->n_widths));
         for (int ci = 0; ci < o->n_cats; ci++) {
             double v[PF_MAX_W];
             for (int wi = 0; wi < o->n_widths; wi++)
@@ -633,8 +637,10 @@ int cmd_profile(int argc, char **argv)
             goto done;
         }
         if (p->m->cfg.vocab != m->cfg.vocab) {
-            fprintf(stderr, "orochi profile: the draft model's vocabulary (%d) differs from the "
-                            "target's (%d)\n", p->m->cfg.vocab, m->cfg.vocab);
+            fprintf(stderr,
+                    "orochi profile: the draft model's vocabulary (%d) differs from the "
+                    "target's (%d)\n",
+                    p->m->cfg.vocab, m->cfg.vocab);
             rc = 2;
             goto done;
         }
@@ -660,8 +666,8 @@ int cmd_profile(int argc, char **argv)
         for (int s = 0; s < o.n_spec; s++, steps_done++) {
             int one = 1;
             pf_progress("step time per width", steps_done, steps_total);
-            if (o.spec[s].m &&
-                pf_step_ms(o.spec[s].m, o.threads, o.ctxs[c], &one, 1, o.reps, &o.spec[s].draft_ms[c]))
+            if (o.spec[s].m && pf_step_ms(o.spec[s].m, o.threads, o.ctxs[c], &one, 1, o.reps,
+                                          &o.spec[s].draft_ms[c]))
                 goto done;
         }
     }
@@ -735,14 +741,14 @@ int cmd_profile(int argc, char **argv)
         for (int ci = 0; ci < o.n_cats; ci++) {
             printf("%-12s %-12s", o.spec[s].kind, o.cats[ci]);
             for (int wi = 0; wi < o.n_widths; wi++)
-                printf(" %6.2f", o.widths[wi] > 1 ? ctl_plan_eval(&o.spec[s].tree[wi],
-                                                                  o.spec[s].paths[ci],
-                                                                  o.spec[s].n_paths[ci], o.depth)
-                                                  : 1.0);
+                printf(" %6.2f", o.widths[wi] > 1
+                                     ? ctl_plan_eval(&o.spec[s].tree[wi], o.spec[s].paths[ci],
+                                                     o.spec[s].n_paths[ci], o.depth)
+                                     : 1.0);
             printf("\n");
         }
-    printf("\nplan (%s)\n%-8s %-12s %6s %7s %10s %12s %12s\n", o.out, "ctx", "speculator",
-           "width", "length", "speculate", "tok/s", "plain tok/s");
+    printf("\nplan (%s)\n%-8s %-12s %6s %7s %10s %12s %12s\n", o.out, "ctx", "speculator", "width",
+           "length", "speculate", "tok/s", "plain tok/s");
     for (int c = 0; c < o.n_ctxs; c++) {
         int s = best_s[c];
         printf("%-8d %-12s %6d %7d %10s %12.1f %12.1f\n", o.ctxs[c],

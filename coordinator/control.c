@@ -261,7 +261,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
     if (tokens <= 0 || seconds < 0)
         return g->on;
     if (!g->on && speculated) /* a stray speculative cycle while off: not a plain sample */
-        return g->on;           /* (while on, a cycle that got no drafts counts as on) */
+        return g->on;         /* (while on, a cycle that got no drafts counts as on) */
     g->sec += seconds;
     g->tok += tokens;
     if (++g->n < g->window)

@@ -55,10 +55,14 @@ typedef struct {
     ctl_acr acr; /* average acceptance rate of its voted drafts, and its vote weight (Minions) */
     arena_draft slot_draft[RT_MAX_SEQ]; /* its draft per sequence slot in the step being verified
                                          * (n = 0: none) */
-    uint64_t ready_req, ready_ctx;      /* latest DraftReady */
-    uint32_t ready_slot, ready_n;
-    bool ready_fresh;
-    uint64_t fed_req, fed_ctx; /* latest Feedback sent */
+    struct {
+        uint64_t req, ctx; /* the latest DraftReady for this sequence slot's request */
+        uint32_t ring_slot, n;
+        bool fresh;
+    } draft_ready[RT_MAX_SEQ];
+    uint64_t slot_fed_req[RT_MAX_SEQ], slot_fed_ctx[RT_MAX_SEQ]; /* latest Feedback per slot */
+    bool multi; /* switching requests costs it nothing (ngram): it is fed every active request */
+    uint64_t fed_req, fed_ctx; /* latest Feedback sent (the context it holds) */
     /* what the draft wait learns about it (coord_engine.c, engine_draft_budget_us) */
     uint64_t fed_us;       /* when the latest Feedback went out */
     bool reply_timed;      /* its reply to that Feedback has been timed */
@@ -89,6 +93,7 @@ typedef struct {
     int decision_threshold, s_reward, s_punish;
     ctl_length len;  /* the adaptive length (--adaptive on) */
     ctl_guard guard; /* speculation off while it is slower than plain decoding (--guard on) */
+    ctl_guard guard_batch; /* the same for cycles that verify several requests */
     bool guard_enabled;
     int guard_window, guard_probe;
     /* the plan (--plan FILE; reread when the file changes) */

@@ -216,6 +216,8 @@ static double engine_ema(double avg, int have, double x)
     return have ? avg + ENGINE_EMA * (x - avg) : x;
 }
 
+static int engine_slot_of(const coord *c, uint64_t req_id);
+
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
     /* its reply latency, timed whether or not a step still waits for it */
@@ -224,24 +226,30 @@ void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftRea
             engine_ema(p->reply_ema_us, p->reply_n++, (double)(rt_now_us() - p->fed_us));
         p->reply_timed = true;
     }
-    p->ready_req = r->request_id;
-    p->ready_ctx = r->ctx_len;
-    p->ready_slot = r->slot;
-    p->ready_n = r->n_tokens;
-    p->ready_fresh = true;
+    int s = engine_slot_of(c, r->request_id); /* the sequence slot of the request it drafted for */
+    if (s >= 0) {
+        p->draft_ready[s].req = r->request_id;
+        p->draft_ready[s].ctx = r->ctx_len;
+        p->draft_ready[s].ring_slot = r->slot;
+        p->draft_ready[s].n = r->n_tokens;
+        p->draft_ready[s].fresh = true;
+    }
 }
 
-/* Tell every speculator the committed context: a full reset to those that have not seen this
- * request, the appended tokens to the others. `verified`: the tree the step verified (NULL: none);
- * each speculator learns how many of its own nodes were in it — none when its draft came too late
- * or lost the vote, which is then no verdict on its confidence threshold. */
-static void engine_feedback(coord *c, uint64_t req_id, const int32_t *all, int n_all,
+/* Tell the speculators the committed context of the request in sequence slot `slot`: a full
+ * reset to those that do not hold this request's context, the appended tokens to the others.
+ * `multi_only`: only the speculators for which switching requests is free (ngram; they are fed
+ * every active request, so each gets drafts); the others hold one request's state (a private KV)
+ * and are fed the focus request only. `verified`: the tree the step verified (NULL: none); each
+ * speculator learns how many of its own nodes were in it — none when its draft came too late or
+ * lost the vote, which is then no verdict on its confidence threshold. */
+static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all,
                             const int32_t *added, int n_added, int accepted,
-                            const coord_tree *verified)
+                            const coord_tree *verified, bool multi_only)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected)
+        if (p->role != PEER_SPECULATOR || !p->connected || (multi_only && !p->multi))
             continue;
         Orochi__Feedback fb = OROCHI__FEEDBACK__INIT;
         fb.request_id = req_id;
@@ -263,7 +271,9 @@ static void engine_feedback(coord *c, uint64_t req_id, const int32_t *all, int n
         p->fed_ctx = (uint64_t)n_all;
         p->fed_us = rt_now_us();
         p->reply_timed = false;
-        p->ready_fresh = false;
+        p->slot_fed_req[slot] = req_id;
+        p->slot_fed_ctx[slot] = (uint64_t)n_all;
+        p->draft_ready[slot].fresh = false;
     }
 }
 
@@ -320,7 +330,7 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     uint64_t t0 = rt_now_us(), until[COORD_MAX_PEERS] = {0};
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected || p->fed_req != req_id)
+        if (p->role != PEER_SPECULATOR || !p->connected || p->slot_fed_req[slot] != req_id)
             continue;
         bool probe;
         until[i] = t0 + engine_draft_budget_us(c, p, t0, fixed, &probe);
@@ -338,9 +348,10 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
         uint64_t now = rt_now_us();
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
             coord_peer *p = &c->peers[i];
-            if (p->role == PEER_SPECULATOR && p->connected && p->fed_req == req_id &&
+            if (p->role == PEER_SPECULATOR && p->connected && p->slot_fed_req[slot] == req_id &&
                 now < until[i] &&
-                !(p->ready_fresh && p->ready_req == req_id && p->ready_ctx == (uint64_t)n_all))
+                !(p->draft_ready[slot].fresh && p->draft_ready[slot].req == req_id &&
+                  p->draft_ready[slot].ctx == (uint64_t)n_all))
                 waiting++;
         }
         if (!waiting || coord_stop_flag)
@@ -354,15 +365,17 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     int got = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected || !p->ready_fresh ||
-            p->ready_req != req_id || p->ready_ctx != (uint64_t)n_all || p->ready_n == 0)
+        if (p->role != PEER_SPECULATOR || !p->connected || !p->draft_ready[slot].fresh ||
+            p->draft_ready[slot].req != req_id || p->draft_ready[slot].ctx != (uint64_t)n_all ||
+            p->draft_ready[slot].n == 0)
             continue;
         arena_draft_ring *ring =
             (arena_draft_ring *)((uint8_t *)c->rings + (size_t)p->index * c->ring_bytes);
         arena_draft *d = &p->slot_draft[slot];
         /* the draft must continue exactly this context */
-        if (!arena_draft_ring_get(ring, p->ready_slot, d) || d->request_id != req_id ||
-            d->ctx_len != (uint64_t)n_all || d->last_token != all[n_all - 1]) {
+        if (!arena_draft_ring_get(ring, p->draft_ready[slot].ring_slot, d) ||
+            d->request_id != req_id || d->ctx_len != (uint64_t)n_all ||
+            d->last_token != all[n_all - 1]) {
             d->n = 0;
             continue;
         }
@@ -370,7 +383,7 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     }
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role == PEER_SPECULATOR && p->fed_req == req_id && !p->slot_draft[slot].n)
+        if (p->role == PEER_SPECULATOR && p->slot_fed_req[slot] == req_id && !p->slot_draft[slot].n)
             p->unscored++; /* a draft in time is scored after the verification */
     }
     return got;
@@ -384,11 +397,10 @@ static float engine_vote_weight(const coord_peer *p)
     return (float)(p->acr.weight * (0.05 + p->acr.acr));
 }
 
-/* The tree to verify: slot's gathered drafts merged and voted on within the node budget. */
-static void engine_build_tree(coord *c, int slot, int32_t root, int max_nodes, coord_tree *out)
+/* The slot's gathered drafts merged into one trie (vote off: only the heaviest speculator's). */
+static void engine_merge_drafts(coord *c, int slot, int32_t root, coord_tree *merged)
 {
-    static __thread coord_tree merged; /* 10 KiB: keep it off the stack */
-    ctl_tree_init(&merged, root);
+    ctl_tree_init(merged, root);
     coord_peer *best = NULL;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
@@ -400,12 +412,11 @@ static void engine_build_tree(coord *c, int slot, int32_t root, int max_nodes, c
                  p->slot_draft[slot].n > best->slot_draft[slot].n))
                 best = p;
         } else {
-            ctl_tree_add(&merged, &p->slot_draft[slot], engine_vote_weight(p), p->index);
+            ctl_tree_add(merged, &p->slot_draft[slot], engine_vote_weight(p), p->index);
         }
     }
     if (best)
-        ctl_tree_add(&merged, &best->slot_draft[slot], engine_vote_weight(best), best->index);
-    ctl_tree_vote(&merged, c->vote, max_nodes, out);
+        ctl_tree_add(merged, &best->slot_draft[slot], engine_vote_weight(best), best->index);
 }
 
 /* ===== output ===== */
@@ -536,6 +547,14 @@ struct coord_engine_state {
     int rr;                 /* round-robin start for budget leftovers */
 };
 
+static int engine_slot_of(const coord *c, uint64_t req_id)
+{
+    for (int s = 0; s < c->n_seq; s++)
+        if (c->eng->slots[s].used && c->eng->slots[s].req_id == req_id)
+            return s;
+    return -1;
+}
+
 static void slot_release(coord *c, int s)
 {
     engine_slot *sl = &c->eng->slots[s];
@@ -562,9 +581,9 @@ static void engine_publish_hidden(coord *c, uint64_t req_id, int ctx_len, int ro
     __atomic_store_n(&h->seq, h->seq + 1, __ATOMIC_RELEASE);
 }
 
-/* The request the speculators draft for: the oldest active one. A speculator keeps one request's
- * state (private KV and all), so feeding it every slot in turn would make it start over each step;
- * the other slots are verified without drafts until they become the oldest. */
+/* The request the model speculators draft for: the oldest active one. Such a speculator keeps one
+ * request's state (private KV and all), so feeding it every slot in turn would make it start over
+ * each step. Speculators that switch requests for free (ngram) are fed every active request. */
 static uint64_t engine_focus(const coord *c)
 {
     uint64_t best = 0;
@@ -636,9 +655,18 @@ static void slot_fail(coord *c, int s, int status, const char *msg)
 /* Whether this cycle verifies drafts: a width above 1 (the plan's choice for the context) and
  * the guard on. While not, speculators get no Feedback and sit idle (their cores go to the
  * target); the next Feedback resets them to the then committed context. */
-static bool engine_speculating(const coord *c)
+static bool engine_speculating(const coord *c, int n_active)
 {
-    return c->width > 1 && (!c->guard_enabled || c->guard.on);
+    const ctl_guard *g = n_active > 1 ? &c->guard_batch : &c->guard;
+    return c->width > 1 && (!c->guard_enabled || g->on);
+}
+
+static int engine_active(const coord *c)
+{
+    int n = 0;
+    for (int s = 0; s < c->n_seq; s++)
+        n += c->eng->slots[s].used;
+    return n;
 }
 
 static int slot_start(coord *c, int s, coord_request *req)
@@ -723,10 +751,12 @@ static int slot_start(coord *c, int s, coord_request *req)
         slot_finish(c, s);
         return -1;
     }
-    if (engine_focus(c) == sl->req_id && engine_speculating(c)) {
+    if (engine_speculating(c, engine_active(c))) {
+        bool focus = engine_focus(c) == sl->req_id;
         int w_last = (sl->n_prompt - 1) % c->max_width; /* the last prompt token's batch row */
-        engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
-        engine_feedback(c, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, NULL);
+        if (focus)
+            engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
+        engine_feedback(c, s, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, NULL, !focus);
     }
     return 0;
 }
@@ -747,22 +777,17 @@ static void engine_step_all(coord *c)
     char err[512];
     uint64_t t_cycle = rt_now_us(), waited = 0;
     coord_plan_apply(c, e->prefix[active[0]]);
-    bool speculating = engine_speculating(c);
-    /* drafts: wait for the speculators once, then per slot */
+    bool speculating = engine_speculating(c, n_act);
+    /* drafts for every active request first; then the width is shared out by what was drafted:
+     * each request gets its root, then one node at a time goes round to those whose merged drafts
+     * have more (starting where the last step stopped), so a share nobody can use goes back */
+    static __thread coord_tree merged[RT_MAX_SEQ]; /* 10 KiB each: off the stack */
     int32_t tokens[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
     int n = 0, width = c->width < RT_MAX_WIDTH ? c->width : RT_MAX_WIDTH;
-    int share = width / n_act, extra = width % n_act;
+    int budget[RT_MAX_SEQ], cap[RT_MAX_SEQ];
     for (int k = 0; k < n_act; k++) {
-        int s = active[(k + e->rr) % n_act];
+        int s = active[k];
         engine_slot *sl = &e->slots[s];
-        int budget = share + (k < extra ? 1 : 0);
-        int room = sl->max_new - sl->generated;
-        if (budget > room)
-            budget = room;
-        if (budget > c->n_ctx - e->prefix[s])
-            budget = c->n_ctx - e->prefix[s];
-        if (budget < 1 || !speculating)
-            budget = 1;
         uint64_t w0 = rt_now_us();
         if (speculating)
             engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all,
@@ -771,12 +796,34 @@ static void engine_step_all(coord *c)
             for (int i = 0; i < COORD_MAX_PEERS; i++)
                 c->peers[i].slot_draft[s].n = 0;
         waited += rt_now_us() - w0;
-        engine_build_tree(c, s, sl->all[sl->n_all - 1], budget, &sl->tree);
+        engine_merge_drafts(c, s, sl->all[sl->n_all - 1], &merged[k]);
+        int room = sl->max_new - sl->generated;
+        if (room > c->n_ctx - e->prefix[s])
+            room = c->n_ctx - e->prefix[s];
+        cap[k] = merged[k].n < room ? merged[k].n : room;
+        if (cap[k] < 1 || !speculating)
+            cap[k] = 1;
+        budget[k] = 1;
+    }
+    for (int left = width - n_act, gave = 1; left > 0 && gave;) {
+        gave = 0;
+        for (int j = 0; j < n_act && left > 0; j++) {
+            int k = (j + e->rr) % n_act;
+            if (budget[k] < cap[k]) {
+                budget[k]++;
+                left--;
+                gave = 1;
+            }
+        }
+    }
+    for (int k = 0; k < n_act; k++) {
+        engine_slot *sl = &e->slots[active[k]];
+        ctl_tree_vote(&merged[k], c->vote, budget[k], &sl->tree);
         sl->off = n;
         for (int i = 0; i < sl->tree.n; i++, n++) {
             tokens[n] = sl->tree.tokens[i];
             parent[n] = sl->tree.parent[i] < 0 ? -1 : sl->tree.parent[i] + sl->off;
-            seq[n] = s;
+            seq[n] = active[k];
         }
     }
     e->rr++;
@@ -857,21 +904,23 @@ static void engine_step_all(coord *c)
     /* the controllers learn from single-request cycles (a batch's cost per token says more about
      * the batch than about speculation): the whole cycle, drafting and waiting included */
     double cycle = (rt_now_us() - t_cycle) / 1e6;
-    if (n_act == 1 && yielded && c->width > 1) {
+    if (yielded && c->width > 1) {
         if (c->guard_enabled)
-            ctl_guard_sample(&c->guard, speculating, cycle, yielded);
-        if (c->adaptive && speculating)
+            ctl_guard_sample(n_act > 1 ? &c->guard_batch : &c->guard, speculating, cycle, yielded);
+        if (c->adaptive && speculating && n_act == 1)
             c->spec_len = ctl_length_sample(&c->len, cycle, yielded);
     }
     uint64_t focus = engine_focus(c);
-    for (int k = 0; k < n_act && engine_speculating(c); k++) {
-        engine_slot *sl = &e->slots[active[k]];
-        if (sl->used && sl->req_id == focus) {
-            int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
+    for (int k = 0; k < n_act && engine_speculating(c, n_act); k++) {
+        int s = active[k];
+        engine_slot *sl = &e->slots[s];
+        if (!sl->used)
+            continue;
+        int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
+        if (sl->req_id == focus)
             engine_publish_hidden(c, sl->req_id, sl->n_all, sl->last_row);
-            engine_feedback(c, sl->req_id, sl->all, sl->n_all, sl->all + sl->n_all - sl->last_added,
-                            sl->last_added, a_step, &sl->tree);
-        }
+        engine_feedback(c, s, sl->req_id, sl->all, sl->n_all, sl->all + sl->n_all - sl->last_added,
+                        sl->last_added, a_step, &sl->tree, sl->req_id != focus);
     }
     /* what a token costs without drafts: this whole cycle but its wait for drafts */
     c->step_ema_us =

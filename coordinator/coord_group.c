@@ -325,7 +325,9 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
             (arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
             RT_DRAFT_SLOTS);
         w.draft_ring = (uint32_t)ring;
-        p->ready_fresh = false;
+        memset(p->draft_ready, 0, sizeof p->draft_ready);
+        memset(p->slot_fed_req, 0, sizeof p->slot_fed_req);
+        p->multi = !strcmp(p->kind, "ngram");
         p->fed_req = p->fed_ctx = p->fed_us = 0;
     } else {
         group_refuse(c, id, id_len, "Hello without a role");

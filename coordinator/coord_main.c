@@ -396,6 +396,7 @@ int main(int argc, char **argv)
     /* the guard measures plain decoding itself (a plan's in-process t(1) leaves out the group's
      * own costs) */
     ctl_guard_init(&c.guard, 0, c.guard_window, c.guard_probe);
+    ctl_guard_init(&c.guard_batch, 0, c.guard_window, c.guard_probe);
     ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.decision_threshold, 6);
     if (c.plan_path) {
         char perr[512];

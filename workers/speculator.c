@@ -1018,8 +1018,13 @@ int main(int argc, char **argv)
                 continue;
             }
             s.last_coord_us = rt_now_us();
-            if (env->body_case == OROCHI__ENVELOPE__BODY_FEEDBACK)
+            if (env->body_case == OROCHI__ENVELOPE__BODY_FEEDBACK) {
                 spec_feedback(&s, env->feedback);
+                /* ngram is fed every active request in turn: answer each before the next
+                 * Feedback replaces its context (a model kind answers the latest only) */
+                if (s.kind == SPEC_NGRAM && s.active && !s.published)
+                    spec_publish(&s);
+            }
             else if (env->body_case == OROCHI__ENVELOPE__BODY_DRAFT_REQUEST && s.active &&
                      env->draft_request->request_id == s.request_id)
                 s.published = false; /* asked again (e.g. after a lost reply) */
