@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--kinds", default="ngram,layerskip", help="draft kinds for --sweep-width")
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--concurrency", default="", help="requests in flight, e.g. 1,2,4,8")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="interleaved rounds of the configurations (default mode); with seq-group among them, "
+                         "each speculative group is also compared with it per round and category")
     a = ap.parse_args()
     if not os.path.exists(a.model):
         print("spec_bench: model %s is absent (run make models)" % a.model, file=sys.stderr)
@@ -191,12 +194,15 @@ def main():
     rows = []
     split = []
     failures = 0
-    for cfg in configs:
+    order = [(rnd, configs[(i + rnd) % len(configs)]) for rnd in range(a.rounds) for i in range(len(configs))]
+    for rnd, cfg in order:
         run_dir = "%s-%s" % (a.run_dir, cfg)
-        print("group %s: %d workers x %d threads, speculators %s..." % (cfg, a.workers, a.threads_per_worker,
-              ",".join(CONFIGS[cfg]) or "none"), file=sys.stderr)
+        print("round %d, group %s: %d workers x %d threads, speculators %s (load %.2f)..." % (
+            rnd + 1, cfg, a.workers, a.threads_per_worker, ",".join(CONFIGS[cfg]) or "none", os.getloadavg()[0]),
+            file=sys.stderr)
         g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, CONFIGS[cfg], a.extra.split())
         try:
+            g.chat(prompts[0]["prompt"], 4)  # warm the group (first touch of the weights' pages)
             for p in prompts:
                 n = a.max_tokens or p.get("max_tokens", 96)
                 r, wall = g.chat(p["prompt"], n)
@@ -209,7 +215,7 @@ def main():
                           file=sys.stderr)
                 if a.demo:
                     print("\n[%s] %s\n%s" % (p["category"], p["prompt"], r["choices"][0]["message"]["content"]))
-                if cfg == "seq-group":
+                if cfg == "seq-group" and rnd == 0:
                     # decode rate of the group: the time of a 1-token request (prompt + first token)
                     # subtracted from the full one
                     _, wall1 = g.chat(p["prompt"], 1)
@@ -218,7 +224,8 @@ def main():
                        "tok_s": len(ids) / wall, "mean_accepted": o["mean_accepted"], "steps": o["steps"],
                        "draft_kinds": o["draft_kinds"], "seq_tok_s": base[p["id"]]["tok_s"],
                        "speedup": (len(ids) / wall) / base[p["id"]]["tok_s"], "lossless": same,
-                       "workers": a.workers, "threads_per_worker": a.threads_per_worker}
+                       "workers": a.workers, "threads_per_worker": a.threads_per_worker, "round": rnd + 1,
+                       "loadavg": os.getloadavg()[0]}
                 rows.append(row)
                 out.write(json.dumps(row) + "\n")
         finally:
@@ -239,6 +246,29 @@ def main():
             acc = sum(r["mean_accepted"] * r["steps"] for r in sel) / max(1, sum(r["steps"] for r in sel))
             print("%-10s %-10s %8d %10.1f %10.1f %9.2f %8.2fx%s" % (cfg, cat, toks, toks / t_spec, toks / t_seq, acc,
                   t_seq / t_spec, "" if all(r["lossless"] for r in sel) else "  NOT LOSSLESS"))
+    if "seq-group" in configs and len(configs) > 1:
+        # each speculative group against the same group without speculators, round by round (the
+        # rounds interleave the configurations: a noisy machine hits both alike)
+        print("\nagainst the group without speculators (per round; median)")
+        print("%-10s %-10s %s" % ("config", "category", "x seq-group"))
+        for cfg in configs:
+            if cfg == "seq-group":
+                continue
+            for cat in cats + ["all"]:
+                ratios = []
+                for rnd in range(1, a.rounds + 1):
+                    def secs(c):
+                        sel = [r for r in rows if r["config"] == c and r["round"] == rnd and
+                               (cat == "all" or r["category"] == cat)]
+                        return sum(r["tokens"] for r in sel), sum(r["tokens"] / r["tok_s"] for r in sel)
+                    (tk, ts), (tb, tbs) = secs(cfg), secs("seq-group")
+                    if tk and tb:
+                        ratios.append((tk / ts) / (tb / tbs))
+                if ratios:
+                    med = sorted(ratios)[len(ratios) // 2]
+                    print("%-10s %-10s %s   median %.2fx" % (cfg, cat, " ".join("%.2f" % x for x in ratios), med))
+                    out.write(json.dumps({"bench": "spec-vs-group", "config": cfg, "category": cat,
+                                          "ratios": ratios, "median": med}) + "\n")
     seq_dec = sum(b["decode_tok_s"] for b in base.values()) / max(1, len(base))
     print("\nsequential decode (orochi run --threads %d): %.1f tok/s; JSON lines in %s" % (threads, seq_dec, a.json))
     if split:

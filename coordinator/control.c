@@ -254,17 +254,25 @@ void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe)
     g->window = window < 1 ? 1 : window;
     g->probe = g->probe_now = probe < 1 ? 1 : probe;
     g->on = g->base > 0; /* without a plain figure, measure one first */
+    g->warm = g->on ? CTL_GUARD_WARM : 0;
 }
 
 bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
 {
     if (tokens <= 0 || seconds < 0)
         return g->on;
-    if (!g->on && speculated) /* a stray speculative cycle while off: not a plain sample */
-        return g->on;         /* (while on, a cycle that got no drafts counts as on) */
+    if (!g->on && speculated)   /* a stray speculative cycle while off: not a plain sample */
+        return g->on;           /* (while on, a cycle that got no drafts counts as on) */
+    if (g->on && g->warm > 0) { /* the speculators are catching up with the context: no verdict */
+        g->warm--;
+        return g->on;
+    }
     g->sec += seconds;
     g->tok += tokens;
-    if (++g->n < g->window)
+    ++g->n;
+    /* a probe that already costs half as much again as plain decoding need not finish its window */
+    bool hopeless = g->on && g->base > 0 && g->n >= 2 && g->sec / (double)g->tok > 1.5 * g->base;
+    if (g->n < g->window && !hopeless)
         return g->on;
     double cost = g->sec / (double)g->tok;
     g->sec = 0;
@@ -276,7 +284,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
             g->on = false;
             g->off_n = 0;
             g->switches_off++;
-            if (g->probe_now < 16 * g->probe)
+            if (g->probe_now < 64 * g->probe)
                 g->probe_now *= 2; /* it did not pay: probe less often */
         } else {
             g->probe_now = g->probe;
@@ -286,6 +294,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
         g->off_n += g->window;
         if (g->off_n >= g->probe_now || g->spec <= 0) {
             g->on = true;
+            g->warm = CTL_GUARD_WARM;
             g->switches_on++;
         }
     }

@@ -91,15 +91,20 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
 
 /* ===== the fallback guard ===== */
 /* Speculation must never be slower than plain decoding. While on, every `window` cycles the
- * achieved cost per token is compared with the plain cost (`base`: from the plan's t(1), refreshed
- * by the guard's own measurements while off); when it is not lower the guard switches off. While
- * off, cycles are plain W = 1 steps and refresh `base`; after `probe` of them the guard switches on
- * again to test. A probe that fails doubles the interval (up to 16x); one that pays resets it.
- * With no base known yet the guard starts off for one window to measure it. */
+ * achieved cost per token is compared with the plain cost (`base`, measured by the guard itself
+ * while off); when it is not lower the guard switches off — at once, after 2 cycles, when it
+ * already costs more than 1.5 x base. While off, cycles are plain W = 1 steps and refresh `base`;
+ * after `probe` of them the guard switches on again to test. A probe that fails doubles the
+ * interval (up to 64x); one that pays resets it. With no base known yet the guard starts off for
+ * one window to measure it. The first CTL_GUARD_WARM cycles after switching on are not judged:
+ * the speculators, unfed while off, first catch up with the context (a model drafter reads it
+ * all again). */
+#define CTL_GUARD_WARM 2
 typedef struct {
     bool on;
     double base, spec; /* seconds per token: plain, and speculative at the last judgement */
     int window, probe, probe_now;
+    int warm; /* cycles after switching on that are not judged */
     double sec;
     long tok;
     int n, off_n;

@@ -65,11 +65,14 @@ typedef struct {
     uint64_t fed_req, fed_ctx; /* latest Feedback sent (the context it holds) */
     /* what the draft wait learns about it (coord_engine.c, engine_draft_budget_us) */
     uint64_t fed_us;       /* when the latest Feedback went out */
+    bool fed_reset;        /* ... and whether it was a reset (the whole context) */
     bool reply_timed;      /* its reply to that Feedback has been timed */
     double reply_ema_us;   /* time from a Feedback to its DraftReady, EMA */
     double accept_ema;     /* its drafted tokens the target accepted per step, EMA */
     int reply_n, accept_n; /* samples behind each EMA */
     int unscored;          /* steps since its last acceptance sample */
+    int benched;           /* Feedbacks skipped in a row because its drafts do not pay */
+    uint64_t benched_total;
 } coord_peer;
 
 struct coord_engine_state;
@@ -91,8 +94,8 @@ typedef struct {
     int spec_len; /* current speculation length (max draft depth) */
     ctl_acr_params acr;
     int decision_threshold, s_reward, s_punish;
-    ctl_length len;  /* the adaptive length (--adaptive on) */
-    ctl_guard guard; /* speculation off while it is slower than plain decoding (--guard on) */
+    ctl_length len;        /* the adaptive length (--adaptive on) */
+    ctl_guard guard;       /* speculation off while it is slower than plain decoding (--guard on) */
     ctl_guard guard_batch; /* the same for cycles that verify several requests */
     bool guard_enabled;
     int guard_window, guard_probe;

@@ -39,9 +39,10 @@
 #include "coordinator/verify.h"
 
 #define ENGINE_WORKER_WAIT_US 60000000u /* how long a request waits for the workers to be back */
-#define ENGINE_EMA 0.25      /* weight of the newest sample in the draft wait's averages */
-#define ENGINE_WAIT_WARMUP 4 /* samples of a speculator before its wait is measured, not capped */
-#define ENGINE_WAIT_PROBE 32 /* steps unscored before a speculator is waited on again */
+#define ENGINE_EMA 0.25       /* weight of the newest sample in the draft wait's averages */
+#define ENGINE_WAIT_WARMUP 4  /* samples of a speculator before its wait is measured, not capped */
+#define ENGINE_WAIT_PROBE 32  /* steps unscored before a speculator is waited on again */
+#define ENGINE_BENCH_PROBE 64 /* Feedbacks a benched speculator skips before it is tried again */
 
 /* ===== the queue (HTTP threads -> main loop) ===== */
 
@@ -217,11 +218,14 @@ static double engine_ema(double avg, int have, double x)
 }
 
 static int engine_slot_of(const coord *c, uint64_t req_id);
+static bool engine_slot_seeded(const coord *c, int slot);
 
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
     /* its reply latency, timed whether or not a step still waits for it */
-    if (!p->reply_timed && p->fed_us && r->request_id == p->fed_req && r->ctx_len == p->fed_ctx) {
+    /* (not after a reset: re-reading a whole context is no measure of its drafting) */
+    if (!p->reply_timed && p->fed_us && !p->fed_reset && r->request_id == p->fed_req &&
+        r->ctx_len == p->fed_ctx) {
         p->reply_ema_us =
             engine_ema(p->reply_ema_us, p->reply_n++, (double)(rt_now_us() - p->fed_us));
         p->reply_timed = true;
@@ -234,6 +238,27 @@ void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftRea
         p->draft_ready[s].n = r->n_tokens;
         p->draft_ready[s].fresh = true;
     }
+}
+
+/* Whether to leave p unfed this time: its drafting takes longer (its measured reply latency)
+ * than the tokens it brings are worth (its accepted tokens per step x the measured cost of a
+ * cycle). Drafting runs on the cores the target needs, so such a drafter makes every step slower
+ * even when the coordinator does not wait for it. Every ENGINE_BENCH_PROBE Feedbacks it is fed once
+ * more, to measure it again (the text may have become easier for it). */
+static bool engine_benched(const coord *c, coord_peer *p)
+{
+    if (p->reply_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
+        c->step_ema_us <= 0 || c->draft_wait_fixed ||
+        p->accept_ema * c->step_ema_us >= p->reply_ema_us) {
+        p->benched = 0;
+        return false;
+    }
+    if (++p->benched > ENGINE_BENCH_PROBE) {
+        p->benched = 0;
+        return false;
+    }
+    p->benched_total++;
+    return true;
 }
 
 /* Tell the speculators the committed context of the request in sequence slot `slot`: a full
@@ -251,6 +276,9 @@ static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *
         coord_peer *p = &c->peers[i];
         if (p->role != PEER_SPECULATOR || !p->connected || (multi_only && !p->multi))
             continue;
+        bool seeded = engine_slot_seeded(c, slot);
+        if (!seeded && engine_benched(c, p))
+            continue;
         Orochi__Feedback fb = OROCHI__FEEDBACK__INIT;
         fb.request_id = req_id;
         fb.ctx_len = (uint64_t)n_all;
@@ -264,11 +292,14 @@ static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *
             mine += (verified->owners[j] >> p->index) & 1u;
         fb.drafted = mine;
         fb.max_nodes = (uint32_t)(c->width - 1);
-        fb.max_depth = (uint32_t)c->spec_len;
+        /* a seeded request's trees must not depend on timing: the fixed length, not the adaptive */
+        int fixed_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
+        fb.max_depth = (uint32_t)(seeded ? (fixed_len > 0 ? fixed_len : 1) : c->spec_len);
         fb.tree = c->tree;
         coord_group_send(c, p, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
         p->fed_req = req_id;
         p->fed_ctx = (uint64_t)n_all;
+        p->fed_reset = reset;
         p->fed_us = rt_now_us();
         p->reply_timed = false;
         p->slot_fed_req[slot] = req_id;
@@ -330,7 +361,8 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     uint64_t t0 = rt_now_us(), until[COORD_MAX_PEERS] = {0};
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected || p->slot_fed_req[slot] != req_id)
+        if (p->role != PEER_SPECULATOR || !p->connected || p->slot_fed_req[slot] != req_id ||
+            p->slot_fed_ctx[slot] != (uint64_t)n_all) /* not fed this context (benched): no draft */
             continue;
         bool probe;
         until[i] = t0 + engine_draft_budget_us(c, p, t0, fixed, &probe);
@@ -349,7 +381,7 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
             coord_peer *p = &c->peers[i];
             if (p->role == PEER_SPECULATOR && p->connected && p->slot_fed_req[slot] == req_id &&
-                now < until[i] &&
+                p->slot_fed_ctx[slot] == (uint64_t)n_all && now < until[i] &&
                 !(p->draft_ready[slot].fresh && p->draft_ready[slot].req == req_id &&
                   p->draft_ready[slot].ctx == (uint64_t)n_all))
                 waiting++;
@@ -383,7 +415,8 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     }
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role == PEER_SPECULATOR && p->slot_fed_req[slot] == req_id && !p->slot_draft[slot].n)
+        if (p->role == PEER_SPECULATOR && p->slot_fed_req[slot] == req_id &&
+            p->slot_fed_ctx[slot] == (uint64_t)n_all && !p->slot_draft[slot].n)
             p->unscored++; /* a draft in time is scored after the verification */
     }
     return got;
@@ -555,6 +588,14 @@ static int engine_slot_of(const coord *c, uint64_t req_id)
     return -1;
 }
 
+/* A request that samples with a seed: its trees must not depend on timing (see
+ * engine_gather_drafts), so its speculators are always fed and its width share is fixed. */
+static bool engine_slot_seeded(const coord *c, int slot)
+{
+    const engine_slot *sl = &c->eng->slots[slot];
+    return sl->used && !sl->greedy && sl->prm->has_seed;
+}
+
 static void slot_release(coord *c, int s)
 {
     engine_slot *sl = &c->eng->slots[s];
@@ -658,7 +699,12 @@ static void slot_fail(coord *c, int s, int status, const char *msg)
 static bool engine_speculating(const coord *c, int n_active)
 {
     const ctl_guard *g = n_active > 1 ? &c->guard_batch : &c->guard;
-    return c->width > 1 && (!c->guard_enabled || g->on);
+    if (c->width <= 1)
+        return false;
+    for (int s = 0; s < c->n_seq; s++) /* a seeded request's trees must not depend on timing */
+        if (engine_slot_seeded(c, s))
+            return true;
+    return !c->guard_enabled || g->on;
 }
 
 static int engine_active(const coord *c)
@@ -805,11 +851,22 @@ static void engine_step_all(coord *c)
             cap[k] = 1;
         budget[k] = 1;
     }
-    for (int left = width - n_act, gave = 1; left > 0 && gave;) {
+    int left = width - n_act;
+    for (int j = 0; j < n_act; j++) { /* seeded requests: the even share, whatever others drafted */
+        int k = (j + e->rr) % n_act;
+        if (engine_slot_seeded(c, active[k])) {
+            int share = width / n_act + (j < width % n_act ? 1 : 0);
+            budget[k] = share < cap[k] ? share : cap[k];
+            if (budget[k] < 1)
+                budget[k] = 1;
+            left -= budget[k] - 1;
+        }
+    }
+    for (int gave = 1; left > 0 && gave;) {
         gave = 0;
         for (int j = 0; j < n_act && left > 0; j++) {
             int k = (j + e->rr) % n_act;
-            if (budget[k] < cap[k]) {
+            if (!engine_slot_seeded(c, active[k]) && budget[k] < cap[k]) {
                 budget[k]++;
                 left--;
                 gave = 1;

@@ -513,10 +513,11 @@ void coord_group_write_status(coord *c)
             fprintf(
                 f,
                 "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d  kind %s"
-                "  acr %.3f  weight %.3f  reply %.1fms  accepted %.2f\n",
+                "  acr %.3f  weight %.3f  reply %.1fms  accepted %.2f  benched %llu\n",
                 p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
                 (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts, p->kind,
-                p->acr.acr, p->acr.weight, p->reply_ema_us / 1e3, p->accept_ema);
+                p->acr.acr, p->acr.weight, p->reply_ema_us / 1e3, p->accept_ema,
+                (unsigned long long)p->benched_total);
         else if (p->connected)
             fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d\n",
                     p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
@@ -533,7 +534,9 @@ void coord_group_write_status(coord *c)
             : c->vote == VOTE_UNION  ? "union"
                                      : "off",
             c->adaptive ? "on" : "off",
-            !c->guard_enabled ? "disabled" : c->guard.on ? "on (speculating)" : "off (plain)",
+            !c->guard_enabled ? "disabled"
+            : c->guard.on     ? "on (speculating)"
+                              : "off (plain)",
             c->guard.base * 1e3, c->guard.spec * 1e3, c->plan_path ? c->plan_path : "none");
     /* the speculator gauges for /metrics */
     char text[sizeof c->m_spec_text];
@@ -551,8 +554,8 @@ void coord_group_write_status(coord *c)
                                   "orochi_speculator_up{id=\"%s\",kind=\"%s\"} %d\n"
                                   "orochi_speculator_drafted_tokens_total{id=\"%s\"} %llu\n"
                                   "orochi_speculator_accepted_tokens_total{id=\"%s\"} %llu\n",
-                                  p->name, p->kind, p->acr.acr, p->name, p->kind, p->acr.weight, p->name,
-                                  p->kind, p->connected ? 1 : 0, p->name,
+                                  p->name, p->kind, p->acr.acr, p->name, p->kind, p->acr.weight,
+                                  p->name, p->kind, p->connected ? 1 : 0, p->name,
                                   (unsigned long long)p->drafted, p->name,
                                   (unsigned long long)p->accepted);
     }

@@ -176,9 +176,9 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->run_dir || !c->target || bad) {
         if (bad)
-            fprintf(stderr,
-                    "orochi-coordinator: --tree/--adaptive/--guard take on|off, --vote majority|union|off, "
-                    "--draft-wait measured|fixed\n");
+            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard take on|off, --vote "
+                            "majority|union|off, "
+                            "--draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }

@@ -50,11 +50,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HTTP_TICK_MS 200          /* how often a waiting handler looks for hang-up / stop */
-#define HTTP_DRAIN_FACTOR 16      /* bodies beyond 16x the limit are refused without reading */
-#define HTTP_MAX_COUNTERS 96      /* distinct (route, code) pairs counted for /metrics */
-#define HTTP_STREAM_BLOCK 16384   /* libmicrohttpd buffer for streamed responses */
-#define HTTP_CLIENT_GONE 499      /* metrics code for a client that left before the answer */
+#define HTTP_TICK_MS 200        /* how often a waiting handler looks for hang-up / stop */
+#define HTTP_DRAIN_FACTOR 16    /* bodies beyond 16x the limit are refused without reading */
+#define HTTP_MAX_COUNTERS 96    /* distinct (route, code) pairs counted for /metrics */
+#define HTTP_STREAM_BLOCK 16384 /* libmicrohttpd buffer for streamed responses */
+#define HTTP_CLIENT_GONE 499    /* metrics code for a client that left before the answer */
 
 enum {
     ROUTE_COMPLETIONS,
@@ -123,7 +123,7 @@ typedef struct {
     bool chat, role_sent, ended;
     time_t created;
     size_t text_off;
-    http_buf out;  /* SSE bytes not yet handed to libmicrohttpd */
+    http_buf out; /* SSE bytes not yet handed to libmicrohttpd */
     size_t out_off;
     http_buf hold; /* text whose last UTF-8 character is incomplete */
     double last_emit;
@@ -137,14 +137,16 @@ static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con
                               enum MHD_RequestTerminationCode toe);
 static void http_log(void *cls, const char *fmt, va_list ap);
 static void http_buf_add(http_buf *b, const char *s, size_t n);
-static void http_buf_printf(http_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void http_buf_printf(http_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* ==== server life ============================================================================= */
 
 static int http_resolve(const char *host, int port, struct sockaddr_storage *ss, char *err,
                         size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char service[16];
@@ -210,13 +212,11 @@ http_server *http_server_start(const http_config *cfg, const http_engine *engine
         flags |= MHD_USE_IPv6;
     unsigned max_conn = cfg->max_connections > 0 ? (unsigned)cfg->max_connections : 64;
     srv->starting = true;
-    srv->mhd = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, http_on_request, srv,
-                                MHD_OPTION_EXTERNAL_LOGGER, http_log, srv,
-                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                                MHD_OPTION_CONNECTION_LIMIT, max_conn,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->idle_timeout_s,
-                                MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, srv,
-                                MHD_OPTION_END);
+    srv->mhd = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, http_on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
+        http_log, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+        max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->idle_timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, srv, MHD_OPTION_END);
     pthread_mutex_lock(&srv->mu);
     srv->starting = false;
     pthread_mutex_unlock(&srv->mu);
@@ -468,7 +468,8 @@ static void http_count(http_server *srv, int route, int code)
 {
     pthread_mutex_lock(&srv->mu);
     int i = 0;
-    while (i < srv->n_counters && (srv->counters[i].route != route || srv->counters[i].code != code))
+    while (i < srv->n_counters &&
+           (srv->counters[i].route != route || srv->counters[i].code != code))
         i++;
     if (i == srv->n_counters && i < HTTP_MAX_COUNTERS)
         srv->counters[srv->n_counters++] = (http_counter){route, code, 0};
@@ -595,8 +596,9 @@ static int http_parse_prompt(const cJSON *root, coord_request *req, http_err *e)
             return http_fail(e, 400, "prompt",
                              "prompt as token ids is not supported; send the prompt as a string");
         else
-            return http_fail(e, 400, "prompt",
-                             "prompt must be a string (lists of several prompts are not supported)");
+            return http_fail(
+                e, 400, "prompt",
+                "prompt must be a string (lists of several prompts are not supported)");
     }
     if (!cJSON_IsString(v))
         return http_fail(e, 400, "prompt", "prompt must be a string");
@@ -615,7 +617,8 @@ static int http_message_content(const cJSON *c, http_buf *out)
     if (!cJSON_IsArray(c))
         return -1;
     const cJSON *part;
-    cJSON_ArrayForEach(part, c) {
+    cJSON_ArrayForEach(part, c)
+    {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
@@ -632,14 +635,17 @@ static int http_parse_messages(const cJSON *root, coord_request *req, http_err *
     if (!msgs)
         return http_fail(e, 400, "messages", "missing required field 'messages' (an array)");
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return http_fail(e, 400, "messages", "messages must be a non-empty array of {role, content}");
+        return http_fail(e, 400, "messages",
+                         "messages must be a non-empty array of {role, content}");
     int i = 0;
     const cJSON *m;
-    cJSON_ArrayForEach(m, msgs) {
+    cJSON_ArrayForEach(m, msgs)
+    {
         char param[48];
         snprintf(param, sizeof param, "messages[%d]", i);
         if (!cJSON_IsObject(m))
-            return http_fail(e, 400, param, "messages[%d] must be an object with role and content", i);
+            return http_fail(e, 400, param, "messages[%d] must be an object with role and content",
+                             i);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         snprintf(param, sizeof param, "messages[%d].role", i);
@@ -654,9 +660,11 @@ static int http_parse_messages(const cJSON *root, coord_request *req, http_err *
         if (!content || http_message_content(content, &text)) {
             http_buf_free(&text);
             return http_fail(e, 400, param,
-                             "messages[%d].content must be a string (or an array of text parts)", i);
+                             "messages[%d].content must be a string (or an array of text parts)",
+                             i);
         }
-        int rc = text.oom ? -1 : coord_request_add_message(req, role->valuestring, text.p ? text.p : "");
+        int rc =
+            text.oom ? -1 : coord_request_add_message(req, role->valuestring, text.p ? text.p : "");
         http_buf_free(&text);
         if (rc)
             return http_fail(e, 503, NULL, "out of memory");
@@ -670,16 +678,20 @@ static int http_parse_stop(const cJSON *v, coord_request *req, http_err *e)
     if (cJSON_IsString(v)) {
         if (!*v->valuestring)
             return http_fail(e, 400, "stop", "stop must not be an empty string");
-        return coord_request_add_stop(req, v->valuestring) ? http_fail(e, 503, NULL, "out of memory") : 0;
+        return coord_request_add_stop(req, v->valuestring)
+                   ? http_fail(e, 503, NULL, "out of memory")
+                   : 0;
     }
     if (!cJSON_IsArray(v))
         return http_fail(e, 400, "stop", "stop must be a string or an array of strings");
     if (cJSON_GetArraySize(v) > COORD_MAX_STOP)
         return http_fail(e, 400, "stop", "stop takes at most %d sequences", COORD_MAX_STOP);
     const cJSON *s;
-    cJSON_ArrayForEach(s, v) {
+    cJSON_ArrayForEach(s, v)
+    {
         if (!cJSON_IsString(s) || !*s->valuestring)
-            return http_fail(e, 400, "stop", "stop must be a string or an array of non-empty strings");
+            return http_fail(e, 400, "stop",
+                             "stop must be a string or an array of non-empty strings");
         if (coord_request_add_stop(req, s->valuestring))
             return http_fail(e, 503, NULL, "out of memory");
     }
@@ -709,7 +721,8 @@ static int http_parse_common(const http_server *srv, const cJSON *root, coord_re
             return http_fail(e, 400, "temperature", "temperature must be a number");
         if (v->valuedouble < 0 || v->valuedouble > 2)
             return http_fail(e, 400, "temperature",
-                             "temperature must be between 0 and 2 (0 is greedy), got %g", v->valuedouble);
+                             "temperature must be between 0 and 2 (0 is greedy), got %g",
+                             v->valuedouble);
         p->temperature = v->valuedouble;
     }
     if ((v = http_field(root, "top_p"))) {
@@ -884,8 +897,8 @@ static cJSON *http_result_json(const http_server *srv, coord_request *req, time_
  * object. */
 static cJSON *http_chunk_json(http_stream *st, const char *text, const char *finish_reason)
 {
-    cJSON *root = http_envelope(st->srv, st->req, st->chat ? "chat.completion.chunk" : "text_completion",
-                                st->created);
+    cJSON *root = http_envelope(
+        st->srv, st->req, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     cJSON_AddNumberToObject(choice, "index", 0);
@@ -936,7 +949,8 @@ static void http_stream_text(http_stream *st, const char *text, size_t len, bool
         st->out.oom = true;
         return;
     }
-    size_t n = flush ? st->hold.len : http_utf8_complete((const unsigned char *)st->hold.p, st->hold.len);
+    size_t n =
+        flush ? st->hold.len : http_utf8_complete((const unsigned char *)st->hold.p, st->hold.len);
     if (!n)
         return;
     char *clean = http_utf8_clean(st->hold.p, n);
@@ -957,7 +971,8 @@ static int http_stream_pull(http_stream *st)
 {
     char *piece = NULL;
     size_t plen = 0;
-    coord_request_state state = coord_request_wait(st->req, &st->text_off, HTTP_TICK_MS, &piece, &plen);
+    coord_request_state state =
+        coord_request_wait(st->req, &st->text_off, HTTP_TICK_MS, &piece, &plen);
     if (piece) {
         http_stream_text(st, piece, plen, false);
         free(piece);
@@ -966,7 +981,8 @@ static int http_stream_pull(http_stream *st)
         http_stream_text(st, NULL, 0, true);
         coord_outcome o;
         coord_request_outcome(st->req, &o);
-        http_stream_event(st, http_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop"));
+        http_stream_event(st,
+                          http_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop"));
         http_buf_add(&st->out, "data: [DONE]\n\n", 15);
         st->ended = true;
     } else if (state == COORD_REQ_FAILED) {
@@ -1046,7 +1062,8 @@ static bool http_await(http_server *srv, coord_request *req, int fd, bool want_t
 }
 
 /* POST /v1/completions and /v1/chat/completions. */
-static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *conn, http_exchange *ex)
+static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *conn,
+                                     http_exchange *ex)
 {
     bool chat = ex->route == ROUTE_CHAT;
     http_err e = {0};
@@ -1058,7 +1075,8 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
     snprintf(p->id, sizeof p->id, "%s-%012llx%08llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)(srv->id_salt & 0xffffffffffffull), (unsigned long long)serial);
     time_t created = time(NULL);
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
     atomic_fetch_add(&srv->active, 1);
 
@@ -1083,7 +1101,11 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
         http_stream *st = calloc(1, sizeof *st);
         struct MHD_Response *r = NULL;
         if (st) {
-            *st = (http_stream){.srv = srv, .req = req, .fd = fd, .chat = chat, .created = created,
+            *st = (http_stream){.srv = srv,
+                                .req = req,
+                                .fd = fd,
+                                .chat = chat,
+                                .created = created,
                                 .last_emit = http_now()};
             r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_STREAM_BLOCK,
                                                   http_stream_read, st, http_stream_free);
@@ -1128,8 +1150,9 @@ static enum MHD_Result http_models(http_server *srv, struct MHD_Connection *conn
     if (!strncmp(url, "/v1/models/", 11)) {
         if (strcmp(url + 11, srv->model_name)) {
             char msg[320];
-            snprintf(msg, sizeof msg, "the model '%.200s' does not exist; this server serves '%.64s'",
-                     url + 11, srv->model_name);
+            snprintf(msg, sizeof msg,
+                     "the model '%.200s' does not exist; this server serves '%.64s'", url + 11,
+                     srv->model_name);
             return http_send_error(srv, conn, ROUTE_MODELS, 404, msg, "model");
         }
         return http_send_json(srv, conn, ROUTE_MODELS, 200, http_model_json(srv), NULL);
@@ -1167,18 +1190,21 @@ static enum MHD_Result http_metrics(http_server *srv, struct MHD_Connection *con
             http_buf_add(&b, "\n", 1);
         free(engine_text);
     }
-    http_buf_printf(&b, "# HELP orochi_http_requests_total HTTP requests answered, by route and status "
-                        "code (499: the client left first).\n"
-                        "# TYPE orochi_http_requests_total counter\n");
+    http_buf_printf(&b,
+                    "# HELP orochi_http_requests_total HTTP requests answered, by route and status "
+                    "code (499: the client left first).\n"
+                    "# TYPE orochi_http_requests_total counter\n");
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->n_counters; i++)
         http_buf_printf(&b, "orochi_http_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
                         HTTP_ROUTE_LABEL[srv->counters[i].route], srv->counters[i].code,
                         (unsigned long long)srv->counters[i].count);
     pthread_mutex_unlock(&srv->mu);
-    http_buf_printf(&b, "# HELP orochi_http_active_requests Generation requests being answered now.\n"
-                        "# TYPE orochi_http_active_requests gauge\n"
-                        "orochi_http_active_requests %d\n", atomic_load(&srv->active));
+    http_buf_printf(&b,
+                    "# HELP orochi_http_active_requests Generation requests being answered now.\n"
+                    "# TYPE orochi_http_active_requests gauge\n"
+                    "orochi_http_active_requests %d\n",
+                    atomic_load(&srv->active));
     if (b.oom) {
         http_buf_free(&b);
         return MHD_NO;
@@ -1191,7 +1217,8 @@ static bool http_authorized(const http_server *srv, struct MHD_Connection *conn)
 {
     if (!srv->api_key)
         return true;
-    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *h =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h)
         return false;
     while (*h == ' ' || *h == '\t')
@@ -1213,7 +1240,8 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
     int route = ex->route;
     if (route != ROUTE_HEALTH && !http_authorized(srv, conn))
         return http_send_error(srv, conn, route, 401,
-                               "missing or invalid API key; send 'Authorization: Bearer KEY'", NULL);
+                               "missing or invalid API key; send 'Authorization: Bearer KEY'",
+                               NULL);
     bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
     bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
     switch (route) {
@@ -1227,15 +1255,20 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
         ex->untimed = true;
         return http_generate(srv, conn, ex);
     case ROUTE_MODELS:
-        return get ? http_models(srv, conn, url) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+        return get ? http_models(srv, conn, url)
+                   : http_send_405(srv, conn, route, method, url, "GET, HEAD");
     case ROUTE_HEALTH:
-        return get ? http_health(srv, conn) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+        return get ? http_health(srv, conn)
+                   : http_send_405(srv, conn, route, method, url, "GET, HEAD");
     case ROUTE_METRICS:
-        return get ? http_metrics(srv, conn) : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+        return get ? http_metrics(srv, conn)
+                   : http_send_405(srv, conn, route, method, url, "GET, HEAD");
     default: {
         char msg[320];
-        snprintf(msg, sizeof msg, "no route for %.16s %.200s (see /v1/completions, "
-                 "/v1/chat/completions, /v1/models, /health, /metrics)", method, url);
+        snprintf(msg, sizeof msg,
+                 "no route for %.16s %.200s (see /v1/completions, "
+                 "/v1/chat/completions, /v1/models, /health, /metrics)",
+                 method, url);
         return http_send_error(srv, conn, route, 404, msg, NULL);
     }
     }
@@ -1257,7 +1290,8 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
             return MHD_NO;
         *con_cls = ex;
         ex->route = http_route_of(url);
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *cl =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             errno = 0;
             char *end;
@@ -1302,7 +1336,8 @@ static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con
         return;
     /* the connection may live on (keep-alive): idle connections time out again, counted from now */
     if (ex->untimed && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
-        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->idle_timeout_s);
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)srv->idle_timeout_s);
     http_buf_free(&ex->body);
     free(ex);
     *con_cls = NULL;

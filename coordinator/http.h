@@ -19,18 +19,18 @@
 #include "coordinator/request.h"
 
 typedef struct {
-    const char *bind_addr;   /* IPv4/IPv6 literal or host name; NULL: "127.0.0.1" */
-    int port;                /* 0: an ephemeral port (see http_server_port) */
-    const char *api_key;     /* NULL or "": no authentication; else every route but /health needs
-                              * "Authorization: Bearer KEY" */
-    const char *model_name;  /* reported by /v1/models and in responses; NULL: "orochi" */
-    size_t max_body_bytes;   /* larger bodies get 413; 0: 1 MiB */
-    int max_tokens_cap;      /* largest max_tokens accepted; 0: 4096 */
-    int max_connections;     /* concurrent connections (one thread each); 0: 64 */
-    int keepalive_ms;        /* SSE comment sent on a quiet stream this often; 0: 15000 */
-    int idle_timeout_s;      /* an idle connection is closed after this long (never while a
-                              * generation runs); 0: 60 */
-    bool quiet;              /* don't print libmicrohttpd's runtime messages to stderr */
+    const char *bind_addr;  /* IPv4/IPv6 literal or host name; NULL: "127.0.0.1" */
+    int port;               /* 0: an ephemeral port (see http_server_port) */
+    const char *api_key;    /* NULL or "": no authentication; else every route but /health needs
+                             * "Authorization: Bearer KEY" */
+    const char *model_name; /* reported by /v1/models and in responses; NULL: "orochi" */
+    size_t max_body_bytes;  /* larger bodies get 413; 0: 1 MiB */
+    int max_tokens_cap;     /* largest max_tokens accepted; 0: 4096 */
+    int max_connections;    /* concurrent connections (one thread each); 0: 64 */
+    int keepalive_ms;       /* SSE comment sent on a quiet stream this often; 0: 15000 */
+    int idle_timeout_s;     /* an idle connection is closed after this long (never while a
+                             * generation runs); 0: 60 */
+    bool quiet;             /* don't print libmicrohttpd's runtime messages to stderr */
 } http_config;
 
 /* What the engine provides. Callbacks run on HTTP threads, possibly several at once. */

@@ -169,7 +169,8 @@ static int request_reserve(coord_request *req, int more, size_t extra)
     return 0;
 }
 
-int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text, size_t len)
+int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text,
+                         size_t len)
 {
     if (n < 0)
         n = 0;
@@ -305,8 +306,11 @@ coord_request_state coord_request_state_now(coord_request *req)
 void coord_request_outcome(coord_request *req, coord_outcome *out)
 {
     pthread_mutex_lock(&req->mu);
-    *out = (coord_outcome){.state = req->state, .http_status = req->http_status,
-                           .stats = req->stats, .n_ids = req->n_ids, .text_len = req->text_len};
+    *out = (coord_outcome){.state = req->state,
+                           .http_status = req->http_status,
+                           .stats = req->stats,
+                           .n_ids = req->n_ids,
+                           .text_len = req->text_len};
     memcpy(out->message, req->message, sizeof out->message);
     memcpy(out->finish_reason, req->finish_reason, sizeof out->finish_reason);
     pthread_mutex_unlock(&req->mu);

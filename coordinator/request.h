@@ -42,33 +42,34 @@ typedef struct {
 } coord_message;
 
 /* The job's input, as parsed from the HTTP body. Numeric fields are set directly by the creator;
- * string fields are owned by the request and set through the coord_request_set_ / add_ functions. */
+ * string fields are owned by the request and set through the coord_request_set_ / add_ functions.
+ */
 typedef struct {
     coord_request_kind kind;
-    char id[64];                /* "cmpl-..." / "chatcmpl-...", for responses and logs */
-    char *prompt;               /* COMPLETION: the prompt text (NUL-terminated) */
-    coord_message *messages;    /* CHAT: the conversation, oldest first */
+    char id[64];             /* "cmpl-..." / "chatcmpl-...", for responses and logs */
+    char *prompt;            /* COMPLETION: the prompt text (NUL-terminated) */
+    coord_message *messages; /* CHAT: the conversation, oldest first */
     int n_messages;
-    int max_tokens;             /* >= 1; default 128 */
-    double temperature;         /* >= 0; 0 means greedy; default 1.0 as in the OpenAI API */
-    double top_p;               /* (0, 1]; default 1 */
-    int top_k;                  /* 0 = off (a non-standard extension field) */
+    int max_tokens;     /* >= 1; default 128 */
+    double temperature; /* >= 0; 0 means greedy; default 1.0 as in the OpenAI API */
+    double top_p;       /* (0, 1]; default 1 */
+    int top_k;          /* 0 = off (a non-standard extension field) */
     bool has_seed;
     int64_t seed;
     bool stream;                /* informational for the engine: the HTTP side streams */
     char *stop[COORD_MAX_STOP]; /* stop sequences; the engine ends generation at the first match */
     int n_stop;
-    char *model;                /* the model the client named, or NULL */
-    char *options_json;         /* the raw JSON text of the body's "orochi" object, or NULL */
+    char *model;        /* the model the client named, or NULL */
+    char *options_json; /* the raw JSON text of the body's "orochi" object, or NULL */
 } coord_params;
 
 /* Run statistics, reported by the engine when it finishes a request. */
 typedef struct {
     int prompt_tokens;
     int completion_tokens;
-    int steps;                                /* verification steps (forward passes) */
-    double mean_accepted;                     /* tokens accepted per step */
-    char draft_kinds[COORD_DRAFT_KINDS_LEN];  /* comma separated, e.g. "ngram,model"; "" if none */
+    int steps;                               /* verification steps (forward passes) */
+    double mean_accepted;                    /* tokens accepted per step */
+    char draft_kinds[COORD_DRAFT_KINDS_LEN]; /* comma separated, e.g. "ngram,model"; "" if none */
 } coord_stats;
 
 /* A consistent snapshot of the request's end state (coord_request_outcome). */
@@ -109,7 +110,8 @@ int coord_request_set_options(coord_request *req, const char *json);
 /* Appends n generated ids and the `len` bytes of text they decode to (either may be empty) and
  * wakes waiters. Returns 0, or -1 if the request has already ended (the call is then ignored) or
  * memory ran out (the request is then failed with 500). */
-int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text, size_t len);
+int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text,
+                         size_t len);
 /* Ends the request successfully. finish_reason: "stop" or "length". stats may be NULL (then all
  * zero except completion_tokens, which counts the appended ids). Returns -1 if already ended. */
 int coord_request_finish(coord_request *req, const char *finish_reason, const coord_stats *stats);
@@ -135,7 +137,8 @@ void coord_request_cancel(coord_request *req);
 coord_request_state coord_request_state_now(coord_request *req);
 void coord_request_outcome(coord_request *req, coord_outcome *out);
 /* malloc'd copies of everything generated so far. The ids copy is NULL with *n = 0 when there are
- * none; the text copy is NUL-terminated ("" when empty). NULL with a zero count when out of memory. */
+ * none; the text copy is NUL-terminated ("" when empty). NULL with a zero count when out of memory.
+ */
 int32_t *coord_request_ids(coord_request *req, int *n);
 char *coord_request_text(coord_request *req, size_t *len);
 

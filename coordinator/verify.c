@@ -47,7 +47,8 @@ int verify_tree_check(const verify_tree *t, int V, char *err, size_t errlen)
     }
     for (int i = 0; i < t->n; i++) {
         if (i > 0 && (t->parent[i] < 0 || t->parent[i] >= i)) {
-            snprintf(err, errlen, "verify: node %d has parent %d (need 0..%d)", i, (int)t->parent[i], i - 1);
+            snprintf(err, errlen, "verify: node %d has parent %d (need 0..%d)", i,
+                     (int)t->parent[i], i - 1);
             return -1;
         }
         if (t->tokens[i] < 0 || t->tokens[i] >= V) {
@@ -260,7 +261,8 @@ double verify_chi2_gof(const uint64_t *obs, const double *prob, int cells, doubl
     return verify_chi2_sf(x, *dof);
 }
 
-double verify_chi2_homogeneity(const uint64_t *a, const uint64_t *b, int cells, double *stat, int *dof)
+double verify_chi2_homogeneity(const uint64_t *a, const uint64_t *b, int cells, double *stat,
+                               int *dof)
 {
     *stat = 0;
     *dof = 0;

@@ -48,11 +48,11 @@ void verify_greedy(const verify_tree *t, const float *logits, int V, verify_resu
 
 /* Sampling with the sampler's temperature / top-k / top-p: at a node, p = the target's distribution
  * (sampler_probs of the node's row); try the children in node order: accept child c with
- * probability p(c) / (remaining mass), otherwise remove c's mass (the residual max(0, p - onehot(c))
- * renormalised) and try the next; on acceptance descend into c; when every child is rejected (or
- * there are none) draw `next` from the residual and stop. All randomness comes from the sampler's
- * generator. temp <= 0 is verify_greedy. `work` holds 3 * V floats. Returns 0, or -1 for an invalid
- * tree (r untouched). */
+ * probability p(c) / (remaining mass), otherwise remove c's mass (the residual max(0, p -
+ * onehot(c)) renormalised) and try the next; on acceptance descend into c; when every child is
+ * rejected (or there are none) draw `next` from the residual and stop. All randomness comes from
+ * the sampler's generator. temp <= 0 is verify_greedy. `work` holds 3 * V floats. Returns 0, or -1
+ * for an invalid tree (r untouched). */
 int verify_sample(const verify_tree *t, const float *logits, int V, sampler *s, void *work,
                   verify_result *r);
 
@@ -62,7 +62,8 @@ int verify_emit(const verify_tree *t, const verify_result *r, int32_t *out);
 
 /* ===== chi-square checks of token distributions ===== */
 
-/* P(X >= x) for X chi-square with dof degrees of freedom (the regularized upper gamma Q(dof/2, x/2)). */
+/* P(X >= x) for X chi-square with dof degrees of freedom (the regularized upper gamma Q(dof/2,
+ * x/2)). */
 double verify_chi2_sf(double x, double dof);
 /* Goodness of fit of counts obs[0..cells) to probabilities prob[0..cells) (summing to 1). Cells
  * whose expected count is below 5 are pooled into one (merged into the smallest other cell when the
@@ -70,7 +71,9 @@ double verify_chi2_sf(double x, double dof);
  * Writes the statistic and degrees of freedom; returns the p-value. */
 double verify_chi2_gof(const uint64_t *obs, const double *prob, int cells, double *stat, int *dof);
 /* Homogeneity of two samples' counts a[0..cells) and b[0..cells) (two-sample chi-square on the
- * 2 x cells table), with the same pooling of cells whose expected count is below 5 in either row. */
-double verify_chi2_homogeneity(const uint64_t *a, const uint64_t *b, int cells, double *stat, int *dof);
+ * 2 x cells table), with the same pooling of cells whose expected count is below 5 in either row.
+ */
+double verify_chi2_homogeneity(const uint64_t *a, const uint64_t *b, int cells, double *stat,
+                               int *dof);
 
 #endif

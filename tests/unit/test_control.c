@@ -179,6 +179,8 @@ static void guard_switches_off_and_back_on(void **state)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
     assert_true(ctl_guard_sample(&g, false, 0.010, 1)); /* base known: try speculation */
     assert_float_equal(g.base, 0.010, 1e-12);
+    for (int i = 0; i < CTL_GUARD_WARM; i++) /* catching up: even a slow cycle is no verdict */
+        assert_true(ctl_guard_sample(&g, true, 1.0, 1));
     /* speculation at 12 ms per token loses: off after one window */
     for (int i = 0; i < 3; i++)
         assert_true(ctl_guard_sample(&g, true, 0.024, 2));
@@ -191,11 +193,20 @@ static void guard_switches_off_and_back_on(void **state)
     for (int i = 0; i < 15; i++)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
     assert_true(ctl_guard_sample(&g, false, 0.010, 1));
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        assert_true(ctl_guard_sample(&g, true, 1.0, 1));
     /* now speculation pays (5 ms per token): it stays on, the interval resets */
     for (int i = 0; i < 40; i++)
         assert_true(ctl_guard_sample(&g, true, 0.010, 2));
     assert_int_equal(g.probe_now, 8);
     assert_int_equal(g.switches_off, 1);
+    /* a hopeless probe (2 x the plain cost) ends after 2 cycles, not a whole window */
+    ctl_guard_init(&g, 0.01, 8, 8);
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        assert_true(ctl_guard_sample(&g, true, 1.0, 1));
+    assert_true(ctl_guard_sample(&g, true, 0.020, 1));
+    assert_false(ctl_guard_sample(&g, true, 0.020, 1));
+    assert_float_equal(g.spec, 0.020, 1e-12);
     /* a prior base starts it on */
     ctl_guard_init(&g, 0.01, 4, 8);
     assert_true(g.on);
