@@ -45,6 +45,9 @@ CONFIGS = {
     "both": ["layerskip", "ngram"],
 }
 
+# the warm-up request of every group in the default mode (not one of the measured prompts)
+WARM_PROMPT = "List the planets of the solar system in order, with one fact about each."
+
 # the Minions-style ablation: each step adds one technique (coordinator flags, speculator flags)
 ABLATION = [
     ("chain", ["--tree", "off", "--vote", "off", "--adaptive", "off"], "work-ahead=0"),
@@ -202,8 +205,11 @@ def main():
             file=sys.stderr)
         g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, CONFIGS[cfg], a.extra.split())
         try:
-            g.chat(prompts[0]["prompt"], 4)  # warm the group (first touch of the weights' pages)
-            for p in prompts:
+            # warm the group: the first touch of the weights' pages, and the controllers' first
+            # measurements (the guard's plain baseline, each speculator's first replies) — a cost
+            # of the group's start, not of the category that happens to come first
+            g.chat(WARM_PROMPT, 48)
+            for p in prompts[rnd % len(prompts):] + prompts[:rnd % len(prompts)]:  # rotated per round
                 n = a.max_tokens or p.get("max_tokens", 96)
                 r, wall = g.chat(p["prompt"], n)
                 o = r["orochi"]

@@ -301,6 +301,19 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
     return g->on;
 }
 
+void ctl_guard_reprobe(ctl_guard *g)
+{
+    if (g->on || g->spec <= 0)
+        return;
+    g->on = true;
+    g->warm = CTL_GUARD_WARM;
+    g->sec = 0;
+    g->tok = 0;
+    g->n = 0;
+    g->off_n = 0;
+    g->switches_on++;
+}
+
 /* ===== ARCA planning ===== */
 
 static double plan_path_prob(const ctl_template *t, const double *acc, int ranks, int i)

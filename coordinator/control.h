@@ -114,6 +114,9 @@ typedef struct {
 void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe);
 /* One cycle: speculated = whether it verified drafts. Returns whether speculation is on now. */
 bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens);
+/* A new text (a request starts): what lost on the last one may pay on this one, so a guard that
+ * is off tests speculation again now (one window, the back-off kept for probes within a text). */
+void ctl_guard_reprobe(ctl_guard *g);
 
 /* ===== ARCA planning ===== */
 /* A tree template: node 0 is the root; node i > 0 is the candidate of rank rank[i] (0 = the

@@ -72,6 +72,9 @@ typedef struct {
     int reply_n, accept_n; /* samples behind each EMA */
     int unscored;          /* steps since its last acceptance sample */
     int benched;           /* Feedbacks skipped in a row because its drafts do not pay */
+    int bench_interval;    /* skips before it is fed again to re-measure it */
+    double draft_ema_us;   /* reply latency to Feedbacks that were not resets, EMA */
+    int draft_n;
     uint64_t benched_total;
 } coord_peer;
 

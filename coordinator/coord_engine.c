@@ -223,11 +223,11 @@ static bool engine_slot_seeded(const coord *c, int slot);
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
     /* its reply latency, timed whether or not a step still waits for it */
-    /* (not after a reset: re-reading a whole context is no measure of its drafting) */
-    if (!p->reply_timed && p->fed_us && !p->fed_reset && r->request_id == p->fed_req &&
-        r->ctx_len == p->fed_ctx) {
-        p->reply_ema_us =
-            engine_ema(p->reply_ema_us, p->reply_n++, (double)(rt_now_us() - p->fed_us));
+    if (!p->reply_timed && p->fed_us && r->request_id == p->fed_req && r->ctx_len == p->fed_ctx) {
+        double us = (double)(rt_now_us() - p->fed_us);
+        p->reply_ema_us = engine_ema(p->reply_ema_us, p->reply_n++, us);
+        if (!p->fed_reset) /* re-reading a whole context is no measure of its drafting */
+            p->draft_ema_us = engine_ema(p->draft_ema_us, p->draft_n++, us);
         p->reply_timed = true;
     }
     int s = engine_slot_of(c, r->request_id); /* the sequence slot of the request it drafted for */
@@ -240,21 +240,29 @@ void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftRea
     }
 }
 
-/* Whether to leave p unfed this time: its drafting takes longer (its measured reply latency)
- * than the tokens it brings are worth (its accepted tokens per step x the measured cost of a
- * cycle). Drafting runs on the cores the target needs, so such a drafter makes every step slower
- * even when the coordinator does not wait for it. Every ENGINE_BENCH_PROBE Feedbacks it is fed once
- * more, to measure it again (the text may have become easier for it). */
+/* Whether to leave p unfed this time: its drafting takes longer (its reply latency to Feedbacks
+ * that were not resets) than the tokens it brings are worth (its accepted tokens per step x the
+ * measured cost of a cycle). Drafting runs on the cores the target needs, so such a drafter makes
+ * every step slower even when the coordinator does not wait for it. After ENGINE_BENCH_PROBE
+ * skipped Feedbacks it is fed once more, to measure it again (the text may have become easier for
+ * it); the interval doubles with every probe that finds it still benched. */
 static bool engine_benched(const coord *c, coord_peer *p)
 {
-    if (p->reply_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
+    if (p->draft_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
         c->step_ema_us <= 0 || c->draft_wait_fixed ||
-        p->accept_ema * c->step_ema_us >= p->reply_ema_us) {
+        p->accept_ema * c->step_ema_us >= p->draft_ema_us) {
         p->benched = 0;
+        p->bench_interval = ENGINE_BENCH_PROBE;
         return false;
     }
-    if (++p->benched > ENGINE_BENCH_PROBE) {
+    if (p->bench_interval < ENGINE_BENCH_PROBE)
+        p->bench_interval = ENGINE_BENCH_PROBE;
+    if (++p->benched > p->bench_interval) {
+        /* a probe; a model drafter re-reads the whole context for it, so each probe that finds it
+         * still not paying doubles the interval (up to 16 x) */
         p->benched = 0;
+        if (p->bench_interval < 16 * ENGINE_BENCH_PROBE)
+            p->bench_interval *= 2;
         return false;
     }
     p->benched_total++;
@@ -797,6 +805,15 @@ static int slot_start(coord *c, int s, coord_request *req)
         slot_finish(c, s);
         return -1;
     }
+    /* a new text: re-test speculation at once when that is cheap, i.e. every speculator that would
+     * be fed switches requests for free (a model drafter would re-read the whole prompt) */
+    bool cheap = true;
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        const coord_peer *p = &c->peers[i];
+        cheap &= p->role != PEER_SPECULATOR || !p->connected || p->multi || p->benched > 0;
+    }
+    if (cheap)
+        ctl_guard_reprobe(engine_active(c) > 1 ? &c->guard_batch : &c->guard);
     if (engine_speculating(c, engine_active(c))) {
         bool focus = engine_focus(c) == sl->req_id;
         int w_last = (sl->n_prompt - 1) % c->max_width; /* the last prompt token's batch row */
