@@ -296,11 +296,24 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
             for (int i = 0; i < 32; i++)
                 q[i] = (int16_t)lrintf(v[i] * id);
 #endif
+#ifdef MM_AVX2
+            /* lo: the low byte sign-extended; hi = (q - lo) / 256, exact as a shift (|hi| < 128,
+             * so the saturating pack keeps every value) */
+            for (int i = 0; i < 32; i += 16) {
+                __m256i qv = _mm256_loadu_si256((const __m256i *)(q + i));
+                __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(qv, 8), 8);
+                __m256i hi = _mm256_srai_epi16(_mm256_sub_epi16(qv, lo), 8);
+                __m256i pk = _mm256_permute4x64_epi64(_mm256_packs_epi16(lo, hi), 0xd8);
+                _mm_storeu_si128((__m128i *)(xq->lo + o + i), _mm256_castsi256_si128(pk));
+                _mm_storeu_si128((__m128i *)(xq->hi + o + i), _mm256_extracti128_si256(pk, 1));
+            }
+#else
             for (int i = 0; i < 32; i++) {
                 int8_t lo = (int8_t)(uint8_t)(q[i] & 0xff);
                 xq->lo[o + i] = lo;
                 xq->hi[o + i] = (int8_t)((q[i] - lo) / 256);
             }
+#endif
             xq->s[t * nb + b] = sum;
             xq->d[t * nb + b] = d;
         }
