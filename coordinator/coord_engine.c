@@ -342,8 +342,11 @@ static uint64_t engine_draft_budget_us(const coord *c, const coord_peer *p, uint
         p->accept_n < ENGINE_WAIT_WARMUP || c->step_ema_us <= 0)
         return (uint64_t)cap;
     double gain = p->accept_ema * c->step_ema_us;
-    double due =
-        p->reply_ema_us - (double)(t0 > p->fed_us ? t0 - p->fed_us : 0); /* its expected reply */
+    /* its expected reply: after an incremental Feedback the drafting latency, the one benching
+     * judges by (a fed speculator is then one worth waiting for); after a reset, any reply's */
+    double lat =
+        !p->fed_reset && p->draft_n >= ENGINE_WAIT_WARMUP ? p->draft_ema_us : p->reply_ema_us;
+    double due = lat - (double)(t0 > p->fed_us ? t0 - p->fed_us : 0);
     if (p->unscored >= ENGINE_WAIT_PROBE) {
         *probe = true;
         w = gain > 2 * p->reply_ema_us ? gain : 2 * p->reply_ema_us;
@@ -902,12 +905,14 @@ static void engine_step_all(coord *c)
     }
     e->rr++;
     llama_batch b = {.n = n, .tokens = tokens, .parent = parent, .seq = seq, .logits_from = 0};
+    uint64_t t_step = rt_now_us();
     if (engine_step(c, n, tokens, parent, seq, e->prefix, 0, err, sizeof err) ||
         engine_set_batch(c, &b, e->prefix, err, sizeof err)) {
         for (int k = 0; k < n_act; k++)
             slot_fail(c, active[k], 503, err);
         return;
     }
+    uint64_t t_step_done = rt_now_us();
     int yielded = 0;
     pthread_mutex_lock(&c->mlock);
     c->m_batch_hist[n_act]++;
@@ -978,6 +983,12 @@ static void engine_step_all(coord *c)
     /* the controllers learn from single-request cycles (a batch's cost per token says more about
      * the batch than about speculation): the whole cycle, drafting and waiting included */
     double cycle = (rt_now_us() - t_cycle) / 1e6;
+    if (c->trace)
+        rt_log("coordinator",
+               "cycle %.1f ms: draft wait %.1f ms, step %.1f ms, %d nodes, %d tokens for %d "
+               "requests%s",
+               cycle * 1e3, waited / 1e3, (t_step_done - t_step) / 1e3, n, yielded, n_act,
+               speculating ? "" : " (plain)");
     if (yielded && c->width > 1) {
         if (c->guard_enabled)
             ctl_guard_sample(n_act > 1 ? &c->guard_batch : &c->guard, speculating, cycle, yielded);
