@@ -225,7 +225,8 @@ def main():
                     # decode rate of the group: the time of a 1-token request (prompt + first token)
                     # subtracted from the full one
                     _, wall1 = g.chat(p["prompt"], 1)
-                    split.append(((len(ids) - 1) / max(1e-9, wall - wall1), base[p["id"]]["decode_tok_s"]))
+                    if len(ids) >= 16 and wall > wall1:  # a few tokens say nothing about the rate
+                        split.append((len(ids) - 1, wall - wall1, (len(ids) - 1) / base[p["id"]]["decode_tok_s"]))
                 row = {"bench": "spec", "config": cfg, "id": p["id"], "category": p["category"], "tokens": len(ids),
                        "tok_s": len(ids) / wall, "mean_accepted": o["mean_accepted"], "steps": o["steps"],
                        "draft_kinds": o["draft_kinds"], "seq_tok_s": base[p["id"]]["tok_s"],
@@ -278,8 +279,8 @@ def main():
     seq_dec = sum(b["decode_tok_s"] for b in base.values()) / max(1, len(base))
     print("\nsequential decode (orochi run --threads %d): %.1f tok/s; JSON lines in %s" % (threads, seq_dec, a.json))
     if split:
-        g_dec = sum(x[0] for x in split) / len(split)
-        r_dec = sum(x[1] for x in split) / len(split)
+        g_dec = sum(x[0] for x in split) / sum(x[1] for x in split)  # ratios of sums
+        r_dec = sum(x[0] for x in split) / sum(x[2] for x in split)
         print("process split: %d workers x %d thread decode %.1f tok/s vs orochi run --threads %d %.1f tok/s: "
               "ratio %.3f" % (a.workers, a.threads_per_worker, g_dec, threads, r_dec, g_dec / r_dec))
         out.write(json.dumps({"bench": "split", "workers": a.workers, "threads_per_worker": a.threads_per_worker,
