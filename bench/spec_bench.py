@@ -22,7 +22,8 @@ ngram, layerskip, both (layerskip + ngram).
                             (like Ghidorah's Table I): one group per (kind, width)
   --ablation                chain -> tree -> +vote -> +adaptive -> +pipeline with layerskip+ngram,
                             speedup over sequential per category, all checked lossless
-  --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification)
+  --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification):
+                            the same requests at every level, in waves of N
 """
 import argparse
 import json
@@ -151,6 +152,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--prompts", default=os.path.join(ROOT, "bench", "prompts.jsonl"))
     ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--categories", default="", help="only these prompt categories (comma list)")
     ap.add_argument("-n", "--max-tokens", type=int, default=0, help="override the prompts' max_tokens")
     ap.add_argument("--configs", default="seq-group,ngram,layerskip,both")
     ap.add_argument("--workers", type=int, default=2)
@@ -174,6 +176,11 @@ def main():
         a.configs, a.per_category = "both", 1
         a.max_tokens = a.max_tokens or 64
     prompts = load_prompts(a.prompts, a.per_category)
+    if a.categories:
+        prompts = [p for p in prompts if p["category"] in a.categories.split(",")]
+        if not prompts:
+            print("spec_bench: no prompts of categories %s in %s" % (a.categories, a.prompts), file=sys.stderr)
+            return 2
     configs = [c for c in a.configs.split(",") if c]
     threads = a.workers * a.threads_per_worker
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
@@ -393,22 +400,27 @@ def concurrency(a, prompts, base, out):
                                                "mean accepted per request"))
     try:
         g.chat(prompts[0]["prompt"], 8)  # warm the group
+        # every level serves the same requests (as many as the largest level), in waves of n at
+        # once: level 1 is those requests one after the other, so the ratios compare like work
+        all_jobs = [prompts[i % len(prompts)] for i in range(max(levels))]
         for n in levels:
-            jobs = [prompts[i % len(prompts)] for i in range(n)]
-            res = [None] * n
+            res, wall = [None] * len(all_jobs), 0.0
+            for w0 in range(0, len(all_jobs), n):
+                wave = list(range(w0, min(w0 + n, len(all_jobs))))
 
-            def one(i):
-                res[i] = g.chat(jobs[i]["prompt"], a.max_tokens or 64)
+                def one(i):
+                    res[i] = g.chat(all_jobs[i]["prompt"], a.max_tokens or 64)
 
-            t0 = time.time()
-            th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-            for t in th:
-                t.start()
-            for t in th:
-                t.join()
-            wall = time.time() - t0
+                t0 = time.time()
+                th = [threading.Thread(target=one, args=(i,)) for i in wave]
+                for t in th:
+                    t.start()
+                for t in th:
+                    t.join()
+                wall += time.time() - t0
+            jobs = all_jobs
             toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
-            for i in range(n):
+            for i in range(len(jobs)):
                 want = base[jobs[i]["id"]]["ids"][: len(res[i][0]["orochi"]["token_ids"])]
                 ok &= res[i][0]["orochi"]["token_ids"] == want
             acc = [r[0]["orochi"]["mean_accepted"] for r in res]

@@ -250,6 +250,7 @@ static bool engine_benched(const coord *c, coord_peer *p)
 {
     if (p->draft_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
         c->step_ema_us <= 0 || c->draft_wait_fixed ||
+        p->draft_ema_us < 0.1 * c->step_ema_us || /* drafting nearly free (ngram): never benched */
         p->accept_ema * c->step_ema_us >= p->draft_ema_us) {
         p->benched = 0;
         p->bench_interval = ENGINE_BENCH_PROBE;
