@@ -5,15 +5,20 @@
  * request: render and tokenize the prompt, refuse it if it cannot fit the context (413), prefill
  * it through the workers in chains of max_width, and take the first token from the last prompt
  * position. Then, step after step, for every active slot:
- *   1. drafts: the speculators follow the oldest request (they keep one request's state): each
- *      has been told its committed context (Feedback) and answers with a draft in its arena ring
- *      (DraftReady, possibly empty). The step waits for a speculator only while that pays: a draft
+ *   0. the plan's bucket for the context (width, length) and the guard decide whether this cycle
+ *      speculates at all (coordinator/control.h): when not, W = 1 and the speculators sit idle;
+ *   1. drafts: model speculators follow the oldest request (they keep one request's state), ngram
+ *      follows every request; each has been told its committed context (Feedback; not while it
+ *      is benched because its drafting costs more than it brings) and answers with a draft in its
+ *      arena ring (DraftReady, possibly empty). The step waits for a speculator only while that
+ *      pays: a draft
  *      that brings a accepted tokens saves a target steps, so with T the measured step time it is
  *      waited on up to a * T, and not at all when its measured reply latency says it will come
  *      later (averages per speculator; see engine_draft_budget_us). An instant answer costs no
  *      wait; --draft-wait-ms caps every wait, --draft-wait fixed waits up to it for everyone, and
  *      so does a request that samples with a seed (its output depends on the trees verified).
- *      The drafts are merged and voted into one tree within the slot's share of the width;
+ *      Each slot's drafts are merged; the width is shared out by what was drafted and each slot's
+ *      trie voted into one tree within its share;
  *   2. verify: all slots' trees in one target step through the workers (the arena doorbell; a
  *      lost worker makes the step fail and be re-run once the worker is back: inputs and the
  *      committed KV are in the arena, untouched);
@@ -22,7 +27,8 @@
  *      speculative sampling over the tree (coordinator/verify.c);
  *   4. commit the accepted path's K/V rows into the slot's prefix, emit the new tokens, tell the
  *      speculators (Feedback with the appended tokens) and score their drafts (acceptance rates,
- *      vote weights, the wait's averages).
+ *      vote weights, the wait's averages); the cycle's whole time feeds the guard and the
+ *      adaptive length.
  * Because a tree's logits are bit-identical to sequential decoding along each path (see
  * model/llama.c), greedy output equals `orochi run --temp 0` token for token.
  * Stop conditions: the tokenizer's eos, max_tokens (or the context end), stop strings (text is
