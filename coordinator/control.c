@@ -371,6 +371,31 @@ double ctl_plan_tree(const double *acc, int depths, int ranks, int width, ctl_te
     return expect;
 }
 
+void ctl_tree_fit(const ctl_tree *in, const ctl_template *t, ctl_tree *out)
+{
+    int map[CTL_TREE_CAP], keep[CTL_TREE_CAP], n = 0;
+    map[0] = 0;
+    keep[n++] = 0;
+    for (int i = 1; i < in->n; i++) {
+        int p = in->parent[i];
+        map[i] = -1;
+        if (map[p] < 0)
+            continue;
+        int r = 0;
+        for (int j = p + 1; j < in->n; j++)
+            if (j != i && in->parent[j] == p &&
+                (in->support[j] > in->support[i] || (in->support[j] == in->support[i] && j < i)))
+                r++;
+        for (int k = 1; k < t->n; k++)
+            if (t->parent[k] == map[p] && t->rank[k] == r) {
+                map[i] = k;
+                keep[n++] = i;
+                break;
+            }
+    }
+    tree_select(in, keep, n, out);
+}
+
 double ctl_plan_eval(const ctl_template *t, const int8_t *paths, int n_paths, int depths)
 {
     if (n_paths <= 0)

@@ -131,6 +131,9 @@ typedef struct {
  * the most likely node one at a time (its path probability: the product of its nodes' accuracies),
  * no deeper than `depths`. Returns the expected tokens per step (accepted + the bonus token). */
 double ctl_plan_tree(const double *acc, int depths, int ranks, int width, ctl_template *t);
+/* Keep only the nodes of `in` whose path of sibling ranks (children ordered by support, then by
+ * index) is a path of the template: the plan's tree shape applied to merged drafts. */
+void ctl_tree_fit(const ctl_tree *in, const ctl_template *t, ctl_tree *out);
 /* Mean tokens per step the template gives on recorded calibration paths: paths[i * depths + d] is
  * the rank of the target's token among the drafter's candidates at depth d + 1 of sample i (-1:
  * not among them; the path ends there). */

@@ -173,6 +173,8 @@ int coord_plan_load(coord *c, char *err, size_t errlen);
 void coord_plan_poll(coord *c);
 /* apply the plan's bucket for a context of n_ctx tokens (width, length bounds) */
 void coord_plan_apply(coord *c, int n_ctx);
+/* the applied bucket's tree shape (NULL: none), which merged drafts are fitted to */
+const ctl_template *coord_plan_tree(const coord *c);
 
 /* coord_engine.c */
 int coord_engine_submit(void *ctx, coord_request *req);

@@ -870,6 +870,12 @@ static void engine_step_all(coord *c)
                 c->peers[i].slot_draft[s].n = 0;
         waited += rt_now_us() - w0;
         engine_merge_drafts(c, s, sl->all[sl->n_all - 1], &merged[k]);
+        const ctl_template *shape = coord_plan_tree(c);
+        if (shape && !engine_slot_seeded(c, s)) { /* the plan's tree for this context bucket */
+            static __thread coord_tree fitted;
+            ctl_tree_fit(&merged[k], shape, &fitted);
+            merged[k] = fitted;
+        }
         int room = sl->max_new - sl->generated;
         if (room > c->n_ctx - e->prefix[s])
             room = c->n_ctx - e->prefix[s];

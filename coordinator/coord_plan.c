@@ -1,13 +1,14 @@
 /*
  * coordinator/coord_plan.c — the coordinator follows the plan `orochi profile` wrote (--plan FILE;
  * schema: docs/speculation.md, "The plan"). Per context-length bucket the plan gives the
- * verification width (1: do not speculate there) and the speculation length to start from; the
- * adaptive length then moves within [1, width - 1] and the guard keeps watch on top. The file is
- * A bucket whose "speculate" is false (the profile measured plain decoding faster) starts with
- * the guard off and probing four times less often. The file is
- * checked once a second and reread when its modification time changes, so a new profile takes
- * effect without a restart; a plan that fails to parse at run time is reported and the old one
- * kept.
+ * verification width (1: do not speculate there), the speculation length to start from and the
+ * tree shape: each step's merged drafts are fitted to that shape (ctl_tree_fit: only nodes whose
+ * path of sibling ranks is in the tree) before the vote; the adaptive length then moves within
+ * [1, width - 1] and the guard keeps watch on top. A bucket whose "speculate" is false (the
+ * profile measured plain decoding faster) starts with the guard off and probing four times less
+ * often. The file is checked once a second and reread when its modification time changes, so a
+ * new profile takes effect without a restart; a plan that fails to parse at run time is reported
+ * and the old one kept.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -23,7 +24,37 @@ struct coord_plan {
     int n;
     int ctx[PLAN_MAX_BUCKETS], width[PLAN_MAX_BUCKETS], length[PLAN_MAX_BUCKETS];
     bool speculate[PLAN_MAX_BUCKETS];
+    ctl_template tree[PLAN_MAX_BUCKETS]; /* n = 0: none given */
 };
+
+/* "tree": [[parent, rank], ...] — node i + 1 is the rank-th candidate below node parent (0: the
+ * root), parents first. Returns 0, or -1 for a malformed tree. */
+static int plan_tree(const cJSON *a, ctl_template *t)
+{
+    t->n = 0;
+    if (!a)
+        return 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) >= CTL_TREE_CAP)
+        return -1;
+    t->n = 1;
+    t->parent[0] = -1;
+    t->rank[0] = t->depth[0] = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a)
+    {
+        const cJSON *p = cJSON_GetArrayItem(e, 0), *r = cJSON_GetArrayItem(e, 1);
+        if (!cJSON_IsArray(e) || !cJSON_IsNumber(p) || !cJSON_IsNumber(r) || p->valueint < 0 ||
+            p->valueint >= t->n || r->valueint < 0)
+            return -1;
+        int i = t->n++;
+        t->parent[i] = p->valueint;
+        t->rank[i] = r->valueint;
+        t->depth[i] = t->depth[p->valueint] + 1;
+    }
+    if (t->n == 1)
+        t->n = 0; /* an empty tree: no shape to apply */
+    return 0;
+}
 
 static char *plan_read(const char *path, char *err, size_t errlen)
 {
@@ -96,6 +127,14 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
             p->length[i] = length;
             const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "speculate");
             p->speculate[i] = !cJSON_IsBool(sp) || cJSON_IsTrue(sp);
+            if (plan_tree(cJSON_GetObjectItemCaseSensitive(e, "tree"), &p->tree[i])) {
+                snprintf(err, errlen,
+                         "the plan %s: bucket %d's tree must be [[parent, rank], ...] with each "
+                         "parent an earlier node (0: the root)",
+                         c->plan_path, i);
+                rc = -1;
+                break;
+            }
             p->n++;
         }
     }
@@ -153,6 +192,14 @@ void coord_plan_poll(coord *c)
         rt_log("coordinator", "%s (the previous plan stays)", err);
         c->plan_mtime = mt; /* do not retry until it changes again */
     }
+}
+
+const ctl_template *coord_plan_tree(const coord *c)
+{
+    const struct coord_plan *p = c->plan;
+    if (!p || c->plan_bucket < 0 || c->plan_bucket >= p->n || !p->tree[c->plan_bucket].n)
+        return NULL;
+    return &p->tree[c->plan_bucket];
 }
 
 void coord_plan_apply(coord *c, int n_ctx)

@@ -7,7 +7,8 @@
   exit 2 with one line naming the problem;
 - a group started with `--plan` (guard on, as in production) answers greedy requests exactly like
   `orochi run --temp 0`, shows the plan in its status, and picks up a rewritten plan without a
-  restart; a plan that is not a plan is refused at start with the reason.
+  restart; a plan whose tree shape is a chain keeps the output lossless; a plan that is not a
+  plan, or whose tree is malformed, is refused at start with the reason.
 """
 import json
 import os
@@ -115,6 +116,17 @@ def group_follows_the_plan_and_rereads_it():
             time.sleep(0.1)
         G.check("controllers      width 3 " in open(g.path("status")).read(), "the status does not show width 3:\n%s",
                 open(g.path("status")).read())
+    # a plan whose tree shape is one chain of best candidates: still lossless
+    plan = json.load(open(plan_path))
+    plan["buckets"] = [dict(plan["buckets"][0], ctx=100000, width=4, length=3, speculate=True,
+                            tree=[[0, 0], [1, 0], [2, 0]])]
+    chain_path = os.path.join(tmp, "plan-chain-%d.json" % os.getpid())
+    with open(chain_path, "w") as f:
+        json.dump(plan, f)
+    with G.Group("plan-chain", model, workers=2, speculators=["ngram"], guard=False,
+                 extra=["--plan", chain_path]) as g:
+        for p in prompts:
+            G.check_eq(g.ids(p, max_tokens=24), G.run_ids(model, p, 24), "token ids with a chain tree for %r" % p)
     bad = os.path.join(tmp, "plan-not-%d.json" % os.getpid())
     with open(bad, "w") as f:
         f.write('{"buckets": []}')
@@ -122,6 +134,13 @@ def group_follows_the_plan_and_rereads_it():
     r = g.launch(*g.up_args(), timeout=60, check=False)
     G.check(r.returncode != 0, "a group with a bad plan started")
     G.check('lacks "orochi_plan": 1' in (r.stdout + r.stderr + g.log("coordinator")),
+            "the refusal does not say why:\n%s%s", r.stdout, r.stderr)
+    with open(bad, "w") as f:
+        json.dump({"orochi_plan": 1, "buckets": [{"ctx": 256, "width": 4, "length": 2, "tree": [[3, 0]]}]}, f)
+    g = G.Group("plan-badtree", model, workers=1, extra=["--plan", bad])
+    r = g.launch(*g.up_args(), timeout=60, check=False)
+    G.check(r.returncode != 0, "a group with a malformed plan tree started")
+    G.check("tree must be [[parent, rank]" in (r.stdout + r.stderr + g.log("coordinator")),
             "the refusal does not say why:\n%s%s", r.stdout, r.stderr)
 
 

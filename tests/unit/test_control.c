@@ -271,6 +271,31 @@ static void plan_eval_and_refine_on_recorded_paths(void **state)
     assert_int_equal(t.n, 3); /* a move, not a growth */
 }
 
+static void tree_fit_keeps_the_template_shape(void **state)
+{
+    (void)state;
+    static ctl_tree m, out;
+    /* root -> 50 (0.7) -> 52 (0.9) -> 53 (0.9); root -> 51 (0.2) */
+    const int32_t tok[] = {50, 51, 52, 53}, par[] = {-1, -1, 0, 2};
+    const float conf[] = {0.7f, 0.2f, 0.9f, 0.9f};
+    arena_draft d = draft(4, tok, par, conf);
+    ctl_tree_init(&m, 1);
+    ctl_tree_add(&m, &d, 1.0f, 0);
+    /* template: best child, its best child, and the second child of the root */
+    ctl_template t = {.n = 4, .parent = {-1, 0, 1, 0}, .rank = {0, 0, 0, 1}, .depth = {0, 1, 2, 1}};
+    ctl_tree_fit(&m, &t, &out);
+    assert_int_equal(out.n, 4); /* 50, 52 and 51 kept, 53 (depth 3) cut */
+    const int32_t p1[] = {50, 52}, p2[] = {51}, p3[] = {50, 52, 53};
+    assert_true(has_path(&out, p1, 2));
+    assert_true(has_path(&out, p2, 1));
+    assert_false(has_path(&out, p3, 3));
+    /* a chain template keeps the chain of best candidates only */
+    ctl_template chain = {.n = 3, .parent = {-1, 0, 1}, .rank = {0, 0, 0}, .depth = {0, 1, 2}};
+    ctl_tree_fit(&m, &chain, &out);
+    assert_int_equal(out.n, 3);
+    assert_true(has_path(&out, p1, 2));
+}
+
 static void plan_best_width_from_curves(void **state)
 {
     (void)state;
@@ -292,6 +317,7 @@ int main(void)
         cmocka_unit_test(guard_switches_off_and_back_on),
         cmocka_unit_test(plan_tree_adds_the_most_likely_node),
         cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
+        cmocka_unit_test(tree_fit_keeps_the_template_shape),
         cmocka_unit_test(plan_best_width_from_curves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
