@@ -1003,10 +1003,19 @@ static void engine_step_all(coord *c)
                cycle * 1e3, waited / 1e3, (t_step_done - t_step) / 1e3, n, yielded, n_act,
                speculating ? "" : " (plain)");
     if (yielded && c->width > 1) {
-        if (c->guard_enabled)
-            ctl_guard_sample(n_act > 1 ? &c->guard_batch : &c->guard, speculating, cycle, yielded);
         if (c->adaptive && speculating && n_act == 1)
             c->spec_len = ctl_length_sample(&c->len, cycle, yielded);
+        if (c->guard_enabled) {
+            ctl_guard *g = n_act > 1 ? &c->guard_batch : &c->guard;
+            uint64_t offs = g->switches_off;
+            ctl_guard_sample(g, speculating, cycle, yielded);
+            if (g->switches_off != offs && n_act == 1 && c->adaptive) {
+                /* speculation lost at this length: probe again from the shortest drafts (the
+                 * cheapest to test) and let the length climb only where that pays */
+                ctl_length_init(&c->len, 1, c->len.lo, c->len.hi, c->len.window, c->len.stale);
+                c->spec_len = c->len.len;
+            }
+        }
     }
     uint64_t focus = engine_focus(c);
     for (int k = 0; k < n_act && engine_speculating(c, n_act); k++) {
