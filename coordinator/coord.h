@@ -90,7 +90,7 @@ typedef struct {
     struct coord_engine_state *eng;
     int heartbeat_ms, dead_ms;
     bool trace, no_spawn;
-    /* speculation controllers (documented in coord_tree.c) */
+    /* speculation controllers (coordinator/control.h, docs/speculation.md) */
     bool tree, adaptive;
     coord_vote vote;
     int width;    /* verification width: nodes of a verified tree, root included */
