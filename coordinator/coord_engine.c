@@ -226,6 +226,13 @@ static double engine_ema(double avg, int have, double x)
 static int engine_slot_of(const coord *c, uint64_t req_id);
 static bool engine_slot_seeded(const coord *c, int slot);
 
+/* Whether p was fed this context of the request in sequence slot `slot` (a benched speculator
+ * was not, and has no draft coming). */
+static bool engine_fed(const coord_peer *p, int slot, uint64_t req_id, int n_all)
+{
+    return p->slot_fed_req[slot] == req_id && p->slot_fed_ctx[slot] == (uint64_t)n_all;
+}
+
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
     /* its reply latency, timed whether or not a step still waits for it */
@@ -287,11 +294,14 @@ static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *
                             const int32_t *added, int n_added, int accepted,
                             const coord_tree *verified, bool multi_only)
 {
+    /* a seeded request's trees must not depend on timing: the fixed length, not the adaptive */
+    bool seeded = engine_slot_seeded(c, slot);
+    int fixed_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
+    uint32_t max_depth = (uint32_t)(seeded ? (fixed_len > 0 ? fixed_len : 1) : c->spec_len);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
         if (p->role != PEER_SPECULATOR || !p->connected || (multi_only && !p->multi))
             continue;
-        bool seeded = engine_slot_seeded(c, slot);
         if (!seeded && engine_benched(c, p))
             continue;
         Orochi__Feedback fb = OROCHI__FEEDBACK__INIT;
@@ -307,9 +317,7 @@ static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *
             mine += (verified->owners[j] >> p->index) & 1u;
         fb.drafted = mine;
         fb.max_nodes = (uint32_t)(c->width - 1);
-        /* a seeded request's trees must not depend on timing: the fixed length, not the adaptive */
-        int fixed_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
-        fb.max_depth = (uint32_t)(seeded ? (fixed_len > 0 ? fixed_len : 1) : c->spec_len);
+        fb.max_depth = max_depth;
         fb.tree = c->tree;
         coord_group_send(c, p, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
         p->fed_req = req_id;
@@ -379,8 +387,7 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     uint64_t t0 = rt_now_us(), until[COORD_MAX_PEERS] = {0};
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected || p->slot_fed_req[slot] != req_id ||
-            p->slot_fed_ctx[slot] != (uint64_t)n_all) /* not fed this context (benched): no draft */
+        if (p->role != PEER_SPECULATOR || !p->connected || !engine_fed(p, slot, req_id, n_all))
             continue;
         bool probe;
         until[i] = t0 + engine_draft_budget_us(c, p, t0, fixed, &probe);
@@ -398,8 +405,8 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
         uint64_t now = rt_now_us();
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
             coord_peer *p = &c->peers[i];
-            if (p->role == PEER_SPECULATOR && p->connected && p->slot_fed_req[slot] == req_id &&
-                p->slot_fed_ctx[slot] == (uint64_t)n_all && now < until[i] &&
+            if (p->role == PEER_SPECULATOR && p->connected && engine_fed(p, slot, req_id, n_all) &&
+                now < until[i] &&
                 !(p->draft_ready[slot].fresh && p->draft_ready[slot].req == req_id &&
                   p->draft_ready[slot].ctx == (uint64_t)n_all))
                 waiting++;
@@ -433,8 +440,8 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
     }
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->peers[i];
-        if (p->role == PEER_SPECULATOR && p->slot_fed_req[slot] == req_id &&
-            p->slot_fed_ctx[slot] == (uint64_t)n_all && !p->slot_draft[slot].n)
+        if (p->role == PEER_SPECULATOR && engine_fed(p, slot, req_id, n_all) &&
+            !p->slot_draft[slot].n)
             p->unscored++; /* a draft in time is scored after the verification */
     }
     return got;
@@ -709,8 +716,6 @@ static void slot_fail(coord *c, int s, int status, const char *msg)
     slot_release(c, s);
 }
 
-/* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
- * only), draw the first token. Returns 0 when the slot is now active. */
 /* Whether this cycle verifies drafts: a width above 1 (the plan's choice for the context) and
  * the guard on. While not, speculators get no Feedback and sit idle (their cores go to the
  * target); the next Feedback resets them to the then committed context. */
@@ -733,6 +738,8 @@ static int engine_active(const coord *c)
     return n;
 }
 
+/* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
+ * only), draw the first token. Returns 0 when the slot is now active. */
 static int slot_start(coord *c, int s, coord_request *req)
 {
     engine_slot *sl = &c->eng->slots[s];
@@ -863,8 +870,7 @@ static void engine_step_all(coord *c)
         engine_slot *sl = &e->slots[s];
         uint64_t w0 = rt_now_us();
         if (speculating)
-            engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all,
-                                 !sl->greedy && sl->prm->has_seed);
+            engine_gather_drafts(c, s, sl->req_id, sl->all, sl->n_all, engine_slot_seeded(c, s));
         else
             for (int i = 0; i < COORD_MAX_PEERS; i++)
                 c->peers[i].slot_draft[s].n = 0;
@@ -1007,9 +1013,8 @@ static void engine_step_all(coord *c)
             c->spec_len = ctl_length_sample(&c->len, cycle, yielded);
         if (c->guard_enabled) {
             ctl_guard *g = n_act > 1 ? &c->guard_batch : &c->guard;
-            uint64_t offs = g->switches_off;
-            ctl_guard_sample(g, speculating, cycle, yielded);
-            if (g->switches_off != offs && n_act == 1 && c->adaptive) {
+            bool was_on = g->on, on = ctl_guard_sample(g, speculating, cycle, yielded);
+            if (was_on && !on && n_act == 1 && c->adaptive) {
                 /* speculation lost at this length: probe again from the shortest drafts (the
                  * cheapest to test) and let the length climb only where that pays */
                 ctl_length_init(&c->len, 1, c->len.lo, c->len.hi, c->len.window, c->len.stale);
@@ -1018,7 +1023,8 @@ static void engine_step_all(coord *c)
         }
     }
     uint64_t focus = engine_focus(c);
-    for (int k = 0; k < n_act && engine_speculating(c, n_act); k++) {
+    bool feed = engine_speculating(c, n_act);
+    for (int k = 0; k < n_act && feed; k++) {
         int s = active[k];
         engine_slot *sl = &e->slots[s];
         if (!sl->used)
