@@ -29,6 +29,7 @@
 #include "cli/util.h"
 #include "coordinator/control.h"
 #include "model/llama.h"
+#include "model/ngram.h"
 #include "model/tokenizer.h"
 
 #define PF_MAX_W 16
@@ -319,26 +320,14 @@ static int pf_rank(const float *l, int V, int32_t t, int ranks)
     return r < ranks ? r : -1;
 }
 
-/* ngram: the token after the most recent earlier occurrence of the last k tokens (k from n down
- * to 1) of ids[0..len), or -1 */
-static int32_t pf_ngram_next(const int32_t *ids, int len, int n)
-{
-    for (int k = n; k >= 1; k--) {
-        if (len <= k)
-            continue;
-        for (int st = len - k - 1; st >= 0; st--)
-            if (!memcmp(ids + st, ids + len - k, (size_t)k * sizeof *ids))
-                return ids[st + k];
-    }
-    return -1;
-}
-
 /* rank[j] for j in [n_prompt - 1, n - 1): the speculator's rank of ids[j + 1] given ids[0..j] */
 static int pf_ranks(const pf_opts *o, const pf_spec *p, const pf_seq *s, int8_t *rank)
 {
     if (!p->m) {
-        for (int j = s->n_prompt - 1; j < s->n - 1; j++)
-            rank[j] = pf_ngram_next(s->ids, j + 1, p->ngram) == s->ids[j + 1] ? 0 : -1;
+        for (int j = s->n_prompt - 1; j < s->n - 1; j++) {
+            int pos = ngram_lookup(s->ids, j + 1, p->ngram, NULL);
+            rank[j] = pos >= 0 && s->ids[pos] == s->ids[j + 1] ? 0 : -1;
+        }
         return 0;
     }
     char err[256];

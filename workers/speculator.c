@@ -39,6 +39,7 @@
 
 #include "model/llama.h"
 #include "model/medusa.h"
+#include "model/ngram.h"
 #include "model/tokenizer.h"
 #include "workers/runtime.h"
 
@@ -379,21 +380,11 @@ static int spec_grow_model(spec *s)
  * k tokens (k from --ngram down to 1), as a chain. */
 static int spec_grow_ngram(spec *s)
 {
-    int n_ctx = s->n_committed, n = 0;
-    for (int k = s->ngram; k >= 1 && !n; k--) {
-        if (n_ctx <= k)
-            continue;
-        const int32_t *tail = s->tokens + n_ctx - k;
-        for (int start = n_ctx - k - 1; start >= 0 && !n; start--) {
-            if (memcmp(s->tokens + start, tail, (size_t)k * sizeof *tail))
-                continue;
-            for (int j = start + k; j < n_ctx && n < s->max_nodes && n < s->max_depth; j++, n++)
-                s->nodes[n] = (spec_node){.token = s->tokens[j],
-                                          .parent = n - 1,
-                                          .conf = (float)k / (k + 1),
-                                          .depth = n + 1};
-        }
-    }
+    int n_ctx = s->n_committed, n = 0, k = 0;
+    int pos = ngram_lookup(s->tokens, n_ctx, s->ngram, &k);
+    for (int j = pos; pos >= 0 && j < n_ctx && n < s->max_nodes && n < s->max_depth; j++, n++)
+        s->nodes[n] = (spec_node){
+            .token = s->tokens[j], .parent = n - 1, .conf = (float)k / (k + 1), .depth = n + 1};
     return n;
 }
 
@@ -1024,9 +1015,8 @@ int main(int argc, char **argv)
                  * Feedback replaces its context (a model kind answers the latest only) */
                 if (s.kind == SPEC_NGRAM && s.active && !s.published)
                     spec_publish(&s);
-            }
-            else if (env->body_case == OROCHI__ENVELOPE__BODY_DRAFT_REQUEST && s.active &&
-                     env->draft_request->request_id == s.request_id)
+            } else if (env->body_case == OROCHI__ENVELOPE__BODY_DRAFT_REQUEST && s.active &&
+                       env->draft_request->request_id == s.request_id)
                 s.published = false; /* asked again (e.g. after a lost reply) */
             else if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN)
                 spec_stop = 1;

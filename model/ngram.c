@@ -1,0 +1,22 @@
+/*
+ * model/ngram.c — prompt lookup (interface: ngram.h).
+ */
+#include "model/ngram.h"
+
+#include <stddef.h>
+#include <string.h>
+
+int ngram_lookup(const int32_t *ids, int len, int n, int *k_out)
+{
+    for (int k = n; k >= 1; k--) {
+        if (len <= k)
+            continue;
+        for (int st = len - k - 1; st >= 0; st--)
+            if (!memcmp(ids + st, ids + len - k, (size_t)k * sizeof *ids)) {
+                if (k_out)
+                    *k_out = k;
+                return st + k;
+            }
+    }
+    return -1;
+}
