@@ -32,28 +32,6 @@ typedef struct {
     bool bandwidth;
 } bench_opts;
 
-static int bench_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double bench_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, bench_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* Deterministic token ids for the synthetic context. */
-static void bench_ids(int32_t *ids, int n, int vocab)
-{
-    uint64_t s = 12345;
-    for (int i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
-    }
-}
-
 /* Decode tok/s: greedy steps after a short prompt. */
 static int bench_decode(const llama_model *m, const bench_opts *o, int threads, double *tps)
 {
@@ -67,7 +45,7 @@ static int bench_decode(const llama_model *m, const bench_opts *o, int threads, 
     int rc = -1;
     if (!ctx || !logits)
         goto done;
-    bench_ids(ids, n_prompt, m->cfg.vocab);
+    cli_synthetic_ids(ids, n_prompt, m->cfg.vocab);
     if (llama_prefill(ctx, ids, n_prompt, logits, err, sizeof err))
         goto done;
     double t0 = cli_now();
@@ -95,7 +73,7 @@ static int bench_width(const llama_model *m, const bench_opts *o, llama_ctx *ctx
     int32_t ids[KMAT_MAX_W];
     double times[64];
     int reps = o->reps < 64 ? (int)o->reps : 64;
-    bench_ids(ids, w, m->cfg.vocab);
+    cli_synthetic_ids(ids, w, m->cfg.vocab);
     llama_batch b = {.n = w, .tokens = ids};
     if (llama_forward(ctx, &b, logits, err, sizeof err)) { /* warm-up */
         fprintf(stderr, "orochi bench: %s\n", err);
@@ -106,7 +84,7 @@ static int bench_width(const llama_model *m, const bench_opts *o, llama_ctx *ctx
         llama_forward(ctx, &b, logits, err, sizeof err);
         times[r] = cli_now() - t0;
     }
-    *t_step = bench_median(times, reps);
+    *t_step = cli_median(times, reps);
     return 0;
 }
 
@@ -276,7 +254,7 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "orochi bench: %s\n", ctx ? "out of memory" : err);
         goto width_done;
     }
-    bench_ids(ids, (int)o.ctx, m->cfg.vocab);
+    cli_synthetic_ids(ids, (int)o.ctx, m->cfg.vocab);
     fprintf(stderr, "orochi bench: filling a context of %ld tokens...\n", o.ctx);
     if (llama_prefill(ctx, ids, (int)o.ctx, logits, err, sizeof err)) {
         fprintf(stderr, "orochi bench: %s\n", err);

@@ -215,23 +215,6 @@ static void pf_progress(const char *what, int done, int total)
     fflush(stderr);
 }
 
-static void pf_ids(int32_t *ids, int n, int vocab)
-{
-    uint64_t s = 88172645463325252ull;
-    for (int i = 0; i < n; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ids[i] = (int32_t)(s % (uint64_t)vocab);
-    }
-}
-
-static int pf_dcmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median ms of a W-token step at a committed context of ctx tokens. */
 static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int *ws, int n_w,
                       int reps, double *out)
@@ -248,7 +231,7 @@ static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int 
     int rc = -1;
     if (!ctx || !ids || !logits)
         goto done;
-    pf_ids(ids, ctx_len + PF_CHUNK, m->cfg.vocab);
+    cli_synthetic_ids(ids, ctx_len + PF_CHUNK, m->cfg.vocab);
     if (llama_prefill(ctx, ids, ctx_len, NULL, err, sizeof err))
         goto done;
     for (int i = 0; i < n_w; i++) {
@@ -261,8 +244,7 @@ static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int 
             if (r >= 0)
                 t[r] = (cli_now() - t0) * 1e3;
         }
-        qsort(t, (size_t)reps, sizeof *t, pf_dcmp);
-        out[i] = t[reps / 2];
+        out[i] = cli_median(t, reps);
     }
     rc = 0;
 done:

@@ -133,3 +133,24 @@ void cli_buf_str(cli_buf *b, const char *s, uint64_t len)
     cli_buf_u64(b, len);
     cli_buf_put(b, s, (size_t)len);
 }
+
+static int cli_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double cli_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cli_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void cli_synthetic_ids(int32_t *ids, int n, int vocab)
+{
+    uint64_t s = 12345;
+    for (int i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
+    }
+}

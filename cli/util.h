@@ -23,6 +23,10 @@ int cli_parse_ids(const char *cmd, const char *s, int32_t **ids);
 /* Peak resident set size of this process in bytes. */
 uint64_t cli_peak_rss(void);
 int cli_online_cores(void);
+/* The median of v[0..n) (sorts v in place; the mean of the middle two when n is even). */
+double cli_median(double *v, int n);
+/* Deterministic token ids in [0, vocab) for synthetic contexts (benchmarks, profiling). */
+void cli_synthetic_ids(int32_t *ids, int n, int vocab);
 
 /* A growable byte buffer for writing GGUF headers (orochi mkmodel, orochi quantize): values are
  * appended little-endian; an allocation failure sets oom and later appends do nothing. */
