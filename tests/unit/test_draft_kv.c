@@ -208,12 +208,6 @@ typedef struct {
     char err[256];
 } part_arg;
 
-static int part_sync(void *arg)
-{
-    pthread_barrier_wait(arg);
-    return 0;
-}
-
 static void *part_run(void *argp)
 {
     part_arg *a = argp;
@@ -225,7 +219,7 @@ static void *part_run(void *argp)
                           .part = a->part,
                           .n_parts = a->n_parts,
                           .shared = a->shared,
-                          .sync = part_sync,
+                          .sync = tu_barrier_sync,
                           .sync_arg = a->barrier};
     llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
     if (!ctx) {
@@ -244,7 +238,7 @@ static void *part_run(void *argp)
         a->rc = llama_forward(ctx, &b, a->logits + (size_t)at * V, a->err, sizeof a->err);
         /* a part may still read the shared activations for its logits: the next batch waits (the
          * workers' step barrier does this between steps) */
-        part_sync(a->barrier);
+        tu_barrier_sync(a->barrier);
     }
     llama_ctx_destroy(&ctx);
     return NULL;

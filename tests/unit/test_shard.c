@@ -74,19 +74,13 @@ typedef struct {
     char err[256];
 } part_arg;
 
-static int part_sync(void *arg)
-{
-    pthread_barrier_wait(arg);
-    return 0;
-}
-
 static void *part_run(void *argp)
 {
     part_arg *a = argp;
     static const int32_t ids[] = {3, 50, 201, 7, 7, 9, 120, 33};
     static const int32_t parent[] = {-1, 0, 1, 1, 3, -1, 5, 2};
     llama_ctx_params p = {.n_threads = 1, .max_width = 8, .n_ctx = 32, .kv = KV_F32, .part = a->part,
-                          .n_parts = a->n_parts, .shared = a->shared, .sync = part_sync,
+                          .n_parts = a->n_parts, .shared = a->shared, .sync = tu_barrier_sync,
                           .sync_arg = a->barrier};
     llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
     if (!ctx) {

@@ -1,11 +1,12 @@
 /*
  * tests/unit/testutil.h — shared helpers for the C unit tests: make a tiny random model with the
- * orochi CLI, compare float arrays by relative L2 error.
+ * orochi CLI, synchronise column parts run as threads, compare float arrays by relative L2 error.
  */
 #ifndef OROCHI_TESTUTIL_H
 #define OROCHI_TESTUTIL_H
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,14 @@ static inline const char *tu_make_model(const char *tag, const char *type, const
         exit(1);
     }
     return path;
+}
+
+/* llama_ctx_params.sync for column parts run as threads: arg is a pthread_barrier_t (what the
+ * worker processes do through the arena barrier). */
+static inline int tu_barrier_sync(void *arg)
+{
+    pthread_barrier_wait(arg);
+    return 0;
 }
 
 static inline double tu_rel_l2(const float *a, const float *ref, size_t n)
