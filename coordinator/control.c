@@ -4,7 +4,6 @@
  */
 #include "coordinator/control.h"
 
-#include <math.h>
 #include <string.h>
 
 /* ===== the draft trie and the vote ===== */
