@@ -94,8 +94,7 @@ static int load_mat(llama_loader *ld, const char *name, int64_t cols, int64_t ro
     const kt_traits *tr = kt_traits_of(t->type);
     if (!tr || !tr->supported) {
         snprintf(ld->err, ld->errlen,
-                 "%s: tensor '%s' has unsupported type %s (supported: F32, F16, "
-                 "BF16, Q8_0, Q4_0, Q4_1)",
+                 "%s: tensor '%s' has unsupported type %s (supported: " KT_SUPPORTED_LIST ")",
                  ld->f->path, name, tr ? tr->name : "unknown");
         return -1;
     }

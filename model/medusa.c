@@ -113,8 +113,8 @@ static int medusa_bind_mat(medusa_loader *ld, const char *name, int64_t cols, in
         return required ? medusa_fail(ld, "missing tensor '%s'", name) : 0;
     const kt_traits *tr = kt_traits_of(t->type);
     if (!tr || !tr->supported)
-        return medusa_fail(ld, "tensor '%s' has unsupported type %s (supported: F32, F16, BF16, "
-                           "Q8_0, Q4_0, Q4_1)", name, tr ? tr->name : "unknown");
+        return medusa_fail(ld, "tensor '%s' has unsupported type %s (supported: " KT_SUPPORTED_LIST
+                           ")", name, tr ? tr->name : "unknown");
     uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->n_dims != 2 || t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)rows)
         return medusa_fail(ld, "tensor '%s' has shape [%llu, %llu] (%u dims), expected "

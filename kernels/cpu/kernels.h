@@ -28,11 +28,20 @@ typedef enum {
     KT_F16 = 1,
     KT_Q4_0 = 2,
     KT_Q4_1 = 3,
+    KT_Q5_0 = 6,
+    KT_Q5_1 = 7,
     KT_Q8_0 = 8,
+    KT_Q2_K = 10,
+    KT_Q3_K = 11,
+    KT_Q4_K = 12,
+    KT_Q5_K = 13,
+    KT_Q6_K = 14,
+    KT_IQ4_NL = 20,
     KT_BF16 = 30,
 } kt_type;
 
-#define KT_QBLOCK 32 /* elements per block of the quantized types */
+#define KT_QBLOCK 32 /* elements per block of the legacy quantized types */
+#define KT_KBLOCK 256 /* elements per super-block of the K-quants */
 
 typedef struct {
     const char *name;
@@ -40,6 +49,10 @@ typedef struct {
     int block_bytes;    /* bytes per block */
     bool supported;     /* orochi has kernels for it */
 } kt_traits;
+
+/* The types orochi computes with, as a list for messages. */
+#define KT_SUPPORTED_LIST                                                                          \
+    "F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, IQ4_NL, Q3_K, Q2_K"
 
 /* Traits of ggml type id `type`; name is "type<N>" style and supported=false for ids orochi does
  * not implement, NULL for ids that are not ggml types at all. */
@@ -52,7 +65,8 @@ uint16_t kt_f32_to_f16(float f);
 float kt_bf16_to_f32(uint16_t h);
 uint16_t kt_f32_to_bf16(float f);
 
-/* Quantize n floats (n % 32 == 0) into `type` blocks (F32/F16/BF16/Q8_0/Q4_0/Q4_1). */
+/* Quantize n floats (n a multiple of the type's block) into `type` blocks: every type with
+ * supported = true. */
 void kt_quantize_row(uint32_t type, const float *x, void *out, int64_t n);
 /* Expand one row of n elements to floats. */
 void kt_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);

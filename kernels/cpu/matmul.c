@@ -32,6 +32,7 @@
 #endif
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/ktypes_k.h"
 #include "kernels/cpu/mm_isa.h"
 
 /* ===== instruction set ===== */
@@ -118,7 +119,7 @@ static const mm_isa *mm_isa_now(void)
 
 static bool mm_is_quant(uint32_t type)
 {
-    return type == KT_Q8_0 || type == KT_Q4_0 || type == KT_Q4_1;
+    return type == KT_Q8_0 || type == KT_Q4_0 || type == KT_Q4_1 || mm_kdesc_of(type);
 }
 
 static size_t mm_align(size_t n)
@@ -133,6 +134,9 @@ static int64_t mm_groups(const kmat *w)
 
 static bool mm_packable(const kmat *w)
 {
+    const mm_kdesc *k = mm_kdesc_of(w->type);
+    if (k)
+        return w->cols % (32 * k->kb) == 0;
     return mm_is_quant(w->type) ? w->cols % 32 == 0
                                 : w->type == KT_F32 || w->type == KT_F16 || w->type == KT_BF16;
 }
@@ -140,15 +144,74 @@ static bool mm_packable(const kmat *w)
 /* Bytes of one packed group of w. */
 static size_t mm_group_bytes(const kmat *w)
 {
+    const mm_kdesc *k = mm_kdesc_of(w->type);
+    if (k)
+        return (size_t)(w->cols / (32 * k->kb)) * mm_ksuper_bytes(k);
     if (mm_is_quant(w->type))
         return (size_t)(w->cols / 32) * mm_group_block_bytes(w->type);
     return (size_t)w->cols * MM_GROUP * mm_float_bytes(w->type);
+}
+
+/* Row j of a K-family super-block u into the packed super-block dst (layout: mm_isa.h). */
+static void mm_pack_ksuper(const mm_kdesc *k, const ktk_block *u, int j, uint8_t *dst)
+{
+    uint16_t D = kt_f32_to_f16(u->D), M = kt_f32_to_f16(u->M); /* exact: both came from f16 */
+    memcpy(dst + 2 * j, &D, 2);
+    memcpy(dst + 32 + 2 * j, &M, 2);
+    size_t kbb = mm_kblock_bytes(k);
+    for (int kb = 0; kb < k->kb; kb++) {
+        uint8_t *p = dst + MM_KHDR + (size_t)kb * kbb;
+        const uint8_t *c = u->code + 32 * kb;
+        for (int h = 0; h < k->nsc; h++) {
+            p[16 * h + j] = (uint8_t)(int8_t)u->sc[2 * kb + h];
+            if (k->mins)
+                p[16 * (k->nsc + h) + j] = (uint8_t)(int8_t)u->mn[2 * kb + h];
+        }
+        p += (size_t)k->nsc * 16 * (1 + k->mins);
+        uint8_t *qh = p + 256;
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 4; i++) {
+                int e0 = 4 * q + i, e1 = 16 + 4 * q + i;
+                /* IQ4_NL keeps the grid index: the code is (grid value + 128) */
+                int c0 = c[e0], c1 = c[e1];
+                if (k->lut)
+                    for (int g = 0; g < 16; g++) {
+                        if (KTK_IQ4NL[g] + 128 == c[e0])
+                            c0 = g;
+                        if (KTK_IQ4NL[g] + 128 == c[e1])
+                            c1 = g;
+                    }
+                p[q * 64 + j * 4 + i] = (uint8_t)((c0 & 15) | (c1 & 15) << 4);
+                if (k->hb == 1)
+                    qh[j * 4 + i] |= (uint8_t)(((c0 >> 4) & 1) << q | ((c1 >> 4) & 1) << (4 + q));
+                if (k->hb == 2) {
+                    qh[j * 4 + i] |= (uint8_t)(((c0 >> 4) & 3) << (2 * q));
+                    qh[64 + j * 4 + i] |= (uint8_t)(((c1 >> 4) & 3) << (2 * q));
+                }
+            }
+    }
 }
 
 /* Pack group g of w (rows 16g .. 16g+15) into dst (mm_group_bytes). */
 static void mm_pack_group(const kmat *w, int64_t g, uint8_t *dst)
 {
     memset(dst, 0, mm_group_bytes(w));
+    const mm_kdesc *k = mm_kdesc_of(w->type);
+    if (k) {
+        const kt_traits *tr = kt_traits_of(w->type);
+        int64_t ns = w->cols / tr->block;
+        size_t sb = mm_ksuper_bytes(k);
+        ktk_block u;
+        for (int j = 0; j < MM_GROUP && g * MM_GROUP + j < w->rows; j++) {
+            const uint8_t *row =
+                (const uint8_t *)w->data + (size_t)(g * MM_GROUP + j) * w->row_bytes;
+            for (int64_t b = 0; b < ns; b++) {
+                ktk_unpack(w->type, row + (size_t)b * (size_t)tr->block_bytes, &u);
+                mm_pack_ksuper(k, &u, j, dst + (size_t)b * sb);
+            }
+        }
+        return;
+    }
     if (!mm_is_quant(w->type)) {
         size_t es = mm_float_bytes(w->type);
         for (int j = 0; j < MM_GROUP && g * MM_GROUP + j < w->rows; j++) {
@@ -316,6 +379,15 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
 #endif
             xq->s[t * nb + b] = sum;
             xq->d[t * nb + b] = d;
+            if (xq->s16) {
+                float h0 = 0, h1 = 0;
+                for (int i = 0; i < 16; i++) {
+                    h0 += v[i];
+                    h1 += v[16 + i];
+                }
+                xq->s16[2 * (t * nb + b)] = h0;
+                xq->s16[2 * (t * nb + b) + 1] = h1;
+            }
         }
 }
 
@@ -350,7 +422,7 @@ static size_t mm_xq_bytes(int64_t cols, int n_tok)
 {
     size_t nb = (size_t)cols / 32;
     return mm_align((size_t)n_tok * (size_t)cols * 2) + 2 * mm_align((size_t)n_tok * (size_t)cols) +
-           2 * mm_align((size_t)n_tok * nb * 4);
+           4 * mm_align((size_t)n_tok * nb * 4);
 }
 
 size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads)
@@ -393,7 +465,10 @@ static void mm_unit(const mm_job *job, int m, int64_t u, int thread)
             mm_pack_group(w, g + i, buf + (size_t)i * gbytes);
         pk = buf;
     }
-    if (job->quant)
+    const mm_kdesc *k = mm_kdesc_of(w->type);
+    if (k)
+        job->isa->kgroup(k, pk, &job->xq, job->n_tok, out);
+    else if (job->quant)
         job->isa->qgroup(w->type, pk, &job->xq, job->n_tok, out);
     else
         job->isa->fgroup(w->type, pk, ng, gbytes, w->cols, job->x, job->n_tok, out);
@@ -468,6 +543,11 @@ void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, con
         base += mm_align((size_t)n_tok * nb * 4);
         job.xq.s = (float *)base;
         base += mm_align((size_t)n_tok * nb * 4);
+        job.xq.s16 = NULL;
+        for (int m = 0; m < n; m++)
+            if (mm_kdesc_of(w[m]->type))
+                job.xq.s16 = (float *)base;
+        base += 2 * mm_align((size_t)n_tok * nb * 4);
         mm_quantize_x(x, cols, n_tok, &job.xq);
     } else {
         base += mm_xq_bytes(cols, n_tok);

@@ -8,6 +8,10 @@
  *     exact), combined as 256 * hi + lo per block. A block is unpacked once per tile of up to 8
  *     tokens, so a verification step of W <= 8 reads and unpacks each weight once.
  *   - Q8_0: int8 weights widened to int16 pairs, vpdpwssd.
+ *   - The K family (Q2_K..Q6_K, Q5_0/1, IQ4_NL): the codes' low nibbles as for 4-bit weights, the
+ *     bits above them shifted in from the high-bit planes (IQ4_NL: nibble to code by vpshufb),
+ *     then the same vpdpbusd dots, kept apart for the first and second 16 columns of a block
+ *     (their scales may differ); tiles of 4 tokens.
  *   - Float weights: per column, two groups' weights (F16 converted in registers with vcvtph2ps,
  *     BF16 by a 16-bit shift) times the broadcast activation of up to 6 tokens, two accumulators
  *     per row and token: 24 accumulators, one broadcast per two FMAs.
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/ktypes_k.h"
 #include "kernels/cpu/mm_isa.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -150,6 +155,146 @@ static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
     }
 }
 
+/* ===== the K family (layout: mm_isa.h) ===== */
+
+#define KQT 4 /* tokens per K-family tile: four int32 chains per token */
+
+/* Tokens t0 .. t0 + NT - 1 of one packed K-family group. NSC, MINS, HB, LUT and KB are the
+ * layout's constants (mm_kdesc), so each type gets its own straight-line loop. */
+AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, const int KB, int NT,
+                  const uint8_t *pk, const mm_xq *xq, float z, int t0, float *out)
+{
+    const int64_t nb = xq->nb;
+    const size_t kbb = (size_t)NSC * 16 * (1 + MINS) + 256 + (size_t)HB * 64,
+                 sb = MM_KHDR + (size_t)KB * kbb;
+    const __m512i mask = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10),
+                  b45 = _mm512_set1_epi8(0x30);
+    __m512i lut = _mm512_setzero_si512();
+    if (LUT) {
+        uint8_t codes[16];
+        for (int i = 0; i < 16; i++)
+            codes[i] = (uint8_t)(KTK_IQ4NL[i] + 128);
+        lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)codes));
+    }
+    const __m512 zv = _mm512_set1_ps(z);
+    __m512 acc[KQT], D = _mm512_setzero_ps(), M = _mm512_setzero_ps();
+    for (int t = 0; t < NT; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sp = pk + (size_t)(b / KB) * sb;
+        if (b % KB == 0) {
+            D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+            M = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + 32)));
+        }
+        const uint8_t *p = sp + MM_KHDR + (size_t)(b % KB) * kbb;
+        if (NT >= MM_PF_MIN_TOK)
+            mm_prefetch(p, kbb);
+        /* f = D * sc and o = M * mn - z * f per row (both products exact) */
+        __m512 f[2], o[2];
+        for (int h = 0; h < (NSC == 2 ? 2 : 1); h++) {
+            __m512 sc = _mm512_set1_ps(1.0f), mn = _mm512_set1_ps(1.0f);
+            if (NSC) {
+                sc = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h))));
+                mn = MINS ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                _mm_loadu_si128((const __m128i *)(p + 16 * (NSC + h)))))
+                          : _mm512_setzero_ps();
+            }
+            f[h] = _mm512_mul_ps(D, sc);
+            o[h] = _mm512_sub_ps(_mm512_mul_ps(M, mn), _mm512_mul_ps(zv, f[h]));
+        }
+        const uint8_t *q = p + (size_t)NSC * 16 * (1 + MINS);
+        __m512i qh0 = _mm512_setzero_si512(), qh1 = _mm512_setzero_si512();
+        if (HB >= 1)
+            qh0 = _mm512_loadu_si512((const void *)(q + 256));
+        if (HB == 2)
+            qh1 = _mm512_loadu_si512((const void *)(q + 320));
+        __m512i l0[KQT], l1[KQT], h0[KQT], h1[KQT];
+        for (int t = 0; t < NT; t++)
+            l0[t] = l1[t] = h0[t] = h1[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(q + 64 * k));
+            __m512i wl = _mm512_and_si512(raw, mask);
+            __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+            if (LUT) {
+                wl = _mm512_shuffle_epi8(lut, wl);
+                wh = _mm512_shuffle_epi8(lut, wh);
+            }
+            if (HB == 1) {
+                wl = _mm512_or_si512(
+                    wl, _mm512_and_si512(_mm512_sll_epi16(qh0, _mm_cvtsi32_si128(4 - k)), b4));
+                wh = _mm512_or_si512(
+                    wh, _mm512_and_si512(_mm512_srl_epi16(qh0, _mm_cvtsi32_si128(k)), b4));
+            }
+            if (HB == 2) {
+                /* bits 2k, 2k+1 to bits 4, 5 */
+                __m512i a = k < 2 ? _mm512_sll_epi16(qh0, _mm_cvtsi32_si128(4 - 2 * k))
+                                  : _mm512_srl_epi16(qh0, _mm_cvtsi32_si128(2 * k - 4));
+                __m512i c = k < 2 ? _mm512_sll_epi16(qh1, _mm_cvtsi32_si128(4 - 2 * k))
+                                  : _mm512_srl_epi16(qh1, _mm_cvtsi32_si128(2 * k - 4));
+                wl = _mm512_or_si512(wl, _mm512_and_si512(a, b45));
+                wh = _mm512_or_si512(wh, _mm512_and_si512(c, b45));
+            }
+            for (int t = 0; t < NT; t++) {
+                size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
+                l0[t] = _mm512_dpbusd_epi32(l0[t], wl, a5_bcast(xl + 4 * k));
+                l1[t] = _mm512_dpbusd_epi32(l1[t], wh, a5_bcast(xl + 16 + 4 * k));
+                h0[t] = _mm512_dpbusd_epi32(h0[t], wl, a5_bcast(xh + 4 * k));
+                h1[t] = _mm512_dpbusd_epi32(h1[t], wh, a5_bcast(xh + 16 + 4 * k));
+            }
+        }
+        for (int t = 0; t < NT; t++) {
+            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            __m512 dx = _mm512_set1_ps(xq->d[xb]);
+            __m512i d0 = _mm512_add_epi32(_mm512_slli_epi32(h0[t], 8), l0[t]);
+            __m512i d1 = _mm512_add_epi32(_mm512_slli_epi32(h1[t], 8), l1[t]);
+            if (NSC < 2) {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
+                                         _mm512_mul_ps(f[0], dx), acc[t]);
+                acc[t] = _mm512_fmadd_ps(o[0], _mm512_set1_ps(xq->s[xb]), acc[t]);
+            } else {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(f[0], dx), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(f[1], dx), acc[t]);
+                acc[t] = _mm512_fmadd_ps(o[0], _mm512_set1_ps(xq->s16[2 * xb]), acc[t]);
+                acc[t] = _mm512_fmadd_ps(o[1], _mm512_set1_ps(xq->s16[2 * xb + 1]), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
+}
+
+#define A5_K_CASES(NSC, MINS, HB, LUT, KB)                                                         \
+    switch (nt) {                                                                                  \
+    case 1: a5_k_tile(NSC, MINS, HB, LUT, KB, 1, pk, xq, z, t0, out); break;                      \
+    case 2: a5_k_tile(NSC, MINS, HB, LUT, KB, 2, pk, xq, z, t0, out); break;                      \
+    case 3: a5_k_tile(NSC, MINS, HB, LUT, KB, 3, pk, xq, z, t0, out); break;                      \
+    default: a5_k_tile(NSC, MINS, HB, LUT, KB, 4, pk, xq, z, t0, out); break;                     \
+    }
+
+static void a5_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+{
+    float z = (float)k->z;
+    for (int t0 = 0; t0 < n_tok; t0 += KQT) {
+        int nt = n_tok - t0 < KQT ? n_tok - t0 : KQT;
+        if (k->lut)
+            A5_K_CASES(0, 0, 0, 1, 1)
+        else if (k->kb == 1)
+            A5_K_CASES(0, 0, 1, 0, 1) /* Q5_0, Q5_1 */
+        else if (k->nsc == 1 && k->hb == 0)
+            A5_K_CASES(1, 1, 0, 0, 8) /* Q4_K */
+        else if (k->nsc == 1)
+            A5_K_CASES(1, 1, 1, 0, 8) /* Q5_K */
+        else if (k->hb == 2)
+            A5_K_CASES(2, 0, 2, 0, 8) /* Q6_K */
+        else if (k->mins)
+            A5_K_CASES(2, 1, 0, 0, 8) /* Q2_K */
+        else
+            A5_K_CASES(2, 0, 0, 0, 8) /* Q3_K */
+    }
+}
+
 /* ===== float weights ===== */
 
 AI __m512 a5_load_f(uint32_t type, const uint8_t *p)
@@ -249,4 +394,5 @@ static void a5_fgroup(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, i
         a5_fgroup_t(KT_F32, pk, ng, gbytes, cols, x, n_tok, out);
 }
 
-const mm_isa mm_isa_avx512 = {.name = "avx512", .qgroup = a5_qgroup, .fgroup = a5_fgroup};
+const mm_isa mm_isa_avx512 = {
+    .name = "avx512", .qgroup = a5_qgroup, .kgroup = a5_kgroup, .fgroup = a5_fgroup};

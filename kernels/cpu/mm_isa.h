@@ -70,6 +70,69 @@ static inline size_t mm_float_bytes(uint32_t type)
     return type == 0 ? 4 : 2;
 }
 
+/* The K family: Q2_K..Q6_K, Q5_0, Q5_1 and IQ4_NL, all packed from the common form of
+ * ktypes_k.h (element = D * sc * (code - z) + M * mn, sc and mn per 16 elements). Per group of 16
+ * rows, each super-block (S = 32 or 256 columns) is
+ *     D[16] (f16), M[16] (f16)                                     64 bytes
+ *   then S / 32 blocks of 32 columns ("kblocks"), each
+ *     sc[nsc][16] (int8)      the scale of elements 0..15 and 16..31 (nsc = 2), of all 32
+ *                             (nsc = 1), or none (nsc = 0: sc = mn = 1)
+ *     mn[nsc][16] (int8)      when the type has mins
+ *     qs[4][16][4]            low 4 bits of the codes, as Q4_0's qs (IQ4_NL: the grid index,
+ *                             mapped to its code by a table in registers)
+ *     qh[hb][16][4]           the codes' bits above 4: hb = 1: bit k of byte i is element 4k+i's
+ *                             bit 4, bit 4+k element 16+4k+i's; hb = 2: plane 0 holds bits 2k,
+ *                             2k+1 = element 4k+i's bits 4-5, plane 1 the same for 16+4k+i.
+ * Per token and kblock the kernels take exact integer dots of the codes with the 16-bit
+ * activations (first and second 16 elements apart), then, with f = D * sc and
+ * o = M * mn - z * f (both exact but the one subtraction):
+ *   nsc < 2:  acc = fma(float(dot0 + dot1), f * d_x, acc); acc = fma(o, s_x, acc)
+ *   nsc = 2:  acc = fma(float(dot0), f0 * d_x, acc); acc = fma(float(dot1), f1 * d_x, acc);
+ *             acc = fma(o0, s16_x[0], acc); acc = fma(o1, s16_x[1], acc)
+ * the same operations in the same order on every instruction set. */
+typedef struct {
+    uint8_t kb;   /* kblocks per super-block: 1 or 8 */
+    uint8_t nsc;  /* scale rows per kblock: 0, 1 or 2 */
+    uint8_t mins; /* mn rows follow the scales */
+    uint8_t hb;   /* high-bit planes: 0, 1 or 2 */
+    uint8_t lut;  /* IQ4_NL: qs holds grid indices */
+    int16_t z;    /* zero point */
+} mm_kdesc;
+
+/* The K-family layout of ggml type `type`, NULL for other types. */
+static inline const mm_kdesc *mm_kdesc_of(uint32_t type)
+{
+    static const mm_kdesc Q5_0 = {1, 0, 0, 1, 0, 16}, Q5_1 = {1, 0, 0, 1, 0, 0},
+                          IQ4NL = {1, 0, 0, 0, 1, 128}, Q2K = {8, 2, 1, 0, 0, 0},
+                          Q3K = {8, 2, 0, 0, 0, 4}, Q4K = {8, 1, 1, 0, 0, 0},
+                          Q5K = {8, 1, 1, 1, 0, 0}, Q6K = {8, 2, 0, 2, 0, 32};
+    switch (type) {
+    case 6: return &Q5_0;
+    case 7: return &Q5_1;
+    case 20: return &IQ4NL;
+    case 10: return &Q2K;
+    case 11: return &Q3K;
+    case 12: return &Q4K;
+    case 13: return &Q5K;
+    case 14: return &Q6K;
+    default: return NULL;
+    }
+}
+
+#define MM_KHDR 64 /* bytes of a packed super-block's D and M */
+
+/* bytes of one packed kblock (16 rows x 32 columns, without the super-block header) */
+static inline size_t mm_kblock_bytes(const mm_kdesc *k)
+{
+    return (size_t)k->nsc * 16 * (1 + k->mins) + 256 + (size_t)k->hb * 64;
+}
+
+/* bytes of one packed super-block of 16 rows */
+static inline size_t mm_ksuper_bytes(const mm_kdesc *k)
+{
+    return MM_KHDR + (size_t)k->kb * mm_kblock_bytes(k);
+}
+
 /* The quantized activations of n_tok tokens, nb blocks each; index (t * nb +
  * b). */
 typedef struct {
@@ -78,6 +141,7 @@ typedef struct {
     int8_t *hi; /* [t][k] (q - lo) / 256 */
     float *d;   /* [t][b] block scale */
     float *s;   /* [t][b] exact sum of the block's float activations (offset term) */
+    float *s16; /* [t][b][2] sums of its first and second 16 activations (K family) */
     int64_t nb;
 } mm_xq;
 
@@ -86,6 +150,8 @@ typedef struct {
     /* One packed group (MM_GROUP rows) of a Q4_0 / Q4_1 / Q8_0 matrix times n_tok
      * tokens: out[t * MM_GROUP + j] = row j . token t. */
     void (*qgroup)(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out);
+    /* The same for one packed group of a K-family matrix (layout k). */
+    void (*kgroup)(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out);
     /* ng (1 or 2) adjacent packed groups (gbytes apart) of an F32 / F16 / BF16 matrix with cols
      * columns times n_tok tokens of x (row-major f32, cols each): out[t * 16 ng + 16 g + j]. */
     void (*fgroup)(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/ktypes_k.h"
 #include "kernels/cpu/mm_isa.h"
 
 static float pt_f16(const uint8_t *p)
@@ -50,6 +51,63 @@ static void pt_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
         }
 }
 
+/* Code of element e (0..31) of row j in a packed kblock p (after its scales and mins). */
+static int pt_kcode(const mm_kdesc *k, const uint8_t *q, int j, int e)
+{
+    int half = e / 16, i = e % 4, step = (e % 16) / 4;
+    int c = (q[step * 64 + j * 4 + i] >> (4 * half)) & 15;
+    if (k->lut)
+        return KTK_IQ4NL[c] + 128;
+    const uint8_t *qh = q + 256;
+    if (k->hb == 1)
+        c |= ((qh[j * 4 + i] >> (step + 4 * half)) & 1) << 4;
+    if (k->hb == 2)
+        c |= ((qh[64 * half + j * 4 + i] >> (2 * step)) & 3) << 4;
+    return c;
+}
+
+static void pt_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+{
+    int64_t nb = xq->nb;
+    size_t kbb = mm_kblock_bytes(k), sb = mm_ksuper_bytes(k);
+    for (int t = 0; t < n_tok; t++)
+        for (int j = 0; j < MM_GROUP; j++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *sp = pk + (size_t)(b / k->kb) * sb;
+                const uint8_t *p = sp + MM_KHDR + (size_t)(b % k->kb) * kbb;
+                float D = pt_f16(sp + 2 * j), M = pt_f16(sp + 32 + 2 * j);
+                const int16_t *xqv = xq->q + ((size_t)t * nb + b) * 32;
+                float dx = xq->d[t * nb + b];
+                const uint8_t *q = p + (size_t)k->nsc * 16 * (1 + k->mins);
+                int32_t dot[2] = {0, 0};
+                for (int e = 0; e < 32; e++)
+                    dot[e / 16] += pt_kcode(k, q, j, e) * xqv[e];
+                float f[2], o[2];
+                for (int h = 0; h < 2; h++) {
+                    int r = k->nsc == 2 ? h : 0;
+                    float sc = k->nsc ? (float)(int8_t)p[16 * r + j] : 1.0f;
+                    float mn = k->nsc ? (k->mins ? (float)(int8_t)p[16 * (k->nsc + r) + j] : 0.0f)
+                                      : 1.0f;
+                    f[h] = D * sc;
+                    float pm = M * mn, pz = (float)k->z * f[h];
+                    o[h] = pm - pz;
+                }
+                if (k->nsc < 2) {
+                    acc = fmaf((float)(dot[0] + dot[1]), f[0] * dx, acc);
+                    acc = fmaf(o[0], xq->s[t * nb + b], acc);
+                } else {
+                    const float *s16 = xq->s16 + 2 * (t * nb + b);
+                    acc = fmaf((float)dot[0], f[0] * dx, acc);
+                    acc = fmaf((float)dot[1], f[1] * dx, acc);
+                    acc = fmaf(o[0], s16[0], acc);
+                    acc = fmaf(o[1], s16[1], acc);
+                }
+            }
+            out[t * MM_GROUP + j] = acc;
+        }
+}
+
 static float pt_weight(uint32_t type, const uint8_t *pk, int64_t k, int j)
 {
     if (type == KT_F32) {
@@ -77,4 +135,5 @@ static void pt_fgroup(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, i
             }
 }
 
-const mm_isa mm_isa_portable = {.name = "portable", .qgroup = pt_qgroup, .fgroup = pt_fgroup};
+const mm_isa mm_isa_portable = {
+    .name = "portable", .qgroup = pt_qgroup, .kgroup = pt_kgroup, .fgroup = pt_fgroup};

@@ -6,6 +6,7 @@
  *   Q4_0: f16 d, uint8 qs[16]              value = d * (nibble - 8)
  *   Q4_1: f16 d, f16 m, uint8 qs[16]       value = d * nibble + m
  * where element j < 16 is the low nibble of qs[j] and element j + 16 the high nibble.
+ * The K-quants, Q5_0/Q5_1 and IQ4_NL are read in ktypes_k.c and written in kquantize.c.
  * These scalar routines are the reference the SIMD matmul is tested against, the embedding
  * lookup, and what `orochi mkmodel` uses to write quantized weights.
  */
@@ -13,27 +14,28 @@
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/ktypes_k.h"
 
 static const kt_traits TRAITS[] = {
     [KT_F32] = {"F32", 1, 4, true},
     [KT_F16] = {"F16", 1, 2, true},
     [KT_Q4_0] = {"Q4_0", 32, 18, true},
     [KT_Q4_1] = {"Q4_1", 32, 20, true},
-    [6] = {"Q5_0", 32, 22, false},
-    [7] = {"Q5_1", 32, 24, false},
+    [6] = {"Q5_0", 32, 22, true},
+    [7] = {"Q5_1", 32, 24, true},
     [KT_Q8_0] = {"Q8_0", 32, 34, true},
     [9] = {"Q8_1", 32, 36, false},
-    [10] = {"Q2_K", 256, 84, false},
-    [11] = {"Q3_K", 256, 110, false},
-    [12] = {"Q4_K", 256, 144, false},
-    [13] = {"Q5_K", 256, 176, false},
-    [14] = {"Q6_K", 256, 210, false},
+    [10] = {"Q2_K", 256, 84, true},
+    [11] = {"Q3_K", 256, 110, true},
+    [12] = {"Q4_K", 256, 144, true},
+    [13] = {"Q5_K", 256, 176, true},
+    [14] = {"Q6_K", 256, 210, true},
     [15] = {"Q8_K", 256, 292, false},
     [16] = {"IQ2_XXS", 256, 66, false},
     [17] = {"IQ2_XS", 256, 74, false},
     [18] = {"IQ3_XXS", 256, 98, false},
     [19] = {"IQ1_S", 256, 50, false},
-    [20] = {"IQ4_NL", 32, 18, false},
+    [20] = {"IQ4_NL", 32, 18, true},
     [21] = {"IQ3_S", 256, 110, false},
     [22] = {"IQ2_S", 256, 82, false},
     [23] = {"IQ4_XS", 256, 136, false},
@@ -216,6 +218,8 @@ void kt_quantize_row(uint32_t type, const float *x, void *out, int64_t n)
         quantize_q4_1(x, o, n);
         break;
     default:
+        if (ktk_is_k(type))
+            ktk_quantize_row(type, x, out, n);
         break;
     }
 }
@@ -271,6 +275,8 @@ void kt_dequantize_row(uint32_t type, const void *row, float *out, int64_t n)
         }
         break;
     default:
+        if (ktk_is_k(type))
+            ktk_dequantize_row(type, row, out, n);
         break;
     }
 }

@@ -921,8 +921,8 @@ static void test_error_text(void **state)
     free(b.p);
 }
 
-/* Known ggml types orochi cannot compute with (Q5_0, Q4_K, ...) are the loader's problem: the
- * reader accepts them and sizes them from its own table. */
+/* Every known ggml type, computed with or not (Q5_0, Q4_K, ... and IQ1_M, F64), is the
+ * loader's problem: the reader accepts them and sizes them from its own table. */
 static void test_known_unsupported_types(void **state)
 {
     (void)state;

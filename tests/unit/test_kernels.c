@@ -1,6 +1,7 @@
 /*
  * tests/unit/test_kernels.c — the CPU kernels against plain scalar math: the batched matmul of
- * every type against a double-precision dot of the dequantised weights, f16/bf16 conversion,
+ * every type (float, legacy quantized, and the K family from random blocks) against a
+ * double-precision dot of the dequantised weights, f16/bf16 conversion,
  * quantise/dequantise round trips, and attention partials merged by online softmax against a
  * direct softmax over all keys.
  */
@@ -38,30 +39,102 @@ static void test_kernels_f16(void **state)
     }
 }
 
-/* Every instruction set this machine runs, every weight type, every width W = 1..64, a row count
- * that is not a multiple of the 16-row group, against a double-precision dot of the dequantised
- * weights; packed and on-the-fly packed matrices agree bit for bit; a row range [lo, hi) that
- * starts and ends inside groups gives the same bits as the whole matrix; the result of a token
- * does not depend on W (its tile) or on the thread count; and every instruction set gives the
- * same bits as the portable reference. */
+/* Every instruction set this machine runs, for the rows x cols matrix wq of `type`, every width
+ * W = 1..64, against a double-precision dot of the dequantised weights (relative L2 within tol);
+ * packed and on-the-fly packed matrices agree bit for bit; a row range [lo, hi) that starts and
+ * ends inside groups gives the same bits as the whole matrix; the result of a token does not
+ * depend on W (its tile) or on the thread count; and every instruction set gives the same bits as
+ * the portable reference. */
+static void check_matmul(uint32_t type, const uint8_t *wq, int64_t rows, int64_t cols, double tol)
+{
+    const char *tn = kt_traits_of(type)->name;
+    const int n = KMAT_MAX_W;
+    size_t rb = kt_row_bytes(type, (uint64_t)cols);
+    float *deq = malloc((size_t)cols * 4), *x = malloc((size_t)(n * cols) * 4);
+    float *y = malloc((size_t)(n * rows) * 4), *y2 = malloc((size_t)(n * rows) * 4);
+    float *yw = malloc((size_t)(n * rows) * 4), *ref = malloc((size_t)(n * rows) * 4);
+    float *portable = malloc((size_t)(n * rows) * 4);
+    fill(x, (size_t)(n * cols), 6);
+    kpool *pool1 = kpool_new(1), *pool3 = kpool_new(3);
+    kisa initial = kisa_current();
+    for (int64_t r = 0; r < rows; r++) {
+        kt_dequantize_row(type, wq + (size_t)r * rb, deq, cols);
+        for (int i = 0; i < n; i++) {
+            double sum = 0;
+            for (int64_t k = 0; k < cols; k++)
+                sum += (double)deq[k] * x[i * cols + k];
+            ref[i * rows + r] = (float)sum;
+        }
+    }
+    kmat plain = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+    kmat packed = plain;
+    assert_int_equal(kmat_pack(pool3, &packed), 0);
+    assert_non_null(packed.packed);
+    for (int isa = KISA_PORTABLE; isa <= KISA_AVX512; isa++) {
+        if (!kisa_supported((kisa)isa)) {
+            print_message("note: %s %s kernels not run: this CPU lacks the instructions\n",
+                          kisa_name((kisa)isa), tn);
+            continue;
+        }
+        assert_int_equal(kisa_select((kisa)isa), 0);
+        const char *in = kisa_name((kisa)isa);
+        /* W = 64 on the packed matrix, 3 threads: the reference result of this set */
+        kmat_mul(pool3, &packed, 0, rows, x, n, y, rows, NULL);
+        double e = tu_rel_l2(y, ref, (size_t)(n * rows));
+        if (e > tol)
+            fail_msg("%s %s: matmul relative L2 %.3g > %.1g", in, tn, e, tol);
+        if (isa == KISA_PORTABLE)
+            memcpy(portable, y, (size_t)(n * rows) * 4);
+        else if (memcmp(portable, y, (size_t)(n * rows) * 4))
+            fail_msg("%s %s: result differs from the portable kernels' bits", in, tn);
+        /* the unpacked matrix (packed on the fly), one thread */
+        kmat_mul(pool1, &plain, 0, rows, x, n, y2, rows, NULL);
+        if (memcmp(y, y2, (size_t)(n * rows) * 4))
+            fail_msg("%s %s: unpacked / 1 thread differs from packed / 3 threads", in, tn);
+        /* a row range starting and ending inside groups, written into a zeroed output */
+        memset(y2, 0, (size_t)(n * rows) * 4);
+        kmat_mul(pool3, &packed, 5, 37, x, n, y2, rows, NULL);
+        for (int t = 0; t < n; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                float want = r >= 5 && r < 37 ? y[t * rows + r] : 0.0f;
+                if (memcmp(&want, &y2[t * rows + r], 4))
+                    fail_msg("%s %s: rows [5, 37): token %d row %lld wrong or written", in, tn, t,
+                             (long long)r);
+            }
+        /* every width: each token's row equals its bits in the W = 64 batch */
+        for (int w = 1; w <= n; w++) {
+            kmat_mul(pool3, &packed, 0, rows, x, w, yw, rows, NULL);
+            if (memcmp(yw, y, (size_t)(w * rows) * 4))
+                fail_msg("%s %s: W = %d gives other bits than W = 64 for the same tokens", in, tn,
+                         w);
+        }
+    }
+    kmat_unpack(&packed);
+    assert_null(packed.packed);
+    assert_int_equal(kisa_select(initial), 0);
+    kpool_destroy(&pool1);
+    kpool_destroy(&pool3);
+    free(deq);
+    free(x);
+    free(y);
+    free(y2);
+    free(yw);
+    free(ref);
+    free(portable);
+}
+
+/* The float and legacy quantized types: weights quantized from floats (the round trip within the
+ * type's error), then check_matmul. */
 static void test_kernels_matmul_types(void **state)
 {
     const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
     /* float weights: f32 arithmetic; quantized: 16-bit activations (|q| <= 32639 per block) */
     const double tol[] = {1e-6, 1e-6, 1e-6, 1e-4, 1e-4, 1e-4};
     const int64_t rows = 43, cols = 352; /* 43 = 2 groups + 11 rows; 352 = 11 blocks, % 16 == 0 */
-    const int n = KMAT_MAX_W;
     float *wf = malloc((size_t)(rows * cols) * 4), *deq = malloc((size_t)cols * 4);
-    float *x = malloc((size_t)(n * cols) * 4), *y = malloc((size_t)(n * rows) * 4);
-    float *y2 = malloc((size_t)(n * rows) * 4), *yw = malloc((size_t)(n * rows) * 4);
-    float *ref = malloc((size_t)(n * rows) * 4), *portable = malloc((size_t)(n * rows) * 4);
     fill(wf, (size_t)(rows * cols), 5);
-    fill(x, (size_t)(n * cols), 6);
-    kpool *pool1 = kpool_new(1), *pool3 = kpool_new(3);
-    kisa initial = kisa_current();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
-        const char *tn = kt_traits_of(type)->name;
         size_t rb = kt_row_bytes(type, (uint64_t)cols);
         uint8_t *wq = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++)
@@ -70,71 +143,49 @@ static void test_kernels_matmul_types(void **state)
             kt_dequantize_row(type, wq + (size_t)r * rb, deq, cols);
             double qe = tu_rel_l2(deq, wf + r * cols, (size_t)cols);
             assert_true(qe < (type == KT_F32 ? 1e-9 : type == KT_Q4_0 || type == KT_Q4_1 ? 0.2 : 0.01));
-            for (int i = 0; i < n; i++) {
-                double sum = 0;
-                for (int64_t k = 0; k < cols; k++)
-                    sum += (double)deq[k] * x[i * cols + k];
-                ref[i * rows + r] = (float)sum;
-            }
         }
-        kmat plain = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
-        kmat packed = plain;
-        assert_int_equal(kmat_pack(pool3, &packed), 0);
-        assert_non_null(packed.packed);
-        assert_true(kmat_packed_bytes(&packed) >= (size_t)rows * rb);
-        for (int isa = KISA_PORTABLE; isa <= KISA_AVX512; isa++) {
-            if (!kisa_supported((kisa)isa)) {
-                print_message("note: %s kernels not run: this CPU lacks the instructions\n",
-                              kisa_name((kisa)isa));
-                continue;
-            }
-            assert_int_equal(kisa_select((kisa)isa), 0);
-            const char *in = kisa_name((kisa)isa);
-            /* W = 64 on the packed matrix, 3 threads: the reference result of this set */
-            kmat_mul(pool3, &packed, 0, rows, x, n, y, rows, NULL);
-            double e = tu_rel_l2(y, ref, (size_t)(n * rows));
-            if (e > tol[ti])
-                fail_msg("%s %s: matmul relative L2 %.3g > %.1g", in, tn, e, tol[ti]);
-            if (isa == KISA_PORTABLE)
-                memcpy(portable, y, (size_t)(n * rows) * 4);
-            else if (memcmp(portable, y, (size_t)(n * rows) * 4))
-                fail_msg("%s %s: result differs from the portable kernels' bits", in, tn);
-            /* the unpacked matrix (packed on the fly), one thread */
-            kmat_mul(pool1, &plain, 0, rows, x, n, y2, rows, NULL);
-            if (memcmp(y, y2, (size_t)(n * rows) * 4))
-                fail_msg("%s %s: unpacked / 1 thread differs from packed / 3 threads", in, tn);
-            /* a row range starting and ending inside groups, written into a zeroed output */
-            memset(y2, 0, (size_t)(n * rows) * 4);
-            kmat_mul(pool3, &packed, 5, 37, x, n, y2, rows, NULL);
-            for (int t = 0; t < n; t++)
-                for (int64_t r = 0; r < rows; r++) {
-                    float want = r >= 5 && r < 37 ? y[t * rows + r] : 0.0f;
-                    if (memcmp(&want, &y2[t * rows + r], 4))
-                        fail_msg("%s %s: rows [5, 37): token %d row %lld wrong or written", in, tn, t,
-                                 (long long)r);
-                }
-            /* every width: each token's row equals its bits in the W = 64 batch */
-            for (int w = 1; w <= n; w++) {
-                kmat_mul(pool3, &packed, 0, rows, x, w, yw, rows, NULL);
-                if (memcmp(yw, y, (size_t)(w * rows) * 4))
-                    fail_msg("%s %s: W = %d gives other bits than W = 64 for the same tokens", in, tn, w);
-            }
-        }
-        kmat_unpack(&packed);
-        assert_null(packed.packed);
+        check_matmul(type, wq, rows, cols, tol[ti]);
         free(wq);
     }
-    assert_int_equal(kisa_select(initial), 0);
-    kpool_destroy(&pool1);
-    kpool_destroy(&pool3);
     free(wf);
     free(deq);
-    free(x);
-    free(y);
-    free(y2);
-    free(yw);
-    free(ref);
-    free(portable);
+}
+
+/* The K-quants, Q5_0/Q5_1 and IQ4_NL: blocks of random bytes (every code, scale and min bit
+ * pattern) with sane f16 scales, rows of 3 super-blocks (768 columns), then check_matmul. */
+static void test_kernels_matmul_k(void **state)
+{
+    /* the f16 fields (d, and dmin or m) of each type's block */
+    static const struct {
+        uint32_t type;
+        int d, m; /* byte offsets, -1: none */
+    } types[] = {{KT_Q5_0, 0, -1}, {KT_Q5_1, 0, 2},  {KT_IQ4_NL, 0, -1}, {KT_Q2_K, 80, 82},
+                 {KT_Q3_K, 108, -1}, {KT_Q4_K, 0, 2}, {KT_Q5_K, 0, 2},    {KT_Q6_K, 208, -1}};
+    const int64_t rows = 43, cols = 768;
+    uint32_t seed = 11;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t type = types[ti].type;
+        const kt_traits *tr = kt_traits_of(type);
+        assert_true(tr->supported);
+        size_t rb = kt_row_bytes(type, (uint64_t)cols);
+        uint8_t *wq = malloc(rb * (size_t)rows);
+        for (size_t i = 0; i < rb * (size_t)rows; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            wq[i] = (uint8_t)(seed >> 24);
+        }
+        for (size_t b = 0; b < rb * (size_t)rows / (size_t)tr->block_bytes; b++) {
+            uint8_t *blk = wq + b * (size_t)tr->block_bytes;
+            seed = seed * 1664525u + 1013904223u;
+            uint16_t d = kt_f32_to_f16(0.001f + (float)(seed >> 20) / 4096.0f * 0.01f);
+            memcpy(blk + types[ti].d, &d, 2);
+            if (types[ti].m >= 0) {
+                uint16_t m = kt_f32_to_f16((float)((int)(seed >> 8) % 201 - 100) / 1000.0f);
+                memcpy(blk + types[ti].m, &m, 2);
+            }
+        }
+        check_matmul(type, wq, rows, cols, 2e-4);
+        free(wq);
+    }
 }
 
 /* The instruction-set choice: the portable set always runs, the best is supported, and a set the
@@ -234,7 +285,10 @@ static void test_kernels_traits(void **state)
     assert_int_equal(kt_row_bytes(KT_Q8_0, 32), 34);
     assert_int_equal(kt_row_bytes(KT_Q4_0, 33), 0);
     assert_null(kt_traits_of(4));
-    assert_false(kt_traits_of(12)->supported); /* Q4_K known, not computed */
+    assert_true(kt_traits_of(KT_Q4_K)->supported);
+    assert_int_equal(kt_row_bytes(KT_Q4_K, 512), 288);
+    assert_int_equal(kt_row_bytes(KT_Q6_K, 128), 0); /* not a whole super-block */
+    assert_false(kt_traits_of(15)->supported);      /* Q8_K: known, not computed */
     assert_string_equal(kt_traits_of(KT_BF16)->name, "BF16");
 }
 
@@ -243,6 +297,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_f16),
         cmocka_unit_test(test_kernels_matmul_types),
+        cmocka_unit_test(test_kernels_matmul_k),
         cmocka_unit_test(test_kernels_isa),
         cmocka_unit_test(test_kernels_attention_merge),
         cmocka_unit_test(test_kernels_attention_causal),
