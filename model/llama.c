@@ -106,9 +106,10 @@ static int load_mat(llama_loader *ld, const char *name, int64_t cols, int64_t ro
                  (long long)rows);
         return -1;
     }
-    if (tr->block > 1 && cols % 32) {
-        snprintf(ld->err, ld->errlen, "%s: tensor '%s': row length %lld is not a multiple of 32",
-                 ld->f->path, name, (long long)cols);
+    if (tr->block > 1 && cols % tr->block) {
+        snprintf(ld->err, ld->errlen,
+                 "%s: tensor '%s': row length %lld is not a multiple of %d (the %s block)",
+                 ld->f->path, name, (long long)cols, tr->block, tr->name);
         return -1;
     }
     *out = (kmat){.type = t->type,
@@ -116,6 +117,12 @@ static int load_mat(llama_loader *ld, const char *name, int64_t cols, int64_t ro
                   .cols = cols,
                   .row_bytes = kt_row_bytes(t->type, (uint64_t)cols),
                   .data = t->data};
+    char why[96];
+    if (kt_check_matrix(t->type, t->data, rows, cols, out->row_bytes, why, sizeof why)) {
+        snprintf(ld->err, ld->errlen, "%s: tensor '%s' (%s): %s (a malformed block)", ld->f->path,
+                 name, tr->name, why);
+        return -1;
+    }
     return 0;
 }
 

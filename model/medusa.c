@@ -127,6 +127,9 @@ static int medusa_bind_mat(medusa_loader *ld, const char *name, int64_t cols, in
     size_t align = t->type == KT_F32 ? 4 : 2;
     if ((uintptr_t)t->data % align)
         return medusa_fail(ld, "tensor '%s' data is not %zu-byte aligned", name, align);
+    char why[96];
+    if (kt_check_matrix(t->type, t->data, rows, cols, row_bytes, why, sizeof why))
+        return medusa_fail(ld, "tensor '%s' (%s): %s (a malformed block)", name, tr->name, why);
     *out = (kmat){.type = t->type, .rows = rows, .cols = cols, .row_bytes = row_bytes,
                   .data = t->data};
     return 0;

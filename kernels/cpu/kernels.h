@@ -68,6 +68,14 @@ uint16_t kt_f32_to_bf16(float f);
 /* Quantize n floats (n a multiple of the type's block) into `type` blocks: every type with
  * supported = true. */
 void kt_quantize_row(uint32_t type, const float *x, void *out, int64_t n);
+/* Check the block scales of one row of n elements of `type` (quantized types: every f16 scale
+ * and min must be finite). -1 when the row is sound; else the index of the first bad block, with
+ * a short reason ("d = inf") in why. */
+int64_t kt_check_row(uint32_t type, const void *row, int64_t n, char *why, size_t whylen);
+/* kt_check_row over every row of a rows x cols matrix (row_bytes apart): 0 when sound, else -1
+ * with "row R block B: d = inf" in why. */
+int kt_check_matrix(uint32_t type, const void *data, int64_t rows, int64_t cols, size_t row_bytes,
+                    char *why, size_t whylen);
 /* Expand one row of n elements to floats. */
 void kt_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);
 

@@ -11,6 +11,7 @@
  * lookup, and what `orochi mkmodel` uses to write quantized weights.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
@@ -229,6 +230,55 @@ static float load_f16(const uint8_t *p)
     uint16_t h;
     memcpy(&h, p, 2);
     return kt_f16_to_f32(h);
+}
+
+/* The f16 fields of one block of each quantized type: byte offsets and names (-1: none). */
+static const struct {
+    uint32_t type;
+    int off[2];
+    const char *name[2];
+} SCALE_FIELDS[] = {
+    {KT_Q4_0, {0, -1}, {"d", NULL}},    {KT_Q4_1, {0, 2}, {"d", "m"}},
+    {KT_Q8_0, {0, -1}, {"d", NULL}},    {KT_Q5_0, {0, -1}, {"d", NULL}},
+    {KT_Q5_1, {0, 2}, {"d", "m"}},      {KT_IQ4_NL, {0, -1}, {"d", NULL}},
+    {KT_Q2_K, {80, 82}, {"d", "dmin"}}, {KT_Q3_K, {108, -1}, {"d", NULL}},
+    {KT_Q4_K, {0, 2}, {"d", "dmin"}},   {KT_Q5_K, {0, 2}, {"d", "dmin"}},
+    {KT_Q6_K, {208, -1}, {"d", NULL}},
+};
+
+int64_t kt_check_row(uint32_t type, const void *row, int64_t n, char *why, size_t whylen)
+{
+    const kt_traits *tr = kt_traits_of(type);
+    for (size_t i = 0; tr && i < sizeof SCALE_FIELDS / sizeof SCALE_FIELDS[0]; i++) {
+        if (SCALE_FIELDS[i].type != type)
+            continue;
+        const uint8_t *p = row;
+        for (int64_t b = 0; b < n / tr->block; b++, p += tr->block_bytes)
+            for (int f = 0; f < 2 && SCALE_FIELDS[i].off[f] >= 0; f++) {
+                float v = load_f16(p + SCALE_FIELDS[i].off[f]);
+                if (!isfinite(v)) {
+                    snprintf(why, whylen, "%s = %s", SCALE_FIELDS[i].name[f],
+                             isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+                    return b;
+                }
+            }
+    }
+    return -1;
+}
+
+int kt_check_matrix(uint32_t type, const void *data, int64_t rows, int64_t cols, size_t row_bytes,
+                    char *why, size_t whylen)
+{
+    char r[64];
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t b = kt_check_row(type, (const uint8_t *)data + (size_t)i * row_bytes, cols, r,
+                                 sizeof r);
+        if (b >= 0) {
+            snprintf(why, whylen, "row %lld block %lld: %s", (long long)i, (long long)b, r);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 void kt_dequantize_row(uint32_t type, const void *row, float *out, int64_t n)

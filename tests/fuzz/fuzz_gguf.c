@@ -4,7 +4,8 @@
  * Each input is parsed with gguf_open_memory. When the reader accepts it, everything it exposes
  * is touched: every key and string byte, every element of every array (nested ones too) through
  * the accessors, the lookups by key and tensor name, and the first and last byte of every
- * tensor's data. libFuzzer hands us a heap buffer of exactly `size` bytes, so ASan reports any
+ * tensor's data; tensors of the types orochi computes with are also checked, dequantised and
+ * multiplied (fuzz_tensor). libFuzzer hands us a heap buffer of exactly `size` bytes, so ASan reports any
  * view that points outside it. A rejected input must come with a one-line error that names a
  * byte offset; anything else aborts, which libFuzzer records as a crash.
  *
@@ -14,7 +15,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/kernels.h"
 #include "model/gguf.h"
+
+/* A tensor of a type orochi computes with: check its first rows' block scales, dequantise the
+ * first row, and multiply up to 32 rows (packed on the fly) with a vector of ones; every block
+ * layout is read from fuzzed bytes and ASan watches the reads. Non-finite scales must be found
+ * by the check before anything computes with them. */
+static void fuzz_tensor(volatile uint8_t *sink, const gguf_tensor *t)
+{
+    const kt_traits *tr = kt_traits_of(t->type);
+    uint64_t cols = t->ne[0];
+    if (!tr || !tr->supported || cols == 0 || cols > 4096 || cols % (uint64_t)tr->block)
+        return;
+    size_t rb = kt_row_bytes(t->type, cols);
+    int64_t rows = rb ? (int64_t)(t->nbytes / rb) : 0;
+    if (rows > 32)
+        rows = 32;
+    if (rows < 1)
+        return;
+    char why[96];
+    if (kt_check_matrix(t->type, t->data, rows, (int64_t)cols, rb, why, sizeof why)) {
+        if (!why[0] || strchr(why, '\n'))
+            abort();
+        return;
+    }
+    float *row = malloc(cols * sizeof(float)), *x = malloc(cols * sizeof(float));
+    float y[32];
+    if (!row || !x)
+        abort();
+    kt_dequantize_row(t->type, t->data, row, (int64_t)cols);
+    for (uint64_t k = 0; k < cols; k++)
+        x[k] = 1.0f;
+    kmat w = {.type = t->type, .rows = rows, .cols = (int64_t)cols, .row_bytes = rb,
+              .data = t->data};
+    kmat_mul(NULL, &w, 0, rows, x, 1, y, rows, NULL);
+    *sink ^= (uint8_t)(row[cols - 1] == row[cols - 1]) ^ (uint8_t)(y[rows - 1] == y[rows - 1]);
+    free(row);
+    free(x);
+}
 
 /* Fold bytes into a sink so the reads cannot be optimised away. */
 static void fuzz_touch(volatile uint8_t *sink, const void *p, uint64_t n)
@@ -102,6 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sink ^= d[0];
             sink ^= d[t->nbytes - 1];
         }
+        fuzz_tensor(&sink, t);
     }
     uint64_t u;
     uint32_t u32;

@@ -13,7 +13,8 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 SCALAR_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
               BOOL: "<B", U64: "<Q", I64: "<q", F64: "<d"}
 # ggml tensor types used here: id -> (elements per block, bytes per block)
-GGML = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}
+GGML = {0: (1, 4), 1: (1, 2), 2: (32, 18), 6: (32, 22), 8: (32, 34), 11: (256, 110),
+        12: (256, 144), 14: (256, 210), 20: (32, 18)}
 
 
 def gstr(s):
@@ -83,7 +84,16 @@ def seeds():
         ("blk.0.attn_q.weight", 2, (32, 2)),
         ("blk.0.attn_k.weight", 1, (4, 2, 1)),
     ], alignment=64)
-    return {"tiny_v3.gguf": v3, "tiny_v2.gguf": v2}
+    kq = gguf(3, [
+        ("general.architecture", STR, "llama"),
+    ], [
+        ("blk.0.ffn_down.weight", 12, (256, 2)),
+        ("blk.0.attn_v.weight", 14, (256, 1)),
+        ("blk.0.ffn_up.weight", 11, (256, 1)),
+        ("blk.0.attn_q.weight", 6, (64, 2)),
+        ("blk.0.attn_k.weight", 20, (32, 3)),
+    ])
+    return {"tiny_v3.gguf": v3, "tiny_v2.gguf": v2, "kquants.gguf": kq}
 
 
 def main():

@@ -292,6 +292,28 @@ static void test_kernels_traits(void **state)
     assert_string_equal(kt_traits_of(KT_BF16)->name, "BF16");
 }
 
+/* A block whose f16 scale or min is not finite is found and named; sound rows pass. */
+static void test_kernels_check_row(void **state)
+{
+    float x[512];
+    fill(x, 512, 9);
+    uint8_t q[2 * 144];
+    char why[96];
+    kt_quantize_row(KT_Q4_1, x, q, 64);
+    assert_int_equal(kt_check_row(KT_Q4_1, q, 64, why, sizeof why), -1);
+    uint16_t nan = 0x7e00, inf = 0xfc00;
+    memcpy(q + 20 + 2, &nan, 2); /* block 1's m */
+    assert_int_equal(kt_check_row(KT_Q4_1, q, 64, why, sizeof why), 1);
+    assert_string_equal(why, "m = nan");
+    memset(q, 0, sizeof q);
+    memcpy(q + 144 + 2, &inf, 2); /* Q4_K super-block 1's dmin */
+    assert_int_equal(kt_check_row(KT_Q4_K, q, 512, why, sizeof why), 1);
+    assert_string_equal(why, "dmin = -inf");
+    assert_int_equal(kt_check_matrix(KT_Q4_K, q, 2, 256, 144, why, sizeof why), -1);
+    assert_string_equal(why, "row 1 block 0: dmin = -inf");
+    assert_int_equal(kt_check_row(KT_F16, q, 64, why, sizeof why), -1); /* float types: no scales */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_kernels_attention_merge),
         cmocka_unit_test(test_kernels_attention_causal),
         cmocka_unit_test(test_kernels_traits),
+        cmocka_unit_test(test_kernels_check_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
