@@ -189,9 +189,3 @@ void ktk_dequantize_row(uint32_t type, const void *row, float *out, int64_t n)
         }
     }
 }
-
-/* TEMPORARY until kquantize.c lands */
-__attribute__((weak)) void ktk_quantize_row(uint32_t type, const float *x, void *out, int64_t n)
-{
-    (void)type; (void)x; (void)out; (void)n;
-}
