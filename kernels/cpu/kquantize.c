@@ -29,15 +29,50 @@
 
 /* ===== helpers ===== */
 
-/* v rounded to the nearest integer (halves away from zero) and clamped to [lo, hi]; NaN gives
- * lo. */
+/* v rounded to the nearest integer (ties to even) and clamped to [lo, hi], as a float. Adding
+ * 1.5 * 2^23 leaves the rounded value in the low mantissa bits; read as an integer, that is
+ * exact for |v| < 2^22 and beyond it still orders with v (NaN lands on a bound), so the integer
+ * clamp is right for every input. Integer min/max and no float-int conversion of v keep the
+ * inner loops free of branches and vectorisable. */
+static inline float rclamp(float v, float lo, float hi)
+{
+    float t = v + 12582912.0f;
+    int32_t i, l = (int32_t)lo, h = (int32_t)hi;
+    memcpy(&i, &t, sizeof i);
+    i -= 0x4B400000;
+    i = i < l ? l : i;
+    i = i > h ? h : i;
+    return (float)i;
+}
+
 static inline int round_clamp(float v, int lo, int hi)
 {
-    if (!(v > (float)lo))
-        return lo;
-    if (v > (float)hi)
-        return hi;
-    return (int)(v >= 0 ? v + 0.5f : v - 0.5f);
+    return (int)rclamp(v, (float)lo, (float)hi);
+}
+
+/* The inner loops run over a multiple of 16 elements in LANES partial sums, the lane loop marked
+ * not to be unrolled: unrolled early (GCC -O3), it is no longer vectorised as a loop. */
+#define LANES 8
+
+static inline float lane_sum(const float *acc)
+{
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* The squared error of x[0..len) ~ A * q - B with the codes q = round((x + B) / A) clamped to
+ * [lo, hi] (all 0 for A = 0), which go to qf. */
+static float try_scale(const float *x, int len, float A, float B, float lo, float hi, float *qf)
+{
+    float iA = A != 0 ? 1.0f / A : 0, acc[LANES] = {0};
+    for (int i = 0; i < len; i += LANES)
+#pragma GCC unroll 1
+        for (int k = 0; k < LANES; k++) {
+            float qi = rclamp((x[i + k] + B) * iA, lo, hi);
+            float e = A * qi - B - x[i + k];
+            qf[i + k] = qi;
+            acc[k] += e * e;
+        }
+    return lane_sum(acc);
 }
 
 /* Copy x[0..n) into xn scaled so the largest |x| is 1 and return that |x|; 0 (xn all zero) for a
@@ -89,11 +124,44 @@ static void put_u32(uint8_t *p, uint32_t v)
 
 /* ===== one scale per sub-block ===== */
 
+/* sum x q and sum q q for the codes q = round(x * is) in [lo, hi] */
+static void sums_sym(const float *x, int n, float is, float lo, float hi, float *sxq, float *sqq)
+{
+    float axq[LANES] = {0}, aqq[LANES] = {0};
+    for (int i = 0; i < n; i += LANES)
+#pragma GCC unroll 1
+        for (int k = 0; k < LANES; k++) {
+            float qi = rclamp(x[i + k] * is, lo, hi);
+            axq[k] += x[i + k] * qi;
+            aqq[k] += qi * qi;
+        }
+    *sxq = lane_sum(axq);
+    *sqq = lane_sum(aqq);
+}
+
+/* sum q, sum q q and sum x q for the codes q = round((x - o) * is) in [0, top] */
+static void sums_min(const float *x, int n, float o, float is, float top, float *sq, float *sqq,
+                     float *sxq)
+{
+    float aq[LANES] = {0}, aqq[LANES] = {0}, axq[LANES] = {0};
+    for (int i = 0; i < n; i += LANES)
+#pragma GCC unroll 1
+        for (int k = 0; k < LANES; k++) {
+            float qi = rclamp((x[i + k] - o) * is, 0, top);
+            aq[k] += qi;
+            aqq[k] += qi * qi;
+            axq[k] += x[i + k] * qi;
+        }
+    *sq = lane_sum(aq);
+    *sqq = lane_sum(aqq);
+    *sxq = lane_sum(axq);
+}
+
 /* Symmetric: the a for x ~ a * q over n elements, q an integer in [-nneg, npos], minimising the
  * squared error over candidates that put the signed extreme element near either end of the
  * range (the range is lopsided, so both signs of a are tried), each with its least-squares a,
- * then refined by re-quantising with the best a. Writes the codes to q; 0 for an all-zero x. */
-static float fit_sym(const float *x, int n, int nneg, int npos, int8_t *q)
+ * then refined by re-quantising with the best a. 0 for an all-zero x. */
+static float fit_sym(const float *x, int n, int nneg, int npos)
 {
     float maxv = 0, amax = 0;
     for (int i = 0; i < n; i++) {
@@ -103,47 +171,33 @@ static float fit_sym(const float *x, int n, int nneg, int npos, int8_t *q)
             maxv = x[i];
         }
     }
-    if (!(amax > TINY)) {
-        memset(q, 0, (size_t)n);
+    if (!(amax > TINY))
         return 0;
-    }
     /* best so far as (sxq, sqq): the error is sum x^2 - sxq^2 / sqq at a = sxq / sqq */
-    float best_is = -(float)nneg / maxv, best_xq = 0, best_qq = 0;
-    const int steps = nneg >= 16 ? 4 : 8;
-    const float step = nneg >= 16 ? 0.2f : 0.1f;
+    float best_xq = 0, best_qq = 0;
+    const float lo = -(float)nneg, hi = (float)npos;
+    const int steps = nneg >= 16 ? 2 : 4;
+    const float step = nneg >= 16 ? 0.4f : 0.2f;
     for (int side = 0; side < 2; side++) {
         float end = side ? (float)npos : -(float)nneg;
         for (int k = -steps; k <= steps; k++) {
             float level = end + (side ? 1.0f : -1.0f) * step * (float)k;
-            float is = level / maxv;
-            float sxq = 0, sqq = 0;
-            for (int i = 0; i < n; i++) {
-                float qi = (float)round_clamp(x[i] * is, -nneg, npos);
-                sxq += x[i] * qi;
-                sqq += qi * qi;
-            }
-            if (sqq > 0 && sxq * sxq * best_qq > best_xq * best_xq * sqq) {
-                best_is = is;
+            float is = level / maxv, sxq, sqq;
+            sums_sym(x, n, is, lo, hi, &sxq, &sqq);
+            if (sqq > 0 && (best_qq == 0 || sxq * sxq * best_qq > best_xq * best_xq * sqq)) {
                 best_xq = sxq;
                 best_qq = sqq;
             }
         }
     }
     for (int it = 0; it < 2 && best_qq > 0 && best_xq != 0; it++) {
-        float is = best_qq / best_xq, sxq = 0, sqq = 0;
-        for (int i = 0; i < n; i++) {
-            float qi = (float)round_clamp(x[i] * is, -nneg, npos);
-            sxq += x[i] * qi;
-            sqq += qi * qi;
-        }
+        float is = best_qq / best_xq, sxq, sqq;
+        sums_sym(x, n, is, lo, hi, &sxq, &sqq);
         if (!(sqq > 0 && sxq * sxq * best_qq > best_xq * best_xq * sqq))
             break;
-        best_is = is;
         best_xq = sxq;
         best_qq = sqq;
     }
-    for (int i = 0; i < n; i++)
-        q[i] = (int8_t)round_clamp(x[i] * best_is, -nneg, npos);
     return best_qq > 0 ? best_xq / best_qq : 0;
 }
 
@@ -169,26 +223,21 @@ static void fit_min(const float *x, int n, int nmax, bool neg_b, float *pa, floa
     }
     float best_a = (mx - mn) / (float)nmax, best_b = mn;
     float best_err = INFINITY;
-    const float fn = (float)n;
-    /* k < 0: the plain min/max scale; 0..20: nmax - 1 .. nmax + 1 levels over the range; then
+    const float fn = (float)n, top = (float)nmax;
+    /* k < 0: the plain min/max scale; 0..10: nmax - 1 .. nmax + 1 levels over the range; then
      * refinements from the best pair so far */
-    for (int k = -1; k <= 22; k++) {
+    for (int k = -1; k <= 12; k++) {
         float is = (float)nmax / (mx - mn), o = mn;
-        if (k >= 0 && k <= 20) {
-            is = ((float)nmax - 1.0f + 0.1f * (float)k) / (mx - mn);
-        } else if (k > 20) {
+        if (k >= 0 && k <= 10) {
+            is = ((float)nmax - 1.0f + 0.2f * (float)k) / (mx - mn);
+        } else if (k > 10) {
             if (!(best_a > 0))
                 break;
             is = 1.0f / best_a;
             o = best_b;
         }
-        float sq = 0, sqq = 0, sxq = 0;
-        for (int i = 0; i < n; i++) {
-            float qi = (float)round_clamp((x[i] - o) * is, 0, nmax);
-            sq += qi;
-            sqq += qi * qi;
-            sxq += x[i] * qi;
-        }
+        float sq, sqq, sxq;
+        sums_min(x, n, o, is, top, &sq, &sqq, &sxq);
         float a, b, den = fn * sqq - sq * sq;
         if (den > 0) {
             a = (fn * sxq - sq * sx) / den;
@@ -212,7 +261,7 @@ static void fit_min(const float *x, int n, int nmax, bool neg_b, float *pa, floa
             best_err = err;
             best_a = a;
             best_b = b;
-        } else if (k > 20) {
+        } else if (k > 10) {
             break;
         }
     }
@@ -229,28 +278,25 @@ static float codes_sym(const float *xn, int nsub, int len, int nneg, int npos, i
                        const float *a, float d, int8_t *sc, int8_t *q)
 {
     float total = 0;
-    int8_t tmp[32];
+    const float lo = -(float)nneg, hi = (float)npos;
+    float tmp[32], best_q[32] = {0};
     for (int s = 0; s < nsub; s++) {
         const float *x = xn + s * len;
         int c0 = d > 0 ? round_clamp(a[s] / d, -smax - 1, smax) : 0;
         float best = INFINITY;
+        sc[s] = 0;
         for (int c = c0 - 1; c <= c0 + 1; c++) {
             if (c < -smax - 1 || c > smax || (d <= 0 && c != 0))
                 continue;
-            float A = d * (float)c, err = 0;
-            float iA = A != 0 ? 1.0f / A : 0;
-            for (int i = 0; i < len; i++) {
-                int qi = A != 0 ? round_clamp(x[i] * iA, -nneg, npos) : 0;
-                float e = A * (float)qi - x[i];
-                tmp[i] = (int8_t)qi;
-                err += e * e;
-            }
+            float err = try_scale(x, len, d * (float)c, 0, lo, hi, tmp);
             if (err < best) {
                 best = err;
                 sc[s] = (int8_t)c;
-                memcpy(q + s * len, tmp, (size_t)len);
+                memcpy(best_q, tmp, sizeof tmp);
             }
         }
+        for (int i = 0; i < len; i++)
+            q[s * len + i] = (int8_t)best_q[i];
         total += best;
     }
     return total;
@@ -265,7 +311,7 @@ static uint16_t kquant_sym(const float *x, int nsub, int len, int nneg, int npos
     float amax = normalise(x, xn, n);
     float amx = 0;
     for (int s = 0; s < nsub; s++) {
-        a[s] = fit_sym(xn + s * len, len, nneg, npos, q + s * len);
+        a[s] = fit_sym(xn + s * len, len, nneg, npos);
         amx = fabsf(a[s]) > amx ? fabsf(a[s]) : amx;
     }
     if (amax == 0 || !(amx > 0)) {
@@ -279,11 +325,12 @@ static uint16_t kquant_sym(const float *x, int nsub, int len, int nneg, int npos
     /* refit d to the chosen codes by least squares */
     for (int it = 0; it < 2; it++) {
         float sxu = 0, suu = 0;
-        for (int i = 0; i < n; i++) {
-            float u = (float)sc[i / len] * (float)q[i];
-            sxu += xn[i] * u;
-            suu += u * u;
-        }
+        for (int s = 0; s < nsub; s++)
+            for (int i = s * len; i < (s + 1) * len; i++) {
+                float u = (float)sc[s] * (float)q[i];
+                sxu += xn[i] * u;
+                suu += u * u;
+            }
         if (!(suu > 0) || !(sxu > 0))
             break;
         float d2;
@@ -310,34 +357,31 @@ static float codes_min(const float *xn, int nsub, int len, int nmax, int smax, c
                        const float *b, float d, float dm, uint8_t *sc, uint8_t *m, uint8_t *q)
 {
     float total = 0;
-    uint8_t tmp[32];
+    const float top = (float)nmax;
+    float tmp[32], best_q[32] = {0};
     for (int s = 0; s < nsub; s++) {
         const float *x = xn + s * len;
         int c0 = d > 0 ? round_clamp(a[s] / d, 0, smax) : 0;
         int m0 = dm > 0 ? round_clamp(-b[s] / dm, 0, smax) : 0;
         float best = INFINITY;
+        sc[s] = m[s] = 0;
         for (int c = c0 - 1; c <= c0 + 1; c++) {
             if (c < 0 || c > smax || (d <= 0 && c != 0))
                 continue;
             for (int mm = m0 - 1; mm <= m0 + 1; mm++) {
                 if (mm < 0 || mm > smax || (dm <= 0 && mm != 0))
                     continue;
-                float A = d * (float)c, B = dm * (float)mm, err = 0;
-                float iA = A > 0 ? 1.0f / A : 0;
-                for (int i = 0; i < len; i++) {
-                    int qi = A > 0 ? round_clamp((x[i] + B) * iA, 0, nmax) : 0;
-                    float e = A * (float)qi - B - x[i];
-                    tmp[i] = (uint8_t)qi;
-                    err += e * e;
-                }
+                float err = try_scale(x, len, d * (float)c, dm * (float)mm, 0, top, tmp);
                 if (err < best) {
                     best = err;
                     sc[s] = (uint8_t)c;
                     m[s] = (uint8_t)mm;
-                    memcpy(q + s * len, tmp, (size_t)len);
+                    memcpy(best_q, tmp, sizeof tmp);
                 }
             }
         }
+        for (int i = 0; i < len; i++)
+            q[s * len + i] = (uint8_t)best_q[i];
         total += best;
     }
     return total;
@@ -371,13 +415,20 @@ static void kquant_min(const float *x, int nsub, int len, int nmax, int smax, ui
     /* refit (d, dmin) to the chosen codes: x ~ d * u - dmin * v, u = sc * q, v = m */
     for (int it = 0; it < 2; it++) {
         double suu = 0, suv = 0, svv = 0, sxu = 0, sxv = 0;
-        for (int i = 0; i < n; i++) {
-            double u = (double)sc[i / len] * q[i], v = m[i / len];
-            suu += u * u;
-            suv += u * v;
-            svv += v * v;
-            sxu += xn[i] * u;
-            sxv += xn[i] * v;
+        for (int s = 0; s < nsub; s++) {
+            double xs = 0, xu = 0, uu = 0, us = 0, v = m[s];
+            for (int i = s * len; i < (s + 1) * len; i++) {
+                double u = (double)sc[s] * q[i];
+                xs += xn[i];
+                xu += xn[i] * u;
+                uu += u * u;
+                us += u;
+            }
+            suu += uu;
+            suv += us * v;
+            svv += v * v * len;
+            sxu += xu;
+            sxv += xs * v;
         }
         double det = suu * svv - suv * suv, nd, ndm;
         if (svv == 0 && suu > 0) {
@@ -502,8 +553,8 @@ static void quantize_q6_k(const float *x, uint8_t *out, int64_t n)
                     u3 = qq[l + 96] + 32;
                 ql[64 * h + l] = (uint8_t)((u0 & 15) | (u2 & 15) << 4);
                 ql[64 * h + l + 32] = (uint8_t)((u1 & 15) | (u3 & 15) << 4);
-                qh[32 * h + l] = (uint8_t)((u0 >> 4) | (u1 >> 4) << 2 | (u2 >> 4) << 4 |
-                                           (u3 >> 4) << 6);
+                qh[32 * h + l] =
+                    (uint8_t)((u0 >> 4) | (u1 >> 4) << 2 | (u2 >> 4) << 4 | (u3 >> 4) << 6);
             }
         }
         for (int s = 0; s < 16; s++)
@@ -529,10 +580,9 @@ static void quantize_q5_0(const float *x, uint8_t *out, int64_t n)
 {
     for (int64_t bi = 0; bi < n / 32; bi++, x += 32, out += 22) {
         float xn[32], d;
-        int8_t q[32];
         int u[32];
         float amax = normalise(x, xn, 32);
-        float a = fit_sym(xn, 32, 16, 15, q);
+        float a = fit_sym(xn, 32, 16, 15);
         put_f16(out, scale_code(a, amax, false, &d));
         float id = d != 0 ? 1.0f / d : 0;
         for (int i = 0; i < 32; i++)
@@ -557,21 +607,42 @@ static void quantize_q5_1(const float *x, uint8_t *out, int64_t n)
     }
 }
 
-/* IQ4_NL: the index of the grid value nearest v (in grid units), by binary search over the 15
- * midpoints between neighbouring grid values. */
-static inline int iq4nl_nearest(const float *mid, float v)
+/* IQ4_NL's grid as floats, the midpoints between neighbours (mid[15] a sentinel), and for every
+ * integer e in [-128, 114] the index of the grid value nearest e: since grid values lie at least
+ * 11 apart, the nearest to any v is then that of floor(v) or the one above it. */
+typedef struct {
+    float grid[16], mid[16];
+    uint8_t near[243];
+} iq4nl_grid;
+
+static void iq4nl_grid_init(iq4nl_grid *t)
 {
-    int i = v > mid[7] ? 8 : 0;
-    i += v > mid[i + 3] ? 4 : 0;
-    i += v > mid[i + 1] ? 2 : 0;
-    i += v > mid[i] ? 1 : 0;
-    return i;
+    for (int i = 0; i < 16; i++)
+        t->grid[i] = (float)KTK_IQ4NL[i];
+    for (int i = 0; i < 15; i++)
+        t->mid[i] = 0.5f * (t->grid[i] + t->grid[i + 1]);
+    t->mid[15] = INFINITY;
+    int j = 0;
+    for (int e = -128; e <= 114; e++) {
+        while (j < 15 && (float)e > t->mid[j])
+            j++;
+        t->near[e + 128] = (uint8_t)j;
+    }
+}
+
+/* the index of the grid value nearest v (v in grid units; NaN gives 0) */
+static inline int iq4nl_nearest(const iq4nl_grid *t, float v)
+{
+    v = v > -128.0f ? v : -128.0f;
+    v = v < 114.0f ? v : 114.0f;
+    int i = t->near[(int)(v + 128.0f)];
+    return i + (v > t->mid[i]);
 }
 
 /* The d for x ~ d * grid[idx] over 32 elements: candidates that put the signed extreme element
  * near either end of the grid, each followed by the least-squares d of its indices, then refined
  * by re-assigning with the best d. */
-static float fit_iq4nl(const float *x, const float *grid, const float *mid)
+static float fit_iq4nl(const float *x, const iq4nl_grid *t)
 {
     float maxv = 0, amax = 0;
     for (int i = 0; i < 32; i++) {
@@ -583,13 +654,13 @@ static float fit_iq4nl(const float *x, const float *grid, const float *mid)
     if (!(amax > TINY))
         return 0;
     float best_xg = 0, best_gg = 0;
-    /* k < 13: maxv onto the low end of the grid, then onto the high end, each scaled by
-     * 0.85 .. 1.15; then refinements from the best d so far */
-    for (int k = 0; k < 28; k++) {
+    /* k < 7: maxv onto the low end of the grid scaled by 0.85 .. 1.15, k < 14 onto the high end;
+     * then refinements from the best d so far */
+    for (int k = 0; k < 16; k++) {
         float is;
-        if (k < 26) {
-            float end = k < 13 ? grid[0] : grid[15];
-            is = end * (0.85f + 0.025f * (float)(k % 13)) / maxv;
+        if (k < 14) {
+            float end = k < 7 ? t->grid[0] : t->grid[15];
+            is = end * (0.85f + 0.05f * (float)(k % 7)) / maxv;
         } else {
             if (best_xg == 0)
                 break;
@@ -597,14 +668,14 @@ static float fit_iq4nl(const float *x, const float *grid, const float *mid)
         }
         float sxg = 0, sgg = 0;
         for (int i = 0; i < 32; i++) {
-            float g = grid[iq4nl_nearest(mid, x[i] * is)];
+            float g = t->grid[iq4nl_nearest(t, x[i] * is)];
             sxg += x[i] * g;
             sgg += g * g;
         }
-        if (sgg > 0 && sxg * sxg * best_gg > best_xg * best_xg * sgg) {
+        if (sgg > 0 && (best_gg == 0 || sxg * sxg * best_gg > best_xg * best_xg * sgg)) {
             best_xg = sxg;
             best_gg = sgg;
-        } else if (k >= 26) {
+        } else if (k >= 14) {
             break;
         }
     }
@@ -613,19 +684,16 @@ static float fit_iq4nl(const float *x, const float *grid, const float *mid)
 
 static void quantize_iq4_nl(const float *x, uint8_t *out, int64_t n)
 {
-    float grid[16], mid[15];
-    for (int i = 0; i < 16; i++)
-        grid[i] = (float)KTK_IQ4NL[i];
-    for (int i = 0; i < 15; i++)
-        mid[i] = 0.5f * (grid[i] + grid[i + 1]);
+    iq4nl_grid t;
+    iq4nl_grid_init(&t);
     for (int64_t bi = 0; bi < n / 32; bi++, x += 32, out += 18) {
         float xn[32], d;
         int idx[32];
         float amax = normalise(x, xn, 32);
-        put_f16(out, scale_code(fit_iq4nl(xn, grid, mid), amax, false, &d));
-        float id = d != 0 ? 1.0f / d : 0;
+        put_f16(out, scale_code(fit_iq4nl(xn, &t), amax, false, &d));
+        float id = d != 0 ? 1.0f / d : 0; /* d = 0: every index that of the grid value nearest 0 */
         for (int i = 0; i < 32; i++)
-            idx[i] = d != 0 ? iq4nl_nearest(mid, xn[i] * id) : iq4nl_nearest(mid, 0);
+            idx[i] = iq4nl_nearest(&t, xn[i] * id);
         for (int j = 0; j < 16; j++)
             out[2 + j] = (uint8_t)(idx[j] | idx[j + 16] << 4);
     }
