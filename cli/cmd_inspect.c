@@ -9,7 +9,10 @@
  *   way, one level shorter each time);
  *   the tensor table: name, ggml type name (from kt_traits_of), shape (ne[0] first), offset
  *   in the data section, bytes;
- *   totals: tensors, parameters, tensor bytes, and tensors of types orochi cannot compute with.
+ *   totals: tensors, parameters, tensor bytes, and tensors of types orochi cannot compute with;
+ *   the type mix: a line per tensor type (tensors, parameters, bytes, bits per weight), most
+ *   parameters first, and the same for all tensors together — what `orochi quantize` made of a
+ *   model at a glance.
  */
 #include <stdio.h>
 #include <string.h>
@@ -21,6 +24,7 @@
 #define INSPECT_STR_SHOWN 48    /* bytes of a string value printed before "..." */
 #define INSPECT_ARRAY_SHOWN 4   /* elements of a top-level array printed */
 #define INSPECT_MAX_NESTING 3   /* nested arrays deeper than this print as "[...]" */
+#define INSPECT_MAX_KINDS 64    /* distinct tensor types listed in the type mix */
 
 static void inspect_usage(FILE *out)
 {
@@ -29,7 +33,8 @@ static void inspect_usage(FILE *out)
             "\n"
             "Validate a GGUF file and print its metadata (key, type, value; arrays summarised by\n"
             "their first elements) and its tensor table (name, type, shape, offset in the data\n"
-            "section, bytes), then totals.\n"
+            "section, bytes), then totals and the type mix (per type: tensors, parameters, bytes,\n"
+            "bits per weight).\n"
             "\n"
             "options:\n"
             "  -h, --help   show this help\n"
@@ -163,6 +168,67 @@ static void inspect_print_metadata(const gguf_file *f)
     }
 }
 
+static const char *inspect_type_name(uint32_t type, char *buf, size_t cap)
+{
+    const kt_traits *tr = kt_traits_of(type);
+    if (tr)
+        snprintf(buf, cap, "%s", tr->name);
+    else
+        snprintf(buf, cap, "type%u", type);
+    return buf;
+}
+
+typedef struct {
+    uint32_t type;
+    uint64_t tensors, params, bytes;
+} inspect_kind;
+
+static void inspect_print_kind(const char *name, const inspect_kind *k)
+{
+    printf("  %-8s %8llu %14llu %14llu %8.3f\n", name, (unsigned long long)k->tensors,
+           (unsigned long long)k->params, (unsigned long long)k->bytes,
+           k->params ? 8.0 * (double)k->bytes / (double)k->params : 0.0);
+}
+
+/* The type mix: per type, most parameters first, then all tensors together. */
+static void inspect_print_types(const gguf_file *f)
+{
+    inspect_kind kinds[INSPECT_MAX_KINDS], all = {0}, other = {0};
+    int n = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        uint64_t params = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; /* checked at open */
+        int k = 0;
+        while (k < n && kinds[k].type != t->type)
+            k++;
+        if (k == n && n < INSPECT_MAX_KINDS)
+            kinds[n++] = (inspect_kind){.type = t->type};
+        inspect_kind *dst[2] = {k < n ? &kinds[k] : &other, &all};
+        for (int j = 0; j < 2; j++) {
+            dst[j]->tensors++;
+            dst[j]->params += params;
+            dst[j]->bytes += t->nbytes;
+        }
+    }
+    for (int i = 1; i < n; i++) /* insertion sort: most parameters first, then by type id */
+        for (int j = i; j > 0 && (kinds[j].params > kinds[j - 1].params ||
+                                  (kinds[j].params == kinds[j - 1].params &&
+                                   kinds[j].type < kinds[j - 1].type));
+             j--) {
+            inspect_kind k = kinds[j];
+            kinds[j] = kinds[j - 1];
+            kinds[j - 1] = k;
+        }
+    printf("\ntype mix: %d types\n", n + (other.tensors > 0));
+    printf("  %-8s %8s %14s %14s %8s\n", "type", "tensors", "parameters", "bytes", "bits/w");
+    char name[16];
+    for (int i = 0; i < n; i++)
+        inspect_print_kind(inspect_type_name(kinds[i].type, name, sizeof name), &kinds[i]);
+    if (other.tensors)
+        inspect_print_kind("other", &other);
+    inspect_print_kind("all", &all);
+}
+
 static void inspect_print_tensors(const gguf_file *f)
 {
     uint64_t params = 0, bytes = 0, unsupported = 0;
@@ -172,10 +238,7 @@ static void inspect_print_tensors(const gguf_file *f)
         const gguf_tensor *t = &f->tensors[i];
         const kt_traits *tr = kt_traits_of(t->type);
         char type[16];
-        if (tr)
-            snprintf(type, sizeof type, "%s", tr->name);
-        else
-            snprintf(type, sizeof type, "type%u", t->type);
+        inspect_type_name(t->type, type, sizeof type);
         char shape[96];
         size_t o = 0;
         shape[o++] = '[';
@@ -238,6 +301,7 @@ int cmd_inspect(int argc, char **argv)
            (unsigned long long)f->size);
     inspect_print_metadata(f);
     inspect_print_tensors(f);
+    inspect_print_types(f);
     gguf_close(&f);
     return 0;
 }

@@ -276,18 +276,16 @@ static int mk_write_tensor(FILE *f, const mk_tensor *t, uint64_t seed, int index
     return rc;
 }
 
+/* Any type orochi computes with, by its ggml name in any case (f32, q4_k, iq4_nl, ...). */
 static bool mk_type(const char *s, uint32_t *out)
 {
-    static const struct {
-        const char *name;
-        uint32_t type;
-    } names[] = {{"f32", KT_F32}, {"f16", KT_F16}, {"bf16", KT_BF16},
-                 {"q8_0", KT_Q8_0}, {"q4_0", KT_Q4_0}, {"q4_1", KT_Q4_1}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcasecmp(s, names[i].name)) {
-            *out = names[i].type;
+    for (uint32_t t = 0; t < 64; t++) {
+        const kt_traits *tr = kt_traits_of(t);
+        if (tr && tr->supported && !strcasecmp(s, tr->name)) {
+            *out = t;
             return true;
         }
+    }
     return false;
 }
 
@@ -295,8 +293,10 @@ static void mk_usage(FILE *out)
 {
     fprintf(out, "usage: orochi mkmodel --out F --layers L --dim D --ffn F --heads H --kv-heads K\n"
                  "                      --vocab V --ctx C --type T --seed S [--tied]\n"
-                 "  T: f32 f16 bf16 q8_0 q4_0 q4_1 (norms are always f32). --tied omits\n"
-                 "  output.weight (the lm_head is then the embedding matrix). V >= 259.\n");
+                 "  T: any type orochi computes with (f32 f16 bf16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1\n"
+                 "  q4_0 iq4_nl q3_k q2_k; K-types need dim and ffn multiples of 256; norms are\n"
+                 "  always f32). --tied omits output.weight (the lm_head is then the embedding\n"
+                 "  matrix). V >= 259.\n");
 }
 
 int cmd_mkmodel(int argc, char **argv)
@@ -341,7 +341,14 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (!mk_type(type_s, &type)) {
-        fprintf(stderr, "orochi mkmodel: unknown --type '%s' (f32 f16 bf16 q8_0 q4_0 q4_1)\n", type_s);
+        fprintf(stderr, "orochi mkmodel: unknown --type '%s' (one of " KT_SUPPORTED_LIST ")\n",
+                type_s);
+        return 2;
+    }
+    int block = kt_traits_of(type)->block;
+    if (block > 32 && (dim % block || ffn % block)) {
+        fprintf(stderr, "orochi mkmodel: --type %s needs --dim and --ffn multiples of %d\n",
+                kt_traits_of(type)->name, block);
         return 2;
     }
     if (dim % heads || heads % kv_heads || (dim / heads) % 2 || dim % 32 || ffn % 32) {

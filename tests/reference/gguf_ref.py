@@ -40,6 +40,8 @@ _SCALAR = {
 
 # ggml tensor type -> (block elements, block bytes)
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 3, 8, 30
+GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL = 6, 7, 20
+GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 10, 11, 12, 13, 14
 GGML_BLOCK = {
     GGML_F32: (1, 4),
     GGML_F16: (1, 2),
@@ -47,6 +49,14 @@ GGML_BLOCK = {
     GGML_Q4_0: (32, 18),
     GGML_Q4_1: (32, 20),
     GGML_Q8_0: (32, 34),
+    GGML_Q5_0: (32, 22),
+    GGML_Q5_1: (32, 24),
+    GGML_IQ4_NL: (32, 18),
+    GGML_Q2_K: (256, 84),
+    GGML_Q3_K: (256, 110),
+    GGML_Q4_K: (256, 144),
+    GGML_Q5_K: (256, 176),
+    GGML_Q6_K: (256, 210),
 }
 
 TensorInfo = namedtuple("TensorInfo", "name type ne offset_abs nbytes")

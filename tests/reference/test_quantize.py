@@ -23,9 +23,19 @@ Parts:
      Q8_0 file identical with --threads 1 and 2), then `orochi run --temp 0 -n 8` on each;
      Q4_1 -> Q4_1 copies every Q4_1 tensor byte for byte (and with --keep Q8_0 the whole file
      is identical to the input).
-  d. errors: unknown TYPE, unknown --keep type, unreadable IN, malformed IN (truncated, bad
-     magic), OUT in a missing directory, OUT a directory: status 2, exactly one stderr line that
-     names the problem, no OUT and no OUT.tmp left (a pre-existing OUT is left untouched).
+  d. errors: unknown TYPE, unknown --keep type, unknown --mix preset, bad or unknown-type --mix
+     rules, TYPE with a --mix preset, unreadable IN, malformed IN (truncated, bad magic), OUT in
+     a missing directory, OUT a directory: status 2, exactly one stderr line that names the
+     problem (unknown names with the list of valid ones), no OUT and no OUT.tmp left (a
+     pre-existing OUT is left untouched).
+  e. the K-quants, Q5_0/Q5_1/IQ4_NL, presets and --mix rules (docs/quantize.md), on a tiny F32
+     model with 256-wide rows except ffn_down's 320: each new TYPE (matrices of that type, the
+     K-types' llama.cpp fallback for ffn_down with one note giving the count, values within the
+     type's error bound, back to F32 exactly the dequantised values); every preset's per-tensor
+     types against a Python transcription of the documented rules (TYPE Q4_K_M also: the
+     summary's type counts, `orochi inspect`'s type mix, `orochi eval` against the numpy Llama;
+     a tied model, where token_embd.weight takes output.weight's rule); --mix rules alone, with
+     TYPE and with a preset; a K-type whose fallback does not fit a 48-long row either.
 
 Environment: OROCHI_BIN, OROCHI_MODEL, OROCHI_TMP (as set by ctest).
 Exit status: 0 pass, 1 fail, 77 everything skipped.
@@ -213,6 +223,22 @@ def c_eval(path, ids, vocab, batch):
     return data.reshape(len(ids), vocab).astype(np.float64)
 
 
+def check_eval(report, case, path, ref, vocab, bound):
+    """`orochi eval` of TINY_IDS at batch 1 and 8 against the reference logits ref; the worst
+    relative L2 (each must be within bound)."""
+    worst = 0.0
+    for batch in (1, 8):
+        try:
+            e = rel_l2(c_eval(path, TINY_IDS, vocab, batch), ref)
+        except RuntimeError as exc:
+            report.check(False, "%s eval: %s" % (case, exc))
+            continue
+        worst = max(worst, e)
+        report.check(e <= bound, "%s eval batch %d: logits relative L2 %.2e > %.0e"
+                     % (case, batch, e, bound))
+    return worst
+
+
 # ---------------------------------------------------------------------------
 # Part a: a tiny F32 mkmodel model to every type
 # ---------------------------------------------------------------------------
@@ -248,16 +274,7 @@ def check_tiny(report):
                 worst = max(worst, np.linalg.norm(got - orig[name]) / np.linalg.norm(orig[name]))
         ref = LlamaRef(out).teacher_forced(TINY_IDS)
         bound = BOUND_QUANT if type_id in BLOCK_TYPES else BOUND_FLOAT
-        logit_err = 0.0
-        for batch in (1, 8):
-            try:
-                e = rel_l2(c_eval(out, TINY_IDS, p["vocab"], batch), ref)
-            except RuntimeError as exc:
-                report.check(False, "tiny %s eval: %s" % (type_name, exc))
-                continue
-            logit_err = max(logit_err, e)
-            report.check(e <= bound, "tiny %s eval batch %d: logits relative L2 %.2e > %.0e"
-                         % (type_name, batch, e, bound))
+        logit_err = check_eval(report, "tiny %s" % type_name, out, ref, p["vocab"], bound)
         print("  %-5s weights rel L2 <= %.4f, eval vs reference %.2e (bound %.0e)"
               % (type_name, worst, logit_err, bound), flush=True)
         # back to F32: exactly the dequantised values
@@ -451,8 +468,22 @@ def check_errors(report):
     nodir_out = os.path.join(WORKDIR, "no_such_dir", "out.gguf")
     cases = [
         # args, words the single stderr line must contain, the OUT to check
-        ([good, out, "Q5_K"],
-         ["orochi quantize: unknown type 'Q5_K' (one of F32, F16, BF16, Q8_0, Q4_0, Q4_1)"], out),
+        ([good, out, "Q7_K"],
+         ["orochi quantize: unknown type 'Q7_K' (one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+          "Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; or a preset: Q3_K_S, Q3_K_M, Q3_K_L, "
+          "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M)"], out),
+        ([good, out, "--mix", "Q4_K_X"],
+         ["orochi quantize: unknown --mix preset 'Q4_K_X' (one of Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, "
+          "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K; or rules PATTERN=TYPE,...)"], out),
+        ([good, out, "--mix", "attn_v=Q7_K,*=Q4_K"],
+         ["unknown type 'Q7_K' in --mix rule 'attn_v=Q7_K'", "Q6_K", "keep"], out),
+        ([good, out, "--mix", "attn_v=Q6_K,ffn_down"],
+         ["bad --mix rule 'ffn_down'", "PATTERN=TYPE", "Q6_K"], out),
+        ([good, out, "--mix", "attn_v=Q6_K,,*=Q4_K"], ["bad --mix rule ''"], out),
+        ([good, out, "--mix", "=Q4_K"], ["bad --mix rule '=Q4_K'"], out),
+        ([good, out, "--mix", "blk.*.attn_v=Q6_K"], ["bad --mix rule 'blk.*.attn_v=Q6_K'"], out),
+        ([good, out, "Q4_0", "--mix", "Q4_K_M"], ["TYPE 'Q4_0'", "--mix preset 'Q4_K_M'"], out),
+        ([good, out, "--mix", "Q4_K_M", "--mix", "*=Q8_0"], ["--mix given twice"], out),
         ([good, out, "Q8_0", "--keep", "Q3"], ["--keep", "'Q3'"], out),
         ([good, out, "Q8_0", "--threads", "0"], ["--threads"], out),
         ([good, out, "Q8_0", "--bogus"], ["--bogus"], out),
@@ -489,6 +520,337 @@ def check_errors(report):
     print("  ok" if len(report.failures) == failed else "  failures above", flush=True)
 
 
+# ---------------------------------------------------------------------------
+# Part e: K-quants, Q5_0/Q5_1/IQ4_NL, presets and --mix rules
+# ---------------------------------------------------------------------------
+
+GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL = 6, 7, 20
+GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 10, 11, 12, 13, 14
+# ggml's layouts (block elements, block bytes), for a gguf_ref that does not list them
+for _t, _layout in {GGML_Q5_0: (32, 22), GGML_Q5_1: (32, 24), GGML_IQ4_NL: (32, 18),
+                    GGML_Q2_K: (256, 84), GGML_Q3_K: (256, 110), GGML_Q4_K: (256, 144),
+                    GGML_Q5_K: (256, 176), GGML_Q6_K: (256, 210)}.items():
+    gguf_ref.GGML_BLOCK.setdefault(_t, _layout)
+
+# the new TYPE names -> (ggml type id, llama.cpp general.file_type; a K-type: its _S mix's)
+NEW_TYPES = {
+    "Q5_0": (GGML_Q5_0, 8), "Q5_1": (GGML_Q5_1, 9), "IQ4_NL": (GGML_IQ4_NL, 25),
+    "Q2_K": (GGML_Q2_K, 10), "Q3_K": (GGML_Q3_K, 11), "Q4_K": (GGML_Q4_K, 14),
+    "Q5_K": (GGML_Q5_K, 16), "Q6_K": (GGML_Q6_K, 18),
+}
+TYPE_NAME = {t: n for n, (t, _) in list(TYPES.items()) + list(NEW_TYPES.items())}
+# llama.cpp's type for a K-type matrix whose rows are not a multiple of 256
+FALLBACK = {GGML_Q2_K: GGML_IQ4_NL, GGML_Q3_K: GGML_IQ4_NL, GGML_Q4_K: GGML_Q5_0,
+            GGML_Q5_K: GGML_Q5_1, GGML_Q6_K: dq.GGML_Q8_0}
+# Relative L2 error of a whole tensor of mkmodel's weights against its F32 original, per type:
+# about 1.5x what kernels/cpu's quantizers give there (Q8_0 0.004, Q6_K 0.013, Q5_K 0.027,
+# Q5_0 0.028, Q5_1 0.026, Q4_K 0.054, IQ4_NL 0.062, Q3_K 0.12, Q2_K 0.22).
+KTYPE_L2 = {dq.GGML_Q8_0: 0.01, GGML_Q6_K: 0.02, GGML_Q5_K: 0.04, GGML_Q5_0: 0.045,
+            GGML_Q5_1: 0.04, GGML_Q4_K: 0.08, GGML_IQ4_NL: 0.095, GGML_Q3_K: 0.18,
+            GGML_Q2_K: 0.33}
+
+# llama.cpp's presets: name -> (base type, general.file_type)
+PRESETS = {
+    "Q2_K": (GGML_Q2_K, 10), "Q3_K_S": (GGML_Q3_K, 11), "Q3_K_M": (GGML_Q3_K, 12),
+    "Q3_K_L": (GGML_Q3_K, 13), "Q4_K_S": (GGML_Q4_K, 14), "Q4_K_M": (GGML_Q4_K, 15),
+    "Q5_K_S": (GGML_Q5_K, 16), "Q5_K_M": (GGML_Q5_K, 17), "Q6_K": (GGML_Q6_K, 18),
+}
+# 8 layers, rows of 256 (the K-types fit) except ffn_down's 320 (they fall back); 8 heads over
+# 2 KV heads, so Q2_K's attn_v takes its n_gqa >= 4 branch
+KQ = dict(layers=8, dim=256, ffn=320, heads=8, kv_heads=2, vocab=300, ctx=128, seed=11)
+
+
+def more_bits(i, n):
+    """llama.cpp's use_more_bits: first and last eighth of the layers, every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def preset_want(preset, role, i, n, n_gqa):
+    """The type preset gives the i-th of n matrices of a role (docs/quantize.md's table)."""
+    base = PRESETS[preset][0]
+    more = preset in ("Q4_K_M", "Q5_K_M") and more_bits(i, n)
+    if role == "output":
+        return GGML_Q6_K
+    if role == "attn_v":
+        return {"Q2_K": GGML_Q4_K if n_gqa >= 4 else GGML_Q3_K,
+                "Q3_K_M": GGML_Q5_K if i < 2 else GGML_Q4_K,
+                "Q3_K_L": GGML_Q5_K,
+                "Q4_K_S": GGML_Q5_K if i < 4 else base}.get(preset,
+                                                             GGML_Q6_K if more else base)
+    if role == "ffn_down":
+        return {"Q2_K": GGML_Q3_K,
+                "Q3_K_M": GGML_Q5_K if i < n // 16 else GGML_Q4_K,
+                "Q3_K_L": GGML_Q5_K,
+                "Q4_K_S": GGML_Q5_K if i < n // 8 else base}.get(preset,
+                                                                 GGML_Q6_K if more else base)
+    if role == "attn_output":
+        return {"Q2_K": GGML_Q3_K, "Q3_K_M": GGML_Q4_K, "Q3_K_L": GGML_Q5_K}.get(preset, base)
+    return base
+
+
+def is_matrix(name, info):
+    return len(info.ne) >= 2 and name.endswith(".weight")
+
+
+def rule_matches(pattern, name):
+    """A --mix pattern: '*', or whole dot-separated parts of the name."""
+    if pattern == "*":
+        return True
+    parts, want = name.split("."), pattern.split(".")
+    return any(parts[i:i + len(want)] == want for i in range(len(parts) - len(want) + 1))
+
+
+def expected_types(g, preset=None, type_id=None, rules=()):
+    """name -> expected output type, and {K-type: matrices given its fallback}, for the source
+    file g: rules first (first match; None = keep), then the preset, then TYPE; then the
+    row-length fallback."""
+    has_output = "output.weight" in g.tensors
+
+    def role(name):
+        if name == "output.weight" or (not has_output and name == "token_embd.weight"):
+            return "output"
+        for r, part in (("attn_v", "attn_v.weight"), ("ffn_down", "ffn_down"),
+                        ("attn_output", "attn_output.weight")):
+            if part in name:
+                return r
+        return "other"
+    roles = {n: role(n) for n, i in g.tensors.items() if is_matrix(n, i)}
+    count = {r: list(roles.values()).count(r) for r in set(roles.values())}
+    seen = dict.fromkeys(count, 0)
+    heads = g.kv.get("llama.attention.head_count", 1)
+    n_gqa = heads // g.kv.get("llama.attention.head_count_kv", heads)
+    out, fallbacks = {}, {}
+    for name, info in g.tensors.items():
+        out[name] = info.type
+        if name not in roles:
+            continue
+        r = roles[name]
+        i = seen[r]
+        seen[r] += 1
+        want = type_id
+        for pattern, t in rules:
+            if rule_matches(pattern, name):
+                want = t
+                break
+        else:
+            if preset:
+                want = preset_want(preset, r, i, count[r], n_gqa)
+        if want is None or want == info.type:
+            continue
+        if info.ne[0] % gguf_ref.GGML_BLOCK[want][0]:
+            fb = FALLBACK.get(want)
+            if fb is None or info.ne[0] % gguf_ref.GGML_BLOCK[fb][0]:
+                continue
+            fallbacks[want] = fallbacks.get(want, 0) + 1
+            want = fb
+        out[name] = want
+    return out, fallbacks
+
+
+def check_fallback_notes(report, case, lines, fallbacks):
+    """One note per fallback type, with its count."""
+    notes = [ln for ln in lines if "instead of" in ln]
+    want = sorted("%d tensor%s written as %s instead of %s" % (
+        n, "" if n == 1 else "s", TYPE_NAME[FALLBACK[t]], TYPE_NAME[t])
+        for t, n in fallbacks.items())
+    got = sorted(ln.split("note: ", 1)[-1].split(":")[0] for ln in notes)
+    report.check(got == want, "%s: fallback notes %r, expected %r" % (case, got, want))
+
+
+def check_summary(report, case, lines, g):
+    """The summary's 'types NAME N, ...' against the file's tensor types."""
+    text = lines[-1].split("; types ", 1)[-1].split(";")[0] if lines else ""
+    got = {}
+    for item in text.split(", "):
+        name, _, n = item.rpartition(" ")
+        got[name] = int(n) if n.isdigit() else -1
+    want = {}
+    for info in g.tensors.values():
+        want[TYPE_NAME[info.type]] = want.get(TYPE_NAME[info.type], 0) + 1
+    report.check(got == want, "%s: summary types %r, file has %r" % (case, got, want))
+
+
+def check_inspect_mix(report, case, path, g):
+    """`orochi inspect`'s type mix: per type tensors, parameters, bytes, bits per weight."""
+    rc, text, err = orochi(["inspect", path])
+    if not report.check(rc == 0 and "\ntype mix:" in text, "%s: inspect exit %d, no type mix: %s"
+                        % (case, rc, err.strip()[-200:])):
+        return
+    rows = {}
+    for ln in text.split("\ntype mix:", 1)[1].splitlines()[2:]:
+        f = ln.split()
+        if len(f) == 5:
+            rows[f[0]] = (int(f[1]), int(f[2]), int(f[3]), float(f[4]))
+    want = {}
+    for info in g.tensors.values():
+        k = [TYPE_NAME[info.type], "all"]
+        for key in k:
+            n, p, b = want.get(key, (0, 0, 0))
+            want[key] = (n + 1, p + int(np.prod(info.ne)), b + info.nbytes)
+    want = {k: v + (round(8.0 * v[2] / v[1], 3),) for k, v in want.items()}
+    report.check(rows == want, "%s: inspect type mix %r, expected %r" % (case, rows, want))
+
+
+def f32_values(report, case, path, g):
+    """name -> dequantised values of every tensor in g (the file at path), from orochi's own
+    conversion to F32; where dequant_ref knows a tensor's type, checked equal to its values."""
+    back = path + ".f32.gguf"
+    if quantize(report, path, back, "F32") is None:
+        return None
+    gb = gguf_ref.GGUFRef(back)
+    vals = {n: values(gb, n) for n in gb.tensors}
+    for n, info in g.tensors.items():
+        if info.type in dq.TYPE_LAYOUT:
+            mine = values(g, n)
+            if not report.check(np.array_equal(mine, vals[n]), "%s: %s (%s) dequantised by "
+                                "dequant_ref differs from orochi's F32 conversion"
+                                % (case, n, TYPE_NAME[info.type])):
+                break
+    del gb
+    os.unlink(back)
+    return vals
+
+
+def check_weights(report, case, g, vals, orig):
+    """Every converted matrix within its type's relative L2 bound of the F32 original."""
+    worst = {}
+    for name, info in g.tensors.items():
+        if info.type == dq.GGML_F32:
+            continue
+        rel = float(np.linalg.norm(vals[name] - orig[name]) / np.linalg.norm(orig[name]))
+        worst[info.type] = max(worst.get(info.type, 0.0), rel)
+        if not report.check(rel <= KTYPE_L2[info.type], "%s: %s (%s) relative L2 %.4f > %.3f"
+                            % (case, name, TYPE_NAME[info.type], rel, KTYPE_L2[info.type])):
+            break
+    return worst
+
+
+def mkmodel(report, path, p, *extra):
+    rc, _, err = orochi(["mkmodel", "--out", path, "--layers", p["layers"], "--dim", p["dim"],
+                         "--ffn", p["ffn"], "--heads", p["heads"], "--kv-heads", p["kv_heads"],
+                         "--vocab", p["vocab"], "--ctx", p["ctx"], "--type", "f32",
+                         "--seed", p["seed"]] + list(extra))
+    return report.check(rc == 0, "mkmodel %s: exit %d: %s" % (path, rc, err.strip()))
+
+
+def check_kquants(report):
+    print("part e: K-quants, Q5_0/Q5_1/IQ4_NL, presets and --mix rules", flush=True)
+    src = os.path.join(WORKDIR, "kq_src.gguf")
+    if not mkmodel(report, src, KQ):
+        return
+    g_src = gguf_ref.GGUFRef(src)
+    orig = {n: values(g_src, n) for n in g_src.tensors}
+    out = os.path.join(WORKDIR, "kq_out.gguf")
+
+    def run_case(case, args, ftype, preset=None, type_id=None, rules=(), source=src):
+        """quantize, then check types, notes and file_type; returns (GGUFRef, lines) or None."""
+        lines = quantize(report, source, out, *args)
+        if lines is None:
+            return None
+        want, fallbacks = expected_types(gguf_ref.GGUFRef(source), preset, type_id, rules)
+        _, g = check_container(report, case, source, out, lambda name, info: want[name], ftype)
+        check_fallback_notes(report, case, lines, fallbacks)
+        return g, lines
+
+    # each new TYPE for every matrix (two layers are enough here)
+    src2 = os.path.join(WORKDIR, "kq_src2.gguf")
+    if not mkmodel(report, src2, dict(KQ, layers=2)):
+        return
+    g_src2 = gguf_ref.GGUFRef(src2)
+    orig2 = {n: values(g_src2, n) for n in g_src2.tensors}
+    for type_name, (type_id, ftype) in NEW_TYPES.items():
+        case = "kq %s" % type_name
+        r = run_case(case, [type_name.lower()], ftype, type_id=type_id, source=src2)
+        if r is None:
+            continue
+        g, lines = r
+        vals = f32_values(report, case, out, g)
+        if vals is not None:
+            worst = check_weights(report, case, g, vals, orig2)
+            print("  %-6s %s" % (type_name, ", ".join("%s rel L2 %.4f" % (TYPE_NAME[t], e)
+                                                      for t, e in sorted(worst.items()))),
+                  flush=True)
+        del g
+        os.unlink(out)
+    del g_src2
+    os.unlink(src2)
+
+    # every preset's per-tensor types; Q4_K_M as TYPE, the rest through --mix
+    for preset, (_, ftype) in PRESETS.items():
+        case = "kq preset %s" % preset
+        args = [preset] if preset == "Q4_K_M" else ["--mix", preset]
+        r = run_case(case, args, ftype, preset=preset)
+        if r is None:
+            continue
+        g, lines = r
+        if preset == "Q4_K_M":
+            check_summary(report, case, lines, g)
+            check_inspect_mix(report, case, out, g)
+            vals = f32_values(report, case, out, g)
+            if vals is not None:
+                check_weights(report, case, g, vals, orig)
+                # the engine on the mix against numpy on its dequantised weights
+                back = os.path.join(WORKDIR, "kq_q4_k_m_f32.gguf")
+                if quantize(report, out, back, "F32") is not None:
+                    ref = LlamaRef(back).teacher_forced(TINY_IDS)
+                    e = check_eval(report, case, out, ref, KQ["vocab"], BOUND_QUANT)
+                    print("  Q4_K_M eval vs reference %.2e (bound %.0e)" % (e, BOUND_QUANT),
+                          flush=True)
+                    os.unlink(back)
+        kinds = {}
+        for info in g.tensors.values():
+            kinds[TYPE_NAME[info.type]] = kinds.get(TYPE_NAME[info.type], 0) + 1
+        print("  %-6s %s" % (preset, ", ".join("%s %d" % kv for kv in sorted(kinds.items()))),
+              flush=True)
+        del g
+        os.unlink(out)
+
+    # a tied model: token_embd.weight is the lm_head and takes output.weight's rule (Q6_K)
+    tied = os.path.join(WORKDIR, "kq_tied.gguf")
+    if mkmodel(report, tied, dict(KQ, layers=2), "--tied"):
+        r = run_case("kq tied Q4_K_M", ["Q4_K_M"], 15, preset="Q4_K_M", source=tied)
+        if r is not None:
+            report.check(r[0].tensors["token_embd.weight"].type == GGML_Q6_K,
+                         "kq tied Q4_K_M: token_embd.weight is not Q6_K")
+            os.unlink(out)
+        os.unlink(tied)
+
+    # --mix rules: alone (unmatched matrices would stay; '*' matches all), with TYPE, with a
+    # preset; 'output' names output.weight and not attn_output.weight
+    rule_cases = [
+        ("attn_v=Q6_K,ffn_down=Q6_K,output=Q6_K,*=Q4_K", None, None, 14,
+         [("attn_v", GGML_Q6_K), ("ffn_down", GGML_Q6_K), ("output", GGML_Q6_K),
+          ("*", GGML_Q4_K)]),
+        ("token_embd=keep, blk.1=Q8_0", "Q4_0", None, 2,
+         [("token_embd", None), ("blk.1", dq.GGML_Q8_0)]),
+        ("ffn_down=q5_k", "Q4_K_M", "Q4_K_M", 15, [("ffn_down", GGML_Q5_K)]),
+        ("blk.0=Q8_0", None, None, 0, [("blk.0", dq.GGML_Q8_0)]),
+    ]
+    for text, type_arg, preset, ftype, rules in rule_cases:
+        case = "kq %s --mix %r" % (type_arg or "", text)
+        type_id = TYPES[type_arg][0] if type_arg in TYPES else None
+        args = ([type_arg] if type_arg else []) + ["--mix", text]
+        r = run_case(case, args, ftype, preset=preset, type_id=type_id, rules=rules)
+        if r is not None:
+            check_summary(report, case, r[1], r[0])
+            os.unlink(out)
+
+    # a K-type on the hand-written file: 64- and 32-wide rows fall back to Q5_0 (one note with
+    # the count), the 48-wide odd.weight fits neither and stays F32 (a note naming it)
+    mixed = os.path.join(WORKDIR, "kq_mixed.gguf")
+    write_mixed(mixed)
+    r = run_case("kq mixed Q4_K", ["Q4_K"], 14, type_id=GGML_Q4_K, source=mixed)
+    if r is not None:
+        kept = [ln for ln in r[1] if "kept as" in ln]
+        report.check(len(kept) == 1 and "'odd.weight' kept as F32" in kept[0] and "48" in kept[0]
+                     and "Q5_0" in kept[0], "kq mixed Q4_K: expected one note keeping odd.weight "
+                     "(row length 48, nor Q5_0), got %r" % kept)
+        os.unlink(out)
+    os.unlink(mixed)
+    os.unlink(src)
+    print("  --mix rules, tied model, fallback notes checked", flush=True)
+
+
 def main():
     if not os.path.exists(OROCHI_BIN):
         print("FAIL: orochi binary not found at %s" % OROCHI_BIN)
@@ -501,6 +863,7 @@ def main():
         check_mixed(report)
         check_default(report)
         check_errors(report)
+        check_kquants(report)
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)
     print("reference_quantize: %d checks, %d failures, %.1fs"
