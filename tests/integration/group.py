@@ -108,6 +108,20 @@ def mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256,
     return path
 
 
+def quantized(src, type_name):
+    """src re-quantized by `orochi quantize` to type_name (a type or a preset); cached by name."""
+    e = env()
+    d = os.path.join(e["tmp"], "models")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "%s.%s.gguf" % (os.path.basename(src).rsplit(".", 1)[0], type_name))
+    if not os.path.isfile(path):
+        r = subprocess.run([e["bin"], "quantize", src, path, type_name], capture_output=True,
+                           text=True, timeout=300)
+        if r.returncode != 0:
+            raise AssertionError("orochi quantize failed (%d): %s" % (r.returncode, r.stderr.strip()))
+    return path
+
+
 def run_ids(model, prompt, n, chat=False):
     """The generated ids of `orochi run --temp 0 --print-ids` (eos included when it stops there)."""
     cmd = [env()["bin"], "run", "--model", model, "--prompt", prompt, "-n", str(n), "--temp", "0",

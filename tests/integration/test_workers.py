@@ -4,8 +4,9 @@ Each worker computes a column shard of every layer (and its KV heads of attentio
 not change a single bit of the logits. Under greedy decoding any difference in the logits that
 matters shows up as a different token, so: the same prompts through groups of 1, 2 and 3 CPU
 workers must give exactly the token ids of `orochi run --temp 0 --print-ids`, on tiny models of two
-tensor types (f32 and the block-quantized q4_1, whose rows are sharded block-aligned) and on the
-default model (3 KV heads) when it is present.
+tensor types (f32 and the block-quantized q4_1, whose rows are sharded block-aligned), on K-quant
+tiny models, and on the default model (3 KV heads) when it is present, as distributed and
+re-quantized to K-quant mixes (Q4_K_M, Q5_K_M, Q6_K, Q5_1, Q3_K).
 """
 import os
 import sys
@@ -63,6 +64,26 @@ def test_workers_default_model():
     if not model:
         raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
     across_workers(model, ["The capital of France is", "def add(a, b):"], 24)
+
+
+@t.case
+def test_workers_kquants_tiny():
+    # K-quant matrices (256-column super-blocks) sharded by rows across workers
+    for typ in ("q4_k", "q6_k"):
+        model = G.mkmodel(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, vocab=300, ctx=256,
+                          type=typ, seed=5)
+        across_workers(model, PROMPTS[:2], N, counts=(2,))
+
+
+@t.case
+def test_workers_default_requantized():
+    # the default model as llama.cpp users keep it: K-quant mixes and the types they fall back to
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    for typ in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q5_1", "Q3_K"):
+        G.log("  %s:" % typ)
+        across_workers(G.quantized(model, typ), ["The capital of France is"], 16, counts=(2,))
 
 
 @t.case

@@ -24,7 +24,11 @@ Parts:
      (and an f16 KV cache on the f32 model);
   b. the default model (OROCHI_MODEL): the reference generates 32 tokens
      greedily after each of 5 prompts, then `orochi eval` must reproduce the
-     logits at every position (prompt and generated part).
+     logits at every position (prompt and generated part);
+  c. the default model re-quantized by `orochi quantize` to Q4_K_M, Q5_K_M,
+     Q6_K, Q5_1 and Q3_K (K-types, their llama.cpp fallbacks, mixes): the
+     reference generates 8 tokens after the first prompt from each file and
+     `orochi eval` (batch 1 and 8) must reproduce its logits.
 
 The measure is the relative L2 error per position, ||c - r|| / ||r||, against
 the exact (float64, unquantised-activation) reference.  Bounds: 1e-4 for
@@ -419,11 +423,18 @@ def check_reference_forward(report):
 # ---------------------------------------------------------------------------
 
 TYPE_IDS = {"f32": dq.GGML_F32, "f16": dq.GGML_F16, "bf16": dq.GGML_BF16,
-            "q8_0": dq.GGML_Q8_0, "q4_0": dq.GGML_Q4_0, "q4_1": dq.GGML_Q4_1}
+            "q8_0": dq.GGML_Q8_0, "q4_0": dq.GGML_Q4_0, "q4_1": dq.GGML_Q4_1,
+            "q5_0": dq.GGML_Q5_0, "q5_1": dq.GGML_Q5_1, "iq4_nl": dq.GGML_IQ4_NL,
+            "q2_k": dq.GGML_Q2_K, "q3_k": dq.GGML_Q3_K, "q4_k": dq.GGML_Q4_K,
+            "q5_k": dq.GGML_Q5_K, "q6_k": dq.GGML_Q6_K}
+# K-quant tiny models: rows a multiple of the 256-element super-block
+TINY_K = {"dim": 256, "ffn": 512}
 
 
 def tiny_cases():
-    cases = [(t, t, False, {}) for t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")]
+    cases = [(t, t, False, {}) for t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
+                                         "q5_1", "iq4_nl")]
+    cases += [(t, t, False, TINY_K) for t in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")]
     cases.append(("f32-tied", "f32", True, {}))
     cases.append(("q8_0-tied", "q8_0", True, {}))
     cases.append(("f32-mha", "f32", False, {"kv_heads": TINY_BASE["heads"]}))
@@ -552,6 +563,49 @@ def check_default_model(report):
                   "on %d of %d generated tokens" % (len(ids), agree, GENERATE))
 
 
+# ---------------------------------------------------------------------------
+# Part c: the default model re-quantized by `orochi quantize`
+# ---------------------------------------------------------------------------
+
+# llama.cpp-style mixes and plain types; on SmolLM2-135M most rows are 576 long, so the K-types
+# reach ffn_down (1536) and the rest falls back (Q4_K -> Q5_0, Q6_K -> Q8_0, Q3_K -> IQ4_NL)
+REQUANT = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q5_1", "Q3_K")
+
+
+def check_requantized(report):
+    if not os.path.exists(OROCHI_MODEL):
+        print("SKIP part c: default model absent at %s (run make models)" % OROCHI_MODEL)
+        return
+    print("part c: the default model re-quantized by orochi quantize", flush=True)
+    vocab = None
+    for type_name in REQUANT:
+        path = os.path.join(WORKDIR, "default_%s.gguf" % type_name.lower())
+        try:
+            run_orochi(["quantize", OROCHI_MODEL, path, type_name], "quantize " + type_name)
+        except RuntimeError as exc:
+            report.fail("requant %s: %s" % (type_name, exc))
+            continue
+        model = LlamaRef(path)
+        vocab = model.cfg.vocab
+        ids, _ = prompt_ids(DEFAULT_PROMPTS[0], FALLBACK_PROMPT_IDS[0], vocab)
+        generated, ref = model.greedy(ids, 8)
+        mix = {}
+        for info in gguf_ref.GGUFRef(path).tensors.values():
+            name = dq.TYPE_NAMES.get(info.type, str(info.type))
+            mix[name] = mix.get(name, 0) + 1
+        for batch in (1, 8):
+            case = "requant %s batch%d" % (type_name, batch)
+            try:
+                c = c_eval(path, ids + generated, vocab, "requant_%d" % batch, batch=batch)
+            except RuntimeError as exc:
+                report.fail("%s: %s" % (case, exc))
+                continue
+            report.compare(case, c, ref, BOUND_QUANT)
+        print("  %-6s %s" % (type_name, " ".join("%s %d" % kv for kv in sorted(mix.items()))),
+              flush=True)
+        os.unlink(path)
+
+
 def main():
     os.makedirs(WORKDIR, exist_ok=True)
     report = Report()
@@ -564,6 +618,7 @@ def main():
         else:
             check_tiny_models(report)
             check_default_model(report)
+            check_requantized(report)
     finally:
         for name in os.listdir(WORKDIR):
             os.unlink(os.path.join(WORKDIR, name))
