@@ -3,8 +3,9 @@
 
 llama.cpp is not part of orochi: build it with ../shared/bench/build-peer.sh and pass its bin
 directory with --llama-cpp (this script never fetches or vendors it). From --model the other types
-of the same model (--types) are derived with `orochi quantize` into --work-dir, so both engines
-read byte-identical files.
+of the same model (--types: plain types or llama.cpp-style mixes such as Q4_K_M) are derived with
+`orochi quantize` into --work-dir, so both engines read byte-identical files. The K-quant table:
+`make bench-peer PEER_FLAGS="--types Q4_K_M,Q5_K_M,Q6_K,Q5_1,Q3_K_M --no-spec"`.
 
 The run is a number of rounds (--rounds); each round measures everything once, alternating the two
 engines measurement by measurement, so a slow period on a shared machine hits both sides instead
@@ -42,7 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spec_bench  # noqa: E402  (Group, sequential, load_prompts: the group helpers, not copied)
 
 ROOT = spec_bench.ROOT
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# every type `orochi quantize` writes, and its llama.cpp-style mixes (docs/quantize.md)
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K",
+         "Q4_K", "Q5_K", "Q6_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
+         "Q5_K_M")
 STEP_WIDTHS = (2, 4, 8, 16)
 PROMPT_TOKENS = 128
 # orochi bench measures t(W) on top of a committed context; llama-bench's -p W starts at position
