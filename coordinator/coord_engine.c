@@ -661,8 +661,10 @@ static uint64_t engine_focus(const coord *c)
     return best;
 }
 
-/* Emit new tokens of a slot; sets sl->stop at eos, a stop string or an allocation failure. */
-static void slot_emit(coord *c, engine_slot *sl, const int32_t *ids, int n)
+/* Emit new tokens of a slot; sets sl->stop at eos, a stop string or an allocation failure.
+ * Returns how many of the n ids the request got: up to and including an eos, so tokens a
+ * verification accepted past the end of sequence are never counted as generated. */
+static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, int n)
 {
     int32_t eos = tokenizer_eos(c->tok);
     for (int e = 0; e < n; e++) {
@@ -670,19 +672,20 @@ static void slot_emit(coord *c, engine_slot *sl, const int32_t *ids, int n)
         if (ids[e] == eos) {
             sl->finish = "stop";
             sl->stop = true;
-            return;
+            return e + 1;
         }
         const char *pc;
         size_t pl = tokenizer_is_special(c->tok, ids[e]) ? 0 : tokenizer_piece(c->tok, ids[e], &pc);
         if (pl && text_add(&sl->out, pc, pl)) {
             sl->stop = true;
-            return;
+            return e + 1;
         }
     }
     if (text_flush(&sl->out, sl->req, sl->prm, false)) {
         sl->finish = "stop";
         sl->stop = true;
     }
+    return n;
 }
 
 static void slot_finish(coord *c, int s)
@@ -967,7 +970,6 @@ static void engine_step_all(coord *c)
         memcpy(sl->all + sl->n_all, added, (size_t)n_add * sizeof *added);
         sl->n_all += n_add;
         sl->last_added = n_add;
-        sl->generated += n_add;
         sl->steps++;
         sl->verify_steps++;
         sl->accepted_total += a;
@@ -995,7 +997,7 @@ static void engine_step_all(coord *c)
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[a < RT_MAX_WIDTH ? a : RT_MAX_WIDTH]++;
         pthread_mutex_unlock(&c->mlock);
-        slot_emit(c, sl, added, n_add);
+        sl->generated += slot_emit(c, sl, added, n_add);
         if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
             slot_finish(c, s);
     }

@@ -40,6 +40,8 @@ def tiny():
 
 def check_answer(r, want, what):
     G.check_eq(r["orochi"]["token_ids"], want, what + ": token ids")
+    G.check(r["usage"]["completion_tokens"] == len(want), "%s: usage.completion_tokens %r for %d "
+            "token ids", what, r["usage"]["completion_tokens"], len(want))
     o = r["orochi"]
     G.check(isinstance(o.get("draft_kinds"), list), "%s: draft_kinds is not a list: %r", what, o.get("draft_kinds"))
     G.check(all(isinstance(k, str) for k in o["draft_kinds"]), "%s: draft_kinds %r", what, o["draft_kinds"])
@@ -152,6 +154,25 @@ def test_speculative_default_model_chat():
         G.check(r.status == 200, "chat completion: %r", r)
         check_answer(r.json, want, "chat %r" % q)
         G.check(r.json["choices"][0]["message"]["role"] == "assistant", "chat answer %r", r.json["choices"][0])
+
+
+@t.case
+def test_speculative_eos_inside_a_draft():
+    # the target drafting for itself: every draft is right, so the end of sequence is accepted in
+    # the middle of a verified path; the tokens verified past it are neither returned nor counted
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    q = "Say hello."  # a 30-token answer whose end lies inside a 6-token draft
+    want = G.run_ids(model, q, 48, chat=True)
+    G.check(len(want) < 48, "the reference answer never ends (%d tokens): no eos to test", len(want))
+    with G.Group("eos-draft", model, speculators=["model:draft=%s" % model], max_draft=6) as g:
+        r = g.http("/v1/chat/completions", "POST",
+                   {"messages": [{"role": "user", "content": q}], "max_tokens": 48, "temperature": 0})
+        G.check(r.status == 200, "chat completion: %r", r)
+        check_answer(r.json, want, "chat %r with perfect drafts" % q)
+        G.check(r.json["orochi"]["mean_accepted"] > 1.5, "drafts were not accepted: %r",
+                r.json["orochi"])
 
 
 if __name__ == "__main__":
