@@ -550,31 +550,26 @@ static bool text_flush(engine_text *t, coord_request *req, const coord_params *p
 
 /* ===== a request ===== */
 
+/* The prompt text of a request: a completion's prompt, or the conversation rendered with the
+ * file's chat template (tokenizer_chat_render: the template's default system message whenever
+ * the conversation does not start with its own, one turn or many). */
 static char *engine_render(coord *c, const coord_params *prm)
 {
     if (prm->kind == COORD_REQ_COMPLETION)
         return strdup(prm->prompt ? prm->prompt : "");
-    /* chat: a single user turn uses the file's template; longer conversations are rendered in
-     * ChatML when the template is ChatML, else as [INST] turns */
-    if (prm->n_messages == 1 && !strcmp(prm->messages[0].role, "user"))
-        return tokenizer_chat_prompt(c->tok, prm->messages[0].content);
-    size_t cap = 256;
-    for (int i = 0; i < prm->n_messages; i++)
-        cap += strlen(prm->messages[i].role) + strlen(prm->messages[i].content) + 64;
-    char *out = malloc(cap);
-    if (!out)
-        return NULL;
-    size_t n = 0;
-    char *probe = tokenizer_chat_prompt(c->tok, "");
-    bool chatml = probe && strstr(probe, "<|im_start|>");
-    free(probe);
-    for (int i = 0; i < prm->n_messages; i++) {
-        const coord_message *m = &prm->messages[i];
-        n += (size_t)snprintf(out + n, cap - n,
-                              chatml ? "<|im_start|>%s\n%s<|im_end|>\n" : "[%s] %s\n", m->role,
-                              m->content);
+    int n = prm->n_messages;
+    const char **roles = malloc((size_t)(n ? n : 1) * sizeof *roles);
+    const char **contents = malloc((size_t)(n ? n : 1) * sizeof *contents);
+    char *out = NULL;
+    if (roles && contents) {
+        for (int i = 0; i < n; i++) {
+            roles[i] = prm->messages[i].role;
+            contents[i] = prm->messages[i].content;
+        }
+        out = tokenizer_chat_render(c->tok, n, roles, contents);
     }
-    snprintf(out + n, cap - n, chatml ? "<|im_start|>assistant\n" : "[assistant] ");
+    free(roles);
+    free(contents);
     return out;
 }
 

@@ -930,21 +930,51 @@ static const char TOK_SYS_OPEN[] = "<|im_start|>system\n";
 
 char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message)
 {
-    size_t ul = strlen(user_message);
-    size_t sl = tok->chat_system ? strlen(tok->chat_system) : 0;
-    size_t cap = ul + sl + 128;
+    const char *role = "user";
+    return tokenizer_chat_render(tok, 1, &role, &user_message);
+}
+
+static bool tok_role_system(const char *role)
+{
+    return !strcmp(role, "system") || !strcmp(role, "developer");
+}
+
+char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
+                            const char *const *contents)
+{
+    size_t cap = 128 + (tok->chat_system ? strlen(tok->chat_system) : 0);
+    for (int i = 0; i < n; i++)
+        cap += strlen(roles[i]) + strlen(contents[i]) + 64;
     char *out = malloc(cap);
     if (!out)
         return NULL;
+    size_t m = 0;
     if (tok->chatml) {
-        size_t m = 0;
-        if (tok->chat_system)
+        if (tok->chat_system && (n == 0 || !tok_role_system(roles[0])))
             m += (size_t)snprintf(out + m, cap - m, "%s%s<|im_end|>\n", TOK_SYS_OPEN,
                                   tok->chat_system);
-        snprintf(out + m, cap - m, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
-                 user_message);
-    } else {
-        snprintf(out, cap, "[INST] %s [/INST]", user_message);
+        for (int i = 0; i < n; i++)
+            m += (size_t)snprintf(out + m, cap - m, "<|im_start|>%s\n%s<|im_end|>\n",
+                                  tok_role_system(roles[i]) ? "system" : roles[i], contents[i]);
+        snprintf(out + m, cap - m, "<|im_start|>assistant\n");
+        return out;
+    }
+    const char *sys = NULL; /* folded into the next user turn */
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (tok_role_system(roles[i])) {
+            sys = contents[i];
+            continue;
+        }
+        if (!strcmp(roles[i], "user")) {
+            m += (size_t)snprintf(out + m, cap - m, "%s[INST] ", m ? " " : "");
+            if (sys)
+                m += (size_t)snprintf(out + m, cap - m, "<<SYS>>\n%s\n<</SYS>>\n\n", sys);
+            sys = NULL;
+            m += (size_t)snprintf(out + m, cap - m, "%s [/INST]", contents[i]);
+        } else {
+            m += (size_t)snprintf(out + m, cap - m, " %s", contents[i]);
+        }
     }
     return out;
 }

@@ -45,4 +45,15 @@ long tokenizer_decode(const tokenizer *tok, const int32_t *ids, int n, char *out
  * string, or NULL on allocation failure. The system message is the template's default, if any. */
 char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message);
 
+/* Format a conversation of n messages (roles[i], contents[i]) with the file's chat template,
+ * ending with the assistant prompt; a malloc'd string, or NULL on allocation failure.
+ *   ChatML: each message as <|im_start|>ROLE\nCONTENT<|im_end|>\n, preceded by the template's
+ *     default system message when the first message is not a system one (as the template's own
+ *     `loop.first and messages[0]['role'] != 'system'` rule says); "developer" is a system role.
+ *   Otherwise: the Llama-2 form, [INST] USER [/INST] per user turn with the assistant's turns
+ *     between them and a system message folded into the first user turn as <<SYS>>.
+ * One user message gives exactly tokenizer_chat_prompt's text. */
+char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
+                            const char *const *contents);
+
 #endif

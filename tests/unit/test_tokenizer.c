@@ -368,6 +368,37 @@ static void test_chat_prompt(void **state)
     free(p);
 }
 
+/* Conversations follow the template's rule: its default system message whenever the first
+ * message is not a system (or developer) one — a multi-turn chat as much as a single turn. */
+static void test_chat_render(void **state)
+{
+    const tokenizer *tok = ((tt_ctx *)*state)->tok;
+    const char *sys = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                      "Hugging Face<|im_end|>\n";
+    const char *roles[] = {"user", "assistant", "user"};
+    const char *texts[] = {"Hi", "Hello!", "How are you?"};
+    char *p = tokenizer_chat_render(tok, 3, roles, texts);
+    char want[512];
+    snprintf(want, sizeof want,
+             "%s<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+             "<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n",
+             sys);
+    assert_string_equal(p, want);
+    free(p);
+    const char *roles2[] = {"developer", "user"};
+    const char *texts2[] = {"Be brief.", "Hi"};
+    p = tokenizer_chat_render(tok, 2, roles2, texts2);
+    assert_string_equal(p, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+                           "<|im_end|>\n<|im_start|>assistant\n");
+    free(p);
+    const char *one = "Hi there";
+    p = tokenizer_chat_render(tok, 1, roles, &one);
+    char *q = tokenizer_chat_prompt(tok, one);
+    assert_string_equal(p, q);
+    free(p);
+    free(q);
+}
+
 int main(void)
 {
     const char *model = getenv("OROCHI_MODEL");
@@ -378,6 +409,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accessors),
         cmocka_unit_test(test_known_ids),
+        cmocka_unit_test(test_chat_render),
         cmocka_unit_test(test_roundtrip_fixed),
         cmocka_unit_test(test_missing_bytes_dropped),
         cmocka_unit_test(test_roundtrip_random_unicode),
