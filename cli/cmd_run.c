@@ -17,7 +17,7 @@ typedef struct {
     const char *model, *prompt, *prompt_file;
     long n_predict, top_k, threads, seed;
     double temp, top_p;
-    bool chat, print_ids;
+    bool chat, print_ids, no_special;
     kv_type kv;
 } run_opts;
 
@@ -26,10 +26,12 @@ static void run_usage(FILE *out)
     fprintf(out,
             "usage: orochi run --model M (--prompt P | --prompt-file F) [-n N] [--temp T]\n"
             "                  [--top-k K] [--top-p P] [--seed S] [--threads T] [--chat]\n"
-            "                  [--print-ids] [--kv f32|f16]\n"
+            "                  [--print-ids] [--kv f32|f16] [--no-special]\n"
             "  Sequential decoding in this process. Text streams to stdout (with --print-ids: the\n"
             "  generated ids, space-separated, one line); a speed summary goes to stderr.\n"
-            "  --temp 0 is greedy (default 0.8, top-k 40, top-p 0.95, seed 1).\n");
+            "  --temp 0 is greedy (default 0.8, top-k 40, top-p 0.95, seed 1).\n"
+            "  Special-token text in the prompt (e.g. <|im_start|>) becomes that token, as in\n"
+            "  orochi tokenize and the group's completions; --no-special keeps it plain text.\n");
 }
 
 static bool parse_kv(const char *cmd, const char *s, kv_type *kv)
@@ -56,6 +58,8 @@ static int run_parse(int argc, char **argv, run_opts *o)
             return 1;
         } else if (!strcmp(a, "--chat")) {
             o->chat = true;
+        } else if (!strcmp(a, "--no-special")) {
+            o->no_special = true;
         } else if (!strcmp(a, "--print-ids")) {
             o->print_ids = true;
         } else if (!(v = cli_value("run", argc, argv, &i))) {
@@ -146,7 +150,9 @@ static int run_encode_prompt(const tokenizer *tok, const run_opts *o, int32_t **
     int cap = (int)len + 2;
     *ids = malloc((size_t)cap * sizeof **ids);
     int off = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0 ? 1 : 0;
-    int n = *ids ? tokenizer_encode(tok, text, len, o->chat, *ids + off, cap - off, &needed) : -1;
+    /* one rule with orochi tokenize and the coordinator: special-token text is parsed */
+    int n = *ids ? tokenizer_encode(tok, text, len, !o->no_special, *ids + off, cap - off, &needed)
+                 : -1;
     free(text);
     if (n < 0) {
         fprintf(stderr, "orochi run: tokenizing the prompt failed\n");

@@ -63,7 +63,9 @@ def test_workers_default_model():
     model = G.default_model()
     if not model:
         raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
-    across_workers(model, ["The capital of France is", "def add(a, b):"], 24)
+    # special-token text in a prompt is that token for orochi run as for the group (one rule)
+    across_workers(model, ["The capital of France is", "def add(a, b):",
+                           "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n"], 24)
 
 
 @t.case
