@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""bench/soak.py — a chaos soak: many clients against one group while its processes are killed.
+
+A group (deploy/orochi-launch: CPU workers and speculators) serves N concurrent clients for
+--minutes while a chaos thread, every --kill-every seconds, picks a worker or speculator at random
+and either SIGKILLs it or SIGSTOPs it for 0.5-3 s. Clients send completions of a fixed prompt set,
+streaming and not, greedy and sampled with a seed, round-robin. At the end it reports and checks:
+
+  lost        requests that did not complete with 200 (errors, resets, timeouts)
+  mismatched  completed greedy answers that differ from `orochi run --temp 0` (token ids; streams
+              by their text, taken from the undisturbed group before the chaos starts). Sampled
+              answers are checked for completion only: with a seed they repeat on a calm group,
+              but speculative sampling consumes its random stream along the drafts it is given,
+              and which drafts arrive in time depends on load and batching (the count of sampled
+              answers that differ from the calm group's is reported as `sampled differ`).
+  rss         coordinator RSS (VmRSS) after warm-up (the first --warmup fraction of the run) and
+              at the end: growth in percent
+  leaks       processes of the group still alive after `down`, and shared-memory segments
+              (/dev/shm/orochi-*) that appeared during the run and remain after it
+
+Output: a summary table on stdout and one JSON line appended to --json. The exit status is 1 when
+anything was lost, mismatched or leaked, or RSS grew by more than --max-rss-growth percent.
+`make soak` runs 10 minutes with 8 clients; the ctest `integration_soak` runs a 1-minute version.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "integration"))
+import spec_bench  # noqa: E402  (Group, free_port: the group helpers)
+import group as G  # noqa: E402  (parse_status, pid_alive)
+
+ROOT = spec_bench.ROOT
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "Once upon a time, there was a little",
+    "List three colors:",
+    "The meeting was moved to Tuesday. The meeting was moved to Tuesday because",
+    "Water boils at",
+]
+SEEDS = (1, 2)
+
+
+def log(msg):
+    print("soak: %s" % msg, flush=True)
+
+
+def request(port, body, stream, timeout):
+    """POST /v1/completions; (status, token ids or None, text). Streams are read to the end."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        b = dict(body, stream=stream)
+        conn.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            r.read()
+            return r.status, None, ""
+        if not stream:
+            j = json.loads(r.read())
+            return 200, j.get("orochi", {}).get("token_ids"), j["choices"][0]["text"]
+        text, done = [], False
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                return 500, None, ""
+            for c in ev.get("choices", []):
+                text.append(c.get("text", ""))
+        return (200 if done else 599), None, "".join(text)
+    finally:
+        conn.close()
+
+
+def run_ids(bin_dir, model, prompt, n):
+    out = subprocess.run([os.path.join(bin_dir, "orochi"), "run", "--model", model, "--prompt",
+                          prompt, "-n", str(n), "--temp", "0", "--print-ids"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def rss_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def shm_segments():
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("orochi-")}
+    except OSError:
+        return set()
+
+
+class Soak:
+    def __init__(self, a):
+        self.a = a
+        self.lock = threading.Lock()
+        self.ok = self.lost = self.mismatched = self.sampled_differ = 0
+        self.by_mode = {}
+        self.failures = []
+        self.actions = []
+        self.rss = []  # (t, kB)
+        self.pids = set()
+        self.stop = threading.Event()
+
+    def note(self, kind, detail):
+        with self.lock:
+            if len(self.failures) < 20:
+                self.failures.append("%s: %s" % (kind, detail))
+
+    def count(self, mode, field):
+        with self.lock:
+            setattr(self, field, getattr(self, field) + 1)
+            self.by_mode.setdefault(mode, {"ok": 0, "lost": 0, "mismatched": 0})[field] += 1
+
+    def references(self, g):
+        """{(prompt, seed or None): (ids, text)}: greedy from orochi run (the calm group must agree;
+        its text is the streams' reference), sampled from the calm group."""
+        a, refs = self.a, {}
+        for p in PROMPTS:
+            want = run_ids(a.bin_dir, a.model, p, a.max_tokens)
+            st, ids, text = request(g.port, {"prompt": p, "max_tokens": a.max_tokens,
+                                             "temperature": 0}, False, 300)
+            if st != 200 or ids != want:
+                raise SystemExit("soak: the undisturbed group does not give orochi run's ids for "
+                                 "%r (status %d): %r vs %r" % (p, st, ids, want))
+            refs[(p, None)] = (want, text)
+            for s in SEEDS:
+                body = {"prompt": p, "max_tokens": a.max_tokens, "temperature": 0.8, "seed": s}
+                st, ids, text = request(g.port, body, False, 300)
+                refs[(p, s)] = (ids, text)
+        return refs
+
+    def client(self, idx, port, refs, deadline):
+        rng = random.Random(self.a.seed * 1000 + idx)
+        i = idx
+        while time.time() < deadline:
+            p = PROMPTS[i % len(PROMPTS)]
+            seed = None if (i // len(PROMPTS)) % 3 == 0 else SEEDS[i % len(SEEDS)]
+            stream = rng.random() < 0.5
+            i += 1
+            mode = "%s %s" % ("greedy" if seed is None else "sampled", "stream" if stream else "json")
+            body = {"prompt": p, "max_tokens": self.a.max_tokens,
+                    "temperature": 0 if seed is None else 0.8}
+            if seed is not None:
+                body["seed"] = seed
+            try:
+                st, ids, text = request(port, body, stream, self.a.timeout)
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                self.count(mode, "lost")
+                self.note("lost", "%s %r: %s" % (mode, p[:30], exc))
+                continue
+            if st != 200:
+                self.count(mode, "lost")
+                self.note("lost", "%s %r: status %d" % (mode, p[:30], st))
+                continue
+            want_ids, want_text = refs[(p, seed)]
+            same = text == want_text if stream else ids == want_ids
+            if seed is not None:
+                self.count(mode, "ok")
+                with self.lock:
+                    self.sampled_differ += not same
+            elif same:
+                self.count(mode, "ok")
+            else:
+                self.count(mode, "mismatched")
+                self.note("mismatch", "%s %r: got %r want %r" % (mode, p[:30], (ids, text)[stream],
+                                                                (want_ids, want_text)[stream]))
+
+    def chaos(self, g, deadline):
+        rng = random.Random(self.a.seed)
+        while not self.stop.wait(self.a.kill_every) and time.time() < deadline:
+            st = {r: v for r, v in g_status(g).items() if r != "coordinator" and v["pid"]}
+            if not st:
+                continue
+            role = rng.choice(sorted(st))
+            pid = st[role]["pid"]
+            self.pids.add(pid)
+            try:
+                if rng.random() < 0.5:
+                    os.kill(pid, signal.SIGKILL)
+                    self.actions.append(("kill", role))
+                else:
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(rng.uniform(0.5, 3.0))
+                    os.kill(pid, signal.SIGCONT)
+                    self.actions.append(("stop", role))
+            except ProcessLookupError:
+                continue
+            log("%s %s (pid %d)" % (self.actions[-1][0], role, pid))
+
+    def sample_rss(self, g):
+        t0 = time.time()
+        while not self.stop.wait(2.0):
+            try:
+                with open(os.path.join(g.run_dir, "coordinator.pid")) as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            self.pids.add(pid)
+            kb = rss_kb(pid)
+            if kb:
+                self.rss.append((time.time() - t0, kb))
+
+
+def g_status(g):
+    try:
+        with open(os.path.join(g.run_dir, "status")) as f:
+            return G.parse_status(f.read().splitlines())
+    except OSError:
+        return {}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--kill-every", type=float, default=5.0, help="seconds between chaos actions")
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="threads per worker")
+    ap.add_argument("--speculators", default="ngram,layerskip", help="comma list ('' for none)")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a request may take")
+    ap.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before RSS counts")
+    ap.add_argument("--max-rss-growth", type=float, default=1.0, help="percent allowed after warm-up")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--run-dir", default="/tmp/orochi-soak")
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "soak.jsonl"))
+    a = ap.parse_args()
+    specs = [s for s in a.speculators.split(",") if s]
+    shm_before = shm_segments()
+    soak = Soak(a)
+    log("group: %d workers x %d threads, speculators %s, model %s" % (
+        a.workers, a.threads, specs or "none", os.path.basename(a.model)))
+    g = spec_bench.Group(a.bin_dir, a.model, a.run_dir, a.workers, a.threads, specs, [])
+    try:
+        refs = soak.references(g)
+        log("references ready (%d prompts, greedy and %d seeds); %d clients for %.1f min, "
+            "an action every %.1f s" % (len(PROMPTS), len(SEEDS), a.clients, a.minutes, a.kill_every))
+        deadline = time.time() + a.minutes * 60
+        threads = [threading.Thread(target=soak.client, args=(i, g.port, refs, deadline))
+                   for i in range(a.clients)]
+        helpers = [threading.Thread(target=soak.chaos, args=(g, deadline)),
+                   threading.Thread(target=soak.sample_rss, args=(g,))]
+        for t in threads + helpers:
+            t.start()
+        for t in threads:
+            t.join()
+        soak.stop.set()
+        for t in helpers:
+            t.join()
+        for role, v in g_status(g).items():
+            if v["pid"]:
+                soak.pids.add(v["pid"])
+    finally:
+        g.down()
+    time.sleep(1.0)
+    alive = sorted(p for p in soak.pids if G.pid_alive(p))
+    shm_left = sorted(shm_segments() - shm_before)
+    warm = [kb for t, kb in soak.rss if t >= a.warmup * a.minutes * 60]
+    growth = 100.0 * (warm[-1] - warm[0]) / warm[0] if len(warm) >= 2 else 0.0
+    load = os.getloadavg()[0]
+    kills = sum(1 for k, _ in soak.actions if k == "kill")
+    stops = len(soak.actions) - kills
+    print()
+    print("mode                 ok  lost  mismatched")
+    for mode, c in sorted(soak.by_mode.items()):
+        print("%-18s %5d %5d %11d" % (mode, c["ok"], c["lost"], c["mismatched"]))
+    print("all                %5d %5d %11d   (sampled differ from the calm group: %d)"
+          % (soak.ok, soak.lost, soak.mismatched, soak.sampled_differ))
+    print("chaos: %d SIGKILL, %d SIGSTOP; coordinator RSS after warm-up %s -> %s kB (%+.2f%%); "
+          "load average %.2f" % (kills, stops, warm[0] if warm else "?", warm[-1] if warm else "?",
+                                 growth, load))
+    print("leaks: %d processes alive after down %s, %d shared-memory segments left %s"
+          % (len(alive), alive, len(shm_left), shm_left))
+    for f in soak.failures:
+        print("  " + f)
+    rec = {"minutes": a.minutes, "clients": a.clients, "kill_every": a.kill_every,
+           "speculators": specs, "ok": soak.ok, "lost": soak.lost, "mismatched": soak.mismatched,
+           "sampled_differ": soak.sampled_differ,
+           "kills": kills, "stops": stops, "rss_warm_kb": warm[0] if warm else None,
+           "rss_end_kb": warm[-1] if warm else None, "rss_growth_pct": round(growth, 3),
+           "procs_left": alive, "shm_left": shm_left, "load1": round(load, 2),
+           "by_mode": soak.by_mode, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    bad = soak.lost or soak.mismatched or alive or shm_left or growth > a.max_rss_growth
+    print("soak: %s" % ("FAILED" if bad else "ok"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
