@@ -32,13 +32,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "integration"))
 import spec_bench  # noqa: E402  (Group, free_port: the group helpers)
-import group as G  # noqa: E402  (parse_status, pid_alive)
+import group as G  # noqa: E402  (parse_status, pid_alive, sse_events)
 
 ROOT = spec_bench.ROOT
 PROMPTS = [
@@ -57,33 +58,27 @@ def log(msg):
 
 
 def request(port, body, stream, timeout):
-    """POST /v1/completions; (status, token ids or None, text). Streams are read to the end."""
+    """POST /v1/completions; (status, token ids or None, text). Streams are read to the end (a
+    stream without its [DONE] counts as status 599)."""
+    if stream:
+        try:
+            events, done = G.sse_events("http://127.0.0.1:%d/v1/completions" % port,
+                                        dict(body, stream=True), timeout)
+        except urllib.error.HTTPError as exc:
+            return exc.code, None, ""
+        if any("error" in ev for ev in events):
+            return 500, None, ""
+        text = "".join(c.get("text", "") for ev in events for c in ev.get("choices", []))
+        return (200 if done else 599), None, text
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        b = dict(body, stream=stream)
-        conn.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         r = conn.getresponse()
         if r.status != 200:
             r.read()
             return r.status, None, ""
-        if not stream:
-            j = json.loads(r.read())
-            return 200, j.get("orochi", {}).get("token_ids"), j["choices"][0]["text"]
-        text, done = [], False
-        for raw in r:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            ev = json.loads(data)
-            if "error" in ev:
-                return 500, None, ""
-            for c in ev.get("choices", []):
-                text.append(c.get("text", ""))
-        return (200 if done else 599), None, "".join(text)
+        j = json.loads(r.read())
+        return 200, j.get("orochi", {}).get("token_ids"), j["choices"][0]["text"]
     finally:
         conn.close()
 
@@ -168,7 +163,7 @@ class Soak:
                 body["seed"] = seed
             try:
                 st, ids, text = request(port, body, stream, self.a.timeout)
-            except (OSError, http.client.HTTPException, ValueError) as exc:
+            except (OSError, http.client.HTTPException, ValueError, AssertionError) as exc:
                 self.count(mode, "lost")
                 self.note("lost", "%s %r: %s" % (mode, p[:30], exc))
                 continue
