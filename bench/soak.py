@@ -15,8 +15,8 @@ streaming and not, greedy and sampled with a seed, round-robin. At the end it re
               answers that differ from the calm group's is reported as `sampled differ`).
   rss         coordinator RSS (VmRSS) after warm-up (the first --warmup fraction of the run) and
               at the end: growth in percent
-  leaks       processes of the group still alive after `down`, and shared-memory segments
-              (/dev/shm/orochi-*) that appeared during the run and remain after it
+  leaks       processes of the group still alive after `down`, and the group's shared-memory
+              arena (named in RUN_DIR/arena, or in the coordinator's log) left in /dev/shm
 
 Output: a summary table on stdout and one JSON line appended to --json. The exit status is 1 when
 anything was lost, mismatched or leaked, or RSS grew by more than --max-rss-growth percent.
@@ -101,11 +101,24 @@ def rss_kb(pid):
     return None
 
 
-def shm_segments():
+def arena_names(run_dir):
+    """The group's arena names: RUN_DIR/arena (the launcher writes it), else every arena the
+    coordinator's log announced."""
+    names = set()
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("orochi-")}
+        with open(os.path.join(run_dir, "arena")) as f:
+            names.add(f.readline().strip())
     except OSError:
-        return set()
+        pass
+    try:
+        with open(os.path.join(run_dir, "logs", "coordinator.log"), errors="replace") as f:
+            for line in f:
+                i = line.find("arena /orochi-")
+                if i >= 0:
+                    names.add(line[i + 6:].split()[0])
+    except OSError:
+        pass
+    return {n for n in names if n.startswith("/orochi-")}
 
 
 class Soak:
@@ -118,6 +131,7 @@ class Soak:
         self.actions = []
         self.rss = []  # (t, kB)
         self.pids = set()
+        self.arenas = set()
         self.stop = threading.Event()
 
     def note(self, kind, detail):
@@ -218,6 +232,7 @@ class Soak:
             kb = rss_kb(pid)
             if kb:
                 self.rss.append((time.time() - t0, kb))
+            self.arenas |= arena_names(g.run_dir)
 
 
 def g_status(g):
@@ -247,7 +262,6 @@ def main():
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "soak.jsonl"))
     a = ap.parse_args()
     specs = [s for s in a.speculators.split(",") if s]
-    shm_before = shm_segments()
     soak = Soak(a)
     log("group: %d workers x %d threads, speculators %s, model %s" % (
         a.workers, a.threads, specs or "none", os.path.basename(a.model)))
@@ -271,11 +285,12 @@ def main():
         for role, v in g_status(g).items():
             if v["pid"]:
                 soak.pids.add(v["pid"])
+        soak.arenas |= arena_names(g.run_dir)
     finally:
         g.down()
     time.sleep(1.0)
     alive = sorted(p for p in soak.pids if G.pid_alive(p))
-    shm_left = sorted(shm_segments() - shm_before)
+    shm_left = sorted(n for n in soak.arenas if os.path.exists("/dev/shm" + n))
     warm = [kb for t, kb in soak.rss if t >= a.warmup * a.minutes * 60]
     growth = 100.0 * (warm[-1] - warm[0]) / warm[0] if len(warm) >= 2 else 0.0
     load = os.getloadavg()[0]

@@ -89,6 +89,7 @@ typedef struct {
     int n_seq;             /* requests verified together (sequence slots) */
     struct coord_engine_state *eng;
     int heartbeat_ms, dead_ms;
+    int drain_ms; /* SIGTERM: how long admitted requests may take to finish */
     bool trace, no_spawn;
     /* speculation controllers (coordinator/control.h, docs/speculation.md) */
     bool tree, adaptive;

@@ -8,7 +8,10 @@
  * engine re-runs it), and the worker is spawned again after a short back-off; it re-maps the arena
  * and carries on. A dead speculator only means fewer drafts; it is restarted the same way when it
  * was ours. Peers started by someone else (`attach-speculator`, `debug ROLE`) are supervised but
- * never spawned. RUN_DIR/status is rewritten twice a second for `orochi-launch status`.
+ * never spawned. RUN_DIR/status is rewritten twice a second for `orochi-launch status`; its steps
+ * column is what each peer's heartbeats report (workers and speculators heartbeat from a thread of
+ * their own, so the count follows them while they are busy, and a slow peer never makes a healthy
+ * one look dead: docs/actor-system.md, "Liveness").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -339,6 +342,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     p->connected = true;
     p->ready = false; /* a worker says "ready" in a heartbeat once it has mapped everything */
     p->failed_starts = 0;
+    p->hb_steps = 0; /* a new process counts from 0, not from where its predecessor stopped */
     p->last_hb_us = rt_now_us();
     if (!p->child)
         p->started_us = p->last_hb_us;

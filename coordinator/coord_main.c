@@ -7,8 +7,10 @@
  * coordinator computes nothing), lay out the arena (step inputs + barrier, the llama shared block
  * of KV cache and activations, logits, draft rings), bind ROUTER at ipc://RUN_DIR/ctl, spawn the
  * roles, start HTTP. The main loop then alternates between the control socket, supervision and
- * the next queued request. SIGTERM/SIGINT stop it: workers and speculators get Shutdown, children
- * are reaped, the arena is unlinked.
+ * the next queued request. SIGTERM/SIGINT drain it: new requests are answered 503 and /health
+ * says "draining", the requests already admitted or queued run to their end (at most --drain-ms),
+ * then workers and speculators get Shutdown, children are reaped, the arena is unlinked. A second
+ * signal stops at once (requests still running fail with 503).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,11 +27,82 @@
 #include "coordinator/coord.h"
 
 volatile int coord_stop_flag;
+static volatile sig_atomic_t coord_drain_flag;
 
 static void coord_on_signal(int sig)
 {
     (void)sig;
-    coord_stop_flag = 1;
+    if (coord_drain_flag)
+        coord_stop_flag = 1; /* the second signal: stop now */
+    coord_drain_flag = 1;
+}
+
+/* ===== draining ===== */
+
+/* The requests handed to the engine, so a drain knows when the last one has ended. HTTP threads
+ * add (under `lock`), the main loop reads. */
+#define COORD_TRACKED 256
+#define COORD_DRAIN_FLUSH_US 1000000u
+typedef struct {
+    pthread_mutex_t lock;
+    bool draining;
+    coord_request *reqs[COORD_TRACKED];
+    int n;
+    coord *c;
+} coord_drain;
+
+/* Forget the requests that have ended; returns how many are still running. Caller holds lock. */
+static int coord_drain_prune(coord_drain *d)
+{
+    int kept = 0;
+    for (int i = 0; i < d->n; i++) {
+        coord_outcome o;
+        coord_request_outcome(d->reqs[i], &o);
+        if (o.state == COORD_REQ_RUNNING)
+            d->reqs[kept++] = d->reqs[i];
+        else
+            coord_request_unref(&d->reqs[i]);
+    }
+    d->n = kept;
+    return kept;
+}
+
+/* The HTTP side's submit: refused while draining, else tracked and queued. */
+static int coord_drain_submit(void *ctx, coord_request *req)
+{
+    coord_drain *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    if (d->draining) {
+        pthread_mutex_unlock(&d->lock);
+        coord_request_fail(req, 503,
+                           "the coordinator is draining (shutting down or restarting); "
+                           "retry shortly");
+        return -1;
+    }
+    if (coord_drain_prune(d) < COORD_TRACKED)
+        d->reqs[d->n++] = coord_request_ref(req);
+    int rc = coord_engine_submit(d->c, req);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int coord_drain_health(void *ctx, char *msg, size_t len)
+{
+    coord_drain *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    bool draining = d->draining;
+    pthread_mutex_unlock(&d->lock);
+    if (draining) {
+        snprintf(msg, len, "draining: the coordinator is shutting down");
+        return 0;
+    }
+    return coord_engine_health(d->c, msg, len);
+}
+
+static char *coord_drain_metrics(void *ctx)
+{
+    coord_drain *d = ctx;
+    return coord_engine_metrics(d->c);
 }
 
 static void coord_usage(FILE *out)
@@ -46,7 +119,7 @@ static void coord_usage(FILE *out)
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
-        "         [--trace]\n"
+        "         [--drain-ms MS] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
         "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
@@ -61,7 +134,11 @@ static void coord_usage(FILE *out)
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
-        "  plain step time); reread whenever the file changes.\n");
+        "  plain step time); reread whenever the file changes.\n"
+        "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
+        "  heartbeat from a thread of their own, so a slow peer never makes another look dead.\n"
+        "  SIGTERM drains: new requests get 503, admitted ones finish (at most --drain-ms,\n"
+        "  default 10000), then the group stops; a second SIGTERM stops at once.\n");
 }
 
 static int coord_parse(coord *c, int argc, char **argv)
@@ -99,6 +176,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"guard-window", required_argument, 0, 11},
                                          {"guard-probe", required_argument, 0, 12},
                                          {"plan", required_argument, 0, 13},
+                                         {"drain-ms", required_argument, 0, 14},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -161,6 +239,7 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 11: c->guard_window = atoi(optarg); break;
         case 12: c->guard_probe = atoi(optarg); break;
         case 13: c->plan_path = optarg; break;
+        case 14: c->drain_ms = atoi(optarg); break;
         case 5: c->decision_threshold = atoi(optarg); break;
         case 6: c->s_reward = atoi(optarg); break;
         case 7: c->s_punish = atoi(optarg); break;
@@ -201,10 +280,12 @@ static int coord_parse(coord *c, int argc, char **argv)
         c->spec_len = 1;
     if (c->n_workers < 1 || c->n_workers > RT_MAX_WORKERS || c->threads_per_worker < 1 ||
         c->max_width < 1 || c->max_width > RT_MAX_WIDTH || c->max_draft < 1 ||
-        c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100) {
+        c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100 ||
+        c->drain_ms < 0) {
         fprintf(stderr,
                 "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
-                "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100\n",
+                "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100, "
+                "drain-ms >= 0\n",
                 RT_MAX_WORKERS, RT_MAX_WIDTH);
         return 2;
     }
@@ -308,6 +389,14 @@ static int coord_setup(coord *c)
         rt_log("coordinator", "cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
         return 1;
     }
+    /* RUN_DIR/arena: the name, for the launcher's clean-up after a crash */
+    char arena_path[4200];
+    snprintf(arena_path, sizeof arena_path, "%s/arena", c->run_dir);
+    FILE *af = fopen(arena_path, "w");
+    if (af) {
+        fprintf(af, "%s\n", name);
+        fclose(af);
+    }
     rt_log("coordinator",
            "arena %s (%.1f MiB), control %s, %d workers x %d threads, width %d, "
            "context %d",
@@ -316,7 +405,7 @@ static int coord_setup(coord *c)
     return 0;
 }
 
-static int coord_start_http(coord *c)
+static int coord_start_http(coord *c, coord_drain *d)
 {
     char err[512];
     http_config hc = {.bind_addr = c->bind,
@@ -324,10 +413,10 @@ static int coord_start_http(coord *c)
                       .api_key = c->api_key,
                       .model_name = c->model_name,
                       .max_tokens_cap = c->n_ctx};
-    http_engine he = {.ctx = c,
-                      .submit = coord_engine_submit,
-                      .metrics = coord_engine_metrics,
-                      .health = coord_engine_health};
+    http_engine he = {.ctx = d,
+                      .submit = coord_drain_submit,
+                      .metrics = coord_drain_metrics,
+                      .health = coord_drain_health};
     c->http = http_server_start(&hc, &he, err, sizeof err);
     if (!c->http) {
         rt_log("coordinator", "HTTP: %s", err);
@@ -369,12 +458,16 @@ int main(int argc, char **argv)
                .s_reward = 1,
                .s_punish = 1,
                .n_seq = 4,
+               .drain_ms = 10000,
                .plan_bucket = -1};
     int rc = coord_parse(&c, argc, argv);
     if (rc)
         return rc;
     pthread_mutex_init(&c.qlock, NULL);
     pthread_mutex_init(&c.mlock, NULL);
+    static coord_drain drain; /* lives as long as the HTTP server that calls into it */
+    pthread_mutex_init(&drain.lock, NULL);
+    drain.c = &c;
     struct sigaction sa = {0};
     sa.sa_handler = coord_on_signal;
     sigaction(SIGTERM, &sa, NULL);
@@ -409,14 +502,40 @@ int main(int argc, char **argv)
     if (!rc && coord_group_spawn_all(&c))
         rc = 1;
     if (!rc)
-        rc = coord_start_http(&c);
+        rc = coord_start_http(&c, &drain);
+    uint64_t drain_deadline = 0, flush_until = 0;
     while (!rc && !coord_stop_flag) {
+        if (coord_drain_flag) {
+            pthread_mutex_lock(&drain.lock);
+            if (!drain.draining) {
+                drain.draining = true;
+                drain_deadline = rt_now_us() + (uint64_t)c.drain_ms * 1000u;
+                rt_log("coordinator", "draining: %d requests in flight finish, new ones get 503",
+                       coord_drain_prune(&drain));
+            }
+            int running = coord_drain_prune(&drain);
+            pthread_mutex_unlock(&drain.lock);
+            /* an ended request may still be on its way to its client (the rest of a stream): the
+             * HTTP side gets COORD_DRAIN_FLUSH_US to send it before the server is stopped */
+            if (!running && !flush_until)
+                flush_until = rt_now_us() + COORD_DRAIN_FLUSH_US;
+            if (!running && rt_now_us() >= flush_until) {
+                rt_log("coordinator", "drained");
+                break;
+            }
+            if (rt_now_us() > drain_deadline) {
+                rt_log("coordinator", "drain: %d requests still running after %d ms: stopping",
+                       running, c.drain_ms);
+                break;
+            }
+        }
         coord_plan_poll(&c);
         coord_group_pump(&c, 2);
         coord_group_supervise(&c);
         if (coord_group_workers_ready(&c))
             coord_engine_tick(&c);
     }
+    coord_stop_flag = 1;
     rt_log("coordinator", "stopping");
     http_server_stop(&c.http);
     /* fail whatever is still queued */
@@ -430,6 +549,11 @@ int main(int argc, char **argv)
         coord_request_unref(&r);
     }
     coord_engine_fini(&c);
+    pthread_mutex_lock(&drain.lock);
+    for (int i = 0; i < drain.n; i++)
+        coord_request_unref(&drain.reqs[i]);
+    drain.n = 0;
+    pthread_mutex_unlock(&drain.lock);
     if (c.sock)
         coord_group_shutdown(&c);
     llama_ctx_destroy(&c.kv);

@@ -19,11 +19,13 @@
  * this process read or write outside the mapping.
  *
  * Stale arenas: the header records the creator's pid. When a name is taken, the object is probed:
- * header unreadable or garbage, or creator gone (kill(pid, 0) fails with ESRCH), means it was
- * left by a crashed group and may be unlinked; a creator that exists (kill succeeds or EPERM)
- * means the arena is in use. The probe cannot see a recycled pid (an unrelated process that got
- * the dead creator's pid makes the arena look in use; the error names the pid so a person can
- * check), and it assumes one pid namespace per group. Before unlinking, the name is reopened and
+ * header unreadable or garbage, or creator gone (kill(pid, 0) fails with ESRCH, or the pid is a
+ * zombie), means it was left by a crashed group and may be unlinked; a creator that exists (kill
+ * succeeds or EPERM) means the arena is in use. Workers and speculators call arena_unlink_stale
+ * on their way out, so when the coordinator is killed the last of them removes the arena. The
+ * probe cannot see a recycled pid (an unrelated process that got the dead creator's pid makes the
+ * arena look in use; the error names the pid so a person can check), and it assumes one pid
+ * namespace per group. Before unlinking, the name is reopened and
  * compared (device, inode) with the probed object, so a replacer never removes a fresh arena that
  * another replacer has just created in its place; two coordinators racing for one name is not
  * otherwise supported.
@@ -227,6 +229,24 @@ static bool arena_validate(arena *a, const arena_header *h, uint64_t object_size
     return true;
 }
 
+/* A killed creator whose parent has not reaped it yet (or never will: a container whose init
+ * does not reap) still answers kill(pid, 0), but it is dead and its arena is stale. */
+static bool arena_pid_zombie(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
 /* Inspect the object `name`. For STALE, *probed identifies the object inspected; for LIVE, *pid is
  * its creator. */
 static arena_probe_result arena_probe(const char *name, pid_t *pid, struct stat *probed, char *err, size_t errlen)
@@ -247,7 +267,7 @@ static arena_probe_result arena_probe(const char *name, pid_t *pid, struct stat 
                h.magic == ARENA_MAGIC && h.layout_version == ARENA_LAYOUT_VERSION && h.creator_pid > 0 &&
                h.creator_pid <= (uint64_t)INT_MAX) {
         *pid = (pid_t)h.creator_pid;
-        if (kill(*pid, 0) == 0 || errno != ESRCH)
+        if ((kill(*pid, 0) == 0 || errno != ESRCH) && !arena_pid_zombie(*pid))
             res = ARENA_PROBE_LIVE; /* exists (EPERM: someone else's process), so still in use */
     }
     close(fd);

@@ -92,6 +92,12 @@ void arena_barrier_init(arena_barrier *b, uint32_t parties);
  * peer never hangs the others. Spins `spin` iterations before sleeping on the futex.
  * timeout_ms < 0 waits without limit. An unconfigured barrier (parties 0) returns -1. */
 int arena_barrier_wait(arena_barrier *b, int timeout_ms, int spin);
+/* Wait for all parties with no fixed timeout: after `spin` iterations, sleep on the futex in
+ * slices of slice_ms and call keep_waiting(arg) after each slice that did not end the round; when
+ * it returns false the round is abandoned (broken, -1) as on a timeout. A waiter can so stay
+ * responsive (note it is alive, notice that the group is gone) however long a slow peer takes. */
+int arena_barrier_wait_while(arena_barrier *b, int spin, int slice_ms, bool (*keep_waiting)(void *),
+                             void *arg);
 /* Abandon the current round from outside (the coordinator, when it sees a party die): every
  * waiter returns -1 now, and later waits too until arena_barrier_init. */
 void arena_barrier_break(arena_barrier *b);

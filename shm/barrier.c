@@ -26,9 +26,17 @@
  * sleepers (whose futex word has now changed) wake and cannot miss it; a waiter that sees `round`
  * change looks at `broken` (written before the increment) to tell completion from breakage. Once
  * broken, every wait returns -1 at once until arena_barrier_init reconfigures the barrier.
+ *
+ * Waiting without a fixed timeout (arena_barrier_wait_while): a fixed timeout ties how long a
+ * healthy party waits to how slow its slowest peer may be, and a party that breaks the barrier
+ * because a peer is slow makes the group fail a step that would have finished. The workers
+ * instead wait in slices and ask after each one whether to go on (their coordinator is still
+ * there, they are not stopping); the coordinator, which sees who is dead, breaks the barrier
+ * itself when a party dies.
  */
 #include <limits.h>
 #include <linux/futex.h>
+#include <stdbool.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -97,7 +105,11 @@ void arena_barrier_init(arena_barrier *b, uint32_t parties)
     __atomic_store_n(&b->broken, 0, __ATOMIC_RELEASE);
 }
 
-int arena_barrier_wait(arena_barrier *b, int timeout_ms, int spin)
+/* The wait itself: spin, then sleep on the futex until the round moves, the timeout passes
+ * (timeout_ms >= 0) or keep_waiting (if given, asked after every slice of slice_ms) says to give
+ * up; the last two abandon the round. */
+static int barrier_wait(arena_barrier *b, int timeout_ms, int spin, int slice_ms,
+                        bool (*keep_waiting)(void *), void *arg)
 {
     if (__atomic_load_n(&b->broken, __ATOMIC_ACQUIRE))
         return -1;
@@ -125,23 +137,43 @@ int arena_barrier_wait(arena_barrier *b, int timeout_ms, int spin)
             barrier_cpu_relax();
     }
 
+    const int64_t slice_ns = (int64_t)(slice_ms > 0 ? slice_ms : 100) * 1000000;
     const int64_t deadline = timeout_ms < 0 ? 0 : barrier_now_ns() + (int64_t)timeout_ms * 1000000;
     for (;;) {
         if (__atomic_load_n(&b->round, __ATOMIC_ACQUIRE) != round)
             return barrier_released(b);
         struct timespec rel, *relp = NULL;
+        int64_t left = keep_waiting ? slice_ns : -1;
         if (timeout_ms >= 0) {
-            int64_t left = deadline - barrier_now_ns();
-            if (left <= 0)
+            int64_t to_deadline = deadline - barrier_now_ns();
+            if (to_deadline <= 0)
                 break;
+            if (left < 0 || to_deadline < left)
+                left = to_deadline;
+        }
+        if (left >= 0) {
             rel.tv_sec = (time_t)(left / 1000000000);
             rel.tv_nsec = (long)(left % 1000000000);
             relp = &rel;
         }
         barrier_futex_wait(&b->round, round, relp);
+        if (keep_waiting && __atomic_load_n(&b->round, __ATOMIC_ACQUIRE) == round &&
+            !keep_waiting(arg))
+            break;
     }
     /* last look: the round may have completed just as the time ran out */
     if (__atomic_load_n(&b->round, __ATOMIC_ACQUIRE) != round)
         return barrier_released(b);
     return barrier_break(b);
+}
+
+int arena_barrier_wait(arena_barrier *b, int timeout_ms, int spin)
+{
+    return barrier_wait(b, timeout_ms, spin, 0, NULL, NULL);
+}
+
+int arena_barrier_wait_while(arena_barrier *b, int spin, int slice_ms, bool (*keep_waiting)(void *),
+                             void *arg)
+{
+    return barrier_wait(b, -1, spin, slice_ms, keep_waiting, arg);
 }

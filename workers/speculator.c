@@ -27,9 +27,18 @@
  * that did not happen, is dropped. After each verification that included its draft (the Feedback
  * says how many of its nodes were verified) alpha is updated by LLMCad's rule (see
  * spec_update_alpha).
+ *
+ * Liveness: the main loop heartbeats when it goes round, but a reset Feedback with a long prompt
+ * keeps it in the draft model's prefill for seconds. A heartbeat thread covers that time: it sends
+ * the heartbeat whenever the main loop has not for HEARTBEAT_MS, as long as the main thread shows
+ * signs of life (a stamp at every loop and between prefill chunks of SPEC_PREFILL_CHUNK tokens);
+ * if the main thread has been silent for --stall-ms it stops, so a wedged speculator is still
+ * replaced. Sends go through `sock_lock`; only the main thread receives. On the way out a
+ * speculator removes the arena if its coordinator is dead (docs/actor-system.md, "Liveness").
  */
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +53,8 @@
 #include "workers/runtime.h"
 
 #define HEARTBEAT_MS 200
+#define SPEC_STALL_MS_DEFAULT 30000 /* main thread silent this long: stop heartbeating */
+#define SPEC_PREFILL_CHUNK 64       /* prompt tokens per prefill call (a sign of life between) */
 #define SPEC_MAX_TOKENS 65536
 /* the chain: the published main branch (<= ARENA_DRAFT_MAX), the predicted correction/bonus token
  * and a next draft's depth (<= ARENA_DRAFT_MAX) drafted ahead */
@@ -64,11 +75,17 @@ typedef struct {
     const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id, *heads_path,
         *template_s;
     spec_kind kind;
-    int max_draft, ngram, threads, orphan_ms;
+    int max_draft, ngram, threads, orphan_ms, stall_ms;
     float branch_threshold, alpha;
     bool trace, work_ahead;
     char role[64];
     void *zctx, *sock;
+    pthread_mutex_t sock_lock; /* sends come from the main and the heartbeat thread */
+    /* shared with the heartbeat thread (atomics) */
+    uint64_t hb_sent_us; /* when the last heartbeat went out, from either thread */
+    uint64_t alive_us;   /* last sign of the main thread */
+    uint64_t hb_drafts;  /* drafts published, for the heartbeat */
+    bool hb_active;      /* drafting for a request */
     arena *arena;
     arena_draft_ring *ring;
     llama_model *model;
@@ -123,19 +140,68 @@ static void spec_usage(FILE *out)
         "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
         "                         [--ngram N] [--branch-threshold P] [--alpha A]\n"
         "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
-        "                         [--trace]\n"
+        "                         [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
         "  layerskip: the target with only --layers (default: the first half)\n"
         "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
         "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n"
         "  medusa:    Medusa heads (--heads, see docs/medusa.md) on the target's hidden state\n"
         "  --work-ahead 1 (default): while the target verifies, extend the KV along the draft's\n"
-        "  main branch and keep drafting past it, so a confirmed chain is the next draft\n");
+        "  main branch and keep drafting past it, so a confirmed chain is the next draft\n"
+        "  --orphan-ms (10000): exit when the coordinator has been silent this long\n"
+        "  --stall-ms (30000): stop heartbeating when the main thread has been busy in one\n"
+        "  computation this long (so the coordinator replaces a wedged speculator)\n");
 }
 
 static int spec_send(spec *s, Orochi__Envelope__BodyCase which, void *body)
 {
     Orochi__Envelope env;
-    return rt_send(s->sock, NULL, 0, rt_env(&env, which, body));
+    pthread_mutex_lock(&s->sock_lock);
+    int rc = rt_send(s->sock, NULL, 0, rt_env(&env, which, body));
+    pthread_mutex_unlock(&s->sock_lock);
+    return rc;
+}
+
+static void spec_alive(spec *s)
+{
+    __atomic_store_n(&s->alive_us, rt_now_us(), __ATOMIC_RELAXED);
+}
+
+/* Send a heartbeat if none went out for HEARTBEAT_MS (from either thread). */
+static void spec_heartbeat_due(spec *s)
+{
+    uint64_t now = rt_now_us();
+    if (now - __atomic_load_n(&s->hb_sent_us, __ATOMIC_RELAXED) < HEARTBEAT_MS * 1000u)
+        return;
+    __atomic_store_n(&s->hb_sent_us, now, __ATOMIC_RELAXED);
+    Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
+    hb.time_us = now;
+    hb.steps = __atomic_load_n(&s->hb_drafts, __ATOMIC_RELAXED);
+    hb.state = __atomic_load_n(&s->hb_active, __ATOMIC_RELAXED) ? "drafting" : "idle";
+    spec_send(s, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
+}
+
+/* The heartbeat thread: keeps the speculator visibly alive while the main thread computes (a long
+ * prompt's prefill), but not while the main thread is wedged. */
+static void *spec_heartbeat_thread(void *arg)
+{
+    spec *s = arg;
+    bool stalled = false;
+    const struct timespec tick = {0, 50 * 1000000L};
+    while (!spec_stop) {
+        uint64_t now = rt_now_us(), alive = __atomic_load_n(&s->alive_us, __ATOMIC_RELAXED);
+        uint64_t quiet = now > alive ? now - alive : 0;
+        if (quiet > (uint64_t)s->stall_ms * 1000u) {
+            if (!stalled)
+                rt_log(s->role, "main thread silent for %llu ms: no more heartbeats",
+                       (unsigned long long)(quiet / 1000));
+            stalled = true;
+        } else {
+            stalled = false;
+            spec_heartbeat_due(s);
+        }
+        nanosleep(&tick, NULL);
+    }
+    return NULL;
 }
 
 /* ===== drafting ===== */
@@ -184,10 +250,15 @@ static int spec_catch_up(spec *s, int upto)
     llama_ctx_set_prefix_len(s->ctx, s->kv_len);
     s->logits_at = -1;
     s->tree_ok = false; /* this forward overwrites the tree area */
-    if (llama_prefill(s->ctx, s->tokens + s->kv_len, upto - s->kv_len, s->logits, err,
-                      sizeof err)) {
-        rt_log(s->role, "draft model: %s", err);
-        return -1;
+    /* a long prompt in chunks, with a sign of life between them (the heartbeat thread) */
+    while (s->kv_len < upto) {
+        int n = upto - s->kv_len < SPEC_PREFILL_CHUNK ? upto - s->kv_len : SPEC_PREFILL_CHUNK;
+        if (llama_prefill(s->ctx, s->tokens + s->kv_len, n, s->logits, err, sizeof err)) {
+            rt_log(s->role, "draft model: %s", err);
+            return -1;
+        }
+        s->kv_len += n;
+        spec_alive(s);
     }
     s->kv_len = s->logits_at = upto;
     return 0;
@@ -518,6 +589,7 @@ static void spec_publish(spec *s)
     spec_send(s, OROCHI__ENVELOPE__BODY_DRAFT_READY, &r);
     s->published = true;
     s->drafts++;
+    __atomic_store_n(&s->hb_drafts, s->drafts, __ATOMIC_RELAXED);
     int ahead = s->n_chain; /* drafted ahead for this context before the Feedback came */
     spec_set_chain(s);
     spec_keep_main_branch(s);
@@ -853,6 +925,7 @@ static int spec_parse(spec *s, int argc, char **argv)
                                          {"draft", required_argument, 0, 'd'},
                                          {"ngram", required_argument, 0, 'n'},
                                          {"orphan-ms", required_argument, 0, 'o'},
+                                         {"stall-ms", required_argument, 0, 'S'},
                                          {"target", required_argument, 0, 'T'},
                                          {"branch-threshold", required_argument, 0, 'B'},
                                          {"alpha", required_argument, 0, 'A'},
@@ -880,6 +953,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'E': s->template_s = optarg; break;
         case 'n': s->ngram = atoi(optarg); break;
         case 'o': s->orphan_ms = atoi(optarg); break;
+        case 'S': s->stall_ms = atoi(optarg); break;
         case 'v': s->trace = true; break;
         case 'h': spec_usage(stdout); exit(0);
         default: spec_usage(stderr); return 2;
@@ -931,6 +1005,10 @@ static int spec_parse(spec *s, int argc, char **argv)
                 "orochi-speculator: --kind layerskip needs --target M.gguf (the target model)\n");
         return 2;
     }
+    if (s->orphan_ms < 100 || s->stall_ms < 100) {
+        fprintf(stderr, "orochi-speculator: --orphan-ms and --stall-ms must be >= 100\n");
+        return 2;
+    }
     if (s->max_draft < 1 || s->max_draft > ARENA_DRAFT_MAX || s->ngram < 1) {
         fprintf(stderr, "orochi-speculator: --max-draft must be 1..%d and --ngram >= 1\n",
                 ARENA_DRAFT_MAX);
@@ -951,6 +1029,7 @@ int main(int argc, char **argv)
               .ngram = 3,
               .threads = 1,
               .orphan_ms = 10000,
+              .stall_ms = SPEC_STALL_MS_DEFAULT,
               .branch_threshold = 0.2f,
               .alpha = 0.01f,
               .max_nodes = 8,
@@ -965,7 +1044,11 @@ int main(int argc, char **argv)
     signal(SIGTERM, spec_on_signal);
     signal(SIGINT, spec_on_signal);
     signal(SIGPIPE, SIG_IGN);
+    pthread_mutex_init(&s.sock_lock, NULL);
     s.tokens = malloc(SPEC_MAX_TOKENS * sizeof *s.tokens);
+    pthread_t hb_thread;
+    bool hb_started = false;
+    char arena_nm[256] = "";
 
     char endpoint[4200];
     rt_ctl_endpoint(s.run_dir, endpoint, sizeof endpoint);
@@ -977,18 +1060,21 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    snprintf(arena_nm, sizeof arena_nm, "%s", arena_name(s.arena));
     s.last_coord_us = rt_now_us();
-    uint64_t last_hb = 0;
+    spec_alive(&s);
+    int e = pthread_create(&hb_thread, NULL, spec_heartbeat_thread, &s);
+    if (e) {
+        rt_log(s.role, "cannot start the heartbeat thread: %s", strerror(e));
+        rc = 1;
+        goto out;
+    }
+    hb_started = true;
     while (!spec_stop) {
         uint64_t now = rt_now_us();
-        if (now - last_hb >= HEARTBEAT_MS * 1000u) {
-            Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
-            hb.time_us = now;
-            hb.steps = s.drafts;
-            hb.state = s.active ? "drafting" : "idle";
-            spec_send(&s, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
-            last_hb = now;
-        }
+        spec_alive(&s);
+        __atomic_store_n(&s.hb_active, s.active, __ATOMIC_RELAXED);
+        spec_heartbeat_due(&s);
         if (now - s.last_coord_us > (uint64_t)s.orphan_ms * 1000u) {
             rt_log(s.role, "coordinator silent for %d ms: exiting", s.orphan_ms);
             break;
@@ -997,17 +1083,24 @@ int main(int argc, char **argv)
         if (s.active && !s.published)
             spec_publish(&s);
         bool more = spec_work_ahead(&s);
+        pthread_mutex_lock(&s.sock_lock);
         zmq_pollitem_t it = {s.sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, more ? 0 : HEARTBEAT_MS) <= 0)
+        int ready = zmq_poll(&it, 1, more ? 0 : HEARTBEAT_MS / 2);
+        pthread_mutex_unlock(&s.sock_lock);
+        if (ready <= 0)
             continue;
         bool bad;
         char err[256];
-        Orochi__Envelope *env;
-        while ((env = rt_recv(s.sock, false, NULL, 0, NULL, &bad, err, sizeof err)) || bad) {
+        for (;;) {
+            pthread_mutex_lock(&s.sock_lock);
+            Orochi__Envelope *env = rt_recv(s.sock, false, NULL, 0, NULL, &bad, err, sizeof err);
+            pthread_mutex_unlock(&s.sock_lock);
             if (bad) {
                 rt_log(s.role, "ignoring a bad frame: %s", err);
                 continue;
             }
+            if (!env)
+                break;
             s.last_coord_us = rt_now_us();
             if (env->body_case == OROCHI__ENVELOPE__BODY_FEEDBACK) {
                 spec_feedback(&s, env->feedback);
@@ -1024,9 +1117,15 @@ int main(int argc, char **argv)
         }
     }
 out:
+    spec_stop = 1;
+    if (hb_started)
+        pthread_join(hb_thread, NULL);
     llama_ctx_destroy(&s.ctx);
     llama_model_destroy(&s.model);
     arena_destroy(&s.arena);
+    /* a dead coordinator cannot unlink its arena: the last of its peers to leave does */
+    if (arena_nm[0] && arena_unlink_stale(arena_nm))
+        rt_log(s.role, "removed the arena %s (its coordinator is gone)", arena_nm);
     free(s.logits);
     free(s.tokens);
     free(s.tree_logits);
@@ -1036,5 +1135,6 @@ out:
         zmq_close(s.sock);
     if (s.zctx)
         zmq_ctx_term(s.zctx);
+    pthread_mutex_destroy(&s.sock_lock);
     return rc;
 }

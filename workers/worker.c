@@ -10,10 +10,26 @@
  * socket. All state worth keeping (the KV cache) lives in the arena, so a restarted worker simply
  * maps it again and the coordinator re-runs the interrupted step.
  *
- * A worker heartbeats every HEARTBEAT_MS and exits on its own when the coordinator has been silent
- * for --orphan-ms, so a crashed group never leaves workers behind.
+ * Two threads. The main thread waits on the doorbell and computes; while it waits at a step
+ * barrier for a slower peer it may wait a long time, and that must never make it look dead. So a
+ * control thread owns the socket's receiving side and the heartbeat: it sends a Heartbeat every
+ * HEARTBEAT_MS carrying the steps done, reads the coordinator's messages (Shutdown, heartbeats)
+ * and notices an orphaned worker (the coordinator silent for --orphan-ms: the worker exits, so a
+ * crashed group never leaves workers behind). The heartbeat means "this process runs and its main
+ * thread is not wedged": the main thread stamps `alive_us` in its idle loop, at every barrier and
+ * after every slice of a barrier wait, and the control thread withholds heartbeats once that stamp
+ * is older than --stall-ms, so a worker stuck inside an op is still declared dead by the
+ * coordinator (after --stall-ms plus its --dead-ms), while one that is merely waiting for a peer
+ * never is. The barrier itself has no fixed timeout: a worker waits as long as its coordinator is
+ * there, and the coordinator breaks the barrier when it declares a party dead
+ * (docs/actor-system.md, "Liveness"). Sends from both threads go through `sock_lock` (a ZeroMQ
+ * socket is not thread-safe).
+ *
+ * On the way out a worker removes the arena if its creator (the coordinator) is dead: whoever
+ * leaves last after a coordinator crash cleans /dev/shm.
  */
 #include <getopt.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,21 +42,30 @@
 #include "workers/runtime.h"
 
 #define HEARTBEAT_MS 200
-#define BARRIER_TIMEOUT_MS 3000
+#define CONTROL_TICK_MS 20   /* the control thread's period: socket reads, heartbeat, orphan */
+#define BARRIER_SLICE_MS 100 /* a barrier wait checks in this often (alive, coordinator there) */
 #define BARRIER_SPIN 20000
+#define STALL_MS_DEFAULT 30000 /* main thread silent this long inside an op: stop heartbeating */
 
 typedef struct {
     const char *run_dir, *device;
-    int index, threads, orphan_ms;
+    int index, threads, orphan_ms, stall_ms;
     bool trace;
     char role[32];
     void *zctx, *sock;
+    pthread_mutex_t sock_lock; /* the socket is shared by the main and the control thread */
+    pthread_t control;
+    bool control_started;
     arena *arena;
     rt_step *step;
     float *logits;
     llama_model *model;
     llama_ctx *ctx;
-    uint64_t steps, last_coord_us;
+    /* shared between the threads (atomics) */
+    uint64_t steps;         /* steps computed (main writes, the heartbeat reads) */
+    uint64_t last_coord_us; /* last sign of the coordinator: a message or a doorbell */
+    uint64_t alive_us;      /* last sign of the main thread */
+    bool ready;             /* model and arena mapped: heartbeats say "ready" */
 } worker;
 
 static volatile sig_atomic_t worker_stop;
@@ -54,29 +79,123 @@ static void worker_on_signal(int sig)
 static void worker_usage(FILE *out)
 {
     fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu]\n"
-                 "                     [--orphan-ms MS] [--trace]\n"
+                 "                     [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
-                 "  column part I of the target model for every verification step.\n");
+                 "  column part I of the target model for every verification step.\n"
+                 "  --orphan-ms (10000): exit when the coordinator has been silent this long.\n"
+                 "  --stall-ms (30000): stop heartbeating when the compute thread has been inside\n"
+                 "  one op this long (so the coordinator replaces a wedged worker).\n");
+}
+
+static void worker_stamp(uint64_t *at)
+{
+    __atomic_store_n(at, rt_now_us(), __ATOMIC_RELAXED);
+}
+
+static uint64_t worker_age_us(const uint64_t *at)
+{
+    uint64_t t = __atomic_load_n(at, __ATOMIC_RELAXED), now = rt_now_us();
+    return now > t ? now - t : 0;
+}
+
+/* After each slice of a barrier wait: the main thread is alive (only waiting), and goes on
+ * waiting while the worker is not stopping; the coordinator breaks the barrier if a peer died,
+ * and the control thread stops the worker if the coordinator is gone. */
+static bool worker_keep_waiting(void *arg)
+{
+    worker *w = arg;
+    worker_stamp(&w->alive_us);
+    return !worker_stop;
 }
 
 static int worker_barrier(void *arg)
 {
-    return arena_barrier_wait(arg, BARRIER_TIMEOUT_MS, BARRIER_SPIN);
+    worker *w = arg;
+    worker_stamp(&w->alive_us);
+    return arena_barrier_wait_while(&w->step->barrier, BARRIER_SPIN, BARRIER_SLICE_MS,
+                                    worker_keep_waiting, w);
 }
 
 static int worker_send(worker *w, Orochi__Envelope__BodyCase which, void *body)
 {
     Orochi__Envelope env;
-    return rt_send(w->sock, NULL, 0, rt_env(&env, which, body));
+    pthread_mutex_lock(&w->sock_lock);
+    int rc = rt_send(w->sock, NULL, 0, rt_env(&env, which, body));
+    pthread_mutex_unlock(&w->sock_lock);
+    return rc;
 }
 
 static void worker_heartbeat(worker *w)
 {
     Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
     hb.time_us = rt_now_us();
-    hb.steps = w->steps;
-    hb.state = w->ctx ? "ready" : "joining";
+    hb.steps = __atomic_load_n(&w->steps, __ATOMIC_RELAXED);
+    hb.state = __atomic_load_n(&w->ready, __ATOMIC_ACQUIRE) ? "ready" : "joining";
     worker_send(w, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
+}
+
+/* The control thread: heartbeats, the coordinator's messages, orphan detection. Started once the
+ * coordinator has welcomed us; from then on only this thread receives on the socket. */
+static void *worker_control(void *arg)
+{
+    worker *w = arg;
+    uint64_t last_hb = 0;
+    bool stalled = false;
+    const struct timespec tick = {0, CONTROL_TICK_MS * 1000000L};
+    while (!worker_stop) {
+        uint64_t now = rt_now_us();
+        uint64_t quiet = worker_age_us(&w->alive_us);
+        /* joining (mapping and repacking the model) may take long: only a ready worker stalls */
+        if (__atomic_load_n(&w->ready, __ATOMIC_ACQUIRE) && quiet > (uint64_t)w->stall_ms * 1000u) {
+            if (!stalled)
+                rt_log(w->role, "main thread silent for %llu ms (inside an op): no more heartbeats",
+                       (unsigned long long)(quiet / 1000));
+            stalled = true;
+        } else if (now - last_hb >= HEARTBEAT_MS * 1000u) {
+            if (stalled)
+                rt_log(w->role, "main thread alive again: heartbeating");
+            stalled = false;
+            worker_heartbeat(w);
+            last_hb = now;
+        }
+        if (worker_age_us(&w->last_coord_us) > (uint64_t)w->orphan_ms * 1000u) {
+            rt_log(w->role, "coordinator silent for %d ms: exiting", w->orphan_ms);
+            worker_stop = 1;
+            break;
+        }
+        pthread_mutex_lock(&w->sock_lock);
+        bool bad;
+        char err[256];
+        Orochi__Envelope *env;
+        while ((env = rt_recv(w->sock, false, NULL, 0, NULL, &bad, err, sizeof err)) || bad) {
+            if (bad) {
+                rt_log(w->role, "ignoring a bad frame: %s", err);
+                continue;
+            }
+            worker_stamp(&w->last_coord_us);
+            if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
+                rt_log(w->role, "shutdown: %s", env->shutdown->reason);
+                worker_stop = 1;
+            }
+            rt_free(env);
+        }
+        pthread_mutex_unlock(&w->sock_lock);
+        nanosleep(&tick, NULL);
+    }
+    return NULL;
+}
+
+static int worker_start_control(worker *w)
+{
+    worker_stamp(&w->last_coord_us);
+    worker_stamp(&w->alive_us);
+    int e = pthread_create(&w->control, NULL, worker_control, w);
+    if (e) {
+        rt_log(w->role, "cannot start the control thread: %s", strerror(e));
+        return -1;
+    }
+    w->control_started = true;
+    return 0;
 }
 
 /* Hello until Welcome (or give up); then map the model and the arena. */
@@ -116,6 +235,9 @@ static int worker_join(worker *w)
     Orochi__Welcome *wel = env->welcome;
     char err[512];
     int rc = -1;
+    /* joined: heartbeats ("joining") from now on, also while the model is mapped and repacked */
+    if (worker_start_control(w))
+        goto done;
     w->model = llama_model_load(wel->target_model, err, sizeof err);
     if (!w->model) {
         rt_log(w->role, "%s", err);
@@ -135,15 +257,23 @@ static int worker_join(worker *w)
         rt_log(w->role, "Welcome asks for %d sequence slots; this build has %d", n_seq, RT_MAX_SEQ);
         goto done;
     }
-    size_t need = llama_shared_layout(&w->model->cfg, (int)wel->n_ctx, (int)wel->max_width, n_seq, KV_F32, NULL);
+    size_t need = llama_shared_layout(&w->model->cfg, (int)wel->n_ctx, (int)wel->max_width, n_seq,
+                                      KV_F32, NULL);
     if (!w->step || !shared || !w->logits || llama_size < need) {
-        rt_log(w->role, "arena %s lacks the step/llama/logits regions this model needs", wel->arena_name);
+        rt_log(w->role, "arena %s lacks the step/llama/logits regions this model needs",
+               wel->arena_name);
         goto done;
     }
-    llama_ctx_params p = {.n_threads = w->threads, .max_width = (int)wel->max_width,
-                          .n_ctx = (int)wel->n_ctx, .n_seq = n_seq, .kv = KV_F32, .part = (int)wel->worker_index,
-                          .n_parts = (int)wel->n_workers, .shared = shared, .sync = worker_barrier,
-                          .sync_arg = &w->step->barrier};
+    llama_ctx_params p = {.n_threads = w->threads,
+                          .max_width = (int)wel->max_width,
+                          .n_ctx = (int)wel->n_ctx,
+                          .n_seq = n_seq,
+                          .kv = KV_F32,
+                          .part = (int)wel->worker_index,
+                          .n_parts = (int)wel->n_workers,
+                          .shared = shared,
+                          .sync = worker_barrier,
+                          .sync_arg = w};
     w->ctx = llama_ctx_new(w->model, &p, err, sizeof err);
     if (!w->ctx) {
         rt_log(w->role, "%s", err);
@@ -173,10 +303,13 @@ static void worker_step(worker *w)
     } else {
         for (int s = 0; s < RT_MAX_SEQ; s++)
             llama_ctx_set_seq_prefix_len(w->ctx, s, (int)st->seq_prefix[s]);
-        llama_batch b = {.n = (int)n, .tokens = st->tokens, .parent = st->parent,
-                         .seq = st->seq, .logits_from = (int)st->logits_from};
+        llama_batch b = {.n = (int)n,
+                         .tokens = st->tokens,
+                         .parent = st->parent,
+                         .seq = st->seq,
+                         .logits_from = (int)st->logits_from};
         if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0)
-            w->steps++;
+            __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
     }
     done.compute_us = rt_now_us() - t0;
     if (w->index < RT_MAX_WORKERS) {
@@ -196,11 +329,15 @@ static void worker_step(worker *w)
 
 static int worker_parse(worker *w, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"run-dir", required_argument, 0, 'r'}, {"index", required_argument, 0, 'i'},
-        {"threads", required_argument, 0, 't'}, {"device", required_argument, 0, 'd'},
-        {"orphan-ms", required_argument, 0, 'o'}, {"trace", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"run-dir", required_argument, 0, 'r'},
+                                         {"index", required_argument, 0, 'i'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"device", required_argument, 0, 'd'},
+                                         {"orphan-ms", required_argument, 0, 'o'},
+                                         {"stall-ms", required_argument, 0, 's'},
+                                         {"trace", no_argument, 0, 'v'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -209,17 +346,19 @@ static int worker_parse(worker *w, int argc, char **argv)
         case 't': w->threads = atoi(optarg); break;
         case 'd': w->device = optarg; break;
         case 'o': w->orphan_ms = atoi(optarg); break;
+        case 's': w->stall_ms = atoi(optarg); break;
         case 'v': w->trace = true; break;
         case 'h': worker_usage(stdout); exit(0);
         default: worker_usage(stderr); return 2;
         }
     }
-    if (!w->run_dir || w->index < 0 || w->threads < 0) {
+    if (!w->run_dir || w->index < 0 || w->threads < 0 || w->orphan_ms < 100 || w->stall_ms < 100) {
         worker_usage(stderr);
         return 2;
     }
     if (strcmp(w->device, "cpu")) {
-        fprintf(stderr, "orochi-worker: --device %s is not available in this build (cpu only)\n", w->device);
+        fprintf(stderr, "orochi-worker: --device %s is not available in this build (cpu only)\n",
+                w->device);
         return 2;
     }
     return 0;
@@ -227,7 +366,7 @@ static int worker_parse(worker *w, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    worker w = {.device = "cpu", .threads = 1, .orphan_ms = 10000};
+    worker w = {.device = "cpu", .threads = 1, .orphan_ms = 10000, .stall_ms = STALL_MS_DEFAULT};
     int rc = worker_parse(&w, argc, argv);
     if (rc)
         return rc;
@@ -236,6 +375,8 @@ int main(int argc, char **argv)
     signal(SIGTERM, worker_on_signal);
     signal(SIGINT, worker_on_signal);
     signal(SIGPIPE, SIG_IGN);
+    pthread_mutex_init(&w.sock_lock, NULL);
+    char arena_nm[256] = "";
 
     char endpoint[4200];
     rt_ctl_endpoint(w.run_dir, endpoint, sizeof endpoint);
@@ -253,16 +394,16 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    w.last_coord_us = rt_now_us();
-    uint64_t last_hb = 0;
+    snprintf(arena_nm, sizeof arena_nm, "%s", arena_name(w.arena));
     /* the step already in the arena when we join (e.g. the one our predecessor died in) is the
      * coordinator's to re-ring, not ours to run */
     uint32_t last_bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&w.ready, true, __ATOMIC_RELEASE);
     worker_heartbeat(&w); /* "ready": from now on the coordinator may ring us */
-    last_hb = rt_now_us();
     while (!worker_stop) {
+        worker_stamp(&w.alive_us);
         /* the hot path: the doorbell, spinning briefly, then a futex sleep with a short timeout
-         * so heartbeats and control messages are still served */
+         * so a stop is noticed */
         uint32_t bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
         for (int spin = 0; bell == last_bell && spin < 2000; spin++) {
             if (!(spin & 31))
@@ -275,45 +416,24 @@ int main(int argc, char **argv)
         }
         if (bell != last_bell) {
             last_bell = bell;
-            w.last_coord_us = rt_now_us();
+            worker_stamp(&w.last_coord_us); /* a doorbell is the coordinator speaking too */
             worker_step(&w);
-            continue;
-        }
-        uint64_t now = rt_now_us();
-        if (now - last_hb >= HEARTBEAT_MS * 1000u) {
-            worker_heartbeat(&w);
-            last_hb = now;
-        }
-        if (now - w.last_coord_us > (uint64_t)w.orphan_ms * 1000u) {
-            rt_log(w.role, "coordinator silent for %d ms: exiting", w.orphan_ms);
-            break;
-        }
-        zmq_pollitem_t it = {w.sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 0) <= 0)
-            continue;
-        bool bad;
-        char err[256];
-        Orochi__Envelope *env;
-        while ((env = rt_recv(w.sock, false, NULL, 0, NULL, &bad, err, sizeof err)) || bad) {
-            if (bad) {
-                rt_log(w.role, "ignoring a bad frame: %s", err);
-                continue;
-            }
-            w.last_coord_us = rt_now_us();
-            if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
-                rt_log(w.role, "shutdown: %s", env->shutdown->reason);
-                worker_stop = 1;
-            }
-            rt_free(env);
         }
     }
 out:
+    worker_stop = 1;
+    if (w.control_started)
+        pthread_join(w.control, NULL);
     llama_ctx_destroy(&w.ctx);
     llama_model_destroy(&w.model);
     arena_destroy(&w.arena);
+    /* a dead coordinator cannot unlink its arena: the last of its peers to leave does */
+    if (arena_nm[0] && arena_unlink_stale(arena_nm))
+        rt_log(w.role, "removed the arena %s (its coordinator is gone)", arena_nm);
     if (w.sock)
         zmq_close(w.sock);
     if (w.zctx)
         zmq_ctx_term(w.zctx);
+    pthread_mutex_destroy(&w.sock_lock);
     return rc;
 }

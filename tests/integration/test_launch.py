@@ -8,13 +8,17 @@
 - `debug worker-0` starts everything but worker-0 and runs worker-0 in the foreground: the group
   becomes healthy and serves a request identical to `orochi run`; `debug` of an unknown role is
   refused before the running group is stopped;
-- `down` leaves no process and no shared-memory arena behind.
+- `status` counts the steps each worker has computed while a long request is still running (the
+  workers heartbeat their count from a thread of their own, not only when idle);
+- `status` shows the supervisor `up` starts; `down` stops it too and leaves no process and no
+  shared-memory arena behind.
 """
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +51,7 @@ def test_launch_status_logs_restart_down():
         # no process and carry no pid
         lines = [line for line in out.splitlines() if len(line.split()) > 2 and line.split()[1] == "pid"]
         roles = [line.split()[0] for line in lines]
-        G.check(sorted(roles) == sorted(["coordinator", "worker-0", "worker-1", "ngram"]),
+        G.check(sorted(roles) == sorted(["coordinator", "worker-0", "worker-1", "ngram", "supervisor"]),
                 "status lists the processes %r", roles)
         G.check(len(set(roles)) == len(roles), "a role is listed twice: %r", roles)
         G.check(out.splitlines()[0].split()[0] == "coordinator", "the first line is not the coordinator: %r",
@@ -89,6 +93,8 @@ def test_launch_status_logs_restart_down():
 
         # keep what down must clean up
         pids = [v["pid"] for v in g.status().values() if v["pid"]]
+        with open(g.path("supervisor.pid")) as f:
+            pids.append(int(f.read()))
         arena = arena_name(g)
         G.check(arena and os.path.exists("/dev/shm" + arena), "arena %r not found in /dev/shm", arena)
     # the with-block ran `down`
@@ -100,6 +106,51 @@ def test_launch_status_logs_restart_down():
     G.check(not os.path.exists("/dev/shm" + arena), "the arena %s is left after down", arena)
     r = g.launch("status", check=False)
     G.check(r.returncode != 0 and "not running" in r.stdout, "status after down: rc %d %r", r.returncode, r.stdout)
+
+
+def slow_model():
+    return G.mkmodel(layers=8, dim=512, ffn=1024, heads=8, kv_heads=2, vocab=300, ctx=512, type="f32", seed=7)
+
+
+@t.case
+def test_launch_status_counts_worker_steps_under_load():
+    # the steps column of a worker is the count its heartbeats carry; it must follow the work
+    # while the worker is busy, not only once the group is idle again (a worker used to heartbeat
+    # only from its idle loop: under load `status` showed 0 steps for it)
+    model = slow_model()
+    with G.Group("launch-steps", model, workers=2) as g:
+        done = threading.Event()
+
+        def run():
+            try:
+                g.complete("status steps under load", 480, timeout=300)  # ~3 s, no eos before 480
+            finally:
+                done.set()
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        out = None
+        deadline = time.time() + 120
+        while time.time() < deadline and not done.is_set():
+            if (g.status().get("coordinator", {}).get("steps") or 0) >= 150:
+                out = g.launch("status").stdout
+                break
+            time.sleep(0.05)
+        busy = not done.is_set()
+        G.check(out is not None, "the request ended before 150 steps had run: the test proves nothing")
+        seen = G.parse_status(out.splitlines())
+        coord = seen["coordinator"]["steps"]
+        G.log("  mid-request (still running: %s): coordinator %d steps, workers %s" % (
+            busy, coord, [seen[w]["steps"] for w in ("worker-0", "worker-1")]))
+        G.check(busy, "the request finished while the status was read")
+        for w in ("worker-0", "worker-1"):
+            G.check(seen[w]["steps"] is not None and seen[w]["steps"] >= coord // 2,
+                    "%s shows %s steps while the coordinator has run %d:\n%s", w, seen[w]["steps"], coord,
+                    out)
+        th.join(300)
+        # at rest, every step the coordinator ran was computed by each worker
+        st = g.wait_status(lambda s: all(s[w]["steps"] == s["coordinator"]["steps"] for w in ("worker-0", "worker-1")),
+                           5, "the workers' steps equal to the coordinator's")
+        G.log("  at rest: %s" % {r: v["steps"] for r, v in st.items()})
 
 
 @t.case

@@ -1,8 +1,10 @@
 /*
  * tests/unit/test_arena.c — the shared-memory arena across real processes: create and attach from
  * a fork()ed child, every name/region/header error, stale-arena detection by the creator's pid,
- * the futex barrier (no early release over thousands of rounds, timeout when a peer is killed,
- * re-init), and the seqlocked draft ring under a concurrent writer and reader.
+ * a zombie creator counts as dead, the futex barrier (no early release over thousands of rounds,
+ * timeout when a peer is killed, re-init; the wait without a fixed timeout that outlasts a slow
+ * peer, gives up when asked and is released by a break from outside), and the seqlocked draft
+ * ring under a concurrent writer and reader.
  *
  * Children never call cmocka: they report through their exit status (and shared counters), and
  * leave with _exit so that nothing of the parent's test state runs twice. Every test registers
@@ -485,6 +487,38 @@ static void test_stale_detection(void **state)
     assert_false(arena_unlink_stale(name));
 }
 
+/* A creator that died but was not reaped yet (a zombie, as under an init that does not reap)
+ * still answers kill(pid, 0): its arena is stale all the same. */
+static void test_stale_zombie_creator(void **state)
+{
+    ta_fixture *f = *state;
+    const char *name = ta_name(f, "zombie");
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = ta_fork(f);
+    if (pid == 0) {
+        int rc = ta_child_create_and_vanish(name);
+        char c = (char)rc;
+        if (write(pipefd[1], &c, 1) != 1)
+            rc = 3;
+        _exit(rc);
+    }
+    char c = 9;
+    assert_int_equal(read(pipefd[0], &c, 1), 1);
+    assert_int_equal(c, 0);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    /* wait until it is a zombie, without reaping it */
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    assert_int_equal(waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT), 0);
+    assert_int_equal(kill(pid, 0), 0); /* still there for kill() */
+    assert_true(ta_exists(name));
+    assert_true(arena_unlink_stale(name));
+    assert_false(ta_exists(name));
+    assert_int_equal(ta_reap(f, pid), 0);
+}
+
 /* ===== barrier ===== */
 
 typedef struct {
@@ -650,6 +684,77 @@ static void test_barrier_break_wakes_sleepers(void **state)
     int rc = arena_barrier_wait(&s->bar, 10000, 1000);
     double waited = ta_now_ms() - t0;
     printf("barrier: sleeper with a 10 s timeout woken by a peer's 100 ms timeout after %.1f ms\n", waited);
+    assert_int_equal(rc, -1);
+    assert_true(waited < 3000);
+    assert_int_equal(ta_reap(f, pid), 0);
+}
+
+static bool ta_count_slices(void *arg)
+{
+    int *n = arg;
+    (*n)++;
+    return true;
+}
+
+static bool ta_give_up_after_5(void *arg)
+{
+    int *n = arg;
+    return ++*n < 5;
+}
+
+/* arena_barrier_wait_while: a party that is slower than any fixed timeout would allow does not
+ * break the round; the waiter is asked after every slice; it gives up when told to; and a break
+ * from outside (the coordinator's, when a party dies) releases it at once. */
+static void test_barrier_wait_while(void **state)
+{
+    ta_fixture *f = *state;
+    ta_sync *s;
+    f->a[0] = ta_sync_arena(f, "while", &s);
+
+    /* a slow peer: arrives after 600 ms, the waiter's slices are 50 ms */
+    arena_barrier_init(&s->bar, 2);
+    pid_t pid = ta_fork(f);
+    if (pid == 0) {
+        usleep(600000);
+        _exit(arena_barrier_wait(&s->bar, 5000, 1000) == 0 ? 0 : 2);
+    }
+    int slices = 0;
+    double t0 = ta_now_ms();
+    int rc = arena_barrier_wait_while(&s->bar, 1000, 50, ta_count_slices, &slices);
+    double waited = ta_now_ms() - t0;
+    printf("barrier: wait_while outlasted a 600 ms peer in %.1f ms, asked %d times\n", waited,
+           slices);
+    assert_int_equal(rc, 0);
+    assert_true(waited >= 500);
+    assert_true(slices >= 5);
+    assert_int_equal(ta_reap(f, pid), 0);
+    assert_int_equal(__atomic_load_n(&s->bar.broken, __ATOMIC_ACQUIRE), 0);
+
+    /* nobody comes, and the waiter is told to stop after 5 slices: the round is abandoned */
+    arena_barrier_init(&s->bar, 2);
+    int asked = 0;
+    t0 = ta_now_ms();
+    rc = arena_barrier_wait_while(&s->bar, 1000, 20, ta_give_up_after_5, &asked);
+    waited = ta_now_ms() - t0;
+    printf("barrier: wait_while gave up after %d slices, %.1f ms\n", asked, waited);
+    assert_int_equal(rc, -1);
+    assert_int_equal(asked, 5);
+    assert_true(waited < 3000);
+    assert_int_equal(__atomic_load_n(&s->bar.broken, __ATOMIC_ACQUIRE), 1);
+
+    /* a break from another process releases a waiter that would wait for ever */
+    arena_barrier_init(&s->bar, 3);
+    pid = ta_fork(f);
+    if (pid == 0) {
+        usleep(200000);
+        arena_barrier_break(&s->bar);
+        _exit(0);
+    }
+    slices = 0;
+    t0 = ta_now_ms();
+    rc = arena_barrier_wait_while(&s->bar, 1000, 5000, ta_count_slices, &slices);
+    waited = ta_now_ms() - t0;
+    printf("barrier: wait_while released by a break after %.1f ms\n", waited);
     assert_int_equal(rc, -1);
     assert_true(waited < 3000);
     assert_int_equal(ta_reap(f, pid), 0);
@@ -831,9 +936,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_name_and_region_errors, ta_setup, ta_teardown),
         cmocka_unit_test_setup_teardown(test_attach_rejects_garbage, ta_setup, ta_teardown),
         cmocka_unit_test_setup_teardown(test_stale_detection, ta_setup, ta_teardown),
+        cmocka_unit_test_setup_teardown(test_stale_zombie_creator, ta_setup, ta_teardown),
         cmocka_unit_test_setup_teardown(test_barrier_rounds, ta_setup, ta_teardown),
         cmocka_unit_test_setup_teardown(test_barrier_timeout, ta_setup, ta_teardown),
         cmocka_unit_test_setup_teardown(test_barrier_break_wakes_sleepers, ta_setup, ta_teardown),
+        cmocka_unit_test_setup_teardown(test_barrier_wait_while, ta_setup, ta_teardown),
         cmocka_unit_test_setup_teardown(test_draft_ring, ta_setup, ta_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
