@@ -446,7 +446,7 @@ double ctl_plan_refine(ctl_template *t, const int8_t *paths, int n_paths, int de
                        int rounds)
 {
     double best = ctl_plan_eval(t, paths, n_paths, depths);
-    static __thread ctl_template cand, trial;
+    ctl_template cand, trial; /* 6 KiB each, like keep below */
     for (int round = 0; round < rounds; round++) {
         bool moved = false;
         double round_best = best;

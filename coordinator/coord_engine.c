@@ -859,7 +859,9 @@ static void engine_step_all(coord *c)
     /* drafts for every active request first; then the width is shared out by what was drafted:
      * each request gets its root, then one node at a time goes round to those whose merged drafts
      * have more (starting where the last step stopped), so a share nobody can use goes back */
-    static __thread coord_tree merged[RT_MAX_SEQ]; /* 10 KiB each: off the stack */
+    /* 10 KiB each: off the stack. Plain statics: the engine loop is one thread, and per-thread
+     * copies cost every HTTP connection thread their size in zeroed TLS */
+    static coord_tree merged[RT_MAX_SEQ];
     int32_t tokens[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
     int n = 0, width = c->width < RT_MAX_WIDTH ? c->width : RT_MAX_WIDTH;
     int budget[RT_MAX_SEQ], cap[RT_MAX_SEQ];
@@ -876,7 +878,7 @@ static void engine_step_all(coord *c)
         engine_merge_drafts(c, s, sl->all[sl->n_all - 1], &merged[k]);
         const ctl_template *shape = coord_plan_tree(c);
         if (shape && !engine_slot_seeded(c, s)) { /* the plan's tree for this context bucket */
-            static __thread coord_tree fitted;
+            static coord_tree fitted;
             ctl_tree_fit(&merged[k], shape, &fitted);
             merged[k] = fitted;
         }

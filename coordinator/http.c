@@ -7,9 +7,23 @@
  * a generation request is submitted to the engine, then the handler (non-streaming) or the
  * content-reader callback (streaming) sleeps on the request's condition variable until the engine
  * appends text or ends it. This keeps the code a straight line; the price is one thread per open
- * connection, bounded by http_config.max_connections, which suits an engine that serves a handful
- * of concurrent sequences. The alternative (suspend/resume with a wakeup path from the engine
- * thread into libmicrohttpd) buys nothing at that scale.
+ * connection. The engine serves a handful of sequences, but idle connections are cheap to open, so
+ * the connection budget is large (2048 by default, within the open-file limit), connections that
+ * have not sent a whole request header are closed after a short quiet spell (the header timeout,
+ * 10 s), and once all but 1/8 of the budget is open each new connection evicts the one that has
+ * waited longest for a header (http_on_connection), so idle sockets cannot deny service
+ * (slowloris). Measured with 1000 idle connections held open: a good request is answered in a few
+ * milliseconds; each idle connection costs its thread, about 112 KiB of resident memory (nearly all
+ * of it the binary's static TLS, which glibc zeroes for every new thread) and 8 MiB of untouched
+ * address space for the stack. The alternative, libmicrohttpd's epoll mode with a thread pool and
+ * suspend/resume driven by a wakeup path from the engine thread, would make idle connections
+ * cheaper but every waiting handler asynchronous; at this budget the threads are acceptable.
+ *
+ * Timeouts: the daemon-wide timeout is the header timeout. When a request's header is complete the
+ * connection's timeout becomes the idle timeout (body upload, answer); a generation turns it off
+ * until answered; a keep-alive connection goes back to the header timeout between requests.
+ * libmicrohttpd counts these as inactivity, so a client that trickles header bytes keeps its slot
+ * longer; the eviction and the budget bound what that costs.
  *
  * Waits are sliced into HTTP_TICK_MS ticks. Between ticks a handler checks whether the client has
  * hung up (poll for POLLRDHUP on the connection's socket) and whether the server is stopping;
@@ -27,7 +41,9 @@
  * Text from the engine is bytes; a token may end in the middle of a UTF-8 character. Streams hold
  * back an incomplete trailing sequence until the next piece completes it, and every string put
  * into JSON is first made valid UTF-8 (invalid bytes become U+FFFD), so clients always receive
- * valid JSON.
+ * valid JSON. Text coming in is held to a stricter rule: a string in the body that holds a NUL
+ * character or bytes that are not UTF-8 is refused (400, param naming it), because the C strings
+ * that carry prompts to the engine would silently cut or mangle it.
  */
 #define _GNU_SOURCE
 #include "coordinator/http.h"
@@ -46,15 +62,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#define HTTP_TICK_MS 200        /* how often a waiting handler looks for hang-up / stop */
-#define HTTP_DRAIN_FACTOR 16    /* bodies beyond 16x the limit are refused without reading */
-#define HTTP_MAX_COUNTERS 96    /* distinct (route, code) pairs counted for /metrics */
-#define HTTP_STREAM_BLOCK 16384 /* libmicrohttpd buffer for streamed responses */
-#define HTTP_CLIENT_GONE 499    /* metrics code for a client that left before the answer */
+#define HTTP_TICK_MS 200              /* how often a waiting handler looks for hang-up / stop */
+#define HTTP_DRAIN_FACTOR 16          /* bodies beyond 16x the limit are refused without reading */
+#define HTTP_MAX_COUNTERS 96          /* distinct (route, code) pairs counted for /metrics */
+#define HTTP_STREAM_BLOCK 16384       /* libmicrohttpd buffer for streamed responses */
+#define HTTP_CLIENT_GONE 499          /* metrics code for a client that left before the answer */
+#define HTTP_DEFAULT_CONNECTIONS 2048 /* connection budget when the config names none */
+#define HTTP_FD_RESERVE 256           /* descriptors left to the rest of the process */
+#define HTTP_ROOM_SHARE 8             /* 1/8 of the budget is kept free for new connections */
 
 enum {
     ROUTE_COMPLETIONS,
@@ -73,22 +93,35 @@ typedef struct {
     uint64_t count;
 } http_counter;
 
+/* An open connection (libmicrohttpd's socket context). While it waits for a request header it is
+ * in the server's waiting list, oldest first: the connections that may be evicted to make room. */
+typedef struct http_conn {
+    struct http_conn *prev, *next;
+    int fd;
+    bool waiting;
+} http_conn;
+
 struct http_server {
     struct MHD_Daemon *mhd;
     http_engine engine;
     char *api_key, *model_name; /* api_key NULL: no authentication */
     size_t max_body;
-    int max_tokens_cap, keepalive_ms, idle_timeout_s, port;
+    int max_tokens_cap, keepalive_ms, idle_timeout_s, header_timeout_s, port;
+    unsigned max_conn; /* the connection budget */
     bool quiet;
     time_t started;
     uint64_t id_salt;
     atomic_bool stopping;
     atomic_uint_fast64_t next_id;
     atomic_int active; /* generation requests held by HTTP threads */
+    atomic_int open;   /* connections open now (libmicrohttpd's started minus closed) */
 
-    pthread_mutex_t mu; /* guards counters, n_counters, starting, start_err */
+    pthread_mutex_t mu; /* guards counters, n_counters, the waiting list, evicted, starting,
+                         * start_err */
     http_counter counters[HTTP_MAX_COUNTERS];
     int n_counters;
+    http_conn *wait_head, *wait_tail;
+    uint64_t evicted;
     bool starting;
     char start_err[256];
 };
@@ -104,14 +137,15 @@ typedef struct {
 typedef struct {
     int route;
     bool too_large;
-    bool untimed; /* the idle timeout is off while a generation runs */
+    bool streaming; /* an event stream was queued: counted when it ends (http_on_completed) */
     http_buf body;
 } http_exchange;
 
 /* A validation error, answered as an OpenAI-style error object. */
 typedef struct {
     int status;
-    char param[48]; /* "" -> null */
+    char param[128]; /* "" -> null */
+    char code[32];   /* "" -> null; e.g. "model_not_found" */
     char message[320];
 } http_err;
 
@@ -121,6 +155,7 @@ typedef struct {
     coord_request *req;
     int fd;
     bool chat, role_sent, ended;
+    bool usage_chunk; /* stream_options.include_usage: usage in a chunk of its own at the end */
     time_t created;
     size_t text_off;
     http_buf out; /* SSE bytes not yet handed to libmicrohttpd */
@@ -135,10 +170,14 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
                                        void **con_cls);
 static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe);
+static void http_on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                               enum MHD_ConnectionNotificationCode code);
 static void http_log(void *cls, const char *fmt, va_list ap);
 static void http_buf_add(http_buf *b, const char *s, size_t n);
 static void http_buf_printf(http_buf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+static int http_fail(http_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* ==== server life ============================================================================= */
 
@@ -160,6 +199,37 @@ static int http_resolve(const char *host, int port, struct sockaddr_storage *ss,
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     return 0;
+}
+
+/* The connection budget: what the config asks (default 2048) within the open-file limit, less a
+ * reserve for the rest of the process. The soft limit is raised as far as the hard one allows
+ * when the budget needs it (libmicrohttpd polls with poll(), so descriptors above FD_SETSIZE are
+ * fine). */
+static unsigned http_connection_budget(const http_config *cfg, bool quiet)
+{
+    unsigned want =
+        cfg->max_connections > 0 ? (unsigned)cfg->max_connections : HTTP_DEFAULT_CONNECTIONS;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return want;
+    rlim_t need = (rlim_t)want + HTTP_FD_RESERVE;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        struct rlimit raised = rl;
+        raised.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+        if (raised.rlim_cur > rl.rlim_cur && !setrlimit(RLIMIT_NOFILE, &raised))
+            rl.rlim_cur = raised.rlim_cur;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rlim_t fit =
+            rl.rlim_cur > 2 * HTTP_FD_RESERVE ? rl.rlim_cur - HTTP_FD_RESERVE : rl.rlim_cur / 2;
+        if (!quiet)
+            fprintf(stderr,
+                    "orochi http: the open-file limit (%llu) leaves room for %llu connections, "
+                    "not %u\n",
+                    (unsigned long long)rl.rlim_cur, (unsigned long long)fit, want);
+        want = fit ? (unsigned)fit : 1;
+    }
+    return want;
 }
 
 http_server *http_server_start(const http_config *cfg, const http_engine *engine, char *err,
@@ -194,12 +264,16 @@ http_server *http_server_start(const http_config *cfg, const http_engine *engine
     srv->max_tokens_cap = cfg->max_tokens_cap > 0 ? cfg->max_tokens_cap : 4096;
     srv->keepalive_ms = cfg->keepalive_ms > 0 ? cfg->keepalive_ms : 15000;
     srv->idle_timeout_s = cfg->idle_timeout_s > 0 ? cfg->idle_timeout_s : 60;
+    srv->header_timeout_s = cfg->header_timeout_s > 0 ? cfg->header_timeout_s : 10;
+    if (srv->header_timeout_s > srv->idle_timeout_s)
+        srv->header_timeout_s = srv->idle_timeout_s;
     srv->quiet = cfg->quiet;
     srv->started = time(NULL);
     srv->id_salt = ((uint64_t)srv->started << 20) ^ ((uint64_t)getpid() << 40) ^ (uintptr_t)srv;
     atomic_init(&srv->stopping, false);
     atomic_init(&srv->next_id, 1);
     atomic_init(&srv->active, 0);
+    atomic_init(&srv->open, 0);
     if ((cfg->api_key && *cfg->api_key && !srv->api_key) || !srv->model_name) {
         snprintf(err, errlen, "http: out of memory");
         http_server_stop(&srv);
@@ -210,13 +284,15 @@ http_server *http_server_start(const http_config *cfg, const http_engine *engine
                      MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    unsigned max_conn = cfg->max_connections > 0 ? (unsigned)cfg->max_connections : 64;
+    srv->max_conn = http_connection_budget(cfg, cfg->quiet);
     srv->starting = true;
+    /* the daemon-wide timeout is the header timeout: a connection starts out waiting for one */
     srv->mhd = MHD_start_daemon(
         flags, (uint16_t)cfg->port, NULL, NULL, http_on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
         http_log, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
-        max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->idle_timeout_s,
-        MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, srv, MHD_OPTION_END);
+        srv->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->header_timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+        http_on_connection, srv, MHD_OPTION_END);
     pthread_mutex_lock(&srv->mu);
     srv->starting = false;
     pthread_mutex_unlock(&srv->mu);
@@ -409,6 +485,106 @@ static void http_json_add_text(cJSON *obj, const char *key, const char *s, size_
     free(clean);
 }
 
+/* One level of a JSON text being walked by http_json_bad_string: an array and the index of its
+ * current element, or an object and the raw text of its current member's key. */
+typedef struct {
+    bool array;
+    int index;
+    size_t key, key_len; /* offset and length in the body */
+} http_jlevel;
+
+/* Appends the path of the current position, e.g. "messages[1].content", to path. */
+static void http_jpath(const char *body, const http_jlevel *lv, int depth, char *path, size_t cap)
+{
+    size_t n = 0;
+    path[0] = 0;
+    for (int d = 0; d < depth && n + 1 < cap; d++) {
+        int w = lv[d].array
+                    ? snprintf(path + n, cap - n, "[%d]", lv[d].index)
+                    : snprintf(path + n, cap - n, "%s%.*s", d ? "." : "",
+                               (int)(lv[d].key_len > 64 ? 64 : lv[d].key_len), body + lv[d].key);
+        n += w > 0 ? (size_t)w : 0;
+    }
+}
+
+/* Strings must arrive whole. cJSON decodes "\u0000" into a NUL byte that would end the C string
+ * (everything after it lost without a word) and copies bytes that are not UTF-8 as they are, which
+ * the tokenizer would then mangle. So before the fields are read, the body's text (already parsed
+ * by cJSON, hence well formed) is walked once: the first string holding a NUL (escaped or raw) or
+ * invalid UTF-8 is reported with its path. Returns 0 when every string is clean, 1 with *e filled
+ * (400, the path as param), -1 when out of memory. */
+static int http_json_bad_string(const char *body, size_t len, http_err *e)
+{
+    int depth = 0, cap = 0;
+    http_jlevel *lv = NULL;
+    bool want_key = false;
+    int rc = 0;
+    for (size_t i = 0; i < len && !rc;) {
+        char c = body[i];
+        if (c == '{' || c == '[') {
+            if (depth == cap) {
+                int ncap = cap ? cap * 2 : 16;
+                http_jlevel *grown = realloc(lv, (size_t)ncap * sizeof *grown);
+                if (!grown) {
+                    rc = -1;
+                    break;
+                }
+                lv = grown;
+                cap = ncap;
+            }
+            lv[depth++] = (http_jlevel){.array = c == '['};
+            want_key = c == '{';
+            i++;
+        } else if (c == '}' || c == ']') {
+            depth -= depth > 0;
+            want_key = false;
+            i++;
+        } else if (c == ',') {
+            if (depth && lv[depth - 1].array)
+                lv[depth - 1].index++;
+            want_key = depth && !lv[depth - 1].array;
+            i++;
+        } else if (c == '"') {
+            size_t start = ++i;
+            const char *bad = NULL;
+            while (i < len && body[i] != '"') {
+                const unsigned char *u = (const unsigned char *)body + i;
+                if (*u == '\\') {
+                    if (i + 5 < len && u[1] == 'u' && !memcmp(u + 2, "0000", 4))
+                        bad = bad ? bad : "a NUL character (\\u0000)";
+                    i += i + 1 < len ? 2 : 1;
+                } else if (*u == 0) {
+                    bad = bad ? bad : "a NUL character";
+                    i++;
+                } else {
+                    size_t n = http_utf8_char(u, len - i);
+                    if (!n)
+                        bad = bad ? bad : "bytes that are not valid UTF-8";
+                    i += n ? n : 1;
+                }
+            }
+            if (want_key && depth) {
+                lv[depth - 1].key = start;
+                lv[depth - 1].key_len = i - start;
+                want_key = false;
+            }
+            i++; /* the closing quote */
+            if (bad) {
+                char path[sizeof e->param];
+                http_jpath(body, lv, depth, path, sizeof path);
+                http_fail(e, 400, path,
+                          "%s contains %s; send text as valid UTF-8 without NUL characters",
+                          path[0] ? path : "the request body", bad);
+                rc = 1;
+            }
+        } else {
+            i++; /* whitespace, ':', numbers, true, false, null */
+        }
+    }
+    free(lv);
+    return rc;
+}
+
 /* The object member `name`, treating JSON null like an absent member. */
 static const cJSON *http_field(const cJSON *obj, const char *name)
 {
@@ -531,24 +707,44 @@ static const char *http_error_type(int status)
     return "invalid_request_error";
 }
 
-static cJSON *http_error_json(int status, const char *message, const char *param)
+/* {"error":{message, type, param, code}}; param and code NULL or "" are null. */
+static cJSON *http_error_json(int status, const char *message, const char *param, const char *code)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
     http_json_add_text(e, "message", message, strlen(message));
     cJSON_AddStringToObject(e, "type", http_error_type(status));
     if (param && *param)
-        cJSON_AddStringToObject(e, "param", param);
+        http_json_add_text(e, "param", param, strlen(param));
     else
         cJSON_AddNullToObject(e, "param");
-    cJSON_AddNullToObject(e, "code");
+    if (code && *code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNullToObject(e, "code");
     return root;
 }
 
 static enum MHD_Result http_send_error(http_server *srv, struct MHD_Connection *conn, int route,
-                                       int status, const char *message, const char *param)
+                                       int status, const char *message, const char *param,
+                                       const char *code)
 {
-    return http_send_json(srv, conn, route, status, http_error_json(status, message, param), NULL);
+    return http_send_json(srv, conn, route, status, http_error_json(status, message, param, code),
+                          NULL);
+}
+
+/* An engine failure as the client sees it. The engine's 413 (the prompt does not fit the
+ * context, see request.h) is answered the way OpenAI answers it: 400, code
+ * context_length_exceeded, param naming the prompt or the messages. */
+static cJSON *http_engine_error_json(bool chat, int status, const char *message, int *out_status)
+{
+    if (status == COORD_STATUS_CONTEXT) {
+        *out_status = 400;
+        return http_error_json(400, message, chat ? "messages" : "prompt",
+                               "context_length_exceeded");
+    }
+    *out_status = status;
+    return http_error_json(status, message, NULL, NULL);
 }
 
 static enum MHD_Result http_send_405(http_server *srv, struct MHD_Connection *conn, int route,
@@ -556,7 +752,7 @@ static enum MHD_Result http_send_405(http_server *srv, struct MHD_Connection *co
 {
     char msg[320];
     snprintf(msg, sizeof msg, "method %.16s is not allowed on %.200s; use %s", method, url, allow);
-    return http_send_json(srv, conn, route, 405, http_error_json(405, msg, NULL), allow);
+    return http_send_json(srv, conn, route, 405, http_error_json(405, msg, NULL, NULL), allow);
 }
 
 static enum MHD_Result http_send_too_large(http_server *srv, struct MHD_Connection *conn,
@@ -564,13 +760,11 @@ static enum MHD_Result http_send_too_large(http_server *srv, struct MHD_Connecti
 {
     char msg[160];
     snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", srv->max_body);
-    return http_send_error(srv, conn, ex->route, 413, msg, NULL);
+    return http_send_error(srv, conn, ex->route, 413, msg, NULL, NULL);
 }
 
 /* ==== parsing a generation request ============================================================ */
 
-static int http_fail(http_err *e, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 static int http_fail(http_err *e, int status, const char *param, const char *fmt, ...)
 {
     e->status = status;
@@ -651,10 +845,15 @@ static int http_parse_messages(const cJSON *root, coord_request *req, http_err *
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!cJSON_IsString(role))
             return http_fail(e, 400, param, "messages[%d].role must be a string", i);
-        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
-            strcmp(role->valuestring, "assistant"))
+        /* "developer" is OpenAI's newer name for the system role */
+        const char *as = role->valuestring;
+        if (!strcmp(as, "developer"))
+            as = "system";
+        if (strcmp(as, "system") && strcmp(as, "user") && strcmp(as, "assistant"))
             return http_fail(e, 400, param,
-                             "messages[%d].role must be \"system\", \"user\" or \"assistant\"", i);
+                             "messages[%d].role must be \"system\", \"developer\", \"user\" or "
+                             "\"assistant\"",
+                             i);
         http_buf text = {0};
         snprintf(param, sizeof param, "messages[%d].content", i);
         if (!content || http_message_content(content, &text)) {
@@ -663,8 +862,7 @@ static int http_parse_messages(const cJSON *root, coord_request *req, http_err *
                              "messages[%d].content must be a string (or an array of text parts)",
                              i);
         }
-        int rc =
-            text.oom ? -1 : coord_request_add_message(req, role->valuestring, text.p ? text.p : "");
+        int rc = text.oom ? -1 : coord_request_add_message(req, as, text.p ? text.p : "");
         http_buf_free(&text);
         if (rc)
             return http_fail(e, 503, NULL, "out of memory");
@@ -748,18 +946,44 @@ static int http_parse_common(const http_server *srv, const cJSON *root, coord_re
             return http_fail(e, 400, "stream", "stream must be true or false");
         p->stream = cJSON_IsTrue(v);
     }
+    if ((v = http_field(root, "stream_options"))) {
+        if (!cJSON_IsObject(v))
+            return http_fail(e, 400, "stream_options", "stream_options must be an object");
+        if (!p->stream)
+            return http_fail(e, 400, "stream_options",
+                             "stream_options is only allowed when stream is true");
+        const cJSON *u = http_field(v, "include_usage");
+        if (u && !cJSON_IsBool(u))
+            return http_fail(e, 400, "stream_options.include_usage",
+                             "stream_options.include_usage must be true or false");
+        p->stream_usage = u && cJSON_IsTrue(u);
+    }
     if ((v = http_field(root, "n"))) {
         if (!http_json_integer(v, &i) || i != 1)
             return http_fail(e, 400, "n", "n must be 1 (one choice per request)");
     }
+    /* what this server cannot do is refused by name rather than ignored: an answer without the
+     * asked-for logprobs would look complete and be wrong */
+    if ((v = http_field(root, "logprobs")) && !cJSON_IsFalse(v))
+        return http_fail(e, 400, "logprobs",
+                         "logprobs are not supported by this server (send null or false)");
+    if ((v = http_field(root, "top_logprobs")) && !(http_json_integer(v, &i) && i == 0))
+        return http_fail(e, 400, "top_logprobs",
+                         "top_logprobs is not supported by this server (logprobs are not "
+                         "supported)");
+    if (p->kind == COORD_REQ_COMPLETION) {
+        if ((v = http_field(root, "echo"))) {
+            if (!cJSON_IsBool(v))
+                return http_fail(e, 400, "echo", "echo must be true or false");
+            p->echo = cJSON_IsTrue(v);
+        }
+        if ((v = http_field(root, "best_of")) && !(http_json_integer(v, &i) && i == 1))
+            return http_fail(e, 400, "best_of", "best_of must be 1 (one candidate per request)");
+        if ((v = http_field(root, "suffix")) && !(cJSON_IsString(v) && !*v->valuestring))
+            return http_fail(e, 400, "suffix", "suffix is not supported by this server");
+    }
     if ((v = http_field(root, "stop")) && http_parse_stop(v, req, e))
         return -1;
-    if ((v = http_field(root, "model"))) {
-        if (!cJSON_IsString(v))
-            return http_fail(e, 400, "model", "model must be a string");
-        if (coord_request_set_model(req, v->valuestring))
-            return http_fail(e, 503, NULL, "out of memory");
-    }
     if ((v = http_field(root, "orochi"))) {
         if (!cJSON_IsObject(v))
             return http_fail(e, 400, "orochi", "orochi must be an object");
@@ -800,8 +1024,28 @@ static coord_request *http_parse_request(const http_server *srv, bool chat, cons
         http_fail(e, 400, NULL, "the request body must be a JSON object");
         return NULL;
     }
+    int bad = http_json_bad_string(body, len, e);
+    if (bad) {
+        cJSON_Delete(root);
+        if (bad < 0)
+            http_fail(e, 503, NULL, "out of memory");
+        return NULL;
+    }
     coord_request *req = coord_request_new(chat ? COORD_REQ_CHAT : COORD_REQ_COMPLETION);
     int rc = req ? 0 : http_fail(e, 503, NULL, "out of memory");
+    /* the model first: a request for a model this server does not have is answered 404 whatever
+     * else it says (OpenAI's model_not_found) */
+    const cJSON *model = http_field(root, "model");
+    if (!rc && model && !cJSON_IsString(model))
+        rc = http_fail(e, 400, "model", "model must be a string");
+    if (!rc && model && strcmp(model->valuestring, srv->model_name)) {
+        rc = http_fail(e, 404, "model",
+                       "the model '%.200s' does not exist; this server serves '%.64s'",
+                       model->valuestring, srv->model_name);
+        snprintf(e->code, sizeof e->code, "model_not_found");
+    }
+    if (!rc && model && coord_request_set_model(req, model->valuestring))
+        rc = http_fail(e, 503, NULL, "out of memory");
     if (!rc)
         rc = chat ? http_parse_messages(root, req, e) : http_parse_prompt(root, req, e);
     if (!rc)
@@ -867,11 +1111,24 @@ static cJSON *http_envelope(const http_server *srv, coord_request *req, const ch
 /* The whole answer of a finished non-streaming request. */
 static cJSON *http_result_json(const http_server *srv, coord_request *req, time_t created)
 {
-    bool chat = coord_request_params(req)->kind == COORD_REQ_CHAT;
+    const coord_params *p = coord_request_params(req);
+    bool chat = p->kind == COORD_REQ_CHAT;
     coord_outcome o;
     coord_request_outcome(req, &o);
     size_t len = 0;
     char *text = coord_request_text(req, &len);
+    if (text && p->echo && p->prompt) {
+        /* echo: the prompt, then the completion, as one text */
+        size_t plen = strlen(p->prompt);
+        char *both = malloc(plen + len + 1);
+        if (both) {
+            memcpy(both, p->prompt, plen);
+            memcpy(both + plen, text, len + 1);
+            len += plen;
+        }
+        free(text);
+        text = both;
+    }
     cJSON *root = http_envelope(srv, req, chat ? "chat.completion" : "text_completion", created);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
@@ -918,11 +1175,28 @@ static cJSON *http_chunk_json(http_stream *st, const char *text, const char *fin
         coord_outcome o;
         coord_request_outcome(st->req, &o);
         cJSON_AddStringToObject(choice, "finish_reason", finish_reason);
-        http_add_usage(root, &o);
+        if (st->usage_chunk)
+            cJSON_AddNullToObject(root, "usage"); /* it comes in a chunk of its own */
+        else
+            http_add_usage(root, &o);
         cJSON_AddItemToObject(root, "orochi", http_orochi_json(st->req, &o));
     } else {
         cJSON_AddNullToObject(choice, "finish_reason");
+        if (st->usage_chunk)
+            cJSON_AddNullToObject(root, "usage");
     }
+    return root;
+}
+
+/* stream_options.include_usage: the chunk after the last, with no choices and the usage. */
+static cJSON *http_usage_chunk_json(http_stream *st)
+{
+    cJSON *root = http_envelope(
+        st->srv, st->req, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+    cJSON_AddArrayToObject(root, "choices");
+    coord_outcome o;
+    coord_request_outcome(st->req, &o);
+    http_add_usage(root, &o);
     return root;
 }
 
@@ -983,13 +1257,16 @@ static int http_stream_pull(http_stream *st)
         coord_request_outcome(st->req, &o);
         http_stream_event(st,
                           http_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop"));
+        if (st->usage_chunk)
+            http_stream_event(st, http_usage_chunk_json(st));
         http_buf_add(&st->out, "data: [DONE]\n\n", 15);
         st->ended = true;
     } else if (state == COORD_REQ_FAILED) {
         http_stream_text(st, NULL, 0, true);
         coord_outcome o;
         coord_request_outcome(st->req, &o);
-        http_stream_event(st, http_error_json(o.http_status, o.message, NULL));
+        int status;
+        http_stream_event(st, http_engine_error_json(st->chat, o.http_status, o.message, &status));
         http_buf_add(&st->out, "data: [DONE]\n\n", 15);
         st->ended = true;
     } else if (!piece) {
@@ -1069,7 +1346,7 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
     http_err e = {0};
     coord_request *req = http_parse_request(srv, chat, ex->body.p, ex->body.len, &e);
     if (!req)
-        return http_send_error(srv, conn, ex->route, e.status, e.message, e.param);
+        return http_send_error(srv, conn, ex->route, e.status, e.message, e.param, e.code);
     coord_params *p = coord_request_params(req);
     uint64_t serial = atomic_fetch_add(&srv->next_id, 1);
     snprintf(p->id, sizeof p->id, "%s-%012llx%08llx", chat ? "chatcmpl" : "cmpl",
@@ -1085,16 +1362,17 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
     bool submitted = srv->engine.submit(srv->engine.ctx, req) == 0;
     bool waited = submitted && http_await(srv, req, fd, p->stream);
     coord_request_outcome(req, &o);
-    if (!submitted) {
+    if (!submitted || (waited && o.state == COORD_REQ_FAILED)) {
+        /* refused, or failed before a byte was sent: a plain error answer */
         bool failed = o.state == COORD_REQ_FAILED;
-        ok = http_send_error(srv, conn, ex->route, failed ? o.http_status : 503,
-                             failed ? o.message : "the engine did not accept the request", NULL);
+        int status;
+        cJSON *js = http_engine_error_json(
+            chat, failed ? o.http_status : 503,
+            failed ? o.message : "the engine did not accept the request", &status);
+        ok = http_send_json(srv, conn, ex->route, status, js, NULL);
     } else if (!waited) {
         http_count(srv, ex->route, HTTP_CLIENT_GONE);
         ok = MHD_NO;
-    } else if (o.state == COORD_REQ_FAILED) {
-        /* failed before a byte was sent: a plain error answer with the engine's status */
-        ok = http_send_error(srv, conn, ex->route, o.http_status, o.message, NULL);
     } else if (!p->stream) {
         ok = http_send_json(srv, conn, ex->route, 200, http_result_json(srv, req, created), NULL);
     } else {
@@ -1105,11 +1383,15 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
                                 .req = req,
                                 .fd = fd,
                                 .chat = chat,
+                                .usage_chunk = p->stream_usage,
                                 .created = created,
                                 .last_emit = http_now()};
+            if (p->echo && p->prompt && *p->prompt) /* echo: the prompt is the first event */
+                http_stream_event(st, http_chunk_json(st, p->prompt, NULL));
             r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_STREAM_BLOCK,
                                                   http_stream_read, st, http_stream_free);
             if (!r) {
+                http_buf_free(&st->out);
                 free(st);
             } else {
                 req = NULL; /* the stream owns the reference and the active count now */
@@ -1124,7 +1406,7 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
             MHD_add_response_header(r, "X-Accel-Buffering", "no");
             ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
             MHD_destroy_response(r);
-            http_count(srv, ex->route, 200);
+            ex->streaming = true; /* counted when it ends: 200, or 499 if the client left */
         }
     }
     if (req) {
@@ -1153,7 +1435,7 @@ static enum MHD_Result http_models(http_server *srv, struct MHD_Connection *conn
             snprintf(msg, sizeof msg,
                      "the model '%.200s' does not exist; this server serves '%.64s'", url + 11,
                      srv->model_name);
-            return http_send_error(srv, conn, ROUTE_MODELS, 404, msg, "model");
+            return http_send_error(srv, conn, ROUTE_MODELS, 404, msg, "model", "model_not_found");
         }
         return http_send_json(srv, conn, ROUTE_MODELS, 200, http_model_json(srv), NULL);
     }
@@ -1192,7 +1474,7 @@ static enum MHD_Result http_metrics(http_server *srv, struct MHD_Connection *con
     }
     http_buf_printf(&b,
                     "# HELP orochi_http_requests_total HTTP requests answered, by route and status "
-                    "code (499: the client left first).\n"
+                    "code (499: the client left before the answer was complete).\n"
                     "# TYPE orochi_http_requests_total counter\n");
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->n_counters; i++)
@@ -1203,8 +1485,23 @@ static enum MHD_Result http_metrics(http_server *srv, struct MHD_Connection *con
     http_buf_printf(&b,
                     "# HELP orochi_http_active_requests Generation requests being answered now.\n"
                     "# TYPE orochi_http_active_requests gauge\n"
-                    "orochi_http_active_requests %d\n",
-                    atomic_load(&srv->active));
+                    "orochi_http_active_requests %d\n"
+                    "# HELP orochi_http_open_connections HTTP connections open now.\n"
+                    "# TYPE orochi_http_open_connections gauge\n"
+                    "orochi_http_open_connections %d\n"
+                    "# HELP orochi_http_connection_limit The HTTP connection budget.\n"
+                    "# TYPE orochi_http_connection_limit gauge\n"
+                    "orochi_http_connection_limit %u\n",
+                    atomic_load(&srv->active), atomic_load(&srv->open), srv->max_conn);
+    pthread_mutex_lock(&srv->mu);
+    uint64_t evicted = srv->evicted;
+    pthread_mutex_unlock(&srv->mu);
+    http_buf_printf(&b,
+                    "# HELP orochi_http_connections_evicted_total Connections closed while waiting "
+                    "for a request header, to keep room in the budget.\n"
+                    "# TYPE orochi_http_connections_evicted_total counter\n"
+                    "orochi_http_connections_evicted_total %llu\n",
+                    (unsigned long long)evicted);
     if (b.oom) {
         http_buf_free(&b);
         return MHD_NO;
@@ -1240,7 +1537,7 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
     int route = ex->route;
     if (route != ROUTE_HEALTH && !http_authorized(srv, conn))
         return http_send_error(srv, conn, route, 401,
-                               "missing or invalid API key; send 'Authorization: Bearer KEY'",
+                               "missing or invalid API key; send 'Authorization: Bearer KEY'", NULL,
                                NULL);
     bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
     bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
@@ -1252,7 +1549,6 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
         /* a generation may outlast the idle timeout: none until it is answered (the body is in,
          * so a slow client cannot use this to hold the thread; http_on_completed restores it) */
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-        ex->untimed = true;
         return http_generate(srv, conn, ex);
     case ROUTE_MODELS:
         return get ? http_models(srv, conn, url)
@@ -1269,12 +1565,49 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
                  "no route for %.16s %.200s (see /v1/completions, "
                  "/v1/chat/completions, /v1/models, /health, /metrics)",
                  method, url);
-        return http_send_error(srv, conn, route, 404, msg, NULL);
+        return http_send_error(srv, conn, route, 404, msg, NULL, NULL);
     }
     }
 }
 
 /* ==== libmicrohttpd callbacks ================================================================= */
+
+/* The waiting list: connections without a request header, oldest first. Caller holds srv->mu. */
+static void http_wait_unlink(http_server *srv, http_conn *c)
+{
+    if (!c->waiting)
+        return;
+    *(c->prev ? &c->prev->next : &srv->wait_head) = c->next;
+    *(c->next ? &c->next->prev : &srv->wait_tail) = c->prev;
+    c->prev = c->next = NULL;
+    c->waiting = false;
+}
+
+static void http_wait_append(http_server *srv, http_conn *c)
+{
+    http_wait_unlink(srv, c);
+    c->prev = srv->wait_tail;
+    *(srv->wait_tail ? &srv->wait_tail->next : &srv->wait_head) = c;
+    srv->wait_tail = c;
+    c->waiting = true;
+}
+
+/* Moves the connection into or out of the waiting list (it waits for a request header, or has
+ * sent one). */
+static void http_conn_waiting(http_server *srv, struct MHD_Connection *conn, bool waiting)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    http_conn *c = ci ? ci->socket_context : NULL;
+    if (!c)
+        return;
+    pthread_mutex_lock(&srv->mu);
+    if (waiting)
+        http_wait_append(srv, c);
+    else
+        http_wait_unlink(srv, c);
+    pthread_mutex_unlock(&srv->mu);
+}
 
 static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                        const char *method, const char *version,
@@ -1290,6 +1623,12 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
             return MHD_NO;
         *con_cls = ex;
         ex->route = http_route_of(url);
+        /* the header is complete: no longer evictable, and from here on the (longer) idle
+         * timeout applies */
+        http_conn_waiting(srv, conn, false);
+        if (srv->idle_timeout_s != srv->header_timeout_s)
+            MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                      (unsigned)srv->idle_timeout_s);
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -1334,11 +1673,63 @@ static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con
     http_exchange *ex = *con_cls;
     if (!ex)
         return;
-    /* the connection may live on (keep-alive): idle connections time out again, counted from now */
-    if (ex->untimed && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    /* a stream is counted when it ends: whole, or cut short because the client left (or the
+     * server stopped) */
+    if (ex->streaming)
+        http_count(srv, ex->route,
+                   toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : HTTP_CLIENT_GONE);
+    /* the connection may live on (keep-alive): it waits for a request header again, under the
+     * header timeout counted from now, and may be evicted */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
-                                  (unsigned)srv->idle_timeout_s);
+                                  (unsigned)srv->header_timeout_s);
+        http_conn_waiting(srv, conn, true);
+    }
     http_buf_free(&ex->body);
     free(ex);
     *con_cls = NULL;
+}
+
+/* Connections opening and closing; both run on the listening thread (a new connection's own
+ * thread does not exist yet). A new connection joins the waiting list. Room for real requests:
+ * libmicrohttpd resets connections beyond the budget, so once all but 1/8 of the budget is open,
+ * each new connection evicts the one that has waited longest for a request header (shutting its
+ * socket down; its thread then sees the end of the stream and closes it). An idle flood therefore
+ * cannot fill the budget, and a client that sends its request keeps its connection. The victim's
+ * descriptor is still open: libmicrohttpd closes a socket only after the closed notice, which
+ * takes it off the list under the same lock. */
+static void http_on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                               enum MHD_ConnectionNotificationCode code)
+{
+    http_server *srv = cls;
+    http_conn *c = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        unsigned open = (unsigned)atomic_fetch_add(&srv->open, 1) + 1;
+        unsigned room = srv->max_conn / HTTP_ROOM_SHARE ? srv->max_conn / HTTP_ROOM_SHARE : 1;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!(c = calloc(1, sizeof *c)))
+            return; /* untracked: never evicted */
+        c->fd = ci ? ci->connect_fd : -1;
+        *socket_context = c;
+        pthread_mutex_lock(&srv->mu);
+        http_conn *victim = open + room > srv->max_conn ? srv->wait_head : NULL;
+        if (victim) {
+            http_wait_unlink(srv, victim);
+            if (victim->fd >= 0)
+                shutdown(victim->fd, SHUT_RDWR);
+            srv->evicted++;
+        }
+        http_wait_append(srv, c);
+        pthread_mutex_unlock(&srv->mu);
+    } else {
+        atomic_fetch_sub(&srv->open, 1);
+        if (c) {
+            pthread_mutex_lock(&srv->mu);
+            http_wait_unlink(srv, c);
+            pthread_mutex_unlock(&srv->mu);
+            free(c);
+            *socket_context = NULL;
+        }
+    }
 }

@@ -8,7 +8,9 @@
  * documented in docs/http-api.md.
  *
  * Threads: libmicrohttpd runs one thread per connection (plus its listening thread), and the
- * handlers block on the request's condition variable while the engine works; see http.c.
+ * handlers block on the request's condition variable while the engine works; see http.c. Starting
+ * the server raises the process's soft RLIMIT_NOFILE up to the hard limit when the connection
+ * budget needs more descriptors.
  */
 #ifndef OROCHI_COORD_HTTP_H
 #define OROCHI_COORD_HTTP_H
@@ -26,10 +28,14 @@ typedef struct {
     const char *model_name; /* reported by /v1/models and in responses; NULL: "orochi" */
     size_t max_body_bytes;  /* larger bodies get 413; 0: 1 MiB */
     int max_tokens_cap;     /* largest max_tokens accepted; 0: 4096 */
-    int max_connections;    /* concurrent connections (one thread each); 0: 64 */
+    int max_connections;    /* concurrent connections (one thread each); 0: 2048. Either way
+                             * bounded by the open-file limit, less a reserve for the process */
     int keepalive_ms;       /* SSE comment sent on a quiet stream this often; 0: 15000 */
-    int idle_timeout_s;     /* an idle connection is closed after this long (never while a
-                             * generation runs); 0: 60 */
+    int idle_timeout_s;     /* a connection with a request under way that goes quiet this long is
+                             * closed (never while a generation runs); 0: 60 */
+    int header_timeout_s;   /* a connection that has not sent a complete request header (a new
+                             * one, or a keep-alive one between requests) and goes quiet this long
+                             * is closed; 0: 10, and never above idle_timeout_s */
     bool quiet;             /* don't print libmicrohttpd's runtime messages to stderr */
 } http_config;
 

@@ -30,6 +30,7 @@
 #define COORD_MAX_STOP 4          /* OpenAI allows up to four stop sequences */
 #define COORD_DRAFT_KINDS_LEN 128 /* "model,ngram,layerskip,medusa" and room to spare */
 #define COORD_MESSAGE_LEN 512     /* failure messages are cut to this many bytes */
+#define COORD_STATUS_CONTEXT 413  /* failure status: the prompt does not fit the context */
 
 typedef enum { COORD_REQ_COMPLETION, COORD_REQ_CHAT } coord_request_kind;
 
@@ -37,7 +38,7 @@ typedef enum { COORD_REQ_COMPLETION, COORD_REQ_CHAT } coord_request_kind;
 typedef enum { COORD_REQ_RUNNING, COORD_REQ_DONE, COORD_REQ_FAILED } coord_request_state;
 
 typedef struct {
-    char *role;    /* "system" | "user" | "assistant" */
+    char *role;    /* "system" | "user" | "assistant" (the API's "developer" is "system") */
     char *content; /* the message text (content parts already joined) */
 } coord_message;
 
@@ -57,6 +58,8 @@ typedef struct {
     bool has_seed;
     int64_t seed;
     bool stream;                /* informational for the engine: the HTTP side streams */
+    bool stream_usage;          /* HTTP side only: stream_options.include_usage (a usage chunk) */
+    bool echo;                  /* HTTP side only: answer the prompt before the completion */
     char *stop[COORD_MAX_STOP]; /* stop sequences; the engine ends generation at the first match */
     int n_stop;
     char *model;        /* the model the client named, or NULL */
@@ -116,7 +119,9 @@ int coord_request_append(coord_request *req, const int32_t *ids, int n, const ch
  * zero except completion_tokens, which counts the appended ids). Returns -1 if already ended. */
 int coord_request_finish(coord_request *req, const char *finish_reason, const coord_stats *stats);
 /* Ends the request with an HTTP status (400, 413, 500, 503, ...) and a message for the client.
- * Returns -1 if already ended. */
+ * 413 (COORD_STATUS_CONTEXT) is reserved for "the prompt does not fit the context" and the message
+ * should give the prompt's tokens and the context length; the HTTP side answers it as OpenAI does,
+ * 400 with code context_length_exceeded. Returns -1 if already ended. */
 int coord_request_fail(coord_request *req, int http_status, const char *message);
 /* True once the client has gone away; the engine should stop working on the request. */
 bool coord_request_cancelled(const coord_request *req);

@@ -2,20 +2,29 @@
 
 Against a running group (coordinator started with a small context, --n-ctx 64): invalid JSON,
 wrong field types and out-of-range values answer 400 with an error message naming the problem; a
-prompt longer than the context answers 413 with a message about the context; unknown routes 404,
-wrong methods 405. After all of that a normal completion still equals `orochi run --temp 0`.
+prompt longer than the context answers 400 with code context_length_exceeded, as OpenAI does;
+unknown routes 404, wrong methods 405. After all of that a normal completion still equals
+`orochi run --temp 0`. OpenAI's shapes: text with a NUL or bytes that are not UTF-8 is refused
+naming the field (never cut), an unknown model is 404 model_not_found, the developer role is the
+system role, parameters the server cannot honour (logprobs, n > 1) are refused by name, echo puts
+the prompt before the text, stream_options.include_usage adds the usage chunk.
 Streaming (`stream: true`) sends SSE chunks whose texts concatenate to the non-streamed text and
 whose final chunk carries the same token ids; `orochi generate --print-ids` (a client of the
 group) prints those ids too. The streaming and client checks run on the default model when it is
 present (real UTF-8 text), else on the tiny model. Requests sent together are each answered as if
-alone, and a client hanging up mid-stream does not disturb the next request.
+alone, and a client hanging up mid-stream does not disturb the next request and is counted as 499
+in /metrics. Slowloris: with 1000 idle connections held open a good request is answered within a
+second, and the idle ones are closed after the header timeout.
 """
 import json
 import os
+import re
+import resource
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import group as G  # noqa: E402
@@ -27,13 +36,26 @@ def tiny():
     return G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256, type="f32", seed=21)
 
 
-def expect(r, status, words, what):
+def expect(r, status, words, what, param=None, code=None):
     G.check(r.status == status, "%s: expected HTTP %d, got %r", what, status, r)
     msg = r.error_message()
     G.check(msg, "%s: HTTP %d without an error message: %r", what, status, r)
     for w in words:
         G.check(w.lower() in msg.lower(), "%s: the message %r does not mention %r", what, msg, w)
+    err = r.json["error"]
+    if param is not None:
+        G.check(err.get("param") == param, "%s: param %r, wanted %r", what, err.get("param"), param)
+    if code is not None:
+        G.check(err.get("code") == code, "%s: code %r, wanted %r", what, err.get("code"), code)
     G.log("  %-34s -> %d %s" % (what, r.status, msg))
+
+
+def metric(g, route, code):
+    """The value of orochi_http_requests_total{route, code} (0 when absent)."""
+    body = g.http("/metrics").body.decode()
+    m = re.search(r'^orochi_http_requests_total\{route="%s",code="%s"\} (\d+)$' % (re.escape(route), code),
+                  body, re.M)
+    return int(m.group(1)) if m else 0
 
 
 @t.case
@@ -57,10 +79,14 @@ def test_http_group_errors_then_serves():
         expect(g.http("/v1/chat/completions", "POST", {"messages": "hi"}), 400, ["messages"], "chat messages \"hi\"")
         long_prompt = "a long prompt that will not fit in a context of sixty-four tokens " * 4
         r = post({"prompt": long_prompt, "max_tokens": 8, "temperature": 0})
-        expect(r, 413, ["context"], "prompt beyond the context")
+        expect(r, 400, ["context holds 64", "tokens"], "prompt beyond the context", "prompt",
+               "context_length_exceeded")
         r = g.http("/v1/completions", "POST", {"prompt": long_prompt, "max_tokens": 8, "stream": True})
-        G.check(r.status == 413 or (r.status == 200 and b"context" in r.body),
-                "streamed prompt beyond the context: %r", r)
+        expect(r, 400, ["context"], "streamed prompt beyond the context", "prompt", "context_length_exceeded")
+        r = g.http("/v1/chat/completions", "POST", {"messages": [{"role": "user", "content": long_prompt}]})
+        expect(r, 400, ["context"], "chat beyond the context", "messages", "context_length_exceeded")
+        # a body over the byte limit is still 413
+        expect(post({"prompt": "x" * (1 << 20)}), 413, ["limit"], "body over 1 MiB")
         expect(g.http("/v1/nothing-here"), 404, [], "unknown route")
         expect(g.http("/v1/nothing-here", "POST", {"prompt": "x"}), 404, [], "unknown route (POST)")
         expect(g.http("/v1/completions"), 405, [], "GET /v1/completions")
@@ -165,6 +191,132 @@ def test_http_group_concurrent_requests_and_client_gone():
         s.close()
         G.check_eq(g.ids("hello world", 40), want["hello world"], "completion after a client hung up")
         G.check(G.pid_alive(g.coordinator_pid()), "the coordinator died")
+        # the stream that lost its client is counted as 499, not as 200
+        deadline = time.time() + 10
+        while metric(g, "/v1/completions", 499) < 1 and time.time() < deadline:
+            time.sleep(0.1)
+        G.check(metric(g, "/v1/completions", 499) == 1, "the hung-up stream is not counted as 499:\n%s",
+                "\n".join(x for x in g.http("/metrics").body.decode().splitlines() if "http_requests" in x))
+
+
+@t.case
+def test_http_group_openai_shapes():
+    model = G.default_model() or tiny()
+    with G.Group("http-openai", model, workers=2, speculators=["ngram"]) as g:
+        served = g.http("/v1/models").json["data"][0]["id"]
+        post = lambda path, body: g.http(path, "POST", body)  # noqa: E731
+        chat = "/v1/chat/completions"
+        # text arrives whole or is refused by name: never cut at a NUL, never mangled
+        expect(post("/v1/completions", {"prompt": "Once\u0000 upon a time", "max_tokens": 4}), 400,
+               ["NUL"], "NUL in the prompt", "prompt")
+        expect(post(chat, {"messages": [{"role": "user", "content": "Once\u0000 upon a time"}]}), 400,
+               ["NUL"], "NUL in a message", "messages[0].content")
+        expect(post("/v1/completions", b'{"prompt":"caf\xe9 au lait","max_tokens":4}'), 400,
+               ["UTF-8"], "invalid UTF-8 in the prompt", "prompt")
+        expect(post(chat, b'{"messages":[{"role":"user","content":"ol\xe9"}]}'), 400, ["UTF-8"],
+               "invalid UTF-8 in a message", "messages[0].content")
+        # the model: the served name is served, any other is OpenAI's 404 model_not_found
+        expect(post("/v1/completions", {"model": "gpt-4o", "prompt": "hi"}), 404, ["does not exist", served],
+               "unknown model", "model", "model_not_found")
+        expect(post(chat, {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}), 404, [served],
+               "unknown model (chat)", "model", "model_not_found")
+        G.check(g.complete("hi", 4, model=served)["model"] == served, "the served model name is refused")
+        # what the server cannot do is refused by name
+        expect(post("/v1/completions", {"prompt": "hi", "logprobs": 2}), 400, ["logprobs"], "logprobs 2", "logprobs")
+        expect(post(chat, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}),
+               400, ["logprobs"], "chat logprobs", "logprobs")
+        expect(post("/v1/completions", {"prompt": "hi", "n": 2}), 400, ["n must be 1"], "n 2", "n")
+        # the developer role is the system role
+        conv = lambda role: {"messages": [{"role": role, "content": "Answer in one word."},  # noqa: E731
+                                          {"role": "user", "content": "What colour is the sky?"}],
+                             "max_tokens": 12, "temperature": 0}
+        dev, sys_ = post(chat, conv("developer")), post(chat, conv("system"))
+        G.check(dev.status == 200 and sys_.status == 200, "developer / system: %r / %r", dev, sys_)
+        G.check_eq(dev.json["orochi"]["token_ids"], sys_.json["orochi"]["token_ids"], "developer role vs system role")
+        # echo: the prompt, then the completion
+        p = "The capital of France is"
+        plain = g.complete(p, 12)
+        echoed = g.complete(p, 12, echo=True)
+        G.check(echoed["choices"][0]["text"] == p + plain["choices"][0]["text"], "echo: %r vs %r + %r",
+                echoed["choices"][0]["text"], p, plain["choices"][0]["text"])
+        events, done = G.sse_events(g.url + "/v1/completions", {"prompt": p, "max_tokens": 12, "temperature": 0,
+                                                                "stream": True, "echo": True})
+        text = "".join(e["choices"][0].get("text") or "" for e in events if e.get("choices"))
+        G.check(done and text == echoed["choices"][0]["text"], "streamed echo %r vs %r", text,
+                echoed["choices"][0]["text"])
+        # stream_options.include_usage: a last chunk with no choices and the usage
+        for path, body in (("/v1/completions", {"prompt": p}),
+                           (chat, {"messages": [{"role": "user", "content": p}]})):
+            body = dict(body, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+            events, done = G.sse_events(g.url + path, body)
+            G.check(done, "include_usage: no [DONE]")
+            last = events[-1]
+            G.check(last["choices"] == [] and last["usage"]["completion_tokens"] >= 1, "usage chunk %r", last)
+            G.check(all(e.get("usage", "absent") is None for e in events[:-1]),
+                    "include_usage: chunks before the last should have usage null: %r", events[:-1])
+            whole = g.http(path, "POST", dict(body, stream=False, stream_options=None)).json
+            G.check_eq(last["usage"], whole["usage"], "include_usage: usage of %s" % path)
+        G.log("  NUL, UTF-8, model_not_found, logprobs, n, developer, echo, include_usage: as OpenAI")
+
+
+@t.case
+def test_http_group_slowloris_1000_idle_connections():
+    # 1000 connections held open, half silent and half with a partial header: a good request is
+    # still answered within a second, and the idle ones are closed by the header timeout (10 s)
+    n = 1000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n + 200
+    if soft != resource.RLIM_INFINITY and soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            raise G.Skip("this process may open only %d files (hard limit); the test needs %d" % (hard, want))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    model = tiny()
+    prompt = "slowloris"
+    want_ids = G.run_ids(model, prompt, 8)
+    with G.Group("http-slowloris", model, workers=1) as g:
+        idle = []
+        t0 = time.time()
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", g.port), timeout=10)
+            if i % 2:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: appl")
+            idle.append(s)
+        G.log("  %d idle connections opened in %.2f s" % (n, time.time() - t0))
+        time.sleep(0.5)
+        t1 = time.time()
+        r = g.http("/v1/completions", "POST", {"prompt": prompt, "max_tokens": 8, "temperature": 0}, timeout=30)
+        took = time.time() - t1
+        G.check(r.status == 200, "the good request behind %d idle connections: %r", n, r)
+        G.check_eq(r.json["orochi"]["token_ids"], want_ids, "the good request's ids")
+        t2 = time.time()
+        h = g.http("/health", timeout=30)
+        took_health = time.time() - t2
+        G.log("  with %d idle connections: completion answered in %.3f s, /health in %.3f s" % (n, took, took_health))
+        G.check(took < 1.0 and took_health < 1.0 and h.status == 200,
+                "answers took %.3f s / %.3f s with %d idle connections", took, took_health, n)
+        body = g.http("/metrics").body.decode()
+        m = re.search(r"^orochi_http_open_connections (\d+)$", body, re.M)
+        G.check(m and int(m.group(1)) >= n, "open connections in /metrics: %s", m and m.group(1))
+        # the header timeout (10 s of quiet) closes them
+        deadline = time.time() + 16
+        open_ = set(range(n))
+        while open_ and time.time() < deadline:
+            for i in list(open_):
+                try:
+                    idle[i].setblocking(False)
+                    if idle[i].recv(4096) == b"":
+                        open_.discard(i)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    open_.discard(i)
+            time.sleep(0.2)
+        G.log("  %d of %d idle connections closed by the server %.1f s after they opened" % (
+            n - len(open_), n, time.time() - t0))
+        G.check(not open_, "%d idle connections still open after the header timeout", len(open_))
+        for s in idle:
+            s.close()
+        G.check_eq(g.ids(prompt, 8), want_ids, "a completion after the idle connections")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <cjson/cJSON.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -284,6 +285,16 @@ static int setup_short_idle(void **state)
     return fx_setup(state, (http_config){.idle_timeout_s = 1});
 }
 
+static int setup_short_header(void **state)
+{
+    return fx_setup(state, (http_config){.header_timeout_s = 1});
+}
+
+static int setup_small_budget(void **state)
+{
+    return fx_setup(state, (http_config){.max_connections = 64, .header_timeout_s = 30});
+}
+
 static int fx_teardown(void **state)
 {
     fixture *fx = *state;
@@ -373,6 +384,48 @@ static void expect_error(const fixture *fx, const char *path, const char *body, 
     } else {
         assert_true(cJSON_IsNull(p));
     }
+    cJSON_Delete(js);
+}
+
+/* POST a body of `len` bytes (it may hold NULs); returns the parsed answer and the status. */
+static cJSON *post_raw(const fixture *fx, const char *path, const char *body, size_t len,
+                       int *status)
+{
+    hcli_request rq = {
+        .method = "POST", .path = path, .body = body, .body_len = len, .timeout_ms = TIMEOUT_MS};
+    hcli_response resp;
+    char err[256];
+    if (hcli_do(fx->url, &rq, &resp, err, sizeof err))
+        fail_msg("POST %s: %s", path, err);
+    *status = resp.status;
+    cJSON *js = resp.body ? cJSON_Parse(resp.body) : NULL;
+    if (!js)
+        fail_msg("answer is not JSON: %s", resp.body ? resp.body : "(none)");
+    hcli_response_free(&resp);
+    return js;
+}
+
+/* Like expect_error, and the error's code must be `code` (NULL: null). */
+static void expect_error_code(const fixture *fx, const char *path, const char *body, size_t len,
+                              int status, const char *needle, const char *param, const char *code)
+{
+    int got;
+    cJSON *js = post_raw(fx, path, body, len, &got);
+    if (got != status)
+        fail_msg("body %s: status %d, wanted %d (%s)", body, got, status,
+                 cJSON_PrintUnformatted(js));
+    const char *msg = jstr(js, "error.message");
+    if (!strstr(msg, needle))
+        fail_msg("body %s: message '%s' lacks '%s'", body, msg, needle);
+    assert_string_equal(jstr(js, "error.type"), "invalid_request_error");
+    const cJSON *p = jget(js, "error.param");
+    if (param ? !cJSON_IsString(p) || strcmp(p->valuestring, param) : !cJSON_IsNull(p))
+        fail_msg("body %s: param %s, wanted %s", body, cJSON_PrintUnformatted(p),
+                 param ? param : "null");
+    const cJSON *c = jget(js, "error.code");
+    if (code ? !cJSON_IsString(c) || strcmp(c->valuestring, code) : !cJSON_IsNull(c))
+        fail_msg("body %s: code %s, wanted %s", body, cJSON_PrintUnformatted(c),
+                 code ? code : "null");
     cJSON_Delete(js);
 }
 
@@ -593,7 +646,7 @@ static void test_completion(void **state)
     fixture *fx = *state;
     int status;
     cJSON *js = post_json(fx, "/v1/completions",
-                          "{\"model\":\"whatever\",\"prompt\":\"Say hi\",\"max_tokens\":16,"
+                          "{\"model\":\"test-model\",\"prompt\":\"Say hi\",\"max_tokens\":16,"
                           "\"temperature\":0,\"top_p\":0.5,\"top_k\":5,\"seed\":7,\"stop\":[\"\\n\",\"END\"],"
                           "\"orochi\":{\"draft\":\"ngram\"},\"user\":\"ignored\"}",
                           &status);
@@ -631,7 +684,7 @@ static void test_completion(void **state)
     assert_false(f->last.stream);
     assert_int_equal(f->last.n_stop, 2);
     assert_string_equal(f->last_stop0, "\n");
-    assert_string_equal(f->last_model, "whatever");
+    assert_string_equal(f->last_model, "test-model");
     assert_string_equal(f->last_options, "{\"draft\":\"ngram\"}");
     pthread_mutex_unlock(&f->mu);
 
@@ -690,6 +743,8 @@ typedef struct {
     int n_ids;
     bool bad_json;
     char error_msg[256];
+    int usage_chunks, usage_total, usage_nulls; /* stream_options.include_usage */
+    bool chunk_after_usage;
 } stream_collect;
 
 static int stream_on_event(void *ctx, const char *data, size_t len)
@@ -712,6 +767,18 @@ static int stream_on_event(void *ctx, const char *data, size_t len)
         c->errors++;
         snprintf(c->error_msg, sizeof c->error_msg, "%s", err->valuestring);
     }
+    const cJSON *choices = jget(js, "choices");
+    if (cJSON_IsArray(choices) && cJSON_GetArraySize(choices) == 0) {
+        /* the usage chunk: no choices, the usage */
+        c->usage_chunks++;
+        c->usage_total = (int)jnum(js, "usage.total_tokens");
+        cJSON_Delete(js);
+        return 0;
+    }
+    if (c->usage_chunks)
+        c->chunk_after_usage = true;
+    if (cJSON_IsNull(jget(js, "usage")))
+        c->usage_nulls++;
     const cJSON *t = jget(js, "choices.0.text");
     if (!cJSON_IsString(t))
         t = jget(js, "choices.0.delta.content");
@@ -853,8 +920,20 @@ static void test_wrong_types(void **state)
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\"}]}", "messages[1].content must be a string", "messages[1].content"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content must be a string", "messages[0].content"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "array of text parts", "messages[0].content"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "must be \"system\", \"user\" or \"assistant\"", "messages[0].role"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "must be \"system\", \"developer\", \"user\" or \"assistant\"", "messages[0].role"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":true}", "temperature must be a number", "temperature"},
+        /* what the server cannot do is refused by name, never ignored */
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":1}", "logprobs are not supported", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":0}", "logprobs are not supported", "logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", "logprobs are not supported", "logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":3}", "logprobs are not supported", "logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", "top_logprobs is not supported", "top_logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"echo\":\"yes\"}", "echo must be true or false", "echo"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"best_of\":3}", "best_of must be 1", "best_of"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"suffix\":\"end\"}", "suffix is not supported", "suffix"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", "only allowed when stream is true", "stream_options"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stream\":true,\"stream_options\":true}", "stream_options must be an object", "stream_options"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", "include_usage must be true or false", "stream_options.include_usage"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_error(fx, cases[i].path, cases[i].body, 400, cases[i].needle, cases[i].param);
@@ -882,12 +961,17 @@ static void test_prompt_too_long(void **state)
     char body[512], prompt[201];
     memset(prompt, 'a', 200);
     prompt[200] = 0;
+    /* the engine's 413 is answered as OpenAI does: 400, code context_length_exceeded */
     snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", prompt);
-    expect_error(fx, "/v1/completions", body, 413, "prompt of 200 tokens exceeds the context of 64", NULL);
+    expect_error_code(fx, "/v1/completions", body, strlen(body), 400,
+                      "prompt of 200 tokens exceeds the context of 64", "prompt",
+                      "context_length_exceeded");
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"stream\":true}", prompt);
-    expect_error(fx, "/v1/completions", body, 413, "exceeds the context", NULL);
+    expect_error_code(fx, "/v1/completions", body, strlen(body), 400, "exceeds the context",
+                      "prompt", "context_length_exceeded");
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}]}", prompt);
-    expect_error(fx, "/v1/chat/completions", body, 413, "prompt of 200 tokens", NULL);
+    expect_error_code(fx, "/v1/chat/completions", body, strlen(body), 400, "prompt of 200 tokens",
+                      "messages", "context_length_exceeded");
     expect_still_serving(fx);
 }
 
@@ -1079,9 +1163,9 @@ static void test_garbage_traffic(void **state)
         raw_exchange(fx->port, junk[i], strlen(junk[i]), out, sizeof out, 300);
         expect_still_serving(fx);
     }
-    /* a body with bytes that are not UTF-8 in the prompt: still a proper answer */
+    /* a body with bytes that are not UTF-8 in the prompt: refused, naming the prompt */
     expect_error(fx, "/v1/completions", "{\"prompt\":\"\xff\xfe\",\"max_tokens\":\"x\"}", 400,
-                 "max_tokens must be an integer", "max_tokens");
+                 "not valid UTF-8", "prompt");
     /* invalid UTF-8 in the URL of a 404 becomes U+FFFD, and the answer is valid JSON */
     static const char bad_url[] = "GET /\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     raw_exchange(fx->port, bad_url, strlen(bad_url), out, sizeof out, 5000);
@@ -1133,6 +1217,21 @@ static bool wait_for_cancels(fake_engine *f, int want)
     return atomic_load(&f->cancels_seen) >= want;
 }
 
+/* Polls /metrics until it contains `needle` (a counter may land a moment after the cancel). */
+static bool wait_for_metric(const fixture *fx, const char *needle)
+{
+    for (int i = 0; i < 100; i++) {
+        hcli_response m;
+        http_call(fx, "GET", "/metrics", NULL, NULL, &m);
+        bool found = m.body && strstr(m.body, needle);
+        hcli_response_free(&m);
+        if (found)
+            return true;
+        fake_sleep_ms(20);
+    }
+    return false;
+}
+
 static void test_client_gone_cancels(void **state)
 {
     fixture *fx = *state;
@@ -1157,10 +1256,14 @@ static void test_client_gone_cancels(void **state)
     assert_true(wait_for_cancels(&fx->eng, 2));
     expect_still_serving(fx);
 
+    /* both count as 499 (the client left), the stream as well as the plain request */
+    assert_true(wait_for_metric(fx, "orochi_http_requests_total{route=\"/v1/completions\","
+                                    "code=\"499\"} 2\n"));
+    assert_true(wait_for_metric(fx, "orochi_http_active_requests 0\n"));
     hcli_response m;
     http_call(fx, "GET", "/metrics", NULL, NULL, &m);
-    assert_non_null(strstr(m.body, "code=\"499\"} 1\n"));
-    assert_non_null(strstr(m.body, "orochi_http_active_requests 0\n"));
+    /* only the request that came after was answered whole */
+    assert_non_null(strstr(m.body, "{route=\"/v1/completions\",code=\"200\"} 1\n"));
     hcli_response_free(&m);
 }
 
@@ -1331,6 +1434,314 @@ static void test_cli_generate(void **state)
     pthread_mutex_unlock(&fx->eng.mu);
 }
 
+/* ==== text arrives whole, or is refused by name =============================================== */
+
+static void test_text_whole(void **state)
+{
+    fixture *fx = *state;
+    /* an escaped NUL: cJSON would cut the string there; refused, naming the field */
+    static const char nul_prompt[] = "{\"prompt\":\"Once\\u0000 upon a time\"}";
+    expect_error_code(fx, "/v1/completions", nul_prompt, strlen(nul_prompt), 400,
+                      "prompt contains a NUL character", "prompt", NULL);
+    static const char nul_list[] = "{\"prompt\":[\"Once\\u0000 upon\"]}";
+    expect_error_code(fx, "/v1/completions", nul_list, strlen(nul_list), 400, "NUL", "prompt[0]",
+                      NULL);
+    static const char nul_msg[] = "{\"messages\":[{\"role\":\"system\",\"content\":\"ok\"},"
+                                  "{\"role\":\"user\",\"content\":\"Once\\u0000 upon\"}]}";
+    expect_error_code(fx, "/v1/chat/completions", nul_msg, strlen(nul_msg), 400, "NUL",
+                      "messages[1].content", NULL);
+    static const char nul_part[] =
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\\u0000c\"}]}]}";
+    expect_error_code(fx, "/v1/chat/completions", nul_part, strlen(nul_part), 400, "NUL",
+                      "messages[0].content[1].text", NULL);
+    static const char nul_stop[] = "{\"prompt\":\"a\",\"stop\":[\"x\",\"\\u0000\"]}";
+    expect_error_code(fx, "/v1/completions", nul_stop, strlen(nul_stop), 400, "NUL", "stop[1]",
+                      NULL);
+    /* a raw NUL byte inside a string */
+    static const char raw_nul[] = "{\"prompt\":\"Once\0 upon\"}";
+    expect_error_code(fx, "/v1/completions", raw_nul, sizeof raw_nul - 1, 400, "NUL", "prompt",
+                      NULL);
+    /* bytes that are not UTF-8: a stray continuation byte, an overlong form, a lone lead byte */
+    static const char *const bad_utf8[] = {"{\"prompt\":\"caf\x80\"}", "{\"prompt\":\"\xC0\xAF\"}",
+                                           "{\"prompt\":\"end\xE2\x82\"}",
+                                           "{\"prompt\":\"\xED\xA0\x80\"}"};
+    for (size_t i = 0; i < sizeof bad_utf8 / sizeof bad_utf8[0]; i++)
+        expect_error_code(fx, "/v1/completions", bad_utf8[i], strlen(bad_utf8[i]), 400,
+                          "prompt contains bytes that are not valid UTF-8", "prompt", NULL);
+    static const char bad_msg[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"ol\xE9\"}]}";
+    expect_error_code(fx, "/v1/chat/completions", bad_msg, strlen(bad_msg), 400, "not valid UTF-8",
+                      "messages[0].content", NULL);
+    /* an escaped lone surrogate is not valid JSON text */
+    expect_error(fx, "/v1/completions", "{\"prompt\":\"\\ud800x\"}", 400, "not valid JSON", NULL);
+    assert_int_equal(atomic_load(&fx->eng.submitted), 0);
+
+    /* what must pass: an escaped backslash before u0000, multi-byte UTF-8 and surrogate pairs;
+     * the engine gets the text whole */
+    int status;
+    cJSON *js =
+        post_json(fx, "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":"
+                  "\"a\\\\u0000b caf\xC3\xA9 \xE2\x82\xAC \\ud83d\\ude00 \xF0\x9F\x98\x80\"}]}",
+                  &status);
+    assert_int_equal(status, 200);
+    cJSON_Delete(js);
+    pthread_mutex_lock(&fx->eng.mu);
+    assert_string_equal(fx->eng.last_messages, "user:a\\u0000b caf\xC3\xA9 \xE2\x82\xAC "
+                                               "\xF0\x9F\x98\x80 \xF0\x9F\x98\x80|");
+    pthread_mutex_unlock(&fx->eng.mu);
+    expect_still_serving(fx);
+}
+
+/* ==== OpenAI's shapes: model_not_found, developer, echo, usage chunk ========================== */
+
+static void test_unknown_model(void **state)
+{
+    fixture *fx = *state;
+    static const char *const bodies[][2] = {
+        {"/v1/completions", "{\"model\":\"gpt-4o\",\"prompt\":\"hi\"}"},
+        {"/v1/completions", "{\"model\":\"\",\"prompt\":\"hi\"}"},
+        {"/v1/completions", "{\"model\":\"TEST-MODEL\",\"prompt\":\"hi\",\"stream\":true}"},
+        {"/v1/chat/completions",
+         "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++)
+        expect_error_code(fx, bodies[i][0], bodies[i][1], strlen(bodies[i][1]), 404,
+                          "does not exist; this server serves 'test-model'", "model",
+                          "model_not_found");
+    assert_int_equal(atomic_load(&fx->eng.submitted), 0);
+    /* the served name, or none at all, is served */
+    int status;
+    cJSON_Delete(
+        post_json(fx, "/v1/completions", "{\"model\":\"test-model\",\"prompt\":\"hi\"}", &status));
+    assert_int_equal(status, 200);
+    cJSON_Delete(post_json(fx, "/v1/chat/completions",
+                           "{\"model\":\"test-model\",\"messages\":[{\"role\":\"user\","
+                           "\"content\":\"hi\"}]}",
+                           &status));
+    assert_int_equal(status, 200);
+    /* /v1/models/NAME carries the same code */
+    hcli_response resp;
+    assert_int_equal(http_call(fx, "GET", "/v1/models/gpt-4", NULL, NULL, &resp), 404);
+    cJSON *js = cJSON_Parse(resp.body);
+    hcli_response_free(&resp);
+    assert_string_equal(jstr(js, "error.code"), "model_not_found");
+    assert_string_equal(jstr(js, "error.param"), "model");
+    cJSON_Delete(js);
+}
+
+static void test_developer_role(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON *js = post_json(fx, "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+                          "{\"role\":\"user\",\"content\":\"hi\"}]}",
+                          &status);
+    assert_int_equal(status, 200);
+    cJSON_Delete(js);
+    pthread_mutex_lock(&fx->eng.mu);
+    assert_string_equal(fx->eng.last_messages, "system:be brief|user:hi|");
+    pthread_mutex_unlock(&fx->eng.mu);
+}
+
+static void test_accepted_defaults(void **state)
+{
+    fixture *fx = *state;
+    /* the "off" values of what the server cannot do are fine */
+    static const char *const bodies[][2] = {
+        {"/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":null,\"echo\":false,\"n\":1,"
+                            "\"best_of\":1,\"suffix\":\"\",\"top_logprobs\":0}"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                 "\"logprobs\":false,\"top_logprobs\":null,\"n\":1}"},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"stream\":false,\"stream_options\":null}"},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        int status;
+        cJSON *js = post_json(fx, bodies[i][0], bodies[i][1], &status);
+        if (status != 200)
+            fail_msg("body %s: status %d (%s)", bodies[i][1], status, cJSON_PrintUnformatted(js));
+        cJSON_Delete(js);
+    }
+}
+
+static void test_echo(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON *js =
+        post_json(fx, "/v1/completions", "{\"prompt\":\"Say hi: \",\"echo\":true}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(js, "choices.0.text"), "Say hi: " FULL_TEXT);
+    assert_int_equal(jnum(js, "usage.completion_tokens"), N_PIECES);
+    cJSON_Delete(js);
+    /* streamed: the prompt is the first event */
+    stream_collect c = {0};
+    hcli_response resp;
+    assert_int_equal(stream_call(fx, "/v1/completions",
+                                 "{\"prompt\":\"Say hi: \",\"echo\":true,\"stream\":true}", &c,
+                                 &resp),
+                     0);
+    assert_int_equal(resp.status, 200);
+    hcli_response_free(&resp);
+    assert_false(c.bad_json);
+    assert_string_equal(c.text, "Say hi: " FULL_TEXT);
+    assert_int_equal(c.done, 1);
+}
+
+static void test_stream_include_usage(void **state)
+{
+    fixture *fx = *state;
+    static const char *const bodies[][2] = {
+        {"/v1/completions",
+         "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                 "\"stream\":true,\"stream_options\":{\"include_usage\":true}}"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        stream_collect c = {0};
+        hcli_response resp;
+        assert_int_equal(stream_call(fx, bodies[i][0], bodies[i][1], &c, &resp), 0);
+        assert_int_equal(resp.status, 200);
+        hcli_response_free(&resp);
+        assert_false(c.bad_json);
+        assert_string_equal(c.text, FULL_TEXT);
+        assert_string_equal(c.finish, "stop");
+        /* one usage chunk, last before [DONE]; every other chunk says "usage": null */
+        assert_int_equal(c.usage_chunks, 1);
+        assert_false(c.chunk_after_usage);
+        assert_int_equal(c.usage_total, 2 + N_PIECES);
+        assert_int_equal(c.usage_nulls, c.chunks + 1);
+        assert_int_equal(c.done, 1);
+    }
+    /* without stream_options: no usage chunk (the final chunk carries usage, as before) */
+    stream_collect d = {0};
+    hcli_response resp;
+    assert_int_equal(stream_call(fx, "/v1/completions",
+                                 "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{}}", &d,
+                                 &resp),
+                     0);
+    hcli_response_free(&resp);
+    assert_int_equal(d.usage_chunks, 0);
+    assert_int_equal(d.usage_nulls, 0);
+}
+
+/* ==== idle connections ======================================================================== */
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Seconds until the server closes fd (reading whatever it sends), at most limit_s. */
+static double seconds_until_closed(int fd, double limit_s)
+{
+    double t0 = now_s();
+    struct timeval tv = {0, 100000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[4096];
+    while (now_s() - t0 < limit_s) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            break;
+    }
+    return now_s() - t0;
+}
+
+/* The header timeout (1 s here): a connection that sends nothing, or half a header, is closed;
+ * one that is done with its answer and waits on keep-alive too. */
+static void test_header_timeout(void **state)
+{
+    fixture *fx = *state;
+    int quiet = raw_connect(fx->port);
+    int half = raw_connect(fx->port);
+    static const char partial[] = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    assert_int_equal(send(half, partial, strlen(partial), MSG_NOSIGNAL), (ssize_t)strlen(partial));
+    double a = seconds_until_closed(quiet, 10), b = seconds_until_closed(half, 10);
+    close(quiet);
+    close(half);
+    assert_true(a < 4.0);
+    assert_true(b < 4.0);
+    expect_still_serving(fx);
+}
+
+/* More idle connections than the budget (64 here; header timeout 30 s): once all but 1/8 of the
+ * budget is open, each new connection evicts the one that has waited longest for a header, so a
+ * good request that comes after the flood is answered at once rather than reset (or kept waiting
+ * for the 30 s header timeout); connections that sent their request are never evicted. */
+typedef struct {
+    const fixture *fx;
+    stream_collect c;
+    int rc;
+} slow_stream;
+
+static void *run_slow_stream(void *arg)
+{
+    slow_stream *ss = arg;
+    hcli_response resp;
+    ss->rc = stream_call(ss->fx, "/v1/completions", "{\"prompt\":\"slow\",\"stream\":true}", &ss->c,
+                         &resp);
+    hcli_response_free(&resp);
+    return NULL;
+}
+
+static void test_idle_flood_over_budget(void **state)
+{
+    fixture *fx = *state;
+    enum { FLOOD = 70 };
+    int fds[FLOOD];
+    /* a stream in flight (50 ticks of 20 ms), which the floods below must not disturb */
+    slow_stream ss = {.fx = fx, .c = {.stop_after = 50}};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, run_slow_stream, &ss), 0);
+    fake_sleep_ms(100);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < FLOOD; i++)
+            fds[i] = raw_connect(fx->port); /* those past the budget are reset by the server */
+        fake_sleep_ms(200);
+        /* (the fake engine runs one request at a time and is busy with the stream: /health
+         * measures the server alone) */
+        double t0 = now_s();
+        hcli_request rq = {.path = "/health", .timeout_ms = 20000};
+        hcli_response resp;
+        char err[256];
+        int rc = hcli_do(fx->url, &rq, &resp, err, sizeof err);
+        double took = now_s() - t0;
+        if (rc)
+            fail_msg("the request after the flood failed: %s", err);
+        assert_int_equal(resp.status, 200);
+        hcli_response_free(&resp);
+        printf("  a request after %d idle connections (budget 64) was answered in %.3f s\n", FLOOD,
+               took);
+        assert_true(took < 1.0);
+        for (int i = 0; i < FLOOD; i++)
+            close(fds[i]);
+    }
+    pthread_join(t, NULL);
+    assert_int_equal(ss.rc, HCLI_ABORTED); /* ended by the client after 50 chunks, not cut */
+    assert_int_equal(ss.c.chunks, 50);
+    expect_still_serving(fx);
+    hcli_response m;
+    http_call(fx, "GET", "/metrics", NULL, NULL, &m);
+    assert_non_null(strstr(m.body, "orochi_http_connection_limit 64\n"));
+    const char *ev = strstr(m.body, "\norochi_http_connections_evicted_total ");
+    assert_non_null(ev);
+    assert_true(atoi(ev + strlen("\norochi_http_connections_evicted_total ")) > 0);
+    hcli_response_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1357,6 +1768,15 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_with_request_in_flight, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_start_errors, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cli_generate, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_text_whole, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_model, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_developer_role, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_accepted_defaults, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_echo, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_include_usage, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_header_timeout, setup_short_header, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_idle_flood_over_budget, setup_small_budget,
+                                        fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
