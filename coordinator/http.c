@@ -669,6 +669,8 @@ static enum MHD_Result http_send(http_server *srv, struct MHD_Connection *conn, 
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 503 || status == 429) /* draining, not ready, or full: worth a retry soon */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
     http_count(srv, route, status);

@@ -395,6 +395,8 @@ def test_supervision_sigterm_drains():
         g.wait_log("coordinator", "draining", 10)
         r = g.http("/v1/completions", "POST", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}, timeout=30)
         G.check(r.status == 503 and "draining" in r.error_message(), "a request during the drain: %r", r)
+        G.check(r.headers.get("Retry-After") == "1", "a 503 during the drain without Retry-After: %r",
+                r.headers)
         h = g.http("/health", timeout=10)
         G.check(h.status == 503 and "draining" in h.body.decode(), "/health during the drain: %r", h)
         G.check(not bg.finished.is_set(), "the request finished before the drain was checked")
