@@ -24,7 +24,7 @@
 #include "workers/runtime.h"
 
 #define COORD_MAX_PEERS 32
-#define COORD_QUEUE 64
+#define COORD_QUEUE 1024 /* the most requests --max-queue lets wait */
 #define COORD_MAX_SPAWN_ARGS 32
 #define COORD_TREE_CAP CTL_TREE_CAP /* nodes of the merged draft trie */
 
@@ -83,6 +83,8 @@ struct coord_engine_state;
 typedef struct {
     /* options */
     const char *run_dir, *target, *bind, *api_key, *external;
+    char api_key_buf[512]; /* the key read from --api-key-file or $OROCHI_API_KEY */
+    int max_queue;         /* requests waiting beyond it get 429 */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
     double step_ema_us;    /* a verification cycle but its draft wait, EMA: a token's price */

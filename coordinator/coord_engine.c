@@ -56,9 +56,13 @@ int coord_engine_submit(void *ctx, coord_request *req)
 {
     coord *c = ctx;
     pthread_mutex_lock(&c->qlock);
-    if (c->qlen == COORD_QUEUE) {
+    if (c->qlen >= (c->max_queue > 0 ? c->max_queue : COORD_QUEUE)) {
+        int waiting = c->qlen;
         pthread_mutex_unlock(&c->qlock);
-        coord_request_fail(req, 503, "the request queue is full; try again later");
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "too many requests: %d are already waiting (--max-queue); retry shortly", waiting);
+        coord_request_fail(req, 429, msg);
         return -1;
     }
     c->queue[(c->qhead + c->qlen) % COORD_QUEUE] = coord_request_ref(req);

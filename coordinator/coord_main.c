@@ -120,7 +120,7 @@ static void coord_usage(FILE *out)
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
-        "         [--drain-ms MS] [--trace]\n"
+        "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
         "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
@@ -139,7 +139,51 @@ static void coord_usage(FILE *out)
         "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
         "  heartbeat from a thread of their own, so a slow peer never makes another look dead.\n"
         "  SIGTERM drains: new requests get 503, admitted ones finish (at most --drain-ms,\n"
-        "  default 10000), then the group stops; a second SIGTERM stops at once.\n");
+        "  default 10000), then the group stops; a second SIGTERM stops at once.\n"
+        "  Access: the API key is --api-key, else the first line of --api-key-file, else\n"
+        "  $OROCHI_API_KEY; none: no authentication. At most --max-queue (64) requests wait\n"
+        "  for a sequence slot; more get 429 with Retry-After. RUN_DIR (the control socket's\n"
+        "  directory) is made private to the user (0700). See docs/security.md.\n");
+}
+
+/* The API key: --api-key, else the first line of key_file, else $OROCHI_API_KEY (a key on the
+ * command line is visible to every user in /proc; a file or the environment is not). 0, or -1
+ * with the reason on stderr. */
+static int coord_api_key(coord *c, const char *key_file)
+{
+    if (c->api_key)
+        return 0;
+    const char *src = NULL;
+    if (key_file) {
+        FILE *f = fopen(key_file, "r");
+        if (!f || !fgets(c->api_key_buf, sizeof c->api_key_buf, f)) {
+            fprintf(stderr, "orochi-coordinator: --api-key-file %s: %s\n", key_file,
+                    f ? "empty" : strerror(errno));
+            if (f)
+                fclose(f);
+            return -1;
+        }
+        fclose(f);
+        src = key_file;
+    } else {
+        const char *env = getenv("OROCHI_API_KEY");
+        if (!env || !*env)
+            return 0;
+        if (strlen(env) >= sizeof c->api_key_buf) {
+            fprintf(stderr, "orochi-coordinator: $OROCHI_API_KEY is too long (at most %zu bytes)\n",
+                    sizeof c->api_key_buf - 1);
+            return -1;
+        }
+        snprintf(c->api_key_buf, sizeof c->api_key_buf, "%s", env);
+        src = "$OROCHI_API_KEY";
+    }
+    c->api_key_buf[strcspn(c->api_key_buf, "\r\n")] = '\0';
+    if (!c->api_key_buf[0]) {
+        fprintf(stderr, "orochi-coordinator: the API key from %s is empty\n", src);
+        return -1;
+    }
+    c->api_key = c->api_key_buf;
+    return 0;
 }
 
 static int coord_parse(coord *c, int argc, char **argv)
@@ -178,11 +222,14 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"guard-probe", required_argument, 0, 12},
                                          {"plan", required_argument, 0, 13},
                                          {"drain-ms", required_argument, 0, 14},
+                                         {"api-key-file", required_argument, 0, 15},
+                                         {"max-queue", required_argument, 0, 16},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int o;
     bool bad = false;
+    const char *key_file = NULL;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'r': c->run_dir = optarg; break;
@@ -206,6 +253,8 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 'd': c->max_draft = atoi(optarg); break;
         case 'D': c->draft_wait_ms = atoi(optarg); break;
         case 'k': c->api_key = optarg; break;
+        case 15: key_file = optarg; break;
+        case 16: c->max_queue = atoi(optarg); break;
         case 'x': c->external = optarg; break;
         case 'N': c->no_spawn = true; break;
         case 'H': c->heartbeat_ms = atoi(optarg); break;
@@ -264,6 +313,12 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->width)
         c->width = c->max_width;
+    if (coord_api_key(c, key_file))
+        return 2;
+    if (c->max_queue < 1 || c->max_queue > COORD_QUEUE) {
+        fprintf(stderr, "orochi-coordinator: --max-queue must be 1..%d\n", COORD_QUEUE);
+        return 2;
+    }
     if (c->n_seq < 1 || c->n_seq > RT_MAX_SEQ) {
         fprintf(stderr, "orochi-coordinator: --max-batch must be 1..%d\n", RT_MAX_SEQ);
         return 2;
@@ -446,6 +501,7 @@ int main(int argc, char **argv)
                .n_workers = 2,
                .threads_per_worker = 1,
                .max_width = 8,
+               .max_queue = 64,
                .max_draft = 4,
                .draft_wait_ms = 200,
                .heartbeat_ms = 250,
@@ -479,7 +535,14 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    mkdir(c.run_dir, 0755);
+    /* the run directory holds the control socket and the API key file: this user's alone */
+    mkdir(c.run_dir, 0700);
+    struct stat rst;
+    if (stat(c.run_dir, &rst) == 0 && (rst.st_mode & 077) && rst.st_uid == getuid()) {
+        chmod(c.run_dir, rst.st_mode & 0700);
+        rt_log("coordinator", "run dir %s was open to others (mode %03o): made it 0700", c.run_dir,
+               (unsigned)(rst.st_mode & 0777));
+    }
     coord_bin_dir(&c);
     char pidpath[4200], pidtmp[4300];
     snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.run_dir);

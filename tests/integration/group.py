@@ -244,7 +244,7 @@ class Group:
     """
 
     def __init__(self, name, target, workers=2, speculators=(), threads=1, max_width=None,
-                 max_draft=None, extra=(), wait_speculators=True, guard=False):
+                 max_draft=None, extra=(), wait_speculators=True, guard=False, launch_args=()):
         e = env()
         self.env = e
         _SEQ[0] += 1
@@ -260,6 +260,7 @@ class Group:
         self.speculators = list(speculators)
         self.threads = threads
         self.max_width = max_width
+        self.launch_args = list(launch_args)  # more `orochi-launch up` options
         self.max_draft = max_draft
         self.extra = list(extra) + ([] if guard else ["--guard", "off"])
         self.wait_speculators = wait_speculators
@@ -293,6 +294,7 @@ class Group:
             args += ["--max-width", str(self.max_width)]
         if self.max_draft:
             args += ["--max-draft", str(self.max_draft)]
+        args += self.launch_args
         if self.extra:
             args += ["--"] + self.extra
         return args
