@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all build test models demo bench-peer asan fuzz clean format
+.PHONY: all build test models demo bench-peer asan fuzz fuzz-long soak clean format
 
 all: build
 
@@ -23,9 +23,21 @@ test: build
 asan:
 	$(MAKE) BUILD=build-asan CMAKE_FLAGS="-DOROCHI_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" test
 
+# libFuzzer targets (clang) into build-fuzz/bin; tests/fuzz/run_fuzz.sh runs them, docs/fuzzing.md
 fuzz:
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DOROCHI_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-	@cmake --build build-fuzz -j $(JOBS) --target fuzz_gguf
+	@cmake --build build-fuzz -j $(JOBS) --target fuzzers
+
+# every fuzz target for 10 million executions, one after the other; FUZZ_RUNS=N to change
+FUZZ_RUNS ?= 10000000
+fuzz-long:
+	JOBS=$(JOBS) bash tests/fuzz/run_fuzz.sh --runs $(FUZZ_RUNS)
+
+# a 10-minute chaos soak with 8 clients and a kill or stop every 5 s (bench/soak.py; SOAK_FLAGS
+# for more, e.g. --bin-dir build-asan/bin to run it under ASan)
+SOAK_FLAGS ?=
+soak: build models
+	/usr/bin/python3 bench/soak.py --minutes 10 --clients 8 --kill-every 5 --bin-dir $(BUILD)/bin --model $(MODEL) $(SOAK_FLAGS)
 
 models: $(MODEL)
 

@@ -434,7 +434,7 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
             (arena_draft_ring *)((uint8_t *)c->rings + (size_t)p->index * c->ring_bytes);
         arena_draft *d = &p->slot_draft[slot];
         /* the draft must continue exactly this context */
-        if (!arena_draft_ring_get(ring, p->draft_ready[slot].ring_slot, d) ||
+        if (!arena_draft_ring_get(ring, RT_DRAFT_SLOTS, p->draft_ready[slot].ring_slot, d) ||
             d->request_id != req_id || d->ctx_len != (uint64_t)n_all ||
             d->last_token != all[n_all - 1]) {
             d->n = 0;

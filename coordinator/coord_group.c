@@ -256,6 +256,13 @@ static coord_peer *group_by_ident(coord *c, const uint8_t *id, size_t len)
 
 static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi__Hello *h)
 {
+    if (id_len > sizeof c->peers[0].ident) { /* a peer picks its routing id (ZMQ_ROUTING_ID) */
+        char msg[96];
+        snprintf(msg, sizeof msg, "routing id of %zu bytes: at most %zu", id_len,
+                 sizeof c->peers[0].ident);
+        group_refuse(c, id, id_len, msg);
+        return;
+    }
     char msg[512];
     coord_peer *p = NULL;
     Orochi__Welcome w = OROCHI__WELCOME__INIT;

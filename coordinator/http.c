@@ -915,6 +915,8 @@ static int http_parse_common(const http_server *srv, const cJSON *root, coord_re
             return http_fail(e, 400, name, "%s must be at most %d, got %lld", name,
                              srv->max_tokens_cap, i);
         p->max_tokens = (int)i;
+    } else if (p->max_tokens > srv->max_tokens_cap) {
+        p->max_tokens = srv->max_tokens_cap; /* the default never asks for more than the cap */
     }
     if ((v = http_field(root, "temperature"))) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))

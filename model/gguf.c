@@ -237,9 +237,7 @@ typedef struct {
     char what[GGUF_NAME_SHOWN + 64]; /* the field or record being read */
 } gguf_reader;
 
-/* Write len bytes of s into dst (cap bytes) as printable text: control and non-ASCII bytes as
- * \xNN, quote and backslash escaped; at most GGUF_NAME_SHOWN characters, then "..." if cut. */
-static void gguf_escape(char *dst, size_t cap, const char *s, uint64_t len)
+void gguf_escape(char *dst, size_t cap, const char *s, uint64_t len)
 {
     size_t o = 0;
     uint64_t i = 0;

@@ -121,5 +121,9 @@ double gguf_array_float(const gguf_array *a, uint64_t i);
 
 const char *gguf_type_name(gguf_type t);
 bool gguf_str_eq(gguf_str s, const char *cstr);
+/* Write len bytes of s into dst (cap bytes) as printable one-line text for a message: control
+ * and non-ASCII bytes as \xNN, quote and backslash escaped; at most 64 characters, then "..." if
+ * cut. Strings from a file are quoted in errors only through it. */
+void gguf_escape(char *dst, size_t cap, const char *s, uint64_t len);
 
 #endif

@@ -1160,8 +1160,10 @@ static bool tok_build_merges(tokenizer *tok, const gguf_array *merges, char *err
         gguf_str s = merges->strs[r];
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
         if (!sp) {
-            tok_err(err, errlen, "tokenizer.ggml.merges[%llu]: no space in '%.*s'",
-                    (unsigned long long)r, (int)(s.len > 40 ? 40 : s.len), s.ptr);
+            char q[300];
+            gguf_escape(q, sizeof q, s.ptr, s.len);
+            tok_err(err, errlen, "tokenizer.ggml.merges[%llu]: no space in '%s'",
+                    (unsigned long long)r, q);
             return false;
         }
         size_t la = (size_t)(sp - s.ptr);
@@ -1209,8 +1211,9 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
     else if (gguf_str_eq(model, "llama"))
         kind = TOK_KIND_SPM;
     else {
-        tok_err(err, errlen, "tokenizer.ggml.model: unsupported tokenizer '%.*s'",
-                (int)(model.len > 40 ? 40 : model.len), model.ptr);
+        char q[300];
+        gguf_escape(q, sizeof q, model.ptr, model.len);
+        tok_err(err, errlen, "tokenizer.ggml.model: unsupported tokenizer '%s'", q);
         return NULL;
     }
     const gguf_array *toks = gguf_get_array(f, "tokenizer.ggml.tokens");

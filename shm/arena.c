@@ -195,6 +195,13 @@ static bool arena_validate(arena *a, const arena_header *h, uint64_t object_size
             arena_err(err, errlen, "arena %s: region %" PRIu32 " has an empty name", nm, i);
             return false;
         }
+        for (const char *ch = r->name; *ch; ch++)
+            if ((unsigned char)*ch < 0x20 || (unsigned char)*ch > 0x7e) {
+                /* names are quoted in the messages below: printable ASCII only */
+                arena_err(err, errlen, "arena %s: region %" PRIu32 " name has byte 0x%02x", nm, i,
+                          (unsigned char)*ch);
+                return false;
+            }
         if (r->offset % ARENA_ALIGN) {
             arena_err(err, errlen, "arena %s: region '%s' offset %" PRIu64 " is not %u-byte aligned", nm, r->name,
                       r->offset, ARENA_ALIGN);

@@ -10,7 +10,8 @@
  * view. The header also records the creator's pid: that is how the next `up` tells an arena left
  * behind by a crashed group (creator dead, or header unreadable) from one still in use (creator
  * alive), without any lock file. Names are "/NAME": a leading '/', no other '/', at most 200
- * characters. Regions are 64-byte aligned, zero-filled, named uniquely (< 32 characters).
+ * characters. Regions are 64-byte aligned, zero-filled, named uniquely (< 32 printable ASCII
+ * characters).
  */
 #ifndef OROCHI_ARENA_H
 #define OROCHI_ARENA_H
@@ -20,7 +21,8 @@
 #include <stdint.h>
 
 #define ARENA_MAGIC 0x4f524f4348494131ull /* "OROCHIA1" */
-#define ARENA_LAYOUT_VERSION 3 /* 2: drafts are trees (parent indices); 3: the KV cache is head-major */
+#define ARENA_LAYOUT_VERSION                                                                       \
+    3 /* 2: drafts are trees (parent indices); 3: the KV cache is head-major */
 #define ARENA_MAX_REGIONS 32
 #define ARENA_NAME_LEN 32
 
@@ -35,7 +37,7 @@ typedef struct {
     uint32_t layout_version;
     uint32_t n_regions;
     uint64_t total_size;
-    uint64_t generation;    /* atomically updated */
+    uint64_t generation; /* atomically updated */
     uint64_t creator_pid;
     arena_region regions[ARENA_MAX_REGIONS];
 } arena_header;
@@ -79,10 +81,10 @@ void arena_bump_generation(arena *a);
 
 /* Lives inside a region (all fields 0 is a valid, unconfigured state). */
 typedef struct {
-    uint32_t parties;  /* participants per round */
-    uint32_t arrived;  /* in the current round */
-    uint32_t round;    /* incremented when a round completes; futex word */
-    uint32_t broken;   /* set when a round was abandoned (timeout); futex wakers see it */
+    uint32_t parties; /* participants per round */
+    uint32_t arrived; /* in the current round */
+    uint32_t round;   /* incremented when a round completes; futex word */
+    uint32_t broken;  /* set when a round was abandoned (timeout); futex wakers see it */
 } arena_barrier;
 
 /* (Re)configure for `parties` participants and clear `broken`; call only while nobody waits. */
@@ -107,21 +109,21 @@ void arena_barrier_break(arena_barrier *b);
 #define ARENA_DRAFT_MAX 64
 
 typedef struct {
-    uint32_t seq;         /* seqlock: odd while being written */
-    uint32_t n;           /* tokens in the draft */
-    uint64_t request_id;  /* which sequence the draft is for */
-    uint64_t ctx_len;     /* committed context length the draft continues */
-    int32_t last_token;   /* the last committed token it assumed */
+    uint32_t seq;        /* seqlock: odd while being written */
+    uint32_t n;          /* tokens in the draft */
+    uint64_t request_id; /* which sequence the draft is for */
+    uint64_t ctx_len;    /* committed context length the draft continues */
+    int32_t last_token;  /* the last committed token it assumed */
     int32_t tokens[ARENA_DRAFT_MAX];
-    float conf[ARENA_DRAFT_MAX]; /* the drafter's probability of each token */
+    float conf[ARENA_DRAFT_MAX];     /* the drafter's probability of each token */
     int32_t parent[ARENA_DRAFT_MAX]; /* tree: index of the parent draft token, -1 = a child of
                                       * the last committed token; a chain has parent[i] = i - 1 */
 } arena_draft;
 
 typedef struct {
     uint32_t n_slots;
-    uint32_t head;        /* next slot to write (monotonic; slot = head % n_slots) */
-    arena_draft slots[];  /* n_slots entries */
+    uint32_t head;       /* next slot to write (monotonic; slot = head % n_slots) */
+    arena_draft slots[]; /* n_slots entries */
 } arena_draft_ring;
 
 size_t arena_draft_ring_bytes(uint32_t n_slots);
@@ -130,8 +132,10 @@ void arena_draft_ring_init(arena_draft_ring *r, uint32_t n_slots);
  * (head - 1) % n_slots is the newest finished draft. d->seq is ignored and d->n is clamped to
  * ARENA_DRAFT_MAX. Returns the slot index written, or UINT32_MAX for an unconfigured ring. */
 uint32_t arena_draft_ring_put(arena_draft_ring *r, const arena_draft *d);
-/* Copy slot i out consistently; false if it was being written (retry later) or is empty.
- * out->seq gets the slot's (even) version; tokens and conf past out->n are zero. */
-bool arena_draft_ring_get(const arena_draft_ring *r, uint32_t slot, arena_draft *out);
+/* Copy slot i out consistently; false if it was being written (retry later), is empty, or lies
+ * past the ring's slots. cap is the slot count the reader laid the ring out with: the count
+ * stored in the ring is shared memory its writer could have corrupted, so a slot must be below
+ * both. out->seq gets the slot's (even) version; tokens and conf past out->n are zero. */
+bool arena_draft_ring_get(const arena_draft_ring *r, uint32_t cap, uint32_t slot, arena_draft *out);
 
 #endif

@@ -26,15 +26,21 @@
 
 #include "shm/arena.h"
 
-/* Copy header fields and the first n tokens/confidences/parents; either side may be shared memory. */
+/* Copy header fields and the first n tokens/confidences/parents; either side may be shared memory.
+ */
 static void ring_copy_payload(arena_draft *dst, const arena_draft *src, uint32_t n)
 {
-    __atomic_store_n(&dst->request_id, __atomic_load_n(&src->request_id, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-    __atomic_store_n(&dst->ctx_len, __atomic_load_n(&src->ctx_len, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-    __atomic_store_n(&dst->last_token, __atomic_load_n(&src->last_token, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_store_n(&dst->request_id, __atomic_load_n(&src->request_id, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&dst->ctx_len, __atomic_load_n(&src->ctx_len, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&dst->last_token, __atomic_load_n(&src->last_token, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < n; i++) {
-        __atomic_store_n(&dst->tokens[i], __atomic_load_n(&src->tokens[i], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-        __atomic_store_n(&dst->parent[i], __atomic_load_n(&src->parent[i], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+        __atomic_store_n(&dst->tokens[i], __atomic_load_n(&src->tokens[i], __ATOMIC_RELAXED),
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&dst->parent[i], __atomic_load_n(&src->parent[i], __ATOMIC_RELAXED),
+                         __ATOMIC_RELAXED);
         float c;
         __atomic_load(&src->conf[i], &c, __ATOMIC_RELAXED);
         __atomic_store(&dst->conf[i], &c, __ATOMIC_RELAXED);
@@ -58,7 +64,8 @@ uint32_t arena_draft_ring_put(arena_draft_ring *r, const arena_draft *d)
     uint32_t n_slots = __atomic_load_n(&r->n_slots, __ATOMIC_ACQUIRE);
     if (n_slots == 0)
         return UINT32_MAX;
-    uint32_t head = __atomic_load_n(&r->head, __ATOMIC_RELAXED); /* single writer: nobody else moves it */
+    uint32_t head =
+        __atomic_load_n(&r->head, __ATOMIC_RELAXED); /* single writer: nobody else moves it */
     uint32_t slot = head % n_slots;
     arena_draft *s = &r->slots[slot];
     uint32_t n = d->n < ARENA_DRAFT_MAX ? d->n : ARENA_DRAFT_MAX;
@@ -77,9 +84,9 @@ uint32_t arena_draft_ring_put(arena_draft_ring *r, const arena_draft *d)
     return slot;
 }
 
-bool arena_draft_ring_get(const arena_draft_ring *r, uint32_t slot, arena_draft *out)
+bool arena_draft_ring_get(const arena_draft_ring *r, uint32_t cap, uint32_t slot, arena_draft *out)
 {
-    if (slot >= __atomic_load_n(&r->n_slots, __ATOMIC_ACQUIRE))
+    if (slot >= cap || slot >= __atomic_load_n(&r->n_slots, __ATOMIC_ACQUIRE))
         return false;
     const arena_draft *s = &r->slots[slot];
     uint32_t before = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);

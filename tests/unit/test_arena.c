@@ -844,7 +844,7 @@ static int ta_ring_reader(const arena_draft_ring *ring, ta_ring_ctl *ctl)
                 continue;
             slot = (head - 1) % TA_RING_SLOTS;
         }
-        if (!arena_draft_ring_get(ring, slot, &d)) {
+        if (!arena_draft_ring_get(ring, TA_RING_SLOTS, slot, &d)) {
             failed++;
             continue;
         }
@@ -893,14 +893,18 @@ static void test_draft_ring(void **state)
 
     arena_draft_ring_init(ring, TA_RING_SLOTS);
     for (uint32_t i = 0; i < TA_RING_SLOTS; i++)
-        assert_false(arena_draft_ring_get(ring, i, &d)); /* never written */
-    assert_false(arena_draft_ring_get(ring, TA_RING_SLOTS, &d));
+        assert_false(arena_draft_ring_get(ring, TA_RING_SLOTS, i, &d)); /* never written */
+    assert_false(arena_draft_ring_get(ring, TA_RING_SLOTS, TA_RING_SLOTS, &d));
+    /* a count in the ring beyond the reader's own layout is not believed */
+    ring->n_slots = 1u << 30;
+    assert_false(arena_draft_ring_get(ring, TA_RING_SLOTS, TA_RING_SLOTS + 5, &d));
+    ring->n_slots = TA_RING_SLOTS;
 
     /* an oversized n is clamped, not overrun */
     ta_fill_draft(&d, 1);
     d.n = 1000;
     assert_int_equal(arena_draft_ring_put(ring, &d), 0);
-    assert_true(arena_draft_ring_get(ring, 0, &d));
+    assert_true(arena_draft_ring_get(ring, TA_RING_SLOTS, 0, &d));
     assert_int_equal(d.n, ARENA_DRAFT_MAX);
     arena_draft_ring_init(ring, TA_RING_SLOTS);
 
@@ -921,7 +925,7 @@ static void test_draft_ring(void **state)
 
     assert_int_equal(ring->head, TA_DRAFTS);
     for (uint32_t slot = 0; slot < TA_RING_SLOTS; slot++) {
-        assert_true(arena_draft_ring_get(ring, slot, &d));
+        assert_true(arena_draft_ring_get(ring, TA_RING_SLOTS, slot, &d));
         char msg[160];
         if (!ta_draft_consistent(&d, slot, msg, sizeof msg))
             fail_msg("after the run: %s", msg);

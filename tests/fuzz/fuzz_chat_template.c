@@ -1,0 +1,315 @@
+/*
+ * tests/fuzz/fuzz_chat_template — libFuzzer target for chat prompt rendering: the GGUF's
+ * tokenizer.chat_template as the tokenizer reads it (ChatML or not, its literal default system
+ * message: model/tokenizer.c tokenizer_new / tok_template_system), the conversation rendering
+ * (tokenizer_chat_render, tokenizer_chat_prompt, and the coordinator's engine_render around them
+ * in coordinator/coord_engine.c), then the stop-string cut of the engine's output text
+ * (text_flush, same file).
+ *
+ * engine_render and text_flush are static, so this file compiles coordinator/coord_engine.c into
+ * itself (#include below) and links the rest of the coordinator but its main() (the
+ * orochi_fuzz_coord library of the fuzz build).
+ *
+ * Input: byte 0 = flags, bytes 1-2 = template length L (little-endian), L template bytes, then
+ * records separated by NUL bytes. A record's first byte b picks what it is (b % 5): 0 a system,
+ * 1 a user, 2 an assistant, 3 a developer message whose content is the rest of the record, 4 a
+ * stop string. Flags: bits 0-2 the vocabulary (tests/fuzz/fuzz_vocab.h; 5-7 wrap), bit 3 no
+ * tokenizer.chat_template key at all, bits 4-7 the seed of the piece sizes below.
+ *
+ * Checked: tokenizer_new accepts any template; the rendering equals, byte for byte, what an
+ * independent reading of tokenizer.h's rules gives: ChatML when the template contains
+ * <|im_start|>, with the template's default system message (the first "<|im_start|>system\n ...
+ * <|im_end|>" body that is non-empty and holds no quote or brace) unless the conversation starts
+ * with a system/developer message, each message as <|im_start|>ROLE\nCONTENT<|im_end|>\n
+ * ("developer" as "system"), then <|im_start|>assistant\n; otherwise the Llama-2 form ([INST]
+ * USER [/INST] per user turn, assistant turns between, a system message folded into the next user
+ * turn as <<SYS>>). One user message renders as tokenizer_chat_prompt does, and engine_render
+ * gives the same text. The rendered prompt tokenizes (parse_special, as slot_start does) into at
+ * most strlen + 8 ids, the buffer slot_start gives it. The rendered prompt is then played as
+ * generated text, in pieces, through text_flush with the request's stop strings: the text the
+ * request receives must be exactly the text before the first stop string found once the piece
+ * completing it has arrived (all of it when none is), and never contain a stop string.
+ *
+ * Build and run: `make fuzz`, then tests/fuzz/run_fuzz.sh (seeds:
+ * tests/fuzz/corpus/chat_template/).
+ */
+#include "coordinator/coord_engine.c" /* first: it defines _GNU_SOURCE before any system header */
+
+#include "tests/fuzz/fuzz_common.h"
+#include "tests/fuzz/fuzz_vocab.h"
+
+/* coordinator/coord_main.c's, which is not linked in */
+volatile int coord_stop_flag;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FZ_MAX_MESSAGES 16
+
+static coord *fz_coord;                      /* engine_render reads only c->tok */
+static tokenizer *fz_full[FUZZ_VOCAB_COUNT]; /* the fixtures, for the tokenization check */
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    fz_coord = calloc(1, sizeof *fz_coord);
+    if (!fz_coord)
+        abort();
+    for (int v = 0; v < FUZZ_VOCAB_COUNT; v++)
+        fz_full[v] = fuzz_vocab_tokenizer(v, NULL, 0);
+    return 0;
+}
+
+/* The template is read by tokenizer_new, whatever the vocabulary; a one-token one makes that
+ * cheap (the fixtures' 300 tokens would cost most of each run). The rendering does not depend on
+ * the vocabulary; the tokenization check uses the fixture. */
+static tokenizer *fz_template_tokenizer(bool gpt2, const void *tmpl, size_t tlen)
+{
+    fuzz_gguf g;
+    fuzz_gguf_begin(&g);
+    fuzz_vocab v = {0};
+    fuzz_vocab_add(&v, "a", 1, 1, 0);
+    fuzz_gguf_vocab(&g, gpt2 ? "gpt2" : "llama", NULL, &v, NULL, NULL, 0);
+    if (gpt2) /* byte-level BPE needs the key, even empty */
+        fuzz_gguf_kv_strs(&g, "tokenizer.ggml.merges", NULL, NULL, 0);
+    if (tmpl)
+        fuzz_gguf_kv_str(&g, "tokenizer.chat_template", tmpl, tlen);
+    fuzz_gguf_finish(&g);
+    char err[256];
+    gguf_file *f = gguf_open_memory(g.p, g.len, "fuzz-template", err, sizeof err);
+    if (!f)
+        fuzz_fail("gguf_open_memory refused a well-formed file: %s", err);
+    tokenizer *tok = tokenizer_new(f, err, sizeof err);
+    if (!tok)
+        fuzz_fail("tokenizer_new refused a template (%zu bytes): %s", tlen, err);
+    gguf_close(&f);
+    free(g.p);
+    fuzz_vocab_free(&v);
+    return tok;
+}
+
+/* A growable string for the reference renderings. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} fz_str;
+
+static void fz_add(fz_str *s, const char *t)
+{
+    size_t n = strlen(t);
+    if (s->len + n + 1 > s->cap) {
+        s->cap = (s->len + n + 1) * 2;
+        s->p = realloc(s->p, s->cap);
+        if (!s->p)
+            abort();
+    }
+    memcpy(s->p + s->len, t, n + 1);
+    s->len += n;
+}
+
+static bool fz_role_system(const char *role)
+{
+    return !strcmp(role, "system") || !strcmp(role, "developer");
+}
+
+/* The reference reading of the template: its literal ChatML system message, or NULL. */
+static char *fz_template_system(const char *t, size_t n)
+{
+    static const char open[] = "<|im_start|>system\n", end[] = "<|im_end|>";
+    for (size_t i = 0; i + sizeof open - 1 <= n; i++) {
+        if (memcmp(t + i, open, sizeof open - 1))
+            continue;
+        size_t b = i + sizeof open - 1;
+        const char *e = memmem(t + b, n - b, end, sizeof end - 1);
+        if (!e)
+            return NULL; /* no end after this opening: none after any later one either */
+        size_t len = (size_t)(e - (t + b));
+        bool literal = len > 0;
+        for (size_t k = 0; k < len && literal; k++)
+            literal = !strchr("'\"{}", t[b + k]) || !t[b + k];
+        if (literal)
+            return fuzz_strndup(t + b, len);
+    }
+    return NULL;
+}
+
+/* The text the request must receive: `text` cut at the first stop string found by the flush
+ * that follows each piece (flush points `ends`, the last one == len). */
+static size_t fz_stop_reference(const char *text, size_t len, const size_t *ends, int n_ends,
+                                char *const *stops, int n_stop)
+{
+    for (int k = 0; k < n_ends; k++) {
+        size_t best = SIZE_MAX;
+        for (int i = 0; i < n_stop; i++) {
+            const char *h = memmem(text, ends[k], stops[i], strlen(stops[i]));
+            if (h && (size_t)(h - text) < best)
+                best = (size_t)(h - text);
+        }
+        if (best != SIZE_MAX)
+            return best;
+    }
+    return len;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 3)
+        return 0;
+    uint8_t flags = data[0];
+    int which = (flags & 7) % FUZZ_VOCAB_COUNT;
+    bool has_tmpl = !(flags & 8);
+    size_t tlen = (size_t)data[1] | (size_t)data[2] << 8;
+    if (tlen > size - 3)
+        tlen = size - 3;
+    const char *tmpl = (const char *)data + 3;
+
+    /* the records */
+    coord_params prm = {.kind = COORD_REQ_CHAT};
+    coord_message msgs[FZ_MAX_MESSAGES];
+    const char *roles[FZ_MAX_MESSAGES], *contents[FZ_MAX_MESSAGES];
+    char *stops[COORD_MAX_STOP];
+    static const char *const role_names[4] = {"system", "user", "assistant", "developer"};
+    const uint8_t *p = data + 3 + tlen, *end = data + size;
+    while (p < end) {
+        const uint8_t *z = memchr(p, 0, (size_t)(end - p));
+        size_t n = z ? (size_t)(z - p) : (size_t)(end - p);
+        if (n >= 1) {
+            if (p[0] % 5 == 4) {
+                if (n > 1 && prm.n_stop < COORD_MAX_STOP)
+                    stops[prm.n_stop++] = fuzz_strndup(p + 1, n - 1);
+            } else if (prm.n_messages < FZ_MAX_MESSAGES) {
+                int i = prm.n_messages++;
+                msgs[i] = (coord_message){(char *)role_names[p[0] % 5], fuzz_strndup(p + 1, n - 1)};
+                roles[i] = msgs[i].role;
+                contents[i] = msgs[i].content;
+            }
+        }
+        p += n + 1;
+    }
+    prm.messages = msgs;
+    for (int i = 0; i < prm.n_stop; i++)
+        prm.stop[i] = stops[i];
+
+    tokenizer *tok =
+        fz_template_tokenizer(which <= FUZZ_VOCAB_BPE_LLAMA3, has_tmpl ? tmpl : NULL, tlen);
+    fz_coord->tok = tok;
+
+    /* the reference rendering */
+    bool chatml = has_tmpl && memmem(tmpl, tlen, "<|im_start|>", 12);
+    char *sys = chatml ? fz_template_system(tmpl, tlen) : NULL;
+    fz_str all = {0};
+    fz_add(&all, "");
+    if (chatml) {
+        if (sys && (prm.n_messages == 0 || !fz_role_system(roles[0]))) {
+            fz_add(&all, "<|im_start|>system\n");
+            fz_add(&all, sys);
+            fz_add(&all, "<|im_end|>\n");
+        }
+        for (int i = 0; i < prm.n_messages; i++) {
+            fz_add(&all, "<|im_start|>");
+            fz_add(&all, fz_role_system(roles[i]) ? "system" : roles[i]);
+            fz_add(&all, "\n");
+            fz_add(&all, contents[i]);
+            fz_add(&all, "<|im_end|>\n");
+        }
+        fz_add(&all, "<|im_start|>assistant\n");
+    } else {
+        const char *fold = NULL;
+        for (int i = 0; i < prm.n_messages; i++) {
+            if (fz_role_system(roles[i])) {
+                fold = contents[i];
+            } else if (!strcmp(roles[i], "user")) {
+                fz_add(&all, all.len ? " [INST] " : "[INST] ");
+                if (fold) {
+                    fz_add(&all, "<<SYS>>\n");
+                    fz_add(&all, fold);
+                    fz_add(&all, "\n<</SYS>>\n\n");
+                }
+                fold = NULL;
+                fz_add(&all, contents[i]);
+                fz_add(&all, " [/INST]");
+            } else {
+                fz_add(&all, " ");
+                fz_add(&all, contents[i]);
+            }
+        }
+    }
+    char *got = tokenizer_chat_render(tok, prm.n_messages, roles, contents);
+    if (!got || strcmp(got, all.p))
+        fuzz_fail("tokenizer_chat_render of %d messages (chatml %d, system %s): got %zu bytes "
+                  "'%.120s', want %zu bytes '%.120s'",
+                  prm.n_messages, chatml, sys ? "yes" : "no", got ? strlen(got) : 0,
+                  got ? got : "(null)", all.len, all.p);
+    free(got);
+    if (prm.n_messages == 1 && !strcmp(roles[0], "user")) {
+        got = tokenizer_chat_prompt(tok, contents[0]);
+        if (!got || strcmp(got, all.p))
+            fuzz_fail("tokenizer_chat_prompt differs from the one-message rendering");
+        free(got);
+    }
+    char *text = engine_render(fz_coord, &prm);
+    if (!text || strcmp(text, all.p))
+        fuzz_fail("engine_render differs from tokenizer_chat_render");
+
+    /* slot_start's tokenization of it: parse_special, into strlen + 8 ids (less the BOS slot) */
+    size_t len = strlen(text);
+    const tokenizer *full = fz_full[which];
+    int off = tokenizer_add_bos(full) && tokenizer_bos(full) >= 0 ? 1 : 0, needed = 0;
+    tokenizer_encode(full, text, len, true, NULL, 0, &needed);
+    if (needed < 0 || (size_t)needed > len + 8 - (size_t)off)
+        fuzz_fail("the rendered prompt of %zu bytes needs %d ids; slot_start holds %zu", len,
+                  needed, len + 8 - (size_t)off);
+
+    /* the rendered text as generated output, through the stop strings */
+    coord_request *req = coord_request_new(COORD_REQ_CHAT);
+    if (!req)
+        abort();
+    engine_text out = {0};
+    for (int i = 0; i < prm.n_stop; i++)
+        if (strlen(prm.stop[i]) > out.max_stop)
+            out.max_stop = strlen(prm.stop[i]);
+    out.max_stop = out.max_stop ? out.max_stop - 1 : 0; /* as slot_start sets it */
+    size_t ends[512];
+    int n_ends = 0;
+    unsigned seed = flags >> 4;
+    bool stopped = false;
+    for (size_t at = 0; at < len && !stopped;) {
+        seed = seed * 1103515245u + 12345u;
+        size_t piece = 1 + (seed >> 16) % (n_ends < 500 ? 6 : 1 << 20);
+        if (piece > len - at)
+            piece = len - at;
+        if (text_add(&out, text + at, piece))
+            abort();
+        at += piece;
+        ends[n_ends++] = at;
+        stopped = text_flush(&out, req, &prm, false);
+    }
+    text_flush(&out, req, &prm, true); /* slot_finish's: after a stop it must add nothing */
+    size_t want = fz_stop_reference(text, len, ends, n_ends, prm.stop, prm.n_stop);
+    size_t glen = 0;
+    char *gtext = coord_request_text(req, &glen);
+    if (!gtext || glen != want || memcmp(gtext, text, want))
+        fuzz_fail("stop strings: the request got %zu bytes, want the first %zu of %zu", glen, want,
+                  len);
+    if (stopped != (want < len))
+        fuzz_fail("stop strings: text cut at %zu of %zu, text_flush reported a stop: %d", want, len,
+                  stopped);
+    for (int i = 0; i < prm.n_stop; i++)
+        if (memmem(gtext, glen, prm.stop[i], strlen(prm.stop[i])))
+            fuzz_fail("stop strings: the request's text contains stop string %d", i);
+    free(gtext);
+    free(out.text);
+    coord_request_unref(&req);
+
+    free(text);
+    free(all.p);
+    free(sys);
+    tokenizer_destroy(&tok);
+    fz_coord->tok = NULL;
+    for (int i = 0; i < prm.n_messages; i++)
+        free(msgs[i].content);
+    for (int i = 0; i < prm.n_stop; i++)
+        free(stops[i]);
+    return 0;
+}
