@@ -7,7 +7,7 @@ directory's permissions, and the queue limit.
 - `--api-key-file F` and $OROCHI_API_KEY give the key just as well; an empty key file is refused at
   start with a message naming it.
 - With --max-queue 1 and one sequence slot, requests beyond the one running and the one waiting
-  get 429 with Retry-After, and the admitted ones still finish.
+  get 429 with Retry-After, the admitted ones still finish, and the group serves again after.
 """
 import os
 import stat
@@ -101,10 +101,14 @@ def test_security_queue_limit_429():
         limited = [r for r in results if r.status == 429]
         G.check(limited, "no request was refused with 429: %s", codes)
         G.check(all(r.status in (200, 429) for r in results), "statuses %s", codes)
-        G.check(codes.count(200) >= 2, "fewer than 2 requests served: %s", codes)
+        # one or two are admitted (the first may leave the queue for its slot before the rest
+        # arrive), and every admitted one finishes
+        G.check(codes.count(200) >= 1, "no request served: %s", codes)
         r = limited[0]
         G.check(r.headers.get("Retry-After") == "1" and r.json["error"]["type"] == "rate_limit_error"
                 and "--max-queue" in r.error_message(), "the 429: %r %r", r.headers, r.body)
+        r = g.http("/v1/completions", "POST", {"prompt": "hello", "max_tokens": 4, "temperature": 0})
+        G.check(r.status == 200, "a request after the burst: %r", r)
 
 
 if __name__ == "__main__":
