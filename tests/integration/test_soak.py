@@ -2,7 +2,8 @@
 a worker or speculator is SIGKILLed or SIGSTOPped every 5 s. Nothing may be lost, every greedy
 answer must equal `orochi run --temp 0`, no process or shared-memory segment may outlive `down`,
 and the coordinator's RSS may not grow by more than 5% after the first 20% of the run (the
-10-minute `make soak` holds it to 1%).
+10-minute `make soak` holds it to 1%; in an ASan build, whose quarantine keeps freed memory, the
+growth is only reported).
 """
 import os
 import subprocess
@@ -20,9 +21,16 @@ def test_soak_one_minute():
     if not model:
         raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
     e = G.env()
+    # under AddressSanitizer freed memory sits in its quarantine (up to 256 MB) before it is
+    # reused, so RSS keeps growing by design: there the growth is reported, not judged
+    with open(os.path.join(e["bin_dir"], "orochi-coordinator"), "rb") as f:
+        asan = b"__asan_init" in f.read()
+    max_growth = "1000" if asan else "5"
+    if asan:
+        G.log("  an ASan build: coordinator RSS growth reported, not judged")
     cmd = [sys.executable, os.path.join(e["source"], "bench", "soak.py"), "--minutes", "1",
            "--clients", "4", "--kill-every", "5", "--model", model, "--bin-dir", e["bin_dir"],
-           "--max-rss-growth", "5", "--run-dir", os.path.join(e["tmp"], "soak"),
+           "--max-rss-growth", max_growth, "--run-dir", os.path.join(e["tmp"], "soak"),
            "--json", os.path.join(e["tmp"], "soak.jsonl")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     G.log("\n".join("  " + line for line in r.stdout.splitlines()[-12:]))
