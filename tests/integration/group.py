@@ -108,6 +108,13 @@ def mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256,
     return path
 
 
+def asan_build():
+    """Whether the binaries under test are built with AddressSanitizer (make asan): several times
+    slower, and their RSS grows by design (the quarantine keeps freed memory)."""
+    with open(os.path.join(env()["bin_dir"], "orochi-coordinator"), "rb") as f:
+        return b"__asan_init" in f.read()
+
+
 def quantized(src, type_name):
     """src re-quantized by `orochi quantize` to type_name (a type or a preset); cached by name."""
     e = env()

@@ -225,8 +225,11 @@ def test_supervision_speculator_long_prompt_not_restarted():
         st = g.status()
         G.check(st["layerskip"]["pid"] == spid and st["layerskip"]["restarts"] == 0,
                 "the speculator was restarted: %s", st["layerskip"]["line"])
-        G.check(st["layerskip"]["steps"] and st["layerskip"]["steps"] > 0, "the speculator published no "
-                "draft: %s", st["layerskip"]["line"])
+        if G.asan_build():  # its prefill takes longer than the request there: alive is the point
+            G.log("  an ASan build: drafts not required (%s)" % st["layerskip"]["line"])
+        else:
+            G.check(st["layerskip"]["steps"] and st["layerskip"]["steps"] > 0, "the speculator "
+                    "published no draft: %s", st["layerskip"]["line"])
 
 
 @t.case
