@@ -276,6 +276,13 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         char name[32];
         snprintf(name, sizeof name, "worker-%u", h->worker_index);
         p = group_slot(c, name);
+        if (!p || (p->role != PEER_FREE && p->role != PEER_WORKER)) {
+            /* no slot left, or a speculator took the name: a peer never takes another role's */
+            snprintf(msg, sizeof msg, "%s: %s", name,
+                     p ? "the name is a speculator's" : "too many peers");
+            group_refuse(c, id, id_len, msg);
+            return;
+        }
         /* a live worker keeps its slot: a second Hello for it is an impostor (or confused) */
         if (p->role == PEER_WORKER && p->connected &&
             rt_now_us() - p->last_hb_us < (uint64_t)c->dead_ms * 1000u &&
@@ -310,6 +317,12 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         p = group_slot(c, h->id[0] ? h->id : "speculator");
         if (!p) {
             group_refuse(c, id, id_len, "too many peers");
+            return;
+        }
+        if (p->role != PEER_FREE && p->role != PEER_SPECULATOR) {
+            /* a speculator named like a worker ("worker-1") must not take the worker's slot */
+            snprintf(msg, sizeof msg, "speculator id '%.64s' is the name of a worker", p->name);
+            group_refuse(c, id, id_len, msg);
             return;
         }
         if (p->role == PEER_FREE) {
