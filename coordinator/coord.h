@@ -4,7 +4,10 @@
  *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
  *                   the status file;
  *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
- *                   commit -> feedback), stop conditions, metrics.
+ *                   commit -> feedback), stop conditions, metrics;
+ *   coord_plan.c    the ARCA plan (--plan FILE);
+ *   coord_ops.c     operator requests from `orochi-launch` (trace, swap, detach: RUN_DIR/ops/);
+ *   coord_trace.c   the step timeline (Chrome trace JSON) while a trace runs.
  * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
  * only hand requests over through the queue.
  */
@@ -76,6 +79,19 @@ typedef struct {
     double draft_ema_us;   /* reply latency to Feedbacks that were not resets, EMA */
     int draft_n;
     uint64_t benched_total;
+    /* what `status` shows: the latest step (workers: compute and barrier wait, EMA) or draft
+     * (speculators: drafting time, EMA), and the latest trouble */
+    double step_ema_us, wait_ema_us, draft_work_ema_us;
+    int step_n, draft_work_n;
+    char last_error[160];
+    uint64_t last_error_us;
+    /* operator requests (coord_ops.c) */
+    char op[64];                          /* the request to answer when a swap or detach ends */
+    char *old_argv[COORD_MAX_SPAWN_ARGS]; /* swap: the configuration to go back to on failure */
+    enum { SWAP_NONE = 0, SWAP_STOPPING, SWAP_STARTED } swap;
+    uint64_t op_deadline_us;
+    bool detaching; /* detach-speculator: it leaves the vote, and is never spawned again */
+    int swaps;
 } coord_peer;
 
 struct coord_engine_state;
@@ -141,6 +157,7 @@ typedef struct {
     /* requests: HTTP threads push, the main loop pops */
     pthread_mutex_t qlock;
     coord_request *queue[COORD_QUEUE];
+    uint64_t queued_us[COORD_QUEUE]; /* when each queued request arrived */
     int qhead, qlen;
     uint64_t next_request_id;
     http_server *http;
@@ -154,6 +171,12 @@ typedef struct {
     double m_worker_compute_us[RT_MAX_WORKERS];
     uint64_t m_worker_steps[RT_MAX_WORKERS];
     char m_spec_text[4096]; /* speculator gauges, rebuilt by the main loop */
+    char last_error[200];   /* the latest failed request, for `status` */
+    uint64_t last_error_us;
+
+    /* operator requests and the timeline */
+    uint64_t ops_checked_us;
+    struct coord_trace *tracer; /* non-NULL while a trace runs */
 } coord;
 
 extern volatile int coord_stop_flag;
@@ -169,6 +192,12 @@ void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__Bod
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body);
 void coord_group_shutdown(coord *c);
 void coord_group_write_status(coord *c);
+/* start p's process from p->argv now */
+int coord_group_spawn(coord *c, coord_peer *p);
+/* RUN_DIR/cmd/ROLE: how p is started, one argument per line (`debug ROLE`) */
+void coord_group_write_cmd(coord *c, const coord_peer *p);
+/* a model drafter on cores the workers use: no drafting ahead (adds --work-ahead 0) */
+void coord_group_speculator_placement(coord *c, coord_peer *p);
 
 /* coord_plan.c */
 int coord_plan_load(coord *c, char *err, size_t errlen);
@@ -178,6 +207,40 @@ void coord_plan_poll(coord *c);
 void coord_plan_apply(coord *c, int n_ctx);
 /* the applied bucket's tree shape (NULL: none), which merged drafts are fitted to */
 const ctl_template *coord_plan_tree(const coord *c);
+
+/* coord_ops.c: operator requests (RUN_DIR/ops/NAME.req, answered in NAME.out) */
+/* look for new requests (at most every 100 ms) and finish swaps and detaches that are due;
+ * called by the main loop between verification cycles */
+void coord_ops_poll(coord *c);
+/* answer request `op` (first line "ok" or "error", then the text) */
+void coord_ops_answer(coord *c, const char *op, bool ok, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* the group's supervision saw p's process end: true when a swap or detach takes it from here
+ * (no respawn, no restart counted) */
+bool coord_ops_on_exit(coord *c, coord_peer *p, const char *why);
+/* remember p's latest trouble for `status` */
+void coord_peer_error(coord_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* coord_trace.c: the step timeline (docs/operations.md) */
+/* start writing OUT (Chrome trace JSON) for `seconds`; `op` is answered when it ends */
+int coord_trace_start(coord *c, const char *out, double seconds, const char *op, char *err,
+                      size_t errlen);
+/* end the trace when its time is up (or now, when `force`) */
+void coord_trace_poll(coord *c, bool force);
+static inline bool coord_tracing(const coord *c)
+{
+    return c->tracer != 0;
+}
+/* one span [start_us, end_us) of process `pid` (role name `role`) on thread `tid`; args_fmt
+ * (may be NULL) formats the members of its "args" object */
+void coord_trace_span(coord *c, int pid, const char *role, int tid, const char *name,
+                      uint64_t start_us, uint64_t end_us, const char *args_fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+/* an async span [begin_us, end_us) of `name` with id `id` on the coordinator's track (Perfetto
+ * draws overlapping ones side by side: the queue) */
+void coord_trace_async(coord *c, const char *name, uint64_t id, uint64_t begin_us, uint64_t end_us);
+#define COORD_TRACE_ENGINE 1 /* the coordinator's verification loop */
+#define COORD_TRACE_SLOT 100 /* + s: sequence slot s (its requests) */
 
 /* coord_engine.c */
 int coord_engine_submit(void *ctx, coord_request *req);

@@ -50,6 +50,8 @@
 #define ENGINE_WAIT_PROBE 32  /* steps unscored before a speculator is waited on again */
 #define ENGINE_BENCH_PROBE 64 /* Feedbacks a benched speculator skips before it is tried again */
 
+static double engine_ema(double avg, int have, double x);
+
 /* ===== the queue (HTTP threads -> main loop) ===== */
 
 int coord_engine_submit(void *ctx, coord_request *req)
@@ -66,17 +68,19 @@ int coord_engine_submit(void *ctx, coord_request *req)
         return -1;
     }
     c->queue[(c->qhead + c->qlen) % COORD_QUEUE] = coord_request_ref(req);
+    c->queued_us[(c->qhead + c->qlen) % COORD_QUEUE] = rt_now_us();
     c->qlen++;
     pthread_mutex_unlock(&c->qlock);
     return 0;
 }
 
-static coord_request *engine_pop(coord *c)
+static coord_request *engine_pop(coord *c, uint64_t *queued_us)
 {
     pthread_mutex_lock(&c->qlock);
     coord_request *r = NULL;
     if (c->qlen) {
         r = c->queue[c->qhead];
+        *queued_us = c->queued_us[c->qhead];
         c->qhead = (c->qhead + 1) % COORD_QUEUE;
         c->qlen--;
     }
@@ -105,6 +109,24 @@ void coord_engine_on_step_done(coord *c, coord_peer *p, const Orochi__StepDone *
     c->m_worker_compute_us[p->index] += (double)d->compute_us;
     c->m_worker_steps[p->index]++;
     pthread_mutex_unlock(&c->mlock);
+    if (d->error && d->error[0])
+        coord_peer_error(p, "step %llu: %.120s", (unsigned long long)d->step_id, d->error);
+    p->step_ema_us = engine_ema(p->step_ema_us, p->step_n, (double)d->compute_us);
+    p->wait_ema_us = engine_ema(p->wait_ema_us, p->step_n++, (double)d->wait_us);
+    if (!coord_tracing(c) || !d->start_us)
+        return;
+    uint64_t end = d->start_us + d->compute_us;
+    coord_trace_span(c, (int)p->pid, p->name, (int)p->pid, "step", d->start_us, end,
+                     "\"step\":%llu,\"tokens\":%u,\"embed_us\":%llu,\"attention_us\":%llu,"
+                     "\"attn_out_us\":%llu,\"ffn_up_us\":%llu,\"ffn_down_us\":%llu,"
+                     "\"lm_head_us\":%llu,\"barrier_us\":%llu",
+                     (unsigned long long)d->step_id, d->n_tokens, (unsigned long long)d->embed_us,
+                     (unsigned long long)d->attention_us, (unsigned long long)d->attn_out_us,
+                     (unsigned long long)d->ffn_up_us, (unsigned long long)d->ffn_down_us,
+                     (unsigned long long)d->lm_head_us, (unsigned long long)d->wait_us);
+    for (size_t i = 0; i + 1 < d->n_long_waits; i += 2)
+        coord_trace_span(c, (int)p->pid, p->name, (int)p->pid, "barrier wait", d->long_waits[i],
+                         d->long_waits[i] + d->long_waits[i + 1], NULL);
 }
 
 void coord_engine_on_worker_lost(coord *c, coord_peer *p)
@@ -188,10 +210,14 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
             }
         c->step_wait_id = 0;
         if (!c->step_failed && finished >= c->n_workers) {
+            uint64_t t1 = rt_now_us();
             pthread_mutex_lock(&c->mlock);
             c->m_steps++;
-            c->m_step_seconds += (rt_now_us() - t0) / 1e6;
+            c->m_step_seconds += (t1 - t0) / 1e6;
             pthread_mutex_unlock(&c->mlock);
+            coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "step", t0, t1,
+                             "\"step\":%llu,\"tokens\":%d,\"attempts\":%d",
+                             (unsigned long long)st->step_id, n, attempt + 1);
             return 0;
         }
         if (coord_stop_flag)
@@ -239,6 +265,19 @@ static bool engine_fed(const coord_peer *p, int slot, uint64_t req_id, int n_all
 
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
+    if (r->draft_end_us > r->draft_start_us && r->draft_start_us) {
+        double us = (double)(r->draft_end_us - r->draft_start_us);
+        p->draft_work_ema_us = engine_ema(p->draft_work_ema_us, p->draft_work_n++, us);
+        if (coord_tracing(c)) {
+            if (r->feedback_us && r->feedback_end_us >= r->feedback_us)
+                coord_trace_span(c, (int)p->pid, p->name, (int)p->pid, "feedback", r->feedback_us,
+                                 r->feedback_end_us, "\"ctx\":%llu",
+                                 (unsigned long long)r->ctx_len);
+            coord_trace_span(c, (int)p->pid, p->name, (int)p->pid, "draft", r->draft_start_us,
+                             r->draft_end_us, "\"tokens\":%u,\"ctx\":%llu", r->n_tokens,
+                             (unsigned long long)r->ctx_len);
+        }
+    }
     /* its reply latency, timed whether or not a step still waits for it */
     if (!p->reply_timed && p->fed_us && r->request_id == p->fed_req && r->ctx_len == p->fed_ctx) {
         double us = (double)(rt_now_us() - p->fed_us);
@@ -592,10 +631,11 @@ typedef struct {
     void *work; /* sampling scratch: 3 * V floats + V * 8 bytes */
     engine_text out;
     char kinds[COORD_DRAFT_KINDS_LEN];
-    coord_tree tree; /* this step's tree */
-    int off;         /* where the tree sits in the step batch */
-    int last_added;  /* tokens the last step appended */
-    int last_row;    /* batch row of the last accepted node */
+    coord_tree tree;                 /* this step's tree */
+    int off;                         /* where the tree sits in the step batch */
+    int last_added;                  /* tokens the last step appended */
+    int last_row;                    /* batch row of the last accepted node */
+    uint64_t queued_us, admitted_us; /* arrived, taken into the slot (the timeline) */
 } engine_slot;
 
 struct coord_engine_state {
@@ -618,6 +658,20 @@ static bool engine_slot_seeded(const coord *c, int slot)
 {
     const engine_slot *sl = &c->eng->slots[slot];
     return sl->used && !sl->greedy && sl->prm->has_seed;
+}
+
+/* the request's span on its slot's track of the timeline */
+static void slot_trace(coord *c, int s, int status)
+{
+    const engine_slot *sl = &c->eng->slots[s];
+    if (!coord_tracing(c) || !sl->admitted_us)
+        return;
+    coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_SLOT + s, "request",
+                     sl->admitted_us, rt_now_us(),
+                     "\"id\":%llu,\"status\":%d,\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                     "\"queued_us\":%llu",
+                     (unsigned long long)sl->req_id, status, sl->n_prompt, sl->generated,
+                     (unsigned long long)(sl->admitted_us - sl->queued_us));
 }
 
 static void slot_release(coord *c, int s)
@@ -699,6 +753,7 @@ static void slot_finish(coord *c, int s)
         sl->verify_steps ? (double)(sl->accepted_total + sl->verify_steps) / sl->verify_steps : 1.0;
     snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "%s", sl->kinds);
     coord_request_finish(sl->req, sl->finish, &stats);
+    slot_trace(c, s, 200);
     pthread_mutex_lock(&c->mlock);
     c->m_tokens += (uint64_t)sl->generated;
     c->m_prompt_tokens += (uint64_t)sl->n_prompt;
@@ -715,6 +770,12 @@ static void slot_finish(coord *c, int s)
 static void slot_fail(coord *c, int s, int status, const char *msg)
 {
     coord_request_fail(c->eng->slots[s].req, status, msg);
+    slot_trace(c, s, status);
+    if (status >= 500) {
+        snprintf(c->last_error, sizeof c->last_error, "request %llu: %d %.160s",
+                 (unsigned long long)c->eng->slots[s].req_id, status, msg);
+        c->last_error_us = rt_now_us();
+    }
     slot_release(c, s);
 }
 
@@ -742,11 +803,13 @@ static int engine_active(const coord *c)
 
 /* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
  * only), draw the first token. Returns 0 when the slot is now active. */
-static int slot_start(coord *c, int s, coord_request *req)
+static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 {
     engine_slot *sl = &c->eng->slots[s];
     memset(sl, 0, sizeof *sl);
     sl->used = true;
+    sl->queued_us = queued_us;
+    sl->admitted_us = rt_now_us();
     sl->req = req;
     sl->prm = coord_request_params(req);
     sl->req_id = ++c->next_request_id;
@@ -801,6 +864,8 @@ static int slot_start(coord *c, int s, coord_request *req)
         seq[i] = s;
     }
     int *prefix = c->eng->prefix;
+    coord_trace_async(c, "queued", sl->req_id, sl->queued_us, sl->admitted_us);
+    uint64_t t_prefill = rt_now_us();
     while (prefix[s] < sl->n_all) {
         int w = sl->n_all - prefix[s] < c->max_width ? sl->n_all - prefix[s] : c->max_width;
         bool last = prefix[s] + w == sl->n_all;
@@ -814,6 +879,9 @@ static int slot_start(coord *c, int s, coord_request *req)
         }
         prefix[s] += w;
     }
+    coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "prefill", t_prefill,
+                     rt_now_us(), "\"request\":%llu,\"tokens\":%d", (unsigned long long)sl->req_id,
+                     sl->n_all);
     int32_t next = sl->greedy ? sampler_argmax(c->logits, V)
                               : sampler_sample(&sl->smp, c->logits, V, sl->work);
     sl->all[sl->n_all++] = next;
@@ -878,7 +946,11 @@ static void engine_step_all(coord *c)
         else
             for (int i = 0; i < COORD_MAX_PEERS; i++)
                 c->peers[i].slot_draft[s].n = 0;
-        waited += rt_now_us() - w0;
+        uint64_t w1 = rt_now_us();
+        waited += w1 - w0;
+        if (speculating)
+            coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "draft wait", w0,
+                             w1, "\"slot\":%d", s);
         engine_merge_drafts(c, s, sl->all[sl->n_all - 1], &merged[k]);
         const ctl_template *shape = coord_plan_tree(c);
         if (shape && !engine_slot_seeded(c, s)) { /* the plan's tree for this context bucket */
@@ -1004,7 +1076,10 @@ static void engine_step_all(coord *c)
     }
     /* the controllers learn from single-request cycles (a batch's cost per token says more about
      * the batch than about speculation): the whole cycle, drafting and waiting included */
-    double cycle = (rt_now_us() - t_cycle) / 1e6;
+    uint64_t t_verified = rt_now_us();
+    double cycle = (t_verified - t_cycle) / 1e6;
+    coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "verify", t_step_done,
+                     t_verified, "\"accepted\":%d", yielded - n_act);
     if (c->trace)
         rt_log("coordinator",
                "cycle %.1f ms: draft wait %.1f ms, step %.1f ms, %d nodes, %d tokens for %d "
@@ -1039,8 +1114,12 @@ static void engine_step_all(coord *c)
                         sl->last_added, a_step, &sl->tree, sl->req_id != focus);
     }
     /* what a token costs without drafts: this whole cycle but its wait for drafts */
+    uint64_t t_end = rt_now_us();
     c->step_ema_us =
-        engine_ema(c->step_ema_us, c->step_ema_us > 0, (double)(rt_now_us() - t_cycle - waited));
+        engine_ema(c->step_ema_us, c->step_ema_us > 0, (double)(t_end - t_cycle - waited));
+    coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "cycle", t_cycle, t_end,
+                     "\"requests\":%d,\"nodes\":%d,\"tokens\":%d,\"plain\":%d", n_act, n, yielded,
+                     !speculating);
 }
 
 int coord_engine_init(coord *c)
@@ -1066,7 +1145,8 @@ void coord_engine_tick(coord *c)
     for (int s = 0; s < c->n_seq; s++) {
         if (c->eng->slots[s].used)
             continue;
-        coord_request *req = engine_pop(c);
+        uint64_t queued_us = 0;
+        coord_request *req = engine_pop(c, &queued_us);
         if (!req)
             break;
         pthread_mutex_lock(&c->mlock);
@@ -1077,7 +1157,7 @@ void coord_engine_tick(coord *c)
             coord_request_unref(&req);
             continue;
         }
-        slot_start(c, s, req);
+        slot_start(c, s, req, queued_us);
     }
     engine_step_all(c);
 }

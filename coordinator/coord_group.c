@@ -76,7 +76,7 @@ static coord_peer *group_slot(coord *c, const char *name)
     return NULL;
 }
 
-static int group_spawn(coord *c, coord_peer *p)
+int coord_group_spawn(coord *c, coord_peer *p)
 {
     char log[4200];
     snprintf(log, sizeof log, "%s/logs/%s.log", c->run_dir, p->name);
@@ -123,6 +123,36 @@ static void group_argv_add(coord_peer *p, const char *a)
         p->argv[i] = strdup(a);
 }
 
+/* the value of option `name` in p's command line (NULL: not there) */
+static const char *group_arg(const coord_peer *p, const char *name)
+{
+    for (int i = 1; i + 1 < COORD_MAX_SPAWN_ARGS && p->argv[i + 1]; i++)
+        if (!strcmp(p->argv[i], name))
+            return p->argv[i + 1];
+    return NULL;
+}
+
+void coord_group_speculator_placement(coord *c, coord_peer *p)
+{
+    /* Placement (docs/performance.md, measured with bench/placement.py): a model drafter that
+     * drafts ahead while the target verifies only pays when it has cores of its own. Sharing cores,
+     * it slows every verification step more than its early drafts save (F16 target, Q4_1 drafter,
+     * 2 cores: 70.7 tok/s with, 81.9 without), so by default it then waits for the Feedback. */
+    const char *kind = group_arg(p, "--kind"), *thr = group_arg(p, "--threads");
+    int spec_threads = thr && atoi(thr) > 0 ? atoi(thr) : 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    bool model_kind = kind && (!strcmp(kind, "model") || !strcmp(kind, "layerskip"));
+    if (model_kind && !group_arg(p, "--work-ahead") &&
+        (long)c->n_workers * c->threads_per_worker + spec_threads > cores) {
+        group_argv_add(p, "--work-ahead");
+        group_argv_add(p, "0");
+        rt_log("coordinator",
+               "%s: %d worker thread(s) + %d drafter thread(s) > %ld cores: no drafting "
+               "ahead during verification (set work-ahead=1 to force it)",
+               p->name, c->n_workers * c->threads_per_worker, spec_threads, cores);
+    }
+}
+
 /* --speculator KIND[:k=v,k=v] -> orochi-speculator --kind KIND --k v ... */
 static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
 {
@@ -153,8 +183,6 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
     snprintf(maxd, sizeof maxd, "%d", c->max_draft);
     group_argv_add(p, "--max-draft");
     group_argv_add(p, maxd);
-    int spec_threads = 1;
-    bool work_ahead_given = false;
     for (char *save = NULL, *kv = strtok_r(args, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
         char opt[96];
@@ -164,26 +192,23 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
         group_argv_add(p, opt);
         if (eq)
             group_argv_add(p, eq + 1);
-        if (!strcmp(kv, "threads") && eq)
-            spec_threads = atoi(eq + 1) > 0 ? atoi(eq + 1) : 1;
-        work_ahead_given |= !strcmp(kv, "work-ahead");
     }
-    /* Placement (docs/performance.md, measured with bench/placement.py): a model drafter that
-     * drafts ahead while the target verifies only pays when it has cores of its own. Sharing cores,
-     * it slows every verification step more than its early drafts save (F16 target, Q4_1 drafter,
-     * 2 cores: 70.7 tok/s with, 81.9 without), so by default it then waits for the Feedback. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    bool model_kind = !strcmp(kind, "model") || !strcmp(kind, "layerskip");
-    if (model_kind && !work_ahead_given &&
-        (long)c->n_workers * c->threads_per_worker + spec_threads > cores) {
-        group_argv_add(p, "--work-ahead");
-        group_argv_add(p, "0");
-        rt_log("coordinator",
-               "%s: %d worker thread(s) + %d drafter thread(s) > %ld cores: no drafting "
-               "ahead during verification (set work-ahead=1 to force it)",
-               name, c->n_workers * c->threads_per_worker, spec_threads, cores);
-    }
+    coord_group_speculator_placement(c, p);
     return 0;
+}
+
+void coord_group_write_cmd(coord *c, const coord_peer *p)
+{
+    char path[4400], tmp[4500];
+    snprintf(path, sizeof path, "%s/cmd/%s", c->run_dir, p->name);
+    snprintf(tmp, sizeof tmp, "%s/cmd/.%s.tmp", c->run_dir, p->name);
+    FILE *f = fopen(tmp, "w"); /* renamed into place: `debug` never reads half of it */
+    if (!f)
+        return;
+    for (int a = 0; a < COORD_MAX_SPAWN_ARGS && p->argv[a]; a++)
+        fprintf(f, "%s\n", p->argv[a]);
+    fclose(f);
+    rename(tmp, path);
 }
 
 int coord_group_spawn_all(coord *c)
@@ -215,19 +240,12 @@ int coord_group_spawn_all(coord *c)
         coord_peer *p = &c->peers[i];
         if (p->role == PEER_FREE || !p->argv[0])
             continue;
-        /* RUN_DIR/cmd/ROLE: how this role is started, one argument per line (`debug ROLE`) */
-        char path[4400];
-        snprintf(path, sizeof path, "%s/%s", cmds, p->name);
-        FILE *f = fopen(path, "w");
-        for (int a = 0; f && a < COORD_MAX_SPAWN_ARGS && p->argv[a]; a++)
-            fprintf(f, "%s\n", p->argv[a]);
-        if (f)
-            fclose(f);
+        coord_group_write_cmd(c, p);
         if (c->no_spawn || (c->external && !strcmp(c->external, p->name))) {
             rt_log("coordinator", "not spawning %s: waiting for it to connect", p->name);
             continue;
         }
-        if (group_spawn(c, p))
+        if (coord_group_spawn(c, p))
             return -1;
     }
     return 0;
@@ -395,7 +413,9 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
     switch (env->body_case) {
     case OROCHI__ENVELOPE__BODY_HEARTBEAT:
         p->hb_steps = env->heartbeat->steps;
-        p->ready = env->heartbeat->state && !strcmp(env->heartbeat->state, "ready");
+        /* a worker being swapped out is never rung again: the engine waits for its successor */
+        p->ready = env->heartbeat->state && !strcmp(env->heartbeat->state, "ready") &&
+                   p->swap != SWAP_STOPPING;
         break;
     case OROCHI__ENVELOPE__BODY_STEP_DONE:
         if (p->role == PEER_WORKER)
@@ -443,6 +463,7 @@ void coord_group_pump(coord *c, int timeout_ms)
 static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
 {
     rt_log("coordinator", "%s (pid %d) lost: %s", p->name, (int)pid, why);
+    coord_peer_error(p, "pid %d lost: %s", (int)pid, why);
     bool was_connected = p->connected;
     if (!was_connected)
         p->failed_starts++; /* it died before joining: back off further */
@@ -487,7 +508,8 @@ void coord_group_supervise(coord *c)
             else
                 snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(status));
             p->child = 0;
-            group_lost(c, p, pid, why);
+            if (!coord_ops_on_exit(c, p, why))
+                group_lost(c, p, pid, why);
         }
     }
     uint64_t now = rt_now_us();
@@ -500,7 +522,7 @@ void coord_group_supervise(coord *c)
         if (!p->connected && !p->child && p->argv[0] && p->respawn_at_us &&
             now >= p->respawn_at_us && !coord_stop_flag) {
             p->restarts++;
-            group_spawn(c, p);
+            coord_group_spawn(c, p);
         }
     }
     if (now - c->last_hb_sent_us > (uint64_t)c->heartbeat_ms * 1000u) {
@@ -518,6 +540,14 @@ void coord_group_supervise(coord *c)
     }
 }
 
+/* the end of a status line: the latest trouble and how long ago, if any */
+static void group_status_error(FILE *f, const char *err, uint64_t at_us, uint64_t now)
+{
+    if (err[0])
+        fprintf(f, "  last error %.0fs ago: %s", (now - at_us) / 1e6, err);
+    fputc('\n', f);
+}
+
 void coord_group_write_status(coord *c)
 {
     char path[4200], tmp[4300];
@@ -527,28 +557,40 @@ void coord_group_write_status(coord *c)
     if (!f)
         return;
     uint64_t now = rt_now_us();
-    fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat      -  steps %llu\n", "coordinator",
-            (int)getpid(), (now - c->started_us) / 1e6, (unsigned long long)c->step_counter);
+    fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat      -  steps %llu  step %.2fms",
+            "coordinator", (int)getpid(), (now - c->started_us) / 1e6,
+            (unsigned long long)c->step_counter, c->step_ema_us / 1e3);
+    if (c->tracer)
+        fputs("  tracing", f);
+    group_status_error(f, c->last_error, c->last_error_us, now);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         const coord_peer *p = &c->peers[i];
         if (p->role == PEER_FREE)
             continue;
-        if (p->connected && p->role == PEER_SPECULATOR)
-            fprintf(
-                f,
-                "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d  kind %s"
-                "  acr %.3f  weight %.3f  reply %.1fms  accepted %.2f  benched %llu\n",
-                p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
-                (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts, p->kind,
-                p->acr.acr, p->acr.weight, p->reply_ema_us / 1e3, p->accept_ema,
-                (unsigned long long)p->benched_total);
-        else if (p->connected)
-            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d\n",
-                    p->name, (int)(p->child ? p->child : p->pid), (now - p->started_us) / 1e6,
-                    (now - p->last_hb_us) / 1e3, (unsigned long long)p->hb_steps, p->restarts);
-        else
-            fprintf(f, "%-16s pid %-7d (not connected%s)  restarts %d\n", p->name, (int)p->child,
-                    p->child ? ", starting" : "", p->restarts);
+        int pid = (int)(p->child ? p->child : p->pid);
+        if (p->connected) {
+            fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat %5.0fms  steps %llu  restarts %d",
+                    p->name, pid, (now - p->started_us) / 1e6, (now - p->last_hb_us) / 1e3,
+                    (unsigned long long)p->hb_steps, p->restarts);
+            if (p->role == PEER_SPECULATOR)
+                fprintf(f,
+                        "  kind %s  acr %.3f  weight %.3f  draft %.2fms  reply %.1fms  accepted "
+                        "%.2f  benched %llu",
+                        p->kind, p->acr.acr, p->acr.weight, p->draft_work_ema_us / 1e3,
+                        p->reply_ema_us / 1e3, p->accept_ema, (unsigned long long)p->benched_total);
+            else
+                fprintf(f, "  step %.2fms  barrier %.2fms", p->step_ema_us / 1e3,
+                        p->wait_ema_us / 1e3);
+        } else {
+            fprintf(f, "%-16s pid %-7d (not connected%s)  restarts %d", p->name, (int)p->child,
+                    p->detaching ? ", detaching"
+                    : p->child   ? ", starting"
+                                 : "",
+                    p->restarts);
+        }
+        if (p->swaps || p->swap)
+            fprintf(f, "  swaps %d%s", p->swaps, p->swap ? " (swapping)" : "");
+        group_status_error(f, p->last_error, p->last_error_us, now);
     }
     fprintf(f,
             "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s  guard %s"

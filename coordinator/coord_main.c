@@ -543,6 +543,9 @@ int main(int argc, char **argv)
         rt_log("coordinator", "run dir %s was open to others (mode %03o): made it 0700", c.run_dir,
                (unsigned)(rst.st_mode & 0777));
     }
+    char opsdir[4200]; /* operator requests from orochi-launch (coord_ops.c) */
+    snprintf(opsdir, sizeof opsdir, "%s/ops", c.run_dir);
+    mkdir(opsdir, 0700);
     coord_bin_dir(&c);
     char pidpath[4200], pidtmp[4300];
     snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.run_dir);
@@ -599,6 +602,7 @@ int main(int argc, char **argv)
             }
         }
         coord_plan_poll(&c);
+        coord_ops_poll(&c);
         coord_group_pump(&c, 2);
         coord_group_supervise(&c);
         if (coord_group_workers_ready(&c))
@@ -618,6 +622,7 @@ int main(int argc, char **argv)
         coord_request_unref(&r);
     }
     coord_engine_fini(&c);
+    coord_trace_poll(&c, true); /* a trace cut short is still a complete file */
     pthread_mutex_lock(&drain.lock);
     for (int i = 0; i < drain.n; i++)
         coord_request_unref(&drain.reqs[i]);

@@ -103,6 +103,8 @@ typedef struct {
     int n_pub;      /* main-branch length of the published draft (the chain starts with it) */
     int logits_at;  /* `logits` are the next-token logits after tokens[0..logits_at) (-1: none) */
     bool published; /* a DraftReady went out for n_committed */
+    uint64_t fb_us, fb_end_us; /* the latest Feedback: arrived, applied (0: none since the last
+                                * draft); reported with the draft for the step timeline */
     uint64_t drafts, last_coord_us;
     /* the draft budget from the last Feedback */
     int max_nodes, max_depth;
@@ -586,6 +588,11 @@ static void spec_publish(spec *s)
     r.ctx_len = d.ctx_len;
     r.slot = slot;
     r.n_tokens = d.n;
+    r.feedback_us = s->fb_us;
+    r.feedback_end_us = s->fb_end_us;
+    r.draft_start_us = t0;
+    r.draft_end_us = rt_now_us();
+    s->fb_us = s->fb_end_us = 0;
     spec_send(s, OROCHI__ENVELOPE__BODY_DRAFT_READY, &r);
     s->published = true;
     s->drafts++;
@@ -1103,7 +1110,9 @@ int main(int argc, char **argv)
                 break;
             s.last_coord_us = rt_now_us();
             if (env->body_case == OROCHI__ENVELOPE__BODY_FEEDBACK) {
+                s.fb_us = s.last_coord_us;
                 spec_feedback(&s, env->feedback);
+                s.fb_end_us = rt_now_us();
                 /* ngram is fed every active request in turn: answer each before the next
                  * Feedback replaces its context (a model kind answers the latest only) */
                 if (s.kind == SPEC_NGRAM && s.active && !s.published)

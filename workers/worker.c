@@ -46,6 +46,22 @@
 #define BARRIER_SLICE_MS 100 /* a barrier wait checks in this often (alive, coordinator there) */
 #define BARRIER_SPIN 20000
 #define STALL_MS_DEFAULT 30000 /* main thread silent this long inside an op: stop heartbeating */
+#define LONG_WAIT_US 200       /* barrier waits this long are reported one by one (the timeline) */
+#define LONG_WAITS_MAX 8       /* ... at most this many per step; the rest only in the sum */
+
+/* Where a step's time goes, for StepDone (docs/operations.md, "The step timeline"). The forward
+ * pass meets the other workers at a barrier after the embeddings and four times per layer, so
+ * the stretch of compute that ends at synchronisation point k is of a known kind: the embeddings
+ * (k = 0), then per layer attention, its output projection, the FFN's gate/up, its down
+ * projection; what follows the last point is the LM head. Two clock reads per point. */
+enum { PH_EMBED, PH_ATTENTION, PH_ATTN_OUT, PH_FFN_UP, PH_FFN_DOWN, PH_LM_HEAD, PH_N };
+typedef struct {
+    uint64_t seg_us; /* when the stretch now running began */
+    int n_sync;      /* synchronisation points passed in this step */
+    uint64_t phase_us[PH_N], wait_us;
+    uint64_t long_waits[2 * LONG_WAITS_MAX]; /* start, duration */
+    int n_long;
+} worker_phases;
 
 typedef struct {
     const char *run_dir, *device;
@@ -61,6 +77,7 @@ typedef struct {
     float *logits;
     llama_model *model;
     llama_ctx *ctx;
+    worker_phases ph; /* the step in flight (main thread only) */
     /* shared between the threads (atomics) */
     uint64_t steps;         /* steps computed (main writes, the heartbeat reads) */
     uint64_t last_coord_us; /* last sign of the coordinator: a message or a doorbell */
@@ -111,9 +128,22 @@ static bool worker_keep_waiting(void *arg)
 static int worker_barrier(void *arg)
 {
     worker *w = arg;
-    worker_stamp(&w->alive_us);
-    return arena_barrier_wait_while(&w->step->barrier, BARRIER_SPIN, BARRIER_SLICE_MS,
-                                    worker_keep_waiting, w);
+    worker_phases *ph = &w->ph;
+    uint64_t t0 = rt_now_us();
+    ph->phase_us[ph->n_sync ? PH_ATTENTION + (ph->n_sync - 1) % 4 : PH_EMBED] += t0 - ph->seg_us;
+    ph->n_sync++;
+    __atomic_store_n(&w->alive_us, t0, __ATOMIC_RELAXED);
+    int rc = arena_barrier_wait_while(&w->step->barrier, BARRIER_SPIN, BARRIER_SLICE_MS,
+                                      worker_keep_waiting, w);
+    uint64_t t1 = rt_now_us(), waited = t1 - t0;
+    ph->wait_us += waited;
+    if (waited >= LONG_WAIT_US && ph->n_long < LONG_WAITS_MAX) {
+        ph->long_waits[2 * ph->n_long] = t0;
+        ph->long_waits[2 * ph->n_long + 1] = waited;
+        ph->n_long++;
+    }
+    ph->seg_us = t1;
+    return rc;
 }
 
 static int worker_send(worker *w, Orochi__Envelope__BodyCase which, void *body)
@@ -297,6 +327,9 @@ static void worker_step(worker *w)
     done.worker_index = (uint32_t)w->index;
     char err[160] = "";
     uint64_t t0 = rt_now_us();
+    worker_phases *ph = &w->ph;
+    memset(ph, 0, sizeof *ph);
+    ph->seg_us = t0;
     uint32_t n = st->n_tokens;
     if (n == 0 || n > RT_MAX_WIDTH) {
         snprintf(err, sizeof err, "step %llu: %u tokens", (unsigned long long)st->step_id, n);
@@ -311,7 +344,20 @@ static void worker_step(worker *w)
         if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0)
             __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
     }
-    done.compute_us = rt_now_us() - t0;
+    uint64_t t_end = rt_now_us();
+    ph->phase_us[ph->n_sync ? PH_LM_HEAD : PH_EMBED] += t_end - ph->seg_us;
+    done.compute_us = t_end - t0;
+    done.start_us = t0;
+    done.n_tokens = n;
+    done.wait_us = ph->wait_us;
+    done.embed_us = ph->phase_us[PH_EMBED];
+    done.attention_us = ph->phase_us[PH_ATTENTION];
+    done.attn_out_us = ph->phase_us[PH_ATTN_OUT];
+    done.ffn_up_us = ph->phase_us[PH_FFN_UP];
+    done.ffn_down_us = ph->phase_us[PH_FFN_DOWN];
+    done.lm_head_us = ph->phase_us[PH_LM_HEAD];
+    done.n_long_waits = (size_t)(2 * ph->n_long);
+    done.long_waits = ph->long_waits;
     if (w->index < RT_MAX_WORKERS) {
         memcpy(st->err[w->index], err, sizeof st->err[0]);
         __atomic_store_n(&st->done_step[w->index], (uint32_t)st->step_id, __ATOMIC_RELEASE);

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -452,6 +453,48 @@ class Group:
         except OSError:
             pass
         sys.stdout.flush()
+
+
+class Background:
+    """A streamed greedy completion in a thread: .started is set at the first content chunk, so a
+    test can disturb the group while the request is being generated; .result() is its ids."""
+
+    def __init__(self, g, prompt, n):
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.events, self.done, self.error = [], False, None
+        self.thread = threading.Thread(target=self._run, args=(g, prompt, n), daemon=True)
+        self.thread.start()
+
+    def _run(self, g, prompt, n):
+        def on_event(ev):
+            if ev.get("choices") and ev["choices"][0].get("text"):
+                self.started.set()
+        try:
+            self.events, self.done = sse_events(g.url + "/v1/completions",
+                                                  {"prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                   "stream": True}, timeout=300, on_event=on_event)
+        except Exception as e:  # noqa: BLE001 - reported by result()
+            self.error = e
+        finally:
+            self.started.set()
+            self.finished.set()
+
+    def wait_started(self, timeout=60):
+        check(self.started.wait(timeout), "the request produced nothing in %ds", timeout)
+        check(not self.finished.is_set(), "the request finished before anything could be killed "
+                "(the model is too fast for this test): %r", self.error or self.events[-1:])
+
+    def result(self, timeout=240):
+        check(self.finished.wait(timeout), "the request did not finish in %ds", timeout)
+        if self.error:
+            raise AssertionError("the streamed request failed: %r" % (self.error,))
+        check(self.done, "the stream ended without [DONE]")
+        last = self.events[-1] if self.events else {}
+        check("error" not in last, "the stream ended with an error: %r", last)
+        check("orochi" in last, "the final chunk has no orochi object: %r", last)
+        self.orochi = last["orochi"]
+        return last["orochi"]["token_ids"]
 
 
 def parse_status(lines):

@@ -49,47 +49,6 @@ def want_ids(model):
     return _WANT[model]
 
 
-class Background:
-    """A streamed completion in a thread: .started is set at the first content chunk."""
-
-    def __init__(self, g, prompt, n):
-        self.started = threading.Event()
-        self.finished = threading.Event()
-        self.events, self.done, self.error = [], False, None
-        self.thread = threading.Thread(target=self._run, args=(g, prompt, n), daemon=True)
-        self.thread.start()
-
-    def _run(self, g, prompt, n):
-        def on_event(ev):
-            if ev.get("choices") and ev["choices"][0].get("text"):
-                self.started.set()
-        try:
-            self.events, self.done = G.sse_events(g.url + "/v1/completions",
-                                                  {"prompt": prompt, "max_tokens": n, "temperature": 0,
-                                                   "stream": True}, timeout=300, on_event=on_event)
-        except Exception as e:  # noqa: BLE001 - reported by result()
-            self.error = e
-        finally:
-            self.started.set()
-            self.finished.set()
-
-    def wait_started(self, timeout=60):
-        G.check(self.started.wait(timeout), "the request produced nothing in %ds", timeout)
-        G.check(not self.finished.is_set(), "the request finished before anything could be killed "
-                "(the model is too fast for this test): %r", self.error or self.events[-1:])
-
-    def result(self, timeout=240):
-        G.check(self.finished.wait(timeout), "the request did not finish in %ds", timeout)
-        if self.error:
-            raise AssertionError("the streamed request failed: %r" % (self.error,))
-        G.check(self.done, "the stream ended without [DONE]")
-        last = self.events[-1] if self.events else {}
-        G.check("error" not in last, "the stream ended with an error: %r", last)
-        G.check("orochi" in last, "the final chunk has no orochi object: %r", last)
-        self.orochi = last["orochi"]
-        return last["orochi"]["token_ids"]
-
-
 def role_pid(g, role):
     st = g.wait_status(lambda s: s.get(role, {}).get("connected"), 30, "%s connected" % role)
     return st[role]["pid"]
@@ -112,7 +71,7 @@ def test_supervision_worker_sigkill_mid_request():
         G.check_eq(g.ids(PROMPT, N), want, "undisturbed group run")
         G.log("  undisturbed request: %.2fs" % (time.time() - t0))
         pid = role_pid(g, "worker-1")
-        bg = Background(g, PROMPT, N)
+        bg = G.Background(g, PROMPT, N)
         bg.wait_started()
         os.kill(pid, signal.SIGKILL)
         G.log("  killed worker-1 (pid %d) mid-request" % pid)
@@ -136,7 +95,7 @@ def test_supervision_worker_sigstop_declared_dead():
     with G.Group("sup-hung", model, workers=2, extra=["--dead-ms", "1000"]) as g:
         pid = role_pid(g, "worker-0")
         sibling = role_pid(g, "worker-1")
-        bg = Background(g, PROMPT, N)
+        bg = G.Background(g, PROMPT, N)
         bg.wait_started()
         os.kill(pid, signal.SIGSTOP)
         G.log("  stopped worker-0 (pid %d) mid-request" % pid)
@@ -162,7 +121,7 @@ def test_supervision_worker_sigstop_spares_sibling():
     with G.Group("sup-sibling", model, workers=2) as g:
         pid = role_pid(g, "worker-0")
         sibling = role_pid(g, "worker-1")
-        bg = Background(g, PROMPT, N)
+        bg = G.Background(g, PROMPT, N)
         bg.wait_started()
         os.kill(pid, signal.SIGSTOP)
         G.log("  stopped worker-0 (pid %d) mid-request for 3 s" % pid)
@@ -190,7 +149,7 @@ def test_supervision_speculator_sigkill_mid_request():
     want = want_ids(model)
     with G.Group("sup-spec", model, workers=2, speculators=["ngram", "layerskip:layers=0-3"]) as g:
         pid = role_pid(g, "layerskip-1")
-        bg = Background(g, PROMPT, N)
+        bg = G.Background(g, PROMPT, N)
         bg.wait_started()
         os.kill(pid, signal.SIGKILL)
         G.log("  killed layerskip-1 (pid %d) mid-request" % pid)
@@ -240,7 +199,7 @@ def test_supervision_both_speculators_and_a_worker():
     with G.Group("sup-all", model, workers=2, speculators=["ngram", "layerskip:layers=0-1"]) as g:
         st = g.status()
         pids = {r: st[r]["pid"] for r in ("ngram", "layerskip-1", "worker-0")}
-        bg = Background(g, PROMPT, N)
+        bg = G.Background(g, PROMPT, N)
         bg.wait_started()
         for r, p in pids.items():
             os.kill(p, signal.SIGKILL)
@@ -262,7 +221,7 @@ def test_supervision_attach_speculator_mid_request():
     # --draft-wait fixed: every step waits for the attached speculator's draft, so whether it is
     # used does not hang on its measured reply time on a loaded machine (ctest -j 2)
     with G.Group("sup-attach", model, workers=1, extra=["--draft-wait", "fixed"]) as g:
-        bg = Background(g, PROMPT, n_long)
+        bg = G.Background(g, PROMPT, n_long)
         bg.wait_started()
         r = g.launch("attach-speculator", "--kind", "ngram", "--id", "live-ngram", timeout=60, check=False)
         G.check(r.returncode == 0, "attach-speculator failed (%d): %s%s", r.returncode, r.stdout, r.stderr)
@@ -393,7 +352,7 @@ def test_supervision_sigterm_drains():
     want = G.run_ids(model, PROMPT, 400)
     with G.Group("sup-drain", model, workers=2) as g:
         cpid = g.coordinator_pid()
-        bg = Background(g, PROMPT, 400)
+        bg = G.Background(g, PROMPT, 400)
         bg.wait_started()
         os.kill(cpid, signal.SIGTERM)
         G.log("  SIGTERM to the coordinator (pid %d) mid-request" % cpid)
