@@ -11,7 +11,8 @@ Subcommands:
       Per process (or only NAME): for each event name the count, total/mean/p50/p90/max in ms and
       the share of the trace's wall time; "queued" async spans appear as "queued [async]". For
       worker "step" events also each phase arg (*_us) as mean µs and share of the step's mean
-      dur, plus the phase-sum check (mean of sum(phases)/dur). Wall time is the larger of
+      dur, plus the phase-sum check (mean of sum(phases)/dur); for a speculator also its idle
+      time (the wall time neither drafting nor applying a Feedback). Wall time is the larger of
       otherData.seconds and the span of the events. --json prints one JSON object instead.
   check TRACE.json [--expect-roles a,b,c]
       Validates: an object with a traceEvents list; ph and pid on every event and the fields
@@ -25,7 +26,8 @@ Subcommands:
       coordinator "cycle" after 40% of the trace.
 
 Unreadable file, invalid JSON or a wrong structure: one-line error on stderr, exit 2.
-Usage: /usr/bin/python3 tools/trace_tool.py {summary,check,plot} TRACE.json ...
+Usage: python3 tools/trace_tool.py {summary,check,plot} TRACE.json ...  (summary and check need
+only the standard library; plot needs matplotlib)
 """
 import argparse
 import json
@@ -221,6 +223,11 @@ def summarize(tr, role):
         proc = {"pid": pid, "name": tr.name(pid), "events": rows}
         if tr.name(pid).startswith("worker") and by_name.get("step"):
             proc["step_phases"] = phase_stats(by_name["step"])
+        elif tr.name(pid) != "coordinator" and tr.wall_us > 0:
+            # a speculator: what is neither drafting nor applying a Feedback is idle time
+            busy = sum(e["dur"] for n in ("draft", "feedback") for e in by_name.get(n, []))
+            proc["idle_ms"] = max(0.0, (tr.wall_us - busy) / 1000.0)
+            proc["idle_pct"] = 100.0 * proc["idle_ms"] * 1000.0 / tr.wall_us
         out["processes"].append(proc)
     return out
 
@@ -237,6 +244,9 @@ def print_summary(s):
             print(f"  {r['name'][:18]:<18} {r['count']:>7} {r['total_ms']:>10.2f} "
                   f"{r['mean_ms']:>9.3f} {r['p50_ms']:>9.3f} {r['p90_ms']:>9.3f} "
                   f"{r['max_ms']:>9.3f} {r['pct_wall']:>6.1f}%")
+        if "idle_ms" in p:
+            print(f"  {'idle':<18} {'':>7} {p['idle_ms']:>10.2f} {'':>9} {'':>9} {'':>9} {'':>9} "
+                  f"{p['idle_pct']:>6.1f}%")
         ph = p.get("step_phases")
         if ph:
             print(f"  step phases (mean step {ph['step_mean_us']:.1f} us):")
