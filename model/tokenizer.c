@@ -961,12 +961,20 @@ char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *role
     }
     const char *sys = NULL; /* folded into the next user turn */
     out[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        if (tok_role_system(roles[i])) {
+    for (int i = 0; i <= n; i++) {
+        if (i < n && tok_role_system(roles[i])) {
             sys = contents[i];
             continue;
         }
-        if (!strcmp(roles[i], "user")) {
+        bool user = i < n && !strcmp(roles[i], "user");
+        if (sys && !user) { /* no user turn to fold it into: a turn of its own */
+            m += (size_t)snprintf(out + m, cap - m, "%s[INST] <<SYS>>\n%s\n<</SYS>>\n\n [/INST]",
+                                  m ? " " : "", sys);
+            sys = NULL;
+        }
+        if (i == n)
+            break;
+        if (user) {
             m += (size_t)snprintf(out + m, cap - m, "%s[INST] ", m ? " " : "");
             if (sys)
                 m += (size_t)snprintf(out + m, cap - m, "<<SYS>>\n%s\n<</SYS>>\n\n", sys);

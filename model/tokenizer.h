@@ -51,7 +51,9 @@ char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message);
  *     default system message when the first message is not a system one (as the template's own
  *     `loop.first and messages[0]['role'] != 'system'` rule says); "developer" is a system role.
  *   Otherwise: the Llama-2 form, [INST] USER [/INST] per user turn with the assistant's turns
- *     between them and a system message folded into the first user turn as <<SYS>>.
+ *     between them and a system message folded into the next user turn as <<SYS>>; a system
+ *     message that no user turn follows (an assistant turn or the end comes first) is a turn of
+ *     its own, [INST] <<SYS>>\nSYSTEM\n<</SYS>>\n\n [/INST], never dropped.
  * One user message gives exactly tokenizer_chat_prompt's text. */
 char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
                             const char *const *contents);

@@ -23,7 +23,7 @@
  * with a system/developer message, each message as <|im_start|>ROLE\nCONTENT<|im_end|>\n
  * ("developer" as "system"), then <|im_start|>assistant\n; otherwise the Llama-2 form ([INST]
  * USER [/INST] per user turn, assistant turns between, a system message folded into the next user
- * turn as <<SYS>>). One user message renders as tokenizer_chat_prompt does, and engine_render
+ * turn as <<SYS>>, or a turn of its own when an assistant turn or the end comes first). One user message renders as tokenizer_chat_prompt does, and engine_render
  * gives the same text. The rendered prompt tokenizes (parse_special, as slot_start does) into at
  * most strlen + 8 ids, the buffer slot_start gives it. The rendered prompt is then played as
  * generated text, in pieces, through text_flush with the request's stop strings: the text the
@@ -216,10 +216,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fz_add(&all, "<|im_start|>assistant\n");
     } else {
         const char *fold = NULL;
-        for (int i = 0; i < prm.n_messages; i++) {
-            if (fz_role_system(roles[i])) {
+        for (int i = 0; i <= prm.n_messages; i++) {
+            bool user = i < prm.n_messages && !strcmp(roles[i], "user");
+            if (i < prm.n_messages && fz_role_system(roles[i])) {
                 fold = contents[i];
-            } else if (!strcmp(roles[i], "user")) {
+                continue;
+            }
+            if (fold && !user) { /* nothing to fold it into: its own turn */
+                fz_add(&all, all.len ? " [INST] <<SYS>>\n" : "[INST] <<SYS>>\n");
+                fz_add(&all, fold);
+                fz_add(&all, "\n<</SYS>>\n\n [/INST]");
+                fold = NULL;
+            }
+            if (i == prm.n_messages)
+                break;
+            if (user) {
                 fz_add(&all, all.len ? " [INST] " : "[INST] ");
                 if (fold) {
                     fz_add(&all, "<<SYS>>\n");
