@@ -25,9 +25,10 @@
  *   3. accept: greedy — the longest root-to-leaf path whose tokens equal the target's argmax,
  *      plus the argmax after it as the correction/bonus token; with temperature > 0, multi-step
  *      speculative sampling over the tree (coordinator/verify.c);
- *   4. commit the accepted path's K/V rows into the slot's prefix, emit the new tokens, tell the
- *      speculators (Feedback with the appended tokens) and score their drafts (acceptance rates,
- *      vote weights, the wait's averages); the cycle's whole time feeds the guard and the
+ *   4. commit the accepted path's K/V rows into the slot's prefix, emit the new tokens (with, for
+ *      a request that asks, each token's logprobs: the log-softmax of the row that chose it), tell
+ *      the speculators (Feedback with the appended tokens) and score their drafts (acceptance
+ *      rates, vote weights, the wait's averages); the cycle's whole time feeds the guard and the
  *      adaptive length.
  * Because a tree's logits are bit-identical to sequential decoding along each path (see
  * model/llama.c), greedy output equals `orochi run --temp 0` token for token.
@@ -561,8 +562,10 @@ static size_t utf8_complete(const char *s, size_t n)
     return back + 1 >= need ? n : i - 1;
 }
 
-/* Hand the request whatever text is now certain; returns true if a stop string was found. */
-static bool text_flush(engine_text *t, coord_request *req, const coord_params *prm, bool final)
+/* Where the first stop string in the text begins: true with *at set, false (*at = t->len) when
+ * there is none. Only the unsent text (and a stop string's length before it) is searched: text
+ * already handed over cannot begin one. */
+static bool text_find_stop(const engine_text *t, const coord_params *prm, size_t *at)
 {
     size_t stop_at = t->len;
     bool stopped = false;
@@ -577,6 +580,15 @@ static bool text_flush(engine_text *t, coord_request *req, const coord_params *p
             stopped = true;
         }
     }
+    *at = stop_at;
+    return stopped;
+}
+
+/* Hand the request whatever text is now certain; returns true if a stop string was found. */
+static bool text_flush(engine_text *t, coord_request *req, const coord_params *prm, bool final)
+{
+    size_t stop_at;
+    bool stopped = text_find_stop(t, prm, &stop_at);
     size_t upto = stop_at;
     if (!stopped && !final) {
         upto = t->len > t->max_stop ? t->len - t->max_stop : 0;
@@ -714,26 +726,103 @@ static uint64_t engine_focus(const coord *c)
     return best;
 }
 
+/* One token's logprob record: the log-softmax of the logits row that chose it, at temperature 1
+ * (the raw logits, whatever the request samples with), for the chosen id and the k most likely ids
+ * (descending; ties: the lower id first, as sampler_argmax), with their pieces. The normaliser is
+ * max + log(sum exp(x - max)), the sum in double. The k best are a partial selection: a small
+ * sorted array that a logit enters only when it beats the current k-th. */
+static void engine_logprob(const coord *c, const float *row, int32_t id, int k, coord_logprob *out)
+{
+    int V = c->model->cfg.vocab;
+    float mx = row[0];
+    for (int i = 1; i < V; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    int32_t top_id[COORD_MAX_TOP_LOGPROBS];
+    float top_x[COORD_MAX_TOP_LOGPROBS];
+    int n = 0;
+    k = k < COORD_MAX_TOP_LOGPROBS ? k : COORD_MAX_TOP_LOGPROBS;
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        float x = row[i];
+        sum += expf(x - mx);
+        if (k == 0 || (n == k && !(x > top_x[k - 1])))
+            continue;
+        int j = n < k ? n++ : k - 1;
+        for (; j > 0 && x > top_x[j - 1]; j--) {
+            top_x[j] = top_x[j - 1];
+            top_id[j] = top_id[j - 1];
+        }
+        top_x[j] = x;
+        top_id[j] = i;
+    }
+    double lse = (double)mx + log(sum);
+    const char *pc;
+    size_t pl = tokenizer_piece(c->tok, id, &pc);
+    out->token = (coord_token_lp){id, (float)((double)row[id] - lse), pc, pl};
+    out->n_top = n;
+    for (int j = 0; j < n; j++) {
+        pl = tokenizer_piece(c->tok, top_id[j], &pc);
+        out->top[j] = (coord_token_lp){top_id[j], (float)((double)top_x[j] - lse), pc, pl};
+    }
+}
+
+/* The logprob records of a step's tokens ids[0..n) whose text begins at start[e] (eos excluded by
+ * the caller), for a request that asks for them. Tokens at or after a stop string (its text begins
+ * at cut; SIZE_MAX when none) are not reported, including those appended in earlier steps. Records
+ * go to the request before the text they start in (slot_emit flushes after this). */
+static void slot_logprobs(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows,
+                          const size_t *start, int n, size_t cut)
+{
+    for (int e = 0; e < n && start[e] < cut; e++) {
+        coord_logprob lp;
+        engine_logprob(c, rows[e], ids[e], sl->prm->top_logprobs, &lp);
+        lp.text_start = start[e];
+        if (coord_request_append_logprobs(sl->req, &lp, 1)) {
+            sl->stop = true;
+            return;
+        }
+    }
+    if (cut != SIZE_MAX)
+        coord_request_cut_logprobs(sl->req, cut);
+}
+
 /* Emit new tokens of a slot; sets sl->stop at eos, a stop string or an allocation failure.
  * Returns how many of the n ids the request got: up to and including an eos, so tokens a
- * verification accepted past the end of sequence are never counted as generated. */
-static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, int n)
+ * verification accepted past the end of sequence are never counted as generated. rows[e] is the
+ * logits row (V floats) whose distribution chose ids[e]; it is read only when the request asks for
+ * logprobs (rows may be NULL otherwise). n <= RT_MAX_WIDTH: a step emits its accepted path (at most
+ * the tree's nodes, the root standing for the correction/bonus token). */
+static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows, int n)
 {
     int32_t eos = tokenizer_eos(c->tok);
+    size_t start[RT_MAX_WIDTH + 1]; /* where each token's piece begins in the text */
+    int kept = n, texted = n;       /* ids the request got; of those, tokens with text */
     for (int e = 0; e < n; e++) {
         coord_request_append(sl->req, &ids[e], 1, NULL, 0);
         if (ids[e] == eos) {
             sl->finish = "stop";
             sl->stop = true;
-            return e + 1;
+            kept = e + 1;
+            texted = e;
+            break;
         }
+        start[e] = sl->out.len;
         const char *pc;
         size_t pl = tokenizer_is_special(c->tok, ids[e]) ? 0 : tokenizer_piece(c->tok, ids[e], &pc);
         if (pl && text_add(&sl->out, pc, pl)) {
             sl->stop = true;
-            return e + 1;
+            kept = e + 1;
+            texted = e;
+            break;
         }
     }
+    if (sl->prm->logprobs && rows) {
+        size_t cut;
+        bool stopped = text_find_stop(&sl->out, sl->prm, &cut);
+        slot_logprobs(c, sl, ids, rows, start, texted, stopped ? cut : SIZE_MAX);
+    }
+    if (sl->stop) /* eos or out of memory: slot_finish flushes the text */
+        return kept;
     if (text_flush(&sl->out, sl->req, sl->prm, false)) {
         sl->finish = "stop";
         sl->stop = true;
@@ -887,7 +976,8 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     sl->all[sl->n_all++] = next;
     sl->generated = 1;
     sl->steps = 1;
-    slot_emit(c, sl, &next, 1);
+    const float *row = c->logits; /* the last prompt position's row chose the first token */
+    slot_emit(c, sl, &next, &row, 1);
     if (sl->stop || sl->generated >= sl->max_new) {
         slot_finish(c, s);
         return -1;
@@ -1070,7 +1160,11 @@ static void engine_step_all(coord *c)
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[a < RT_MAX_WIDTH ? a : RT_MAX_WIDTH]++;
         pthread_mutex_unlock(&c->mlock);
-        sl->generated += slot_emit(c, sl, added, n_add);
+        const float *rows[RT_MAX_WIDTH + 1]; /* the row whose distribution chose added[j] */
+        if (sl->prm->logprobs)
+            for (int j = 0; j < n_add; j++)
+                rows[j] = lg + (size_t)vr.path[j] * V;
+        sl->generated += slot_emit(c, sl, added, sl->prm->logprobs ? rows : NULL, n_add);
         if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
             slot_finish(c, s);
     }

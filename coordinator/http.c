@@ -44,6 +44,13 @@
  * valid JSON. Text coming in is held to a stricter rule: a string in the body that holds a NUL
  * character or bytes that are not UTF-8 is refused (400, param naming it), because the C strings
  * that carry prompts to the engine would silently cut or mangle it.
+ *
+ * logprobs: the engine appends a record per reported token (its id, logprob, alternatives, piece
+ * bytes and the byte offset where its text begins) before the text it starts in. A plain answer
+ * renders them all; a stream sends with each chunk the records of the tokens whose text begins in
+ * the bytes that chunk releases, so the chunks put together equal the plain answer. Pieces that are
+ * not valid UTF-8 on their own are written as "bytes:\xhh..." (chat's "bytes" has the real bytes),
+ * and completions' text_offset counts characters of the text as sent.
  */
 #define _GNU_SOURCE
 #include "coordinator/http.h"
@@ -149,6 +156,11 @@ typedef struct {
     char message[320];
 } http_err;
 
+/* A walk through generated text turning byte offsets into character offsets (text_offset). */
+typedef struct {
+    size_t byte, chars; /* text byte reached, characters before it */
+} http_chars;
+
 /* One streaming response (the content-reader callback's closure). */
 typedef struct {
     http_server *srv;
@@ -162,6 +174,11 @@ typedef struct {
     size_t out_off;
     http_buf hold; /* text whose last UTF-8 character is incomplete */
     double last_emit;
+    /* logprobs (when the request asks): the next record to send, the generated text's bytes sent
+     * in chunks so far, and where text_offset's character count stands */
+    int lp_next;
+    size_t raw_sent;
+    http_chars chars;
 } http_stream;
 
 static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -898,6 +915,49 @@ static int http_parse_stop(const cJSON *v, coord_request *req, http_err *e)
     return 0;
 }
 
+/* logprobs, OpenAI's way for each route. Completions: "logprobs" is a count 0..5 (the chosen
+ * token's logprob and that many alternatives; false counts as absent), "top_logprobs" is not a
+ * completions field (0 is let through as meaning nothing). Chat: "logprobs" is a boolean,
+ * "top_logprobs" a count 0..20 that needs "logprobs": true. Echo would need the prompt's logprobs,
+ * which the engine does not compute. */
+static int http_parse_logprobs(const cJSON *root, coord_params *p, http_err *e)
+{
+    const cJSON *lp = http_field(root, "logprobs"), *top = http_field(root, "top_logprobs");
+    long long i;
+    if (p->kind == COORD_REQ_COMPLETION) {
+        if (top && !(http_json_integer(top, &i) && i == 0))
+            return http_fail(e, 400, "top_logprobs",
+                             "top_logprobs is a chat completions field; on /v1/completions send "
+                             "logprobs as the number of alternatives (0 to 5)");
+        if (!lp || cJSON_IsFalse(lp))
+            return 0;
+        if (!http_json_integer(lp, &i) || i < 0 || i > 5)
+            return http_fail(
+                e, 400, "logprobs",
+                "logprobs must be an integer from 0 to 5 on /v1/completions (the "
+                "number of alternatives per token; 0: the chosen token's logprob only)");
+        if (p->echo)
+            return http_fail(e, 400, "logprobs",
+                             "logprobs cannot be combined with echo: the prompt's logprobs are not "
+                             "computed (send echo false, or no logprobs)");
+        p->logprobs = true;
+        p->top_logprobs = (int)i;
+        return 0;
+    }
+    if (lp && !cJSON_IsBool(lp))
+        return http_fail(e, 400, "logprobs", "logprobs must be true or false");
+    p->logprobs = lp && cJSON_IsTrue(lp);
+    if (top) {
+        if (!http_json_integer(top, &i) || i < 0 || i > COORD_MAX_TOP_LOGPROBS)
+            return http_fail(e, 400, "top_logprobs", "top_logprobs must be an integer from 0 to %d",
+                             COORD_MAX_TOP_LOGPROBS);
+        if (!p->logprobs)
+            return http_fail(e, 400, "top_logprobs", "top_logprobs requires logprobs to be true");
+        p->top_logprobs = (int)i;
+    }
+    return 0;
+}
+
 /* The sampling and control fields both routes share. */
 static int http_parse_common(const http_server *srv, const cJSON *root, coord_request *req,
                              http_err *e)
@@ -966,15 +1026,6 @@ static int http_parse_common(const http_server *srv, const cJSON *root, coord_re
         if (!http_json_integer(v, &i) || i != 1)
             return http_fail(e, 400, "n", "n must be 1 (one choice per request)");
     }
-    /* what this server cannot do is refused by name rather than ignored: an answer without the
-     * asked-for logprobs would look complete and be wrong */
-    if ((v = http_field(root, "logprobs")) && !cJSON_IsFalse(v))
-        return http_fail(e, 400, "logprobs",
-                         "logprobs are not supported by this server (send null or false)");
-    if ((v = http_field(root, "top_logprobs")) && !(http_json_integer(v, &i) && i == 0))
-        return http_fail(e, 400, "top_logprobs",
-                         "top_logprobs is not supported by this server (logprobs are not "
-                         "supported)");
     if (p->kind == COORD_REQ_COMPLETION) {
         if ((v = http_field(root, "echo"))) {
             if (!cJSON_IsBool(v))
@@ -986,6 +1037,8 @@ static int http_parse_common(const http_server *srv, const cJSON *root, coord_re
         if ((v = http_field(root, "suffix")) && !(cJSON_IsString(v) && !*v->valuestring))
             return http_fail(e, 400, "suffix", "suffix is not supported by this server");
     }
+    if (http_parse_logprobs(root, p, e))
+        return -1;
     if ((v = http_field(root, "stop")) && http_parse_stop(v, req, e))
         return -1;
     if ((v = http_field(root, "orochi"))) {
@@ -1112,6 +1165,156 @@ static cJSON *http_envelope(const http_server *srv, coord_request *req, const ch
     return root;
 }
 
+/* ---- logprobs ---- */
+
+/* The `token` string of a piece: the piece itself when it is valid UTF-8 without NUL bytes, else
+ * "bytes:" followed by \xhh for every byte (OpenAI's form for a token that holds part of a
+ * character), so the JSON stays valid UTF-8 and no byte is lost or made up. malloc'd; NULL when
+ * out of memory. */
+static char *http_token_text(const char *piece, size_t len)
+{
+    bool plain = true;
+    for (size_t i = 0; i < len && plain;) {
+        size_t n = piece[i] ? http_utf8_char((const unsigned char *)piece + i, len - i) : 0;
+        plain = n > 0;
+        i += n;
+    }
+    char *out = malloc(plain ? len + 1 : 6 + 4 * len + 1);
+    if (!out)
+        return NULL;
+    if (plain) {
+        if (len)
+            memcpy(out, piece, len);
+        out[len] = 0;
+        return out;
+    }
+    memcpy(out, "bytes:", 6);
+    size_t o = 6;
+    for (size_t i = 0; i < len; i++)
+        o += (size_t)snprintf(out + o, 5, "\\x%02x", (unsigned char)piece[i]);
+    return out;
+}
+
+/* A logprob as a JSON number with a float's 9 significant digits (not a double's 17). A probability
+ * that underflowed to 0 (-inf, which JSON cannot write) is -9999, as OpenAI sends it. */
+static cJSON *http_lp_number(float lp)
+{
+    if (!isfinite(lp))
+        return cJSON_CreateNumber(-9999.0);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", (double)lp);
+    return cJSON_CreateNumber(strtod(buf, NULL));
+}
+
+/* The character offset of the character that holds text byte `pos`, as the answer's text shows
+ * it (http_utf8_clean: a valid character counts one, an invalid byte one U+FFFD, a NUL byte none).
+ * The walk *c moves forward only, over the raw text p[0..n) that begins at text byte `base`; a
+ * position at or past the end gets every character of it. */
+static size_t http_char_offset(http_chars *c, const char *p, size_t n, size_t base, size_t pos)
+{
+    if (c->byte < base)
+        c->byte = base;
+    while (c->byte < base + n && c->byte < pos) {
+        size_t i = c->byte - base;
+        size_t len = http_utf8_char((const unsigned char *)p + i, n - i);
+        if (!len)
+            len = 1;
+        if (c->byte + len > pos)
+            break; /* pos is inside this character */
+        c->chars += p[i] != 0;
+        c->byte += len;
+    }
+    return c->chars;
+}
+
+/* An empty logprobs object: completions {"tokens", "token_logprobs", "top_logprobs",
+ * "text_offset"}, chat {"content": [], "refusal": null}. */
+static cJSON *http_logprobs_new(bool chat)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (chat) {
+        cJSON_AddArrayToObject(o, "content");
+        cJSON_AddNullToObject(o, "refusal");
+    } else {
+        cJSON_AddArrayToObject(o, "tokens");
+        cJSON_AddArrayToObject(o, "token_logprobs");
+        cJSON_AddArrayToObject(o, "top_logprobs");
+        cJSON_AddArrayToObject(o, "text_offset");
+    }
+    return o;
+}
+
+/* {"token", "logprob", "bytes"} of one chat token. */
+static cJSON *http_chat_token(const coord_token_lp *t)
+{
+    cJSON *o = cJSON_CreateObject();
+    char *text = http_token_text(t->piece, t->piece_len);
+    cJSON_AddStringToObject(o, "token", text ? text : "");
+    free(text);
+    cJSON_AddItemToObject(o, "logprob", http_lp_number(t->logprob));
+    cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; i < t->piece_len; i++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)t->piece[i]));
+    return o;
+}
+
+/* Adds one token to a logprobs object (http_logprobs_new). Completions: its text, logprob, the
+ * alternatives as {text: logprob} (null when none were asked for; the chosen token is added when
+ * it is not among them, as OpenAI does, and a text seen already keeps its first, likelier entry),
+ * and text_offset, its character offset in the answer's text. Chat: a content entry with the
+ * alternatives as a list, exactly top_n of them. */
+static void http_logprobs_add(cJSON *obj, bool chat, int top_n, const coord_logprob *r,
+                              size_t text_offset)
+{
+    if (chat) {
+        cJSON *entry = http_chat_token(&r->token);
+        cJSON *tops = cJSON_AddArrayToObject(entry, "top_logprobs");
+        for (int j = 0; j < r->n_top && j < top_n; j++)
+            cJSON_AddItemToArray(tops, http_chat_token(&r->top[j]));
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(obj, "content"), entry);
+        return;
+    }
+    char *text = http_token_text(r->token.piece, r->token.piece_len);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(obj, "tokens"),
+                         cJSON_CreateString(text ? text : ""));
+    free(text);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(obj, "token_logprobs"),
+                         http_lp_number(r->token.logprob));
+    cJSON *tops = top_n > 0 ? cJSON_CreateObject() : cJSON_CreateNull();
+    bool chosen_in = false;
+    for (int j = 0; j <= r->n_top && j <= top_n && top_n > 0; j++) {
+        /* the alternatives, then the chosen token when it was not one of them */
+        bool extra = j == r->n_top || j == top_n;
+        if (extra && chosen_in)
+            break;
+        const coord_token_lp *t = extra ? &r->token : &r->top[j];
+        chosen_in |= t->id == r->token.id;
+        char *key = http_token_text(t->piece, t->piece_len);
+        if (key && !cJSON_GetObjectItemCaseSensitive(tops, key))
+            cJSON_AddItemToObject(tops, key, http_lp_number(t->logprob));
+        free(key);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(obj, "top_logprobs"), tops);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(obj, "text_offset"),
+                         cJSON_CreateNumber((double)text_offset));
+}
+
+/* The logprobs of a finished request whose generated text is text[0..len). */
+static cJSON *http_result_logprobs(coord_request *req, const char *text, size_t len)
+{
+    const coord_params *p = coord_request_params(req);
+    bool chat = p->kind == COORD_REQ_CHAT;
+    int n = 0;
+    coord_logprob *lp = coord_request_logprobs(req, 0, &n);
+    cJSON *obj = http_logprobs_new(chat);
+    http_chars walk = {0};
+    for (int i = 0; i < n; i++)
+        http_logprobs_add(obj, chat, p->top_logprobs, &lp[i],
+                          chat ? 0 : http_char_offset(&walk, text, len, 0, lp[i].text_start));
+    free(lp);
+    return obj;
+}
+
 /* The whole answer of a finished non-streaming request. */
 static cJSON *http_result_json(const http_server *srv, coord_request *req, time_t created)
 {
@@ -1144,8 +1347,11 @@ static cJSON *http_result_json(const http_server *srv, coord_request *req, time_
     } else {
         http_json_add_text(choice, "text", text, len);
     }
+    if (p->logprobs && text) /* never with echo: text is the generated text */
+        cJSON_AddItemToObject(choice, "logprobs", http_result_logprobs(req, text, len));
+    else
+        cJSON_AddNullToObject(choice, "logprobs");
     free(text);
-    cJSON_AddNullToObject(choice, "logprobs");
     cJSON_AddStringToObject(choice, "finish_reason", o.finish_reason[0] ? o.finish_reason : "stop");
     http_add_usage(root, &o);
     cJSON_AddItemToObject(root, "orochi", http_orochi_json(req, &o));
@@ -1155,8 +1361,9 @@ static cJSON *http_result_json(const http_server *srv, coord_request *req, time_
 /* ==== streaming =============================================================================== */
 
 /* One chunk: a text piece, or (finish_reason set) the final chunk with usage and the orochi
- * object. */
-static cJSON *http_chunk_json(http_stream *st, const char *text, const char *finish_reason)
+ * object. logprobs (taken) is the chunk's logprobs object; NULL: null. */
+static cJSON *http_chunk_json(http_stream *st, const char *text, const char *finish_reason,
+                              cJSON *logprobs)
 {
     cJSON *root = http_envelope(
         st->srv, st->req, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
@@ -1174,7 +1381,10 @@ static cJSON *http_chunk_json(http_stream *st, const char *text, const char *fin
     } else {
         cJSON_AddStringToObject(choice, "text", text ? text : "");
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    if (logprobs)
+        cJSON_AddItemToObject(choice, "logprobs", logprobs);
+    else
+        cJSON_AddNullToObject(choice, "logprobs");
     if (finish_reason) {
         coord_outcome o;
         coord_request_outcome(st->req, &o);
@@ -1219,6 +1429,33 @@ static void http_stream_event(http_stream *st, cJSON *js)
     st->last_emit = http_now();
 }
 
+/* The logprobs a chunk carries (for a request that asks): the records of the tokens whose text
+ * begins in the generated bytes p[0..n) it releases, which follow those sent so far; with `last`
+ * (the final chunk, n = 0) every record left, and NULL when none is. */
+static cJSON *http_stream_logprobs(http_stream *st, const char *p, size_t n, bool last)
+{
+    int count = 0;
+    coord_logprob *lp = coord_request_logprobs(st->req, st->lp_next, &count);
+    size_t end = st->raw_sent + n;
+    int take = 0;
+    while (take < count && (last || lp[take].text_start < end))
+        take++;
+    cJSON *obj = NULL;
+    if (take || !last) {
+        int top_n = coord_request_params(st->req)->top_logprobs;
+        obj = http_logprobs_new(st->chat);
+        for (int i = 0; i < take; i++)
+            http_logprobs_add(
+                obj, st->chat, top_n, &lp[i],
+                st->chat ? 0 : http_char_offset(&st->chars, p, n, st->raw_sent, lp[i].text_start));
+    }
+    http_char_offset(&st->chars, p, n, st->raw_sent, end); /* on to the chunk's end */
+    st->raw_sent = end;
+    st->lp_next += take;
+    free(lp);
+    return obj;
+}
+
 /* Adds engine text; emits whatever forms complete UTF-8 (everything when flushing). */
 static void http_stream_text(http_stream *st, const char *text, size_t len, bool flush)
 {
@@ -1236,8 +1473,13 @@ static void http_stream_text(http_stream *st, const char *text, size_t len, bool
         st->out.oom = true;
         return;
     }
-    if (*clean)
-        http_stream_event(st, http_chunk_json(st, clean, NULL));
+    cJSON *lps = coord_request_params(st->req)->logprobs
+                     ? http_stream_logprobs(st, st->hold.p, n, false)
+                     : NULL;
+    if (*clean || (lps && cJSON_GetArraySize(lps->child) > 0)) /* (the first array: tokens) */
+        http_stream_event(st, http_chunk_json(st, clean, NULL, lps));
+    else
+        cJSON_Delete(lps);
     free(clean);
     memmove(st->hold.p, st->hold.p + n, st->hold.len - n);
     st->hold.len -= n;
@@ -1259,8 +1501,11 @@ static int http_stream_pull(http_stream *st)
         http_stream_text(st, NULL, 0, true);
         coord_outcome o;
         coord_request_outcome(st->req, &o);
-        http_stream_event(st,
-                          http_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop"));
+        cJSON *lps = coord_request_params(st->req)->logprobs
+                         ? http_stream_logprobs(st, NULL, 0, true)
+                         : NULL;
+        http_stream_event(
+            st, http_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop", lps));
         if (st->usage_chunk)
             http_stream_event(st, http_usage_chunk_json(st));
         http_buf_add(&st->out, "data: [DONE]\n\n", 15);
@@ -1391,7 +1636,7 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
                                 .created = created,
                                 .last_emit = http_now()};
             if (p->echo && p->prompt && *p->prompt) /* echo: the prompt is the first event */
-                http_stream_event(st, http_chunk_json(st, p->prompt, NULL));
+                http_stream_event(st, http_chunk_json(st, p->prompt, NULL, NULL));
             r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_STREAM_BLOCK,
                                                   http_stream_read, st, http_stream_free);
             if (!r) {

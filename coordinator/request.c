@@ -3,7 +3,9 @@
  * condition variable is broadcast on every change so any number of waiters (normally one HTTP
  * thread) see new text promptly. The cancel flag is an atomic so the engine can poll it in its hot
  * loop without taking the lock. Text and ids grow by doubling; a failed allocation turns the
- * request into a 500 failure rather than silently dropping output.
+ * request into a 500 failure rather than silently dropping output. Logprob records are kept flat:
+ * one entry per reported token, its alternatives in a shared array and every piece's bytes in one
+ * byte pool, each growing by doubling, so a cut (a stop string) just shortens all three.
  */
 #define _GNU_SOURCE
 #include "coordinator/request.h"
@@ -15,6 +17,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* A token of a logprob record as stored: its piece is pool[piece_off .. piece_off + piece_len). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    size_t piece_off, piece_len;
+} lp_entry;
+
+/* One reported token: its entry, its alternatives at tops[top_at .. top_at + n_top). */
+typedef struct {
+    lp_entry token;
+    size_t text_start;
+    int n_top, top_at;
+} lp_record;
 
 struct coord_request {
     atomic_int refs;
@@ -28,6 +44,12 @@ struct coord_request {
     int n_ids, cap_ids;
     char *text; /* always NUL-terminated when non-NULL */
     size_t text_len, text_cap;
+    lp_record *lp; /* logprob records; their alternatives; the pieces' bytes */
+    int n_lp, cap_lp;
+    lp_entry *tops;
+    int n_tops, cap_tops;
+    char *pool;
+    size_t pool_len, pool_cap;
     int http_status;
     char message[COORD_MESSAGE_LEN];
     char finish_reason[16];
@@ -198,6 +220,101 @@ int coord_request_append(coord_request *req, const int32_t *ids, int n, const ch
     return rc;
 }
 
+/* Grows *p (an array of `size`-byte items with capacity *cap) to hold `need` items. */
+static int request_grow(void **p, size_t size, size_t *cap, size_t need, size_t first)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : first;
+    while (c < need)
+        c *= 2;
+    void *grown = realloc(*p, c * size);
+    if (!grown)
+        return -1;
+    *p = grown;
+    *cap = c;
+    return 0;
+}
+
+/* Room for n more records with `tops` alternatives and `bytes` piece bytes in all. */
+static int request_reserve_lp(coord_request *req, int n, int tops, size_t bytes)
+{
+    size_t cap_lp = (size_t)req->cap_lp, cap_tops = (size_t)req->cap_tops;
+    int rc = request_grow((void **)&req->lp, sizeof *req->lp, &cap_lp, (size_t)req->n_lp + n, 64) ||
+             request_grow((void **)&req->tops, sizeof *req->tops, &cap_tops,
+                          (size_t)req->n_tops + tops, 256) ||
+             request_grow((void **)&req->pool, 1, &req->pool_cap, req->pool_len + bytes, 1024);
+    req->cap_lp = (int)cap_lp;
+    req->cap_tops = (int)cap_tops;
+    return rc ? -1 : 0;
+}
+
+/* Stores one token's entry, its piece copied into the pool (room reserved). */
+static lp_entry request_store_lp(coord_request *req, const coord_token_lp *t)
+{
+    lp_entry e = {.id = t->id,
+                  .logprob = t->logprob,
+                  .piece_off = req->pool_len,
+                  .piece_len = t->piece ? t->piece_len : 0};
+    if (e.piece_len)
+        memcpy(req->pool + req->pool_len, t->piece, e.piece_len);
+    req->pool_len += e.piece_len;
+    return e;
+}
+
+/* A record's alternatives, within 0..COORD_MAX_TOP_LOGPROBS. */
+static int request_top_count(const coord_logprob *lp)
+{
+    return lp->n_top < 0                        ? 0
+           : lp->n_top > COORD_MAX_TOP_LOGPROBS ? COORD_MAX_TOP_LOGPROBS
+                                                : lp->n_top;
+}
+
+int coord_request_append_logprobs(coord_request *req, const coord_logprob *lp, int n)
+{
+    int tops = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        int k = request_top_count(&lp[i]);
+        tops += k;
+        bytes += lp[i].token.piece ? lp[i].token.piece_len : 0;
+        for (int j = 0; j < k; j++)
+            bytes += lp[i].top[j].piece ? lp[i].top[j].piece_len : 0;
+    }
+    pthread_mutex_lock(&req->mu);
+    int rc = -1;
+    if (req->state != COORD_REQ_RUNNING) {
+        /* ended already: ignore */
+    } else if (request_reserve_lp(req, n, tops, bytes)) {
+        request_fail_locked(req, 500, "out of memory while collecting logprobs");
+    } else {
+        for (int i = 0; i < n; i++) {
+            int k = request_top_count(&lp[i]);
+            lp_record *r = &req->lp[req->n_lp++];
+            r->token = request_store_lp(req, &lp[i].token);
+            r->text_start = lp[i].text_start;
+            r->n_top = k;
+            r->top_at = req->n_tops;
+            for (int j = 0; j < k; j++)
+                req->tops[req->n_tops++] = request_store_lp(req, &lp[i].top[j]);
+        }
+        rc = 0;
+    }
+    pthread_mutex_unlock(&req->mu);
+    return rc;
+}
+
+void coord_request_cut_logprobs(coord_request *req, size_t text_end)
+{
+    pthread_mutex_lock(&req->mu);
+    while (req->n_lp > 0 && req->lp[req->n_lp - 1].text_start >= text_end) {
+        const lp_record *r = &req->lp[--req->n_lp];
+        req->n_tops = r->top_at;
+        req->pool_len = r->token.piece_off; /* its piece, then its alternatives' pieces */
+    }
+    pthread_mutex_unlock(&req->mu);
+}
+
 int coord_request_finish(coord_request *req, const char *finish_reason, const coord_stats *stats)
 {
     pthread_mutex_lock(&req->mu);
@@ -310,7 +427,8 @@ void coord_request_outcome(coord_request *req, coord_outcome *out)
                            .http_status = req->http_status,
                            .stats = req->stats,
                            .n_ids = req->n_ids,
-                           .text_len = req->text_len};
+                           .text_len = req->text_len,
+                           .n_logprobs = req->n_lp};
     memcpy(out->message, req->message, sizeof out->message);
     memcpy(out->finish_reason, req->finish_reason, sizeof out->finish_reason);
     pthread_mutex_unlock(&req->mu);
@@ -342,6 +460,40 @@ char *coord_request_text(coord_request *req, size_t *len)
     return copy;
 }
 
+coord_logprob *coord_request_logprobs(coord_request *req, int from, int *n)
+{
+    pthread_mutex_lock(&req->mu);
+    if (from < 0)
+        from = 0;
+    int count = req->n_lp > from ? req->n_lp - from : 0;
+    size_t bytes = 0;
+    if (count)
+        bytes = req->pool_len - req->lp[from].token.piece_off;
+    coord_logprob *out = count ? malloc((size_t)count * sizeof *out + bytes + 1) : NULL;
+    *n = out ? count : 0;
+    if (out) {
+        char *pieces = (char *)(out + count);
+        size_t base = req->lp[from].token.piece_off;
+        if (bytes)
+            memcpy(pieces, req->pool + base, bytes);
+        for (int i = 0; i < count; i++) {
+            const lp_record *r = &req->lp[from + i];
+            coord_logprob *o = &out[i];
+            o->token = (coord_token_lp){r->token.id, r->token.logprob,
+                                        pieces + (r->token.piece_off - base), r->token.piece_len};
+            o->text_start = r->text_start;
+            o->n_top = r->n_top;
+            for (int j = 0; j < r->n_top; j++) {
+                const lp_entry *t = &req->tops[r->top_at + j];
+                o->top[j] = (coord_token_lp){t->id, t->logprob, pieces + (t->piece_off - base),
+                                             t->piece_len};
+            }
+        }
+    }
+    pthread_mutex_unlock(&req->mu);
+    return out;
+}
+
 static void request_free(coord_request *req)
 {
     coord_params *p = &req->params;
@@ -357,6 +509,9 @@ static void request_free(coord_request *req)
     free(p->options_json);
     free(req->ids);
     free(req->text);
+    free(req->lp);
+    free(req->tops);
+    free(req->pool);
     pthread_cond_destroy(&req->cv);
     pthread_mutex_destroy(&req->mu);
     free(req);

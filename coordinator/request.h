@@ -5,7 +5,8 @@
  * Life of a request: an HTTP thread creates it (coord_request_new), fills the input parameters
  * (plain fields of coord_params, string fields through the setters), and hands it to the engine's
  * submit callback. From then on the parameters are read-only. The engine appends generated ids
- * and their text as they are accepted (coord_request_append) and ends the request exactly once,
+ * and their text as they are accepted (coord_request_append), with a logprob record per reported
+ * token when the request asks for them (coord_request_append_logprobs), and ends it exactly once,
  * with coord_request_finish or coord_request_fail. The HTTP thread meanwhile blocks in
  * coord_request_wait, which hands over the text generated since its last offset, so a streaming
  * response can forward each piece as it arrives. When the client goes away the HTTP side calls
@@ -31,6 +32,7 @@
 #define COORD_DRAFT_KINDS_LEN 128 /* "model,ngram,layerskip,medusa" and room to spare */
 #define COORD_MESSAGE_LEN 512     /* failure messages are cut to this many bytes */
 #define COORD_STATUS_CONTEXT 413  /* failure status: the prompt does not fit the context */
+#define COORD_MAX_TOP_LOGPROBS 20 /* alternatives per token (OpenAI's chat limit) */
 
 typedef enum { COORD_REQ_COMPLETION, COORD_REQ_CHAT } coord_request_kind;
 
@@ -62,6 +64,10 @@ typedef struct {
     bool echo;                  /* HTTP side only: answer the prompt before the completion */
     char *stop[COORD_MAX_STOP]; /* stop sequences; the engine ends generation at the first match */
     int n_stop;
+    bool logprobs;      /* report each generated token's logprob (completions: logprobs >= 0; chat:
+                         * logprobs true) */
+    int top_logprobs;   /* with logprobs: the most likely alternatives reported per token,
+                         * 0..COORD_MAX_TOP_LOGPROBS (completions: the logprobs count) */
     char *model;        /* the model the client named, or NULL */
     char *options_json; /* the raw JSON text of the body's "orochi" object, or NULL */
 } coord_params;
@@ -85,7 +91,27 @@ typedef struct {
     coord_stats stats;               /* DONE: as the engine reported them */
     int n_ids;                       /* ids generated so far */
     size_t text_len;                 /* bytes of text generated so far */
+    int n_logprobs;                  /* logprob records appended so far */
 } coord_outcome;
+
+/* A token and its logprob: the log of its probability under the target model's distribution at
+ * temperature 1 (the raw logits' softmax), whatever the request's sampling settings. `piece` is
+ * the tokenizer's bytes for the id (not NUL-terminated; any bytes, possibly part of a UTF-8
+ * character; a special token's literal text such as "<|im_end|>"). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    const char *piece;
+    size_t piece_len;
+} coord_token_lp;
+
+/* The logprob record of one generated token that the answer reports. */
+typedef struct {
+    coord_token_lp token; /* the token generated */
+    size_t text_start;    /* byte offset in the generated text where its piece begins */
+    int n_top;            /* alternatives in top: 0..COORD_MAX_TOP_LOGPROBS */
+    coord_token_lp top[COORD_MAX_TOP_LOGPROBS]; /* most likely first (ties: the lower id first) */
+} coord_logprob;
 
 typedef struct coord_request coord_request;
 
@@ -115,6 +141,18 @@ int coord_request_set_options(coord_request *req, const char *json);
  * memory ran out (the request is then failed with 500). */
 int coord_request_append(coord_request *req, const int32_t *ids, int n, const char *text,
                          size_t len);
+/* Appends the logprob records of n generated tokens (for a request with params.logprobs), their
+ * pieces copied. Records go in generation order and must be appended before the text they start in
+ * (coord_request_append), so a streaming reader that holds the text up to some offset also holds
+ * the records of every token starting before it. Tokens the answer does not report are not
+ * appended: the end-of-sequence token, and tokens after a stop string (see
+ * coord_request_cut_logprobs). Returns 0, or -1 if the request has already ended or memory ran out
+ * (the request is then failed with 500). */
+int coord_request_append_logprobs(coord_request *req, const coord_logprob *lp, int n);
+/* A stop string cut the text at byte text_end: drops the records of the tokens whose text starts at
+ * or after it. Those tokens' text was never handed to a reader (the engine holds back text that may
+ * begin a stop string), so no reader has released their records either. */
+void coord_request_cut_logprobs(coord_request *req, size_t text_end);
 /* Ends the request successfully. finish_reason: "stop" or "length". stats may be NULL (then all
  * zero except completion_tokens, which counts the appended ids). Returns -1 if already ended. */
 int coord_request_finish(coord_request *req, const char *finish_reason, const coord_stats *stats);
@@ -146,5 +184,9 @@ void coord_request_outcome(coord_request *req, coord_outcome *out);
  */
 int32_t *coord_request_ids(coord_request *req, int *n);
 char *coord_request_text(coord_request *req, size_t *len);
+/* A malloc'd copy of the logprob records from index `from` on (one block: the records, then their
+ * pieces, which the records point into; free() it once). NULL with *n = 0 when there are none or
+ * memory ran out. */
+coord_logprob *coord_request_logprobs(coord_request *req, int from, int *n);
 
 #endif

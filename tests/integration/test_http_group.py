@@ -6,8 +6,9 @@ prompt longer than the context answers 400 with code context_length_exceeded, as
 unknown routes 404, wrong methods 405. After all of that a normal completion still equals
 `orochi run --temp 0`. OpenAI's shapes: text with a NUL or bytes that are not UTF-8 is refused
 naming the field (never cut), an unknown model is 404 model_not_found, the developer role is the
-system role, parameters the server cannot honour (logprobs, n > 1) are refused by name, echo puts
-the prompt before the text, stream_options.include_usage adds the usage chunk.
+system role, logprobs are answered and their invalid forms (out of range, top_logprobs without
+logprobs, logprobs with echo) refused by name, as is n > 1, echo puts the prompt before the text,
+stream_options.include_usage adds the usage chunk.
 Streaming (`stream: true`) sends SSE chunks whose texts concatenate to the non-streamed text and
 whose final chunk carries the same token ids; `orochi generate --print-ids` (a client of the
 group) prints those ids too. The streaming and client checks run on the default model when it is
@@ -221,10 +222,23 @@ def test_http_group_openai_shapes():
         expect(post(chat, {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}), 404, [served],
                "unknown model (chat)", "model", "model_not_found")
         G.check(g.complete("hi", 4, model=served)["model"] == served, "the served model name is refused")
+        # logprobs as OpenAI takes them (test_logprobs checks the values); what they cannot be is
+        # refused by name
+        hi = [{"role": "user", "content": "hi"}]
+        r = post("/v1/completions", {"prompt": "hi", "max_tokens": 4, "temperature": 0, "logprobs": 2})
+        G.check(r.status == 200 and len(r.json["choices"][0]["logprobs"]["tokens"]) >= 1, "logprobs 2: %r", r)
+        r = post(chat, {"messages": hi, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2})
+        G.check(r.status == 200 and len(r.json["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2,
+                "chat logprobs: %r", r)
+        expect(post("/v1/completions", {"prompt": "hi", "logprobs": 6}), 400, ["0 to 5"], "logprobs 6", "logprobs")
+        expect(post("/v1/completions", {"prompt": "hi", "logprobs": 1, "echo": True}), 400, ["echo"],
+               "logprobs with echo", "logprobs")
+        expect(post(chat, {"messages": hi, "logprobs": 2}), 400, ["true or false"], "chat logprobs 2", "logprobs")
+        expect(post(chat, {"messages": hi, "top_logprobs": 2}), 400, ["requires logprobs"],
+               "top_logprobs without logprobs", "top_logprobs")
+        expect(post(chat, {"messages": hi, "logprobs": True, "top_logprobs": 21}), 400, ["0 to 20"],
+               "top_logprobs 21", "top_logprobs")
         # what the server cannot do is refused by name
-        expect(post("/v1/completions", {"prompt": "hi", "logprobs": 2}), 400, ["logprobs"], "logprobs 2", "logprobs")
-        expect(post(chat, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}),
-               400, ["logprobs"], "chat logprobs", "logprobs")
         expect(post("/v1/completions", {"prompt": "hi", "n": 2}), 400, ["n must be 1"], "n 2", "n")
         # the developer role is the system role
         conv = lambda role: {"messages": [{"role": role, "content": "Answer in one word."},  # noqa: E731

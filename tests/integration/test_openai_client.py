@@ -4,9 +4,12 @@ Completions and chat completions, streamed and not, with greedy settings: every 
 the client's types, and its id, object, created, model, choices[].index, finish_reason and usage
 are what OpenAI would send; the text equals what the plain HTTP path (urllib, as the other tests
 use) answers for the same request, and the generated ids equal `orochi run --temp 0`. Streams
-with stream_options.include_usage end with the usage chunk; the developer role works; the errors
-the client maps to exceptions (unknown model, prompt beyond the context, logprobs) arrive as
-NotFoundError / BadRequestError with OpenAI's codes.
+with stream_options.include_usage end with the usage chunk; the developer role works; logprobs
+requested through the client parse into its types (completions: tokens, token_logprobs,
+top_logprobs, text_offset; chat: content[] with token, logprob, bytes, top_logprobs), streamed and
+not, the chosen token first among its alternatives; the errors the client maps to exceptions
+(unknown model, prompt beyond the context, top_logprobs without logprobs, logprobs with echo)
+arrive as NotFoundError / BadRequestError with OpenAI's codes.
 
 The client is not a Debian package. When `import openai` fails for the python running this test,
 the test is skipped, and says so and why (ctest reports it as skipped): install it with
@@ -101,6 +104,23 @@ def test_openai_client_completions():
             # echo through the client
             e = c.completions.create(model=served, prompt=p, max_tokens=n, temperature=0, echo=True)
             G.check(e.choices[0].text == p + ch.text, "echo %r", e.choices[0].text)
+
+            # logprobs through the client: OpenAI's completions shape, the chosen token first among
+            # its alternatives (greedy), the same tokens streamed
+            lr = c.completions.create(model=served, prompt=p, max_tokens=n, temperature=0, logprobs=3)
+            G.check(lr.choices[0].text == ch.text, "text with logprobs %r vs %r", lr.choices[0].text, ch.text)
+            lp = lr.choices[0].logprobs
+            n_rep = len(ids) - (ch.finish_reason == "stop")  # the end-of-sequence token is not reported
+            G.check(lp is not None and len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) ==
+                    len(lp.text_offset) == n_rep, "completion logprobs %r (%d tokens reported)", lp, n_rep)
+            for tok, val, top, off in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
+                G.check(isinstance(tok, str) and val <= 0 and isinstance(off, int) and isinstance(top, dict) and
+                        len(top) == 3 and next(iter(top.items())) == (tok, val),
+                        "token %r logprob %r alternatives %r offset %r", tok, val, top, off)
+            streamed = list(c.completions.create(model=served, prompt=p, max_tokens=n, temperature=0, logprobs=3,
+                                                 stream=True))
+            G.check(sum((k.choices[0].logprobs.tokens for k in streamed if k.choices[0].logprobs), []) == lp.tokens,
+                    "streamed logprobs tokens differ from %r", lp.tokens)
             G.log("  %r: client, stream and plain HTTP agree (%d tokens, %d chunks)" % (p, len(ids), len(chunks)))
 
 
@@ -155,6 +175,29 @@ def test_openai_client_chat():
                                                           temperature=0, stream=True))
             G.check("".join(k.choices[0].delta.content or "" for k in plain_stream if k.choices) == text,
                     "stream without stream_options differs")
+
+            # logprobs through the client: content[] of token, logprob, bytes, top_logprobs
+            lr = c.chat.completions.create(model=served, messages=msgs, max_tokens=n, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+            content = lr.choices[0].logprobs.content
+            n_rep = len(ids) - (ch.finish_reason == "stop")  # the end-of-sequence token is not reported
+            G.check(len(content) == n_rep and lr.choices[0].logprobs.refusal is None,
+                    "chat logprobs %r (%d tokens reported)", lr.choices[0].logprobs, n_rep)
+            for e in content:
+                G.check(isinstance(e.token, str) and e.logprob <= 0 and isinstance(e.bytes, list) and
+                        len(e.top_logprobs) == 2 and (e.top_logprobs[0].token, e.top_logprobs[0].logprob,
+                                                      e.top_logprobs[0].bytes) == (e.token, e.logprob, e.bytes) and
+                        e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob, "chat logprobs entry %r", e)
+            joined = b"".join(bytes(e.bytes) for e in content)
+            try:
+                G.check(joined.decode() == lr.choices[0].message.content, "the tokens' bytes %r vs the text %r",
+                        joined, lr.choices[0].message.content)
+            except UnicodeDecodeError:  # a tiny model's bytes: the text shows U+FFFD for them
+                pass
+            streamed = list(c.chat.completions.create(model=served, messages=msgs, max_tokens=n, temperature=0,
+                                                      logprobs=True, top_logprobs=2, stream=True))
+            G.check([e.token for k in streamed if k.choices[0].logprobs for e in k.choices[0].logprobs.content] ==
+                    [e.token for e in content], "streamed chat logprobs differ")
             G.log("  %r: chat through the client, streamed and plain HTTP agree (%d tokens)" % (p, len(ids)))
 
 
@@ -179,13 +222,19 @@ def test_openai_client_errors():
             G.check("64" in str(e), "the context length is not in the message: %s", e)
         try:
             c.chat.completions.create(model=served, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                      logprobs=True, top_logprobs=2)
-            raise AssertionError("logprobs were silently ignored")
+                                      top_logprobs=2)
+            raise AssertionError("top_logprobs without logprobs was served")
         except openai.BadRequestError as e:
-            G.check(e.param == "logprobs", "logprobs: param %r", e.param)
+            G.check(e.param == "top_logprobs", "top_logprobs: param %r", e.param)
+        try:
+            c.completions.create(model=served, prompt="hi", max_tokens=4, logprobs=1, echo=True)
+            raise AssertionError("logprobs with echo were served")
+        except openai.BadRequestError as e:
+            G.check(e.param == "logprobs" and "echo" in str(e), "logprobs with echo: %r %s", e.param, e)
         r = c.completions.create(model=served, prompt="hi", max_tokens=4, temperature=0)
         G.check(r.choices[0].finish_reason in ("stop", "length"), "after the errors: %r", r)
-        G.log("  NotFoundError model_not_found, BadRequestError context_length_exceeded and logprobs")
+        G.log("  NotFoundError model_not_found, BadRequestError context_length_exceeded, top_logprobs and "
+              "logprobs with echo")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,25 @@ static void fake_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* The fake logprob record of piece n, whose text begins at byte `at`: logprob -(n+1)/4, and the
+ * alternatives the request asks for: the token itself first, then "B", "C", ... one less each; for
+ * the last piece "A", "B", ... all likelier than the token (which a completions answer then adds
+ * to its alternatives). All values are exact in binary, so the answers can be compared exactly. */
+static coord_logprob fake_logprob(const coord_params *p, int n, size_t at)
+{
+    static const char LETTERS[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    coord_logprob lp = {.token = {10 + n, -0.25f * (float)(n + 1), PIECES[n], strlen(PIECES[n])},
+                        .text_start = at,
+                        .n_top = p->top_logprobs};
+    bool last = n == N_PIECES - 1;
+    for (int j = 0; j < lp.n_top; j++) {
+        float v =
+            last ? lp.token.logprob + 0.5f * (float)(lp.n_top - j) : lp.token.logprob - (float)j;
+        lp.top[j] = j == 0 && !last ? lp.token : (coord_token_lp){200 + j, v, LETTERS + j, 1};
+    }
+    return lp;
+}
+
 static void fake_run_one(fake_engine *f, coord_request *req)
 {
     const coord_params *p = coord_request_params(req);
@@ -153,11 +172,37 @@ static void fake_run_one(fake_engine *f, coord_request *req)
         coord_request_finish(req, "stop", NULL);
         return;
     }
+    if (!strcmp(prompt, "stop-cut")) {
+        /* as the engine does when a stop string begins at byte 8 ("Hello, w|..."): the records of
+         * every token went first, the text after the cut was held back, the cut drops the records
+         * of the tokens that begin at or after it */
+        size_t at = 0;
+        for (int i = 0; i < N_PIECES && p->logprobs; i++) {
+            coord_logprob lp = fake_logprob(p, i, at);
+            coord_request_append_logprobs(req, &lp, 1);
+            at += strlen(PIECES[i]);
+        }
+        for (int i = 0; i < 3; i++) {
+            int32_t id = 10 + i;
+            coord_request_append(req, &id, 1, PIECES[i], strlen(PIECES[i]));
+            if (p->stream)
+                fake_sleep_ms(2);
+        }
+        coord_request_cut_logprobs(req, 8);
+        coord_request_finish(req, "stop", NULL);
+        return;
+    }
     if (!strcmp(prompt, "sleepy"))
         fake_sleep_ms(1500);
     int n = 0;
+    size_t at = 0;
     for (; n < N_PIECES && n < p->max_tokens; n++) {
         int32_t id = 10 + n;
+        if (p->logprobs) { /* the record goes before the text it starts in */
+            coord_logprob lp = fake_logprob(p, n, at);
+            coord_request_append_logprobs(req, &lp, 1);
+        }
+        at += strlen(PIECES[n]);
         coord_request_append(req, &id, 1, PIECES[n], strlen(PIECES[n]));
         if (p->stream)
             fake_sleep_ms(2); /* give the stream a chance to send pieces separately */
@@ -545,11 +590,56 @@ static void test_request_object(void **state)
 
     /* ended: further output is refused */
     int32_t id = 7;
+    coord_logprob late = {.token = {7, -1.0f, "x", 1}};
+    assert_int_equal(coord_request_append_logprobs(req, &late, 1), -1);
     assert_int_equal(coord_request_append(req, &id, 1, "x", 1), -1);
     assert_int_equal(coord_request_fail(req, 500, "late"), -1);
     assert_int_equal(coord_request_finish(req, "stop", NULL), -1);
     coord_request_unref(&req);
     assert_null(req);
+
+    /* logprob records: pieces copied, alternatives kept, a cut drops the tail, copies from an
+     * index on */
+    req = coord_request_new(COORD_REQ_COMPLETION);
+    coord_logprob recs[3] = {
+        {.token = {1, -0.5f, "ab", 2},
+         .text_start = 0,
+         .n_top = 2,
+         .top = {{1, -0.5f, "ab", 2}, {2, -1.5f, "\xC3", 1}}},
+        {.token = {3, -2.0f, "cd", 2}, .text_start = 2, .n_top = 1, .top = {{4, -0.25f, "", 0}}},
+        {.token = {5, -3.0f, "<|im_end|>", 10}, .text_start = 4},
+    };
+    assert_int_equal(coord_request_append_logprobs(req, recs, 2), 0);
+    assert_int_equal(coord_request_append_logprobs(req, recs + 2, 1), 0);
+    coord_request_outcome(req, &o);
+    assert_int_equal(o.n_logprobs, 3);
+    coord_logprob *got = coord_request_logprobs(req, 1, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(got[0].token.id, 3);
+    assert_true(got[0].token.logprob == -2.0f && got[0].text_start == 2 && got[0].n_top == 1);
+    assert_int_equal(got[0].top[0].id, 4);
+    assert_int_equal(got[0].top[0].piece_len, 0);
+    assert_int_equal(got[1].token.piece_len, 10);
+    assert_memory_equal(got[1].token.piece, "<|im_end|>", 10);
+    free(got);
+    coord_request_cut_logprobs(req, 2); /* a stop string at byte 2: tokens from there on go */
+    got = coord_request_logprobs(req, 0, &n);
+    assert_int_equal(n, 1);
+    assert_memory_equal(got[0].token.piece, "ab", 2);
+    assert_int_equal(got[0].n_top, 2);
+    assert_memory_equal(got[0].top[1].piece, "\xC3", 1);
+    assert_true(got[0].top[1].logprob == -1.5f);
+    free(got);
+    assert_null(coord_request_logprobs(req, 1, &n));
+    assert_int_equal(n, 0);
+    /* after a cut the pool is reused: a new record's piece is intact */
+    assert_int_equal(coord_request_append_logprobs(req, recs + 1, 1), 0);
+    got = coord_request_logprobs(req, 0, &n);
+    assert_int_equal(n, 2);
+    assert_memory_equal(got[1].token.piece, "cd", 2);
+    assert_memory_equal(got[0].top[0].piece, "ab", 2);
+    free(got);
+    coord_request_unref(&req);
 
     /* failing and cancelling */
     req = coord_request_new(COORD_REQ_CHAT);
@@ -922,12 +1012,24 @@ static void test_wrong_types(void **state)
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "array of text parts", "messages[0].content"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "must be \"system\", \"developer\", \"user\" or \"assistant\"", "messages[0].role"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":true}", "temperature must be a number", "temperature"},
+        /* logprobs: OpenAI's types and ranges per route */
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs must be an integer from 0 to 5", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":-1}", "logprobs must be an integer from 0 to 5", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":1.5}", "logprobs must be an integer from 0 to 5", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":true}", "logprobs must be an integer from 0 to 5", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":\"2\"}", "logprobs must be an integer from 0 to 5", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":0,\"echo\":true}", "logprobs cannot be combined with echo", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":2}", "the prompt's logprobs are not computed", "logprobs"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":2,\"top_logprobs\":2}", "top_logprobs is a chat completions field", "top_logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs must be true or false", "logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":\"yes\"}", "logprobs must be true or false", "logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", "top_logprobs requires logprobs to be true", "top_logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":0}", "top_logprobs requires logprobs to be true", "top_logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs must be an integer from 0 to 20", "top_logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":-1}", "top_logprobs must be an integer from 0 to 20", "top_logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":2.5}", "top_logprobs must be an integer from 0 to 20", "top_logprobs"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":\"3\"}", "top_logprobs must be an integer from 0 to 20", "top_logprobs"},
         /* what the server cannot do is refused by name, never ignored */
-        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":1}", "logprobs are not supported", "logprobs"},
-        {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":0}", "logprobs are not supported", "logprobs"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", "logprobs are not supported", "logprobs"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":3}", "logprobs are not supported", "logprobs"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", "top_logprobs is not supported", "top_logprobs"},
         {"/v1/completions", "{\"prompt\":\"a\",\"echo\":\"yes\"}", "echo must be true or false", "echo"},
         {"/v1/completions", "{\"prompt\":\"a\",\"best_of\":3}", "best_of must be 1", "best_of"},
         {"/v1/completions", "{\"prompt\":\"a\",\"suffix\":\"end\"}", "suffix is not supported", "suffix"},
@@ -1626,6 +1728,276 @@ static void test_stream_include_usage(void **state)
     assert_int_equal(d.usage_nulls, 0);
 }
 
+/* ==== logprobs =============================================================================== */
+
+/* The fake answer's tokens as a completions answer writes them: é's two byte tokens in bytes form;
+ * their character offsets in "Hello, wérld!" (both halves of é at its offset, 8). */
+static const char *const LP_TOKENS[N_PIECES] = {"Hello",       ",",   " w", "bytes:\\xc3",
+                                                "bytes:\\xa9", "rld", "!"};
+static const int LP_OFFSETS[N_PIECES] = {0, 5, 6, 8, 8, 9, 12};
+
+static void test_logprobs_params(void **state)
+{
+    fixture *fx = *state;
+    static const struct {
+        const char *path, *body;
+        bool logprobs;
+        int top;
+    } cases[] = {
+        {"/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":3}", true, 3},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":0}", true, 0},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":5,\"echo\":false}", true, 5},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":false}", false, 0},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":null,\"top_logprobs\":0}", false, 0},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true}", true, 0},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,"
+         "\"top_logprobs\":20}",
+         true, 20},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":false}", false, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int status;
+        cJSON *js = post_json(fx, cases[i].path, cases[i].body, &status);
+        if (status != 200)
+            fail_msg("body %s: status %d (%s)", cases[i].body, status, cJSON_PrintUnformatted(js));
+        /* asked for: an object; not asked for: null */
+        assert_true(cases[i].logprobs ? cJSON_IsObject(jget(js, "choices.0.logprobs"))
+                                      : cJSON_IsNull(jget(js, "choices.0.logprobs")));
+        cJSON_Delete(js);
+        pthread_mutex_lock(&fx->eng.mu);
+        if (fx->eng.last.logprobs != cases[i].logprobs || fx->eng.last.top_logprobs != cases[i].top)
+            fail_msg("body %s: the engine got logprobs %d top_logprobs %d", cases[i].body,
+                     fx->eng.last.logprobs, fx->eng.last.top_logprobs);
+        pthread_mutex_unlock(&fx->eng.mu);
+    }
+}
+
+static void test_logprobs_completion(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON *js = post_json(fx, "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":2}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(js, "choices.0.text"), FULL_TEXT);
+    const cJSON *lp = jget(js, "choices.0.logprobs");
+    /* tokens, token_logprobs, top_logprobs, text_offset */
+    assert_int_equal(cJSON_GetArraySize(lp), 4);
+    assert_int_equal(cJSON_GetArraySize(jget(lp, "tokens")), N_PIECES);
+    assert_int_equal(cJSON_GetArraySize(jget(lp, "token_logprobs")), N_PIECES);
+    assert_int_equal(cJSON_GetArraySize(jget(lp, "top_logprobs")), N_PIECES);
+    assert_int_equal(cJSON_GetArraySize(jget(lp, "text_offset")), N_PIECES);
+    for (int i = 0; i < N_PIECES; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "tokens.%d", i);
+        assert_string_equal(jstr(lp, path), LP_TOKENS[i]);
+        snprintf(path, sizeof path, "token_logprobs.%d", i);
+        assert_true(jnum(lp, path) == -0.25 * (i + 1));
+        snprintf(path, sizeof path, "text_offset.%d", i);
+        assert_int_equal(jnum(lp, path), LP_OFFSETS[i]);
+        /* {text: logprob}: the token itself and "B"; the last token: "A", "B" and itself */
+        const cJSON *top = cJSON_GetArrayItem(jget(lp, "top_logprobs"), i);
+        assert_true(cJSON_IsObject(top));
+        const cJSON *self = cJSON_GetObjectItemCaseSensitive(top, LP_TOKENS[i]);
+        assert_true(cJSON_IsNumber(self) && self->valuedouble == -0.25 * (i + 1));
+        if (i < N_PIECES - 1) {
+            assert_int_equal(cJSON_GetArraySize(top), 2);
+            assert_true(jnum(top, "B") == -0.25 * (i + 1) - 1);
+        } else {
+            assert_int_equal(cJSON_GetArraySize(top), 3);
+            assert_true(jnum(top, "A") == -1.75 + 1.0 && jnum(top, "B") == -1.75 + 0.5);
+        }
+    }
+    cJSON_Delete(js);
+
+    /* logprobs 0: the chosen tokens' logprobs, top_logprobs null for each */
+    js = post_json(fx, "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":0,\"max_tokens\":4}",
+                   &status);
+    assert_int_equal(status, 200);
+    lp = jget(js, "choices.0.logprobs");
+    assert_int_equal(cJSON_GetArraySize(jget(lp, "tokens")), 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(cJSON_IsNull(cJSON_GetArrayItem(jget(lp, "top_logprobs"), i)));
+    assert_string_equal(jstr(lp, "tokens.3"), "bytes:\\xc3");
+    cJSON_Delete(js);
+
+    /* a stop string cut the text at byte 8: the tokens from there on are not reported */
+    js = post_json(fx, "/v1/completions", "{\"prompt\":\"stop-cut\",\"logprobs\":1}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(js, "choices.0.text"), "Hello, w");
+    lp = jget(js, "choices.0.logprobs");
+    assert_int_equal(cJSON_GetArraySize(jget(lp, "tokens")), 3);
+    assert_string_equal(jstr(lp, "tokens.2"), " w");
+    cJSON_Delete(js);
+}
+
+static void test_logprobs_chat(void **state)
+{
+    fixture *fx = *state;
+    int status;
+    cJSON *js =
+        post_json(fx, "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,"
+                  "\"top_logprobs\":3}",
+                  &status);
+    assert_int_equal(status, 200);
+    const cJSON *lp = jget(js, "choices.0.logprobs");
+    assert_true(cJSON_IsNull(jget(lp, "refusal")));
+    const cJSON *content = jget(lp, "content");
+    assert_int_equal(cJSON_GetArraySize(content), N_PIECES);
+    for (int i = 0; i < N_PIECES; i++) {
+        const cJSON *t = cJSON_GetArrayItem(content, i);
+        assert_string_equal(jstr(t, "token"), LP_TOKENS[i]);
+        assert_true(jnum(t, "logprob") == -0.25 * (i + 1));
+        /* bytes: the piece's bytes, whatever the token text shows */
+        const cJSON *bytes = jget(t, "bytes");
+        assert_int_equal(cJSON_GetArraySize(bytes), strlen(PIECES[i]));
+        for (size_t b = 0; b < strlen(PIECES[i]); b++)
+            assert_int_equal(cJSON_GetArrayItem(bytes, (int)b)->valuedouble,
+                             (unsigned char)PIECES[i][b]);
+        const cJSON *top = jget(t, "top_logprobs");
+        assert_int_equal(cJSON_GetArraySize(top), 3);
+        const char *first = i < N_PIECES - 1 ? LP_TOKENS[i] : "A";
+        assert_string_equal(jstr(top, "0.token"), first);
+        assert_true(cJSON_IsArray(jget(top, "0.bytes")));
+        assert_true(jnum(top, "0.logprob") >= jnum(top, "1.logprob"));
+        assert_true(jnum(top, "1.logprob") >= jnum(top, "2.logprob"));
+    }
+    assert_int_equal(jnum(lp, "content.3.bytes.0"), 0xC3);
+    cJSON_Delete(js);
+
+    /* logprobs without top_logprobs: each top_logprobs is an empty list */
+    js = post_json(fx, "/v1/chat/completions",
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true}",
+                   &status);
+    assert_int_equal(status, 200);
+    content = jget(js, "choices.0.logprobs.content");
+    assert_int_equal(cJSON_GetArraySize(content), N_PIECES);
+    for (int i = 0; i < N_PIECES; i++) {
+        const cJSON *top = jget(cJSON_GetArrayItem(content, i), "top_logprobs");
+        assert_true(cJSON_IsArray(top) && cJSON_GetArraySize(top) == 0);
+    }
+    cJSON_Delete(js);
+}
+
+/* A stream's logprobs: each chunk's arrays appended to `merged`; chunks with text counted. */
+typedef struct {
+    hcli_sse sse;
+    cJSON *merged;
+    int text_chunks, text_chunks_without;
+    bool bad, final_null;
+} lp_collect;
+
+static int lp_on_event(void *ctx, const char *data, size_t len)
+{
+    lp_collect *c = ctx;
+    (void)len;
+    if (!strcmp(data, "[DONE]"))
+        return 0;
+    cJSON *js = cJSON_Parse(data);
+    const cJSON *lp = js ? jget(js, "choices.0.logprobs") : NULL;
+    if (!js || !lp) {
+        c->bad = true;
+        cJSON_Delete(js);
+        return 0;
+    }
+    bool final = cJSON_IsString(jget(js, "choices.0.finish_reason"));
+    const cJSON *text = jget(js, "choices.0.text");
+    if (!text)
+        text = jget(js, "choices.0.delta.content");
+    if (cJSON_IsString(text) && *text->valuestring) {
+        c->text_chunks++;
+        c->text_chunks_without += !cJSON_IsObject(lp);
+    }
+    if (final)
+        c->final_null = cJSON_IsNull(lp);
+    const cJSON *arr;
+    cJSON_ArrayForEach(arr, lp)
+    {
+        if (!cJSON_IsArray(arr))
+            continue;
+        cJSON *into = cJSON_GetObjectItemCaseSensitive(c->merged, arr->string);
+        if (!into)
+            into = cJSON_AddArrayToObject(c->merged, arr->string);
+        const cJSON *item;
+        cJSON_ArrayForEach(item, arr)
+        {
+            cJSON_AddItemToArray(into, cJSON_Duplicate(item, true));
+        }
+    }
+    cJSON_Delete(js);
+    return 0;
+}
+
+static int lp_on_body(void *ctx, const char *data, size_t len)
+{
+    lp_collect *c = ctx;
+    return hcli_sse_feed(&c->sse, data, len);
+}
+
+/* Streamed and plain answers to the same body: the chunks' logprobs put together equal the plain
+ * answer's arrays, every text chunk carries a logprobs object, the final chunk none. */
+static void expect_stream_logprobs(const fixture *fx, const char *path, const char *body,
+                                   const char *stream_body, int n_tokens)
+{
+    int status;
+    cJSON *plain = post_json(fx, path, body, &status);
+    assert_int_equal(status, 200);
+    const cJSON *want = jget(plain, "choices.0.logprobs");
+    lp_collect c = {.merged = cJSON_CreateObject()};
+    hcli_sse_init(&c.sse, lp_on_event, &c);
+    hcli_request rq = {.path = path,
+                       .body = stream_body,
+                       .body_len = strlen(stream_body),
+                       .timeout_ms = TIMEOUT_MS,
+                       .on_body = lp_on_body,
+                       .ctx = &c};
+    hcli_response resp;
+    char err[256];
+    assert_int_equal(hcli_do(fx->url, &rq, &resp, err, sizeof err), 0);
+    hcli_sse_free(&c.sse);
+    assert_int_equal(resp.status, 200);
+    hcli_response_free(&resp);
+    assert_false(c.bad);
+    assert_true(c.text_chunks >= 2);
+    assert_int_equal(c.text_chunks_without, 0);
+    assert_true(c.final_null); /* nothing was left for the final chunk */
+    const cJSON *arr;
+    int arrays = 0;
+    cJSON_ArrayForEach(arr, want)
+    {
+        if (!cJSON_IsArray(arr))
+            continue;
+        arrays++;
+        const cJSON *got = cJSON_GetObjectItemCaseSensitive(c.merged, arr->string);
+        assert_int_equal(cJSON_GetArraySize(arr), n_tokens);
+        if (!got || !cJSON_Compare(arr, got, true))
+            fail_msg("%s %s: streamed %s %s, plain %s", path, stream_body, arr->string,
+                     got ? cJSON_PrintUnformatted(got) : "(none)", cJSON_PrintUnformatted(arr));
+    }
+    assert_int_equal(arrays, cJSON_GetArraySize(c.merged));
+    cJSON_Delete(c.merged);
+    cJSON_Delete(plain);
+}
+
+static void test_logprobs_stream(void **state)
+{
+    fixture *fx = *state;
+    expect_stream_logprobs(fx, "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":2}",
+                           "{\"prompt\":\"hi\",\"logprobs\":2,\"stream\":true}", N_PIECES);
+    expect_stream_logprobs(fx, "/v1/chat/completions",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                           "\"logprobs\":true,\"top_logprobs\":2}",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                           "\"logprobs\":true,\"top_logprobs\":2,\"stream\":true}",
+                           N_PIECES);
+    /* the stop string's cut: the same three tokens streamed */
+    expect_stream_logprobs(fx, "/v1/completions", "{\"prompt\":\"stop-cut\",\"logprobs\":0}",
+                           "{\"prompt\":\"stop-cut\",\"logprobs\":0,\"stream\":true}", 3);
+}
+
 /* ==== idle connections ======================================================================== */
 
 static int raw_connect(int port)
@@ -1774,6 +2146,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_accepted_defaults, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_echo, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_stream_include_usage, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_logprobs_params, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_logprobs_completion, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_logprobs_chat, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_logprobs_stream, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_header_timeout, setup_short_header, fx_teardown),
         cmocka_unit_test_setup_teardown(test_idle_flood_over_budget, setup_small_budget,
                                         fx_teardown),
