@@ -50,6 +50,31 @@ demo: models build
 bench-peer: build models
 	/usr/bin/python3 bench/peer.py --bin-dir $(BUILD)/bin --model $(MODEL) --llama-cpp $(LLAMA_CPP) $(PEER_FLAGS)
 
+# Medusa heads for the default model (docs/medusa.md, "Training"): prompts from the README files
+# under /usr/share/doc, the target's greedy generations and hidden states (`orochi hidden`, plain
+# and chat-wrapped), then tools/train_medusa.py. About 15 minutes on 2 cores with Debian's numpy
+# (reference BLAS; OpenBLAS makes the training part about 12 times faster).
+# MEDUSA_PROMPTS prompts of each kind, MEDUSA_TOKENS generated tokens each, MEDUSA_HEADS heads,
+# MEDUSA_EPOCHS epochs; the data and checkpoints stay in $(MEDUSA_WORK).
+MEDUSA_OUT ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.medusa.gguf
+MEDUSA_WORK ?= $(BUILD)/medusa-train
+MEDUSA_PROMPTS ?= 200
+MEDUSA_TOKENS ?= 128
+MEDUSA_HEADS ?= 3
+MEDUSA_EPOCHS ?= 2
+MEDUSA_PYTHON ?= /usr/bin/python3
+.PHONY: medusa-heads
+medusa-heads: build models
+	@mkdir -p $(MEDUSA_WORK)
+	$(MEDUSA_PYTHON) tools/train_medusa.py --make-prompts $(MEDUSA_WORK)/prompts.txt --count $$((2 * $(MEDUSA_PROMPTS))) --seed 3
+	head -n $(MEDUSA_PROMPTS) $(MEDUSA_WORK)/prompts.txt > $(MEDUSA_WORK)/plain.txt
+	tail -n +$$(( $(MEDUSA_PROMPTS) + 1 )) $(MEDUSA_WORK)/prompts.txt > $(MEDUSA_WORK)/chat.txt
+	$(OROCHI_BIN) hidden --model $(MODEL) --prompts $(MEDUSA_WORK)/plain.txt -n $(MEDUSA_TOKENS) --out $(MEDUSA_WORK)/plain.bin
+	$(OROCHI_BIN) hidden --model $(MODEL) --prompts $(MEDUSA_WORK)/chat.txt --chat -n $(MEDUSA_TOKENS) --out $(MEDUSA_WORK)/chat.bin
+	$(MEDUSA_PYTHON) tools/train_medusa.py --target $(MODEL) --data $(MEDUSA_WORK)/plain.bin --data $(MEDUSA_WORK)/chat.bin \
+		--out $(MEDUSA_OUT) --heads $(MEDUSA_HEADS) --epochs $(MEDUSA_EPOCHS) --seed 1 \
+		--checkpoint $(MEDUSA_WORK)/heads.ckpt.npz
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 

@@ -12,6 +12,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_mkmedusa(int argc, char **argv);
+int cmd_hidden(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_profile(int argc, char **argv);

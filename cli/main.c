@@ -20,6 +20,7 @@ static const command COMMANDS[] = {
     {"mkmodel", cmd_mkmodel, "write a deterministic random-weight Llama GGUF"},
     {"quantize", cmd_quantize, "convert a GGUF model's weight matrices to another type"},
     {"mkmedusa", cmd_mkmedusa, "write deterministic random Medusa heads for a target GGUF"},
+    {"hidden", cmd_hidden, "greedy generations' hidden states: Medusa training data"},
     {"bench", cmd_bench, "decode speed and batch step-time curve"},
     {"profile", cmd_profile, "ARCA: step times and acceptance, the plan a group follows"},
     {"generate", cmd_generate, "one request to a running coordinator's HTTP API"},
