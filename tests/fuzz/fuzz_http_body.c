@@ -174,9 +174,22 @@ static void fz_check_request(coord_request *req, bool chat, int cap, const char 
     v = fz_member(root, "echo");
     if (p->echo != (!chat && v && cJSON_IsTrue(v)))
         fuzz_fail("echo %d", p->echo);
+    /* logprobs: completions an integer 0..5 (also the alternatives' count, never with echo),
+     * chat true with top_logprobs 0..20; null and false are off */
     v = fz_member(root, "logprobs");
-    if (v && !cJSON_IsFalse(v))
-        fuzz_fail("accepted logprobs, which this server cannot give");
+    bool lp_on = v && !cJSON_IsFalse(v) && !cJSON_IsNull(v);
+    if (p->logprobs != lp_on)
+        fuzz_fail("logprobs %d for a body whose logprobs is %s", p->logprobs,
+                  v ? (cJSON_IsNumber(v) ? "a number" : "not a number") : "absent");
+    if (p->logprobs && !chat &&
+        !(cJSON_IsNumber(v) && v->valuedouble == p->top_logprobs && p->top_logprobs <= 5))
+        fuzz_fail("completions logprobs accepted as %d alternatives", p->top_logprobs);
+    if (p->logprobs && !chat && p->echo)
+        fuzz_fail("echo with logprobs accepted");
+    if (p->logprobs && chat && (!cJSON_IsTrue(v) || p->top_logprobs > 20))
+        fuzz_fail("chat logprobs accepted with %d alternatives", p->top_logprobs);
+    if (p->top_logprobs < 0 || (!p->logprobs && p->top_logprobs))
+        fuzz_fail("top_logprobs %d with logprobs %d", p->top_logprobs, p->logprobs);
     v = fz_member(root, "orochi");
     if (v) {
         cJSON *opt = p->options_json ? cJSON_Parse(p->options_json) : NULL;
@@ -305,7 +318,7 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
     http_buf_free(&st.hold);
 
     /* the final chunk and the non-streaming answer */
-    cJSON *fin = http_chunk_json(&st, NULL, "stop");
+    cJSON *fin = http_chunk_json(&st, NULL, "stop", NULL);
     char *s = cJSON_PrintUnformatted(fin);
     cJSON_Delete(fz_reparse(s, strlen(s), "the final SSE chunk"));
     cJSON_free(s);
