@@ -36,15 +36,14 @@ static void hid_usage(FILE *out)
 {
     fprintf(out,
             "usage: orochi hidden --model M --prompts FILE --out DATA.bin [-n N] [--threads T]\n"
-            "                     [--seed S] [--chat] [--no-special]\n"
+            "                     [--chat] [--no-special]\n"
             "  Medusa training data: for every non-empty line of FILE (a plain-text prompt) the\n"
             "  target generates N tokens greedily (default 128, fewer at EOS); DATA.bin gets the\n"
             "  token ids and the target's final hidden states (before the output norm) of every\n"
             "  position of prompt + generation. Format: docs/medusa.md, section Training.\n"
             "  --chat        wrap each line in the model's chat template first\n"
             "  --no-special  keep special-token text (e.g. <|im_start|>) in prompts plain text\n"
-            "  --seed S      accepted for symmetry with the trainer; greedy decoding uses no\n"
-            "                randomness, so the output depends only on the model and the prompts\n"
+            "  Greedy decoding: the output depends only on the model and the prompts.\n"
             "  Progress (tokens/s) goes to stderr. Exit 2 for bad options or input.\n");
 }
 
@@ -136,7 +135,7 @@ done:
 int cmd_hidden(int argc, char **argv)
 {
     const char *model_path = NULL, *prompts_path = NULL, *out_path = NULL;
-    long n_predict = 128, threads = 0, seed = 1;
+    long n_predict = 128, threads = 0;
     bool chat = false, special = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -165,8 +164,6 @@ int cmd_hidden(int argc, char **argv)
             ok = cli_int("hidden", a, v, 0, 1 << 20, &n_predict);
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t"))
             ok = cli_int("hidden", a, v, 1, 1024, &threads);
-        else if (!strcmp(a, "--seed"))
-            ok = cli_int("hidden", a, v, 0, 0x7fffffffL, &seed);
         else {
             fprintf(stderr, "orochi hidden: unknown option '%s'\n", a);
             hid_usage(stderr);
@@ -175,7 +172,6 @@ int cmd_hidden(int argc, char **argv)
         if (!ok)
             return 2;
     }
-    (void)seed;
     if (!model_path || !prompts_path || !out_path) {
         fprintf(stderr, "orochi hidden: --model, --prompts and --out are required\n");
         hid_usage(stderr);

@@ -192,6 +192,8 @@ void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__Bod
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body);
 void coord_group_shutdown(coord *c);
 void coord_group_write_status(coord *c);
+/* free a peer's command line (argv or old_argv: COORD_MAX_SPAWN_ARGS entries) and clear it */
+void coord_free_argv(char **argv);
 /* start p's process from p->argv now */
 int coord_group_spawn(coord *c, coord_peer *p);
 /* RUN_DIR/cmd/ROLE: how p is started, one argument per line (`debug ROLE`) */

@@ -673,9 +673,16 @@ void coord_group_shutdown(coord *c)
         }
         usleep(20000);
     }
-    for (int i = 0; i < COORD_MAX_PEERS; i++)
-        for (int j = 0; j < COORD_MAX_SPAWN_ARGS; j++) {
-            free(c->peers[i].argv[j]);
-            c->peers[i].argv[j] = NULL;
-        }
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        coord_free_argv(c->peers[i].argv);
+        coord_free_argv(c->peers[i].old_argv); /* a swap cut short by the stop */
+    }
+}
+
+void coord_free_argv(char **argv)
+{
+    for (int i = 0; i < COORD_MAX_SPAWN_ARGS; i++) {
+        free(argv[i]);
+        argv[i] = NULL;
+    }
 }

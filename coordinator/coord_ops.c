@@ -108,14 +108,6 @@ static void ops_log_tail(const coord *c, const char *role, char *out, size_t len
     fclose(f);
 }
 
-static void ops_free_argv(char **argv)
-{
-    for (int i = 0; i < COORD_MAX_SPAWN_ARGS; i++) {
-        free(argv[i]);
-        argv[i] = NULL;
-    }
-}
-
 /* argv with the options of `opt` (n of them) merged in: "--name value" replaces that option's
  * value, an option not there is appended */
 static int ops_merge(char **out, char *const *argv, char **opt, int n, char *err, size_t errlen)
@@ -190,7 +182,7 @@ static void ops_swap(coord *c, const char *op, char **args, int n)
     }
     char *argv[COORD_MAX_SPAWN_ARGS] = {0};
     if (ops_merge(argv, p->argv, args + 1, n - 1, err, sizeof err)) {
-        ops_free_argv(argv);
+        coord_free_argv(argv);
         coord_ops_answer(c, op, false, "%s", err);
         return;
     }
@@ -228,8 +220,8 @@ static void ops_detach_done(coord *c, coord_peer *p, const char *how)
     unlink(path);
     if (p->op[0])
         coord_ops_answer(c, p->op, true, "%s detached (%s)", p->name, how);
-    ops_free_argv(p->argv);
-    ops_free_argv(p->old_argv);
+    coord_free_argv(p->argv);
+    coord_free_argv(p->old_argv);
     memset(p, 0, sizeof *p); /* PEER_FREE: its slot and draft ring are free */
 }
 
@@ -361,7 +353,7 @@ bool coord_ops_on_exit(coord *c, coord_peer *p, const char *why)
                          "swap: the new %s %s before joining (its log: %s); the previous "
                          "configuration is back",
                          p->name, why, tail[0] ? tail : "empty");
-        ops_free_argv(p->argv);
+        coord_free_argv(p->argv);
         for (int i = 0; i < COORD_MAX_SPAWN_ARGS; i++) {
             p->argv[i] = p->old_argv[i];
             p->old_argv[i] = NULL;
@@ -392,7 +384,7 @@ static void ops_progress(coord *c)
                     n += (size_t)snprintf(line + n, sizeof line - n, " %s", p->argv[a]);
             coord_ops_answer(c, p->op, true, "%s swapped: pid %d,%s", p->name, (int)p->pid, line);
             coord_group_write_cmd(c, p);
-            ops_free_argv(p->old_argv);
+            coord_free_argv(p->old_argv);
             p->swap = SWAP_NONE;
             p->op[0] = 0;
             p->swaps++;
