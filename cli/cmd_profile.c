@@ -5,12 +5,17 @@
  *
  *   Hardware   the target's step time t(W) for each width at each context bucket, with the
  *              threads the group's workers have together (the whole group busy at once), and each
- *              model speculator's one-token draft step at the same thread count.
+ *              model speculator's one-token draft step at the same thread count (for Medusa
+ *              heads: one head's evaluation).
  *   Acceptance the target decodes every calibration prompt greedily; each speculator then reads
  *              the same tokens teacher-forced and records, at every position, the rank of the
  *              target's token among its top --ranks candidates. A verification starting at
  *              position i accepts depth d exactly when the candidates at i+1 .. i+d ranked as the
  *              tree allows, so these rank paths give the real acceptance of any tree template.
+ *              Medusa heads do not read the drafted tokens: at a verification whose committed
+ *              context ends at i, head d ranks token i+1+d from the target's hidden state of
+ *              position i-1 (the last one the target has computed), so their rank paths come
+ *              from one teacher-forced target pass that keeps every position's hidden state.
  *   Plan       per speculator and width: the tree built from per-depth/rank accuracies by adding
  *              the most likely node one at a time, refined by moving leaves on the calibration
  *              category's paths (coordinator/control.c); per context bucket the (speculator, W)
@@ -29,6 +34,7 @@
 #include "cli/util.h"
 #include "coordinator/control.h"
 #include "model/llama.h"
+#include "model/medusa.h"
 #include "model/ngram.h"
 #include "model/tokenizer.h"
 
@@ -41,10 +47,11 @@
 #define PF_ALL PF_MAX_CAT
 
 typedef struct {
-    char kind[16]; /* layerskip, model, ngram */
+    char kind[16]; /* layerskip, model, ngram, medusa */
     char arg[1024];
     int ngram, layer_lo, layer_hi;
-    llama_model *m; /* the drafter (NULL: ngram) */
+    llama_model *m; /* the drafter (NULL: ngram, medusa) */
+    medusa *md;     /* Medusa heads on the target */
     double draft_ms[PF_MAX_CTX];
     /* rank paths per category: n x depth */
     int8_t *paths[PF_MAX_CAT + 1]; /* [PF_ALL]: every category's */
@@ -56,6 +63,7 @@ typedef struct {
 typedef struct {
     const char *model, *prompts, *calib, *out, *plot;
     int threads, n_gen, depth, ranks, per_cat, reps;
+    bool plain; /* --plain: prompts as completions, not chat messages */
     int widths[PF_MAX_W], n_widths, ctxs[PF_MAX_CTX], n_ctxs;
     pf_spec spec[PF_MAX_SPEC];
     int n_spec;
@@ -71,16 +79,17 @@ static void pf_usage(FILE *out)
             "                      [--widths 1,2,4,8,16] [--ctx 256,1024] [--prompts FILE]\n"
             "                      [--calibrate CATEGORY] [--per-category N] [-n TOKENS]\n"
             "                      [--depth D] [--ranks R] [--reps N] [--out plan.json]\n"
-            "                      [--plot plan.png]\n"
+            "                      [--plot plan.png] [--plain]\n"
             "  Measures the step time per width and context bucket and each speculator's\n"
             "  acceptance by depth and candidate rank on a calibration prompt set (JSON lines\n"
             "  with id, category, prompt; default bench/prompts.jsonl), then writes the plan:\n"
             "  per context bucket the width (1: no speculation), speculation length and tree\n"
             "  with the most tokens per second. KIND: layerskip[:layers=A-B] (default the first\n"
-            "  half), model:draft=PATH, ngram[:n=N]; default layerskip and ngram. --threads: the\n"
-            "  group's worker threads together (default the online cores). Trees are calibrated\n"
-            "  on --calibrate (default the file's first category) and the acceptance table\n"
-            "  applies them to every category. The plot needs python3 with matplotlib.\n");
+            "  half), model:draft=PATH, ngram[:n=N], medusa:heads=PATH; default layerskip and\n"
+            "  ngram. --threads: the group's worker threads together (default the online\n"
+            "  cores). Trees are calibrated on --calibrate (default the file's first category)\n"
+            "  and the acceptance table applies them to every category. --plain: the prompts\n"
+            "  are completions (no chat template). The plot needs python3 with matplotlib.\n");
 }
 
 static int pf_list(const char *opt, const char *s, int *out, int max, long lo, long hi)
@@ -129,8 +138,14 @@ static int pf_add_spec(pf_opts *o, const char *s)
             fprintf(stderr, "orochi profile: model needs draft=PATH\n");
             return -1;
         }
+    } else if (!strcmp(p->kind, "medusa")) {
+        if (strncmp(p->arg, "heads=", 6) || !p->arg[6]) {
+            fprintf(stderr, "orochi profile: medusa needs heads=PATH\n");
+            return -1;
+        }
     } else {
-        fprintf(stderr, "orochi profile: unknown speculator kind '%s' (layerskip, model, ngram)\n",
+        fprintf(stderr,
+                "orochi profile: unknown speculator kind '%s' (layerskip, model, ngram, medusa)\n",
                 p->kind);
         return -1;
     }
@@ -146,6 +161,10 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             pf_usage(stdout);
             exit(0);
+        }
+        if (!strcmp(a, "--plain")) {
+            o->plain = true;
+            continue;
         }
         if (!(v = cli_value("profile", argc, argv, &i)))
             return -1;
@@ -345,7 +364,16 @@ done:
     return rc;
 }
 
-static int pf_add_paths_to(const pf_opts *o, pf_spec *p, int c, const pf_seq *s, const int8_t *rank)
+/* rank_of(rank, stride, i, d): the rank of the token at depth d of the verification starting at i.
+ * A chain drafter's ranks depend on the position only (stride 0: rank[i + d]); Medusa's on the
+ * start and the head (rank[d * stride + i]). */
+static int pf_rank_at(const int8_t *rank, int stride, int i, int d)
+{
+    return stride ? rank[(size_t)d * (size_t)stride + (size_t)i] : rank[i + d];
+}
+
+static int pf_add_paths_to(const pf_opts *o, pf_spec *p, int c, const pf_seq *s, const int8_t *rank,
+                           int stride)
 {
     int D = o->depth;
     for (int i = s->n_prompt - 1; i < s->n - 1; i++) {
@@ -361,18 +389,95 @@ static int pf_add_paths_to(const pf_opts *o, pf_spec *p, int c, const pf_seq *s,
         bool alive = true;
         for (int d = 0; d < D; d++) {
             int j = i + d;
-            alive = alive && j < s->n - 1 && rank[j] >= 0;
-            row[d] = alive ? rank[j] : -1;
+            alive = alive && j < s->n - 1 && pf_rank_at(rank, stride, i, d) >= 0;
+            row[d] = alive ? (int8_t)pf_rank_at(rank, stride, i, d) : -1;
         }
     }
     return 0;
 }
 
 /* the rank paths of every verification start of s, into its category and into PF_ALL */
-static int pf_add_paths(const pf_opts *o, pf_spec *p, const pf_seq *s, const int8_t *rank)
+static int pf_add_paths(const pf_opts *o, pf_spec *p, const pf_seq *s, const int8_t *rank,
+                        int stride)
 {
-    return pf_add_paths_to(o, p, s->cat, s, rank) || pf_add_paths_to(o, p, PF_ALL, s, rank) ? -1
-                                                                                            : 0;
+    return pf_add_paths_to(o, p, s->cat, s, rank, stride) ||
+                   pf_add_paths_to(o, p, PF_ALL, s, rank, stride)
+               ? -1
+               : 0;
+}
+
+/* Medusa's ranks, rank[d * s->n + i] for i in [n_prompt - 1, n - 1) and d < depth: head d's rank
+ * of ids[i + 1 + d] from the target's hidden state at position i - 1 (-1 beyond the heads, the
+ * sequence or --ranks). One teacher-forced pass of the target keeps every position's state. */
+static int pf_medusa_ranks(const pf_opts *o, const pf_spec *p, const llama_model *target,
+                           kpool *pool, const pf_seq *s, int8_t *rank)
+{
+    char err[256];
+    int V = target->cfg.vocab, dim = target->cfg.dim, K = medusa_heads(p->md);
+    memset(rank, -1, (size_t)o->depth * (size_t)s->n);
+    llama_ctx_params cp = {.n_threads = o->threads, .max_width = PF_CHUNK, .n_ctx = s->n + 8};
+    llama_ctx *ctx = llama_ctx_new(target, &cp, err, sizeof err);
+    float *hidden = malloc((size_t)s->n * (size_t)dim * sizeof *hidden);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    int32_t path[PF_CHUNK];
+    int rc = -1;
+    for (int i = 0; i < PF_CHUNK; i++)
+        path[i] = i;
+    if (!ctx || !hidden || !logits)
+        goto done;
+    const llama_shared *sh = llama_ctx_shared(ctx);
+    for (int at = 0; at < s->n; at += PF_CHUNK) {
+        int w = s->n - at < PF_CHUNK ? s->n - at : PF_CHUNK;
+        llama_batch b = {.n = w, .tokens = s->ids + at, .logits_from = w};
+        if (llama_forward(ctx, &b, NULL, err, sizeof err) ||
+            llama_commit(ctx, path, w, err, sizeof err))
+            goto done;
+        memcpy(hidden + (size_t)at * dim, sh->x, (size_t)w * dim * sizeof *hidden);
+    }
+    for (int i = s->n_prompt - 1 > 1 ? s->n_prompt - 1 : 1; i < s->n - 1; i++)
+        for (int d = 0; d < K && d < o->depth && i + 1 + d < s->n; d++) {
+            if (medusa_head_logits(p->md, pool, d, hidden + (size_t)(i - 1) * dim, logits)) {
+                snprintf(err, sizeof err, "medusa head %d failed", d);
+                goto done;
+            }
+            rank[(size_t)d * (size_t)s->n + (size_t)i] =
+                (int8_t)pf_rank(logits, V, s->ids[i + 1 + d], o->ranks);
+        }
+    rc = 0;
+done:
+    if (rc)
+        fprintf(stderr, "orochi profile: medusa ranks failed: %s\n", ctx ? err : "no context");
+    free(hidden);
+    free(logits);
+    llama_ctx_destroy(&ctx);
+    return rc;
+}
+
+/* Median ms of one Medusa head's evaluation (its draft cost per tree level). */
+static int pf_medusa_ms(const llama_model *target, const medusa *md, kpool *pool, int reps,
+                        double *out)
+{
+    int dim = target->cfg.dim;
+    float *h = calloc((size_t)dim, sizeof *h), *l = malloc((size_t)target->cfg.vocab * sizeof *l);
+    double t[64];
+    int rc = -1;
+    if (!h || !l)
+        goto done;
+    for (int i = 0; i < dim; i++)
+        h[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    for (int r = -1; r < reps; r++) {
+        double t0 = cli_now();
+        if (medusa_head_logits(md, pool, 0, h, l))
+            goto done;
+        if (r >= 0)
+            t[r] = (cli_now() - t0) * 1e3;
+    }
+    *out = cli_median(t, reps);
+    rc = 0;
+done:
+    free(h);
+    free(l);
+    return rc;
 }
 
 /* acc[d][r] from paths: P(rank r at depth d | the path reached depth d) */
@@ -439,7 +544,8 @@ static int pf_load_prompts(pf_opts *o, const tokenizer *tok, pf_seq **out)
         if (c == o->n_cats && o->n_cats < PF_MAX_CAT)
             snprintf(o->cats[o->n_cats++], sizeof o->cats[0], "%s", cat);
         if (c < o->n_cats && per[c] < o->per_cat) {
-            char *text = tokenizer_chat_prompt(tok, pr->valuestring);
+            char *text =
+                o->plain ? strdup(pr->valuestring) : tokenizer_chat_prompt(tok, pr->valuestring);
             size_t len = text ? strlen(text) : 0;
             int32_t *ids = malloc((len + 2 + (size_t)o->n_gen + 8) * sizeof *ids);
             int off = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0 ? 1 : 0, needed = 0;
@@ -577,6 +683,7 @@ int cmd_profile(int argc, char **argv)
         return 2;
     }
     tokenizer *tok = tokenizer_new(m->file, err, sizeof err);
+    kpool *pool = kpool_new(o.threads); /* Medusa heads' evaluation */
     pf_seq *seqs = NULL;
     int rc = 1, n_seq = tok ? pf_load_prompts(&o, tok, &seqs) : -1;
     if (!tok)
@@ -601,6 +708,14 @@ int cmd_profile(int argc, char **argv)
         pf_spec *p = &o.spec[s];
         if (!strcmp(p->kind, "ngram"))
             continue;
+        if (!strcmp(p->kind, "medusa")) {
+            if (!(p->md = medusa_load(p->arg + 6, m, err, sizeof err))) {
+                fprintf(stderr, "orochi profile: %s\n", err);
+                rc = 2;
+                goto done;
+            }
+            continue;
+        }
         p->m = llama_model_load(!strcmp(p->kind, "model") ? p->arg + 6 : o.model, err, sizeof err);
         if (!p->m) {
             fprintf(stderr, "orochi profile: %s\n", err);
@@ -640,6 +755,8 @@ int cmd_profile(int argc, char **argv)
             if (o.spec[s].m && pf_step_ms(o.spec[s].m, o.threads, o.ctxs[c], &one, 1, o.reps,
                                           &o.spec[s].draft_ms[c]))
                 goto done;
+            if (o.spec[s].md && pf_medusa_ms(m, o.spec[s].md, pool, o.reps, &o.spec[s].draft_ms[c]))
+                goto done;
         }
     }
     pf_progress("step time per width", steps_total, steps_total);
@@ -649,13 +766,18 @@ int cmd_profile(int argc, char **argv)
         pf_progress("calibration prompts", i, n_seq);
         if (pf_generate(m, o.threads, &seqs[i], o.n_gen, eos))
             goto done;
-        int8_t *rank = malloc((size_t)seqs[i].n);
-        for (int s = 0; s < o.n_spec; s++)
-            if (!rank || pf_ranks(&o, &o.spec[s], &seqs[i], rank) ||
-                pf_add_paths(&o, &o.spec[s], &seqs[i], rank)) {
+        int8_t *rank = malloc((size_t)seqs[i].n * (size_t)o.depth);
+        for (int s = 0; s < o.n_spec; s++) {
+            pf_spec *p = &o.spec[s];
+            int stride = p->md ? seqs[i].n : 0;
+            if (!rank ||
+                (p->md ? pf_medusa_ranks(&o, p, m, pool, &seqs[i], rank)
+                       : pf_ranks(&o, p, &seqs[i], rank)) ||
+                pf_add_paths(&o, p, &seqs[i], rank, stride)) {
                 free(rank);
                 goto done;
             }
+        }
         free(rank);
     }
     pf_progress("calibration prompts", n_seq, n_seq);
@@ -663,7 +785,7 @@ int cmd_profile(int argc, char **argv)
     for (int s = 0; s < o.n_spec; s++) {
         pf_spec *p = &o.spec[s];
         double acc[PF_MAX_DEPTH * 16];
-        int cc = o.calib_cat < 0 ? PF_ALL : o.calib_cat, R = p->m ? o.ranks : 1;
+        int cc = o.calib_cat < 0 ? PF_ALL : o.calib_cat, R = p->m || p->md ? o.ranks : 1;
         pf_accuracy(p->paths[cc], p->n_paths[cc], o.depth, R, acc);
         for (int wi = 0; wi < o.n_widths; wi++) {
             ctl_plan_tree(acc, o.depth, R, o.widths[wi], &p->tree[wi]);
@@ -745,9 +867,11 @@ done:
     free(seqs);
     for (int s = 0; s < o.n_spec; s++) {
         llama_model_destroy(&o.spec[s].m);
+        medusa_destroy(&o.spec[s].md);
         for (int c = 0; c <= PF_MAX_CAT; c++)
             free(o.spec[s].paths[c]);
     }
+    kpool_destroy(&pool);
     tokenizer_destroy(&tok);
     llama_model_destroy(&m);
     return rc;
