@@ -588,6 +588,19 @@ static int pf_load_prompts(pf_opts *o, const tokenizer *tok, pf_seq **out)
 
 /* ===== the plan ===== */
 
+/* [[parent, rank], ...] for nodes 1.. of t (empty for none) */
+static cJSON *pf_tree_json(const ctl_template *t, bool any)
+{
+    cJSON *tree = cJSON_CreateArray();
+    for (int i = 1; t && any && i < t->n; i++) {
+        cJSON *node = cJSON_CreateArray();
+        cJSON_AddItemToArray(node, cJSON_CreateNumber(t->parent[i]));
+        cJSON_AddItemToArray(node, cJSON_CreateNumber(t->rank[i]));
+        cJSON_AddItemToArray(tree, node);
+    }
+    return tree;
+}
+
 static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, const double *best_rate,
                     const double *plain_rate)
 {
@@ -608,14 +621,7 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
         cJSON_AddStringToObject(e, "speculator", s >= 0 && w > 1 ? o->spec[s].kind : "none");
         cJSON_AddNumberToObject(e, "tokens_per_second", best_rate[c]);
         cJSON_AddNumberToObject(e, "plain_tokens_per_second", plain_rate[c]);
-        cJSON *tree = cJSON_CreateArray();
-        for (int i = 1; t && w > 1 && i < t->n; i++) {
-            cJSON *node = cJSON_CreateArray();
-            cJSON_AddItemToArray(node, cJSON_CreateNumber(t->parent[i]));
-            cJSON_AddItemToArray(node, cJSON_CreateNumber(t->rank[i]));
-            cJSON_AddItemToArray(tree, node);
-        }
-        cJSON_AddItemToObject(e, "tree", tree);
+        cJSON_AddItemToObject(e, "tree", pf_tree_json(t, w > 1));
         cJSON_AddItemToArray(b, e);
     }
     cJSON_AddItemToObject(root, "buckets", b);
@@ -641,6 +647,10 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
             cJSON_AddItemToObject(cat, o->cats[ci], cJSON_CreateDoubleArray(v, o->n_widths));
         }
         cJSON_AddItemToObject(x, "tokens_per_step_by_category", cat);
+        cJSON *trees = cJSON_CreateArray();
+        for (int wi = 0; wi < o->n_widths; wi++)
+            cJSON_AddItemToArray(trees, pf_tree_json(&p->tree[wi], o->widths[wi] > 1));
+        cJSON_AddItemToObject(x, "trees", trees);
         cJSON_AddItemToObject(sp, p->kind, x);
     }
     cJSON_AddItemToObject(curves, "speculators", sp);

@@ -363,6 +363,15 @@ static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *
         fb.max_nodes = (uint32_t)(c->width - 1);
         fb.max_depth = max_depth;
         fb.tree = c->tree;
+        uint32_t sp[CTL_TREE_CAP], sr[CTL_TREE_CAP];
+        const ctl_template *shape = seeded || !c->tree ? NULL : coord_plan_tree(c);
+        for (int j = 1; shape && j < shape->n && j < CTL_TREE_CAP; j++) {
+            sp[j - 1] = (uint32_t)shape->parent[j];
+            sr[j - 1] = (uint32_t)shape->rank[j];
+        }
+        fb.n_shape_parent = fb.n_shape_rank = shape && shape->n > 1 ? (size_t)(shape->n - 1) : 0;
+        fb.shape_parent = sp;
+        fb.shape_rank = sr;
         coord_group_send(c, p, OROCHI__ENVELOPE__BODY_FEEDBACK, &fb);
         p->fed_req = req_id;
         p->fed_ctx = (uint64_t)n_all;

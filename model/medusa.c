@@ -83,8 +83,10 @@ static int medusa_check_meta(medusa_loader *ld, const llama_model *target, uint3
     if (!gguf_get_u32(ld->f, "medusa.embedding_length", &dim))
         return medusa_fail(ld, "missing or invalid metadata key 'medusa.embedding_length'");
     if (dim != (uint32_t)target->cfg.dim)
-        return medusa_fail(ld, "metadata key 'medusa.embedding_length' is %u, the target's dim "
-                           "is %d", dim, target->cfg.dim);
+        return medusa_fail(ld,
+                           "metadata key 'medusa.embedding_length' is %u, the target's dim "
+                           "is %d",
+                           dim, target->cfg.dim);
     if (!gguf_get_u32(ld->f, "medusa.vocab_size", &vocab))
         return medusa_fail(ld, "missing or invalid metadata key 'medusa.vocab_size'");
     if (vocab != (uint32_t)target->cfg.vocab)
@@ -113,13 +115,16 @@ static int medusa_bind_mat(medusa_loader *ld, const char *name, int64_t cols, in
         return required ? medusa_fail(ld, "missing tensor '%s'", name) : 0;
     const kt_traits *tr = kt_traits_of(t->type);
     if (!tr || !tr->supported)
-        return medusa_fail(ld, "tensor '%s' has unsupported type %s (supported: " KT_SUPPORTED_LIST
-                           ")", name, tr ? tr->name : "unknown");
+        return medusa_fail(ld,
+                           "tensor '%s' has unsupported type %s (supported: " KT_SUPPORTED_LIST ")",
+                           name, tr ? tr->name : "unknown");
     uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->n_dims != 2 || t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)rows)
-        return medusa_fail(ld, "tensor '%s' has shape [%llu, %llu] (%u dims), expected "
-                           "[%lld, %lld]", name, (unsigned long long)t->ne[0],
-                           (unsigned long long)ne1, t->n_dims, (long long)cols, (long long)rows);
+        return medusa_fail(ld,
+                           "tensor '%s' has shape [%llu, %llu] (%u dims), expected "
+                           "[%lld, %lld]",
+                           name, (unsigned long long)t->ne[0], (unsigned long long)ne1, t->n_dims,
+                           (long long)cols, (long long)rows);
     size_t row_bytes = kt_row_bytes(t->type, (uint64_t)cols);
     if (!row_bytes)
         return medusa_fail(ld, "tensor '%s': row length %lld is not a multiple of the %s block",
@@ -130,8 +135,8 @@ static int medusa_bind_mat(medusa_loader *ld, const char *name, int64_t cols, in
     char why[96];
     if (kt_check_matrix(t->type, t->data, rows, cols, row_bytes, why, sizeof why))
         return medusa_fail(ld, "tensor '%s' (%s): %s (a malformed block)", name, tr->name, why);
-    *out = (kmat){.type = t->type, .rows = rows, .cols = cols, .row_bytes = row_bytes,
-                  .data = t->data};
+    *out = (kmat){
+        .type = t->type, .rows = rows, .cols = cols, .row_bytes = row_bytes, .data = t->data};
     return 0;
 }
 
@@ -214,7 +219,8 @@ medusa *medusa_load(const char *path, const llama_model *target, char *err, size
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         gguf_str name = f->tensors[i].name;
         if (!medusa_known_tensor(name, m->n_heads)) {
-            medusa_fail(&ld, "unexpected tensor '%.*s' (a %d-head file holds "
+            medusa_fail(&ld,
+                        "unexpected tensor '%.*s' (a %d-head file holds "
                         "medusa.<k>.res.weight, .res.bias, .out.weight for k < %d)",
                         (int)(name.len > 96 ? 96 : name.len), name.ptr, m->n_heads, m->n_heads);
             goto fail;
@@ -340,6 +346,101 @@ static int medusa_cand_cmp(const void *a, const void *b)
     if (x->p != y->p)
         return x->p < y->p ? -1 : 1;
     return (x->c > y->c) - (x->c < y->c);
+}
+
+int medusa_draft_shape(const medusa *m, kpool *pool, const float *hidden, const int32_t *sparent,
+                       const int32_t *srank, int n_shape, int depth, int max_nodes, int32_t *tokens,
+                       int32_t *parent, float *conf)
+{
+    if (!m || !hidden || n_shape < 0 || (n_shape > 0 && (!sparent || !srank)) || max_nodes < 0 ||
+        (max_nodes > 0 && (!tokens || !parent || !conf)))
+        return -1;
+    int cap = n_shape < max_nodes ? n_shape : max_nodes, use = 0;
+    int *dep = malloc(((size_t)cap + 1) * sizeof *dep),
+        *out = malloc(((size_t)cap + 1) * sizeof *out);
+    int kd[MEDUSA_MAX_HEADS] = {0};
+    float *logits = NULL, *top_prob = NULL;
+    int32_t *top_tok = NULL;
+    int n_out = -1;
+    if (!dep || !out)
+        goto done;
+    /* node i + 1 of the shape: its depth, and which heads (and how many candidates) it needs; a
+     * node below the heads, the depth limit or a dropped parent is dropped with its subtree */
+    dep[0] = 0;
+    for (int i = 0; i < cap; i++) {
+        int p = sparent[i], r = srank[i];
+        if (p < 0 || p > i || r < 0) /* parents first */
+            goto done;
+        dep[i + 1] = p == 0 || dep[p] > 0 ? dep[p] + 1 : -1;
+        if (dep[i + 1] > depth || dep[i + 1] > m->n_heads || r >= m->vocab)
+            dep[i + 1] = -1;
+        if (dep[i + 1] > 0) {
+            int d = dep[i + 1] - 1;
+            kd[d] = r + 1 > kd[d] ? r + 1 : kd[d];
+            use = d + 1 > use ? d + 1 : use;
+        }
+    }
+    n_out = 0;
+    if (!use)
+        goto done;
+    size_t n_top = 0, off[MEDUSA_MAX_HEADS];
+    for (int d = 0; d < use; d++) {
+        off[d] = n_top;
+        n_top += (size_t)kd[d];
+    }
+    logits = malloc((size_t)use * (size_t)m->vocab * sizeof *logits);
+    top_tok = malloc(n_top * sizeof *top_tok);
+    top_prob = malloc(n_top * sizeof *top_prob);
+    if (!logits || !top_tok || !top_prob || medusa_eval(m, pool, 0, use, hidden, logits)) {
+        n_out = -1;
+        goto done;
+    }
+    for (int d = 0; d < use; d++)
+        if (kd[d])
+            medusa_topk(logits + (size_t)d * (size_t)m->vocab, m->vocab, kd[d], top_tok + off[d],
+                        top_prob + off[d]);
+    /* emitted level by level; under each parent (in emission order) its children by rank, so a
+     * node's rank among its siblings in the draft is its rank in the shape. out[i]: node i's
+     * index in the draft (-1: the root, -2: dropped) */
+    out[0] = -1;
+    for (int i = 1; i <= cap; i++)
+        out[i] = -2;
+    int prev_lo = -1, prev_hi = 0; /* the previous level's draft indices ([-1, 0): the root) */
+    for (int d = 1; d <= use; d++) {
+        int lo = n_out;
+        for (int pe = prev_lo; pe < prev_hi; pe++) {
+            for (;;) { /* the unemitted child of pe with the lowest rank */
+                int best = 0;
+                for (int i = 1; i <= cap; i++)
+                    if (dep[i] == d && out[i] == -2 && out[sparent[i - 1]] == pe &&
+                        (!best || srank[i - 1] < srank[best - 1]))
+                        best = i;
+                if (!best)
+                    break;
+                int r = srank[best - 1];
+                bool dup = n_out > lo && parent[n_out - 1] == pe &&
+                           tokens[n_out - 1] == top_tok[off[d - 1] + (size_t)r];
+                if (dup) { /* the same rank twice under one parent: siblings never share a token */
+                    dep[best] = -1;
+                    continue;
+                }
+                out[best] = n_out;
+                tokens[n_out] = top_tok[off[d - 1] + (size_t)r];
+                conf[n_out] = top_prob[off[d - 1] + (size_t)r];
+                parent[n_out] = pe;
+                n_out++;
+            }
+        }
+        prev_lo = lo;
+        prev_hi = n_out;
+    }
+done:
+    free(dep);
+    free(out);
+    free(logits);
+    free(top_tok);
+    free(top_prob);
+    return n_out;
 }
 
 int medusa_draft_tree(const medusa *m, kpool *pool, const float *hidden, const int *tmpl, int depth,

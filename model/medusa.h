@@ -61,4 +61,16 @@ int medusa_head_logits(const medusa *m, kpool *pool, int k, const float *hidden,
 int medusa_draft_tree(const medusa *m, kpool *pool, const float *hidden, const int *tmpl, int depth,
                       int max_nodes, int32_t *tokens, int32_t *parent, float *conf);
 
+/* Draft exactly a given tree shape (the plan's calibrated tree, docs/speculation.md): shape node
+ * i + 1 (i < n_shape) is the srank[i]-th best candidate (0-based) of head d - 1 below shape node
+ * sparent[i] (0: the root; parents first), d being its depth. Nodes deeper than `depth` or the
+ * head count, beyond the first max_nodes, or below a dropped node are dropped. Emitted level by
+ * level, under each parent (in emission order) its children by increasing rank, so a node's rank
+ * among its siblings in the draft equals its rank in the shape; a rank repeated under one parent
+ * is emitted once. tokens/parent/conf as for medusa_draft_tree. Returns the node count, or -1
+ * for bad arguments (a parent that does not come first, a negative rank) or out of memory. */
+int medusa_draft_shape(const medusa *m, kpool *pool, const float *hidden, const int32_t *sparent,
+                       const int32_t *srank, int n_shape, int depth, int max_nodes, int32_t *tokens,
+                       int32_t *parent, float *conf);
+
 #endif

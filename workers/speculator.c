@@ -77,6 +77,7 @@ typedef struct {
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms, stall_ms;
     float branch_threshold, alpha;
+    bool alpha_off; /* --alpha off: no fallback (drafts run to the budget), no update */
     bool trace, work_ahead;
     char role[64];
     void *zctx, *sock;
@@ -108,6 +109,9 @@ typedef struct {
     uint64_t drafts, last_coord_us;
     /* the draft budget from the last Feedback */
     int max_nodes, max_depth;
+    /* the plan's tree shape from the last Feedback (n_shape 0: none), drafted exactly by medusa */
+    int32_t shape_parent[ARENA_DRAFT_MAX], shape_rank[ARENA_DRAFT_MAX];
+    int n_shape;
     bool tree;
     /* the tree last published (for the fallback threshold update) */
     spec_node nodes[ARENA_DRAFT_MAX];
@@ -140,7 +144,7 @@ static void spec_usage(FILE *out)
         "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram [--id NAME]\n"
         "                         [--max-draft S] [--threads T]\n"
         "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
-        "                         [--ngram N] [--branch-threshold P] [--alpha A]\n"
+        "                         [--ngram N] [--branch-threshold P] [--alpha A|off]\n"
         "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
         "                         [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
         "  layerskip: the target with only --layers (default: the first half)\n"
@@ -462,7 +466,8 @@ static int spec_grow_ngram(spec *s)
 }
 
 /* Medusa: the heads applied to the target's hidden state at the last accepted token, which the
- * coordinator publishes in the arena; the tree follows the template (--template). */
+ * coordinator publishes in the arena; the tree is the plan's shape when the Feedback carries one
+ * (the calibrated tree, drafted exactly), else it follows the template (--template). */
 static int spec_grow_medusa(spec *s)
 {
     const rt_hidden *h = s->hidden;
@@ -482,8 +487,11 @@ static int spec_grow_medusa(spec *s)
         int depth = s->tmpl_len < s->max_depth ? s->tmpl_len : s->max_depth;
         int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX];
         float conf[ARENA_DRAFT_MAX];
-        int n = medusa_draft_tree(s->heads, NULL, s->hbuf, s->tmpl, depth, s->max_nodes, tok, par,
-                                  conf);
+        int n = s->n_shape
+                    ? medusa_draft_shape(s->heads, NULL, s->hbuf, s->shape_parent, s->shape_rank,
+                                         s->n_shape, s->max_depth, s->max_nodes, tok, par, conf)
+                    : medusa_draft_tree(s->heads, NULL, s->hbuf, s->tmpl, depth, s->max_nodes, tok,
+                                        par, conf);
         for (int i = 0; i < n; i++) {
             int d = par[i] < 0 ? 1 : s->nodes[par[i]].depth + 1;
             double base = par[i] < 0 ? 1.0 : s->nodes[par[i]].cum;
@@ -648,7 +656,7 @@ static bool spec_work_ahead(spec *s)
  * branch was entirely right and else becomes the error fraction (N_all - N_correct) / N_all. */
 static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
 {
-    if (!s->n_nodes)
+    if (!s->n_nodes || s->alpha_off)
         return;
     int best_all = 0, best_ok = -1;
     for (int leaf = 0; leaf < s->n_nodes; leaf++) {
@@ -725,6 +733,13 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
     if (fb->max_depth)
         s->max_depth = (int)fb->max_depth < s->max_draft ? (int)fb->max_depth : s->max_draft;
     s->tree = fb->tree;
+    s->n_shape = 0;
+    if (fb->n_shape_parent == fb->n_shape_rank)
+        for (size_t i = 0; i < fb->n_shape_parent && i < ARENA_DRAFT_MAX; i++) {
+            s->shape_parent[i] = (int32_t)fb->shape_parent[i];
+            s->shape_rank[i] = (int32_t)fb->shape_rank[i];
+            s->n_shape++;
+        }
     if (fb->reset || fb->request_id != s->request_id) {
         if (!fb->reset) /* feedback for a request we never saw the start of */
             return;
@@ -954,7 +969,10 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'd': s->draft_path = optarg; break;
         case 'T': s->target_path = optarg; break;
         case 'B': s->branch_threshold = (float)atof(optarg); break;
-        case 'A': s->alpha = (float)atof(optarg); break;
+        case 'A':
+            s->alpha_off = !strcmp(optarg, "off");
+            s->alpha = s->alpha_off ? 0.0f : (float)atof(optarg);
+            break;
         case 'P': s->work_ahead = atoi(optarg) != 0; break;
         case 'M': s->heads_path = optarg; break;
         case 'E': s->template_s = optarg; break;
@@ -1021,9 +1039,11 @@ static int spec_parse(spec *s, int argc, char **argv)
                 ARENA_DRAFT_MAX);
         return 2;
     }
-    if (!(s->branch_threshold > 0 && s->branch_threshold <= 1) || !(s->alpha > 0 && s->alpha < 1)) {
+    if (!(s->branch_threshold > 0 && s->branch_threshold <= 1) ||
+        !(s->alpha_off || (s->alpha > 0 && s->alpha < 1))) {
         fprintf(stderr,
-                "orochi-speculator: --branch-threshold must be in (0, 1], --alpha in (0, 1)\n");
+                "orochi-speculator: --branch-threshold must be in (0, 1], --alpha in (0, 1) "
+                "or off\n");
         return 2;
     }
     s->max_depth = s->max_draft;

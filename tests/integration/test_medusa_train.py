@@ -13,7 +13,10 @@ no better than random ones. Measured when written: trained 2.85, random 1.14 mea
 per step (template 3-2-1, 64 tokens); the check asks for >= 2.0 and >= random + 0.75, which the
 random heads are shown to fail. `orochi profile` measures the same two heads files offline
 (rank paths from one teacher-forced pass, a tree calibrated at width 8) and must separate them by
-the same bar (measured: trained 3.73, random 1.40).
+the same bar (measured: trained 3.73, random 1.40); a group following a plan with the profile's
+width-8 tree (the coordinator hands the shape to the speculator in every Feedback, and Medusa drafts
+exactly that tree) must accept what the profile predicted within 0.3 tokens per step (measured
+3.62; with the adaptive length on, which shortens the tree when steps look costly, 3.27).
 
 Also: the data file's layout and greedy tokens (equal to `orochi run`), the W = 0 identity (the
 target's own lm_head on the recorded h gives the next greedy token), bad input (exit 2, one line),
@@ -104,13 +107,13 @@ def read_data(path):
     return magic, version, dim, vocab, seqs, off == len(buf)
 
 
-def acceptance(model, heads, want):
+def acceptance(model, heads, want, extra=()):
     """Mean accepted tokens per step with these heads, per prompt; the ids must equal `want`."""
     # --draft-wait fixed: every step waits for the heads' draft, so acceptance measures the heads
     # and not the timing of the speculator
     with G.Group("medusa-train", model, workers=2,
                  speculators=["medusa:heads=%s,template=3-2-1" % heads],
-                 extra=["--draft-wait", "fixed", "--draft-wait-ms", "2000"]) as g:
+                 extra=["--draft-wait", "fixed", "--draft-wait-ms", "2000"] + list(extra)) as g:
         means = []
         for p in PROMPTS:
             r = g.complete(p, N)
@@ -213,7 +216,17 @@ def profiled(model, heads):
                        capture_output=True, text=True, timeout=120)
     G.check(r.returncode == 0, "orochi profile failed (%d): %s", r.returncode, r.stderr.strip()[-1000:])
     plan = json.load(open(out))
-    return plan["curves"]["speculators"]["medusa"]["tokens_per_step"][1]
+    med = plan["curves"]["speculators"]["medusa"]
+    # a plan that verifies the calibrated width-8 tree everywhere (whatever the timing said)
+    tree = med["trees"][1]
+    depth = [0]
+    for parent, _ in tree:
+        depth.append(depth[parent] + 1)
+    forced = out + ".w8.json"
+    with open(forced, "w") as f:
+        json.dump({"orochi_plan": 1, "buckets": [{"ctx": 1 << 20, "width": 8, "length": max(depth),
+                                                  "speculate": True, "tree": tree}]}, f)
+    return med["tokens_per_step"][1], forced
 
 
 @t.case
@@ -235,10 +248,18 @@ def test_trained_heads_beat_random():
     m_trained = acceptance(model, trained, want)
     # orochi profile measures the same heads offline (rank paths from one teacher-forced pass, a
     # tree calibrated on them): it must tell trained from random heads as the group did
-    p_rand, p_trained = profiled(model, rand), profiled(model, trained)
+    (p_rand, _), (p_trained, plan) = profiled(model, rand), profiled(model, trained)
     G.log("  orochi profile tokens per step at width 8: trained %.2f, random %.2f" % (p_trained, p_rand))
     G.check(p_trained >= MIN_TRAINED and p_trained >= p_rand + MIN_MARGIN,
             "orochi profile: trained heads %.2f vs random %.2f at width 8", p_trained, p_rand)
+    # the group following that plan drafts exactly its tree (Feedback's shape) and accepts what
+    # the profile measured offline, losslessly
+    m_plan = acceptance(model, trained, want, ["--plan", plan, "--guard", "off", "--adaptive", "off", "--max-draft", "8"])
+    mean_p = sum(m_plan) / len(m_plan)
+    G.log("  group with the profile's width-8 tree: %.2f tokens per step (%s)" % (
+        mean_p, " ".join("%.2f" % m for m in m_plan)))
+    G.check(abs(mean_p - p_trained) <= 0.3, "the group following the plan accepts %.2f per step, the profile "
+            "measured %.2f for the same tree", mean_p, p_trained)
     mean_r, mean_t = sum(m_rand) / len(m_rand), sum(m_trained) / len(m_trained)
     G.log("  mean accepted per step: trained %.2f (%s), random %.2f (%s)" % (
         mean_t, " ".join("%.2f" % m for m in m_trained), mean_r, " ".join("%.2f" % m for m in m_rand)))

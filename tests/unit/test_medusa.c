@@ -684,6 +684,54 @@ static void test_medusa_tree_wide(void **state)
 
 /* ===== mkmedusa determinism ===== */
 
+/* The plan's shape drafted exactly: every node is the shape's rank-th candidate of its depth's
+ * head, siblings come in rank order under parents in emission order, and nodes beyond the depth,
+ * the heads or max_nodes drop with their subtrees. */
+static void test_medusa_shape(void **state)
+{
+    (void)state;
+    tree_fixture f;
+    tree_setup(&f, "shape", "--heads 3 --seed 9 --scale 0.5");
+    int vocab = f.t->cfg.vocab;
+    enum { CAP = 64 };
+    int32_t tok[CAP], par[CAP];
+    float conf[CAP];
+    /* root -> ranks 1, 0 (listed out of order); under the rank-0 node: ranks 0, 2; under that
+     * node's rank-0 child: rank 0 (depth 3); and a depth-4 node, beyond the three heads */
+    const int32_t sp[] = {0, 0, 2, 2, 3, 5}, sr[] = {1, 0, 0, 2, 0, 0};
+    const int want_depth[] = {1, 1, 2, 2, 3};
+    const int want_rank[] = {0, 1, 0, 2, 0};
+    int n = medusa_draft_shape(f.m, NULL, f.h, sp, sr, 6, 8, CAP, tok, par, conf);
+    assert_int_equal(n, 5);
+    const int32_t want_par[] = {-1, -1, 0, 0, 2};
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(par[i], want_par[i]);
+        double prob;
+        int rank = token_rank(f.logits[want_depth[i] - 1], vocab, tok[i], &prob);
+        if (rank != want_rank[i])
+            fail_msg("node %d: token %d is candidate %d of head %d, the shape says %d", i, tok[i],
+                     rank, want_depth[i] - 1, want_rank[i]);
+        if (fabs(conf[i] - prob) > 1e-6 * (prob > 1 ? prob : 1) + 1e-7)
+            fail_msg("node %d: conf %.9g, softmax %.9g", i, (double)conf[i], prob);
+    }
+    /* depth 2: the depth-3 node goes */
+    assert_int_equal(medusa_draft_shape(f.m, NULL, f.h, sp, sr, 6, 2, CAP, tok, par, conf), 4);
+    /* max_nodes 2: the first two shape nodes (ranks 1 and 0 of head 0), nothing below them */
+    assert_int_equal(medusa_draft_shape(f.m, NULL, f.h, sp, sr, 6, 8, 2, tok, par, conf), 2);
+    assert_int_equal(par[0], -1);
+    assert_int_equal(par[1], -1);
+    /* a rank repeated under one parent is one node */
+    const int32_t dp[] = {0, 0}, dr[] = {0, 0};
+    assert_int_equal(medusa_draft_shape(f.m, NULL, f.h, dp, dr, 2, 8, CAP, tok, par, conf), 1);
+    /* no shape, bad shapes */
+    assert_int_equal(medusa_draft_shape(f.m, NULL, f.h, sp, sr, 0, 8, CAP, tok, par, conf), 0);
+    const int32_t fwd[] = {2, 0}, neg[] = {0, -1};
+    assert_int_equal(medusa_draft_shape(f.m, NULL, f.h, fwd, sr, 2, 8, CAP, tok, par, conf), -1);
+    assert_int_equal(medusa_draft_shape(f.m, NULL, f.h, sp, neg, 2, 8, CAP, tok, par, conf), -1);
+    assert_int_equal(medusa_draft_shape(NULL, NULL, f.h, sp, sr, 6, 8, CAP, tok, par, conf), -1);
+    tree_teardown(&f);
+}
+
 static void test_medusa_mkmedusa_deterministic(void **state)
 {
     char tp[512], a[512], b[512], c[512];
@@ -724,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_medusa_default_heads_informative),
         cmocka_unit_test(test_medusa_tree_structure),
         cmocka_unit_test(test_medusa_tree_wide),
+        cmocka_unit_test(test_medusa_shape),
         cmocka_unit_test(test_medusa_mkmedusa_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
