@@ -270,7 +270,8 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
     g->tok += tokens;
     ++g->n;
     /* a probe that already costs half as much again as plain decoding need not finish its window */
-    bool hopeless = g->on && g->base > 0 && g->n >= 2 && g->sec / (double)g->tok > 1.5 * g->base;
+    bool hopeless = g->on && g->base > 0 && g->n >= 2 &&
+                    g->sec / (double)g->tok > CTL_GUARD_HOPELESS * g->base;
     if (g->n < g->window && !hopeless)
         return g->on;
     double cost = g->sec / (double)g->tok;
@@ -303,6 +304,9 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
 void ctl_guard_reprobe(ctl_guard *g)
 {
     if (g->on || g->spec <= 0)
+        return;
+    /* a clear loser is no better on a new text: it waits for its backed-off probe */
+    if (g->base > 0 && g->spec > CTL_GUARD_HOPELESS * g->base && g->off_n < g->probe_now)
         return;
     g->on = true;
     g->warm = CTL_GUARD_WARM;

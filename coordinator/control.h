@@ -100,6 +100,8 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
  * the speculators, unfed while off, first catch up with the context (a model drafter reads it
  * all again). */
 #define CTL_GUARD_WARM 2
+/* a speculative cost per token above this many times the plain cost is a clear loss */
+#define CTL_GUARD_HOPELESS 1.5
 typedef struct {
     bool on;
     double base, spec; /* seconds per token: plain, and speculative at the last judgement */
@@ -114,8 +116,10 @@ typedef struct {
 void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe);
 /* One cycle: speculated = whether it verified drafts. Returns whether speculation is on now. */
 bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens);
-/* A new text (a request starts): what lost on the last one may pay on this one, so a guard that
- * is off tests speculation again now (one window, the back-off kept for probes within a text). */
+/* A new text (a request starts): what lost narrowly on the last one may pay on this one, so a
+ * guard that is off tests speculation again now (one window, the back-off kept for probes within
+ * a text) — unless the last judgement was a clear loss (more than CTL_GUARD_HOPELESS x the plain
+ * cost, e.g. a drafter slower than what it saves): that waits for its backed-off probe. */
 void ctl_guard_reprobe(ctl_guard *g);
 
 /* ===== ARCA planning ===== */

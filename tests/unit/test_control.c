@@ -207,15 +207,28 @@ static void guard_switches_off_and_back_on(void **state)
     assert_true(ctl_guard_sample(&g, true, 0.020, 1));
     assert_false(ctl_guard_sample(&g, true, 0.020, 1));
     assert_float_equal(g.spec, 0.020, 1e-12);
-    /* a new text re-tests a guard that is off, at once */
+    /* a new text re-tests a guard that lost narrowly, at once */
     ctl_guard_init(&g, 0.01, 4, 8);
-    for (int i = 0; i < CTL_GUARD_WARM + 2; i++)
-        ctl_guard_sample(&g, true, 0.030, 1);
+    for (int i = 0; i < CTL_GUARD_WARM + 4; i++)
+        ctl_guard_sample(&g, true, 0.012, 1);
     assert_false(g.on);
     ctl_guard_reprobe(&g);
     assert_true(g.on);
     assert_int_equal(g.warm, CTL_GUARD_WARM);
     ctl_guard_reprobe(&g); /* already on: nothing changes */
+    assert_int_equal(g.switches_on, 1);
+    /* a clear loser (3 x the plain cost) is not re-tested by a new text: it waits for its
+     * backed-off probe (16 plain cycles), which a new text then no longer delays */
+    ctl_guard_init(&g, 0.01, 4, 8);
+    for (int i = 0; i < CTL_GUARD_WARM + 2; i++)
+        ctl_guard_sample(&g, true, 0.030, 1);
+    assert_false(g.on);
+    assert_int_equal(g.probe_now, 16);
+    ctl_guard_reprobe(&g);
+    assert_false(g.on);
+    for (int i = 0; i < 15; i++)
+        assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_true(ctl_guard_sample(&g, false, 0.010, 1));
     assert_int_equal(g.switches_on, 1);
     /* a prior base starts it on */
     ctl_guard_init(&g, 0.01, 4, 8);
