@@ -389,6 +389,26 @@ def ablation(a, prompts, base, out):
     return 0 if all(r["lossless"] for r in rows) else 1
 
 
+def in_waves(g, jobs, n, max_tokens):
+    """Every job (a prompt row) as a greedy chat completion, n at once: ([(response, seconds)], the
+    summed wall time of the waves)."""
+    res, wall = [None] * len(jobs), 0.0
+    for w0 in range(0, len(jobs), n):
+        wave = list(range(w0, min(w0 + n, len(jobs))))
+
+        def one(i):
+            res[i] = g.chat(jobs[i]["prompt"], max_tokens)
+
+        t0 = time.time()
+        th = [threading.Thread(target=one, args=(i,)) for i in wave]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        wall += time.time() - t0
+    return res, wall
+
+
 def concurrency(a, prompts, base, out):
     levels = [int(x) for x in a.concurrency.split(",")]
     run_dir = a.run_dir + "-concurrency"
@@ -404,20 +424,7 @@ def concurrency(a, prompts, base, out):
         # once: level 1 is those requests one after the other, so the ratios compare like work
         all_jobs = [prompts[i % len(prompts)] for i in range(max(levels))]
         for n in levels:
-            res, wall = [None] * len(all_jobs), 0.0
-            for w0 in range(0, len(all_jobs), n):
-                wave = list(range(w0, min(w0 + n, len(all_jobs))))
-
-                def one(i):
-                    res[i] = g.chat(all_jobs[i]["prompt"], a.max_tokens or 64)
-
-                t0 = time.time()
-                th = [threading.Thread(target=one, args=(i,)) for i in wave]
-                for t in th:
-                    t.start()
-                for t in th:
-                    t.join()
-                wall += time.time() - t0
+            res, wall = in_waves(g, all_jobs, n, a.max_tokens or 64)
             jobs = all_jobs
             toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
             for i in range(len(jobs)):

@@ -493,7 +493,8 @@ def fmt_heads(v, pct=True):
 
 # ===== prompts from the local documentation =====
 
-def make_prompts(out, count, seed, docs):
+def doc_sentences(docs):
+    """First sentences of prose paragraphs in the README files under docs (de-duplicated)."""
     files = sorted(glob.glob(os.path.join(docs, "*", "README*")))
     files = [f for f in files if os.path.isfile(f) and "changelog" not in f.lower()]
     if not files:
@@ -528,13 +529,77 @@ def make_prompts(out, count, seed, docs):
             cands.append(prompt)
     if not cands:
         raise Fail("no usable paragraph in the README files under %s" % docs)
+    return cands, len(files)
+
+
+def python_docstrings(pylib):
+    """(function name, first docstring line) of the Python standard library's functions."""
+    out, seen = [], set()
+    for path in sorted(glob.glob(os.path.join(pylib, "*.py"))):
+        try:
+            text = open(path, encoding="utf-8", errors="replace").read()
+        except OSError:
+            continue
+        for m in re.finditer(r'\n\s*def ([a-z][a-z0-9_]{2,30})\([^)]*\)[^:\n]*:\n\s+"""([A-Z][^\n"]{24,110}\.)', text):
+            name, doc = m.group(1), m.group(2)
+            if name.startswith("_") or name in seen:
+                continue
+            seen.add(name)
+            out.append((name, doc))
+    return out
+
+
+# Instruction prompts (--style instruct): tasks of the kinds a chat model is asked for (explain,
+# condense, code, arithmetic), their material drawn from this machine's documentation and Python
+# library, or numbers drawn at random. Not the bench prompts' texts.
+DOC_TASKS = ["Explain this in simple words: {s}", "Give a one-sentence summary of this text: {s}",
+             "Rewrite this so that a beginner understands it: {s}", "What does this mean, and why would "
+             "someone need it? {s}", "List three key points of this text: {s}"]
+CODE_TASKS = ["Write a Python function called {name}. {doc}", "Implement this in C as a function "
+              "named {name}: {doc}", "Write a JavaScript function {name} for this task: {doc}",
+              "Show how a Python function named {name} could work. {doc}"]
+MATH_TASKS = ["What is {a} times {b}? Show your work.",
+              "Add {a} and {b}, then divide the result by {c}. What do you get? Explain each step.",
+              "A train moves at {c} km per hour for {d} hours. How far does it travel?",
+              "A rectangle is {c} m long and {d} m wide. What is its area and its perimeter?",
+              "Tom is {c} years old and his aunt is {f} years old. How many years older is she?",
+              "What is the average of {c}, {d} and {e}? Explain how to compute it.",
+              "Each ticket costs {c} dollars. How much do {d} tickets cost, with step by step reasoning?"]
+
+
+def instruct_prompts(count, rng, docs, pylib):
+    sents, _ = doc_sentences(docs)
+    funcs = python_docstrings(pylib)
+    out = []
+    for i in range(count):
+        kind = i % 3
+        if kind == 0 or (kind == 1 and not funcs):
+            t = DOC_TASKS[int(rng.integers(len(DOC_TASKS)))]
+            out.append(t.format(s=sents[int(rng.integers(len(sents)))]))
+        elif kind == 1:
+            name, doc = funcs[int(rng.integers(len(funcs)))]
+            out.append(CODE_TASKS[int(rng.integers(len(CODE_TASKS)))].format(name=name, doc=doc))
+        else:
+            n = [int(x) for x in rng.integers(2, 90, size=5)]
+            out.append(MATH_TASKS[int(rng.integers(len(MATH_TASKS)))].format(
+                a=n[0] * 7 + 40, b=n[1], c=n[2], d=n[3], e=n[4], f=n[2] + n[3]))
+    return out
+
+
+def make_prompts(out, count, seed, docs, style="docs", pylib=None):
     rng = np.random.default_rng(seed)
-    pick = rng.permutation(len(cands))[:count]
+    if style == "instruct":
+        lines = instruct_prompts(count, rng, docs, pylib or sorted(glob.glob("/usr/lib/python3.*"))[-1])
+        what = "instruction prompts"
+    else:
+        cands, n_files = doc_sentences(docs)
+        pick = rng.permutation(len(cands))[:count]
+        lines = [cands[i] for i in sorted(pick)]
+        what = "prompts (of %d candidates from %d README files)" % (len(cands), n_files)
     with open(out, "w") as f:
-        for i in sorted(pick):
-            f.write(cands[i] + "\n")
-    sys.stderr.write("train_medusa: wrote %s: %d prompts (of %d candidates from %d README files)\n"
-                     % (out, len(pick), len(cands), len(files)))
+        for line in lines:
+            f.write(line + "\n")
+    sys.stderr.write("train_medusa: wrote %s: %d %s\n" % (out, len(lines), what))
 
 
 # ===== main =====
@@ -562,6 +627,11 @@ def parse_args(argv):
     ap.add_argument("--make-prompts", metavar="FILE", help="write prompts from local docs and exit")
     ap.add_argument("--count", type=int, default=400, help="with --make-prompts: how many")
     ap.add_argument("--docs", default="/usr/share/doc", help="with --make-prompts: where to look")
+    ap.add_argument("--style", choices=("docs", "instruct"), default="docs",
+                    help="with --make-prompts: first sentences of docs, or instruction prompts (explain, "
+                         "summarise, code from the Python library's docstrings, arithmetic)")
+    ap.add_argument("--pylib", help="with --style instruct: the Python library directory (default the "
+                                    "newest /usr/lib/python3.*)")
     a = ap.parse_args(argv)
     if a.make_prompts:
         return a
@@ -578,7 +648,7 @@ def parse_args(argv):
 def main(argv):
     a = parse_args(argv)
     if a.make_prompts:
-        make_prompts(a.make_prompts, a.count, a.seed, a.docs)
+        make_prompts(a.make_prompts, a.count, a.seed, a.docs, a.style, a.pylib)
         return 0
     t_start = time.time()
     name, dim, vocab, eps, norm, lm, head_name = load_target(a.target)
