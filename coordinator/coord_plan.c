@@ -124,6 +124,11 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
             }
             p->ctx[i] = ctx;
             p->width[i] = width < c->max_width ? width : c->max_width;
+            if (width > c->max_width)
+                rt_log("coordinator",
+                       "the plan %s: bucket %d's width %d is capped to --max-width %d (start the "
+                       "group with --max-width %d to verify the plan's tree whole)",
+                       c->plan_path, i, width, c->max_width, width);
             p->length[i] = length;
             const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "speculate");
             p->speculate[i] = !cJSON_IsBool(sp) || cJSON_IsTrue(sp);
