@@ -11,6 +11,9 @@
  *      costs more than it saves.
  * Each timing is the median of --reps repetitions after a warm-up. A table goes to stdout and one
  * JSON object per row to --json FILE (bench/results/bench.jsonl by default).
+ * `orochi bench --tree-attention ...` (first option) is a separate micro-benchmark of the tree
+ * part of attention, naive sparse vs the engine's sparse kernels vs dense (Ghidorah Fig. 10(b)),
+ * in bench/tree_attention.c, which parses its own options.
  */
 #include <math.h>
 #include <stdio.h>
@@ -142,10 +145,14 @@ static void bench_usage(FILE *out)
                  "                    [--ctx 256] [--decode-tokens 64] [--reps 5] [--kv f32|f16]\n"
                  "                    [--json FILE]\n"
                  "       orochi bench --bandwidth [--threads 1,2] [--json FILE]\n"
+                 "       orochi bench --tree-attention [--widths 4,8,16,32,64] [--heads 9] ...\n"
                  "  Decode tok/s per thread count and the W-token step-time curve at --ctx,\n"
                  "  with achieved GB/s against the measured read-bandwidth floor at the same\n"
                  "  thread count. --bandwidth measures that floor afresh and caches it in\n"
-                 "  %s (other commands measure what is missing).\n", bw_cache_path());
+                 "  %s (other commands measure what is missing).\n"
+                 "  --tree-attention (first option) times the tree part of attention: naive\n"
+                 "  sparse vs katt_sparse / katt_causal_group vs dense (`orochi bench\n"
+                 "  --tree-attention --help`).\n", bw_cache_path());
 }
 
 static FILE *bench_open_json(const char *path)
@@ -162,6 +169,8 @@ static FILE *bench_open_json(const char *path)
 
 int cmd_bench(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--tree-attention"))
+        return bench_tree_attention(argc - 1, argv + 1);
     bench_opts o = {.model = BENCH_DEFAULT_MODEL, .json = "bench/results/bench.jsonl",
                     .decode_tokens = 64, .ctx = 256, .reps = 5, .kv = KV_F32};
     bench_list("1,2", o.threads, &o.n_threads, 8, 1024);
