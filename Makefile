@@ -50,14 +50,13 @@ demo: models build
 bench-peer: build models
 	/usr/bin/python3 bench/peer.py --bin-dir $(BUILD)/bin --model $(MODEL) --llama-cpp $(LLAMA_CPP) $(PEER_FLAGS)
 
-# Medusa heads for the default model (docs/medusa.md, "Training"): prompts from the README files
-# under /usr/share/doc (continued as plain text, and chat-wrapped) and instruction prompts built from
-# them, the Python library's docstrings and arithmetic templates (chat-wrapped); the target's greedy
-# generations and hidden states (`orochi hidden`); then tools/train_medusa.py. About 25 minutes on
-# 2 cores with OpenBLAS (deploy/install-deps.sh installs it; the reference BLAS is 12 times slower).
-# MEDUSA_PROMPTS plain and chat prompts each, MEDUSA_INSTRUCT instruction prompts, MEDUSA_TOKENS
-# generated tokens each, MEDUSA_HEADS heads,
-# MEDUSA_EPOCHS epochs; the data and checkpoints stay in $(MEDUSA_WORK).
+# Medusa heads for the default model: `orochi train-medusa` (docs/medusa.md, "Training"):
+# documentation prompts (continued as plain text, and chat-wrapped), instruction prompts, the
+# target's greedy generations and hidden states, then tools/train_medusa.py. About 25 minutes on
+# 2 cores with OpenBLAS (deploy/install-deps.sh installs it; the reference BLAS is 12 times
+# slower). Resumable: run it again after an interruption. MEDUSA_PROMPTS plain and chat prompts
+# each, MEDUSA_INSTRUCT instruction prompts, MEDUSA_TOKENS generated tokens each, MEDUSA_HEADS
+# heads, MEDUSA_EPOCHS epochs; the work files stay in $(MEDUSA_WORK).
 MEDUSA_OUT ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.medusa.gguf
 MEDUSA_WORK ?= $(BUILD)/medusa-train
 MEDUSA_PROMPTS ?= 500
@@ -65,20 +64,11 @@ MEDUSA_INSTRUCT ?= 600
 MEDUSA_TOKENS ?= 128
 MEDUSA_HEADS ?= 4
 MEDUSA_EPOCHS ?= 3
-MEDUSA_PYTHON ?= /usr/bin/python3
 .PHONY: medusa-heads
 medusa-heads: build models
-	@mkdir -p $(MEDUSA_WORK)
-	$(MEDUSA_PYTHON) tools/train_medusa.py --make-prompts $(MEDUSA_WORK)/prompts.txt --count $$((2 * $(MEDUSA_PROMPTS))) --seed 3
-	head -n $(MEDUSA_PROMPTS) $(MEDUSA_WORK)/prompts.txt > $(MEDUSA_WORK)/plain.txt
-	tail -n +$$(( $(MEDUSA_PROMPTS) + 1 )) $(MEDUSA_WORK)/prompts.txt > $(MEDUSA_WORK)/chat.txt
-	$(MEDUSA_PYTHON) tools/train_medusa.py --make-prompts $(MEDUSA_WORK)/instr.txt --count $(MEDUSA_INSTRUCT) --seed 4 --style instruct
-	$(OROCHI_BIN) hidden --model $(MODEL) --prompts $(MEDUSA_WORK)/plain.txt -n $(MEDUSA_TOKENS) --out $(MEDUSA_WORK)/plain.bin
-	$(OROCHI_BIN) hidden --model $(MODEL) --prompts $(MEDUSA_WORK)/chat.txt --chat -n $(MEDUSA_TOKENS) --out $(MEDUSA_WORK)/chat.bin
-	$(OROCHI_BIN) hidden --model $(MODEL) --prompts $(MEDUSA_WORK)/instr.txt --chat -n $(MEDUSA_TOKENS) --out $(MEDUSA_WORK)/instr.bin
-	$(MEDUSA_PYTHON) tools/train_medusa.py --target $(MODEL) --data $(MEDUSA_WORK)/plain.bin --data $(MEDUSA_WORK)/chat.bin \
-		--data $(MEDUSA_WORK)/instr.bin --out $(MEDUSA_OUT) --heads $(MEDUSA_HEADS) --epochs $(MEDUSA_EPOCHS) --seed 1 \
-		--checkpoint $(MEDUSA_WORK)/heads.ckpt.npz
+	OROCHI_SOURCE=$(CURDIR) $(OROCHI_BIN) train-medusa --target $(MODEL) --out $(MEDUSA_OUT) --work $(MEDUSA_WORK) \
+		--heads $(MEDUSA_HEADS) --prompts $(MEDUSA_PROMPTS) --instruct $(MEDUSA_INSTRUCT) \
+		--tokens $(MEDUSA_TOKENS) --epochs $(MEDUSA_EPOCHS) --seed 1
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

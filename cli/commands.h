@@ -13,6 +13,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_mkmedusa(int argc, char **argv);
 int cmd_hidden(int argc, char **argv);
+int cmd_train_medusa(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `orochi bench --tree-attention ...` (bench/tree_attention.c): argv[0] is "--tree-attention". */

@@ -21,6 +21,7 @@ static const command COMMANDS[] = {
     {"quantize", cmd_quantize, "convert a GGUF model's weight matrices to another type"},
     {"mkmedusa", cmd_mkmedusa, "write deterministic random Medusa heads for a target GGUF"},
     {"hidden", cmd_hidden, "greedy generations' hidden states: Medusa training data"},
+    {"train-medusa", cmd_train_medusa, "train Medusa heads for a target (self-distillation)"},
     {"bench", cmd_bench, "decode speed and batch step-time curve"},
     {"profile", cmd_profile, "ARCA: step times and acceptance, the plan a group follows"},
     {"generate", cmd_generate, "one request to a running coordinator's HTTP API"},
@@ -31,7 +32,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: orochi COMMAND [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        fprintf(out, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].help);
+        fprintf(out, "  %-12s %s\n", COMMANDS[i].name, COMMANDS[i].help);
     fprintf(out, "\n'orochi COMMAND --help' describes a command's options.\n");
 }
 

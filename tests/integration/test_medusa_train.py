@@ -18,7 +18,9 @@ width-8 tree (the coordinator hands the shape to the speculator in every Feedbac
 exactly that tree) must accept what the profile predicted within 0.3 tokens per step (measured
 3.62; with the adaptive length on, which shortens the tree when steps look costly, 3.27).
 
-Also: the data file's layout and greedy tokens (equal to `orochi run`), the W = 0 identity (the
+`orochi train-medusa` runs the whole pipeline (prompts, data, training) on the tiny target,
+resumes a second run (finished steps skipped, training continued from the checkpoint) and rejects
+bad options. Also: the data file's layout and greedy tokens (equal to `orochi run`), the W = 0 identity (the
 target's own lm_head on the recorded h gives the next greedy token), bad input (exit 2, one line),
 and a deterministic trainer whose --resume continues exactly (2 + 2 epochs == 4 epochs, byte for
 byte).
@@ -201,6 +203,38 @@ def test_resume_is_exact():
     a, b = open(straight, "rb").read(), open(resumed, "rb").read()
     G.check(a == b, "4 epochs straight and 2 + 2 resumed differ (%d vs %d bytes)", len(a), len(b))
     G.check(a != open(part, "rb").read(), "2 and 4 epochs gave the same heads")
+
+
+@t.case
+def test_train_medusa_command():
+    """orochi train-medusa: the whole pipeline, then a second run that resumes (every finished step
+    skipped, the training continued from its checkpoint), and bad options (exit 2, one line)."""
+    need_numpy()
+    model = tiny()
+    out = work("cmd", "heads.gguf")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OROCHI_SOURCE=G.env()["source"])
+    cmd = [G.env()["bin"], "train-medusa", "--target", model, "--out", out, "--heads", "2", "--prompts", "6",
+           "--instruct", "4", "--tokens", "16", "--threads", "1"]
+    r = subprocess.run(cmd + ["--epochs", "1"], capture_output=True, text=True, timeout=300, env=env)
+    G.check(r.returncode == 0, "train-medusa failed (%d): %s", r.returncode, r.stderr[-2000:])
+    for n in range(1, 7):
+        G.check("step %d/6" % n in r.stderr, "no progress line for step %d: %s", n, r.stderr[-1000:])
+    with open(out, "rb") as f:
+        G.check(f.read(4) == b"GGUF", "%s is not a GGUF file", out)
+    G.check(os.path.exists(out + ".work/heads.ckpt.npz"), "no checkpoint in the work directory")
+    r = subprocess.run(cmd + ["--epochs", "2"], capture_output=True, text=True, timeout=300, env=env)
+    G.check(r.returncode == 0, "train-medusa (resumed) failed (%d): %s", r.returncode, r.stderr[-2000:])
+    G.check(r.stderr.count("skipped") == 5, "a second run should skip the 5 finished steps: %s", r.stderr[-1500:])
+    G.check("resumed from" in r.stderr and "after epoch 1" in r.stderr, "training did not resume: %s",
+            r.stderr[-1500:])
+    for bad, msg in ((["--heads", "0"], "--heads"), (["--epochs", "x"], "--epochs"), (["--bogus", "1"], "--bogus")):
+        r = subprocess.run(cmd + bad, capture_output=True, text=True, timeout=60, env=env)
+        G.check(r.returncode == 2 and msg in r.stderr, "%s: exit %d, %r", bad, r.returncode, r.stderr)
+    r = subprocess.run([G.env()["bin"], "train-medusa", "--target", work("absent.gguf"), "--out", out],
+                       capture_output=True, text=True, timeout=60, env=env)
+    G.check(r.returncode == 2 and "cannot read the target" in r.stderr, "absent target: %d %r", r.returncode,
+            r.stderr)
 
 
 def profiled(model, heads):
