@@ -52,7 +52,7 @@ bench-peer: build models
 
 # Medusa heads for the default model: `orochi train-medusa` (docs/medusa.md, "Training"):
 # documentation prompts (continued as plain text, and chat-wrapped), instruction prompts, the
-# target's greedy generations and hidden states, then tools/train_medusa.py. About 25 minutes on
+# target's greedy generations and hidden states, then tools/train_medusa.py. About 15 minutes on
 # 2 cores with OpenBLAS (deploy/install-deps.sh installs it; the reference BLAS is 12 times
 # slower). Resumable: run it again after an interruption. MEDUSA_PROMPTS plain and chat prompts
 # each, MEDUSA_INSTRUCT instruction prompts, MEDUSA_TOKENS generated tokens each, MEDUSA_HEADS

@@ -52,7 +52,7 @@ static void tm_usage(FILE *f)
            "  (`orochi hidden`), then tools/train_medusa.py for --epochs (progress with loss and\n"
            "  per-head top-1 on a held-out split). Work files go to --work (default OUT.work);\n"
            "  running it again resumes: finished steps are skipped, training continues from its\n"
-           "  checkpoint. The default model takes about 25 minutes on 2 cores (docs/medusa.md).\n");
+           "  checkpoint. The default model takes about 15 minutes on 2 cores (docs/medusa.md).\n");
 }
 
 static bool tm_exists(const char *path)
