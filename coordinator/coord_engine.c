@@ -351,6 +351,7 @@ static void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *
         Orochi__Feedback fb = OROCHI__FEEDBACK__INIT;
         fb.request_id = req_id;
         fb.ctx_len = (uint64_t)n_all;
+        fb.seq_slot = (uint32_t)slot;
         bool reset = p->fed_req != req_id || p->fed_ctx + (uint64_t)n_added != (uint64_t)n_all;
         fb.reset = reset;
         fb.tokens = (int32_t *)(reset ? all : added);

@@ -57,6 +57,7 @@ struct llama_ctx {
     int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
     int batch_base; /* tree slot of the running batch's first token (> 0 for an appended batch) */
     bool tree_open; /* the tree may be appended to: the prefix has not moved since it started */
+    int src_seq;    /* the slot of params.prefix_src the prefix is read from */
     void *scratch;  /* matmul scratch */
 };
 
@@ -210,6 +211,24 @@ static int load_config(llama_loader *ld, llama_config *c)
     if (!gguf_get_f32(ld->f, key, &c->norm_eps))
         c->norm_eps = 1e-5f;
     return 0;
+}
+
+int llama_read_config(const char *path, llama_config *c, char *err, size_t errlen)
+{
+    gguf_file *f = gguf_open(path, err, errlen);
+    if (!f)
+        return -1;
+    llama_loader ld = {f, err, errlen};
+    int rc = load_config(&ld, c);
+    gguf_close(&f);
+    return rc;
+}
+
+bool llama_config_same_kv(const llama_config *a, const llama_config *b)
+{
+    return a->n_layers == b->n_layers && a->dim == b->dim && a->n_heads == b->n_heads &&
+           a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
+           a->rot_dim == b->rot_dim && a->rope_base == b->rope_base;
 }
 
 static int llama_model_pack(llama_model *m);
@@ -496,6 +515,13 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     }
     if (x->p.n_ctx <= 0)
         x->p.n_ctx = c->ctx;
+    if (x->p.prefix_src && (x->p.n_parts != 1 || x->p.prefix_src_n_ctx <= 0 ||
+                            x->p.prefix_src_max_width <= 0 || x->p.prefix_src_n_seq <= 0)) {
+        snprintf(err, errlen, "bad context parameters: a prefix source needs one part and its "
+                              "layout (n_ctx, width, sequence slots)");
+        free(x);
+        return NULL;
+    }
     x->pool = kpool_new(x->p.n_threads);
     if (!x->pool)
         goto oom;
@@ -594,6 +620,14 @@ const llama_shared *llama_ctx_shared(const llama_ctx *ctx)
     return &ctx->sh;
 }
 
+void llama_ctx_set_prefix_source_seq(llama_ctx *ctx, int seq)
+{
+    if (!ctx->p.prefix_src || seq < 0 || seq >= ctx->p.prefix_src_n_seq || seq == ctx->src_seq)
+        return;
+    ctx->src_seq = seq;
+    ctx->tree_open = false; /* the tree attended to another prefix */
+}
+
 void llama_ctx_reset(llama_ctx *ctx)
 {
     memset(ctx->prefix, 0, (size_t)ctx->p.n_seq * sizeof *ctx->prefix);
@@ -637,6 +671,16 @@ static void *kv_head_row(const llama_ctx *x, uint8_t *base, int kvh, int64_t p)
            ((size_t)kvh * (size_t)rows + (size_t)p) * (size_t)x->m->cfg.head_dim * x->kv_elem;
 }
 
+/* The first prefix row of KV head kvh in layer rows `base` of the prefix source (its layout:
+ * per KV head, n_seq * n_ctx prefix rows then max_width tree rows). */
+static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh)
+{
+    const llama_ctx_params *p = &x->p;
+    int64_t rows = (int64_t)p->prefix_src_n_seq * p->prefix_src_n_ctx + p->prefix_src_max_width;
+    int64_t r = (int64_t)kvh * rows + (int64_t)x->src_seq * p->prefix_src_n_ctx;
+    return base + (size_t)r * (size_t)x->m->cfg.head_dim * x->kv_elem;
+}
+
 /* Store this part's KV heads of one projected row (n_kv_heads * head_dim values) into slot p. */
 static void kv_store(const llama_ctx *x, uint8_t *base, int64_t p, const float *src)
 {
@@ -670,6 +714,9 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_heads = x->kvh1 - x->kvh0;
     float scale = 1.0f / sqrtf((float)hd);
     uint8_t *kl = kv_layer(x, j->layer, 0), *vl = kv_layer(x, j->layer, 1);
+    const llama_shared *src = x->p.prefix_src;
+    const uint8_t *src_kl = src ? src->kv + (size_t)(2 * j->layer) * src->layer_kv_bytes : NULL;
+    const uint8_t *src_vl = src ? src_kl + src->layer_kv_bytes : NULL;
     katt_stat st[64];
     for (int64_t item = begin; item < end; item++) {
         /* one (token, KV head) per item: its `group` query heads share every key and value load */
@@ -683,8 +730,8 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
             .type = x->p.kv,
             .stride = hd,
             .n_prefix = n_prefix,
-            .k = kv_head_row(x, kl, kvh, seq_row),
-            .v = kv_head_row(x, vl, kvh, seq_row),
+            .k = src_kl ? src_head_row(x, src_kl, kvh) : kv_head_row(x, kl, kvh, seq_row),
+            .v = src_vl ? src_head_row(x, src_vl, kvh) : kv_head_row(x, vl, kvh, seq_row),
             .tree_k = kv_head_row(x, kl, kvh, x->tree_row),
             .tree_v = kv_head_row(x, vl, kvh, x->tree_row),
             .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
@@ -884,6 +931,10 @@ int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t err
 {
     if (n <= 0)
         return 0;
+    if (x->p.prefix_src) {
+        snprintf(err, errlen, "commit: this context reads its prefix from another's K/V");
+        return -1;
+    }
     if (path[0] < 0 || path[0] >= x->batch_n) {
         snprintf(err, errlen, "commit: path[0] = %d is not a token of the tree (%d tokens)",
                  path[0], x->batch_n);

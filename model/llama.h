@@ -47,6 +47,11 @@ void llama_model_destroy(llama_model **model);
 /* Keep only the listed layers, in that order (self-speculation: the target with layers skipped).
  * Returns 0, or -1 with err for an index out of range or an empty list. */
 int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err, size_t errlen);
+/* The shape of a llama GGUF without loading its weights (what llama_model_load would check).
+ * Returns 0, or -1 with err. */
+int llama_read_config(const char *path, llama_config *c, char *err, size_t errlen);
+/* Same layer count and attention shape (so one's K/V rows can stand for the other's). */
+bool llama_config_same_kv(const llama_config *a, const llama_config *b);
 /* Bytes of weights a step reads: every layer matrix plus the lm_head. */
 size_t llama_model_step_bytes(const llama_model *m);
 /* Multiply-adds per token of a step (matmuls only, no attention). */
@@ -85,6 +90,13 @@ typedef struct {
     /* called at each synchronisation point when n_parts > 1; returns 0, or -1 if a peer is lost */
     int (*sync)(void *arg);
     void *sync_arg;
+    /* Read the committed prefix from another context's KV cache instead of this one's (a drafter
+     * that is a re-quantized copy of the target attends to the target's K/V in the arena: no
+     * prefill, no commits of its own). NULL: this context's own prefix rows. The source must have
+     * this model's layer count and KV shape and this context's kv type; the sequence slot read is
+     * set by llama_ctx_set_prefix_source_seq. llama_commit and llama_prefill are refused. */
+    const llama_shared *prefix_src;
+    int prefix_src_n_ctx, prefix_src_max_width, prefix_src_n_seq; /* the source's layout */
 } llama_ctx_params;
 
 typedef struct llama_ctx llama_ctx;
@@ -99,6 +111,8 @@ void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);
 int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq);
 void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n);
 const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
+/* Which sequence slot of params.prefix_src the prefix is read from (ignored without one). */
+void llama_ctx_set_prefix_source_seq(llama_ctx *ctx, int seq);
 /* Forget the committed prefix. */
 void llama_ctx_reset(llama_ctx *ctx);
 

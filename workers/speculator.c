@@ -79,6 +79,12 @@ typedef struct {
     float branch_threshold, alpha;
     bool alpha_off; /* --alpha off: no fallback (drafts run to the budget), no update */
     bool trace, work_ahead;
+    const char *target_kv_s; /* --target-kv auto|on|off */
+    /* the draft model reads the target's committed K/V in the arena (a re-quantized copy of the
+     * target: same layers and attention shape): no prefill and no K/V commits of its own; the
+     * private KV then only holds the tree */
+    bool kv_shared;
+    llama_shared target_sh; /* the target's KV block in the arena (kv_shared) */
     char role[64];
     void *zctx, *sock;
     pthread_mutex_t sock_lock; /* sends come from the main and the heartbeat thread */
@@ -146,6 +152,7 @@ static void spec_usage(FILE *out)
         "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
         "                         [--ngram N] [--branch-threshold P] [--alpha A|off]\n"
         "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
+        "                         [--target-kv auto|on|off]\n"
         "                         [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
         "  layerskip: the target with only --layers (default: the first half)\n"
         "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
@@ -153,6 +160,9 @@ static void spec_usage(FILE *out)
         "  medusa:    Medusa heads (--heads, see docs/medusa.md) on the target's hidden state\n"
         "  --work-ahead 1 (default): while the target verifies, extend the KV along the draft's\n"
         "  main branch and keep drafting past it, so a confirmed chain is the next draft\n"
+        "  --target-kv auto (default): a model drafter with the target's whole shape (a\n"
+        "  re-quantized copy) reads the target's committed K/V in the arena: no prefill of\n"
+        "  its own, no drafting ahead; on: require it; off: keep a private prefix\n"
         "  --orphan-ms (10000): exit when the coordinator has been silent this long\n"
         "  --stall-ms (30000): stop heartbeating when the main thread has been busy in one\n"
         "  computation this long (so the coordinator replaces a wedged speculator)\n");
@@ -252,6 +262,19 @@ static int spec_catch_up(spec *s, int upto)
 {
     if (s->kv_len >= upto)
         return 0;
+    if (s->kv_shared) {
+        /* the target committed every token but the last (the correction/bonus token it has not
+         * run yet): those rows are already in the arena */
+        if (upto > s->n_committed - 1) {
+            rt_log(s->role, "draft model: %d tokens asked of the target's %d committed", upto,
+                   s->n_committed - 1);
+            return -1;
+        }
+        s->kv_len = upto;
+        s->logits_at = -1;
+        s->tree_ok = false;
+        return 0;
+    }
     char err[256];
     llama_ctx_set_prefix_len(s->ctx, s->kv_len);
     s->logits_at = -1;
@@ -689,6 +712,8 @@ static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
  * being forwarded again by the next catch-up — each drafted token is computed once. */
 static void spec_commit_accepted(spec *s, const int32_t *acc, int n)
 {
+    if (s->kv_shared) /* the target's prefix already holds them */
+        return;
     if (!s->tree_ok || s->kv_len != s->tree_root_pos || s->n_nodes <= 0) {
         if (s->trace)
             rt_log(s->role, "no tree K/V to keep (tree %d, kv %d, root %d, nodes %d)", s->tree_ok,
@@ -740,6 +765,8 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
             s->shape_rank[i] = (int32_t)fb->shape_rank[i];
             s->n_shape++;
         }
+    if (s->kv_shared)
+        llama_ctx_set_prefix_source_seq(s->ctx, (int)fb->seq_slot);
     if (fb->reset || fb->request_id != s->request_id) {
         if (!fb->reset) /* feedback for a request we never saw the start of */
             return;
@@ -770,7 +797,7 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         while (keep < n && keep < s->n_chain &&
                s->tokens[s->n_committed + keep] == fb->tokens[keep])
             keep++;
-        if (keep == n) {
+        if (keep == n && !s->kv_shared) {
             /* all as drafted ahead: the rest of the chain, K/V included, continues the context */
             s->n_committed += n;
             s->n_chain -= n;
@@ -840,6 +867,64 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
     }
     *hash = h;
     tokenizer_destroy(&tok);
+    return 0;
+}
+
+/* --target-kv: whether the draft model reads the target's committed K/V from the arena. `auto`
+ * does when the draft GGUF has the target's whole shape (layers, widths, heads, vocabulary): a
+ * re-quantized copy of the target, whose K/V rows the target's stand for closely; `on` asks for it
+ * (refused with the reason when the layers or attention shapes differ); `off` keeps a private
+ * prefix. Shared, the speculator never prefills a prompt or commits K/V, and does not draft ahead
+ * (the tokens past the target's committed prefix have no rows there). Fills p for it. */
+static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_params *p,
+                                char *err, size_t errlen)
+{
+    const char *mode = s->target_kv_s ? s->target_kv_s : "auto";
+    if (!strcmp(mode, "off"))
+        return 0;
+    if (s->kind != SPEC_MODEL) {
+        if (!strcmp(mode, "on")) {
+            snprintf(err, errlen, "--target-kv on is for --kind model (a re-quantized copy)");
+            return -1;
+        }
+        return 0;
+    }
+    llama_config tc;
+    char why[256];
+    if (llama_read_config(w->target_model, &tc, why, sizeof why)) {
+        snprintf(err, errlen, "--target-kv: cannot read the target's shape: %s", why);
+        return !strcmp(mode, "on") ? -1 : 0;
+    }
+    const llama_config *dc = &s->model->cfg;
+    bool kv_ok = llama_config_same_kv(&tc, dc);
+    bool copy = kv_ok && tc.ffn == dc->ffn && tc.vocab == dc->vocab;
+    if (!strcmp(mode, "on") ? !kv_ok : !copy) {
+        if (!strcmp(mode, "on")) {
+            snprintf(err, errlen,
+                     "--target-kv on: the draft model's layers/attention (%d layers, %d heads, %d "
+                     "KV heads of %d) differ from the target's (%d, %d, %d of %d)",
+                     dc->n_layers, dc->n_heads, dc->n_kv_heads, dc->head_dim, tc.n_layers,
+                     tc.n_heads, tc.n_kv_heads, tc.head_dim);
+            return -1;
+        }
+        return 0;
+    }
+    int n_seq = w->n_seq ? (int)w->n_seq : 1;
+    uint64_t have = 0;
+    void *block = arena_region_find(s->arena, RT_REGION_LLAMA, &have);
+    size_t need = llama_shared_layout(&tc, (int)w->n_ctx, (int)w->max_width, n_seq, KV_F32, NULL);
+    if (!block || have < need) {
+        snprintf(err, errlen, "--target-kv: the arena has no K/V block for the target's shape");
+        return !strcmp(mode, "on") ? -1 : 0;
+    }
+    llama_shared_bind(&s->target_sh, block, &tc, (int)w->n_ctx, (int)w->max_width, n_seq, KV_F32);
+    p->kv = KV_F32; /* the source's rows: the tree rows are read in the same stream */
+    p->prefix_src = &s->target_sh;
+    p->prefix_src_n_ctx = (int)w->n_ctx;
+    p->prefix_src_max_width = (int)w->max_width;
+    p->prefix_src_n_seq = n_seq;
+    s->kv_shared = true;
+    s->work_ahead = false;
     return 0;
 }
 
@@ -915,6 +1000,11 @@ static int spec_join(spec *s)
                                    * attention reads per drafted token, and changes no output */
                                   .kv = KV_F16,
                                   .n_parts = 1};
+            if (spec_share_target_kv(s, w, &p, err, sizeof err)) {
+                rt_log(s->role, "%s", err);
+                rt_free(e);
+                return -1;
+            }
             s->ctx = llama_ctx_new(s->model, &p, err, sizeof err);
             s->logits = malloc((size_t)s->model->cfg.vocab * sizeof *s->logits);
             s->tree_logits =
@@ -926,9 +1016,10 @@ static int spec_join(spec *s)
             }
         }
         rt_log(s->role,
-               "joined: kind %s, draft ring %u, max depth %d, branch threshold %.2f, alpha %.3g%s",
+               "joined: kind %s, draft ring %u, max depth %d, branch threshold %.2f, alpha %.3g%s%s",
                s->kind_s, w->draft_ring, s->max_draft, s->branch_threshold, s->alpha,
-               s->model ? "" : " (prompt lookup)");
+               s->model ? "" : " (prompt lookup)",
+               s->kv_shared ? ", reading the target's K/V in the arena" : "");
         rt_free(e);
         return 0;
     }
@@ -952,6 +1043,7 @@ static int spec_parse(spec *s, int argc, char **argv)
                                          {"branch-threshold", required_argument, 0, 'B'},
                                          {"alpha", required_argument, 0, 'A'},
                                          {"work-ahead", required_argument, 0, 'P'},
+                                         {"target-kv", required_argument, 0, 'K'},
                                          {"heads", required_argument, 0, 'M'},
                                          {"template", required_argument, 0, 'E'},
                                          {"trace", no_argument, 0, 'v'},
@@ -974,6 +1066,7 @@ static int spec_parse(spec *s, int argc, char **argv)
             s->alpha = s->alpha_off ? 0.0f : (float)atof(optarg);
             break;
         case 'P': s->work_ahead = atoi(optarg) != 0; break;
+        case 'K': s->target_kv_s = optarg; break;
         case 'M': s->heads_path = optarg; break;
         case 'E': s->template_s = optarg; break;
         case 'n': s->ngram = atoi(optarg); break;
@@ -1028,6 +1121,11 @@ static int spec_parse(spec *s, int argc, char **argv)
     if (s->kind == SPEC_LAYERSKIP && !s->target_path) {
         fprintf(stderr,
                 "orochi-speculator: --kind layerskip needs --target M.gguf (the target model)\n");
+        return 2;
+    }
+    if (s->target_kv_s && strcmp(s->target_kv_s, "auto") && strcmp(s->target_kv_s, "on") &&
+        strcmp(s->target_kv_s, "off")) {
+        fprintf(stderr, "orochi-speculator: --target-kv must be auto, on or off\n");
         return 2;
     }
     if (s->orphan_ms < 100 || s->stall_ms < 100) {

@@ -108,6 +108,25 @@ def test_speculative_model_draft_is_target():
 
 
 @t.case
+def test_speculative_model_reads_target_kv():
+    # a re-quantized copy of the target as drafter reads the target's committed K/V in the arena
+    # (--target-kv auto): lossless, its drafts accepted, and it says so when it joins; off keeps a
+    # private prefix (also lossless); `on` with a drafter of another shape is refused by name
+    model = tiny()
+    copy = G.quantized(model, "Q8_0")
+    for mode, shared in (("auto", True), ("off", False)):
+        g, used = speculative_equals_run(model, ["model:draft=%s,target-kv=%s" % (copy, mode)], TINY_PROMPTS, N,
+                                         "model-copy-kv-" + mode, kinds=["model"], min_mean=2.0)
+        G.check(("reading the target's K/V" in g.log("model")) == shared,
+                "target-kv=%s: the join line says %r", mode,
+                [l for l in g.log("model").splitlines() if "joined" in l])
+    other = G.mkmodel(layers=2, dim=64, ffn=128, heads=2, kv_heads=2, vocab=300, ctx=256, type="f32", seed=9)
+    with G.Group("model-kv-refused", model, speculators=["model:draft=%s,target-kv=on" % other],
+                 wait_speculators=False) as g:
+        g.wait_log("model", "--target-kv on: the draft model's layers/attention", timeout=20)
+
+
+@t.case
 def test_speculative_ngram_and_layerskip():
     speculative_equals_run(tiny(), ["ngram", "layerskip:layers=0-1"], TINY_PROMPTS, N, "ngram+layerskip",
                            kinds=["ngram", "layerskip"])

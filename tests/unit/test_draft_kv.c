@@ -5,6 +5,9 @@
  * path of the grown tree then continues exactly like sequential decoding; and appends are refused
  * with a clear error past the width or once the tree is closed. This is the property the model
  * speculator's incremental draft KV rests on: its drafts equal those of recomputing the tree.
+ * A context that reads its prefix from another's K/V (prefix_src: a drafter attending to the
+ * target's committed rows in the arena) grows the same tree with the same logits as the context
+ * that owns those rows, reads the sequence slot it is told, and refuses to commit.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -196,6 +199,76 @@ static void test_draft_kv_refused(void **state)
     llama_model_destroy(&m);
 }
 
+/* The drafter of a re-quantized copy reads the target's committed K/V in place: a context whose
+ * prefix is another context's (slot 1 of a two-slot cache) grows the tree to the same logits as the
+ * owner, bit for bit, since the keys and values it attends to are the same rows. */
+static void test_draft_kv_prefix_source(void **state)
+{
+    (void)state;
+    char err[256];
+    llama_model *m = load("draftkv", "q4_1", NULL);
+    int V = m->cfg.vocab;
+    float *want = malloc((size_t)N_TREE * V * sizeof *want);
+    float *got = malloc((size_t)N_TREE * V * sizeof *got);
+    /* the owner: two sequence slots, the prompt in slot 1, something else in slot 0 */
+    llama_ctx_params op = {.n_threads = 2, .max_width = WIDTH, .n_ctx = 64, .n_seq = 2};
+    llama_ctx *owner = llama_ctx_new(m, &op, err, sizeof err);
+    assert_non_null(owner);
+    int32_t seq1[WIDTH], other[] = {7, 8, 9};
+    for (int i = 0; i < WIDTH; i++)
+        seq1[i] = 1;
+    llama_batch b0 = {.n = 3, .tokens = other};
+    forward_ok(owner, &b0, NULL);
+    int32_t p3[] = {0, 1, 2};
+    assert_int_equal(llama_commit(owner, p3, 3, err, sizeof err), 0);
+    llama_batch b1 = {.n = N_PROMPT, .tokens = PROMPT, .seq = seq1};
+    forward_ok(owner, &b1, NULL);
+    int32_t pp[N_PROMPT];
+    for (int i = 0; i < N_PROMPT; i++)
+        pp[i] = i;
+    assert_int_equal(llama_commit(owner, pp, N_PROMPT, err, sizeof err), 0);
+    /* the reference: a private context with the same prompt committed */
+    llama_ctx *ref = new_ctx(m, WIDTH, 2, KV_F32);
+    assert_int_equal(llama_prefill(ref, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
+    llama_batch all = {.n = N_TREE, .tokens = TOKENS, .parent = PARENT};
+    forward_ok(ref, &all, want);
+
+    llama_ctx_params dp = {.n_threads = 2,
+                           .max_width = WIDTH,
+                           .n_ctx = 64,
+                           .kv = KV_F32,
+                           .prefix_src = llama_ctx_shared(owner),
+                           .prefix_src_n_ctx = 64,
+                           .prefix_src_max_width = WIDTH,
+                           .prefix_src_n_seq = 2};
+    llama_ctx *drafter = llama_ctx_new(m, &dp, err, sizeof err);
+    assert_non_null(drafter);
+    llama_ctx_set_prefix_source_seq(drafter, 1);
+    llama_ctx_set_prefix_len(drafter, N_PROMPT);
+    grow(drafter, got, V);
+    for (int i = 0; i < N_TREE; i++)
+        expect_same("prefix source, node", "q4_1", "f32", i, got + (size_t)i * V,
+                    want + (size_t)i * V, V);
+    /* slot 0 holds other tokens: reading it gives other logits */
+    llama_ctx_set_prefix_source_seq(drafter, 0);
+    forward_ok(drafter, &all, got);
+    assert_true(memcmp(got, want, (size_t)V * sizeof *got) != 0);
+    /* its prefix is not its own to change */
+    int32_t root[] = {0};
+    assert_int_equal(llama_commit(drafter, root, 1, err, sizeof err), -1);
+    assert_non_null(strstr(err, "another"));
+    /* a prefix source with several parts, or without its layout, is refused */
+    dp.n_parts = 2;
+    assert_null(llama_ctx_new(m, &dp, err, sizeof err));
+    assert_non_null(strstr(err, "prefix source"));
+    llama_ctx_destroy(&drafter);
+    llama_ctx_destroy(&ref);
+    llama_ctx_destroy(&owner);
+    free(want);
+    free(got);
+    llama_model_destroy(&m);
+}
+
 /* A column split grows the tree the same way: each part gets the same batches. */
 typedef struct {
     llama_model *m;
@@ -299,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_draft_kv_f32),
         cmocka_unit_test(test_draft_kv_quantized),
         cmocka_unit_test(test_draft_kv_refused),
+        cmocka_unit_test(test_draft_kv_prefix_source),
         cmocka_unit_test(test_draft_kv_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
