@@ -505,3 +505,28 @@ int ctl_plan_best_width(const int *widths, const double *seconds, const double *
     }
     return best;
 }
+
+/* ===== the branch threshold ===== */
+
+void ctl_branch_init(ctl_branch *b, float min)
+{
+    *b = (ctl_branch){.min = min, .value = min};
+}
+
+void ctl_branch_update(ctl_branch *b, int points, int side)
+{
+    b->points += points;
+    b->side += side;
+    b->quiet = points ? 0 : b->quiet + 1;
+    if (b->points >= CTL_BRANCH_WINDOW) {
+        double frac = (double)b->side / b->points;
+        if (frac < 0.1)
+            b->value = b->value * 2 > 1.0f ? 1.0f : b->value * 2;
+        else if (frac > 0.25)
+            b->value = b->value / 2 < b->min ? b->min : b->value / 2;
+        b->points = b->side = 0;
+    } else if (b->quiet >= CTL_BRANCH_QUIET && b->value > b->min) {
+        b->value = b->value / 2 < b->min ? b->min : b->value / 2;
+        b->quiet = 0;
+    }
+}

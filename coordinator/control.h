@@ -8,6 +8,7 @@
  *   ctl_acr     a speculator's average acceptance rate and vote weight (Minions 3.2)
  *   ctl_length  the adaptive speculation length: hill-climbs on measured cost per token
  *   ctl_guard   the fallback guard: speculation off when it is slower than plain decoding
+ *   ctl_branch  a tree drafter's branch threshold, raised while side branches are not taken
  *   ctl_plan_*  ARCA: the best tree per width from per-depth/rank accuracies, its acceptance on
  *               recorded calibration paths, its refinement, and the width choice from curves
  * Rationale and the papers' sections: docs/speculation.md.
@@ -52,6 +53,28 @@ void ctl_tree_vote(const ctl_tree *in, ctl_vote mode, int max_nodes, ctl_tree *o
 /* Depth of the deepest node of a draft, and how many accepted tokens follow one of its paths. */
 void ctl_tree_match(const arena_draft *d, const int32_t *accepted, int n_acc, int *depth,
                     int *matched);
+
+/* ===== the branch threshold of a tree drafter ===== */
+/* Branches pay only where the target takes them. After each verification of its tree the drafter
+ * counts the branch points the accepted path went through (a node with several children, the
+ * target's token among them) and at how many of them the target took a side branch rather than the
+ * drafter's best candidate (which a chain would have held anyway). Every CTL_BRANCH_WINDOW branch
+ * points: side branches taken at under a tenth of them means the width they took was wasted, so
+ * the threshold doubles (at 1 no candidate but the best passes: the tree is a chain); over a
+ * quarter, it halves back towards the configured minimum. Verifications without branch points
+ * say nothing; after CTL_BRANCH_QUIET of them in a row a raised threshold halves, so branching is
+ * tested again now and then. */
+#define CTL_BRANCH_WINDOW 16
+#define CTL_BRANCH_QUIET 32
+typedef struct {
+    float min;    /* the configured threshold (--branch-threshold) */
+    float value;  /* the threshold in use */
+    int points, side, quiet;
+} ctl_branch;
+
+void ctl_branch_init(ctl_branch *b, float min);
+/* One verification: `points` branch points on the accepted path, `side` of them side branches. */
+void ctl_branch_update(ctl_branch *b, int points, int side);
 
 /* ===== ACR and vote weight (Minions 3.2) ===== */
 typedef struct {

@@ -46,6 +46,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "coordinator/control.h"
 #include "model/llama.h"
 #include "model/medusa.h"
 #include "model/ngram.h"
@@ -77,6 +78,9 @@ typedef struct {
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms, stall_ms;
     float branch_threshold, alpha;
+    /* the threshold the tree grows with (branch.value): --branch-threshold, raised while the
+     * verifications show the target taking too few side branches (coordinator/control.h) */
+    ctl_branch branch;
     bool alpha_off; /* --alpha off: no fallback (drafts run to the budget), no update */
     bool trace, work_ahead;
     const char *target_kv_s; /* --target-kv auto|on|off */
@@ -367,7 +371,7 @@ static int spec_grow_model(spec *s)
     for (;;) {
         if (n >= s->max_depth || n >= s->max_nodes || cum < s->alpha)
             return n; /* growth would stop here too */
-        if (n >= s->n_chain || (s->tree && s->chain_alt[n] >= s->branch_threshold))
+        if (n >= s->n_chain || (s->tree && s->chain_alt[n] >= s->branch.value))
             break; /* growth would branch at this parent: the tree decoder takes over */
         cum *= s->chain_conf[n];
         s->nodes[n] = (spec_node){.token = s->tokens[s->n_committed + n],
@@ -448,7 +452,7 @@ static int spec_grow_model(spec *s)
             double base = leaf < 0 ? 1.0 : s->nodes[leaf].cum;
             int depth = leaf < 0 ? 1 : s->nodes[leaf].depth + 1;
             for (int c = 0; c < k && n < s->max_nodes; c++) {
-                if (c > 0 && top[c][0] < s->branch_threshold)
+                if (c > 0 && top[c][0] < s->branch.value)
                     break;
                 s->nodes[n] = (spec_node){.token = (int32_t)top[c][1],
                                           .parent = leaf,
@@ -633,8 +637,9 @@ static void spec_publish(spec *s)
     spec_keep_main_branch(s);
     if (s->trace)
         rt_log(s->role,
-               "draft of %u tokens for context %d in %.1f ms (%d drafted ahead, alpha %.4g)", d.n,
-               s->n_committed, (rt_now_us() - t0) / 1e3, ahead, s->alpha);
+               "draft of %u tokens for context %d in %.1f ms (%d drafted ahead, alpha %.4g, "
+               "branch threshold %.3g)",
+               d.n, s->n_committed, (rt_now_us() - t0) / 1e3, ahead, s->alpha, s->branch.value);
 }
 
 /* May the chain grow by one more token drafted ahead? Up to the predicted correction/bonus token
@@ -704,6 +709,34 @@ static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
         s->alpha = (float)(best_all - best_ok) / (float)best_all;
     if (s->alpha < 1e-6f)
         s->alpha = 1e-6f;
+}
+
+/* Count the branch points of our last tree on the accepted path, and the side branches the
+ * target took there, for the branch threshold (ctl_branch_update). */
+static void spec_update_branch(spec *s, const int32_t *accepted, int n_acc)
+{
+    if (!s->tree || !s->n_nodes)
+        return;
+    int parent = -1, points = 0, side = 0;
+    for (int k = 0; k < n_acc; k++) {
+        int first = -1, hit = -1, kids = 0;
+        for (int i = 0; i < s->n_nodes; i++)
+            if (s->nodes[i].parent == parent) {
+                kids++;
+                if (first < 0)
+                    first = i;
+                if (hit < 0 && s->nodes[i].token == accepted[k])
+                    hit = i;
+            }
+        if (hit < 0)
+            break;
+        if (kids > 1) {
+            points++;
+            side += hit != first;
+        }
+        parent = hit;
+    }
+    ctl_branch_update(&s->branch, points, side);
 }
 
 /* Apply a Feedback: keep the accepted part of the chain (and its KV), drop the rest. */
@@ -791,8 +824,10 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
             s->active = false;
             return;
         }
-        if (fb->drafted) /* a draft the step never saw says nothing about alpha */
+        if (fb->drafted) { /* a draft the step never saw says nothing about alpha */
             spec_update_alpha(s, fb->tokens, n);
+            spec_update_branch(s, fb->tokens, n);
+        }
         spec_commit_accepted(s, fb->tokens, n);
         while (keep < n && keep < s->n_chain &&
                s->tokens[s->n_committed + keep] == fb->tokens[keep])
@@ -1145,6 +1180,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         return 2;
     }
     s->max_depth = s->max_draft;
+    ctl_branch_init(&s->branch, s->branch_threshold);
     return 0;
 }
 

@@ -319,6 +319,39 @@ static void plan_best_width_from_curves(void **state)
     assert_int_equal(ctl_plan_best_width(w, sec, poor, 4), 0); /* W = 1: do not speculate */
 }
 
+/* The branch threshold: raised while side branches are rarely taken (a drafter that mirrors the
+ * target), up to 1 (a chain); lowered back to the configured one when they are taken; a long run
+ * of trees without branch points brings a raised threshold down so branching is tested again. */
+static void branch_threshold_follows_side_branches(void **state)
+{
+    (void)state;
+    ctl_branch b;
+    ctl_branch_init(&b, 0.2f);
+    for (int i = 0; i < 7; i++) /* 14 points, none side: the window is not full yet */
+        ctl_branch_update(&b, 2, 0);
+    assert_float_equal(b.value, 0.2f, 1e-6);
+    ctl_branch_update(&b, 2, 0); /* 16 points, 0 side: < 10% -> doubles */
+    assert_float_equal(b.value, 0.4f, 1e-6);
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 8; i++)
+            ctl_branch_update(&b, 2, 0);
+    assert_float_equal(b.value, 1.0f, 1e-6); /* 0.8 -> capped at 1: a chain */
+    for (int i = 0; i < CTL_BRANCH_QUIET - 1; i++) /* chains: nothing to learn */
+        ctl_branch_update(&b, 0, 0);
+    assert_float_equal(b.value, 1.0f, 1e-6);
+    ctl_branch_update(&b, 0, 0); /* the quiet run ends: test branching again */
+    assert_float_equal(b.value, 0.5f, 1e-6);
+    /* side branches taken at 4 of 16 points (25%: neither side of the band) */
+    for (int i = 0; i < 4; i++)
+        ctl_branch_update(&b, 4, 1);
+    assert_float_equal(b.value, 0.5f, 1e-6);
+    /* at 8 of 16 (50%): halves, never below the configured threshold */
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 4; i++)
+            ctl_branch_update(&b, 4, 2);
+    assert_float_equal(b.value, 0.2f, 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +365,7 @@ int main(void)
         cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
         cmocka_unit_test(tree_fit_keeps_the_template_shape),
         cmocka_unit_test(plan_best_width_from_curves),
+        cmocka_unit_test(branch_threshold_follows_side_branches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
