@@ -362,6 +362,8 @@ void llama_model_destroy(llama_model **model)
     if (!m)
         return;
     kmat_unpack(&m->lm_head);
+    kmat_unpack(&m->lm_screen);
+    free(m->screen_data);
     for (int l = 0; m->layers && l < m->cfg.n_layers; l++)
         llama_layer_unpack(&m->layers[l]);
     free(m->pack_block);
@@ -369,6 +371,41 @@ void llama_model_destroy(llama_model **model)
     free(m->layers);
     free(m);
     *model = NULL;
+}
+
+int llama_model_screen_head(llama_model *m, uint32_t type, char *err, size_t errlen)
+{
+    const kmat *h = m->tied ? &m->tok_embd : &m->lm_head;
+    if ((type != KT_Q4_0 && type != KT_Q4_1) || h->cols % 32) {
+        snprintf(err, errlen, "screening head: type %u is not Q4_0/Q4_1, or %lld columns are not "
+                              "whole blocks", type, (long long)h->cols);
+        return -1;
+    }
+    size_t rb = kt_row_bytes(type, (uint64_t)h->cols);
+    uint8_t *data = malloc(rb * (size_t)h->rows);
+    float *row = malloc((size_t)h->cols * sizeof *row);
+    if (!data || !row) {
+        free(data);
+        free(row);
+        snprintf(err, errlen, "screening head: out of memory");
+        return -1;
+    }
+    for (int64_t r = 0; r < h->rows; r++) {
+        kmat_row(h, r, row);
+        kt_quantize_row(type, row, data + (size_t)r * rb, h->cols);
+    }
+    free(row);
+    kmat_unpack(&m->lm_screen);
+    free(m->screen_data);
+    m->screen_data = data;
+    m->lm_screen =
+        (kmat){.type = type, .rows = h->rows, .cols = h->cols, .row_bytes = rb, .data = data};
+    kpool *pool = kpool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
+    int rc = pool ? kmat_pack(pool, &m->lm_screen) : -1;
+    kpool_destroy(&pool);
+    if (rc)
+        snprintf(err, errlen, "screening head: out of memory packing it");
+    return rc;
 }
 
 int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err, size_t errlen)
@@ -515,6 +552,12 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     }
     if (x->p.n_ctx <= 0)
         x->p.n_ctx = c->ctx;
+    if (x->p.screen_top > 0 && (!m->lm_screen.rows || x->p.n_parts != 1)) {
+        snprintf(err, errlen, "bad context parameters: screen_top needs a model with a screening "
+                              "head and one part");
+        free(x);
+        return NULL;
+    }
     if (x->p.prefix_src && (x->p.n_parts != 1 || x->p.prefix_src_n_ctx <= 0 ||
                             x->p.prefix_src_max_width <= 0 || x->p.prefix_src_n_seq <= 0)) {
         snprintf(err, errlen, "bad context parameters: a prefix source needs one part and its "
@@ -843,6 +886,41 @@ static void add_cols(float *x, const float *d, int n, int64_t dim, int64_t lo, i
             x[t * dim + i] += d[t * dim + i];
 }
 
+/* Logits of n normed rows (x->xb) from the screening head, each row's screen_top best then
+ * recomputed with the exact lm_head (its rows dequantized one at a time). */
+static void screened_logits(llama_ctx *x, int n, float *logits)
+{
+    const llama_model *m = x->m;
+    const kmat *exact = m->tied ? &m->tok_embd : &m->lm_head;
+    int V = m->cfg.vocab, dim = m->cfg.dim, K = x->p.screen_top < 64 ? x->p.screen_top : 64;
+    kmat_mul(x->pool, &m->lm_screen, 0, V, x->xb, n, logits, V, x->scratch);
+    for (int i = 0; i < n; i++) {
+        float *lg = logits + (size_t)i * V, best[64];
+        int ids[64], k = 0;
+        for (int v = 0; v < V; v++) { /* the K largest, kept sorted (ties: the lower id) */
+            float l = lg[v];
+            if (k == K && !(l > best[K - 1]))
+                continue;
+            int j = k < K ? k++ : K - 1;
+            while (j > 0 && best[j - 1] < l) {
+                best[j] = best[j - 1];
+                ids[j] = ids[j - 1];
+                j--;
+            }
+            best[j] = l;
+            ids[j] = v;
+        }
+        const float *h = x->xb + (size_t)i * dim;
+        for (int j = 0; j < k; j++) {
+            kmat_row(exact, ids[j], x->row);
+            double d = 0;
+            for (int e = 0; e < dim; e++)
+                d += (double)x->row[e] * h[e];
+            lg[ids[j]] = (float)d;
+        }
+    }
+}
+
 int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, size_t errlen)
 {
     const llama_model *m = x->m;
@@ -922,7 +1000,10 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         for (int i = from; i < n; i++)
             k_rmsnorm(x->xb + (i - from) * dim, sh->x + i * dim, m->out_norm, (int)dim,
                       c->norm_eps);
-        llama_linear(x, &m->lm_head, v0, v1, x->xb, n - from, logits);
+        if (x->p.screen_top > 0)
+            screened_logits(x, n - from, logits);
+        else
+            llama_linear(x, &m->lm_head, v0, v1, x->xb, n - from, logits);
     }
     return 0;
 }

@@ -38,6 +38,10 @@ typedef struct {
     llama_layer *layers;
     int tied; /* lm_head is the embedding matrix */
     void *pack_block; /* every matrix's packed rows, in step order (owned) */
+    /* a cheaper copy of the lm_head for contexts with screen_top (llama_model_screen_head);
+     * type 0 rows 0: none */
+    kmat lm_screen;
+    void *screen_data;
 } llama_model;
 
 /* Load a llama GGUF. On failure NULL and one line in err naming the file and what is wrong
@@ -52,6 +56,11 @@ int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err,
 int llama_read_config(const char *path, llama_config *c, char *err, size_t errlen);
 /* Same layer count and attention shape (so one's K/V rows can stand for the other's). */
 bool llama_config_same_kv(const llama_config *a, const llama_config *b);
+/* Give the model a screening copy of its lm_head in `type` (Q4_0 or Q4_1): a context created with
+ * screen_top K computes every logit with it — fewer bytes per token — and then recomputes the K
+ * best of each row with the exact lm_head, so a drafter's best candidates keep the exact head's
+ * order unless the exact best is not among the screen's K best. Returns 0, or -1 with err. */
+int llama_model_screen_head(llama_model *m, uint32_t type, char *err, size_t errlen);
 /* Bytes of weights a step reads: every layer matrix plus the lm_head. */
 size_t llama_model_step_bytes(const llama_model *m);
 /* Multiply-adds per token of a step (matmuls only, no attention). */
@@ -97,6 +106,10 @@ typedef struct {
      * set by llama_ctx_set_prefix_source_seq. llama_commit and llama_prefill are refused. */
     const llama_shared *prefix_src;
     int prefix_src_n_ctx, prefix_src_max_width, prefix_src_n_seq; /* the source's layout */
+    /* > 0 with a model that has a screening head (llama_model_screen_head): logits come from it,
+     * the screen_top best of each row recomputed with the exact lm_head (a drafter's logits: the
+     * rest stay approximate). One part only. */
+    int screen_top;
 } llama_ctx_params;
 
 typedef struct llama_ctx llama_ctx;

@@ -84,6 +84,7 @@ typedef struct {
     bool alpha_off; /* --alpha off: no fallback (drafts run to the budget), no update */
     bool trace, work_ahead;
     const char *target_kv_s; /* --target-kv auto|on|off */
+    int head_screen;         /* --head-screen K: the output layer screened in 4 bits, K rescored */
     /* the draft model reads the target's committed K/V in the arena (a re-quantized copy of the
      * target: same layers and attention shape): no prefill and no K/V commits of its own; the
      * private KV then only holds the tree */
@@ -156,7 +157,7 @@ static void spec_usage(FILE *out)
         "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
         "                         [--ngram N] [--branch-threshold P] [--alpha A|off]\n"
         "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
-        "                         [--target-kv auto|on|off]\n"
+        "                         [--target-kv auto|on|off] [--head-screen K]\n"
         "                         [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
         "  layerskip: the target with only --layers (default: the first half)\n"
         "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
@@ -167,6 +168,8 @@ static void spec_usage(FILE *out)
         "  --target-kv auto (default): a model drafter with the target's whole shape (a\n"
         "  re-quantized copy) reads the target's committed K/V in the arena: no prefill of\n"
         "  its own, no drafting ahead; on: require it; off: keep a private prefix\n"
+        "  --head-screen K (8): a model drafter's output layer wider than 4 bits is screened\n"
+        "  with a 4-bit copy and its K best candidates recomputed exactly (0: off)\n"
         "  --orphan-ms (10000): exit when the coordinator has been silent this long\n"
         "  --stall-ms (30000): stop heartbeating when the main thread has been busy in one\n"
         "  computation this long (so the coordinator replaces a wedged speculator)\n");
@@ -891,6 +894,15 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
         if (llama_model_keep_layers(s->model, list, n, err, errlen))
             return -1;
     }
+    /* the drafter's output layer: a 4-bit screening copy when it is wider than that */
+    uint32_t ht = (s->model->tied ? s->model->tok_embd : s->model->lm_head).type;
+    if (s->head_screen > 0 && s->kind != SPEC_MEDUSA && ht != KT_Q4_0 && ht != KT_Q4_1 &&
+        kt_row_bytes(ht, 32) > kt_row_bytes(KT_Q4_1, 32)) {
+        if (llama_model_screen_head(s->model, KT_Q4_0, err, errlen))
+            return -1;
+    } else {
+        s->head_screen = 0;
+    }
     tokenizer *tok = tokenizer_new(s->model->file, err, errlen);
     if (!tok)
         return -1;
@@ -1035,6 +1047,7 @@ static int spec_join(spec *s)
                                    * attention reads per drafted token, and changes no output */
                                   .kv = KV_F16,
                                   .n_parts = 1};
+            p.screen_top = s->head_screen;
             if (spec_share_target_kv(s, w, &p, err, sizeof err)) {
                 rt_log(s->role, "%s", err);
                 rt_free(e);
@@ -1079,6 +1092,7 @@ static int spec_parse(spec *s, int argc, char **argv)
                                          {"alpha", required_argument, 0, 'A'},
                                          {"work-ahead", required_argument, 0, 'P'},
                                          {"target-kv", required_argument, 0, 'K'},
+                                         {"head-screen", required_argument, 0, 'H'},
                                          {"heads", required_argument, 0, 'M'},
                                          {"template", required_argument, 0, 'E'},
                                          {"trace", no_argument, 0, 'v'},
@@ -1102,6 +1116,7 @@ static int spec_parse(spec *s, int argc, char **argv)
             break;
         case 'P': s->work_ahead = atoi(optarg) != 0; break;
         case 'K': s->target_kv_s = optarg; break;
+        case 'H': s->head_screen = atoi(optarg); break;
         case 'M': s->heads_path = optarg; break;
         case 'E': s->template_s = optarg; break;
         case 'n': s->ngram = atoi(optarg); break;
@@ -1163,6 +1178,10 @@ static int spec_parse(spec *s, int argc, char **argv)
         fprintf(stderr, "orochi-speculator: --target-kv must be auto, on or off\n");
         return 2;
     }
+    if (s->head_screen < 0 || s->head_screen > 64) {
+        fprintf(stderr, "orochi-speculator: --head-screen must be 0..64\n");
+        return 2;
+    }
     if (s->orphan_ms < 100 || s->stall_ms < 100) {
         fprintf(stderr, "orochi-speculator: --orphan-ms and --stall-ms must be >= 100\n");
         return 2;
@@ -1192,6 +1211,7 @@ int main(int argc, char **argv)
               .orphan_ms = 10000,
               .stall_ms = SPEC_STALL_MS_DEFAULT,
               .branch_threshold = 0.2f,
+              .head_screen = 8,
               .alpha = 0.01f,
               .max_nodes = 8,
               .max_depth = 4,

@@ -7,8 +7,11 @@
  * speculator's incremental draft KV rests on: its drafts equal those of recomputing the tree.
  * A context that reads its prefix from another's K/V (prefix_src: a drafter attending to the
  * target's committed rows in the arena) grows the same tree with the same logits as the context
- * that owns those rows, reads the sequence slot it is told, and refuses to commit.
+ * that owns those rows, reads the sequence slot it is told, and refuses to commit. A drafter's
+ * screened output layer (a 4-bit copy, the best candidates recomputed exactly) picks the exact
+ * head's best token with its exact logit.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -269,6 +272,47 @@ static void test_draft_kv_prefix_source(void **state)
     llama_model_destroy(&m);
 }
 
+/* The screened lm_head: every row's best token is the exact head's, with the exact logit (to float
+ * rounding); contexts without screen_top keep the exact head; screen_top without a screening head
+ * is refused. */
+static void test_draft_kv_screened_head(void **state)
+{
+    (void)state;
+    char err[256];
+    llama_model *m = load("draftkv-screen", "q8_0", "--layers 2 --dim 128 --ffn 256 --heads 4 "
+                                                     "--kv-heads 2 --vocab 3000 --ctx 64");
+    int V = m->cfg.vocab;
+    llama_ctx_params sp = {.n_threads = 2, .max_width = WIDTH, .n_ctx = 64, .screen_top = 8};
+    assert_null(llama_ctx_new(m, &sp, err, sizeof err));
+    assert_non_null(strstr(err, "screening head"));
+    assert_int_equal(llama_model_screen_head(m, KT_Q8_0, err, sizeof err), -1);
+    assert_int_equal(llama_model_screen_head(m, KT_Q4_0, err, sizeof err), 0);
+    float *want = malloc((size_t)N_TREE * V * sizeof *want);
+    float *got = malloc((size_t)N_TREE * V * sizeof *got);
+    llama_ctx *exact = new_ctx(m, WIDTH, 2, KV_F32);
+    llama_ctx *screened = llama_ctx_new(m, &sp, err, sizeof err);
+    assert_non_null(screened);
+    llama_batch all = {.n = N_TREE, .tokens = TOKENS, .parent = PARENT};
+    forward_ok(exact, &all, want);
+    forward_ok(screened, &all, got);
+    int differ = 0;
+    for (int i = 0; i < N_TREE; i++) {
+        const float *w = want + (size_t)i * V, *g = got + (size_t)i * V;
+        int32_t a = sampler_argmax(w, V), b = sampler_argmax(g, V);
+        if (a != b)
+            fail_msg("node %d: screened best %d (%g), exact best %d (%g)", i, b, g[b], a, w[a]);
+        assert_float_equal(g[a], w[a], 1e-3 * (fabsf(w[a]) + 1));
+        for (int v = 0; v < V; v++)
+            differ += g[v] != w[v];
+    }
+    assert_true(differ > 0); /* the rest of the row is the 4-bit screen's */
+    llama_ctx_destroy(&screened);
+    llama_ctx_destroy(&exact);
+    free(want);
+    free(got);
+    llama_model_destroy(&m);
+}
+
 /* A column split grows the tree the same way: each part gets the same batches. */
 typedef struct {
     llama_model *m;
@@ -373,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_draft_kv_quantized),
         cmocka_unit_test(test_draft_kv_refused),
         cmocka_unit_test(test_draft_kv_prefix_source),
+        cmocka_unit_test(test_draft_kv_screened_head),
         cmocka_unit_test(test_draft_kv_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
