@@ -252,6 +252,9 @@ int coord_engine_init(coord *c);
 void coord_engine_fini(coord *c);
 /* Admit queued requests into free slots, then run one verification step for all active ones. */
 void coord_engine_tick(coord *c);
+/* Whether a request is being served or waits for a slot: the main loop then polls its socket
+ * without waiting, so nothing but the steps sets the pace. */
+bool coord_engine_busy(coord *c);
 void coord_engine_on_step_done(coord *c, coord_peer *p, const Orochi__StepDone *d);
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r);
 void coord_engine_on_worker_lost(coord *c, coord_peer *p);

@@ -1243,6 +1243,18 @@ void coord_engine_fini(coord *c)
     c->eng = NULL;
 }
 
+bool coord_engine_busy(coord *c)
+{
+    if (!c->eng)
+        return false;
+    if (engine_active(c))
+        return true;
+    pthread_mutex_lock(&c->qlock);
+    bool queued = c->qlen > 0;
+    pthread_mutex_unlock(&c->qlock);
+    return queued;
+}
+
 void coord_engine_tick(coord *c)
 {
     /* admit queued requests into free slots (FIFO) */
