@@ -1051,6 +1051,56 @@ int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t err
     return 0;
 }
 
+int llama_tree_keep_path(llama_ctx *x, const int32_t *path, int n, int drop, char *err,
+                         size_t errlen)
+{
+    int W = x->p.max_width;
+    if (n < 1 || drop < 0 || drop > n || x->batch_n < 1) {
+        snprintf(err, errlen, "keep path: %d tokens (dropping %d) of a tree of %d", n, drop,
+                 x->batch_n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int t = path[i];
+        /* a root (its own ancestor list alone), then each the child of the one before */
+        if (t < 0 || t >= x->batch_n || x->n_anc[t] != i + 1 ||
+            (i > 0 && (t <= path[i - 1] || x->anc[(int64_t)t * W + i - 1] != path[i - 1]))) {
+            snprintf(err, errlen, "keep path: index %d (tree index %d) does not continue the path",
+                     i, t);
+            return -1;
+        }
+    }
+    int seq = x->seq[path[0]];
+    if (x->prefix[seq] + drop > x->p.n_ctx) {
+        snprintf(err, errlen, "keep path: %d more committed tokens overflow sequence %d", drop,
+                 seq);
+        return -1;
+    }
+    size_t len = (size_t)x->m->cfg.head_dim * x->kv_elem;
+    for (int l = 0; l < x->m->cfg.n_layers; l++)
+        for (int w = 0; w < 2; w++) {
+            uint8_t *base = kv_layer(x, l, w);
+            for (int kvh = x->kvh0; kvh < x->kvh1; kvh++)
+                for (int i = drop; i < n; i++) /* i - drop <= path[i]: rows only move down */
+                    if (path[i] != i - drop)
+                        memmove(kv_head_row(x, base, kvh, x->tree_row + i - drop),
+                                kv_head_row(x, base, kvh, x->tree_row + path[i]), len);
+        }
+    x->prefix[seq] += drop;
+    x->batch_n = n - drop;
+    x->batch_base = 0;
+    for (int i = 0; i < x->batch_n; i++) {
+        int32_t *a = x->anc + (int64_t)i * W;
+        for (int j = 0; j <= i; j++)
+            a[j] = j;
+        x->n_anc[i] = i + 1;
+        x->seq[i] = seq;
+        x->pos[i] = x->prefix[seq] + i;
+    }
+    x->tree_open = x->batch_n > 0;
+    return 0;
+}
+
 int llama_prefill(llama_ctx *x, const int32_t *ids, int n, float *last_logits, char *err,
                   size_t errlen)
 {

@@ -163,6 +163,16 @@ int llama_ctx_set_batch(llama_ctx *ctx, const llama_batch *b, char *err, size_t 
  * committed from one tree; the tree can no longer be appended to. */
 int llama_commit(llama_ctx *ctx, const int32_t *path, int n, char *err, size_t errlen);
 
+/* Keep one root-to-node path of the current tree as the whole tree: path[0..n) are tree indices,
+ * path[0] a root (a child of the prefix) and each next one a child of the one before. The rows of
+ * path[drop..n) move to tree indices 0..n-drop, the prefix length of their sequence grows by
+ * `drop` (the first `drop` tokens of the path are now committed where the prefix is read: a
+ * drafter whose prefix is the target's, once the target has committed them), and the tree is
+ * that chain, open for appends. A drafter working ahead keeps its main branch this way, and the
+ * rest of a chain the target confirmed. Returns 0, or -1 with err (not a path, no tree). */
+int llama_tree_keep_path(llama_ctx *ctx, const int32_t *path, int n, int drop, char *err,
+                         size_t errlen);
+
 /* Convenience: feed ids as chains of up to max_width tokens, committing each; logits of the last
  * token go to last_logits (may be NULL). */
 int llama_prefill(llama_ctx *ctx, const int32_t *ids, int n, float *last_logits, char *err,

@@ -90,6 +90,12 @@ typedef struct {
      * private KV then only holds the tree */
     bool kv_shared;
     llama_shared target_sh; /* the target's KV block in the arena (kv_shared) */
+    /* kv_shared: the draft context's tree as a chain continuing the committed context — tree
+     * index i holds tokens[n_committed - 1 + i] (the last committed token, then the chain) — for
+     * i < tree_rows; its prefix is the target's n_committed - 1 committed tokens. kv_len is then
+     * n_committed - 1 + tree_rows once spec_shared_fit has run. */
+    int tree_rows;
+    bool tree_branchy; /* the tree holds a grown draft, not a chain (until the main branch is kept) */
     char role[64];
     void *zctx, *sock;
     pthread_mutex_t sock_lock; /* sends come from the main and the heartbeat thread */
@@ -263,25 +269,92 @@ bad:
     return -1;
 }
 
+/* kv_shared: make the draft context's tree exactly the chain of tokens[n_committed - 1, kv_len)
+ * (fewer rows when kv_len was cut back: the rest is dropped); with nothing past the target's
+ * committed prefix the tree is empty and the context's prefix is that prefix. */
+static int spec_shared_fit(spec *s)
+{
+    int base = s->n_committed - 1, want = s->kv_len - base;
+    if (s->tree_branchy) { /* a grown draft: nothing of it is a chain of the context */
+        s->tree_branchy = false;
+        s->tree_rows = 0;
+    }
+    if (want < 0) {
+        want = 0;
+        s->kv_len = base;
+    }
+    if (want > s->tree_rows) { /* cannot happen: kv_len only grows by extending the tree */
+        s->kv_len = base + s->tree_rows;
+        want = s->tree_rows;
+    }
+    if (want == 0) {
+        s->tree_rows = 0;
+        llama_ctx_set_prefix_len(s->ctx, base);
+        return 0;
+    }
+    if (want < s->tree_rows) {
+        int32_t path[ARENA_DRAFT_MAX];
+        for (int i = 0; i < want; i++)
+            path[i] = i;
+        char err[256];
+        if (llama_tree_keep_path(s->ctx, path, want, 0, err, sizeof err)) {
+            rt_log(s->role, "draft model: %s", err);
+            s->tree_rows = 0;
+            s->kv_len = base;
+            llama_ctx_set_prefix_len(s->ctx, base);
+            return -1;
+        }
+        s->tree_rows = want;
+    }
+    return 0;
+}
+
+/* kv_shared: cover tokens[0 .. upto): the target's prefix holds the committed ones, the tree the
+ * rest (forwarded one chain batch, the logits of the last into `logits`). */
+static int spec_shared_extend(spec *s, int upto)
+{
+    if (spec_shared_fit(s))
+        return -1;
+    int base = s->n_committed - 1;
+    if (upto <= s->kv_len)
+        return 0;
+    int n = upto - s->kv_len, at = s->tree_rows;
+    if (at + n > ARENA_DRAFT_MAX) {
+        rt_log(s->role, "draft model: a chain of %d rows is past the draft width %d", at + n,
+               ARENA_DRAFT_MAX);
+        return -1;
+    }
+    int32_t par[ARENA_DRAFT_MAX];
+    for (int i = 0; i < n; i++)
+        par[i] = at + i - 1; /* a chain: the root's parent is the prefix (-1) */
+    llama_batch b = {.n = n,
+                     .tokens = s->tokens + s->kv_len,
+                     .parent = par,
+                     .logits_from = n - 1,
+                     .append = at > 0};
+    char err[256];
+    if (at == 0)
+        llama_ctx_set_prefix_len(s->ctx, base);
+    if (llama_forward(s->ctx, &b, s->logits, err, sizeof err)) {
+        rt_log(s->role, "draft model: %s", err);
+        s->tree_rows = 0;
+        s->kv_len = base;
+        s->logits_at = -1;
+        return -1;
+    }
+    s->tree_rows = at + n;
+    s->kv_len = s->logits_at = upto;
+    return 0;
+}
+
 /* Make the private KV cover tokens[0 .. upto) (committed tokens, then the main branch of the last
  * draft when the speculator works ahead). */
 static int spec_catch_up(spec *s, int upto)
 {
     if (s->kv_len >= upto)
         return 0;
-    if (s->kv_shared) {
-        /* the target committed every token but the last (the correction/bonus token it has not
-         * run yet): those rows are already in the arena */
-        if (upto > s->n_committed - 1) {
-            rt_log(s->role, "draft model: %d tokens asked of the target's %d committed", upto,
-                   s->n_committed - 1);
-            return -1;
-        }
-        s->kv_len = upto;
-        s->logits_at = -1;
-        s->tree_ok = false;
-        return 0;
-    }
+    if (s->kv_shared)
+        return spec_shared_extend(s, upto);
     char err[256];
     llama_ctx_set_prefix_len(s->ctx, s->kv_len);
     s->logits_at = -1;
@@ -388,31 +461,47 @@ static int spec_grow_model(spec *s)
     }
     int m = n;                     /* trunk nodes; node m - 1 is the root of the growth below */
     int base = s->n_committed + m; /* tokens up to and including the root */
-    if (spec_catch_up(s, base - 1))
+    /* kv_shared: the tree is the chain up to the growth root (exclusive), node i at tree index
+     * i + 1; otherwise the tree starts at the growth root, node i at tree index i - m + 1 */
+    bool sh = s->kv_shared;
+    if (sh && s->kv_len > base - 1)
+        s->kv_len = base - 1;
+    if (spec_catch_up(s, base - 1) || (sh && spec_shared_fit(s)))
         return m;
     int32_t tok[ARENA_DRAFT_MAX + 1], par[ARENA_DRAFT_MAX + 1];
     char err[256];
     int n_run = m; /* nodes already forwarded */
-    llama_ctx_set_prefix_len(s->ctx, base - 1);
+    if (!sh)
+        llama_ctx_set_prefix_len(s->ctx, base - 1);
+    if (sh && m + 1 + s->max_nodes > ARENA_DRAFT_MAX)
+        return m; /* no room for the growth past the trunk */
     /* each trunk node took one round of growth from scratch: the rounds go on from there */
     for (int round = m; round < s->max_depth && n < s->max_nodes; round++) {
         /* tree index 0 is the root, node i >= m is tree index i - m + 1 */
-        llama_batch b = {.tokens = tok, .parent = par, .logits_from = 0, .append = round > m};
+        llama_batch b = {
+            .tokens = tok, .parent = par, .logits_from = 0, .append = round > m || (sh && m > 0)};
         if (round == m) {
             tok[0] = s->tokens[base - 1];
-            par[0] = -1;
+            par[0] = sh ? m - 1 : -1;
             b.n = 1;
         } else {
             for (int i = n_run; i < n; i++) {
                 tok[i - n_run] = s->nodes[i].token;
-                par[i - n_run] = s->nodes[i].parent - (m - 1);
+                par[i - n_run] = s->nodes[i].parent - (sh ? -1 : m - 1);
             }
             b.n = n - n_run;
         }
         float *rows = s->tree_logits + (size_t)(round == m ? 0 : n_run - m + 1) * V;
         if (llama_forward(s->ctx, &b, rows, err, sizeof err)) {
             rt_log(s->role, "draft model: %s", err);
+            if (sh)
+                s->tree_branchy = true; /* whatever the tree holds now, it is no chain */
             break;
+        }
+        if (sh) {
+            s->tree_rows = round == m ? m + 1 : s->tree_rows + b.n;
+            s->tree_branchy = true;
+            s->logits_at = -1; /* the chain's last logits were for a row now past the tree */
         }
         n_run = n;
         /* the open leaves (the root on the first round), ordered by the pacer */
@@ -581,6 +670,30 @@ static void spec_set_chain(spec *s)
  * the branch's last token and what lies beyond, instead of forwarding the branch again. */
 static void spec_keep_main_branch(spec *s)
 {
+    if (s->kv_shared) { /* the tree becomes the main branch's chain (drafting ahead or not: the
+                         * next Feedback may confirm it and keep the rows past what it commits) */
+        if (!s->tree_branchy || s->n_nodes <= 0)
+            return;
+        int chain[ARENA_DRAFT_MAX], n = spec_main_branch(s, chain);
+        int32_t path[ARENA_DRAFT_MAX + 1];
+        int len = 0;
+        path[len++] = 0;
+        for (int k = n - 1; k >= 0 && chain[k] < s->tree_run && len <= n - 1; k--)
+            path[len++] = chain[k] + 1;
+        char err[256];
+        s->tree_branchy = false;
+        if (llama_tree_keep_path(s->ctx, path, len, 0, err, sizeof err)) {
+            rt_log(s->role, "draft model: %s", err);
+            s->tree_rows = 0;
+            s->kv_len = s->n_committed - 1;
+            llama_ctx_set_prefix_len(s->ctx, s->kv_len);
+            return;
+        }
+        s->tree_rows = len;
+        s->kv_len = s->n_committed - 1 + len;
+        s->logits_at = -1;
+        return;
+    }
     if (!s->work_ahead || !s->tree_ok || s->kv_len != s->tree_root_pos || s->n_nodes <= 0)
         return;
     int chain[ARENA_DRAFT_MAX], n = spec_main_branch(s, chain);
@@ -651,6 +764,8 @@ static void spec_publish(spec *s)
 static bool spec_may_extend(const spec *s)
 {
     int end = s->n_committed + s->n_chain;
+    if (s->kv_shared && s->n_chain + 2 + s->max_nodes > ARENA_DRAFT_MAX)
+        return false; /* the chain's rows and the next growth share the draft width */
     return s->n_pub > 0 && s->n_chain < s->n_pub + 1 + s->max_depth &&
            s->n_chain < SPEC_CHAIN_MAX && end < s->target_ctx && end + 1 < SPEC_MAX_TOKENS &&
            end + 1 < s->n_ctx;
@@ -742,6 +857,33 @@ static void spec_update_branch(spec *s, const int32_t *accepted, int n_acc)
     ctl_branch_update(&s->branch, points, side);
 }
 
+/* kv_shared, all n tokens of a Feedback as drafted ahead: the target has committed the root and
+ * the first n - 1 of them, so the first n rows of the chain leave the tree (they are the target's
+ * prefix now) and the rest stays, the last Feedback token its new root. Before n_committed moves. */
+static void spec_shared_advance(spec *s, int n)
+{
+    if (spec_shared_fit(s))
+        return;
+    int rows = s->tree_rows;
+    if (rows > n) {
+        int32_t path[ARENA_DRAFT_MAX];
+        for (int i = 0; i < rows; i++)
+            path[i] = i;
+        char err[256];
+        if (!llama_tree_keep_path(s->ctx, path, rows, n, err, sizeof err)) {
+            s->tree_rows = rows - n;
+            return;
+        }
+        rt_log(s->role, "draft model: %s", err);
+    }
+    /* nothing past the new root was forwarded: the tree starts afresh at the new prefix */
+    s->tree_rows = 0;
+    s->kv_len = s->n_committed + n - 1;
+    llama_ctx_set_prefix_len(s->ctx, s->kv_len);
+    if (s->logits_at < s->kv_len)
+        s->logits_at = -1;
+}
+
 /* Apply a Feedback: keep the accepted part of the chain (and its KV), drop the rest. */
 /* The accepted tokens that the last grown tree already forwarded keep their K/V: the tree's root
  * and the accepted path below it move from the tree area into the prefix (llama_commit) instead of
@@ -819,6 +961,12 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         s->n_chain = 0;
         s->kv_len = 0;
         s->logits_at = -1;
+        if (s->kv_shared) {
+            s->kv_len = s->n_committed - 1;
+            s->tree_branchy = false;
+            s->tree_rows = 0;
+            spec_shared_fit(s);
+        }
         s->n_nodes = 0;
         s->n_pub = 0;
     } else {
@@ -835,8 +983,10 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         while (keep < n && keep < s->n_chain &&
                s->tokens[s->n_committed + keep] == fb->tokens[keep])
             keep++;
-        if (keep == n && !s->kv_shared) {
+        if (keep == n) {
             /* all as drafted ahead: the rest of the chain, K/V included, continues the context */
+            if (s->kv_shared)
+                spec_shared_advance(s, n);
             s->n_committed += n;
             s->n_chain -= n;
             memmove(s->chain_conf, s->chain_conf + n, (size_t)s->n_chain * sizeof *s->chain_conf);
@@ -848,6 +998,11 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
             memcpy(s->tokens + s->n_committed, fb->tokens, (size_t)n * sizeof *s->tokens);
             s->n_committed += n;
             s->n_chain = 0;
+            if (s->kv_shared) { /* what the chain got right is the target's to hold now */
+                s->kv_len = s->n_committed - 1;
+                s->logits_at = -1;
+                spec_shared_fit(s);
+            }
         }
     }
     if ((uint64_t)s->n_committed != fb->ctx_len)
@@ -971,7 +1126,6 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
     p->prefix_src_max_width = (int)w->max_width;
     p->prefix_src_n_seq = n_seq;
     s->kv_shared = true;
-    s->work_ahead = false;
     return 0;
 }
 

@@ -112,14 +112,25 @@ def test_speculative_model_reads_target_kv():
     # a re-quantized copy of the target as drafter reads the target's committed K/V in the arena
     # (--target-kv auto): lossless, its drafts accepted, and it says so when it joins; off keeps a
     # private prefix (also lossless); `on` with a drafter of another shape is refused by name
+    # (the draft wait is fixed: on a model this small whether a draft is worth waiting for is a
+    # matter of microseconds, and this test is about what the drafts are)
     model = tiny()
     copy = G.quantized(model, "Q8_0")
+    fixed = ["--draft-wait", "fixed"]
     for mode, shared in (("auto", True), ("off", False)):
         g, used = speculative_equals_run(model, ["model:draft=%s,target-kv=%s" % (copy, mode)], TINY_PROMPTS, N,
-                                         "model-copy-kv-" + mode, kinds=["model"], min_mean=2.0)
+                                         "model-copy-kv-" + mode, kinds=["model"], min_mean=2.0, extra=fixed)
         G.check(("reading the target's K/V" in g.log("model")) == shared,
                 "target-kv=%s: the join line says %r", mode,
                 [l for l in g.log("model").splitlines() if "joined" in l])
+    # drafting ahead while the target verifies: the confirmed rest of the chain keeps its rows
+    g, used = speculative_equals_run(model, ["model:draft=%s,target-kv=on,work-ahead=1,trace=1" % copy],
+                                     TINY_PROMPTS, N, "model-copy-kv-ahead", kinds=["model"], min_mean=2.0,
+                                     workers=1, extra=fixed)
+    ahead = [l for l in g.log("model").splitlines() if "draft of" in l and "(0 drafted ahead" not in l]
+    G.check(ahead, "drafting ahead never gave a draft a head start: %r", g.log("model")[-1500:])
+    G.check("draft model:" not in g.log("model"), "the drafter reported an error: %r",
+            [l for l in g.log("model").splitlines() if "draft model:" in l][:3])
     other = G.mkmodel(layers=2, dim=64, ffn=128, heads=2, kv_heads=2, vocab=300, ctx=256, type="f32", seed=9)
     with G.Group("model-kv-refused", model, speculators=["model:draft=%s,target-kv=on" % other],
                  wait_speculators=False) as g:

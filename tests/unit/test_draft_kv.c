@@ -9,7 +9,9 @@
  * target's committed rows in the arena) grows the same tree with the same logits as the context
  * that owns those rows, reads the sequence slot it is told, and refuses to commit. A drafter's
  * screened output layer (a 4-bit copy, the best candidates recomputed exactly) picks the exact
- * head's best token with its exact logit.
+ * head's best token with its exact logit. Keeping one path of a grown tree as the tree (a drafter
+ * keeping its main branch, or the rest of a chain the target confirmed) continues exactly like
+ * forwarding that chain afresh.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -313,6 +315,65 @@ static void test_draft_kv_screened_head(void **state)
     llama_model_destroy(&m);
 }
 
+/* llama_tree_keep_path: a path of the grown tree kept as the whole tree (drop 0), or with its
+ * first tokens handed to the prefix (drop 2: a prefix source that has committed them), then one
+ * more token appended: its logits equal those of forwarding the chain afresh. Not-a-path is
+ * refused. */
+static void test_draft_kv_keep_path(void **state)
+{
+    (void)state;
+    char err[256];
+    llama_model *m = load("draftkv", "q4_1", NULL);
+    int V = m->cfg.vocab;
+    float *lg = malloc((size_t)N_TREE * V * sizeof *lg), *want = malloc((size_t)V * sizeof *want);
+    /* root 0 -> 2 -> 5 -> 8 is a path of the tree (PARENT) */
+    int32_t path[] = {0, 2, 5, 8}, next = 99;
+    int32_t chain[] = {TOKENS[0], TOKENS[2], TOKENS[5], TOKENS[8], 99};
+    llama_ctx *ref = new_ctx(m, WIDTH, 2, KV_F32);
+    assert_int_equal(llama_prefill(ref, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
+    llama_batch all5 = {.n = 5, .tokens = chain, .logits_from = 4};
+    forward_ok(ref, &all5, want);
+
+    llama_ctx *ctx = new_ctx(m, WIDTH, 2, KV_F32);
+    assert_int_equal(llama_prefill(ctx, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
+    grow(ctx, lg, V);
+    int32_t bad[] = {0, 2, 4}; /* 4 is a child of 1, not of 2 */
+    assert_int_equal(llama_tree_keep_path(ctx, bad, 3, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "path"));
+    assert_int_equal(llama_tree_keep_path(ctx, path, 4, 0, err, sizeof err), 0);
+    llama_batch one = {.n = 1, .tokens = &next, .append = true};
+    forward_ok(ctx, &one, lg);
+    expect_same("kept path + 1, token", "q4_1", "f32", 4, lg, want, V);
+
+    /* drop 2: a drafter reading an owner's prefix, after the owner committed root and node 2 */
+    llama_ctx *owner = new_ctx(m, WIDTH, 2, KV_F32);
+    assert_int_equal(llama_prefill(owner, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
+    llama_ctx_params dp = {.n_threads = 2,
+                           .max_width = WIDTH,
+                           .n_ctx = 64,
+                           .kv = KV_F32,
+                           .prefix_src = llama_ctx_shared(owner),
+                           .prefix_src_n_ctx = 64,
+                           .prefix_src_max_width = WIDTH,
+                           .prefix_src_n_seq = 1};
+    llama_ctx *drafter = llama_ctx_new(m, &dp, err, sizeof err);
+    assert_non_null(drafter);
+    llama_ctx_set_prefix_len(drafter, N_PROMPT);
+    grow(drafter, lg, V);
+    assert_int_equal(llama_prefill(owner, chain, 2, NULL, err, sizeof err), 0);
+    assert_int_equal(llama_tree_keep_path(drafter, path, 4, 2, err, sizeof err), 0);
+    assert_int_equal(llama_ctx_prefix_len(drafter), N_PROMPT + 2);
+    forward_ok(drafter, &one, lg);
+    expect_same("kept path (2 dropped) + 1, token", "q4_1", "f32", 4, lg, want, V);
+    llama_ctx_destroy(&drafter);
+    llama_ctx_destroy(&owner);
+    llama_ctx_destroy(&ctx);
+    llama_ctx_destroy(&ref);
+    free(lg);
+    free(want);
+    llama_model_destroy(&m);
+}
+
 /* A column split grows the tree the same way: each part gets the same batches. */
 typedef struct {
     llama_model *m;
@@ -418,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_draft_kv_refused),
         cmocka_unit_test(test_draft_kv_prefix_source),
         cmocka_unit_test(test_draft_kv_screened_head),
+        cmocka_unit_test(test_draft_kv_keep_path),
         cmocka_unit_test(test_draft_kv_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
