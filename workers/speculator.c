@@ -665,6 +665,18 @@ static void spec_set_chain(spec *s)
     spec_kv_truncate(s, s->n_committed + same);
 }
 
+/* The tree indices of the published main branch that the growth forwarded: the root (0), then
+ * its nodes root first while forwarded, the leaf left out (the work-ahead forwards it for its
+ * logits). Returns how many. */
+static int spec_main_branch_rows(const spec *s, int32_t *path)
+{
+    int chain[ARENA_DRAFT_MAX], n = spec_main_branch(s, chain), len = 0;
+    path[len++] = 0;
+    for (int k = n - 1; k >= 0 && chain[k] < s->tree_run && len <= n - 1; k--)
+        path[len++] = chain[k] + 1;
+    return len;
+}
+
 /* Drafting ahead starts from the published tree's main branch: its rows that the growth already
  * forwarded move from the tree area into the prefix (root first), so the work-ahead only computes
  * the branch's last token and what lies beyond, instead of forwarding the branch again. */
@@ -674,12 +686,8 @@ static void spec_keep_main_branch(spec *s)
                          * next Feedback may confirm it and keep the rows past what it commits) */
         if (!s->tree_branchy || s->n_nodes <= 0)
             return;
-        int chain[ARENA_DRAFT_MAX], n = spec_main_branch(s, chain);
         int32_t path[ARENA_DRAFT_MAX + 1];
-        int len = 0;
-        path[len++] = 0;
-        for (int k = n - 1; k >= 0 && chain[k] < s->tree_run && len <= n - 1; k--)
-            path[len++] = chain[k] + 1;
+        int len = spec_main_branch_rows(s, path);
         char err[256];
         s->tree_branchy = false;
         if (llama_tree_keep_path(s->ctx, path, len, 0, err, sizeof err)) {
@@ -696,12 +704,8 @@ static void spec_keep_main_branch(spec *s)
     }
     if (!s->work_ahead || !s->tree_ok || s->kv_len != s->tree_root_pos || s->n_nodes <= 0)
         return;
-    int chain[ARENA_DRAFT_MAX], n = spec_main_branch(s, chain);
     int32_t path[ARENA_DRAFT_MAX + 1];
-    int len = 0;
-    path[len++] = 0;
-    for (int k = n - 1; k >= 0 && chain[k] < s->tree_run && len <= n - 1; k--)
-        path[len++] = chain[k] + 1;
+    int len = spec_main_branch_rows(s, path);
     s->tree_ok = false;
     char err[256];
     if (llama_commit(s->ctx, path, len, err, sizeof err)) {

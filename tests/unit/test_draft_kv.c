@@ -204,6 +204,20 @@ static void test_draft_kv_refused(void **state)
     llama_model_destroy(&m);
 }
 
+/* A drafter context reading its prefix from owner's K/V (64 positions per slot, WIDTH tree rows,
+ * n_seq slots). */
+static llama_ctx_params drafter_params(const llama_ctx *owner, int n_seq)
+{
+    return (llama_ctx_params){.n_threads = 2,
+                              .max_width = WIDTH,
+                              .n_ctx = 64,
+                              .kv = KV_F32,
+                              .prefix_src = llama_ctx_shared(owner),
+                              .prefix_src_n_ctx = 64,
+                              .prefix_src_max_width = WIDTH,
+                              .prefix_src_n_seq = n_seq};
+}
+
 /* The drafter of a re-quantized copy reads the target's committed K/V in place: a context whose
  * prefix is another context's (slot 1 of a two-slot cache) grows the tree to the same logits as the
  * owner, bit for bit, since the keys and values it attends to are the same rows. */
@@ -238,14 +252,7 @@ static void test_draft_kv_prefix_source(void **state)
     llama_batch all = {.n = N_TREE, .tokens = TOKENS, .parent = PARENT};
     forward_ok(ref, &all, want);
 
-    llama_ctx_params dp = {.n_threads = 2,
-                           .max_width = WIDTH,
-                           .n_ctx = 64,
-                           .kv = KV_F32,
-                           .prefix_src = llama_ctx_shared(owner),
-                           .prefix_src_n_ctx = 64,
-                           .prefix_src_max_width = WIDTH,
-                           .prefix_src_n_seq = 2};
+    llama_ctx_params dp = drafter_params(owner, 2);
     llama_ctx *drafter = llama_ctx_new(m, &dp, err, sizeof err);
     assert_non_null(drafter);
     llama_ctx_set_prefix_source_seq(drafter, 1);
@@ -348,14 +355,7 @@ static void test_draft_kv_keep_path(void **state)
     /* drop 2: a drafter reading an owner's prefix, after the owner committed root and node 2 */
     llama_ctx *owner = new_ctx(m, WIDTH, 2, KV_F32);
     assert_int_equal(llama_prefill(owner, PROMPT, N_PROMPT, NULL, err, sizeof err), 0);
-    llama_ctx_params dp = {.n_threads = 2,
-                           .max_width = WIDTH,
-                           .n_ctx = 64,
-                           .kv = KV_F32,
-                           .prefix_src = llama_ctx_shared(owner),
-                           .prefix_src_n_ctx = 64,
-                           .prefix_src_max_width = WIDTH,
-                           .prefix_src_n_seq = 1};
+    llama_ctx_params dp = drafter_params(owner, 1);
     llama_ctx *drafter = llama_ctx_new(m, &dp, err, sizeof err);
     assert_non_null(drafter);
     llama_ctx_set_prefix_len(drafter, N_PROMPT);
