@@ -27,6 +27,7 @@ byte).
 """
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -212,6 +213,7 @@ def test_train_medusa_command():
     need_numpy()
     model = tiny()
     out = work("cmd", "heads.gguf")
+    shutil.rmtree(os.path.dirname(out), ignore_errors=True)  # a run before this one left its steps
     os.makedirs(os.path.dirname(out), exist_ok=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OROCHI_SOURCE=G.env()["source"])
     cmd = [G.env()["bin"], "train-medusa", "--target", model, "--out", out, "--heads", "2", "--prompts", "6",
