@@ -119,7 +119,7 @@ static double bench_loadavg(void)
 static int bench_bandwidth(const bench_opts *o)
 {
     FILE *js = bench_open_json(o->json);
-    printf("%-10s %10s %10s\n", "threads", "read GB/s", "load avg");
+    printf("%-10s %10s %10s %10s\n", "threads", "read GB/s", "floor", "load avg");
     for (int i = 0; i < o->n_threads; i++) {
         fprintf(stderr, "orochi bench: measuring read bandwidth at %d threads...\n", o->threads[i]);
         double g = bw_measure(o->threads[i]), la = bench_loadavg();
@@ -127,15 +127,15 @@ static int bench_bandwidth(const bench_opts *o)
             fprintf(stderr, "orochi bench: out of memory for the bandwidth buffer\n");
             return 1;
         }
-        bw_store(o->threads[i], g);
-        printf("%-10d %10.2f %10.2f\n", o->threads[i], g, la);
+        double best = bw_store(o->threads[i], g);
+        printf("%-10d %10.2f %10.2f %10.2f\n", o->threads[i], g, best, la);
         if (js)
             fprintf(js, "{\"bench\":\"bandwidth\",\"threads\":%d,\"gb_s\":%.3f,\"loadavg\":%.2f}\n",
                     o->threads[i], g, la);
     }
     if (js)
         fclose(js);
-    fprintf(stderr, "orochi bench: cached in %s\n", bw_cache_path());
+    fprintf(stderr, "orochi bench: floor = the best measured so far, cached in %s\n", bw_cache_path());
     return 0;
 }
 

@@ -43,12 +43,15 @@
 #define MM_GROUP 16   /* rows per packed group (one AVX-512 lane each) */
 
 /* Software prefetch in the tiles of MM_PF_MIN_TOK or more tokens, MM_PF_BYTES ahead of the weight
- * stream. Those tiles do enough arithmetic per byte that the hardware prefetcher falls behind: on
- * AMD Zen 4 an F16 step of 4 tokens read 11 GB/s on one core without it and ran 1.3x faster with
- * it (step 21.5 -> 16.5 ms at 1 thread, 12.4 -> 10.3 ms at 2, min of 6 interleaved rounds); the 1-
- * and 2-token tiles stream fast enough on their own and only pay for the extra instructions. */
-#define MM_PF_BYTES 4096
-#define MM_PF_MIN_TOK 3
+ * stream. The wide tiles do enough arithmetic per byte that the hardware prefetcher falls behind:
+ * on AMD Zen 4 an F16 step of 4 tokens read 11 GB/s on one core without it and ran 1.3x faster
+ * with it 4 KiB ahead. On AMD Zen 5 (a later machine) the one-token tiles gain too, and more from
+ * 8 KiB ahead: decode at 1 thread F16 108 -> 121, Q8_0 215 -> 229, Q4_1 288 -> 332 tok/s, at 2
+ * threads F16 191 -> 227, Q8_0 357 -> 394, Q4_1 445 -> 515 (medians of 3 interleaved A/B rounds;
+ * 16 KiB ahead: between the two), while on Zen 4 the one- and two-token tiles had streamed fast
+ * enough on their own. Every tile prefetches now. */
+#define MM_PF_BYTES 8192
+#define MM_PF_MIN_TOK 1
 
 /* prefetch the n bytes that lie MM_PF_BYTES past p (one hint per cache line) */
 static inline void mm_prefetch(const void *p, size_t n)
