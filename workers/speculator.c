@@ -11,11 +11,16 @@
  *              context's last n tokens (n from --ngram down to 1); no model at all.
  *
  * State: the committed tokens of the current request (from Feedback) and a private KV cache for
- * the model kinds. After each Feedback the speculator grows a draft TREE for the new context
- * (LLMCad: one tree-masked forward per round that appends only the nodes grown in the previous
- * round, so each node is computed once; a confidence-based branch pacer, branches opened where a
- * candidate passes --branch-threshold, growth stopped by the self-adaptive fallback threshold
- * alpha), publishes it into its ring in the arena and answers DraftReady (an empty draft too, so
+ * the model kinds — or, for a model drafter with the target's whole shape (a re-quantized copy,
+ * --target-kv auto), only a private tree: its attention reads the committed rows of the request's
+ * sequence slot from the target's KV cache in the arena, so it never prefills or commits, and its
+ * chain lives in the tree (tree_rows). A model drafter's output layer wider than 4 bits is screened
+ * by a 4-bit copy whose --head-screen best candidates per row are recomputed exactly. After each
+ * Feedback the speculator grows a draft TREE for the new context (LLMCad: one tree-masked forward
+ * per round that appends only the nodes grown in the previous round, so each node is computed
+ * once; a confidence-based branch pacer, branches opened where a candidate passes the branch
+ * threshold — --branch-threshold, raised while the target keeps taking the best candidate
+ * (ctl_branch) —, growth stopped by the self-adaptive fallback threshold alpha), publishes it into its ring in the arena and answers DraftReady (an empty draft too, so
  * the coordinator never waits on a speculator with nothing to say). The budget — nodes, depth,
  * and whether branches are allowed — comes with each Feedback from the coordinator's
  * controllers. While the target verifies it works ahead, one token-forward between socket polls:
