@@ -895,21 +895,9 @@ static void screened_logits(llama_ctx *x, int n, float *logits)
     int V = m->cfg.vocab, dim = m->cfg.dim, K = x->p.screen_top < 64 ? x->p.screen_top : 64;
     kmat_mul(x->pool, &m->lm_screen, 0, V, x->xb, n, logits, V, x->scratch);
     for (int i = 0; i < n; i++) {
-        float *lg = logits + (size_t)i * V, best[64];
-        int ids[64], k = 0;
-        for (int v = 0; v < V; v++) { /* the K largest, kept sorted (ties: the lower id) */
-            float l = lg[v];
-            if (k == K && !(l > best[K - 1]))
-                continue;
-            int j = k < K ? k++ : K - 1;
-            while (j > 0 && best[j - 1] < l) {
-                best[j] = best[j - 1];
-                ids[j] = ids[j - 1];
-                j--;
-            }
-            best[j] = l;
-            ids[j] = v;
-        }
+        float *lg = logits + (size_t)i * V;
+        int32_t ids[64];
+        int k = k_top(lg, V, K, ids);
         const float *h = x->xb + (size_t)i * dim;
         for (int j = 0; j < k; j++) {
             kmat_row(exact, ids[j], x->row);

@@ -313,18 +313,7 @@ int medusa_head_logits(const medusa *m, kpool *pool, int k, const float *hidden,
  * probabilities. */
 static void medusa_topk(const float *logits, int vocab, int k, int32_t *tok, float *prob)
 {
-    int n = 0;
-    for (int v = 0; v < vocab; v++) {
-        float l = logits[v];
-        if (n == k && !(l > logits[tok[n - 1]]))
-            continue;
-        int j = n < k ? n++ : k - 1;
-        while (j > 0 && l > logits[tok[j - 1]]) {
-            tok[j] = tok[j - 1];
-            j--;
-        }
-        tok[j] = v;
-    }
+    k_top(logits, vocab, k, tok);
     float mx = logits[tok[0]];
     double sum = 0;
     for (int v = 0; v < vocab; v++)

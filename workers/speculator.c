@@ -396,28 +396,13 @@ static int spec_top(const float *logits, int V, int k, float (*out)[2])
     /* the k largest logits in one pass (ties: the lower id), then one vectorised pass for the
      * softmax denominator: the drafter calls this once per leaf per round over the whole vocabulary
      */
-    float best[4];
-    int ids[4], n = 0;
-    if (k > 4)
-        k = 4;
-    for (int i = 0; i < V; i++) {
-        float l = logits[i];
-        if (n == k && l <= best[n - 1])
-            continue;
-        int j = n < k ? n++ : n - 1;
-        while (j > 0 && best[j - 1] < l) {
-            best[j] = best[j - 1];
-            ids[j] = ids[j - 1];
-            j--;
-        }
-        best[j] = l;
-        ids[j] = i;
-    }
+    int32_t ids[4];
+    int n = k_top(logits, V, k < 4 ? k : 4, ids);
     if (!n)
         return 0;
-    float sum = k_sum_exp(logits, V, best[0]);
+    float mx = logits[ids[0]], sum = k_sum_exp(logits, V, mx);
     for (int j = 0; j < n; j++) {
-        out[j][0] = sum > 0 ? expf(best[j] - best[0]) / sum : 0.0f;
+        out[j][0] = sum > 0 ? expf(logits[ids[j]] - mx) / sum : 0.0f;
         out[j][1] = (float)ids[j];
     }
     return n;
@@ -1091,10 +1076,11 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
                                 char *err, size_t errlen)
 {
     const char *mode = s->target_kv_s ? s->target_kv_s : "auto";
+    bool on = !strcmp(mode, "on"); /* required; auto: when the draft is a copy */
     if (!strcmp(mode, "off"))
         return 0;
     if (s->kind != SPEC_MODEL) {
-        if (!strcmp(mode, "on")) {
+        if (on) {
             snprintf(err, errlen, "--target-kv on is for --kind model (a re-quantized copy)");
             return -1;
         }
@@ -1104,29 +1090,28 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
     char why[256];
     if (llama_read_config(w->target_model, &tc, why, sizeof why)) {
         snprintf(err, errlen, "--target-kv: cannot read the target's shape: %s", why);
-        return !strcmp(mode, "on") ? -1 : 0;
+        return on ? -1 : 0;
     }
     const llama_config *dc = &s->model->cfg;
     bool kv_ok = llama_config_same_kv(&tc, dc);
     bool copy = kv_ok && tc.ffn == dc->ffn && tc.vocab == dc->vocab;
-    if (!strcmp(mode, "on") ? !kv_ok : !copy) {
-        if (!strcmp(mode, "on")) {
-            snprintf(err, errlen,
-                     "--target-kv on: the draft model's layers/attention (%d layers, %d heads, %d "
-                     "KV heads of %d) differ from the target's (%d, %d, %d of %d)",
-                     dc->n_layers, dc->n_heads, dc->n_kv_heads, dc->head_dim, tc.n_layers,
-                     tc.n_heads, tc.n_kv_heads, tc.head_dim);
-            return -1;
-        }
-        return 0;
+    if (on && !kv_ok) {
+        snprintf(err, errlen,
+                 "--target-kv on: the draft model's layers/attention (%d layers, %d heads, %d KV "
+                 "heads of %d) differ from the target's (%d, %d, %d of %d)",
+                 dc->n_layers, dc->n_heads, dc->n_kv_heads, dc->head_dim, tc.n_layers, tc.n_heads,
+                 tc.n_kv_heads, tc.head_dim);
+        return -1;
     }
+    if (!on && !copy)
+        return 0;
     int n_seq = w->n_seq ? (int)w->n_seq : 1;
     uint64_t have = 0;
     void *block = arena_region_find(s->arena, RT_REGION_LLAMA, &have);
     size_t need = llama_shared_layout(&tc, (int)w->n_ctx, (int)w->max_width, n_seq, KV_F32, NULL);
     if (!block || have < need) {
         snprintf(err, errlen, "--target-kv: the arena has no K/V block for the target's shape");
-        return !strcmp(mode, "on") ? -1 : 0;
+        return on ? -1 : 0;
     }
     llama_shared_bind(&s->target_sh, block, &tc, (int)w->n_ctx, (int)w->max_width, n_seq, KV_F32);
     p->kv = KV_F32; /* the source's rows: the tree rows are read in the same stream */

@@ -162,6 +162,10 @@ void k_silu_mul(float *gate, const float *up, int n); /* gate = silu(gate) * up 
 void k_softmax(float *x, int n);
 /* sum of e^(x[i] - mx) over n values (vectorised; mx at least the largest x keeps it finite) */
 float k_sum_exp(const float *x, int n, float mx);
+/* The k largest of x[0..n) in one pass: their indices into ids, largest first, ties to the lower
+ * index (so the first k of a larger selection are the k best); NaNs never enter. Returns how many:
+ * k, or fewer when x has fewer values that are not NaN. */
+int k_top(const float *x, int n, int k, int32_t *ids);
 float k_dot(const float *a, const float *b, int n);
 
 /* ===== attention partials ===== */

@@ -119,6 +119,23 @@ void k_softmax(float *x, int n)
         x[i] *= inv;
 }
 
+int k_top(const float *x, int n, int k, int32_t *ids)
+{
+    int got = 0;
+    float floor = 0; /* the k-th best so far, once there are k */
+    for (int i = 0; i < n && k > 0; i++) {
+        float v = x[i];
+        if (got == k ? !(v > floor) : v != v)
+            continue;
+        int j = got < k ? got++ : k - 1;
+        for (; j > 0 && v > x[ids[j - 1]]; j--)
+            ids[j] = ids[j - 1];
+        ids[j] = i;
+        floor = x[ids[got - 1]];
+    }
+    return got;
+}
+
 float k_sum_exp(const float *x, int n, float mx)
 {
     int i = 0;

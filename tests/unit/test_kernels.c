@@ -314,6 +314,25 @@ static void test_kernels_check_row(void **state)
     assert_int_equal(kt_check_row(KT_F16, q, 64, why, sizeof why), -1); /* float types: no scales */
 }
 
+/* k_top: the k largest, largest first, ties to the lower index, NaNs left out, k past the count
+ * clipped. */
+static void test_kernels_top(void **state)
+{
+    (void)state;
+    float x[] = {1.0f, 5.0f, NAN, 3.0f, 5.0f, -2.0f, 4.0f};
+    int32_t ids[8];
+    assert_int_equal(k_top(x, 7, 4, ids), 4);
+    int32_t want[] = {1, 4, 6, 3};
+    assert_memory_equal(ids, want, sizeof want);
+    assert_int_equal(k_top(x, 7, 1, ids), 1);
+    assert_int_equal(ids[0], 1);
+    float y[] = {NAN, 2.0f, 2.0f};
+    assert_int_equal(k_top(y, 3, 8, ids), 2); /* the NaN is not one of them */
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 2);
+    assert_int_equal(k_top(y, 3, 0, ids), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_kernels_attention_causal),
         cmocka_unit_test(test_kernels_traits),
         cmocka_unit_test(test_kernels_check_row),
+        cmocka_unit_test(test_kernels_top),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
