@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all build test models demo bench-peer asan fuzz fuzz-long soak clean format
+.PHONY: all build test models demo bench-peer bench-group asan fuzz fuzz-long soak clean format
 
 all: build
 
@@ -49,6 +49,14 @@ demo: models build
 
 bench-peer: build models
 	/usr/bin/python3 bench/peer.py --bin-dir $(BUILD)/bin --model $(MODEL) --llama-cpp $(LLAMA_CPP) $(PEER_FLAGS)
+
+# A group without speculators against `orochi run` with the same threads (docs/performance.md,
+# "The group's handoff"): the default model and its F16 copy (made once with orochi quantize, in
+# the directory bench-peer uses), free run on and off, 1 worker x 2 threads and 2 x 1.
+PEER_F16 := bench/results/peer-models/SmolLM2-135M-Instruct.F16.gguf
+bench-group: build models
+	test -f $(PEER_F16) || (mkdir -p $(dir $(PEER_F16)) && $(OROCHI_BIN) quantize $(MODEL) $(PEER_F16) F16)
+	/usr/bin/python3 bench/group_vs_run.py --bin-dir $(BUILD)/bin --models $(MODEL),$(PEER_F16) $(GROUP_FLAGS)
 
 # Medusa heads for the default model: `orochi train-medusa` (docs/medusa.md, "Training"):
 # documentation prompts (continued as plain text, and chat-wrapped), instruction prompts, the

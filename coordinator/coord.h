@@ -120,6 +120,7 @@ typedef struct {
     ctl_guard guard;       /* speculation off while it is slower than plain decoding (--guard on) */
     ctl_guard guard_batch; /* the same for cycles that verify several requests */
     bool guard_enabled;
+    bool no_free_run; /* --free-run off: every token goes through a verification cycle */
     int guard_window, guard_probe;
     /* the plan (--plan FILE; reread when the file changes) */
     const char *plan_path;
@@ -165,6 +166,7 @@ typedef struct {
     /* metrics */
     pthread_mutex_t mlock;
     uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
+    uint64_t m_free_tokens; /* tokens taken from free-running decodes */
     uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
     uint64_t m_batch_hist[RT_MAX_SEQ + 1];    /* requests per verification step */
     double m_step_seconds, m_draft_wait_seconds;

@@ -34,6 +34,16 @@
  * model/llama.c), greedy output equals `orochi run --temp 0` token for token.
  * Stop conditions: the tokenizer's eos, max_tokens (or the context end), stop strings (text is
  * held back until it cannot be the start of a stop string).
+ *
+ * Free run: a greedy request alone (no logprobs, no speculator connected) skips the cycle. One
+ * step is rung with rt_step.run_max and the workers decode on by themselves (each step's argmax,
+ * merged across the parts at their barrier, is the next token; each commits its own K/V heads),
+ * while the coordinator sleeps a few steps' time, takes the tokens made so far and emits them.
+ * The run ends at eos, the request's length, a stop string or a client gone (the few tokens made
+ * past a stop are dropped: the prefix sent with the next step says where the sequence ends), or
+ * when a queued request could share the steps. What this saves is the handoff of every token
+ * (wake the coordinator, verify, commit, ring the workers again): 100-150 us a token here, 5-7%
+ * of a default-model step (docs/performance.md, "The group's handoff").
  */
 #define _GNU_SOURCE /* memmem */
 #include <math.h>
@@ -152,12 +162,40 @@ static bool engine_wait_workers(coord *c)
     return true;
 }
 
+/* A free-running greedy decode in flight (rt_step.run_max): the workers make the tokens, and
+ * engine_step hands them to take() as they come, each time it wakes and once at the end; take()
+ * returns true to end the run early (the workers stop after the step they are in). */
+typedef struct engine_run {
+    uint32_t max;   /* tokens the workers may make */
+    int32_t eos;    /* they stop after this one */
+    int period_ms;  /* how often the coordinator looks for new tokens */
+    int slot;       /* the request's sequence slot */
+    int taken;      /* tokens taken so far */
+    bool (*take)(coord *c, struct engine_run *r, int ready);
+} engine_run;
+
+/* Hand the tokens every worker has made and committed to the run's taker; ask the workers to stop
+ * when it says so. */
+static void engine_run_poll(coord *c, engine_run *run)
+{
+    rt_step *st = c->step;
+    uint32_t ready = RT_RUN_MAX;
+    for (int i = 0; i < c->n_workers && i < RT_MAX_WORKERS; i++) {
+        uint32_t k = __atomic_load_n(&st->run_count[i], __ATOMIC_ACQUIRE);
+        ready = k < ready ? k : ready;
+    }
+    if ((int)ready > run->taken && run->take(c, run, (int)ready))
+        __atomic_store_n(&st->run_stop, 1, __ATOMIC_RELEASE);
+}
+
 /* Run one step over n tokens (parents, sequence slots; seq_prefix: committed length of every
- * slot); re-run it while workers are lost and come back. Returns 0, or -1 if the group cannot
- * finish it (err says why). */
+ * slot); re-run it while workers are lost and come back. With `run`, a one-token step that the
+ * workers continue as a free-running decode: a run that lost a worker after some tokens were
+ * taken is not re-run (what was taken stands; the next step goes on from there). Returns 0, or
+ * -1 if the group cannot finish it (err says why). */
 static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *parent,
-                       const int32_t *seq, const int *seq_prefix, int logits_from, char *err,
-                       size_t errlen)
+                       const int32_t *seq, const int *seq_prefix, int logits_from, engine_run *run,
+                       char *err, size_t errlen)
 {
     uint64_t t0 = rt_now_us();
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -178,6 +216,10 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         }
         for (int s = 0; s < RT_MAX_SEQ; s++)
             st->seq_prefix[s] = s < c->n_seq ? (uint32_t)seq_prefix[s] : 0;
+        st->run_max = run ? run->max : 0;
+        st->run_eos = run ? run->eos : -1;
+        st->run_stop = 0;
+        memset(st->run_count, 0, sizeof st->run_count);
         arena_barrier_init(&st->barrier, (uint32_t)c->n_workers);
         memset(st->err, 0, sizeof st->err);
         __atomic_store_n(&st->done, 0, __ATOMIC_RELAXED);
@@ -197,7 +239,9 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
                 finished += __atomic_load_n(&st->done_step[i], __ATOMIC_ACQUIRE) == want;
             if (finished >= c->n_workers || c->step_failed || coord_stop_flag)
                 break;
-            rt_futex_wait(&st->done, d, 2);
+            rt_futex_wait(&st->done, d, run ? run->period_ms : 2);
+            if (run)
+                engine_run_poll(c, run);
             if (rt_now_us() - last_pump > 2000) { /* liveness: a worker may have died */
                 coord_group_pump(c, 0);
                 coord_group_supervise(c);
@@ -210,10 +254,12 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
                 snprintf(c->step_err, sizeof c->step_err, "worker-%d: %.160s", i, st->err[i]);
             }
         c->step_wait_id = 0;
+        if (run)
+            engine_run_poll(c, run);
         if (!c->step_failed && finished >= c->n_workers) {
             uint64_t t1 = rt_now_us();
             pthread_mutex_lock(&c->mlock);
-            c->m_steps++;
+            c->m_steps += run ? 0u : 1u; /* a run's steps are counted as their tokens are taken */
             c->m_step_seconds += (t1 - t0) / 1e6;
             pthread_mutex_unlock(&c->mlock);
             coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "step", t0, t1,
@@ -223,14 +269,18 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         }
         if (coord_stop_flag)
             break;
-        rt_log("coordinator", "step %llu failed (%s): re-running it",
-               (unsigned long long)st->step_id, c->step_err);
+        if (run)
+            __atomic_store_n(&st->run_stop, 1, __ATOMIC_RELEASE);
+        rt_log("coordinator", "step %llu failed (%s): %s", (unsigned long long)st->step_id,
+               c->step_err, run && run->taken ? "going on after the tokens made" : "re-running it");
         /* let the survivors report back before the barrier is re-armed */
         uint64_t settle = rt_now_us() + 200000u;
         while (rt_now_us() < settle) {
             coord_group_pump(c, 5);
             coord_group_supervise(c);
         }
+        if (run && run->taken)
+            return 0;
     }
     snprintf(err, errlen, "step could not be completed: %s",
              c->step_err[0] ? c->step_err : "stopping");
@@ -658,6 +708,7 @@ typedef struct {
     int last_added;                  /* tokens the last step appended */
     int last_row;                    /* batch row of the last accepted node */
     uint64_t queued_us, admitted_us; /* arrived, taken into the slot (the timeline) */
+    uint64_t first_us;               /* the first token was drawn (the prompt's time ends) */
 } engine_slot;
 
 struct coord_engine_state {
@@ -851,6 +902,10 @@ static void slot_finish(coord *c, int s)
     stats.mean_accepted =
         sl->verify_steps ? (double)(sl->accepted_total + sl->verify_steps) / sl->verify_steps : 1.0;
     snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "%s", sl->kinds);
+    uint64_t now = rt_now_us();
+    stats.queued_ms = (double)(sl->admitted_us - sl->queued_us) / 1e3;
+    stats.prompt_ms = (double)(sl->first_us - sl->admitted_us) / 1e3;
+    stats.decode_ms = (double)(now - sl->first_us) / 1e3;
     coord_request_finish(sl->req, sl->finish, &stats);
     slot_trace(c, s, 200);
     pthread_mutex_lock(&c->mlock);
@@ -970,7 +1025,7 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
         bool last = prefix[s] + w == sl->n_all;
         llama_batch b = {
             .n = w, .tokens = sl->all + prefix[s], .seq = seq, .logits_from = last ? w - 1 : w};
-        if (engine_step(c, w, b.tokens, NULL, seq, prefix, b.logits_from, err, sizeof err) ||
+        if (engine_step(c, w, b.tokens, NULL, seq, prefix, b.logits_from, NULL, err, sizeof err) ||
             engine_set_batch(c, &b, prefix, err, sizeof err) ||
             llama_commit(c->kv, path, w, err, sizeof err)) {
             slot_fail(c, s, 503, err);
@@ -986,6 +1041,7 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     sl->all[sl->n_all++] = next;
     sl->generated = 1;
     sl->steps = 1;
+    sl->first_us = rt_now_us();
     const float *row = c->logits; /* the last prompt position's row chose the first token */
     slot_emit(c, sl, &next, &row, 1);
     if (sl->stop || sl->generated >= sl->max_new) {
@@ -1011,6 +1067,98 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     return 0;
 }
 
+/* ===== free-running decode ===== */
+
+/* Whether slot s may decode free-running: it is the only request, greedy, without logprobs (the
+ * workers choose by argmax and nobody reads the logits), with no speculator connected (none to
+ * feed or verify), and has at least two tokens to go. */
+static bool engine_can_run_free(coord *c, int s)
+{
+    const engine_slot *sl = &c->eng->slots[s];
+    if (!sl->greedy || sl->prm->logprobs || c->no_free_run ||
+        coord_group_count(c, PEER_SPECULATOR, true) > 0)
+        return false;
+    return sl->max_new - sl->generated >= 2 && c->n_ctx - c->eng->prefix[s] >= 2;
+}
+
+/* engine_run's taker: the new tokens join the request as if each had been a step's bonus token
+ * (its predecessor's row committed); the run ends at the request's end (end of text, a stop
+ * string, its length, a client gone) or when a queued request could share the steps. */
+static bool engine_run_take(coord *c, engine_run *r, int ready)
+{
+    engine_slot *sl = &c->eng->slots[r->slot];
+    const int32_t *made = c->step->run_tokens;
+    int took = 0;
+    while (r->taken < ready && !sl->stop && sl->generated < sl->max_new) {
+        int k = ready - r->taken, room = sl->max_new - sl->generated;
+        k = k < RT_MAX_WIDTH ? k : RT_MAX_WIDTH;
+        k = k < room ? k : room;
+        int32_t *dst = sl->all + sl->n_all;
+        memcpy(dst, made + r->taken, (size_t)k * sizeof *dst);
+        sl->n_all += k;
+        c->eng->prefix[r->slot] += k;
+        sl->steps += k;
+        sl->verify_steps += k;
+        sl->last_added = 1;
+        r->taken += k;
+        took += k;
+        sl->generated += slot_emit(c, sl, dst, NULL, k);
+    }
+    pthread_mutex_lock(&c->mlock);
+    c->m_accept_hist[0] += (uint64_t)took;
+    c->m_batch_hist[1] += (uint64_t)took;
+    c->m_steps += (uint64_t)took;
+    c->m_free_tokens += (uint64_t)took;
+    pthread_mutex_unlock(&c->mlock);
+    if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
+        return true;
+    pthread_mutex_lock(&c->qlock);
+    bool queued = c->qlen > 0;
+    pthread_mutex_unlock(&c->qlock);
+    return (queued && engine_active(c) < c->n_seq) ||
+           coord_group_count(c, PEER_SPECULATOR, true) > 0;
+}
+
+/* Decode slot s free-running (engine_can_run_free): one step rung with rt_step.run_max, the
+ * workers going on by themselves, the tokens taken a few steps' worth at a time. The handoff of
+ * every token through the coordinator (wake it, verify, commit, ring) is what a group costs over
+ * a single process; here it overlaps the workers' next steps instead. */
+static void engine_run_free(coord *c, int s)
+{
+    engine_slot *sl = &c->eng->slots[s];
+    int *prefix = c->eng->prefix;
+    int room = sl->max_new - sl->generated;
+    if (room > c->n_ctx - prefix[s])
+        room = c->n_ctx - prefix[s];
+    if (room > RT_RUN_MAX)
+        room = RT_RUN_MAX;
+    /* look about every four tokens: streamed text comes in small pieces, a stop string is seen a
+     * few tokens late at most, and the coordinator wakes rarely enough to cost nothing */
+    int period = (int)(4 * c->step_ema_us / 1000);
+    engine_run r = {.max = (uint32_t)room,
+                    .eos = tokenizer_eos(c->tok),
+                    .period_ms = period < 2 ? 2 : period > 20 ? 20 : period,
+                    .slot = s,
+                    .take = engine_run_take};
+    int32_t tok = sl->all[sl->n_all - 1], parent = -1, seq = s;
+    char err[512];
+    uint64_t t0 = rt_now_us();
+    if (engine_step(c, 1, &tok, &parent, &seq, prefix, 0, &r, err, sizeof err)) {
+        slot_fail(c, s, 503, err);
+        return;
+    }
+    /* the workers committed the rows: the coordinator's view only moves its prefix */
+    llama_ctx_set_seq_prefix_len(c->kv, s, prefix[s]);
+    uint64_t t1 = rt_now_us();
+    if (r.taken > 0)
+        c->step_ema_us = engine_ema(c->step_ema_us, c->step_ema_us > 0,
+                                    (double)(t1 - t0) / r.taken);
+    coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "cycle", t0, t1,
+                     "\"requests\":1,\"nodes\":1,\"tokens\":%d,\"plain\":1,\"free\":1", r.taken);
+    if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
+        slot_finish(c, s);
+}
+
 /* One verification step for every active slot: each gets its share of the width, the drafts for
  * its context merged and voted into a tree, all trees in one target step; then per slot: verify,
  * commit, emit, feed back. */
@@ -1023,6 +1171,10 @@ static void engine_step_all(coord *c)
             active[n_act++] = s;
     if (!n_act)
         return;
+    if (n_act == 1 && engine_can_run_free(c, active[0])) {
+        engine_run_free(c, active[0]);
+        return;
+    }
     int V = c->model->cfg.vocab;
     char err[512];
     uint64_t t_cycle = rt_now_us(), waited = 0;
@@ -1101,7 +1253,7 @@ static void engine_step_all(coord *c)
     e->rr++;
     llama_batch b = {.n = n, .tokens = tokens, .parent = parent, .seq = seq, .logits_from = 0};
     uint64_t t_step = rt_now_us();
-    if (engine_step(c, n, tokens, parent, seq, e->prefix, 0, err, sizeof err) ||
+    if (engine_step(c, n, tokens, parent, seq, e->prefix, 0, NULL, err, sizeof err) ||
         engine_set_batch(c, &b, e->prefix, err, sizeof err)) {
         for (int k = 0; k < n_act; k++)
             slot_fail(c, active[k], 503, err);
@@ -1305,6 +1457,10 @@ char *coord_engine_metrics(void *ctx)
     M("# HELP orochi_steps_total Target forward steps (prefill and verification).\n"
       "# TYPE orochi_steps_total counter\norochi_steps_total %llu\n",
       (unsigned long long)c->m_steps);
+    M("# HELP orochi_free_run_tokens_total Tokens the workers decoded free-running (steps the "
+      "coordinator did not hand over one by one).\n"
+      "# TYPE orochi_free_run_tokens_total counter\norochi_free_run_tokens_total %llu\n",
+      (unsigned long long)c->m_free_tokens);
     M("# HELP orochi_accepted_per_step Drafted tokens accepted per verification step.\n"
       "# TYPE orochi_accepted_per_step histogram\n");
     uint64_t cum = 0, count = 0, sum = 0;

@@ -557,9 +557,12 @@ void coord_group_write_status(coord *c)
     if (!f)
         return;
     uint64_t now = rt_now_us();
+    pthread_mutex_lock(&c->mlock);
+    uint64_t steps = c->m_steps; /* forward passes (a free run's as its tokens come) */
+    pthread_mutex_unlock(&c->mlock);
     fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat      -  steps %llu  step %.2fms",
-            "coordinator", (int)getpid(), (now - c->started_us) / 1e6,
-            (unsigned long long)c->step_counter, c->step_ema_us / 1e3);
+            "coordinator", (int)getpid(), (now - c->started_us) / 1e6, (unsigned long long)steps,
+            c->step_ema_us / 1e3);
     if (c->tracer)
         fputs("  tracing", f);
     group_status_error(f, c->last_error, c->last_error_us, now);

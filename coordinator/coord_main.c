@@ -120,7 +120,8 @@ static void coord_usage(FILE *out)
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
-        "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--trace]\n"
+        "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
+        "         [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
         "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
@@ -134,6 +135,9 @@ static void coord_usage(FILE *out)
         "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
+        "  Free run (default on): a greedy request alone, with no speculator connected, is\n"
+        "  decoded by the workers themselves (each step's argmax is the next token); the\n"
+        "  coordinator takes the tokens every few steps instead of handing each one over.\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
         "  plain step time); reread whenever the file changes.\n"
         "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
@@ -224,6 +228,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"drain-ms", required_argument, 0, 14},
                                          {"api-key-file", required_argument, 0, 15},
                                          {"max-queue", required_argument, 0, 16},
+                                         {"free-run", required_argument, 0, 17},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -289,6 +294,10 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 11: c->guard_window = atoi(optarg); break;
         case 12: c->guard_probe = atoi(optarg); break;
         case 13: c->plan_path = optarg; break;
+        case 17:
+            c->no_free_run = !strcmp(optarg, "off");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
         case 14: c->drain_ms = atoi(optarg); break;
         case 5: c->decision_threshold = atoi(optarg); break;
         case 6: c->s_reward = atoi(optarg); break;
@@ -305,7 +314,7 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->run_dir || !c->target || bad) {
         if (bad)
-            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard take on|off, --vote "
+            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run take on|off, --vote "
                             "majority|union|off, "
                             "--draft-wait measured|fixed\n");
         coord_usage(stderr);

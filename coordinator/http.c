@@ -1143,6 +1143,15 @@ static cJSON *http_orochi_json(coord_request *req, const coord_outcome *o)
         while (*s == ',' || *s == ' ')
             s++;
     }
+    cJSON *t = cJSON_AddObjectToObject(obj, "timings");
+    cJSON_AddNumberToObject(t, "queued_ms", o->stats.queued_ms);
+    cJSON_AddNumberToObject(t, "prompt_ms", o->stats.prompt_ms);
+    cJSON_AddNumberToObject(t, "decode_ms", o->stats.decode_ms);
+    int after_first = o->stats.completion_tokens - 1;
+    cJSON_AddNumberToObject(t, "decode_tok_s",
+                            after_first > 0 && o->stats.decode_ms > 0
+                                ? after_first / (o->stats.decode_ms / 1e3)
+                                : 0);
     return obj;
 }
 

@@ -79,6 +79,9 @@ typedef struct {
     int steps;                               /* verification steps (forward passes) */
     double mean_accepted;                    /* tokens accepted per step */
     char draft_kinds[COORD_DRAFT_KINDS_LEN]; /* comma separated, e.g. "ngram,model"; "" if none */
+    double queued_ms; /* from arrival to admission into a sequence slot */
+    double prompt_ms; /* from admission to the first generated token (tokenize, prefill, sample) */
+    double decode_ms; /* from the first generated token to the last */
 } coord_stats;
 
 /* A consistent snapshot of the request's end state (coord_request_outcome). */

@@ -686,6 +686,15 @@ static void part_rows(const llama_ctx *x, int64_t n, int64_t *lo, int64_t *hi)
     *hi = n * (x->p.part + 1) / x->p.n_parts;
 }
 
+int32_t llama_ctx_part_argmax(const llama_ctx *x, const float *logits, float *value)
+{
+    int64_t v0, v1;
+    part_rows(x, x->m->cfg.vocab, &v0, &v1);
+    int32_t i = (int32_t)v0 + k_argmax(logits + v0, (int)(v1 - v0));
+    *value = logits[i];
+    return i;
+}
+
 /* y[:, lo:hi] = W[lo:hi] x for n tokens. */
 static void llama_linear(llama_ctx *x, const kmat *w, int64_t lo, int64_t hi, const float *in,
                          int n, float *out)

@@ -118,6 +118,9 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
 void llama_ctx_destroy(llama_ctx **ctx);
 int llama_ctx_prefix_len(const llama_ctx *ctx);
 int llama_ctx_threads(const llama_ctx *ctx);
+/* The greedy choice among this part's columns of one logits row (k_argmax over them): the token
+ * id, and its logit in *value. Parts merge theirs by the largest value, ties to the lower id. */
+int32_t llama_ctx_part_argmax(const llama_ctx *ctx, const float *logits, float *value);
 /* Set the committed length (a worker learns it from the coordinator each step). Without a
  * sequence argument: slot 0. */
 void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "kernels/cpu/kernels.h"
 #include "model/llama.h"
 
 void sampler_init(sampler *s, float temp, int top_k, float top_p, uint64_t seed)
@@ -50,11 +51,7 @@ double sampler_uniform(sampler *s)
 
 int32_t sampler_argmax(const float *logits, int n)
 {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best])
-            best = i;
-    return best;
+    return k_argmax(logits, n);
 }
 
 /* ===== rank order ===== */

@@ -6,7 +6,10 @@
  * map the model and attach the arena. Then, per StepBegin, read the step's tokens and tree from
  * the arena, run its part of the forward — every linear layer for its output rows, attention for
  * its KV heads — meeting the other workers at the arena barrier between ops, write its columns of
- * the logits into the arena, and answer StepDone. Nothing but these small messages crosses the
+ * the logits into the arena, and answer StepDone. A step rung as a free run (rt_step.run_max)
+ * goes on by itself: the workers take each step's argmax as the next token (the parts' bests
+ * merged at their barrier), commit its row, publish the token and run the next step, until the
+ * run's end (worker_run). Nothing but these small messages crosses the
  * socket. All state worth keeping (the KV cache) lives in the arena, so a restarted worker simply
  * maps it again and the coordinator re-runs the interrupted step.
  *
@@ -77,6 +80,7 @@ typedef struct {
     float *logits;
     llama_model *model;
     llama_ctx *ctx;
+    int n_workers;    /* parts of the model in the group (from the Welcome) */
     worker_phases ph; /* the step in flight (main thread only) */
     /* shared between the threads (atomics) */
     uint64_t steps;         /* steps computed (main writes, the heartbeat reads) */
@@ -309,12 +313,73 @@ static int worker_join(worker *w)
         rt_log(w->role, "%s", err);
         goto done;
     }
+    w->n_workers = (int)wel->n_workers;
     rt_log(w->role, "joined: part %u of %u, %d threads, arena %s, model %s", wel->worker_index,
            wel->n_workers, llama_ctx_threads(w->ctx), wel->arena_name, wel->target_model);
     rc = 0;
 done:
     rt_free(env);
     return rc;
+}
+
+/* The barrier of a free-running decode between two forward passes: the LM head's stretch ends
+ * here, and the next forward's phases count from its embeddings again. */
+static int worker_run_sync(worker *w)
+{
+    worker_phases *ph = &w->ph;
+    uint64_t t0 = rt_now_us();
+    ph->phase_us[PH_LM_HEAD] += t0 - ph->seg_us;
+    int rc = arena_barrier_wait_while(&w->step->barrier, BARRIER_SPIN, BARRIER_SLICE_MS,
+                                      worker_keep_waiting, w);
+    uint64_t t1 = rt_now_us();
+    ph->wait_us += t1 - t0;
+    ph->n_sync = 0;
+    ph->seg_us = t1;
+    return rc;
+}
+
+/* Free-running greedy decode after a one-token step (rt_step.run_max): take the argmax as the
+ * next token, commit the row just computed, publish the token, run the next step; every worker
+ * does the same in lock step (see rt_step). Returns the tokens made; err says why it stopped early
+ * on a failure. */
+static int worker_run(worker *w, char *err, size_t errlen)
+{
+    rt_step *st = w->step;
+    int32_t seq = st->seq[0], zero = 0, made = 0;
+    uint32_t max = st->run_max < RT_RUN_MAX ? st->run_max : RT_RUN_MAX;
+    int me = w->index;
+    for (;;) {
+        float v;
+        int32_t id = llama_ctx_part_argmax(w->ctx, w->logits, &v);
+        st->run_best[me].value = v;
+        st->run_best[me].index = id;
+        if (me == 0)
+            st->run_best[0].stop = __atomic_load_n(&st->run_stop, __ATOMIC_ACQUIRE);
+        if (worker_run_sync(w)) {
+            snprintf(err, errlen, "free-running decode: a peer did not reach the barrier");
+            return made;
+        }
+        for (int i = 0; i < w->n_workers && i < RT_MAX_WORKERS; i++)
+            if (st->run_best[i].value > v) { /* parts in column order: ties keep the lower id */
+                v = st->run_best[i].value;
+                id = st->run_best[i].index;
+            }
+        /* the next round's bests are written after the next forward's barriers: no one
+         * overwrites these before every worker has read them */
+        bool stop = st->run_best[0].stop != 0;
+        if (llama_commit(w->ctx, &zero, 1, err, errlen))
+            return made;
+        if (me == 0)
+            st->run_tokens[made] = id;
+        made++;
+        __atomic_store_n(&st->run_count[me], (uint32_t)made, __ATOMIC_RELEASE);
+        if ((uint32_t)made >= max || id == st->run_eos || stop)
+            return made;
+        llama_batch b = {.n = 1, .tokens = &id, .seq = &seq, .logits_from = 0};
+        if (llama_forward(w->ctx, &b, w->logits, err, errlen))
+            return made;
+        __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
+    }
 }
 
 /* Run the step the arena holds (the doorbell rang), then report: error text and `done` in the
@@ -341,8 +406,11 @@ static void worker_step(worker *w)
                          .parent = st->parent,
                          .seq = st->seq,
                          .logits_from = (int)st->logits_from};
-        if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0)
+        if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0) {
             __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
+            if (st->run_max > 0 && n == 1)
+                n = (uint32_t)worker_run(w, err, sizeof err);
+        }
     }
     uint64_t t_end = rt_now_us();
     ph->phase_us[ph->n_sync ? PH_LM_HEAD : PH_EMBED] += t_end - ph->seg_us;

@@ -166,6 +166,10 @@ float k_sum_exp(const float *x, int n, float mx);
  * index (so the first k of a larger selection are the k best); NaNs never enter. Returns how many:
  * k, or fewer when x has fewer values that are not NaN. */
 int k_top(const float *x, int n, int k, int32_t *ids);
+/* The index of x's largest value, the lowest such index on ties; NaNs are never taken (0 when
+ * every value is NaN or n is 0). The greedy choice everywhere (sampler_argmax, the workers'
+ * free-running decode), so every process picks the same token from the same row. */
+int32_t k_argmax(const float *x, int n);
 float k_dot(const float *a, const float *b, int n);
 
 /* ===== attention partials ===== */

@@ -119,6 +119,38 @@ void k_softmax(float *x, int n)
         x[i] *= inv;
 }
 
+int32_t k_argmax(const float *x, int n)
+{
+    /* two passes over the row: the largest value (eight lanes of maxima, NaNs never taken), then
+     * its first index */
+    float mx = -INFINITY;
+    int i = 0;
+#if defined(__AVX2__)
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    for (; i + 16 <= n; i += 16) { /* max(v, m): m where v is NaN */
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_max_ps(m0, m1));
+    for (int l = 0; l < 8; l++)
+        mx = lanes[l] > mx ? lanes[l] : mx;
+#endif
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    i = 0;
+#if defined(__AVX2__)
+    __m256 want = _mm256_set1_ps(mx);
+    for (; i + 8 <= n; i += 8)
+        if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), want, _CMP_EQ_OQ)))
+            break;
+#endif
+    for (; i < n; i++)
+        if (x[i] == mx)
+            return i;
+    return 0;
+}
+
 int k_top(const float *x, int n, int k, int32_t *ids)
 {
     int got = 0;

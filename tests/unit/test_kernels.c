@@ -5,6 +5,7 @@
  * quantise/dequantise round trips, and attention partials merged by online softmax against a
  * direct softmax over all keys.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -333,10 +334,38 @@ static void test_kernels_top(void **state)
     assert_int_equal(k_top(y, 3, 0, ids), 0);
 }
 
+/* k_argmax: the first of the largest, NaNs never taken, at every length around the vector width
+ * and every position of the maximum; checked against a plain scan (that skips NaNs). */
+static void test_kernels_argmax(void **state)
+{
+    (void)state;
+    float x[80];
+    for (int n = 1; n <= 80; n++)
+        for (int at = 0; at < n; at++) {
+            for (int i = 0; i < n; i++)
+                x[i] = (float)((i * 37) % 11) - 20.0f;
+            x[at] = 7.0f;
+            if (at + 3 < n)
+                x[at + 3] = 7.0f; /* a tie later: the first wins */
+            if (at > 0)
+                x[at - 1] = NAN;
+            assert_int_equal(k_argmax(x, n), at);
+        }
+    float nan3[] = {NAN, NAN, NAN};
+    assert_int_equal(k_argmax(nan3, 3), 0);
+    float ninf[] = {-INFINITY, NAN, -INFINITY};
+    assert_int_equal(k_argmax(ninf, 3), 0);
+    float zeros[] = {-1.0f, -0.0f, 0.0f};
+    assert_int_equal(k_argmax(zeros, 3), 1); /* -0 and +0 are equal: the first */
+    float head[] = {NAN, 1.0f, 2.0f, 2.0f}; /* a NaN first is skipped, not kept */
+    assert_int_equal(k_argmax(head, 4), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_f16),
+        cmocka_unit_test(test_kernels_argmax),
         cmocka_unit_test(test_kernels_matmul_types),
         cmocka_unit_test(test_kernels_matmul_k),
         cmocka_unit_test(test_kernels_isa),

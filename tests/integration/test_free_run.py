@@ -1,0 +1,117 @@
+"""Free-running decode: a greedy request alone is decoded by the workers themselves.
+
+With no speculator connected, the coordinator rings one step and the workers go on: each takes the
+argmax of the step's logits over its own columns, they merge the parts' bests at their barrier,
+commit the row and run the next one-token step, while the coordinator takes the tokens a few at a
+time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run). Checked here:
+- the token ids equal `orochi run --temp 0` with 1 and 2 workers, across more tokens than one run
+  may make (RT_RUN_MAX = 256), and equal a group with `--free-run off`; the metric
+  orochi_free_run_tokens_total says which way the tokens were made;
+- a stop string ends a free run with the same text and finish_reason as a group without it;
+- a second request arriving during a free run is taken in: both answers are exact, and steps
+  verified two requests together.
+"""
+import os
+import re
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import group as G  # noqa: E402
+
+t = G.Tests()
+
+RUN_MAX = 256  # workers/runtime.h RT_RUN_MAX
+
+
+def model():
+    # ctx 640: a prompt and 320 generated tokens, more than one run can make
+    return G.mkmodel(layers=3, dim=192, ffn=384, heads=6, kv_heads=6, vocab=300, ctx=640, type="f32",
+                     seed=11)
+
+
+def metric(g, name):
+    body = g.http("/metrics").body.decode()
+    m = re.search(r"^%s (\d+)" % name, body, re.M)
+    G.check(m is not None, "/metrics has no %s", name)
+    return int(m.group(1))
+
+
+def batch_steps(g, size):
+    """Verification steps that carried `size` requests (the batch-size histogram's bucket)."""
+    body = g.http("/metrics").body.decode()
+    le = {int(k): int(v) for k, v in re.findall(r'^orochi_batch_size_bucket\{le="(\d+)"\} (\d+)', body, re.M)}
+    return le.get(size, 0) - le.get(size - 1, 0)
+
+
+@t.case
+def test_free_run_identical_across_runs():
+    m = model()
+    prompts = ["hello world", "The quick brown fox"]
+    want = {p: G.run_ids(m, p, 320) for p in prompts}
+    longest = max(len(v) for v in want.values())
+    G.log("  orochi run: %s tokens" % [len(v) for v in want.values()])
+    G.check(longest > RUN_MAX, "no prompt makes more than %d tokens (%d): the test would not cross "
+            "from one run to the next", RUN_MAX, longest)
+    for workers in (1, 2):
+        with G.Group("free%d" % workers, m, workers=workers) as g:
+            for p in prompts:
+                r = g.complete(p, 320)
+                G.check_eq(r["orochi"]["token_ids"], want[p], "%d worker(s), %r" % (workers, p))
+            free = metric(g, "orochi_free_run_tokens_total")
+            G.check(free >= sum(len(v) for v in want.values()) - 2 * len(prompts),
+                    "%d worker(s): only %d tokens were made free-running", workers, free)
+            G.log("  %d worker(s): identical, %d tokens free-running" % (workers, free))
+    with G.Group("free-off", m, workers=2, extra=["--free-run", "off"]) as g:
+        for p in prompts:
+            G.check_eq(g.ids(p, 320), want[p], "--free-run off, %r" % p)
+        G.check_eq(metric(g, "orochi_free_run_tokens_total"), 0, "free-running tokens with --free-run off")
+        G.log("  --free-run off: identical, every token through a verification cycle")
+
+
+@t.case
+def test_free_run_stop_string():
+    m = G.default_model()  # real text (a random model's pieces are mostly invalid UTF-8)
+    if not m:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    prompt = "The history of the city of Paris"
+    with G.Group("free-stop-off", m, workers=2, extra=["--free-run", "off"]) as g:
+        full = g.complete(prompt, 120)["choices"][0]["text"]
+        # a word from the middle of the text that does not occur before it
+        cut = None
+        for w in re.finditer(r"[A-Za-z]{4,}", full):
+            if w.start() > 60 and full.find(w.group()) == w.start():
+                cut = w.group()
+                break
+        G.check(cut is not None, "no usable stop string in %r", full)
+        off = g.complete(prompt, 120, stop=[cut])
+    with G.Group("free-stop", m, workers=2) as g:
+        on = g.complete(prompt, 120, stop=[cut])
+        G.check(metric(g, "orochi_free_run_tokens_total") > 0, "the request was not decoded free-running")
+    G.check_eq(on["choices"][0]["text"], off["choices"][0]["text"], "text up to the stop string %r" % cut)
+    G.check_eq(on["choices"][0]["finish_reason"], "stop", "finish_reason")
+    G.check_eq(on["choices"][0]["text"], full[:full.find(cut)], "the text cut at the stop string")
+    G.log("  stopped at %r after %d characters, as without free running" % (cut, len(on["choices"][0]["text"])))
+
+
+@t.case
+def test_free_run_second_request_joins():
+    m = G.mkmodel(layers=8, dim=512, ffn=1024, heads=8, kv_heads=2, vocab=300, ctx=512, type="f32", seed=7)
+    first, second = "a long first request", "a second one"
+    want1, want2 = G.run_ids(m, first, 400), G.run_ids(m, second, 24)
+    with G.Group("free-join", m, workers=2) as g:
+        bg = G.Background(g, first, 400)
+        bg.wait_started()
+        got2 = g.ids(second, 24)
+        still = not bg.finished.is_set()
+        G.check_eq(bg.result(), want1, "the first request's ids")
+        G.check_eq(got2, want2, "the second request's ids")
+        G.check(still, "the first request ended before the second was answered: nothing overlapped")
+        two = batch_steps(g, 2)
+        G.check(two > 0, "no step verified both requests: the free run did not let the second in")
+        G.log("  %d steps carried both requests; %d tokens free-running" % (
+            two, metric(g, "orochi_free_run_tokens_total")))
+
+
+if __name__ == "__main__":
+    t.main()
