@@ -86,8 +86,7 @@ def main():
             for cfg in order:
                 key = (os.path.basename(model), cfg["name"])
                 extra = [] if cfg["free"] else ["--free-run", "off"]
-                g = spec_bench.Group(a.bin_dir, model, a.run_dir, cfg["workers"], cfg["threads"], [], [],
-                                     ctl=extra)
+                g = spec_bench.Group(a.bin_dir, model, a.run_dir, cfg["workers"], cfg["threads"], [], extra)
                 try:
                     g.chat("Say hello.", 8)  # warm-up: the first request's pages and caches
                     for p in prompts:

@@ -53,6 +53,8 @@ struct llama_ctx {
     int32_t *anc; /* max_width x max_width ancestor lists */
     int32_t *n_anc;
     int32_t *pos; /* positions of the tree's tokens */
+    double *rope_inv;        /* RoPE inverse frequencies (rot_dim / 2) */
+    float *rope_cs, *rope_sn; /* their cos and sin at each batch token's position (W x rot_dim / 2) */
     int32_t *seq; /* sequence slot of each tree token */
     int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
     int batch_base; /* tree slot of the running batch's first token (> 0 for an appended batch) */
@@ -594,11 +596,17 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->anc = malloc(W * W * sizeof *x->anc);
     x->n_anc = malloc(W * sizeof *x->n_anc);
     x->pos = malloc(W * sizeof *x->pos);
+    size_t half = (size_t)(c->rot_dim / 2 > 0 ? c->rot_dim / 2 : 1);
+    x->rope_inv = malloc(half * sizeof *x->rope_inv);
+    x->rope_cs = malloc(W * half * sizeof *x->rope_cs);
+    x->rope_sn = malloc(W * half * sizeof *x->rope_sn);
+    if (x->rope_inv)
+        k_rope_freqs(x->rope_inv, c->rot_dim, c->rope_base);
     x->seq = malloc(W * sizeof *x->seq);
     x->prefix = calloc((size_t)x->p.n_seq, sizeof *x->prefix);
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
     if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix ||
-        !x->scratch)
+        !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn)
         goto oom;
     return x;
 oom:
@@ -619,6 +627,9 @@ void llama_ctx_destroy(llama_ctx **ctx)
     free(x->anc);
     free(x->n_anc);
     free(x->pos);
+    free(x->rope_inv);
+    free(x->rope_cs);
+    free(x->rope_sn);
     free(x->seq);
     free(x->prefix);
     free(x->scratch);
@@ -753,11 +764,15 @@ static void kv_store(const llama_ctx *x, uint8_t *base, int64_t p, const float *
 typedef struct {
     llama_ctx *x;
     int layer, n;
+    int split; /* each KV head's query heads in this many items (1, or the group size) */
 } att_job;
 
-/* One (token, query head of this part) pair per item: the token attends to its key stream — the
- * committed prefix, then its ancestors in the tree (which continue the positions) — in one causal
- * pass (see kernels/cpu/attention.c for why one pass and not a merge of two partials). */
+/* One (token, KV head of this part) pair per item, or (token, query head) when the pairs are too
+ * few to keep every thread busy (a decode step of a model with 3 KV heads on 2 threads would
+ * split 2:1): the token attends to its key stream — the committed prefix, then its ancestors in
+ * the tree (which continue the positions) — in one causal pass (see kernels/cpu/attention.c for
+ * why one pass and not a merge of two partials). A query head's arithmetic is the same whether
+ * it shares its key loads with its group or not, so the split never changes a bit. */
 static void att_run(void *argp, int64_t begin, int64_t end, int thread)
 {
     const att_job *j = argp;
@@ -770,9 +785,12 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
     const uint8_t *src_kl = src ? src->kv + (size_t)(2 * j->layer) * src->layer_kv_bytes : NULL;
     const uint8_t *src_vl = src ? src_kl + src->layer_kv_bytes : NULL;
     katt_stat st[64];
+    int per = group / j->split; /* query heads per item */
     for (int64_t item = begin; item < end; item++) {
-        /* one (token, KV head) per item: its `group` query heads share every key and value load */
-        int i = (int)(item / kv_heads), kvh = x->kvh0 + (int)(item % kv_heads), h = kvh * group;
+        /* a (token, KV head) pair's `per` query heads share every key and value load */
+        int64_t pair = item / j->split;
+        int i = (int)(pair / kv_heads), kvh = x->kvh0 + (int)(pair % kv_heads);
+        int h = kvh * group + (int)(item % j->split) * per;
         int slot = x->batch_base + i; /* activations are per batch, lists per tree slot */
         const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
         float *out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
@@ -788,8 +806,8 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
             .tree_v = kv_head_row(x, vl, kvh, x->tree_row),
             .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
         };
-        for (int g0 = 0; g0 < group; g0 += 64) {
-            int ng = group - g0 < 64 ? group - g0 : 64;
+        for (int g0 = 0; g0 < per; g0 += 64) {
+            int ng = per - g0 < 64 ? per - g0 : 64;
             katt_causal_group(q + (int64_t)g0 * hd, hd, ng, &keys, n_prefix + x->n_anc[slot], hd,
                               scale, st, out + (int64_t)g0 * hd, hd);
             for (int g = 0; g < ng; g++)
@@ -935,6 +953,10 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
     int64_t q0 = (int64_t)x->kvh0 * group * hd, q1 = (int64_t)x->kvh1 * group * hd;
     int64_t k0 = (int64_t)x->kvh0 * hd, k1 = (int64_t)x->kvh1 * hd;
 
+    int half = c->rot_dim / 2; /* RoPE: every layer rotates at the same positions */
+    for (int i = 0; i < n; i++)
+        k_rope_angles(x->rope_cs + (size_t)i * half, x->rope_sn + (size_t)i * half, x->rope_inv,
+                      half, x->pos[x->batch_base + i]);
     for (int i = 0; i < n; i++) {
         kmat_row(&m->tok_embd, b->tokens[i], x->row);
         memcpy(sh->x + i * dim + d0, x->row + d0, (size_t)(d1 - d0) * 4);
@@ -955,15 +977,15 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         }
         for (int i = 0; i < n; i++) {
             int slot = x->batch_base + i;
-            k_rope(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, c->rot_dim,
-                   x->pos[slot], c->rope_base);
-            k_rope(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, c->rot_dim, x->pos[slot],
-                   c->rope_base);
+            const float *cs = x->rope_cs + (size_t)i * half, *sn = x->rope_sn + (size_t)i * half;
+            k_rope_apply(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, half, cs, sn);
+            k_rope_apply(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, half, cs, sn);
             kv_store(x, kv_layer(x, l, 0), x->tree_row + slot, sh->kk + i * kvd);
             kv_store(x, kv_layer(x, l, 1), x->tree_row + slot, sh->vv + i * kvd);
         }
-        att_job aj = {x, l, n};
-        kpool_run(x->pool, (int64_t)n * (x->kvh1 - x->kvh0), 1, att_run, &aj);
+        int64_t pairs = (int64_t)n * (x->kvh1 - x->kvh0);
+        att_job aj = {x, l, n, pairs < 4 * (int64_t)kpool_threads(x->pool) ? group : 1};
+        kpool_run(x->pool, pairs * aj.split, 1, att_run, &aj);
         if (llama_sync(x, err, errlen))
             return -1;
         llama_linear(x, &L->wo, d0, d1, sh->att, n, sh->xb2);
