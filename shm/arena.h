@@ -85,6 +85,7 @@ typedef struct {
     uint32_t arrived; /* in the current round */
     uint32_t round;   /* incremented when a round completes; futex word */
     uint32_t broken;  /* set when a round was abandoned (timeout); futex wakers see it */
+    uint32_t sleepers; /* waiters in (or entering) the futex wait: a round's end wakes only them */
 } arena_barrier;
 
 /* (Re)configure for `parties` participants and clear `broken`; call only while nobody waits. */

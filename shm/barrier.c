@@ -102,6 +102,7 @@ void arena_barrier_init(arena_barrier *b, uint32_t parties)
     /* `round` keeps counting: a late waker from before the re-init must still see it move */
     __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&b->parties, parties, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->sleepers, 0, __ATOMIC_RELAXED); /* a sleeper killed mid-wait left its 1 */
     __atomic_store_n(&b->broken, 0, __ATOMIC_RELEASE);
 }
 
@@ -123,8 +124,13 @@ static int barrier_wait(arena_barrier *b, int timeout_ms, int spin, int slice_ms
     if (arrived == parties) {
         /* nobody touches `arrived` again until they see the new round, which orders this reset */
         __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&b->round, 1, __ATOMIC_RELEASE);
-        barrier_futex_wake_all(&b->round);
+        /* the futex wake is a system call: only when someone sleeps (or is about to). Both sides
+         * store then load in sequential consistency, so either this load sees the sleeper's
+         * count or the sleeper's re-check sees the new round (and the futex wait refuses a
+         * stale round anyway) */
+        __atomic_fetch_add(&b->round, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST))
+            barrier_futex_wake_all(&b->round);
         return 0;
     }
 
@@ -156,7 +162,10 @@ static int barrier_wait(arena_barrier *b, int timeout_ms, int spin, int slice_ms
             rel.tv_nsec = (long)(left % 1000000000);
             relp = &rel;
         }
-        barrier_futex_wait(&b->round, round, relp);
+        __atomic_fetch_add(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&b->round, __ATOMIC_SEQ_CST) == round)
+            barrier_futex_wait(&b->round, round, relp);
+        __atomic_fetch_sub(&b->sleepers, 1, __ATOMIC_SEQ_CST);
         if (keep_waiting && __atomic_load_n(&b->round, __ATOMIC_ACQUIRE) == round &&
             !keep_waiting(arg))
             break;

@@ -361,11 +361,35 @@ static void test_kernels_argmax(void **state)
     assert_int_equal(k_argmax(head, 4), 2);
 }
 
+/* k_rope in parts (the forward pass's way: angles once per token) rotates bit for bit as k_rope,
+ * and rotating keeps each pair's norm. */
+static void test_kernels_rope_parts(void **state)
+{
+    (void)state;
+    enum { HEADS = 3, HD = 64, ROT = 48 };
+    float a[HEADS * HD], b[HEADS * HD];
+    double inv[ROT / 2];
+    float cs[ROT / 2], sn[ROT / 2];
+    k_rope_freqs(inv, ROT, 10000.0f);
+    for (int pos = 0; pos < 300; pos += 37) {
+        for (int i = 0; i < HEADS * HD; i++)
+            a[i] = b[i] = sinf(0.37f * (float)i + (float)pos);
+        k_rope(a, HEADS, HD, ROT, pos, 10000.0f);
+        k_rope_angles(cs, sn, inv, ROT / 2, pos);
+        k_rope_apply(b, HEADS, HD, ROT / 2, cs, sn);
+        assert_memory_equal(a, b, sizeof a);
+        float x0 = sinf(0.0f + (float)pos), x1 = sinf(0.37f + (float)pos);
+        assert_true(fabsf(hypotf(a[0], a[1]) - hypotf(x0, x1)) < 1e-5f);
+        assert_true(a[ROT] == sinf(0.37f * ROT + (float)pos)); /* past rot_dim: untouched */
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_f16),
         cmocka_unit_test(test_kernels_argmax),
+        cmocka_unit_test(test_kernels_rope_parts),
         cmocka_unit_test(test_kernels_matmul_types),
         cmocka_unit_test(test_kernels_matmul_k),
         cmocka_unit_test(test_kernels_isa),
