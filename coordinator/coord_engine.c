@@ -35,7 +35,8 @@
  * Stop conditions: the tokenizer's eos, max_tokens (or the context end), stop strings (text is
  * held back until it cannot be the start of a stop string).
  *
- * Free run: a greedy request alone (no logprobs, no speculator connected) skips the cycle. One
+ * Free run: a greedy request alone (no logprobs; no speculator connected, or the guard keeps them
+ * off, then in runs of ENGINE_FREE_GUARDED tokens that count as plain cycles) skips the cycle. One
  * step is rung with rt_step.run_max and the workers decode on by themselves (each step's argmax,
  * merged across the parts at their barrier, is the next token; each commits its own K/V heads),
  * while the coordinator sleeps a few steps' time, takes the tokens made so far and emits them.
@@ -60,6 +61,7 @@
 #define ENGINE_WAIT_WARMUP 4  /* samples of a speculator before its wait is measured, not capped */
 #define ENGINE_WAIT_PROBE 32  /* steps unscored before a speculator is waited on again */
 #define ENGINE_BENCH_PROBE 64 /* Feedbacks a benched speculator skips before it is tried again */
+#define ENGINE_FREE_GUARDED 16 /* tokens of a free run while the guard keeps speculators off */
 
 static double engine_ema(double avg, int have, double x);
 
@@ -170,6 +172,7 @@ typedef struct engine_run {
     int32_t eos;    /* they stop after this one */
     int period_ms;  /* how often the coordinator looks for new tokens */
     int slot;       /* the request's sequence slot */
+    int speculators; /* connected when it started: the run ends when that changes */
     int taken;      /* tokens taken so far */
     bool (*take)(coord *c, struct engine_run *r, int ready);
 } engine_run;
@@ -1070,13 +1073,15 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 /* ===== free-running decode ===== */
 
 /* Whether slot s may decode free-running: it is the only request, greedy, without logprobs (the
- * workers choose by argmax and nobody reads the logits), with no speculator connected (none to
- * feed or verify), and has at least two tokens to go. */
+ * workers choose by argmax and nobody reads the logits), with no speculator connected or
+ * speculation switched off (by the guard or width 1: the speculators sit idle, unfed), and has at
+ * least two tokens to go. */
 static bool engine_can_run_free(coord *c, int s)
 {
     const engine_slot *sl = &c->eng->slots[s];
-    if (!sl->greedy || sl->prm->logprobs || c->no_free_run ||
-        coord_group_count(c, PEER_SPECULATOR, true) > 0)
+    if (!sl->greedy || sl->prm->logprobs || c->no_free_run)
+        return false;
+    if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, 1))
         return false;
     return sl->max_new - sl->generated >= 2 && c->n_ctx - c->eng->prefix[s] >= 2;
 }
@@ -1116,7 +1121,7 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
     bool queued = c->qlen > 0;
     pthread_mutex_unlock(&c->qlock);
     return (queued && engine_active(c) < c->n_seq) ||
-           coord_group_count(c, PEER_SPECULATOR, true) > 0;
+           coord_group_count(c, PEER_SPECULATOR, true) != r->speculators;
 }
 
 /* Decode slot s free-running (engine_can_run_free): one step rung with rt_step.run_max, the
@@ -1130,8 +1135,12 @@ static void engine_run_free(coord *c, int s)
     int room = sl->max_new - sl->generated;
     if (room > c->n_ctx - prefix[s])
         room = c->n_ctx - prefix[s];
-    if (room > RT_RUN_MAX)
-        room = RT_RUN_MAX;
+    /* with speculators switched off by the guard, short runs: the guard counts their tokens as
+     * plain cycles and switches speculation on again for its probe */
+    int speculators = coord_group_count(c, PEER_SPECULATOR, true);
+    int cap = speculators ? ENGINE_FREE_GUARDED : RT_RUN_MAX;
+    if (room > cap)
+        room = cap;
     /* look about every four tokens: streamed text comes in small pieces, a stop string is seen a
      * few tokens late at most, and the coordinator wakes rarely enough to cost nothing */
     int period = (int)(4 * c->step_ema_us / 1000);
@@ -1139,6 +1148,7 @@ static void engine_run_free(coord *c, int s)
                     .eos = tokenizer_eos(c->tok),
                     .period_ms = period < 2 ? 2 : period > 20 ? 20 : period,
                     .slot = s,
+                    .speculators = speculators,
                     .take = engine_run_take};
     int32_t tok = sl->all[sl->n_all - 1], parent = -1, seq = s;
     char err[512];
@@ -1153,6 +1163,9 @@ static void engine_run_free(coord *c, int s)
     if (r.taken > 0)
         c->step_ema_us = engine_ema(c->step_ema_us, c->step_ema_us > 0,
                                     (double)(t1 - t0) / r.taken);
+    if (r.taken > 0 && speculators && c->guard_enabled && c->width > 1)
+        for (int i = 0; i < r.taken; i++) /* each token a plain cycle for the guard */
+            ctl_guard_sample(&c->guard, false, (t1 - t0) / 1e6 / r.taken, 1);
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "cycle", t0, t1,
                      "\"requests\":1,\"nodes\":1,\"tokens\":%d,\"plain\":1,\"free\":1", r.taken);
     if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))

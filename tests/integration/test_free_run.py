@@ -9,7 +9,9 @@ time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run)
   orochi_free_run_tokens_total says which way the tokens were made;
 - a stop string ends a free run with the same text and finish_reason as a group without it;
 - a second request arriving during a free run is taken in: both answers are exact, and steps
-  verified two requests together.
+  verified two requests together;
+- with a speculator that the guard switches off, the plain decoding between its probes runs free,
+  and the answers stay exact.
 """
 import os
 import re
@@ -111,6 +113,24 @@ def test_free_run_second_request_joins():
         G.check(two > 0, "no step verified both requests: the free run did not let the second in")
         G.log("  %d steps carried both requests; %d tokens free-running" % (
             two, metric(g, "orochi_free_run_tokens_total")))
+
+
+@t.case
+def test_free_run_while_the_guard_keeps_speculation_off():
+    # a layerskip drafter on a tiny model costs more than it brings: the guard switches speculation
+    # off, and the plain decoding in between its probes is a free run (16 tokens at a time)
+    m = model()
+    prompt = "hello world"
+    want = G.run_ids(m, prompt, 300)
+    with G.Group("free-guard", m, workers=2, speculators=["layerskip"], guard=True) as g:
+        got = [g.ids(prompt, 300) for _ in range(2)]
+        body = g.http("/metrics").body.decode()
+        free = metric(g, "orochi_free_run_tokens_total")
+    for i, ids in enumerate(got):
+        G.check_eq(ids, want, "request %d with the guard on" % i)
+    G.check(free > 0, "no free run while the guard kept speculation off:\n%s",
+            "\n".join(l for l in body.splitlines() if "guard" in l or "free" in l))
+    G.log("  identical; %d of %d tokens free-running between the guard's probes" % (free, 2 * len(want)))
 
 
 if __name__ == "__main__":
