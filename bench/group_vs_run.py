@@ -20,13 +20,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import spec_bench  # noqa: E402  (Group, load_prompts: the group helpers)
+import spec_bench  # noqa: E402  (Group, load_prompts, sequential: the shared helpers)
 
 DEFAULT_CONFIGS = "free=1x2,cycle=1x2:off,free2w=2x1,cycle2w=2x1:off"
 
@@ -37,18 +36,6 @@ def parse_config(s):
     free = not spec.endswith(":off")
     w, t = spec.split(":")[0].split("x")
     return {"name": name, "workers": int(w), "threads": int(t), "free": free}
-
-
-def run_decode(bin_dir, model, prompt, n, threads):
-    """orochi run's ids and decode tok/s for a chat prompt."""
-    p = subprocess.run([os.path.join(bin_dir, "orochi"), "run", "--model", model, "--chat", "--prompt", prompt,
-                        "-n", str(n), "--temp", "0", "--threads", str(threads), "--print-ids"],
-                       capture_output=True, text=True, check=True)
-    rate = None
-    for line in p.stderr.splitlines():
-        if "decode tok/s" in line:
-            rate = float(line.split(" decode tok/s")[0].split()[-1])
-    return [int(x) for x in p.stdout.split()], rate
 
 
 def main():
@@ -93,8 +80,8 @@ def main():
                         r, _ = g.chat(p["prompt"], a.n)
                         gids = r["orochi"]["token_ids"]
                         g_rate = r["orochi"]["timings"]["decode_tok_s"]
-                        rids, r_rate = run_decode(a.bin_dir, model, p["prompt"], a.n,
-                                                  cfg["workers"] * cfg["threads"])
+                        rids, r_rate, _ = spec_bench.sequential(a.bin_dir, model, p["prompt"], a.n,
+                                                                cfg["workers"] * cfg["threads"])
                         if gids != rids:
                             print("group_vs_run: %s %s %s: the group's ids differ from orochi run's" %
                                   (key[0], cfg["name"], p["category"]), file=sys.stderr)

@@ -165,19 +165,20 @@ static bool engine_wait_workers(coord *c)
 }
 
 /* A free-running greedy decode in flight (rt_step.run_max): the workers make the tokens, and
- * engine_step hands them to take() as they come, each time it wakes and once at the end; take()
- * returns true to end the run early (the workers stop after the step they are in). */
-typedef struct engine_run {
-    uint32_t max;   /* tokens the workers may make */
-    int32_t eos;    /* they stop after this one */
-    int period_ms;  /* how often the coordinator looks for new tokens */
-    int slot;       /* the request's sequence slot */
+ * engine_step hands them to engine_run_take as they come, each time it wakes and once at the end;
+ * it returns true to end the run early (the workers stop after the step they are in). */
+typedef struct {
+    uint32_t max;    /* tokens the workers may make */
+    int32_t eos;     /* they stop after this one */
+    int period_ms;   /* how often the coordinator looks for new tokens */
+    int slot;        /* the request's sequence slot */
     int speculators; /* connected when it started: the run ends when that changes */
-    int taken;      /* tokens taken so far */
-    bool (*take)(coord *c, struct engine_run *r, int ready);
+    int taken;       /* tokens taken so far */
 } engine_run;
 
-/* Hand the tokens every worker has made and committed to the run's taker; ask the workers to stop
+static bool engine_run_take(coord *c, engine_run *r, int ready);
+
+/* Hand the tokens every worker has made and committed to engine_run_take; ask the workers to stop
  * when it says so. */
 static void engine_run_poll(coord *c, engine_run *run)
 {
@@ -187,7 +188,7 @@ static void engine_run_poll(coord *c, engine_run *run)
         uint32_t k = __atomic_load_n(&st->run_count[i], __ATOMIC_ACQUIRE);
         ready = k < ready ? k : ready;
     }
-    if ((int)ready > run->taken && run->take(c, run, (int)ready))
+    if ((int)ready > run->taken && engine_run_take(c, run, (int)ready))
         __atomic_store_n(&st->run_stop, 1, __ATOMIC_RELEASE);
 }
 
@@ -1148,8 +1149,7 @@ static void engine_run_free(coord *c, int s)
                     .eos = tokenizer_eos(c->tok),
                     .period_ms = period < 2 ? 2 : period > 20 ? 20 : period,
                     .slot = s,
-                    .speculators = speculators,
-                    .take = engine_run_take};
+                    .speculators = speculators};
     int32_t tok = sl->all[sl->n_all - 1], parent = -1, seq = s;
     char err[512];
     uint64_t t0 = rt_now_us();

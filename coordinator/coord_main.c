@@ -135,9 +135,10 @@ static void coord_usage(FILE *out)
         "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
-        "  Free run (default on): a greedy request alone, with no speculator connected, is\n"
-        "  decoded by the workers themselves (each step's argmax is the next token); the\n"
-        "  coordinator takes the tokens every few steps instead of handing each one over.\n"
+        "  Free run (default on): a greedy request alone, with no speculator connected or\n"
+        "  the guard keeping them off, is decoded by the workers themselves (each step's\n"
+        "  argmax is the next token); the coordinator takes the tokens every few steps\n"
+        "  instead of handing each one over.\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
         "  plain step time); reread whenever the file changes.\n"
         "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
@@ -314,9 +315,8 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->run_dir || !c->target || bad) {
         if (bad)
-            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run take on|off, --vote "
-                            "majority|union|off, "
-                            "--draft-wait measured|fixed\n");
+            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run take "
+                            "on|off, --vote majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }

@@ -155,13 +155,12 @@ void kmat_row(const kmat *w, int64_t r, float *out);
 /* ===== elementwise ===== */
 
 void k_rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
-/* Rotate pairs (x[2i], x[2i+1]) of each of n_heads heads of size head_dim by pos * base^(-2i/d),
- * d = rot_dim (<= head_dim; dimensions past rot_dim are untouched). */
-void k_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float base);
-/* k_rope in three parts, for a forward pass that rotates many heads of many layers at the same
- * positions: the inverse frequencies base^(-2i/rot_dim) (rot_dim / 2 of them, once per model),
- * the cos/sin of pos times them (once per token and step), and the rotation itself. The same
- * arithmetic as k_rope, bit for bit. */
+/* RoPE: rotate pairs (x[2i], x[2i+1]) of each of n_heads heads of size head_dim by
+ * pos * base^(-2i/d), d = rot_dim (<= head_dim; dimensions past rot_dim are untouched), in three
+ * parts, since a forward pass rotates many heads of many layers at the same positions: the
+ * inverse frequencies base^(-2i/rot_dim) in double (rot_dim / 2 of them, once per model), the
+ * float cos/sin of pos times them (once per token and step; half = rot_dim / 2), and the
+ * rotation itself. */
 void k_rope_freqs(double *inv, int rot_dim, float base);
 void k_rope_angles(float *cs, float *sn, const double *inv, int half, int pos);
 void k_rope_apply(float *x, int n_heads, int head_dim, int half, const float *cs, const float *sn);

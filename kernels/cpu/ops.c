@@ -84,18 +84,6 @@ void k_rope_apply(float *x, int n_heads, int head_dim, int half, const float *cs
     }
 }
 
-void k_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float base)
-{
-    double inv[512];
-    float cs[512], sn[512];
-    if (rot_dim > 1024)
-        rot_dim = 1024;
-    int half = rot_dim / 2;
-    k_rope_freqs(inv, rot_dim, base);
-    k_rope_angles(cs, sn, inv, half, pos);
-    k_rope_apply(x, n_heads, head_dim, half, cs, sn);
-}
-
 #if defined(__AVX2__) && defined(__FMA__)
 /* silu(g) * u for eight lanes (e^x clamped at 88: beyond it silu(g) is 0 to float precision) */
 static inline __m256 k_silu8(__m256 g, __m256 u)

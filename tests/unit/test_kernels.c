@@ -361,8 +361,9 @@ static void test_kernels_argmax(void **state)
     assert_int_equal(k_argmax(head, 4), 2);
 }
 
-/* k_rope in parts (the forward pass's way: angles once per token) rotates bit for bit as k_rope,
- * and rotating keeps each pair's norm. */
+/* RoPE in parts (the forward pass's way: angles once per token) rotates bit for bit as the
+ * direct formula (each pair's angle pos * base^(-2i/rot_dim) in double, its cos and sin rounded
+ * to float), keeps each pair's norm, and leaves the dimensions past rot_dim alone. */
 static void test_kernels_rope_parts(void **state)
 {
     (void)state;
@@ -374,13 +375,20 @@ static void test_kernels_rope_parts(void **state)
     for (int pos = 0; pos < 300; pos += 37) {
         for (int i = 0; i < HEADS * HD; i++)
             a[i] = b[i] = sinf(0.37f * (float)i + (float)pos);
-        k_rope(a, HEADS, HD, ROT, pos, 10000.0f);
+        for (int h = 0; h < HEADS; h++)
+            for (int i = 0; i < ROT / 2; i++) {
+                double theta = pos * pow(10000.0f, -2.0 * i / ROT);
+                float c = (float)cos(theta), s = (float)sin(theta), *p = a + h * HD + 2 * i;
+                float x0 = p[0], x1 = p[1];
+                p[0] = x0 * c - x1 * s;
+                p[1] = x0 * s + x1 * c;
+            }
         k_rope_angles(cs, sn, inv, ROT / 2, pos);
         k_rope_apply(b, HEADS, HD, ROT / 2, cs, sn);
         assert_memory_equal(a, b, sizeof a);
         float x0 = sinf(0.0f + (float)pos), x1 = sinf(0.37f + (float)pos);
-        assert_true(fabsf(hypotf(a[0], a[1]) - hypotf(x0, x1)) < 1e-5f);
-        assert_true(a[ROT] == sinf(0.37f * ROT + (float)pos)); /* past rot_dim: untouched */
+        assert_true(fabsf(hypotf(b[0], b[1]) - hypotf(x0, x1)) < 1e-5f);
+        assert_true(b[ROT] == sinf(0.37f * ROT + (float)pos)); /* past rot_dim: untouched */
     }
 }
 
