@@ -3,9 +3,13 @@
  * bandwidth floor.
  *
  * Two measurements, both in one process so their ratios are fair:
- *   1. sequential greedy decode tok/s at 1 and 2 threads (or --threads list), with the achieved
- *      weight-read GB/s against the measured read bandwidth at the same thread count (cli/
- *      bandwidth.h; `--bandwidth` re-measures it);
+ *   1. sequential greedy decode tok/s at 1 and 2 threads (or --threads list), the median of
+ *      --rounds rounds, each a fresh read-bandwidth measurement and then the decode, with the
+ *      achieved weight-read GB/s judged twice at the same thread count: against the floor (the
+ *      best bandwidth ever measured, cli/bandwidth.h; `--bandwidth` re-measures it) and against
+ *      the bandwidth measured just before the round ("beside"). On a shared machine the two
+ *      differ by the neighbours' load: the first never flatters, the second compares figures
+ *      from the same moment;
  *   2. the step time t(W) of one W-token forward (a chain) at a committed context of --ctx tokens
  *      for W = 1, 2, 4, ..., 64: the ratio t(W)/t(1) says how wide a verification can be before it
  *      costs more than it saves.
@@ -28,7 +32,7 @@
 
 typedef struct {
     const char *model, *json;
-    long decode_tokens, ctx, reps;
+    long decode_tokens, ctx, reps, rounds;
     int threads[8], n_threads;
     int widths[8], n_widths;
     kv_type kv;
@@ -142,13 +146,15 @@ static int bench_bandwidth(const bench_opts *o)
 static void bench_usage(FILE *out)
 {
     fprintf(out, "usage: orochi bench [--model M] [--threads 1,2] [--widths 1,2,4,8,16,32,64]\n"
-                 "                    [--ctx 256] [--decode-tokens 64] [--reps 5] [--kv f32|f16]\n"
-                 "                    [--json FILE]\n"
+                 "                    [--ctx 256] [--decode-tokens 64] [--rounds 3] [--reps 5]\n"
+                 "                    [--kv f32|f16] [--json FILE]\n"
                  "       orochi bench --bandwidth [--threads 1,2] [--json FILE]\n"
                  "       orochi bench --tree-attention [--widths 4,8,16,32,64] [--heads 9] ...\n"
-                 "  Decode tok/s per thread count and the W-token step-time curve at --ctx,\n"
-                 "  with achieved GB/s against the measured read-bandwidth floor at the same\n"
-                 "  thread count. --bandwidth measures that floor afresh and caches it in\n"
+                 "  Decode tok/s per thread count (median of --rounds, each after a fresh\n"
+                 "  bandwidth measurement) and the W-token step-time curve at --ctx, with\n"
+                 "  achieved GB/s against the floor (the best read bandwidth measured at that\n"
+                 "  thread count) and against the bandwidth measured beside each round.\n"
+                 "  --bandwidth measures the floor afresh and caches it in\n"
                  "  %s (other commands measure what is missing).\n"
                  "  --tree-attention (first option) times the tree part of attention: naive\n"
                  "  sparse vs katt_sparse / katt_causal_group vs dense (`orochi bench\n"
@@ -172,7 +178,7 @@ int cmd_bench(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--tree-attention"))
         return bench_tree_attention(argc - 1, argv + 1);
     bench_opts o = {.model = BENCH_DEFAULT_MODEL, .json = "bench/results/bench.jsonl",
-                    .decode_tokens = 64, .ctx = 256, .reps = 5, .kv = KV_F32};
+                    .decode_tokens = 64, .ctx = 256, .reps = 5, .rounds = 3, .kv = KV_F32};
     bench_list("1,2", o.threads, &o.n_threads, 8, 1024);
     bench_list("1,2,4,8,16,32,64", o.widths, &o.n_widths, 8, KMAT_MAX_W);
     for (int i = 1; i < argc; i++) {
@@ -200,6 +206,9 @@ int cmd_bench(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--decode-tokens")) {
             if (!cli_int("bench", a, v, 1, 1 << 20, &o.decode_tokens))
+                return 2;
+        } else if (!strcmp(a, "--rounds")) {
+            if (!cli_int("bench", a, v, 1, 16, &o.rounds))
                 return 2;
         } else if (!strcmp(a, "--reps")) {
             if (!cli_int("bench", a, v, 1, 64, &o.reps))
@@ -235,22 +244,36 @@ int cmd_bench(int argc, char **argv)
     double floors[8];
     for (int i = 0; i < o.n_threads; i++)
         floors[i] = bw_floor(o.threads[i], NULL);
-    printf("matmul kernels: %s; floor: measured read bandwidth at the same thread count (%s)\n",
-           kisa_name(kisa_current()), bw_cache_path());
-    printf("%-10s %10s %10s %10s %10s\n", "threads", "tok/s", "GB/s", "of floor", "floor GB/s");
+    printf("matmul kernels: %s; floor: the best read bandwidth measured at the same thread count "
+           "(%s);\nbeside: the read bandwidth measured just before each decode round (median of "
+           "%ld rounds)\n",
+           kisa_name(kisa_current()), bw_cache_path(), o.rounds);
+    printf("%-10s %10s %10s %10s %10s %10s %10s\n", "threads", "tok/s", "GB/s", "of floor",
+           "floor GB/s", "of beside", "beside GB/s");
     int rc = 1;
     for (int i = 0; i < o.n_threads; i++) {
-        double tps;
-        fprintf(stderr, "orochi bench: decoding %ld tokens at %d threads...\n", o.decode_tokens, o.threads[i]);
-        if (bench_decode(m, &o, o.threads[i], &tps))
-            goto done;
-        printf("%-10d %10.1f %10.2f %9.0f%% %10.1f\n", o.threads[i], tps, tps * gb,
-               100 * tps * gb / floors[i], floors[i]);
+        double tps_r[16], bw_r[16], frac_r[16];
+        int nr = o.rounds < 16 ? (int)o.rounds : 16;
+        for (int r = 0; r < nr; r++) {
+            fprintf(stderr, "orochi bench: round %d/%d at %d threads: bandwidth, then %ld tokens...\n",
+                    r + 1, nr, o.threads[i], o.decode_tokens);
+            bw_r[r] = bw_measure(o.threads[i]);
+            if (bw_r[r] <= 0 || bench_decode(m, &o, o.threads[i], &tps_r[r]))
+                goto done;
+            frac_r[r] = tps_r[r] * gb / bw_r[r];
+            if (bw_r[r] > floors[i]) /* a better measurement raises the cached floor */
+                floors[i] = bw_store(o.threads[i], bw_r[r]);
+        }
+        double tps = cli_median(tps_r, nr), beside = cli_median(bw_r, nr),
+               frac = cli_median(frac_r, nr);
+        printf("%-10d %10.1f %10.2f %9.0f%% %10.1f %9.0f%% %10.1f\n", o.threads[i], tps, tps * gb,
+               100 * tps * gb / floors[i], floors[i], 100 * frac, beside);
         if (js)
             fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
                         "\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,\"of_floor\":%.4f,"
+                        "\"beside_gb_s\":%.2f,\"of_beside\":%.4f,\"rounds\":%d,"
                         "\"loadavg\":%.2f}\n", name, kisa_name(kisa_current()), o.threads[i], tps,
-                    tps * gb, floors[i], tps * gb / floors[i], bench_loadavg());
+                    tps * gb, floors[i], tps * gb / floors[i], beside, frac, nr, bench_loadavg());
     }
 
     int threads = o.threads[o.n_threads - 1];

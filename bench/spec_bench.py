@@ -13,7 +13,10 @@ Modes:
   --demo            the `make demo` job: 2 workers x 1 thread + layerskip + ngram, a few prompts,
                     the generated text printed, then the table
   (default)         the configurations of --configs over the whole prompt file, a table per
-                    category, JSON lines to --json
+                    category, JSON lines to --json; per --rounds round all the configurations'
+                    groups are up at once and each prompt runs on each of them back to back
+                    (rotating the order), so a ratio between two groups compares figures taken
+                    seconds apart
 
 Configurations are named: seq-group (2 workers, no speculator: the process-split overhead),
 ngram, layerskip, both (layerskip + ngram).
@@ -23,7 +26,8 @@ ngram, layerskip, both (layerskip + ngram).
   --ablation                chain -> tree -> +vote -> +adaptive -> +pipeline with layerskip+ngram,
                             speedup over sequential per category, all checked lossless
   --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification):
-                            the same requests at every level, in waves of N
+                            the same requests at every level, in waves of N; the group's
+                            speculators: --concurrency-spec ngram (default; none: no speculator)
 """
 import argparse
 import json
@@ -165,8 +169,11 @@ def main():
     ap.add_argument("--kinds", default="ngram,layerskip", help="draft kinds for --sweep-width")
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--concurrency", default="", help="requests in flight, e.g. 1,2,4,8")
+    ap.add_argument("--concurrency-spec", default="ngram",
+                    help="speculators of the --concurrency group (comma list; none: plain decoding)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="interleaved rounds of the configurations (default mode); with seq-group among them, "
+                    help="rounds of the configurations (default mode; all groups up at once, each prompt on "
+                         "each group back to back); with seq-group among them, "
                          "each speculative group is also compared with it per round and category")
     a = ap.parse_args()
     if not os.path.exists(a.model):
@@ -204,46 +211,58 @@ def main():
     rows = []
     split = []
     failures = 0
-    order = [(rnd, configs[(i + rnd) % len(configs)]) for rnd in range(a.rounds) for i in range(len(configs))]
-    for rnd, cfg in order:
-        run_dir = "%s-%s" % (a.run_dir, cfg)
-        print("round %d, group %s: %d workers x %d threads, speculators %s (load %.2f)..." % (
-            rnd + 1, cfg, a.workers, a.threads_per_worker, ",".join(CONFIGS[cfg]) or "none", os.getloadavg()[0]),
-            file=sys.stderr)
-        g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, CONFIGS[cfg], a.extra.split())
+
+    def run_prompt(g, cfg, p, rnd):
+        nonlocal failures
+        n = a.max_tokens or p.get("max_tokens", 96)
+        r, wall = g.chat(p["prompt"], n)
+        o = r["orochi"]
+        ids = o["token_ids"]
+        same = ids == base[p["id"]]["ids"]
+        if not same:
+            failures += 1
+            print("MISMATCH %s %s: speculative %s vs sequential %s" % (cfg, p["id"], ids[:12], base[p["id"]]["ids"][:12]),
+                  file=sys.stderr)
+        if a.demo:
+            print("\n[%s] %s\n%s" % (p["category"], p["prompt"], r["choices"][0]["message"]["content"]))
+        if cfg == "seq-group" and rnd == 0:
+            # decode rate of the group: the time of a 1-token request (prompt + first token)
+            # subtracted from the full one
+            _, wall1 = g.chat(p["prompt"], 1)
+            if len(ids) >= 16 and wall > wall1:  # a few tokens say nothing about the rate
+                split.append((len(ids) - 1, wall - wall1, (len(ids) - 1) / base[p["id"]]["decode_tok_s"]))
+        row = {"bench": "spec", "config": cfg, "id": p["id"], "category": p["category"], "tokens": len(ids),
+               "tok_s": len(ids) / wall, "mean_accepted": o["mean_accepted"], "steps": o["steps"],
+               "draft_kinds": o["draft_kinds"], "seq_tok_s": base[p["id"]]["tok_s"],
+               "speedup": (len(ids) / wall) / base[p["id"]]["tok_s"], "lossless": same,
+               "workers": a.workers, "threads_per_worker": a.threads_per_worker, "round": rnd + 1,
+               "loadavg": os.getloadavg()[0]}
+        rows.append(row)
+        out.write(json.dumps(row) + "\n")
+
+    for rnd in range(a.rounds):
+        # every configuration's group is up at once (an idle group's processes sleep), and each
+        # prompt runs on all of them back to back, in an order that rotates: the figures a ratio
+        # compares are seconds apart, so the machine's slow and fast spells hit both alike
+        groups = {}
         try:
-            # warm the group: the first touch of the weights' pages, and the controllers' first
-            # measurements (the guard's plain baseline, each speculator's first replies) — a cost
-            # of the group's start, not of the category that happens to come first
-            g.chat(WARM_PROMPT, 48)
-            for p in prompts[rnd % len(prompts):] + prompts[:rnd % len(prompts)]:  # rotated per round
-                n = a.max_tokens or p.get("max_tokens", 96)
-                r, wall = g.chat(p["prompt"], n)
-                o = r["orochi"]
-                ids = o["token_ids"]
-                same = ids == base[p["id"]]["ids"]
-                if not same:
-                    failures += 1
-                    print("MISMATCH %s %s: speculative %s vs sequential %s" % (cfg, p["id"], ids[:12], base[p["id"]]["ids"][:12]),
-                          file=sys.stderr)
-                if a.demo:
-                    print("\n[%s] %s\n%s" % (p["category"], p["prompt"], r["choices"][0]["message"]["content"]))
-                if cfg == "seq-group" and rnd == 0:
-                    # decode rate of the group: the time of a 1-token request (prompt + first token)
-                    # subtracted from the full one
-                    _, wall1 = g.chat(p["prompt"], 1)
-                    if len(ids) >= 16 and wall > wall1:  # a few tokens say nothing about the rate
-                        split.append((len(ids) - 1, wall - wall1, (len(ids) - 1) / base[p["id"]]["decode_tok_s"]))
-                row = {"bench": "spec", "config": cfg, "id": p["id"], "category": p["category"], "tokens": len(ids),
-                       "tok_s": len(ids) / wall, "mean_accepted": o["mean_accepted"], "steps": o["steps"],
-                       "draft_kinds": o["draft_kinds"], "seq_tok_s": base[p["id"]]["tok_s"],
-                       "speedup": (len(ids) / wall) / base[p["id"]]["tok_s"], "lossless": same,
-                       "workers": a.workers, "threads_per_worker": a.threads_per_worker, "round": rnd + 1,
-                       "loadavg": os.getloadavg()[0]}
-                rows.append(row)
-                out.write(json.dumps(row) + "\n")
+            for cfg in configs:
+                print("round %d, group %s: %d workers x %d threads, speculators %s (load %.2f)..." % (
+                    rnd + 1, cfg, a.workers, a.threads_per_worker, ",".join(CONFIGS[cfg]) or "none",
+                    os.getloadavg()[0]), file=sys.stderr)
+                groups[cfg] = Group(a.bin_dir, a.model, "%s-%s" % (a.run_dir, cfg), a.workers,
+                                    a.threads_per_worker, CONFIGS[cfg], a.extra.split())
+                # warm the group: the first touch of the weights' pages, and the controllers' first
+                # measurements (the guard's plain baseline, each speculator's first replies) — a
+                # cost of the group's start, not of the category that happens to come first
+                groups[cfg].chat(WARM_PROMPT, 48)
+            for j, p in enumerate(prompts[rnd % len(prompts):] + prompts[:rnd % len(prompts)]):
+                k = (j + rnd) % len(configs)
+                for cfg in configs[k:] + configs[:k]:
+                    run_prompt(groups[cfg], cfg, p, rnd)
         finally:
-            g.down()
+            for g in groups.values():
+                g.down()
 
     # the table: per config and category
     print("\n%-10s %-10s %8s %10s %10s %9s %9s" % ("config", "category", "tokens", "tok/s", "seq tok/s",
@@ -261,9 +280,9 @@ def main():
             print("%-10s %-10s %8d %10.1f %10.1f %9.2f %8.2fx%s" % (cfg, cat, toks, toks / t_spec, toks / t_seq, acc,
                   t_seq / t_spec, "" if all(r["lossless"] for r in sel) else "  NOT LOSSLESS"))
     if "seq-group" in configs and len(configs) > 1:
-        # each speculative group against the same group without speculators, round by round (the
-        # rounds interleave the configurations: a noisy machine hits both alike)
-        print("\nagainst the group without speculators (per round; median)")
+        # each speculative group against the same group without speculators, round by round (each
+        # prompt ran on both seconds apart), and pooled over all rounds (total tokens / total time)
+        print("\nagainst the group without speculators (per round; median; pooled over the rounds)")
         print("%-10s %-10s %s" % ("config", "category", "x seq-group"))
         for cfg in configs:
             if cfg == "seq-group":
@@ -280,9 +299,15 @@ def main():
                         ratios.append((tk / ts) / (tb / tbs))
                 if ratios:
                     med = sorted(ratios)[len(ratios) // 2]
-                    print("%-10s %-10s %s   median %.2fx" % (cfg, cat, " ".join("%.2f" % x for x in ratios), med))
+                    def pooled(c):
+                        sel = [r for r in rows if r["config"] == c and (cat == "all" or r["category"] == cat)]
+                        return sum(r["tokens"] for r in sel) / sum(r["tokens"] / r["tok_s"] for r in sel)
+                    pool = pooled(cfg) / pooled("seq-group")
+                    print("%-10s %-10s %s   median %.2fx  pooled %.3fx" % (
+                        cfg, cat, " ".join("%.2f" % x for x in ratios), med, pool))
                     out.write(json.dumps({"bench": "spec-vs-group", "config": cfg, "category": cat,
-                                          "ratios": ratios, "median": med}) + "\n")
+                                          "ratios": ratios, "median": med, "pooled": pool,
+                                          "loadavg": os.getloadavg()[0]}) + "\n")
     seq_dec = sum(b["decode_tok_s"] for b in base.values()) / max(1, len(base))
     print("\nsequential decode (orochi run --threads %d): %.1f tok/s; JSON lines in %s" % (threads, seq_dec, a.json))
     if split:
@@ -412,7 +437,8 @@ def in_waves(g, jobs, n, max_tokens):
 def concurrency(a, prompts, base, out):
     levels = [int(x) for x in a.concurrency.split(",")]
     run_dir = a.run_dir + "-concurrency"
-    g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, ["ngram"], a.extra.split(),
+    specs = [k for k in a.concurrency_spec.split(",") if k and k != "none"]
+    g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, specs, a.extra.split(),
               ["--", "--max-batch", str(max(levels))])
     ok = True
     one_tps = None

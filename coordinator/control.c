@@ -256,6 +256,23 @@ void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe)
     g->warm = g->on ? CTL_GUARD_WARM : 0;
 }
 
+/* Whether the probe budget allows switching on now. */
+static bool guard_budget_ok(const ctl_guard *g)
+{
+    return g->loss <= CTL_GUARD_BUDGET * g->plain_sec;
+}
+
+/* What a cycle (or window) while on cost beyond plain decoding, into the budget (a gain pays
+ * back; the balance never goes below zero). */
+static void guard_charge(ctl_guard *g, double seconds, long tokens)
+{
+    if (g->base <= 0)
+        return;
+    g->loss += seconds - g->base * (double)tokens;
+    if (g->loss < 0)
+        g->loss = 0;
+}
+
 bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
 {
     if (tokens <= 0 || seconds < 0)
@@ -264,8 +281,12 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
         return g->on;           /* (while on, a cycle that got no drafts counts as on) */
     if (g->on && g->warm > 0) { /* the speculators are catching up with the context: no verdict */
         g->warm--;
+        if (seconds > g->base * tokens) /* but what it costs comes out of the budget */
+            guard_charge(g, seconds, tokens);
         return g->on;
     }
+    if (!g->on)
+        g->plain_sec += seconds;
     g->sec += seconds;
     g->tok += tokens;
     ++g->n;
@@ -275,6 +296,8 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
     if (g->n < g->window && !hopeless)
         return g->on;
     double cost = g->sec / (double)g->tok;
+    if (g->on)
+        guard_charge(g, g->sec, g->tok);
     g->sec = 0;
     g->tok = 0;
     g->n = 0;
@@ -292,7 +315,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
     } else {
         g->base = g->base > 0 ? 0.5 * (g->base + cost) : cost;
         g->off_n += g->window;
-        if (g->off_n >= g->probe_now || g->spec <= 0) {
+        if ((g->off_n >= g->probe_now || g->spec <= 0) && guard_budget_ok(g)) {
             g->on = true;
             g->warm = CTL_GUARD_WARM;
             g->switches_on++;
@@ -303,7 +326,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
 
 void ctl_guard_reprobe(ctl_guard *g)
 {
-    if (g->on || g->spec <= 0)
+    if (g->on || g->spec <= 0 || !guard_budget_ok(g))
         return;
     /* a clear loser is no better on a new text: it waits for its backed-off probe */
     if (g->base > 0 && g->spec > CTL_GUARD_HOPELESS * g->base && g->off_n < g->probe_now)

@@ -121,10 +121,17 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
  * interval (up to 64x); one that pays resets it. With no base known yet the guard starts off for
  * one window to measure it. The first CTL_GUARD_WARM cycles after switching on are not judged:
  * the speculators, unfed while off, first catch up with the context (a model drafter reads it
- * all again). */
+ * all again).
+ * Probes are paid from a budget: `loss` sums what the cycles while on cost beyond plain decoding
+ * (warm cycles included; a window that pays gives back what it saved), and no probe starts while
+ * loss exceeds CTL_GUARD_BUDGET of the plain time seen so far (`plain_sec`). So however often the
+ * intervals or new texts ask for a probe, speculation that never pays costs at most about that
+ * fraction (plus the one probe that overdraws it). */
 #define CTL_GUARD_WARM 2
 /* a speculative cost per token above this many times the plain cost is a clear loss */
 #define CTL_GUARD_HOPELESS 1.5
+/* probes may lose at most this fraction of the plain decoding time */
+#define CTL_GUARD_BUDGET 0.02
 typedef struct {
     bool on;
     double base, spec; /* seconds per token: plain, and speculative at the last judgement */
@@ -133,6 +140,7 @@ typedef struct {
     double sec;
     long tok;
     int n, off_n;
+    double plain_sec, loss; /* the probe budget: plain time seen, and what probes cost beyond it */
     uint64_t switches_off, switches_on;
 } ctl_guard;
 
@@ -142,7 +150,8 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
 /* A new text (a request starts): what lost narrowly on the last one may pay on this one, so a
  * guard that is off tests speculation again now (one window, the back-off kept for probes within
  * a text) — unless the last judgement was a clear loss (more than CTL_GUARD_HOPELESS x the plain
- * cost, e.g. a drafter slower than what it saves): that waits for its backed-off probe. */
+ * cost, e.g. a drafter slower than what it saves): that waits for its backed-off probe; and
+ * unless the probe budget is spent. */
 void ctl_guard_reprobe(ctl_guard *g);
 
 /* ===== ARCA planning ===== */

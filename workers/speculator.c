@@ -11,8 +11,8 @@
  *              context's last n tokens (n from --ngram down to 1); no model at all.
  *
  * State: the committed tokens of the current request (from Feedback) and a private KV cache for
- * the model kinds — or, for a model drafter with the target's whole shape (a re-quantized copy,
- * --target-kv auto), only a private tree: its attention reads the committed rows of the request's
+ * the model kinds — or, for a model drafter with the target's whole shape (a re-quantized copy)
+ * and for layerskip keeping the target's first layers (--target-kv auto), only a private tree: its attention reads the committed rows of the request's
  * sequence slot from the target's KV cache in the arena, so it never prefills or commits, and its
  * chain lives in the tree (tree_rows). A model drafter's output layer wider than 4 bits is screened
  * by a 4-bit copy whose --head-screen best candidates per row are recomputed exactly. After each
@@ -91,9 +91,10 @@ typedef struct {
     const char *target_kv_s; /* --target-kv auto|on|off */
     int head_screen;         /* --head-screen K: the output layer screened in 4 bits, K rescored */
     /* the draft model reads the target's committed K/V in the arena (a re-quantized copy of the
-     * target: same layers and attention shape): no prefill and no K/V commits of its own; the
+     * target, or layerskip's first layers): no prefill and no K/V commits of its own; the
      * private KV then only holds the tree */
     bool kv_shared;
+    bool layers_prefix; /* layerskip keeps the target's first layers (0 .. n-1), none skipped */
     llama_shared target_sh; /* the target's KV block in the arena (kv_shared) */
     /* kv_shared: the draft context's tree as a chain continuing the committed context — tree
      * index i holds tokens[n_committed - 1 + i] (the last committed token, then the chain) — for
@@ -177,8 +178,9 @@ static void spec_usage(FILE *out)
         "  --work-ahead 1 (default): while the target verifies, extend the KV along the draft's\n"
         "  main branch and keep drafting past it, so a confirmed chain is the next draft\n"
         "  --target-kv auto (default): a model drafter with the target's whole shape (a\n"
-        "  re-quantized copy) reads the target's committed K/V in the arena: no prefill of\n"
-        "  its own, no drafting ahead; on: require it; off: keep a private prefix\n"
+        "  re-quantized copy), or layerskip keeping the first layers (0-N), reads the\n"
+        "  target's committed K/V in the arena: no prefill or catch-up of its own;\n"
+        "  on: require it; off: keep a private prefix\n"
         "  --head-screen K (8): a model drafter's output layer wider than 4 bits is screened\n"
         "  with a 4-bit copy and its K best candidates recomputed exactly (0: off)\n"
         "  --orphan-ms (10000): exit when the coordinator has been silent this long\n"
@@ -1040,6 +1042,9 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
             for (int i = 0; i < n; i++)
                 list[i] = i;
         }
+        s->layers_prefix = true;
+        for (int i = 0; i < n; i++)
+            s->layers_prefix &= list[i] == i;
         if (llama_model_keep_layers(s->model, list, n, err, errlen))
             return -1;
     }
@@ -1067,21 +1072,29 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
 }
 
 /* --target-kv: whether the draft model reads the target's committed K/V from the arena. `auto`
- * does when the draft GGUF has the target's whole shape (layers, widths, heads, vocabulary): a
- * re-quantized copy of the target, whose K/V rows the target's stand for closely; `on` asks for it
- * (refused with the reason when the layers or attention shapes differ); `off` keeps a private
- * prefix. Shared, the speculator never prefills a prompt or commits K/V, and does not draft ahead
- * (the tokens past the target's committed prefix have no rows there). Fills p for it. */
+ * does when those rows are what the drafter would compute itself (or close to it): a model
+ * drafter with the target's whole shape (layers, widths, heads, vocabulary), i.e. a re-quantized
+ * copy; a layerskip drafter that keeps the target's first layers 0 .. n-1 (its layer l is the
+ * target's layer l with the same input, so its K/V rows are the target's). `on` asks for it
+ * (refused with the reason when the layers or attention shapes differ, or a layerskip list skips
+ * a layer below its last); `off` keeps a private prefix. Shared, the speculator never prefills a
+ * prompt or commits K/V — so after the guard has kept it idle it drafts at once instead of first
+ * reading the whole context again; what it drafts ahead lives in its tree (the tokens past the
+ * target's committed prefix have no rows there). Fills p for it. */
 static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_params *p,
                                 char *err, size_t errlen)
 {
     const char *mode = s->target_kv_s ? s->target_kv_s : "auto";
-    bool on = !strcmp(mode, "on"); /* required; auto: when the draft is a copy */
+    bool on = !strcmp(mode, "on"); /* required; auto: when the rows are the drafter's own */
     if (!strcmp(mode, "off"))
         return 0;
-    if (s->kind != SPEC_MODEL) {
+    bool skip = s->kind == SPEC_LAYERSKIP;
+    if (s->kind != SPEC_MODEL && !(skip && s->layers_prefix)) {
         if (on) {
-            snprintf(err, errlen, "--target-kv on is for --kind model (a re-quantized copy)");
+            snprintf(err, errlen,
+                     skip ? "--target-kv on: --layers must be the target's first layers (0-N): "
+                            "a skipped layer changes the K/V of every layer after it"
+                          : "--target-kv on is for --kind model or layerskip");
             return -1;
         }
         return 0;
@@ -1092,7 +1105,10 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
         snprintf(err, errlen, "--target-kv: cannot read the target's shape: %s", why);
         return on ? -1 : 0;
     }
-    const llama_config *dc = &s->model->cfg;
+    llama_config dcl = s->model->cfg; /* layerskip: its layers are the target's first ones */
+    if (skip && dcl.n_layers <= tc.n_layers)
+        dcl.n_layers = tc.n_layers;
+    const llama_config *dc = &dcl;
     bool kv_ok = llama_config_same_kv(&tc, dc);
     bool copy = kv_ok && tc.ffn == dc->ffn && tc.vocab == dc->vocab;
     if (on && !kv_ok) {

@@ -10,6 +10,9 @@
 # build-fuzz/artifacts/<target>/ and the fuzzer's whole output to build-fuzz/logs/<target>.log.
 # Inputs the fuzzer discovers stay in build-fuzz/corpus-work/<target>/ (not in git).
 # OROCHI_FUZZ_KNOWN_BUGS=1 stops stepping around the open bugs docs/fuzzing.md lists.
+# FUZZ_TIMEOUT=S (default 10): seconds one input may run before it counts as a hang. libFuzzer
+# measures wall-clock time, so a run that is paused (SIGSTOP, to keep a benchmark's cores quiet)
+# for longer than S reports a false timeout: raise it for such runs.
 set -euo pipefail
 
 all_targets=(gguf http_body tokenizer chat_template proto arena)
@@ -69,7 +72,7 @@ for t in "${targets[@]}"; do
             cp "$root"/build-fuzz/corpus-seeds/"$t"/* "$work/"
         fi
     fi
-    opts=(-max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+    opts=(-max_len=4096 -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 -print_final_stats=1
           -artifact_prefix="$artifacts/")
     if [ "$mode" = time ]; then
         opts+=(-max_total_time="$amount")

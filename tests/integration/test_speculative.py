@@ -138,6 +138,24 @@ def test_speculative_model_reads_target_kv():
 
 
 @t.case
+def test_speculative_layerskip_reads_target_kv():
+    # layerskip keeping the target's first layers reads the target's K/V (its layers 0..n-1 see
+    # the target's inputs, so the rows are its own): lossless, and with every layer kept the
+    # drafts are the target's and accepted; a list that skips a layer keeps a private prefix, and
+    # `on` with it is refused by name
+    model = tiny()
+    for spec, shared, min_mean in (("layerskip:layers=0-3", True, 2.0), ("layerskip:layers=0-1", True, None),
+                                   ("layerskip:layers=1-3", False, None)):
+        g, _ = speculative_equals_run(model, [spec], TINY_PROMPTS[:2], N, "layerskip-kv-" + spec.split("=")[1],
+                                      kinds=["layerskip"], min_mean=min_mean)
+        G.check(("reading the target's K/V" in g.log("layerskip")) == shared,
+                "%s: the join line says %r", spec, [l for l in g.log("layerskip").splitlines() if "joined" in l])
+    with G.Group("layerskip-kv-refused", model, speculators=["layerskip:layers=1-3,target-kv=on"],
+                 wait_speculators=False) as g:
+        g.wait_log("layerskip", "--target-kv on: --layers must be the target's first layers", timeout=20)
+
+
+@t.case
 def test_speculative_ngram_and_layerskip():
     speculative_equals_run(tiny(), ["ngram", "layerskip:layers=0-1"], TINY_PROMPTS, N, "ngram+layerskip",
                            kinds=["ngram", "layerskip"])

@@ -1,9 +1,9 @@
 /*
  * tests/unit/test_control.c — the speculation controllers' decisions on fixtures
  * (coordinator/control.h): the voted tree, ACR reward and punishment, the adaptive length moving
- * up and down to the cheapest length, the fallback guard switching off and back on, ARCA's tree
- * from given accuracies, its acceptance on recorded paths and refinement, and the width choice
- * from given curves.
+ * up and down to the cheapest length, the fallback guard switching off and back on and paying its
+ * probes from a budget, ARCA's tree from given accuracies, its acceptance on recorded paths and
+ * refinement, and the width choice from given curves.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -179,12 +179,12 @@ static void guard_switches_off_and_back_on(void **state)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
     assert_true(ctl_guard_sample(&g, false, 0.010, 1)); /* base known: try speculation */
     assert_float_equal(g.base, 0.010, 1e-12);
-    for (int i = 0; i < CTL_GUARD_WARM; i++) /* catching up: even a slow cycle is no verdict */
-        assert_true(ctl_guard_sample(&g, true, 1.0, 1));
-    /* speculation at 12 ms per token loses: off after one window */
+    for (int i = 0; i < CTL_GUARD_WARM; i++) /* catching up: no verdict */
+        assert_true(ctl_guard_sample(&g, true, 0.010, 1));
+    /* speculation at 10.05 ms per token loses (narrowly): off after one window */
     for (int i = 0; i < 3; i++)
-        assert_true(ctl_guard_sample(&g, true, 0.024, 2));
-    assert_false(ctl_guard_sample(&g, true, 0.024, 2));
+        assert_true(ctl_guard_sample(&g, true, 0.0201, 2));
+    assert_false(ctl_guard_sample(&g, true, 0.0201, 2));
     assert_int_equal(g.switches_off, 1);
     assert_int_equal(g.probe_now, 16); /* the failed probe doubles the interval */
     /* a stray speculative sample while off is ignored */
@@ -193,8 +193,8 @@ static void guard_switches_off_and_back_on(void **state)
     for (int i = 0; i < 15; i++)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
     assert_true(ctl_guard_sample(&g, false, 0.010, 1));
-    for (int i = 0; i < CTL_GUARD_WARM; i++)
-        assert_true(ctl_guard_sample(&g, true, 1.0, 1));
+    for (int i = 0; i < CTL_GUARD_WARM; i++) /* even a slow catch-up cycle is no verdict */
+        assert_true(ctl_guard_sample(&g, true, 0.015, 1));
     /* now speculation pays (5 ms per token): it stays on, the interval resets */
     for (int i = 0; i < 40; i++)
         assert_true(ctl_guard_sample(&g, true, 0.010, 2));
@@ -207,19 +207,23 @@ static void guard_switches_off_and_back_on(void **state)
     assert_true(ctl_guard_sample(&g, true, 0.020, 1));
     assert_false(ctl_guard_sample(&g, true, 0.020, 1));
     assert_float_equal(g.spec, 0.020, 1e-12);
-    /* a new text re-tests a guard that lost narrowly, at once */
-    ctl_guard_init(&g, 0.01, 4, 8);
+    /* a new text re-tests a guard that lost narrowly, at once (the loss, 0.4 ms, is within the
+     * budget of 2% of the 40 ms of plain decoding) */
+    ctl_guard_init(&g, 0, 4, 8);
+    for (int i = 0; i < 4; i++)
+        ctl_guard_sample(&g, false, 0.010, 1);
     for (int i = 0; i < CTL_GUARD_WARM + 4; i++)
-        ctl_guard_sample(&g, true, 0.012, 1);
+        ctl_guard_sample(&g, true, 0.0101, 1);
     assert_false(g.on);
     ctl_guard_reprobe(&g);
     assert_true(g.on);
     assert_int_equal(g.warm, CTL_GUARD_WARM);
     ctl_guard_reprobe(&g); /* already on: nothing changes */
-    assert_int_equal(g.switches_on, 1);
+    assert_int_equal(g.switches_on, 2); /* after the first plain window, and now */
     /* a clear loser (3 x the plain cost) is not re-tested by a new text: it waits for its
      * backed-off probe (16 plain cycles), which a new text then no longer delays */
     ctl_guard_init(&g, 0.01, 4, 8);
+    g.plain_sec = 100; /* as after long plain decoding: the probe budget is not what binds here */
     for (int i = 0; i < CTL_GUARD_WARM + 2; i++)
         ctl_guard_sample(&g, true, 0.030, 1);
     assert_false(g.on);
@@ -233,6 +237,41 @@ static void guard_switches_off_and_back_on(void **state)
     /* a prior base starts it on */
     ctl_guard_init(&g, 0.01, 4, 8);
     assert_true(g.on);
+}
+
+/* Probes are paid from a budget of CTL_GUARD_BUDGET (2%) of the plain time: a probe that lost
+ * 8 ms (4 tokens at 12 instead of 10 ms) waits for 0.4 s of plain decoding, not for its interval
+ * of 16 cycles, and a new text does not re-test it before; gains pay the loss back. */
+static void guard_probes_within_budget(void **state)
+{
+    (void)state;
+    ctl_guard g;
+    ctl_guard_init(&g, 0.01, 4, 8);
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.011, 1)); /* a warm cycle's 1 ms counts too */
+    for (int i = 0; i < 3; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.012, 1));
+    assert_false(ctl_guard_sample(&g, true, 0.012, 1));
+    assert_float_equal(g.loss, 0.010, 1e-9); /* 2 x 1 ms warm + 4 x 2 ms */
+    assert_int_equal(g.probe_now, 16);
+    /* 16 plain cycles (0.16 s): the interval is over but the budget (3.2 ms) is not there */
+    for (int i = 0; i < 16; i++)
+        assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    ctl_guard_reprobe(&g); /* a narrow loser, but no budget: no re-test either */
+    assert_false(g.on);
+    /* up to 0.48 s of plain time: 9.6 ms < 10 ms, still off; at 0.52 s, on */
+    for (int i = 16; i < 48; i++)
+        assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    for (int i = 48; i < 51; i++)
+        assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_true(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_int_equal(g.switches_on, 1);
+    /* this probe pays (8 ms per token): what it saves pays the earlier loss back */
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.010, 1));
+    for (int i = 0; i < 4; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.008, 1));
+    assert_float_equal(g.loss, 0.002, 1e-9);
 }
 
 static void plan_tree_adds_the_most_likely_node(void **state)
@@ -361,6 +400,7 @@ int main(void)
         cmocka_unit_test(acr_rewards_and_punishes),
         cmocka_unit_test(length_grows_and_shrinks_to_the_cheapest),
         cmocka_unit_test(guard_switches_off_and_back_on),
+        cmocka_unit_test(guard_probes_within_budget),
         cmocka_unit_test(plan_tree_adds_the_most_likely_node),
         cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
         cmocka_unit_test(tree_fit_keeps_the_template_shape),
