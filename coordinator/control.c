@@ -281,8 +281,6 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
         return g->on;           /* (while on, a cycle that got no drafts counts as on) */
     if (g->on && g->warm > 0) { /* the speculators are catching up with the context: no verdict */
         g->warm--;
-        if (seconds > g->base * tokens) /* but what it costs comes out of the budget */
-            guard_charge(g, seconds, tokens);
         return g->on;
     }
     if (!g->on)

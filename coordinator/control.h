@@ -122,8 +122,9 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
  * one window to measure it. The first CTL_GUARD_WARM cycles after switching on are not judged:
  * the speculators, unfed while off, first catch up with the context (a model drafter reads it
  * all again).
- * Probes are paid from a budget: `loss` sums what the cycles while on cost beyond plain decoding
- * (warm cycles included; a window that pays gives back what it saved), and no probe starts while
+ * Probes are paid from a budget: `loss` sums what the judged windows cost beyond plain decoding
+ * (a window that pays gives back what it saved; the warm cycles are left out: a model drafter's
+ * first draft after a pause is dear however good its drafts are), and no probe starts while
  * loss exceeds CTL_GUARD_BUDGET of the plain time seen so far (`plain_sec`). So however often the
  * intervals or new texts ask for a probe, speculation that never pays costs at most about that
  * fraction (plus the one probe that overdraws it). */

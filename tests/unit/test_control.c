@@ -240,19 +240,19 @@ static void guard_switches_off_and_back_on(void **state)
 }
 
 /* Probes are paid from a budget of CTL_GUARD_BUDGET (2%) of the plain time: a probe that lost
- * 8 ms (4 tokens at 12 instead of 10 ms) waits for 0.4 s of plain decoding, not for its interval
+ * 10 ms (4 tokens at 12.5 instead of 10 ms) waits for 0.5 s of plain decoding, not for its interval
  * of 16 cycles, and a new text does not re-test it before; gains pay the loss back. */
 static void guard_probes_within_budget(void **state)
 {
     (void)state;
     ctl_guard g;
     ctl_guard_init(&g, 0.01, 4, 8);
-    for (int i = 0; i < CTL_GUARD_WARM; i++)
-        assert_true(ctl_guard_sample(&g, true, 0.011, 1)); /* a warm cycle's 1 ms counts too */
+    for (int i = 0; i < CTL_GUARD_WARM; i++) /* catching up: not charged */
+        assert_true(ctl_guard_sample(&g, true, 0.050, 1));
     for (int i = 0; i < 3; i++)
-        assert_true(ctl_guard_sample(&g, true, 0.012, 1));
-    assert_false(ctl_guard_sample(&g, true, 0.012, 1));
-    assert_float_equal(g.loss, 0.010, 1e-9); /* 2 x 1 ms warm + 4 x 2 ms */
+        assert_true(ctl_guard_sample(&g, true, 0.0125, 1));
+    assert_false(ctl_guard_sample(&g, true, 0.0125, 1));
+    assert_float_equal(g.loss, 0.010, 1e-9); /* 4 x 2.5 ms */
     assert_int_equal(g.probe_now, 16);
     /* 16 plain cycles (0.16 s): the interval is over but the budget (3.2 ms) is not there */
     for (int i = 0; i < 16; i++)
