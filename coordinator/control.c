@@ -262,8 +262,8 @@ static bool guard_budget_ok(const ctl_guard *g)
     return g->loss <= CTL_GUARD_BUDGET * g->plain_sec;
 }
 
-/* What a cycle (or window) while on cost beyond plain decoding, into the budget (a gain pays
- * back; the balance never goes below zero). */
+/* What a judged window while on cost beyond plain decoding, into the budget (a gain pays back;
+ * the balance never goes below zero). */
 static void guard_charge(ctl_guard *g, double seconds, long tokens)
 {
     if (g->base <= 0)

@@ -12,9 +12,10 @@
  *
  * State: the committed tokens of the current request (from Feedback) and a private KV cache for
  * the model kinds — or, for a model drafter with the target's whole shape (a re-quantized copy)
- * and for layerskip keeping the target's first layers (--target-kv auto), only a private tree: its attention reads the committed rows of the request's
- * sequence slot from the target's KV cache in the arena, so it never prefills or commits, and its
- * chain lives in the tree (tree_rows). A model drafter's output layer wider than 4 bits is screened
+ * and for layerskip keeping the target's first layers (--target-kv auto), only a private tree:
+ * its attention reads the committed rows of the request's sequence slot from the target's KV
+ * cache in the arena, so it never prefills or commits, and its chain lives in the tree
+ * (tree_rows). A model drafter's output layer wider than 4 bits is screened
  * by a 4-bit copy whose --head-screen best candidates per row are recomputed exactly. After each
  * Feedback the speculator grows a draft TREE for the new context (LLMCad: one tree-masked forward
  * per round that appends only the nodes grown in the previous round, so each node is computed
