@@ -112,7 +112,6 @@ def rss_kb(pid):
     if "VmRSS" not in got:
         return None
     return got["VmRSS"], got.get("RssAnon", got["VmRSS"]), got.get("RssShmem", 0)
-    return None
 
 
 def arena_names(run_dir):

@@ -284,25 +284,25 @@ def main():
         # prompt ran on both seconds apart), and pooled over all rounds (total tokens / total time)
         print("\nagainst the group without speculators (per round; median; pooled over the rounds)")
         print("%-10s %-10s %s" % ("config", "category", "x seq-group"))
+        def rate(c, cat, rnd=None):
+            """tok/s of config c over category cat (or all), in round rnd or pooled over all."""
+            sel = [r for r in rows if r["config"] == c and (rnd is None or r["round"] == rnd) and
+                   (cat == "all" or r["category"] == cat)]
+            t = sum(r["tokens"] / r["tok_s"] for r in sel)
+            return sum(r["tokens"] for r in sel) / t if sel and t > 0 else None
+
         for cfg in configs:
             if cfg == "seq-group":
                 continue
             for cat in cats + ["all"]:
                 ratios = []
                 for rnd in range(1, a.rounds + 1):
-                    def secs(c):
-                        sel = [r for r in rows if r["config"] == c and r["round"] == rnd and
-                               (cat == "all" or r["category"] == cat)]
-                        return sum(r["tokens"] for r in sel), sum(r["tokens"] / r["tok_s"] for r in sel)
-                    (tk, ts), (tb, tbs) = secs(cfg), secs("seq-group")
-                    if tk and tb:
-                        ratios.append((tk / ts) / (tb / tbs))
+                    spec, plain = rate(cfg, cat, rnd), rate("seq-group", cat, rnd)
+                    if spec and plain:
+                        ratios.append(spec / plain)
                 if ratios:
                     med = sorted(ratios)[len(ratios) // 2]
-                    def pooled(c):
-                        sel = [r for r in rows if r["config"] == c and (cat == "all" or r["category"] == cat)]
-                        return sum(r["tokens"] for r in sel) / sum(r["tokens"] / r["tok_s"] for r in sel)
-                    pool = pooled(cfg) / pooled("seq-group")
+                    pool = rate(cfg, cat) / rate("seq-group", cat)
                     print("%-10s %-10s %s   median %.2fx  pooled %.3fx" % (
                         cfg, cat, " ".join("%.2f" % x for x in ratios), med, pool))
                     out.write(json.dumps({"bench": "spec-vs-group", "config": cfg, "category": cat,
