@@ -45,8 +45,17 @@ struct llama_ctx {
     int64_t kv_row;   /* elements per position: n_kv_heads * head_dim */
     llama_shared sh;  /* KV cache and shared activations (owned or external) */
     void *owned_shared;
-    /* this part's slices */
-    int kvh0, kvh1; /* KV heads [kvh0, kvh1) */
+    /* the partition: each kind's range boundaries for every part (bnd[kind][0..n_parts]: part i
+     * takes [bnd[i], bnd[i + 1])), in query heads for LP_QKV and the attention kinds; kvb the KV
+     * heads of LP_QKV */
+    int64_t bnd[LP_N][LLAMA_MAX_PARTS + 1], kvb[LLAMA_MAX_PARTS + 1];
+    int kvh0, kvh1;    /* this part's KV heads [kvh0, kvh1) */
+    bool att_sync;     /* a synchronisation point between the projections and attention */
+    int *split_heads;  /* heads whose dense and sparse parts are computed by different parts */
+    int n_split;
+    struct att_unit *units, *singles; /* this part's attention work, by KV head and one by one */
+    int n_units, n_singles;
+    float *attp;       /* the output projection's input once split heads are merged */
     /* private */
     float *xb;    /* normed x (every part computes it for all tokens) */
     float *row;   /* one embedding row */
@@ -497,6 +506,7 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
     SH_PLACE(hu, W * (size_t)c->ffn * 4)
     SH_PLACE(kk, W * kv_row * 4)
     SH_PLACE(vv, W * kv_row * 4)
+    SH_PLACE(ap, W * (size_t)c->n_heads * 2 * ((size_t)c->head_dim + 2) * 4)
 #undef SH_PLACE
     o.layer_kv_bytes = layer_kv;
     if (offsets)
@@ -519,12 +529,164 @@ void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int 
     sh->hu = (float *)(b + sh->hu_off);
     sh->kk = (float *)(b + sh->kk_off);
     sh->vv = (float *)(b + sh->vv_off);
+    sh->ap = (float *)(b + sh->ap_off);
 }
 
 /* K or V rows of layer l (which: 0 = K, 1 = V). */
 static uint8_t *kv_layer(const llama_ctx *x, int l, int which)
 {
     return x->sh.kv + (size_t)(2 * l + which) * x->sh.layer_kv_bytes;
+}
+
+/* ===== the partition ===== */
+
+const char *const llama_part_kind_names[LP_N] = {
+    "qkv", "wo", "ffn_up", "ffn_down", "lm_head", "attention_dense", "attention_sparse"};
+
+/* What a part does for one query head's attention: both key sets in one causal pass, or only
+ * the prefix (dense) or only the tree ancestors (sparse), leaving a partial for the merge. */
+enum { ATT_FULL, ATT_DENSE, ATT_SPARSE };
+struct att_unit {
+    int h0, nh, kvh, mode; /* query heads [h0, h0 + nh), all of KV head kvh */
+};
+
+void llama_partition_even(llama_partition *p, int n_parts)
+{
+    memset(p, 0, sizeof *p);
+    p->n_parts = n_parts;
+    for (int k = 0; k < LP_N; k++)
+        for (int i = 0; i < n_parts && i < LLAMA_MAX_PARTS; i++)
+            p->frac[k][i] = 1.0f;
+}
+
+int llama_partition_check(const llama_partition *p, char *err, size_t errlen)
+{
+    if (p->n_parts < 1 || p->n_parts > LLAMA_MAX_PARTS) {
+        snprintf(err, errlen, "partition plan of %d parts: must be 1..%d", p->n_parts,
+                 LLAMA_MAX_PARTS);
+        return -1;
+    }
+    for (int k = 0; k < LP_N; k++) {
+        double sum = 0;
+        for (int i = 0; i < p->n_parts; i++) {
+            float f = p->frac[k][i];
+            if (!isfinite(f) || f < 0) {
+                snprintf(err, errlen,
+                         "partition plan: the %s share of part %d is %g: must be a finite "
+                         "number >= 0",
+                         llama_part_kind_names[k], i, (double)f);
+                return -1;
+            }
+            sum += f;
+        }
+        if (!(sum > 0)) {
+            snprintf(err, errlen, "partition plan: the %s shares sum to 0: some part must take it",
+                     llama_part_kind_names[k]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Range boundaries of `units` split by shares frac[0..n): b[i] = the cumulative share of the
+ * parts before i, times units, rounded to whole blocks (b[0] = 0, b[n] = units, never falling). */
+static void part_bounds(const float *frac, int n, int64_t units, int64_t block, int64_t *b)
+{
+    double sum = 0, cum = 0;
+    for (int i = 0; i < n; i++)
+        sum += frac[i];
+    b[0] = 0;
+    for (int i = 1; i < n; i++) {
+        cum += frac[i - 1];
+        int64_t v = (int64_t)floor(cum / sum * (double)units / (double)block + 0.5) * block;
+        b[i] = v > units ? units : v < b[i - 1] ? b[i - 1] : v;
+    }
+    b[n] = units;
+}
+
+/* The part whose range of boundaries b (n parts) holds unit u. */
+static int part_owner(const int64_t *b, int n, int64_t u)
+{
+    int i = 0;
+    while (i + 1 < n && u >= b[i + 1])
+        i++;
+    return i;
+}
+
+int llama_ctx_set_partition(llama_ctx *x, const llama_partition *plan, char *err, size_t errlen)
+{
+    const llama_config *c = &x->m->cfg;
+    int N = x->p.n_parts, me = x->p.part, group = c->n_heads / c->n_kv_heads;
+    if (plan) {
+        if (llama_partition_check(plan, err, errlen))
+            return -1;
+        if (plan->n_parts != N) {
+            snprintf(err, errlen, "partition plan of %d parts for a context that is part %d of %d",
+                     plan->n_parts, me, N);
+            return -1;
+        }
+        static const int unit_block[LP_N] = {1, LLAMA_PART_BLOCK, LLAMA_PART_BLOCK,
+                                             LLAMA_PART_BLOCK, LLAMA_PART_BLOCK, 1, 1};
+        const int64_t units[LP_N] = {c->n_heads, c->dim, c->ffn, c->dim, c->vocab, c->n_heads,
+                                     c->n_heads};
+        for (int k = 0; k < LP_N; k++)
+            part_bounds(plan->frac[k], N, units[k], unit_block[k], x->bnd[k]);
+        part_bounds(plan->frac[LP_QKV], N, c->n_kv_heads, 1, x->kvb);
+    } else {
+        if (N > c->n_kv_heads) {
+            snprintf(err, errlen, "%d parts without a partition plan: at most %d (one KV head each)",
+                     N, c->n_kv_heads);
+            return -1;
+        }
+        /* even: each part its KV heads and their query heads, every row range n * i / N */
+        for (int i = 0; i <= N; i++) {
+            x->kvb[i] = (int64_t)c->n_kv_heads * i / N;
+            x->bnd[LP_QKV][i] = x->bnd[LP_ATT_DENSE][i] = x->bnd[LP_ATT_SPARSE][i] =
+                x->kvb[i] * group;
+            x->bnd[LP_WO][i] = x->bnd[LP_FFN_DOWN][i] = (int64_t)c->dim * i / N;
+            x->bnd[LP_FFN_UP][i] = (int64_t)c->ffn * i / N;
+            x->bnd[LP_LM_HEAD][i] = (int64_t)c->vocab * i / N;
+        }
+    }
+    x->kvh0 = (int)x->kvb[me];
+    x->kvh1 = (int)x->kvb[me + 1];
+    /* Attention needs the others' projections first when a head's query, or the tree K/V its
+     * sparse part reads, was computed by another part (every part decides the same way); a
+     * head whose dense and sparse parts differ is merged after attention. */
+    x->att_sync = false;
+    x->n_split = x->n_units = x->n_singles = 0;
+    for (int h = 0; h < c->n_heads; h++) {
+        int qo = part_owner(x->bnd[LP_QKV], N, h), ko = part_owner(x->kvb, N, h / group);
+        int dn = part_owner(x->bnd[LP_ATT_DENSE], N, h);
+        int sp = part_owner(x->bnd[LP_ATT_SPARSE], N, h);
+        if (dn != qo || sp != qo || sp != ko)
+            x->att_sync = true;
+        if (dn != sp)
+            x->split_heads[x->n_split++] = h;
+        int mode = dn == me && sp == me ? ATT_FULL : dn == me ? ATT_DENSE : sp == me ? ATT_SPARSE
+                                                                                        : -1;
+        if (mode < 0)
+            continue;
+        x->singles[x->n_singles++] = (struct att_unit){h, 1, h / group, mode};
+        struct att_unit *u = x->n_units ? &x->units[x->n_units - 1] : NULL;
+        if (u && u->kvh == h / group && u->mode == mode && u->h0 + u->nh == h)
+            u->nh++;
+        else
+            x->units[x->n_units++] = (struct att_unit){h, 1, h / group, mode};
+    }
+    x->tree_open = false; /* the next forward starts a fresh tree under the new ranges */
+    return 0;
+}
+
+void llama_ctx_part_range(const llama_ctx *x, int kind, int64_t *lo, int64_t *hi)
+{
+    *lo = x->bnd[kind][x->p.part];
+    *hi = x->bnd[kind][x->p.part + 1];
+}
+
+int llama_ctx_syncs_per_layer(const llama_ctx *x)
+{
+    return x->att_sync ? 5 : 4;
 }
 
 llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *err, size_t errlen)
@@ -535,6 +697,7 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         goto oom;
     x->m = m;
     x->p = *p;
+    x->p.plan = NULL; /* copied into the ranges by llama_ctx_set_partition */
     if (x->p.n_threads <= 0)
         x->p.n_threads = (int)online_cores();
     if (x->p.max_width <= 0)
@@ -544,11 +707,12 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     if (x->p.n_seq <= 0)
         x->p.n_seq = 1;
     if (x->p.max_width > KMAT_MAX_W || x->p.part < 0 || x->p.part >= x->p.n_parts ||
-        x->p.n_parts > c->n_kv_heads) {
+        x->p.n_parts > LLAMA_MAX_PARTS || (!p->plan && x->p.n_parts > c->n_kv_heads)) {
         snprintf(err, errlen,
                  "bad context parameters: width %d (max %d), part %d of %d (at most %d "
-                 "parts: one KV head each)",
-                 x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts, c->n_kv_heads);
+                 "parts: one KV head each, or %d with a partition plan)",
+                 x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts, c->n_kv_heads,
+                 LLAMA_MAX_PARTS);
         free(x);
         return NULL;
     }
@@ -572,8 +736,6 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         goto oom;
     x->kv_elem = x->p.kv == KV_F16 ? 2 : 4;
     x->kv_row = (int64_t)c->n_kv_heads * c->head_dim;
-    x->kvh0 = c->n_kv_heads * x->p.part / x->p.n_parts;
-    x->kvh1 = c->n_kv_heads * (x->p.part + 1) / x->p.n_parts;
     if (x->p.shared) {
         llama_shared_bind(&x->sh, x->p.shared, c, x->p.n_ctx, x->p.max_width, x->p.n_seq, x->p.kv);
     } else {
@@ -605,9 +767,18 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->seq = malloc(W * sizeof *x->seq);
     x->prefix = calloc((size_t)x->p.n_seq, sizeof *x->prefix);
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
+    x->split_heads = malloc((size_t)c->n_heads * sizeof *x->split_heads);
+    x->units = malloc((size_t)c->n_heads * sizeof *x->units);
+    x->singles = malloc((size_t)c->n_heads * sizeof *x->singles);
+    x->attp = malloc(W * (size_t)qd * 4);
     if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix ||
-        !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn)
+        !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn || !x->split_heads ||
+        !x->units || !x->singles || !x->attp)
         goto oom;
+    if (llama_ctx_set_partition(x, p->plan, err, errlen)) {
+        llama_ctx_destroy(&x);
+        return NULL;
+    }
     return x;
 oom:
     snprintf(err, errlen, "out of memory allocating the context (n_ctx %d, width %d)",
@@ -633,6 +804,10 @@ void llama_ctx_destroy(llama_ctx **ctx)
     free(x->seq);
     free(x->prefix);
     free(x->scratch);
+    free(x->split_heads);
+    free(x->units);
+    free(x->singles);
+    free(x->attp);
     kpool_destroy(&x->pool);
     free(x);
     *ctx = NULL;
@@ -690,17 +865,14 @@ void llama_ctx_reset(llama_ctx *ctx)
 
 /* ===== the forward ===== */
 
-/* This part's rows of an n-row output: [n*part/parts, n*(part+1)/parts). */
-static void part_rows(const llama_ctx *x, int64_t n, int64_t *lo, int64_t *hi)
-{
-    *lo = n * x->p.part / x->p.n_parts;
-    *hi = n * (x->p.part + 1) / x->p.n_parts;
-}
-
 int32_t llama_ctx_part_argmax(const llama_ctx *x, const float *logits, float *value)
 {
     int64_t v0, v1;
-    part_rows(x, x->m->cfg.vocab, &v0, &v1);
+    llama_ctx_part_range(x, LP_LM_HEAD, &v0, &v1);
+    if (v1 <= v0) { /* no vocabulary rows: a best that never wins the merge */
+        *value = -INFINITY;
+        return 0;
+    }
     int32_t i = (int32_t)v0 + k_argmax(logits + v0, (int)(v1 - v0));
     *value = logits[i];
     return i;
@@ -764,36 +936,46 @@ static void kv_store(const llama_ctx *x, uint8_t *base, int64_t p, const float *
 typedef struct {
     llama_ctx *x;
     int layer, n;
-    int split; /* each KV head's query heads in this many items (1, or the group size) */
+    const struct att_unit *units; /* this part's attention work, per token */
+    int n_units;
 } att_job;
 
-/* One (token, KV head of this part) pair per item, or (token, query head) when the pairs are too
- * few to keep every thread busy (a decode step of a model with 3 KV heads on 2 threads would
- * split 2:1): the token attends to its key stream — the committed prefix, then its ancestors in
- * the tree (which continue the positions) — in one causal pass (see kernels/cpu/attention.c for
- * why one pass and not a merge of two partials). A query head's arithmetic is the same whether
- * it shares its key loads with its group or not, so the split never changes a bit. */
+/* One attention partial of token i, query head h: the dense (half 0) or sparse (half 1) one, as
+ * head_dim outputs then max and sum. */
+static float *att_partial(const llama_ctx *x, int i, int h, int half)
+{
+    const llama_config *c = &x->m->cfg;
+    return x->sh.ap + (((size_t)i * c->n_heads + h) * 2 + half) * ((size_t)c->head_dim + 2);
+}
+
+/* One (token, unit) pair per item. A unit is a run of this part's query heads that share a KV
+ * head — or, when the pairs are too few to keep every thread busy (a decode step of a model with
+ * 3 KV heads on 2 threads would split 2:1), a single query head. The heads of a unit share every
+ * key and value load, and a query head's arithmetic is the same whether it shares its loads or
+ * not, so how the heads are grouped never changes a bit. A full unit attends to its key stream —
+ * the committed prefix, then its ancestors in the tree (which continue the positions) — in one
+ * causal pass (see kernels/cpu/attention.c for why one pass and not a merge of two partials);
+ * a dense unit to the prefix only and a sparse unit to the ancestors only, each leaving its
+ * unnormalised partial in the shared block for the merge after the next synchronisation. */
 static void att_run(void *argp, int64_t begin, int64_t end, int thread)
 {
+    (void)thread;
     const att_job *j = argp;
     llama_ctx *x = j->x;
     const llama_config *c = &x->m->cfg;
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kv_heads = x->kvh1 - x->kvh0;
+    int hd = c->head_dim;
     float scale = 1.0f / sqrtf((float)hd);
     uint8_t *kl = kv_layer(x, j->layer, 0), *vl = kv_layer(x, j->layer, 1);
     const llama_shared *src = x->p.prefix_src;
     const uint8_t *src_kl = src ? src->kv + (size_t)(2 * j->layer) * src->layer_kv_bytes : NULL;
     const uint8_t *src_vl = src ? src_kl + src->layer_kv_bytes : NULL;
     katt_stat st[64];
-    int per = group / j->split; /* query heads per item */
     for (int64_t item = begin; item < end; item++) {
-        /* a (token, KV head) pair's `per` query heads share every key and value load */
-        int64_t pair = item / j->split;
-        int i = (int)(pair / kv_heads), kvh = x->kvh0 + (int)(pair % kv_heads);
-        int h = kvh * group + (int)(item % j->split) * per;
+        int i = (int)(item / j->n_units);
+        const struct att_unit *u = &j->units[item % j->n_units];
+        int kvh = u->kvh;
         int slot = x->batch_base + i; /* activations are per batch, lists per tree slot */
-        const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
-        float *out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)h * hd;
+        const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
         int seq = x->seq[slot], n_prefix = x->prefix[seq];
         int64_t seq_row = (int64_t)seq * x->p.n_ctx;
         katt_keys keys = {
@@ -806,14 +988,60 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
             .tree_v = kv_head_row(x, vl, kvh, x->tree_row),
             .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
         };
-        for (int g0 = 0; g0 < per; g0 += 64) {
-            int ng = per - g0 < 64 ? per - g0 : 64;
-            katt_causal_group(q + (int64_t)g0 * hd, hd, ng, &keys, n_prefix + x->n_anc[slot], hd,
-                              scale, st, out + (int64_t)g0 * hd, hd);
-            for (int g = 0; g < ng; g++)
-                katt_finish(&st[g], out + (int64_t)(g0 + g) * hd, hd);
+        int n_keys = n_prefix + x->n_anc[slot];
+        float *out;
+        int64_t out_stride;
+        if (u->mode == ATT_FULL) {
+            out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
+            out_stride = hd;
+        } else {
+            if (u->mode == ATT_DENSE) {
+                n_keys = n_prefix;
+            } else {
+                keys.n_prefix = 0;
+                n_keys = x->n_anc[slot];
+            }
+            out = att_partial(x, i, u->h0, u->mode == ATT_SPARSE);
+            out_stride = 2 * (hd + 2);
+        }
+        for (int g0 = 0; g0 < u->nh; g0 += 64) {
+            int ng = u->nh - g0 < 64 ? u->nh - g0 : 64;
+            float *o = out + (int64_t)g0 * out_stride;
+            katt_causal_group(q + (int64_t)g0 * hd, hd, ng, &keys, n_keys, hd, scale, st, o,
+                              out_stride);
+            for (int g = 0; g < ng; g++) {
+                float *og = o + (int64_t)g * out_stride;
+                if (u->mode == ATT_FULL) {
+                    katt_finish(&st[g], og, hd);
+                } else {
+                    og[hd] = st[g].max;
+                    og[hd + 1] = st[g].sum;
+                }
+            }
         }
     }
+}
+
+/* The output projection's input when some heads were split between parts: the finished heads
+ * as attention wrote them, each split head's dense and sparse partials merged (online softmax)
+ * and finished. Every part merges all of them for itself (a few hundred floats per token). */
+static const float *att_merged(llama_ctx *x, int n)
+{
+    const llama_config *c = &x->m->cfg;
+    int hd = c->head_dim;
+    int64_t qd = (int64_t)c->n_heads * hd;
+    memcpy(x->attp, x->sh.att, (size_t)(n * qd) * 4);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < x->n_split; k++) {
+            int h = x->split_heads[k];
+            const float *d = att_partial(x, i, h, 0), *sp = att_partial(x, i, h, 1);
+            float *o = x->attp + i * qd + (int64_t)h * hd;
+            katt_stat a = {d[hd], d[hd + 1]}, b = {sp[hd], sp[hd + 1]};
+            memcpy(o, d, (size_t)hd * 4);
+            katt_merge(&a, o, &b, sp, hd);
+            katt_finish(&a, o, hd);
+        }
+    return x->attp;
 }
 
 /* Ancestor lists (root first, self last) and positions from the parent indices, for tree slots
@@ -946,11 +1174,13 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         return -1;
 
     int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
-    int group = c->n_heads / c->n_kv_heads;
-    int64_t d0, d1, f0, f1; /* this part's columns of dim and of ffn */
-    part_rows(x, dim, &d0, &d1);
-    part_rows(x, c->ffn, &f0, &f1);
-    int64_t q0 = (int64_t)x->kvh0 * group * hd, q1 = (int64_t)x->kvh1 * group * hd;
+    int64_t d0, d1, e0, e1, f0, f1, q0, q1; /* this part's rows of wo, down, gate/up, wq */
+    llama_ctx_part_range(x, LP_WO, &d0, &d1);
+    llama_ctx_part_range(x, LP_FFN_DOWN, &e0, &e1);
+    llama_ctx_part_range(x, LP_FFN_UP, &f0, &f1);
+    llama_ctx_part_range(x, LP_QKV, &q0, &q1);
+    q0 *= hd;
+    q1 *= hd;
     int64_t k0 = (int64_t)x->kvh0 * hd, k1 = (int64_t)x->kvh1 * hd;
 
     int half = c->rot_dim / 2; /* RoPE: every layer rotates at the same positions */
@@ -983,12 +1213,15 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             kv_store(x, kv_layer(x, l, 0), x->tree_row + slot, sh->kk + i * kvd);
             kv_store(x, kv_layer(x, l, 1), x->tree_row + slot, sh->vv + i * kvd);
         }
-        int64_t pairs = (int64_t)n * (x->kvh1 - x->kvh0);
-        att_job aj = {x, l, n, pairs < 4 * (int64_t)kpool_threads(x->pool) ? group : 1};
-        kpool_run(x->pool, pairs * aj.split, 1, att_run, &aj);
+        if (x->att_sync && llama_sync(x, err, errlen))
+            return -1;
+        bool few = (int64_t)n * x->n_units < 4 * (int64_t)kpool_threads(x->pool);
+        att_job aj = {x, l, n, few ? x->singles : x->units, few ? x->n_singles : x->n_units};
+        if (aj.n_units)
+            kpool_run(x->pool, (int64_t)n * aj.n_units, 1, att_run, &aj);
         if (llama_sync(x, err, errlen))
             return -1;
-        llama_linear(x, &L->wo, d0, d1, sh->att, n, sh->xb2);
+        llama_linear(x, &L->wo, d0, d1, x->n_split ? att_merged(x, n) : sh->att, n, sh->xb2);
         add_cols(sh->x, sh->xb2, n, dim, d0, d1);
         if (llama_sync(x, err, errlen))
             return -1;
@@ -1006,8 +1239,8 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             k_silu_mul(sh->hg + i * c->ffn + f0, sh->hu + i * c->ffn + f0, (int)(f1 - f0));
         if (llama_sync(x, err, errlen))
             return -1;
-        llama_linear(x, &L->w_down, d0, d1, sh->hg, n, sh->xb2);
-        add_cols(sh->x, sh->xb2, n, dim, d0, d1);
+        llama_linear(x, &L->w_down, e0, e1, sh->hg, n, sh->xb2);
+        add_cols(sh->x, sh->xb2, n, dim, e0, e1);
         if (llama_sync(x, err, errlen))
             return -1;
     }
@@ -1015,7 +1248,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
     int from = b->logits_from < 0 ? 0 : b->logits_from;
     if (logits && from < n) {
         int64_t v0, v1;
-        part_rows(x, c->vocab, &v0, &v1);
+        llama_ctx_part_range(x, LP_LM_HEAD, &v0, &v1);
         for (int i = from; i < n; i++)
             k_rmsnorm(x->xb + (i - from) * dim, sh->x + i * dim, m->out_norm, (int)dim,
                       c->norm_eps);

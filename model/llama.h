@@ -7,8 +7,11 @@
  * and to its own ancestors in the tree, in one causal pass. A batch may also append to the tree
  * of the previous ones (a drafter growing its tree round by round computes each node once). A
  * context may be one part of a column split: it then computes only its output rows of every linear
- * layer and the lm_head, and only its KV heads of attention, meeting the other parts at
- * synchronisation points; the parts' pieces concatenate bit-identically.
+ * layer and the lm_head, and only its query heads' attention (the dense prefix part, the sparse
+ * tree part or both), meeting the other parts at synchronisation points; how the work is shared
+ * is a partition plan (llama_partition). The parts' pieces concatenate bit-identically, except
+ * that a head whose dense and sparse parts are computed by different parts is merged by online
+ * softmax.
  */
 #ifndef OROCHI_LLAMA_H
 #define OROCHI_LLAMA_H
@@ -72,12 +75,16 @@ double llama_model_step_macs(const llama_model *m);
  * reads from others. One contiguous block; llama_shared_layout gives its size and offsets, so the
  * block can be a region of the shared-memory arena. */
 typedef struct {
-    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off;
+    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off, ap_off;
     size_t layer_kv_bytes; /* bytes of one layer's K (or V) rows */
     /* bound pointers (llama_shared_bind) */
     void *base;
     uint8_t *kv;
     float *x, *q, *att, *xb2, *hg, *hu, *kk, *vv;
+    /* attention partials of heads whose dense and sparse parts are computed by different parts:
+     * per token and query head, the dense then the sparse partial (head_dim outputs, then max and
+     * sum) */
+    float *ap;
 } llama_shared;
 
 /* Bytes of the shared block for this shape (n_seq sequence slots of n_ctx prefix rows each, then
@@ -87,14 +94,52 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
 void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int n_ctx,
                        int max_width, int n_seq, kv_type kv);
 
+/* A partition plan: how the parts of a column split share each kind of a step's work. For each
+ * kind, part i takes the share frac[kind][i] of its units (the shares are normalised, so any
+ * non-negative weights with a positive sum do), as one contiguous range in part order; the
+ * range boundaries are the rounded cumulative shares, in whole units of:
+ *   LP_QKV        the q projection by query heads and the k/v projections by KV heads (RoPE
+ *                 and the K/V store go with them; a part's KV heads are also the ones it commits);
+ *   LP_WO, LP_FFN_DOWN  output rows of dim, in blocks of LLAMA_PART_BLOCK (and the embedding
+ *                 columns follow LP_WO);
+ *   LP_FFN_UP     gate/up rows of ffn, in blocks of LLAMA_PART_BLOCK;
+ *   LP_LM_HEAD    vocabulary rows, in blocks of LLAMA_PART_BLOCK;
+ *   LP_ATT_DENSE  query heads whose attention over the committed prefix (the dense part) the part
+ *                 computes;
+ *   LP_ATT_SPARSE query heads whose attention over their tree ancestors (the sparse part) the
+ *                 part computes.
+ * A head whose dense and sparse parts fall to one part is computed in one causal pass; one whose
+ * parts differ is computed as two partials that are merged by online softmax (katt_merge) before
+ * the output projection, which changes the rounding of that head (not bit-identical to one pass;
+ * the same tokens in practice). A part may get nothing of a kind. There is no cap at the number
+ * of KV heads: any number of parts up to LLAMA_MAX_PARTS. */
+#define LLAMA_MAX_PARTS 16
+#define LLAMA_PART_BLOCK 16
+enum { LP_QKV, LP_WO, LP_FFN_UP, LP_FFN_DOWN, LP_LM_HEAD, LP_ATT_DENSE, LP_ATT_SPARSE, LP_N };
+extern const char *const llama_part_kind_names[LP_N]; /* "qkv", "wo", ... (the plan's keys) */
+typedef struct {
+    int n_parts;
+    float frac[LP_N][LLAMA_MAX_PARTS];
+} llama_partition;
+
+/* An even plan of n parts (every share 1/n). */
+void llama_partition_even(llama_partition *p, int n_parts);
+/* Check a plan: 1..LLAMA_MAX_PARTS parts, every share finite and >= 0, a positive sum per kind.
+ * Returns 0, or -1 with err naming the kind and part. */
+int llama_partition_check(const llama_partition *p, char *err, size_t errlen);
+
 typedef struct {
     int n_threads; /* 0: all online cores */
     int max_width; /* widest batch a forward takes (<= KMAT_MAX_W) */
     int n_ctx;     /* prefix capacity per sequence; 0: the model's context length */
     int n_seq;     /* sequence slots (batching of several requests); 0: 1 */
     kv_type kv;    /* KV cache element type */
-    /* column split: this context computes part `part` of `n_parts` (n_parts <= n_kv_heads) */
+    /* column split: this context computes part `part` of `n_parts`. Without a plan (NULL) the
+     * split is even and needs n_parts <= n_kv_heads (each part its KV heads and their query
+     * heads); with one, any shares and up to LLAMA_MAX_PARTS parts (plan->n_parts == n_parts).
+     * Every part must be given the same plan. The plan is copied. */
     int part, n_parts;
+    const llama_partition *plan;
     void *shared; /* the shared block (llama_shared_layout bytes), or NULL to allocate one */
     /* called at each synchronisation point when n_parts > 1; returns 0, or -1 if a peer is lost */
     int (*sync)(void *arg);
@@ -121,6 +166,17 @@ int llama_ctx_threads(const llama_ctx *ctx);
 /* The greedy choice among this part's columns of one logits row (k_argmax over them): the token
  * id, and its logit in *value. Parts merge theirs by the largest value, ties to the lower id. */
 int32_t llama_ctx_part_argmax(const llama_ctx *ctx, const float *logits, float *value);
+/* Swap the partition plan between steps (every part at the same step boundary; NULL: even).
+ * The K/V cache stays where it is (it is laid out by head, not by part), so the next step simply
+ * runs with the new ranges. Returns 0, or -1 with err (a bad plan, a part count that differs). */
+int llama_ctx_set_partition(llama_ctx *ctx, const llama_partition *plan, char *err, size_t errlen);
+/* This part's range [lo, hi) of a kind's units (query heads for LP_QKV and the attention kinds,
+ * rows for the rest). */
+void llama_ctx_part_range(const llama_ctx *ctx, int kind, int64_t *lo, int64_t *hi);
+/* Synchronisation points per layer: 4 (after attention, after the wo residual, after gate/up,
+ * after the down residual), or 5 when the plan makes attention read another part's projections
+ * (one more after the q/k/v projections). The embeddings add one before the first layer. */
+int llama_ctx_syncs_per_layer(const llama_ctx *ctx);
 /* Set the committed length (a worker learns it from the coordinator each step). Without a
  * sequence argument: slot 0. */
 void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);

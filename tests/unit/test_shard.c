@@ -1,8 +1,10 @@
 /*
  * tests/unit/test_shard.c — column sharding is exact: computing every linear layer and the lm_head
  * as row ranges [0,a), [a,b), [b,n) and concatenating is bit-identical to computing them whole,
- * for every tensor type, batch width and thread count; and a whole forward split into 1, 2 or 3
- * column parts gives bit-identical logits. Workers depend on this.
+ * for every tensor type, batch width and thread count; a whole forward split into 1, 2 or 3
+ * column parts gives bit-identical logits, and so do partition plans with uneven shares, more
+ * parts than KV heads and a plan swapped between steps; the dense/sparse attention split agrees
+ * within float rounding and keeps every greedy token. Workers depend on this.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -67,6 +69,7 @@ static void test_shard_matmul_ranges(void **state)
 typedef struct {
     llama_model *m;
     int part, n_parts, n_tok;
+    const llama_partition *plan, *swap; /* the plan, and the one the tree runs with (or NULL) */
     void *shared;
     pthread_barrier_t *barrier;
     float *logits;
@@ -80,8 +83,8 @@ static void *part_run(void *argp)
     static const int32_t ids[] = {3, 50, 201, 7, 7, 9, 120, 33};
     static const int32_t parent[] = {-1, 0, 1, 1, 3, -1, 5, 2};
     llama_ctx_params p = {.n_threads = 1, .max_width = 8, .n_ctx = 32, .kv = KV_F32, .part = a->part,
-                          .n_parts = a->n_parts, .shared = a->shared, .sync = tu_barrier_sync,
-                          .sync_arg = a->barrier};
+                          .n_parts = a->n_parts, .plan = a->plan, .shared = a->shared,
+                          .sync = tu_barrier_sync, .sync_arg = a->barrier};
     llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
     if (!ctx) {
         a->rc = -1;
@@ -94,23 +97,27 @@ static void *part_run(void *argp)
     if (!a->rc)
         a->rc = llama_commit(ctx, path, 3, a->err, sizeof a->err);
     llama_batch b = {.n = a->n_tok, .tokens = ids, .parent = parent};
+    if (!a->rc && a->swap) /* a plan swapped between steps: the next step runs under it */
+        a->rc = llama_ctx_set_partition(ctx, a->swap, a->err, sizeof a->err);
     if (!a->rc)
         a->rc = llama_forward(ctx, &b, a->logits, a->err, sizeof a->err);
     llama_ctx_destroy(&ctx);
     return NULL;
 }
 
-static void run_parts(llama_model *m, int n_parts, float *logits)
+static void run_plan(llama_model *m, int n_parts, const llama_partition *plan,
+                     const llama_partition *swap, float *logits)
 {
     size_t bytes = llama_shared_layout(&m->cfg, 32, 8, 1, KV_F32, NULL);
     void *shared = calloc(1, bytes);
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, NULL, (unsigned)n_parts);
-    part_arg args[4];
-    pthread_t th[4];
+    part_arg args[LLAMA_MAX_PARTS];
+    pthread_t th[LLAMA_MAX_PARTS];
     for (int i = 0; i < n_parts; i++) {
-        args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .n_tok = 8, .shared = shared,
-                             .barrier = &barrier, .logits = logits};
+        args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .n_tok = 8, .plan = plan,
+                             .swap = swap, .shared = shared, .barrier = &barrier,
+                             .logits = logits};
         pthread_create(&th[i], NULL, part_run, &args[i]);
     }
     for (int i = 0; i < n_parts; i++) {
@@ -120,6 +127,11 @@ static void run_parts(llama_model *m, int n_parts, float *logits)
     }
     pthread_barrier_destroy(&barrier);
     free(shared);
+}
+
+static void run_parts(llama_model *m, int n_parts, float *logits)
+{
+    run_plan(m, n_parts, NULL, NULL, logits);
 }
 
 static void test_shard_forward_parts(void **state)
@@ -148,11 +160,133 @@ static void test_shard_forward_parts(void **state)
     }
 }
 
+/* A plan with the same shares for every kind, or with the attention kinds given apart. */
+static void plan_set(llama_partition *p, int n, const float *shares, const float *dense,
+                     const float *sparse)
+{
+    memset(p, 0, sizeof *p);
+    p->n_parts = n;
+    for (int k = 0; k < LP_N; k++)
+        for (int i = 0; i < n; i++)
+            p->frac[k][i] = k == LP_ATT_DENSE && dense     ? dense[i]
+                            : k == LP_ATT_SPARSE && sparse ? sparse[i]
+                                                           : shares[i];
+}
+
+/* The greedy token of every logits row is the same. */
+static void expect_same_argmax(const float *got, const float *ref, int rows, int vocab,
+                               const char *what)
+{
+    for (int r = 0; r < rows; r++)
+        if (sampler_argmax(got + (size_t)r * vocab, vocab) !=
+            sampler_argmax(ref + (size_t)r * vocab, vocab))
+            fail_msg("%s: row %d: greedy token differs from 1 part", what, r);
+}
+
+/* Partition plans: uneven shares (0.1/0.2/0.3/0.4), more parts than KV heads, parts with nothing
+ * of a kind, and a plan swapped between steps are bit-identical to one part as long as each
+ * head's dense and sparse attention stay together; with them apart (the dense/sparse split, the
+ * partials merged by online softmax) the logits agree within float rounding and every row's
+ * greedy token is the same. */
+static void test_shard_forward_plans(void **state)
+{
+    char err[256];
+    static const float uneven[] = {0.1f, 0.2f, 0.3f, 0.4f}, five[] = {1, 1, 1, 1, 1},
+                       idle[] = {0, 3, 0, 1}, dense[] = {0.7f, 0.3f, 0, 0},
+                       sparse[] = {0, 0, 0.5f, 0.5f}, half_d[] = {1, 1, 0, 0},
+                       half_s[] = {0, 1, 1, 0};
+    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
+        llama_model *m = llama_model_load(
+            tu_make_model("shard", TYPES[t], "--layers 2 --dim 96 --ffn 160 --heads 6 --kv-heads 3 "
+                          "--vocab 301 --ctx 64"), err, sizeof err);
+        if (!m)
+            fail_msg("%s", err);
+        int V = m->cfg.vocab;
+        size_t n = (size_t)8 * V;
+        float *ref = calloc(n, 4), *got = calloc(n, 4);
+        run_parts(m, 1, ref);
+        llama_partition a, b;
+        struct {
+            int parts;
+            const float *shares, *dense, *sparse, *swap;
+            bool exact;
+            const char *what;
+        } cases[] = {
+            {4, uneven, NULL, NULL, NULL, true, "4 parts 0.1/0.2/0.3/0.4"},
+            {5, five, NULL, NULL, NULL, true, "5 even parts over 3 KV heads"},
+            {4, idle, NULL, NULL, NULL, true, "parts 0 and 2 idle"},
+            {4, uneven, NULL, NULL, idle, true, "0.1/0.2/0.3/0.4 swapped for 0/3/0/1"},
+            {4, uneven, dense, sparse, NULL, false, "dense on parts 0-1, sparse on 2-3"},
+            {4, uneven, half_d, half_s, NULL, false, "dense and sparse overlapping"},
+        };
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            plan_set(&a, cases[k].parts, cases[k].shares, cases[k].dense, cases[k].sparse);
+            if (cases[k].swap)
+                plan_set(&b, cases[k].parts, cases[k].swap, NULL, NULL);
+            memset(got, 0, n * 4);
+            run_plan(m, cases[k].parts, &a, cases[k].swap ? &b : NULL, got);
+            if (cases[k].exact && memcmp(ref, got, n * 4))
+                fail_msg("%s: %s: logits differ from 1 part (relative L2 %.3g)", TYPES[t],
+                         cases[k].what, tu_rel_l2(got, ref, n));
+            /* the merge's rounding, which the quantized types' activation rounding can amplify
+             * by a step of their input quantization (measured: 2.7e-5 for q8_0) */
+            if (!cases[k].exact && tu_rel_l2(got, ref, n) > 1e-4)
+                fail_msg("%s: %s: relative L2 %.3g from 1 part", TYPES[t], cases[k].what,
+                         tu_rel_l2(got, ref, n));
+            expect_same_argmax(got, ref, 8, V, cases[k].what);
+        }
+        free(ref);
+        free(got);
+        llama_model_destroy(&m);
+    }
+}
+
+/* Bad plans are refused with what is wrong. */
+static void test_shard_plan_errors(void **state)
+{
+    char err[256];
+    llama_model *m = llama_model_load(
+        tu_make_model("shard", "f32", "--layers 1 --dim 96 --ffn 160 --heads 6 --kv-heads 3 "
+                      "--vocab 301 --ctx 64"), err, sizeof err);
+    if (!m)
+        fail_msg("%s", err);
+    llama_partition p;
+    llama_partition_even(&p, 4);
+    llama_ctx_params cp = {.n_threads = 1, .max_width = 4, .n_ctx = 16, .part = 0, .n_parts = 4};
+    llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
+    assert_null(ctx);
+    assert_non_null(strstr(err, "at most 3 parts: one KV head each"));
+    p.frac[LP_FFN_UP][2] = -1;
+    cp.plan = &p;
+    assert_null(llama_ctx_new(m, &cp, err, sizeof err));
+    assert_string_equal(err, "partition plan: the ffn_up share of part 2 is -1: must be a finite "
+                             "number >= 0");
+    llama_partition_even(&p, 4);
+    for (int i = 0; i < 4; i++)
+        p.frac[LP_ATT_SPARSE][i] = 0;
+    assert_null(llama_ctx_new(m, &cp, err, sizeof err));
+    assert_string_equal(err, "partition plan: the attention_sparse shares sum to 0: some part "
+                             "must take it");
+    llama_partition_even(&p, 3);
+    assert_null(llama_ctx_new(m, &cp, err, sizeof err));
+    assert_string_equal(err, "partition plan of 3 parts for a context that is part 0 of 4");
+    llama_partition_even(&p, 4);
+    ctx = llama_ctx_new(m, &cp, err, sizeof err);
+    assert_non_null(ctx);
+    llama_partition_even(&p, 2);
+    assert_int_equal(llama_ctx_set_partition(ctx, &p, err, sizeof err), -1);
+    assert_string_equal(err, "partition plan of 2 parts for a context that is part 0 of 4");
+    llama_ctx_destroy(&ctx);
+    llama_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_matmul_ranges),
         cmocka_unit_test(test_shard_forward_parts),
+        cmocka_unit_test(test_shard_forward_plans),
+        cmocka_unit_test(test_shard_plan_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
