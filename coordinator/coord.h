@@ -128,6 +128,11 @@ typedef struct {
     int plan_bucket; /* the bucket applied last (-1: none) */
     int64_t plan_mtime;
     uint64_t plan_checked_us;
+    /* the partition plan the workers run (the plan's "partition"; none: the even split), and its
+     * generation: bumped with every change, carried by each step in the arena (rt_step) */
+    llama_partition part;
+    bool part_set;
+    uint32_t part_gen;
     const char *spec_specs[RT_MAX_SPECULATORS];
     int n_spec_specs;
     char bin_dir[4096];
@@ -205,6 +210,9 @@ void coord_group_speculator_placement(coord *c, coord_peer *p);
 
 /* coord_plan.c */
 int coord_plan_load(coord *c, char *err, size_t errlen);
+/* tell every connected worker the partition plan (a Reconfigure; the next step carries its
+ * generation) */
+void coord_group_reconfigure(coord *c);
 /* reread the plan when its file changed (checked at most once a second) */
 void coord_plan_poll(coord *c);
 /* apply the plan's bucket for a context of n_ctx tokens (width, length bounds) */

@@ -213,6 +213,7 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         st->n_tokens = (uint32_t)n;
         st->n_prefix = (uint32_t)seq_prefix[seq ? seq[0] : 0];
         st->logits_from = (uint32_t)logits_from;
+        st->plan_gen = c->part_gen;
         memcpy(st->tokens, tokens, (size_t)n * sizeof *tokens);
         for (int i = 0; i < n; i++) {
             st->parent[i] = parent ? parent[i] : i - 1;

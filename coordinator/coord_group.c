@@ -45,6 +45,17 @@ void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__Bod
             coord_group_send(c, &c->peers[i], which, body);
 }
 
+void coord_group_reconfigure(coord *c)
+{
+    float shares[LP_N * LLAMA_MAX_PARTS];
+    Orochi__Reconfigure r = OROCHI__RECONFIGURE__INIT;
+    r.generation = c->part_gen;
+    r.n_parts = (uint32_t)c->n_workers;
+    r.shares = shares;
+    r.n_shares = c->part_set ? llama_partition_pack(&c->part, shares) : 0;
+    coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_RECONFIGURE, &r);
+}
+
 int coord_group_count(const coord *c, coord_peer_role role, bool connected_only)
 {
     int n = 0;
@@ -392,6 +403,10 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     w.n_ctx = (uint32_t)c->n_ctx;
     w.n_seq = (uint32_t)c->n_seq;
     w.target_model = (char *)c->target;
+    float shares[LP_N * LLAMA_MAX_PARTS];
+    w.plan_generation = c->part_gen;
+    w.plan_shares = shares;
+    w.n_plan_shares = c->part_set ? llama_partition_pack(&c->part, shares) : 0;
     coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
     rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "",
            h->kind);

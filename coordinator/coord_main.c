@@ -383,8 +383,11 @@ static int coord_setup(coord *c)
         rt_log("coordinator", "%s", err);
         return 2;
     }
-    if (c->n_workers > c->model->cfg.n_kv_heads) {
-        rt_log("coordinator", "%d workers: the model has %d KV heads, at most one worker per head",
+    if (c->n_workers > c->model->cfg.n_kv_heads && !c->part_set) {
+        rt_log("coordinator",
+               "%d workers: the model has %d KV heads, at most one worker per head for the even "
+               "split (a plan's \"partition\" shares the work any way: docs/speculation.md, "
+               "\"The plan\")",
                c->n_workers, c->model->cfg.n_kv_heads);
         return 2;
     }

@@ -8,7 +8,10 @@
  * profile measured plain decoding faster) starts with the guard off and probing four times less
  * often. The file is checked once a second and reread when its modification time changes, so a
  * new profile takes effect without a restart; a plan that fails to parse at run time is reported
- * and the old one kept.
+ * and the old one kept. The plan's "partition" (how the workers share each kind of a step's work:
+ * model/llama.h, llama_partition) goes to the workers in Welcome and, when it changes, in a
+ * Reconfigure; every step carries the generation it must run with, so the swap happens at a step
+ * boundary on all of them at once.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -21,6 +24,8 @@
 #define PLAN_MAX_BUCKETS 16
 
 struct coord_plan {
+    llama_partition part; /* "partition" (part_set: given) */
+    bool part_set;
     int n;
     int ctx[PLAN_MAX_BUCKETS], width[PLAN_MAX_BUCKETS], length[PLAN_MAX_BUCKETS];
     bool speculate[PLAN_MAX_BUCKETS];
@@ -78,6 +83,49 @@ static char *plan_read(const char *path, char *err, size_t errlen)
     return buf;
 }
 
+/* "partition": {"parts": N, "all": [...], "qkv": [...], ...}: each kind's shares, N numbers
+ * (model/llama.h, llama_partition); a kind not given takes "all", the attention kinds "qkv"
+ * before that, and the even split when neither is there. N must be the group's worker count. */
+static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, char *err,
+                          size_t errlen)
+{
+    const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "parts");
+    if (!cJSON_IsObject(o) || !cJSON_IsNumber(np) || np->valueint != c->n_workers) {
+        snprintf(err, errlen,
+                 "the plan %s: \"partition\" needs \"parts\": the group's worker count (%d)",
+                 c->plan_path, c->n_workers);
+        return -1;
+    }
+    int n = np->valueint;
+    memset(lp, 0, sizeof *lp);
+    lp->n_parts = n;
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(o, "all");
+    for (int k = 0; k < LP_N; k++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, llama_part_kind_names[k]);
+        if (!a && (k == LP_ATT_DENSE || k == LP_ATT_SPARSE))
+            a = cJSON_GetObjectItemCaseSensitive(o, llama_part_kind_names[LP_QKV]);
+        if (!a)
+            a = all;
+        for (int i = 0; i < n; i++) {
+            const cJSON *v = a ? cJSON_GetArrayItem(a, i) : NULL;
+            if (a && (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n || !cJSON_IsNumber(v))) {
+                snprintf(err, errlen,
+                         "the plan %s: the partition's %s shares must be %d numbers, one per "
+                         "worker",
+                         c->plan_path, llama_part_kind_names[k], n);
+                return -1;
+            }
+            lp->frac[k][i] = a ? (float)v->valuedouble : 1.0f;
+        }
+    }
+    char why[256];
+    if (llama_partition_check(lp, why, sizeof why)) {
+        snprintf(err, errlen, "the plan %s: %s", c->plan_path, why);
+        return -1;
+    }
+    return 0;
+}
+
 static int plan_int(const cJSON *o, const char *key, int *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -107,10 +155,21 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
                  PLAN_MAX_BUCKETS);
     } else {
         p->n = 0;
-        rc = 0;
+        const cJSON *part = cJSON_GetObjectItemCaseSensitive(root, "partition");
+        p->part_set = part != NULL;
+        rc = part ? plan_partition(c, part, &p->part, err, errlen) : 0;
+        if (!part && c->model && c->n_workers > c->model->cfg.n_kv_heads) {
+            snprintf(err, errlen,
+                     "the plan %s has no \"partition\": %d workers need one (the model has %d "
+                     "KV heads)",
+                     c->plan_path, c->n_workers, c->model->cfg.n_kv_heads);
+            rc = -1;
+        }
         const cJSON *e;
         cJSON_ArrayForEach(e, b)
         {
+            if (rc)
+                break;
             int i = p->n, ctx, width, length;
             if (plan_int(e, "ctx", &ctx) || plan_int(e, "width", &width) ||
                 plan_int(e, "length", &length) || ctx < 1 || width < 1 || length < 0 ||
@@ -178,6 +237,22 @@ int coord_plan_load(coord *c, char *err, size_t errlen)
                p->width[i], p->length[i],
                p->speculate[i] ? "" : " (plain decoding measured faster: speculation starts off)");
     coord_plan_apply(c, 0);
+    if (p->part_set != c->part_set ||
+        (p->part_set && memcmp(&p->part, &c->part, sizeof p->part))) {
+        c->part = p->part;
+        c->part_set = p->part_set;
+        c->part_gen++;
+        char line[512];
+        int at = snprintf(line, sizeof line, "partition (generation %u):", c->part_gen);
+        for (int k = 0; k < LP_N && c->part_set; k++) {
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s", llama_part_kind_names[k]);
+            for (int i = 0; i < c->part.n_parts && at < (int)sizeof line - 16; i++)
+                at += snprintf(line + at, sizeof line - (size_t)at, "%s%g", i ? "/" : " ",
+                               (double)c->part.frac[k][i]);
+        }
+        rt_log("coordinator", "%s", c->part_set ? line : "partition: even");
+        coord_group_reconfigure(c);
+    }
     return 0;
 }
 

@@ -588,6 +588,31 @@ int llama_partition_check(const llama_partition *p, char *err, size_t errlen)
     return 0;
 }
 
+size_t llama_partition_pack(const llama_partition *p, float *out)
+{
+    size_t n = 0;
+    for (int k = 0; k < LP_N; k++)
+        for (int i = 0; i < p->n_parts && i < LLAMA_MAX_PARTS; i++)
+            out[n++] = p->frac[k][i];
+    return n;
+}
+
+int llama_partition_unpack(llama_partition *p, int n_parts, const float *shares, size_t n,
+                           char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    if (n_parts < 1 || n_parts > LLAMA_MAX_PARTS || n != (size_t)LP_N * (size_t)n_parts) {
+        snprintf(err, errlen, "partition plan: %zu shares for %d parts (want %d per part, 1..%d "
+                 "parts)", n, n_parts, LP_N, LLAMA_MAX_PARTS);
+        return -1;
+    }
+    p->n_parts = n_parts;
+    for (int k = 0; k < LP_N; k++)
+        for (int i = 0; i < n_parts; i++)
+            p->frac[k][i] = shares[(size_t)k * (size_t)n_parts + (size_t)i];
+    return llama_partition_check(p, err, errlen);
+}
+
 /* Range boundaries of `units` split by shares frac[0..n): b[i] = the cumulative share of the
  * parts before i, times units, rounded to whole blocks (b[0] = 0, b[n] = units, never falling). */
 static void part_bounds(const float *frac, int n, int64_t units, int64_t block, int64_t *b)

@@ -128,6 +128,13 @@ void llama_partition_even(llama_partition *p, int n_parts);
  * Returns 0, or -1 with err naming the kind and part. */
 int llama_partition_check(const llama_partition *p, char *err, size_t errlen);
 
+/* The plan as a flat list of LP_N * n_parts shares, kind-major (the Welcome and Reconfigure
+ * messages carry it so). pack returns the count written to out (LP_N * LLAMA_MAX_PARTS room);
+ * unpack returns 0, or -1 with err for a count that is not LP_N * n_parts or a bad plan. */
+size_t llama_partition_pack(const llama_partition *p, float *out);
+int llama_partition_unpack(llama_partition *p, int n_parts, const float *shares, size_t n,
+                           char *err, size_t errlen);
+
 typedef struct {
     int n_threads; /* 0: all online cores */
     int max_width; /* widest batch a forward takes (<= KMAT_MAX_W) */

@@ -97,6 +97,7 @@ Orochi__Envelope *rt_env(Orochi__Envelope *env, Orochi__Envelope__BodyCase which
     case OROCHI__ENVELOPE__BODY_FEEDBACK: env->feedback = body; break;
     case OROCHI__ENVELOPE__BODY_SHUTDOWN: env->shutdown = body; break;
     case OROCHI__ENVELOPE__BODY_ERROR: env->error = body; break;
+    case OROCHI__ENVELOPE__BODY_RECONFIGURE: env->reconfigure = body; break;
     default: break;
     }
     return env;

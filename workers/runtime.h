@@ -50,7 +50,7 @@ typedef struct {
     uint32_t n_tokens;
     uint32_t n_prefix;
     uint32_t logits_from;
-    uint32_t pad;
+    uint32_t plan_gen; /* the partition plan's generation this step runs with (Reconfigure) */
     int32_t tokens[RT_MAX_WIDTH];
     int32_t parent[RT_MAX_WIDTH];
     int32_t seq[RT_MAX_WIDTH];        /* sequence slot of each token */

@@ -87,9 +87,18 @@ typedef struct {
     uint64_t last_coord_us; /* last sign of the coordinator: a message or a doorbell */
     uint64_t alive_us;      /* last sign of the main thread */
     bool ready;             /* model and arena mapped: heartbeats say "ready" */
+    /* the partition plan: the generation the context runs (main thread), and the latest
+     * Reconfigure the control thread received (under plan_lock) */
+    uint32_t plan_gen;
+    pthread_mutex_t plan_lock;
+    bool pending_valid, pending_even;
+    uint32_t pending_gen;
+    llama_partition pending;
 } worker;
 
 static volatile sig_atomic_t worker_stop;
+
+static void worker_take_reconfigure(worker *w, const Orochi__Reconfigure *r);
 
 static void worker_on_signal(int sig)
 {
@@ -134,7 +143,11 @@ static int worker_barrier(void *arg)
     worker *w = arg;
     worker_phases *ph = &w->ph;
     uint64_t t0 = rt_now_us();
-    ph->phase_us[ph->n_sync ? PH_ATTENTION + (ph->n_sync - 1) % 4 : PH_EMBED] += t0 - ph->seg_us;
+    /* with 5 points per layer the first two both close attention stretches (the q/k/v
+     * projections, then attention itself) */
+    int per = w->ctx ? llama_ctx_syncs_per_layer(w->ctx) : 4, k = (ph->n_sync - 1) % per;
+    ph->phase_us[ph->n_sync ? PH_ATTENTION + (per == 5 && k > 0 ? k - 1 : k) : PH_EMBED] +=
+        t0 - ph->seg_us;
     ph->n_sync++;
     __atomic_store_n(&w->alive_us, t0, __ATOMIC_RELAXED);
     int rc = arena_barrier_wait_while(&w->step->barrier, BARRIER_SPIN, BARRIER_SLICE_MS,
@@ -210,6 +223,8 @@ static void *worker_control(void *arg)
             if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
                 rt_log(w->role, "shutdown: %s", env->shutdown->reason);
                 worker_stop = 1;
+            } else if (env->body_case == OROCHI__ENVELOPE__BODY_RECONFIGURE) {
+                worker_take_reconfigure(w, env->reconfigure);
             }
             rt_free(env);
         }
@@ -217,6 +232,27 @@ static void *worker_control(void *arg)
         nanosleep(&tick, NULL);
     }
     return NULL;
+}
+
+/* Control thread: keep a Reconfigure for the main thread, which applies it when a step carries
+ * its generation (worker_replan). */
+static void worker_take_reconfigure(worker *w, const Orochi__Reconfigure *r)
+{
+    llama_partition lp;
+    char err[256];
+    bool even = r->n_shares == 0;
+    if (!even &&
+        llama_partition_unpack(&lp, (int)r->n_parts, r->shares, r->n_shares, err, sizeof err)) {
+        rt_log(w->role, "ignoring Reconfigure %u: %s", r->generation, err);
+        return;
+    }
+    pthread_mutex_lock(&w->plan_lock);
+    w->pending_valid = true;
+    w->pending_even = even;
+    w->pending_gen = r->generation;
+    if (!even)
+        w->pending = lp;
+    pthread_mutex_unlock(&w->plan_lock);
 }
 
 static int worker_start_control(worker *w)
@@ -298,6 +334,13 @@ static int worker_join(worker *w)
                wel->arena_name);
         goto done;
     }
+    llama_partition plan;
+    if (wel->n_plan_shares && llama_partition_unpack(&plan, (int)wel->n_workers, wel->plan_shares,
+                                                     wel->n_plan_shares, err, sizeof err)) {
+        rt_log(w->role, "Welcome: %s", err);
+        goto done;
+    }
+    w->plan_gen = wel->plan_generation;
     llama_ctx_params p = {.n_threads = w->threads,
                           .max_width = (int)wel->max_width,
                           .n_ctx = (int)wel->n_ctx,
@@ -305,6 +348,7 @@ static int worker_join(worker *w)
                           .kv = KV_F32,
                           .part = (int)wel->worker_index,
                           .n_parts = (int)wel->n_workers,
+                          .plan = wel->n_plan_shares ? &plan : NULL,
                           .shared = shared,
                           .sync = worker_barrier,
                           .sync_arg = w};
@@ -382,6 +426,40 @@ static int worker_run(worker *w, char *err, size_t errlen)
     }
 }
 
+#define REPLAN_WAIT_MS 5000 /* how long a step waits for the Reconfigure its generation names */
+
+/* The step names partition generation `want`: apply the Reconfigure that brought it (it is sent
+ * before the step is rung, but the socket may deliver it a little after the doorbell). Returns 0,
+ * or -1 with err. */
+static int worker_replan(worker *w, uint32_t want, char *err, size_t errlen)
+{
+    llama_partition lp;
+    bool got = false, even = false;
+    for (int waited = 0; !got && waited < REPLAN_WAIT_MS && !worker_stop; waited++) {
+        pthread_mutex_lock(&w->plan_lock);
+        if (w->pending_valid && w->pending_gen == want) {
+            got = true;
+            even = w->pending_even;
+            lp = w->pending;
+        }
+        pthread_mutex_unlock(&w->plan_lock);
+        if (!got) {
+            worker_stamp(&w->alive_us);
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    }
+    if (!got) {
+        snprintf(err, errlen, "the step runs partition generation %u, which never arrived", want);
+        return -1;
+    }
+    if (llama_ctx_set_partition(w->ctx, even ? NULL : &lp, err, errlen))
+        return -1;
+    w->plan_gen = want;
+    rt_log(w->role, "partition generation %u applied (%s)", want, even ? "even" : "the plan's");
+    return 0;
+}
+
 /* Run the step the arena holds (the doorbell rang), then report: error text and `done` in the
  * arena for the coordinator's wait, StepDone over the socket for its metrics. */
 static void worker_step(worker *w)
@@ -398,6 +476,8 @@ static void worker_step(worker *w)
     uint32_t n = st->n_tokens;
     if (n == 0 || n > RT_MAX_WIDTH) {
         snprintf(err, sizeof err, "step %llu: %u tokens", (unsigned long long)st->step_id, n);
+    } else if (st->plan_gen != w->plan_gen && worker_replan(w, st->plan_gen, err, sizeof err)) {
+        n = 0;
     } else {
         for (int s = 0; s < RT_MAX_SEQ; s++)
             llama_ctx_set_seq_prefix_len(w->ctx, s, (int)st->seq_prefix[s]);
@@ -490,6 +570,7 @@ int main(int argc, char **argv)
     signal(SIGINT, worker_on_signal);
     signal(SIGPIPE, SIG_IGN);
     pthread_mutex_init(&w.sock_lock, NULL);
+    pthread_mutex_init(&w.plan_lock, NULL);
     char arena_nm[256] = "";
 
     char endpoint[4200];

@@ -211,6 +211,17 @@ static void fz_check_envelope(const Orochi__Envelope *env)
         if (body)
             fz_touch_str(env->error->message, "error.message");
         break;
+    case OROCHI__ENVELOPE__BODY_RECONFIGURE:
+        body = env->reconfigure;
+        if (body) {
+            if (env->reconfigure->n_shares && !env->reconfigure->shares)
+                fuzz_fail("reconfigure: %zu shares, no array", env->reconfigure->n_shares);
+            volatile float x = 0;
+            for (size_t i = 0; i < env->reconfigure->n_shares; i++)
+                x += env->reconfigure->shares[i];
+            (void)x;
+        }
+        break;
     default: fuzz_fail("accepted an envelope with body case %d", env->body_case);
     }
     if (!body)
