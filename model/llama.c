@@ -17,14 +17,17 @@
  * silu*mul -> down -> residual) -> final norm -> lm_head.
  *
  * Column split: a context can be one part of n_parts (one per worker process). Every linear layer
- * is then computed only for the part's output rows, attention only for the part's KV heads (and
- * their query heads), and the parts meet at four synchronisation points per layer (after
- * attention, after the wo residual, after gate/up, after the down residual) through the sync
- * callback — an arena barrier between processes, a pthread barrier between threads, nothing for a
- * single part. The shared state (KV cache and the activations other parts read) lives in one
- * block whose layout llama_shared_layout describes, so it can sit in a shared-memory arena. No
- * all-reduce: every value is computed by exactly one part, the same way whatever n_parts is, so
- * 1, 2 or 3 parts give bit-identical logits.
+ * is then computed only for the part's output rows, attention only for the part's query heads —
+ * the dense (prefix) and sparse (tree) parts of each head possibly on different parts — as a
+ * partition plan says (llama_partition; by default each part its KV heads and their query heads),
+ * and the parts meet at four synchronisation points per layer (after attention, after the wo
+ * residual, after gate/up, after the down residual), five when attention reads projections
+ * another part made, through the sync callback — an arena barrier between processes, a pthread
+ * barrier between threads, nothing for a single part. The shared state (KV cache and the
+ * activations other parts read) lives in one block whose layout llama_shared_layout describes, so
+ * it can sit in a shared-memory arena. No all-reduce: every value is computed by exactly one part,
+ * the same way whatever the plan, so any split gives bit-identical logits — except a head whose
+ * dense and sparse parts are on different parts, whose two partials are merged by online softmax.
  */
 #include <math.h>
 #include <stdio.h>
