@@ -36,3 +36,16 @@ if ! /usr/bin/python3 -c 'import openai' 2>/dev/null; then
   $SUDO /usr/bin/python3 -m pip install --quiet --break-system-packages 'openai>=1' ||
     echo "install-deps: could not install the openai client (integration_openai_client will skip)"
 fi
+
+# CUDA is not installed from here (it is not in Debian's main archive); the build uses it when it
+# finds it (CMake OROCHI_CUDA=AUTO): say what is there.
+nvcc_bin="$(command -v nvcc || true)"
+[ -n "$nvcc_bin" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc; }
+if [ -n "$nvcc_bin" ]; then
+  cuda_lib="$(dirname "$(dirname "$(readlink -f "$nvcc_bin")")")/lib64"
+  cublas="no cuBLAS"
+  ls "$cuda_lib"/libcublas.so* >/dev/null 2>&1 && cublas="cuBLAS in $cuda_lib"
+  echo "install-deps: CUDA: $("$nvcc_bin" --version | sed -n 's/.*release \([0-9.]*\).*/nvcc \1/p') at $nvcc_bin, $cublas: the GPU kernels and worker will be built"
+else
+  echo "install-deps: CUDA: no nvcc found: the build is CPU only (the GPU worker is left out)"
+fi

@@ -1,0 +1,249 @@
+/*
+ * kernels/cuda/kcuda.cu — the context (stream, cuBLAS handle, scratch), memory, and the
+ * element-wise ops of the GPU op set (kcuda.h): rmsnorm, rope, silu*mul, residual add, embedding
+ * rows. The matmul is in kcuda_matmul.cu, attention in kcuda_attention.cu.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/kcuda_internal.h"
+
+int kcuda_devices(char *why, size_t whylen)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(why, whylen, "no usable CUDA device (cudaGetDeviceCount: %s)",
+                 cudaGetErrorString(e));
+        return 0;
+    }
+    if (n == 0)
+        snprintf(why, whylen, "no CUDA device (cudaGetDeviceCount found 0)");
+    return n;
+}
+
+int kcuda_fail(cudaError_t e, const char *what, char *err, size_t errlen)
+{
+    if (e == cudaSuccess)
+        return 0;
+    snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+
+kcuda *kcuda_new(int device, char *err, size_t errlen)
+{
+    kcuda *g = (kcuda *)calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    g->device = device;
+    if (kcuda_fail(cudaSetDevice(device), "cudaSetDevice", err, errlen) ||
+        kcuda_fail(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking),
+                   "cudaStreamCreate", err, errlen)) {
+        free(g);
+        return NULL;
+    }
+    if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cublasCreate failed");
+        cudaStreamDestroy(g->stream);
+        free(g);
+        return NULL;
+    }
+    cublasSetStream(g->blas, g->stream);
+    return g;
+}
+
+void kcuda_destroy(kcuda **gp)
+{
+    kcuda *g = *gp;
+    if (!g)
+        return;
+    cudaStreamSynchronize(g->stream);
+    cudaFree(g->scratch);
+    cublasDestroy(g->blas);
+    cudaStreamDestroy(g->stream);
+    free(g);
+    *gp = NULL;
+}
+
+int kcuda_sync(kcuda *g, char *err, size_t errlen)
+{
+    if (kcuda_fail(cudaStreamSynchronize(g->stream), "a queued GPU op failed", err, errlen))
+        return -1;
+    return kcuda_fail(cudaGetLastError(), "a GPU launch failed", err, errlen);
+}
+
+void *kcuda_scratch(kcuda *g, size_t bytes)
+{
+    if (bytes <= g->scratch_bytes)
+        return g->scratch;
+    cudaStreamSynchronize(g->stream); /* queued ops may still read the old buffer */
+    cudaFree(g->scratch);
+    g->scratch = NULL;
+    g->scratch_bytes = 0;
+    if (cudaMalloc(&g->scratch, bytes) != cudaSuccess)
+        return NULL;
+    g->scratch_bytes = bytes;
+    return g->scratch;
+}
+
+void *kcuda_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+
+void kcuda_free(void *p)
+{
+    cudaFree(p);
+}
+
+int kcuda_upload(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+{
+    return kcuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->stream),
+                      "upload", err, errlen);
+}
+
+int kcuda_download(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+{
+    return kcuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g->stream),
+                      "download", err, errlen);
+}
+
+int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen)
+{
+    if (kcuda_fail(cudaHostRegister(host, bytes, cudaHostRegisterMapped), "cudaHostRegister",
+                   err, errlen))
+        return -1;
+    if (kcuda_fail(cudaHostGetDevicePointer(dev, host, 0), "cudaHostGetDevicePointer", err,
+                   errlen)) {
+        cudaHostUnregister(host);
+        return -1;
+    }
+    return 0;
+}
+
+void kcuda_unregister(void *host)
+{
+    cudaHostUnregister(host);
+}
+
+/* ===== element-wise ops ===== */
+
+/* One block per row: the sum of squares in double, as k_rmsnorm. */
+__global__ void k_rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
+{
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss += (double)xr[i] * xr[i];
+    __shared__ double part[32];
+    ss = kcuda_warp_sum_d(ss);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0;
+        v = kcuda_warp_sum_d(v);
+        if (threadIdx.x == 0)
+            part[0] = v;
+    }
+    __syncthreads();
+    float scale = (float)(1.0 / sqrt(part[0] / dim + eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        o[i] = xr[i] * scale * w[i];
+}
+
+void kcuda_rmsnorm(kcuda *g, float *out, const float *x, const float *weight, int dim, int n,
+                   float eps)
+{
+    if (n > 0)
+        k_rmsnorm_kernel<<<n, 256, 0, g->stream>>>(out, x, weight, dim, eps);
+}
+
+__global__ void k_rope_kernel(float *x, int64_t stride, int n_heads, int head_dim, int half,
+                              const float *cs, const float *sn)
+{
+    int t = blockIdx.x;
+    float *row = x + (int64_t)t * stride;
+    for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
+        int h = e / half, i = e % half;
+        float *p = row + (int64_t)h * head_dim;
+        float c = cs[t * half + i], s = sn[t * half + i];
+        float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+}
+
+void kcuda_rope(kcuda *g, float *x, int n, int64_t stride, int n_heads, int head_dim, int half,
+                const float *cs, const float *sn)
+{
+    if (n > 0 && n_heads > 0 && half > 0)
+        k_rope_kernel<<<n, 128, 0, g->stream>>>(x, stride, n_heads, head_dim, half, cs, sn);
+}
+
+__global__ void k_silu_mul_kernel(float *gate, const float *up, int64_t stride, int64_t count)
+{
+    float *gr = gate + (int64_t)blockIdx.y * stride;
+    const float *ur = up + (int64_t)blockIdx.y * stride;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = gr[i];
+        gr[i] = v / (1.0f + expf(-v)) * ur[i];
+    }
+}
+
+void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t stride, int64_t count)
+{
+    if (n <= 0 || count <= 0)
+        return;
+    int blocks = (int)((count + 255) / 256);
+    dim3 grid(blocks < 64 ? blocks : 64, n);
+    k_silu_mul_kernel<<<grid, 256, 0, g->stream>>>(gate, up, stride, count);
+}
+
+__global__ void k_add_cols_kernel(float *x, const float *d, int64_t dim, int64_t lo, int64_t hi)
+{
+    int64_t t = blockIdx.y;
+    for (int64_t c = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < hi;
+         c += (int64_t)gridDim.x * blockDim.x)
+        x[t * dim + c] += d[t * dim + c];
+}
+
+void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo, int64_t hi)
+{
+    if (n <= 0 || hi <= lo)
+        return;
+    int blocks = (int)((hi - lo + 255) / 256);
+    dim3 grid(blocks < 64 ? blocks : 64, n);
+    k_add_cols_kernel<<<grid, 256, 0, g->stream>>>(x, d, dim, lo, hi);
+}
+
+/* One block per token: columns [c0, c1) of its row, dequantized (kcuda_dequant). */
+__global__ void k_embed_kernel(uint32_t type, const uint8_t *table, size_t row_bytes,
+                               const int32_t *ids, float *out, int64_t ldo, int64_t c0, int64_t c1)
+{
+    const uint8_t *row = table + (size_t)ids[blockIdx.x] * row_bytes;
+    float *o = out + (int64_t)blockIdx.x * ldo;
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+        o[c - c0] = kcuda_dequant(type, row, c);
+}
+
+int kcuda_embed(kcuda *g, const kmat *table, const int32_t *ids, int n, float *out, int64_t ldo,
+                int64_t c0, int64_t c1, char *err, size_t errlen)
+{
+    if (!kcuda_type_ok(table->type)) {
+        snprintf(err, errlen, "embedding of type %u: the GPU reads F32, F16, BF16, Q8_0, Q4_0, Q4_1",
+                 table->type);
+        return -1;
+    }
+    if (n > 0 && c1 > c0)
+        k_embed_kernel<<<n, 128, 0, g->stream>>>(table->type, (const uint8_t *)table->data,
+                                                  table->row_bytes, ids, out, ldo, c0, c1);
+    return 0;
+}

@@ -1,0 +1,109 @@
+/*
+ * kernels/cuda — the GPU op set of orochi (CUDA + cuBLAS), the twin of kernels/cpu for a GPU
+ * worker: batched matmul over an output-row range for F32/F16/BF16 (cuBLAS) and Q8_0/Q4_0/Q4_1
+ * (own kernels that dequantize in registers), rmsnorm, rope, silu*mul, embedding rows, residual
+ * add, and attention as partials — dense (a query against the committed prefix), sparse (against
+ * its tree ancestors, a COO list), both in one pass — and their online-softmax merge.
+ *
+ * Every op is queued on the context's stream and takes device addresses: memory from
+ * kcuda_alloc, or host memory mapped with kcuda_register (the shared-memory arena: kernels read
+ * and write it in place). Data layouts are exactly those of the CPU twins (kernels/cpu/kernels.h,
+ * model/llama.c), so a worker can hand the same arena offsets to either. Errors of a launch are
+ * reported by the next kcuda_sync. Built only when CMake finds nvcc (OROCHI_CUDA); each op's
+ * agreement with its CPU twin is checked by ctest unit_cuda_kernels on a machine with a GPU.
+ */
+#ifndef OROCHI_KCUDA_H
+#define OROCHI_KCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KCUDA_MAX_HEAD_DIM 256 /* attention: head_dim a multiple of 32, at most this */
+
+/* How many CUDA devices this process can use; 0 with the reason in why (no driver, no device). */
+int kcuda_devices(char *why, size_t whylen);
+
+typedef struct kcuda kcuda;
+
+/* A context on device `device`: its stream and cuBLAS handle. NULL with err on failure. */
+kcuda *kcuda_new(int device, char *err, size_t errlen);
+void kcuda_destroy(kcuda **g);
+/* Wait for the stream; 0, or -1 with the first error any queued op raised. */
+int kcuda_sync(kcuda *g, char *err, size_t errlen);
+
+/* Device memory (NULL on failure) and copies on the context's stream (asynchronous with respect
+ * to the host; kcuda_sync before reading a download). 0, or -1 with err. */
+void *kcuda_alloc(size_t bytes);
+void kcuda_free(void *p);
+int kcuda_upload(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+int kcuda_download(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+/* Map `bytes` of host memory at `host` for the device (page-locked, mapped): *dev receives the
+ * address kernels use for it. 0, or -1 with err. */
+int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen);
+void kcuda_unregister(void *host);
+
+/* y[t * ldy + r] = W[r] . x[t * w->cols ...] for rows r in [lo, hi) and tokens t < n; w->data is
+ * a device address of GGUF rows (w->packed is ignored). Types: F32, F16, BF16 (cuBLAS; the
+ * activations are rounded to the weight's 16-bit type first), Q8_0, Q4_0, Q4_1. 0, or -1 with
+ * err for another type. */
+int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
+                 int64_t ldy, char *err, size_t errlen);
+/* out[t] = rmsnorm(x[t]) * weight for n rows of dim (k_rmsnorm). */
+void kcuda_rmsnorm(kcuda *g, float *out, const float *x, const float *weight, int dim, int n,
+                   float eps);
+/* RoPE of n rows (each at x + t * stride) of n_heads heads: pairs (2i, 2i+1) rotated by row t's
+ * cos/sin cs[t * half + i], sn[t * half + i] (k_rope_apply). */
+void kcuda_rope(kcuda *g, float *x, int n, int64_t stride, int n_heads, int head_dim, int half,
+                const float *cs, const float *sn);
+/* gate = silu(gate) * up over `count` values of n rows, each at t * stride (k_silu_mul). */
+void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t stride, int64_t count);
+/* x[t * dim + c] += d[t * dim + c] for c in [lo, hi), t < n. */
+void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo,
+                    int64_t hi);
+/* Columns [c0, c1) of embedding rows ids[0..n) into out + t * ldo (kmat_row); ids on the device.
+ * 0, or -1 with err for a type without a GPU dequantizer. */
+int kcuda_embed(kcuda *g, const kmat *table, const int32_t *ids, int n, float *out, int64_t ldo,
+                int64_t c0, int64_t c1, char *err, size_t errlen);
+
+/* Attention of n tokens for query heads [h0, h1) over one layer's K/V in the engine's layout:
+ * KV head kvh's row r at k + (kvh * head_rows + r) * head_dim elements (f32 or f16). Token i's
+ * prefix is rows seq_row[i] .. seq_row[i] + n_prefix[i] - 1, its tree ancestors rows tree_row +
+ * anc[i * anc_stride + j] for j < n_anc[i]. q of token i, head h at q + i * q_stride + h *
+ * head_dim. All index arrays are device addresses. */
+typedef struct {
+    kv_type type;
+    const void *k, *v;
+    int64_t head_rows, tree_row;
+    int head_dim, n_heads, n_kv_heads;
+    float scale;
+    const int32_t *seq_row, *n_prefix, *anc, *n_anc;
+    int anc_stride;
+} kcuda_att;
+
+enum { KCUDA_ATT_FULL = 3, KCUDA_ATT_DENSE = 1, KCUDA_ATT_SPARSE = 2 };
+
+/* mode FULL: prefix then ancestors in one online-softmax pass, the finished output to out + i *
+ * out_stride + h * head_dim. DENSE or SPARSE: one key set, the unnormalised partial as the
+ * engine's record — head_dim outputs, then max and sum — at out + i * out_stride + h *
+ * rec_stride. 0, or -1 with err for a head_dim the kernel does not take. */
+int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int64_t q_stride,
+                    int n, int h0, int h1, float *out, int64_t out_stride, int64_t rec_stride,
+                    char *err, size_t errlen);
+/* Merge two partial records (dense at pd, sparse at ps: head_dim outputs, max, sum) of heads
+ * heads[0..n_heads_list) of n tokens (record of token i, head h at + i * rec_tok + h * rec_head)
+ * and write each finished output to out + i * out_stride + h * head_dim (katt_merge, katt_finish). */
+void kcuda_att_merge(kcuda *g, const float *pd, const float *ps, int64_t rec_tok, int64_t rec_head,
+                     const int32_t *heads, int n_heads_list, int n, int head_dim, float *out,
+                     int64_t out_stride);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

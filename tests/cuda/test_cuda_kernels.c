@@ -1,0 +1,454 @@
+/*
+ * tests/cuda/test_cuda_kernels.c — every op of the GPU op set (kernels/cuda/kcuda.h) against its
+ * CPU twin (kernels/cpu) on fresh random inputs (the seed is printed; OROCHI_SEED=N repeats a run),
+ * within the tolerances stated per op below:
+ *   matmul      rows [13, 90) of 97 x 256, widths 1, 3, 8, 17, 64, every GPU type; rows outside
+ *               the range untouched. Relative L2 against kmat_mul: F32 1e-5; Q8_0/Q4_0/Q4_1
+ *               2e-3 (the CPU rounds activations to 16 bits for its integer dot products);
+ *               F16 3e-3 and BF16 1.5e-2 (the GPU rounds activations to the weight's type).
+ *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
+ *   attention   FULL, DENSE, SPARSE over prefixes of 0..150 rows and tree ancestors, f32 and f16
+ *               K/V: finished outputs 1e-5 relative L2 against katt_causal_group; partial records
+ *               compared normalised, and their log-sum-exp (max + log sum) within 1e-4.
+ *   merge       the GPU's merge of the CPU's partial records against katt_merge + katt_finish,
+ *               1e-6.
+ *   mapped host memory (kcuda_register, the arena's path): an op writes into registered host
+ *               memory and the host reads the result.
+ * Without a usable GPU it prints why and exits 77, which ctest reports as skipped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/kcuda.h"
+
+static unsigned long long rng;
+static int failures;
+
+static float frand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / (float)0x800000 - 1.0f; /* [-1, 1) */
+}
+
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+}
+
+static double rel_l2(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double max_rel(const float *a, const float *ref, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]) / (fabs(ref[i]) > 1e-3 ? fabs(ref[i]) : 1e-3);
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+static void check(const char *what, double err, double tol)
+{
+    bool ok = err <= tol && !isnan(err);
+    printf("  %-48s error %.3g (tolerance %.3g) %s\n", what, err, tol, ok ? "ok" : "FAILED");
+    if (!ok)
+        failures++;
+}
+
+static kcuda *g;
+static char err[512];
+
+static void must(int rc, const char *what)
+{
+    if (rc) {
+        printf("%s: %s\n", what, err);
+        exit(1);
+    }
+}
+
+static void *to_dev(const void *host, size_t bytes)
+{
+    void *d = kcuda_alloc(bytes);
+    if (!d) {
+        printf("cannot allocate %zu bytes on the GPU\n", bytes);
+        exit(1);
+    }
+    must(kcuda_upload(g, d, host, bytes, err, sizeof err), "upload");
+    return d;
+}
+
+static void from_dev(void *host, const void *dev, size_t bytes)
+{
+    must(kcuda_download(g, host, dev, bytes, err, sizeof err), "download");
+    must(kcuda_sync(g, err, sizeof err), "sync");
+}
+
+static void test_matmul(void)
+{
+    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
+    const double tol[] = {1e-5, 3e-3, 1.5e-2, 2e-3, 2e-3, 2e-3};
+    const int widths[] = {1, 3, 8, 17, 64};
+    int64_t rows = 97, cols = 256, lo = 13, hi = 90;
+    float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(64 * cols) * 4);
+    float *ref = malloc((size_t)(64 * rows) * 4), *got = malloc((size_t)(64 * rows) * 4);
+    fill(wf, (size_t)(rows * cols), 1.0f);
+    fill(x, (size_t)(64 * cols), 1.0f);
+    float *dx = to_dev(x, (size_t)(64 * cols) * 4);
+    float *dy = kcuda_alloc((size_t)(64 * rows) * 4);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t rb = kt_row_bytes(types[t], (uint64_t)cols);
+        uint8_t *wq = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++)
+            kt_quantize_row(types[t], wf + r * cols, wq + (size_t)r * rb, cols);
+        kmat w = {.type = types[t], .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+        kmat dw = w;
+        dw.data = to_dev(wq, rb * (size_t)rows);
+        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+            int n = widths[wi];
+            for (size_t i = 0; i < (size_t)(n * rows); i++)
+                ref[i] = got[i] = 12345.0f; /* outside [lo, hi) stays */
+            kmat_mul(NULL, &w, lo, hi, x, n, ref, rows, NULL);
+            must(kcuda_upload(g, dy, got, (size_t)(n * rows) * 4, err, sizeof err), "upload");
+            must(kcuda_matmul(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err), "matmul");
+            from_dev(got, dy, (size_t)(n * rows) * 4);
+            double e = 0;
+            bool kept = true;
+            for (int i = 0; i < n; i++) {
+                double ei = rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+                e = ei > e ? ei : e;
+                for (int64_t r = 0; r < rows; r++)
+                    if ((r < lo || r >= hi) && got[i * rows + r] != 12345.0f)
+                        kept = false;
+            }
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s width %d", kt_traits_of(types[t])->name, n);
+            check(what, e, tol[t]);
+            if (!kept) {
+                printf("  %s: wrote rows outside [%lld, %lld)\n", what, (long long)lo,
+                       (long long)hi);
+                failures++;
+            }
+        }
+        kcuda_free((void *)dw.data);
+        free(wq);
+    }
+    kcuda_free(dx);
+    kcuda_free(dy);
+    free(wf);
+    free(x);
+    free(ref);
+    free(got);
+}
+
+static void test_elementwise(void)
+{
+    int n = 5, dim = 576, heads = 9, hd = 64, half = 32, ffn = 1536;
+    size_t nx = (size_t)n * dim, nf = (size_t)n * ffn;
+    float *x = malloc(nx * 4), *w = malloc((size_t)dim * 4), *ref = malloc(nf * 4);
+    float *got = malloc(nf * 4), *u = malloc(nf * 4), *cs = malloc((size_t)n * half * 4);
+    float *sn = malloc((size_t)n * half * 4);
+    fill(x, nx, 3.0f);
+    fill(w, (size_t)dim, 1.0f);
+    /* rmsnorm */
+    for (int t = 0; t < n; t++)
+        k_rmsnorm(ref + (size_t)t * dim, x + (size_t)t * dim, w, dim, 1e-5f);
+    float *dx = to_dev(x, nx * 4), *dw = to_dev(w, (size_t)dim * 4);
+    float *dout = kcuda_alloc(nf * 4);
+    kcuda_rmsnorm(g, dout, dx, dw, dim, n, 1e-5f);
+    from_dev(got, dout, nx * 4);
+    check("rmsnorm", max_rel(got, ref, nx), 1e-5);
+    /* rope over the q rows (heads x hd per token) */
+    double inv[32];
+    k_rope_freqs(inv, 2 * half, 10000.0f);
+    for (int t = 0; t < n; t++)
+        k_rope_angles(cs + t * half, sn + t * half, inv, half, 17 * t + 3);
+    memcpy(ref, x, nx * 4);
+    for (int t = 0; t < n; t++)
+        k_rope_apply(ref + (size_t)t * dim, heads, hd, half, cs + t * half, sn + t * half);
+    float *dcs = to_dev(cs, (size_t)n * half * 4), *dsn = to_dev(sn, (size_t)n * half * 4);
+    kcuda_rope(g, dx, n, dim, heads, hd, half, dcs, dsn);
+    from_dev(got, dx, nx * 4);
+    check("rope", max_rel(got, ref, nx), 1e-5);
+    /* silu * mul */
+    float *gt = malloc(nf * 4);
+    fill(gt, nf, 6.0f);
+    fill(u, nf, 2.0f);
+    memcpy(ref, gt, nf * 4);
+    for (int t = 0; t < n; t++)
+        k_silu_mul(ref + (size_t)t * ffn, u + (size_t)t * ffn, ffn);
+    float *dg = to_dev(gt, nf * 4), *du = to_dev(u, nf * 4);
+    kcuda_silu_mul(g, dg, du, n, ffn, ffn);
+    from_dev(got, dg, nf * 4);
+    check("silu*mul", max_rel(got, ref, nf), 2e-5);
+    /* residual add of columns [100, 333) */
+    memcpy(ref, x, nx * 4);
+    for (int t = 0; t < n; t++)
+        for (int c = 100; c < 333; c++)
+            ref[t * dim + c] += w[c];
+    float *rows_w = malloc(nx * 4);
+    for (int t = 0; t < n; t++)
+        memcpy(rows_w + (size_t)t * dim, w, (size_t)dim * 4);
+    float *dd = to_dev(rows_w, nx * 4), *dx2 = to_dev(x, nx * 4);
+    kcuda_add_cols(g, dx2, dd, n, dim, 100, 333);
+    from_dev(got, dx2, nx * 4);
+    check("residual add", max_rel(got, ref, nx), 0);
+    /* embedding rows, every type, columns [64, 512) */
+    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
+    int vocab = 50;
+    int32_t ids[5] = {0, 49, 7, 7, 23};
+    float *tab = malloc((size_t)vocab * dim * 4), *row = malloc((size_t)dim * 4);
+    fill(tab, (size_t)vocab * dim, 1.0f);
+    int32_t *dids = to_dev(ids, sizeof ids);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t rb = kt_row_bytes(types[t], (uint64_t)dim);
+        uint8_t *q = malloc(rb * (size_t)vocab);
+        for (int r = 0; r < vocab; r++)
+            kt_quantize_row(types[t], tab + (size_t)r * dim, q + (size_t)r * rb, dim);
+        kmat m = {.type = types[t], .rows = vocab, .cols = dim, .row_bytes = rb, .data = q};
+        for (int i = 0; i < n; i++) {
+            kmat_row(&m, ids[i], row);
+            memcpy(ref + (size_t)i * 448, row + 64, 448 * 4);
+        }
+        kmat dm = m;
+        dm.data = to_dev(q, rb * (size_t)vocab);
+        must(kcuda_embed(g, &dm, dids, n, dout, 448, 64, 512, err, sizeof err), "embed");
+        from_dev(got, dout, (size_t)n * 448 * 4);
+        char what[64];
+        snprintf(what, sizeof what, "embedding rows %s", kt_traits_of(types[t])->name);
+        check(what, max_rel(got, ref, (size_t)n * 448), 1e-5);
+        kcuda_free((void *)dm.data);
+        free(q);
+    }
+    kcuda_free(dids);
+    void *ptrs[] = {dx, dw, dout, dcs, dsn, dg, du, dd, dx2};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        kcuda_free(ptrs[i]);
+    free(x), free(w), free(ref), free(got), free(u), free(cs), free(sn), free(gt), free(rows_w);
+    free(tab), free(row);
+}
+
+/* Attention: 6 tokens of two sequences, 9 query heads over 3 KV heads of 64. */
+#define A_N 6
+#define A_H 9
+#define A_KV 3
+#define A_HD 64
+#define A_CTX 160
+#define A_W 8
+
+static void test_attention(kv_type kt)
+{
+    int64_t head_rows = 2 * A_CTX + A_W, tree_row = 2 * A_CTX;
+    size_t esz = kt == KV_F16 ? 2 : 4, kv_elems = (size_t)A_KV * head_rows * A_HD;
+    float *kf = malloc(kv_elems * 4), *vf = malloc(kv_elems * 4);
+    fill(kf, kv_elems, 1.0f);
+    fill(vf, kv_elems, 1.0f);
+    void *kb = malloc(kv_elems * esz), *vb = malloc(kv_elems * esz);
+    for (size_t i = 0; i < kv_elems; i++) {
+        if (kt == KV_F16) {
+            ((uint16_t *)kb)[i] = kt_f32_to_f16(kf[i]);
+            ((uint16_t *)vb)[i] = kt_f32_to_f16(vf[i]);
+        } else {
+            ((float *)kb)[i] = kf[i];
+            ((float *)vb)[i] = vf[i];
+        }
+    }
+    int32_t seq_row[A_N] = {0, 0, 0, A_CTX, A_CTX, A_CTX};
+    int32_t n_prefix[A_N] = {0, 5, 37, 150, 150, 1};
+    int32_t anc[A_N * A_W] = {0}, n_anc[A_N] = {1, 2, 3, 1, 2, 3};
+    const int32_t lists[A_N][3] = {{0}, {0, 1}, {0, 1, 2}, {3}, {3, 4}, {3, 4, 5}};
+    for (int i = 0; i < A_N; i++)
+        for (int j = 0; j < n_anc[i]; j++)
+            anc[i * A_W + j] = lists[i][j];
+    float q[A_N * A_H * A_HD];
+    fill(q, sizeof q / 4, 1.0f);
+    float scale = 1.0f / sqrtf((float)A_HD);
+    int64_t rec = A_HD + 2, rec_tok = (int64_t)A_H * rec;
+    float *ref = malloc((size_t)A_N * rec_tok * 4), *got = malloc((size_t)A_N * rec_tok * 4);
+    kcuda_att a = {.type = kt,
+                   .k = to_dev(kb, kv_elems * esz),
+                   .v = to_dev(vb, kv_elems * esz),
+                   .head_rows = head_rows,
+                   .tree_row = tree_row,
+                   .head_dim = A_HD,
+                   .n_heads = A_H,
+                   .n_kv_heads = A_KV,
+                   .scale = scale,
+                   .seq_row = to_dev(seq_row, sizeof seq_row),
+                   .n_prefix = to_dev(n_prefix, sizeof n_prefix),
+                   .anc = to_dev(anc, sizeof anc),
+                   .n_anc = to_dev(n_anc, sizeof n_anc),
+                   .anc_stride = A_W};
+    float *dq = to_dev(q, sizeof q), *dout = kcuda_alloc((size_t)A_N * rec_tok * 4);
+    const int modes[] = {KCUDA_ATT_FULL, KCUDA_ATT_DENSE, KCUDA_ATT_SPARSE};
+    const char *names[] = {"full", "dense", "sparse"};
+    float *cpu_rec[2] = {malloc((size_t)A_N * rec_tok * 4), malloc((size_t)A_N * rec_tok * 4)};
+    for (int mi = 0; mi < 3; mi++) {
+        int mode = modes[mi];
+        double worst = 0, lse = 0;
+        for (int i = 0; i < A_N; i++)
+            for (int h = 0; h < A_H; h++) {
+                int kvh = h / (A_H / A_KV);
+                katt_keys keys = {
+                    .type = kt,
+                    .stride = A_HD,
+                    .n_prefix = n_prefix[i],
+                    .k = (uint8_t *)kb + ((size_t)kvh * head_rows + seq_row[i]) * A_HD * esz,
+                    .v = (uint8_t *)vb + ((size_t)kvh * head_rows + seq_row[i]) * A_HD * esz,
+                    .tree_k = (uint8_t *)kb + ((size_t)kvh * head_rows + tree_row) * A_HD * esz,
+                    .tree_v = (uint8_t *)vb + ((size_t)kvh * head_rows + tree_row) * A_HD * esz,
+                    .tree_slot = anc + i * A_W,
+                };
+                int nk = n_prefix[i] + n_anc[i];
+                if (mode == KCUDA_ATT_DENSE)
+                    nk = n_prefix[i];
+                if (mode == KCUDA_ATT_SPARSE) {
+                    keys.n_prefix = 0;
+                    nk = n_anc[i];
+                }
+                katt_stat st;
+                float *o = ref + (size_t)i * rec_tok + (size_t)h * rec;
+                katt_causal_group(q + ((size_t)i * A_H + h) * A_HD, A_HD, 1, &keys, nk, A_HD,
+                                  scale, &st, o, A_HD);
+                o[A_HD] = st.max;
+                o[A_HD + 1] = st.sum;
+                if (mode != KCUDA_ATT_FULL)
+                    memcpy(cpu_rec[mi - 1] + (size_t)i * rec_tok + (size_t)h * rec, o, rec * 4);
+            }
+        if (mode == KCUDA_ATT_FULL) {
+            must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, A_H * A_HD, 0,
+                                 err, sizeof err),
+                 "attention");
+            from_dev(got, dout, (size_t)A_N * A_H * A_HD * 4);
+            for (int i = 0; i < A_N; i++)
+                for (int h = 0; h < A_H; h++) {
+                    float *o = ref + (size_t)i * rec_tok + (size_t)h * rec;
+                    katt_stat st = {o[A_HD], o[A_HD + 1]};
+                    katt_finish(&st, o, A_HD);
+                    double e = rel_l2(got + ((size_t)i * A_H + h) * A_HD, o, A_HD);
+                    worst = e > worst ? e : worst;
+                }
+        } else {
+            must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, rec_tok, rec, err,
+                                 sizeof err),
+                 "attention");
+            from_dev(got, dout, (size_t)A_N * rec_tok * 4);
+            for (int i = 0; i < A_N; i++)
+                for (int h = 0; h < A_H; h++) {
+                    float *o = ref + (size_t)i * rec_tok + (size_t)h * rec;
+                    float *p = got + (size_t)i * rec_tok + (size_t)h * rec;
+                    if (o[A_HD + 1] == 0 || p[A_HD + 1] == 0) { /* an empty key set */
+                        if (o[A_HD + 1] != p[A_HD + 1])
+                            lse = INFINITY;
+                        continue;
+                    }
+                    double dl = fabs((o[A_HD] + log(o[A_HD + 1])) - (p[A_HD] + log(p[A_HD + 1])));
+                    lse = dl > lse ? dl : lse;
+                    katt_stat so = {o[A_HD], o[A_HD + 1]}, sp = {p[A_HD], p[A_HD + 1]};
+                    katt_finish(&so, o, A_HD);
+                    katt_finish(&sp, p, A_HD);
+                    double e = rel_l2(p, o, A_HD);
+                    worst = e > worst ? e : worst;
+                }
+        }
+        char what[96];
+        snprintf(what, sizeof what, "attention %s, KV %s", names[mi], kt == KV_F16 ? "f16" : "f32");
+        check(what, worst, 1e-5);
+        if (mode != KCUDA_ATT_FULL) {
+            snprintf(what, sizeof what, "attention %s log-sum-exp, KV %s", names[mi],
+                     kt == KV_F16 ? "f16" : "f32");
+            check(what, lse, 1e-4);
+        }
+    }
+    /* the merge of the CPU's own dense and sparse records */
+    int32_t heads[A_H];
+    for (int h = 0; h < A_H; h++)
+        heads[h] = h;
+    float *dpd = to_dev(cpu_rec[0], (size_t)A_N * rec_tok * 4);
+    float *dps = to_dev(cpu_rec[1], (size_t)A_N * rec_tok * 4);
+    int32_t *dheads = to_dev(heads, sizeof heads);
+    kcuda_att_merge(g, dpd, dps, rec_tok, rec, dheads, A_H, A_N, A_HD, dout, A_H * A_HD);
+    from_dev(got, dout, (size_t)A_N * A_H * A_HD * 4);
+    double worst = 0;
+    for (int i = 0; i < A_N; i++)
+        for (int h = 0; h < A_H; h++) {
+            float o[A_HD];
+            const float *d = cpu_rec[0] + (size_t)i * rec_tok + (size_t)h * rec;
+            const float *s = cpu_rec[1] + (size_t)i * rec_tok + (size_t)h * rec;
+            katt_stat sa = {d[A_HD], d[A_HD + 1]}, sb = {s[A_HD], s[A_HD + 1]};
+            memcpy(o, d, sizeof o);
+            katt_merge(&sa, o, &sb, s, A_HD);
+            katt_finish(&sa, o, A_HD);
+            double e = max_rel(got + ((size_t)i * A_H + h) * A_HD, o, A_HD);
+            worst = e > worst ? e : worst;
+        }
+    check(kt == KV_F16 ? "merge of partials (f16 K/V)" : "merge of partials (f32 K/V)", worst,
+          1e-6);
+    void *ptrs[] = {(void *)a.k, (void *)a.v, (void *)a.seq_row, (void *)a.n_prefix,
+                    (void *)a.anc, (void *)a.n_anc, dq, dout, dpd, dps, dheads};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        kcuda_free(ptrs[i]);
+    free(kf), free(vf), free(kb), free(vb), free(ref), free(got), free(cpu_rec[0]),
+        free(cpu_rec[1]);
+}
+
+/* The unified-memory path: kernels write host memory registered for the device. */
+static void test_mapped(void)
+{
+    int dim = 256, n = 3;
+    size_t bytes = 1 << 20; /* a page-aligned block, as the arena is */
+    float *host = aligned_alloc(4096, bytes), *ref = malloc((size_t)n * dim * 4);
+    fill(host, (size_t)(n + 1) * dim, 2.0f);
+    for (int t = 0; t < n; t++)
+        k_rmsnorm(ref + (size_t)t * dim, host + (size_t)t * dim, host + (size_t)n * dim, dim, 1e-6f);
+    void *dev;
+    must(kcuda_register(host, bytes, &dev, err, sizeof err), "register");
+    float *d = dev;
+    kcuda_rmsnorm(g, d + 8 * dim, d, d + n * dim, dim, n, 1e-6f);
+    must(kcuda_sync(g, err, sizeof err), "sync");
+    check("mapped host memory (rmsnorm in place)", max_rel(host + 8 * dim, ref, (size_t)n * dim),
+          1e-5);
+    kcuda_unregister(host);
+    free(host);
+    free(ref);
+}
+
+int main(void)
+{
+    char why[256];
+    if (kcuda_devices(why, sizeof why) < 1) {
+        printf("unit_cuda_kernels: SKIPPED: %s; the GPU kernels are compiled but not run here\n",
+               why);
+        return 77;
+    }
+    const char *s = getenv("OROCHI_SEED");
+    unsigned long long seed = s ? strtoull(s, NULL, 10) : (unsigned long long)time(NULL);
+    rng = seed;
+    printf("unit_cuda_kernels: seed %llu (OROCHI_SEED=%llu repeats it)\n", seed, seed);
+    g = kcuda_new(0, err, sizeof err);
+    if (!g) {
+        printf("unit_cuda_kernels: %s\n", err);
+        return 1;
+    }
+    test_matmul();
+    test_elementwise();
+    test_attention(KV_F32);
+    test_attention(KV_F16);
+    test_mapped();
+    kcuda_destroy(&g);
+    printf("unit_cuda_kernels: %s\n", failures ? "FAILED" : "all agree");
+    return failures ? 1 : 0;
+}
