@@ -24,6 +24,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kcuda.h"
+#include "tests/unit/testutil.h"
 
 static unsigned long long rng;
 static int failures;
@@ -38,17 +39,6 @@ static void fill(float *x, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = frand() * scale;
-}
-
-static double rel_l2(const float *a, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static double max_rel(const float *a, const float *ref, size_t n)
@@ -128,7 +118,7 @@ static void test_matmul(void)
             double e = 0;
             bool kept = true;
             for (int i = 0; i < n; i++) {
-                double ei = rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+                double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
                 e = ei > e ? ei : e;
                 for (int64_t r = 0; r < rows; r++)
                     if ((r < lo || r >= hi) && got[i * rows + r] != 12345.0f)
@@ -338,7 +328,7 @@ static void test_attention(kv_type kt)
                     float *o = ref + (size_t)i * rec_tok + (size_t)h * rec;
                     katt_stat st = {o[A_HD], o[A_HD + 1]};
                     katt_finish(&st, o, A_HD);
-                    double e = rel_l2(got + ((size_t)i * A_H + h) * A_HD, o, A_HD);
+                    double e = tu_rel_l2(got + ((size_t)i * A_H + h) * A_HD, o, A_HD);
                     worst = e > worst ? e : worst;
                 }
         } else {
@@ -360,7 +350,7 @@ static void test_attention(kv_type kt)
                     katt_stat so = {o[A_HD], o[A_HD + 1]}, sp = {p[A_HD], p[A_HD + 1]};
                     katt_finish(&so, o, A_HD);
                     katt_finish(&sp, p, A_HD);
-                    double e = rel_l2(p, o, A_HD);
+                    double e = tu_rel_l2(p, o, A_HD);
                     worst = e > worst ? e : worst;
                 }
         }
