@@ -102,6 +102,7 @@ typedef struct {
     char api_key_buf[512]; /* the key read from --api-key-file or $OROCHI_API_KEY */
     int max_queue;         /* requests waiting beyond it get 429 */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
+    char worker_device[RT_MAX_WORKERS][4]; /* "cpu" or "gpu" per worker (--workers cpu:N,gpu:M) */
     bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
     double step_ema_us;    /* a verification cycle but its draft wait, EMA: a token's price */
     int n_seq;             /* requests verified together (sequence slots) */

@@ -238,7 +238,8 @@ int coord_group_spawn_all(coord *c)
         p->role = PEER_WORKER;
         p->index = i;
         snprintf(p->name, sizeof p->name, "%s", name);
-        group_argv(p, 7, bin, "--run-dir", c->run_dir, "--index", idx, "--threads", thr);
+        group_argv(p, 9, bin, "--run-dir", c->run_dir, "--index", idx, "--threads", thr,
+                   "--device", c->worker_device[i][0] ? c->worker_device[i] : "cpu");
     }
     for (int i = 0; i < c->n_spec_specs; i++)
         if (group_add_speculator(c, c->spec_specs[i], i))

@@ -106,12 +106,44 @@ static char *coord_drain_metrics(void *ctx)
     return coord_engine_metrics(d->c);
 }
 
+/* --workers: "N" (CPU workers), or a comma list of DEVICE:N (cpu, gpu), the parts in that order:
+ * "cpu:2,gpu:1" is parts 0 and 1 on the CPU and part 2 on the GPU. 0, or -1 with the reason on
+ * stderr. */
+static int coord_parse_workers(coord *c, const char *spec)
+{
+    int n = 0;
+    const char *s = spec;
+    while (*s) {
+        const char *dev = "cpu";
+        if (!strncmp(s, "cpu:", 4) || !strncmp(s, "gpu:", 4)) {
+            dev = !strncmp(s, "gpu:", 4) ? "gpu" : "cpu";
+            s += 4;
+        }
+        char *end;
+        long k = strtol(s, &end, 10);
+        if (end == s || k < 1 || k > RT_MAX_WORKERS || n + k > RT_MAX_WORKERS ||
+            (*end && *end != ',')) {
+            fprintf(stderr,
+                    "orochi-coordinator: --workers %s: want N or DEVICE:N[,DEVICE:N...] with "
+                    "DEVICE cpu or gpu, %d workers at most\n",
+                    spec, RT_MAX_WORKERS);
+            return -1;
+        }
+        for (long i = 0; i < k; i++)
+            snprintf(c->worker_device[n++], sizeof c->worker_device[0], "%s", dev);
+        s = *end ? end + 1 : end;
+    }
+    c->n_workers = n;
+    return 0;
+}
+
 static void coord_usage(FILE *out)
 {
     fprintf(
         out,
         "usage: orochi-coordinator --run-dir D --target M [--port P] [--bind ADDR]\n"
-        "         [--workers N] [--threads-per-worker T] [--speculator KIND[:k=v,...]]...\n"
+        "         [--workers N|cpu:N[,gpu:M]] [--threads-per-worker T]\n"
+        "         [--speculator KIND[:k=v,...]]...\n"
         "         [--max-width W] [--n-ctx C] [--max-draft S] [--draft-wait-ms MS]\n"
         "         [--draft-wait measured|fixed]\n"
         "         [--api-key KEY] [--external ROLE] [--no-spawn] [--heartbeat-ms MS]\n"
@@ -123,7 +155,8 @@ static void coord_usage(FILE *out)
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
-        "  CPU workers (default 2) splitting the target by columns, and the given speculators\n"
+        "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
+        "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
         "  (layerskip, model, ngram). --external ROLE: do not spawn ROLE, wait for it to\n"
         "  connect (orochi-launch debug).\n"
         "  Draft wait: each step waits for a speculator's draft only while the tokens it is\n"
@@ -243,8 +276,8 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 'p': c->port = atoi(optarg); break;
         case 'b': c->bind = optarg; break;
         case 'w':
-            /* "cpu:N" or "N" */
-            c->n_workers = atoi(strncmp(optarg, "cpu:", 4) ? optarg : optarg + 4);
+            if (coord_parse_workers(c, optarg))
+                return 2;
             break;
         case 't': c->threads_per_worker = atoi(optarg); break;
         case 's':

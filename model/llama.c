@@ -36,44 +36,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "model/llama.h"
+#include "model/llama_internal.h"
 
-struct llama_ctx {
-    const llama_model *m;
-    llama_ctx_params p;
-    kpool *pool;
-    int *prefix;      /* committed length of each sequence slot */
-    int64_t tree_row; /* first tree-area row: after n_seq * n_ctx prefix rows */
-    size_t kv_elem;   /* bytes per KV element */
-    int64_t kv_row;   /* elements per position: n_kv_heads * head_dim */
-    llama_shared sh;  /* KV cache and shared activations (owned or external) */
-    void *owned_shared;
-    /* the partition: each kind's range boundaries for every part (bnd[kind][0..n_parts]: part i
-     * takes [bnd[i], bnd[i + 1])), in query heads for LP_QKV and the attention kinds; kvb the KV
-     * heads of LP_QKV */
-    int64_t bnd[LP_N][LLAMA_MAX_PARTS + 1], kvb[LLAMA_MAX_PARTS + 1];
-    int kvh0, kvh1;    /* this part's KV heads [kvh0, kvh1) */
-    bool att_sync;     /* a synchronisation point between the projections and attention */
-    int *split_heads;  /* heads whose dense and sparse parts are computed by different parts */
-    int n_split;
-    struct att_unit *units, *singles; /* this part's attention work, by KV head and one by one */
-    int n_units, n_singles;
-    float *attp;       /* the output projection's input once split heads are merged */
-    /* private */
-    float *xb;    /* normed x (every part computes it for all tokens) */
-    float *row;   /* one embedding row */
-    int32_t *anc; /* max_width x max_width ancestor lists */
-    int32_t *n_anc;
-    int32_t *pos; /* positions of the tree's tokens */
-    double *rope_inv;        /* RoPE inverse frequencies (rot_dim / 2) */
-    float *rope_cs, *rope_sn; /* their cos and sin at each batch token's position (W x rot_dim / 2) */
-    int32_t *seq; /* sequence slot of each tree token */
-    int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
-    int batch_base; /* tree slot of the running batch's first token (> 0 for an appended batch) */
-    bool tree_open; /* the tree may be appended to: the prefix has not moved since it started */
-    int src_seq;    /* the slot of params.prefix_src the prefix is read from */
-    void *scratch;  /* matmul scratch */
-};
 
 /* ===== loading ===== */
 
@@ -546,12 +510,6 @@ static uint8_t *kv_layer(const llama_ctx *x, int l, int which)
 const char *const llama_part_kind_names[LP_N] = {
     "qkv", "wo", "ffn_up", "ffn_down", "lm_head", "attention_dense", "attention_sparse"};
 
-/* What a part does for one query head's attention: both key sets in one causal pass, or only
- * the prefix (dense) or only the tree ancestors (sparse), leaving a partial for the merge. */
-enum { ATT_FULL, ATT_DENSE, ATT_SPARSE };
-struct att_unit {
-    int h0, nh, kvh, mode; /* query heads [h0, h0 + nh), all of KV head kvh */
-};
 
 void llama_partition_even(llama_partition *p, int n_parts)
 {
@@ -913,7 +871,7 @@ static void llama_linear(llama_ctx *x, const kmat *w, int64_t lo, int64_t hi, co
     kmat_mul(x->pool, w, lo, hi, in, n, out, w->rows, x->scratch);
 }
 
-static int llama_sync(llama_ctx *x, char *err, size_t errlen)
+int llama_part_sync(llama_ctx *x, char *err, size_t errlen)
 {
     if (!x->p.sync || x->p.sync(x->p.sync_arg) == 0)
         return 0;
@@ -1140,7 +1098,7 @@ static int llama_tree_prepare(llama_ctx *x, const llama_batch *b, char *err, siz
     return 0;
 }
 
-static int llama_batch_check(llama_ctx *x, const llama_batch *b, char *err, size_t errlen)
+int llama_batch_prepare(llama_ctx *x, const llama_batch *b, char *err, size_t errlen)
 {
     const llama_config *c = &x->m->cfg;
     if (b->n < 1 || b->n > x->p.max_width) {
@@ -1158,7 +1116,7 @@ static int llama_batch_check(llama_ctx *x, const llama_batch *b, char *err, size
 
 int llama_ctx_set_batch(llama_ctx *x, const llama_batch *b, char *err, size_t errlen)
 {
-    return llama_batch_check(x, b, err, errlen);
+    return llama_batch_prepare(x, b, err, errlen);
 }
 
 /* x[t, lo:hi] += d[t, lo:hi] for n tokens of width `dim`. */
@@ -1198,7 +1156,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
     const llama_config *c = &m->cfg;
     const llama_shared *sh = &x->sh;
     int n = b->n;
-    if (llama_batch_check(x, b, err, errlen))
+    if (llama_batch_prepare(x, b, err, errlen))
         return -1;
 
     int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
@@ -1219,7 +1177,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         kmat_row(&m->tok_embd, b->tokens[i], x->row);
         memcpy(sh->x + i * dim + d0, x->row + d0, (size_t)(d1 - d0) * 4);
     }
-    if (llama_sync(x, err, errlen))
+    if (llama_part_sync(x, err, errlen))
         return -1;
 
     for (int l = 0; l < c->n_layers; l++) {
@@ -1241,17 +1199,17 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             kv_store(x, kv_layer(x, l, 0), x->tree_row + slot, sh->kk + i * kvd);
             kv_store(x, kv_layer(x, l, 1), x->tree_row + slot, sh->vv + i * kvd);
         }
-        if (x->att_sync && llama_sync(x, err, errlen))
+        if (x->att_sync && llama_part_sync(x, err, errlen))
             return -1;
         bool few = (int64_t)n * x->n_units < 4 * (int64_t)kpool_threads(x->pool);
         att_job aj = {x, l, n, few ? x->singles : x->units, few ? x->n_singles : x->n_units};
         if (aj.n_units)
             kpool_run(x->pool, (int64_t)n * aj.n_units, 1, att_run, &aj);
-        if (llama_sync(x, err, errlen))
+        if (llama_part_sync(x, err, errlen))
             return -1;
         llama_linear(x, &L->wo, d0, d1, x->n_split ? att_merged(x, n) : sh->att, n, sh->xb2);
         add_cols(sh->x, sh->xb2, n, dim, d0, d1);
-        if (llama_sync(x, err, errlen))
+        if (llama_part_sync(x, err, errlen))
             return -1;
 
         for (int i = 0; i < n; i++)
@@ -1265,11 +1223,11 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         }
         for (int i = 0; i < n; i++)
             k_silu_mul(sh->hg + i * c->ffn + f0, sh->hu + i * c->ffn + f0, (int)(f1 - f0));
-        if (llama_sync(x, err, errlen))
+        if (llama_part_sync(x, err, errlen))
             return -1;
         llama_linear(x, &L->w_down, e0, e1, sh->hg, n, sh->xb2);
         add_cols(sh->x, sh->xb2, n, dim, e0, e1);
-        if (llama_sync(x, err, errlen))
+        if (llama_part_sync(x, err, errlen))
             return -1;
     }
 

@@ -43,6 +43,9 @@
 
 #include "model/llama.h"
 #include "workers/runtime.h"
+#ifdef OROCHI_HAVE_CUDA
+#include "model/llama_cuda.h"
+#endif
 
 #define HEARTBEAT_MS 200
 #define CONTROL_TICK_MS 20   /* the control thread's period: socket reads, heartbeat, orphan */
@@ -80,6 +83,9 @@ typedef struct {
     float *logits;
     llama_model *model;
     llama_ctx *ctx;
+#ifdef OROCHI_HAVE_CUDA
+    llama_gpu *gpu; /* --device gpu: the forward runs there */
+#endif
     int n_workers;    /* parts of the model in the group (from the Welcome) */
     worker_phases ph; /* the step in flight (main thread only) */
     /* shared between the threads (atomics) */
@@ -108,7 +114,7 @@ static void worker_on_signal(int sig)
 
 static void worker_usage(FILE *out)
 {
-    fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu]\n"
+    fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu|gpu]\n"
                  "                     [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
                  "  column part I of the target model for every verification step.\n"
@@ -357,13 +363,36 @@ static int worker_join(worker *w)
         rt_log(w->role, "%s", err);
         goto done;
     }
+#ifdef OROCHI_HAVE_CUDA
+    if (!strcmp(w->device, "gpu")) {
+        w->gpu = llama_gpu_new(w->ctx, 0, arena_base(w->arena), (size_t)arena_size(w->arena), err,
+                               sizeof err);
+        if (!w->gpu) {
+            rt_log(w->role, "GPU: %s", err);
+            goto done;
+        }
+        rt_log(w->role, "GPU: %s; weights copied to device memory, the arena mapped for it",
+               llama_gpu_describe(w->gpu));
+    }
+#endif
     w->n_workers = (int)wel->n_workers;
-    rt_log(w->role, "joined: part %u of %u, %d threads, arena %s, model %s", wel->worker_index,
-           wel->n_workers, llama_ctx_threads(w->ctx), wel->arena_name, wel->target_model);
+    rt_log(w->role, "joined: part %u of %u, %s, %d threads, arena %s, model %s",
+           wel->worker_index, wel->n_workers, w->device, llama_ctx_threads(w->ctx),
+           wel->arena_name, wel->target_model);
     rc = 0;
 done:
     rt_free(env);
     return rc;
+}
+
+/* One forward pass of the worker's part, on its device. */
+static int worker_forward(worker *w, const llama_batch *b, char *err, size_t errlen)
+{
+#ifdef OROCHI_HAVE_CUDA
+    if (w->gpu)
+        return llama_gpu_forward(w->gpu, b, w->logits, err, errlen);
+#endif
+    return llama_forward(w->ctx, b, w->logits, err, errlen);
 }
 
 /* The barrier of a free-running decode between two forward passes: the LM head's stretch ends
@@ -420,7 +449,7 @@ static int worker_run(worker *w, char *err, size_t errlen)
         if ((uint32_t)made >= max || id == st->run_eos || stop)
             return made;
         llama_batch b = {.n = 1, .tokens = &id, .seq = &seq, .logits_from = 0};
-        if (llama_forward(w->ctx, &b, w->logits, err, errlen))
+        if (worker_forward(w, &b, err, errlen))
             return made;
         __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
     }
@@ -486,7 +515,7 @@ static void worker_step(worker *w)
                          .parent = st->parent,
                          .seq = st->seq,
                          .logits_from = (int)st->logits_from};
-        if (llama_forward(w->ctx, &b, w->logits, err, sizeof err) == 0) {
+        if (worker_forward(w, &b, err, sizeof err) == 0) {
             __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
             if (st->run_max > 0 && n == 1)
                 n = (uint32_t)worker_run(w, err, sizeof err);
@@ -550,11 +579,20 @@ static int worker_parse(worker *w, int argc, char **argv)
         worker_usage(stderr);
         return 2;
     }
+#ifdef OROCHI_HAVE_CUDA
+    if (strcmp(w->device, "cpu") && strcmp(w->device, "gpu")) {
+        fprintf(stderr, "orochi-worker: --device %s: must be cpu or gpu\n", w->device);
+        return 2;
+    }
+#else
     if (strcmp(w->device, "cpu")) {
-        fprintf(stderr, "orochi-worker: --device %s is not available in this build (cpu only)\n",
+        fprintf(stderr,
+                "orochi-worker: --device %s is not available in this build (cpu only: it was built "
+                "without CUDA; CMake builds the GPU worker when it finds nvcc)\n",
                 w->device);
         return 2;
     }
+#endif
     return 0;
 }
 
@@ -619,6 +657,9 @@ out:
     worker_stop = 1;
     if (w.control_started)
         pthread_join(w.control, NULL);
+#ifdef OROCHI_HAVE_CUDA
+    llama_gpu_destroy(&w.gpu);
+#endif
     llama_ctx_destroy(&w.ctx);
     llama_model_destroy(&w.model);
     arena_destroy(&w.arena);

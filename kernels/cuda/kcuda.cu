@@ -69,6 +69,17 @@ void kcuda_destroy(kcuda **gp)
     *gp = NULL;
 }
 
+void kcuda_describe(const kcuda *g, char *out, size_t len)
+{
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, g->device) != cudaSuccess) {
+        snprintf(out, len, "CUDA device %d", g->device);
+        return;
+    }
+    snprintf(out, len, "%s, %.0f GiB, sm_%d%d, %d multiprocessors", p.name,
+             (double)p.totalGlobalMem / (1u << 30), p.major, p.minor, p.multiProcessorCount);
+}
+
 int kcuda_sync(kcuda *g, char *err, size_t errlen)
 {
     if (kcuda_fail(cudaStreamSynchronize(g->stream), "a queued GPU op failed", err, errlen))
@@ -111,6 +122,16 @@ int kcuda_download(kcuda *g, void *dst, const void *src, size_t bytes, char *err
 {
     return kcuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g->stream),
                       "download", err, errlen);
+}
+
+int kcuda_copy2d(kcuda *g, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                 size_t rows, char *err, size_t errlen)
+{
+    if (!rows || !width)
+        return 0;
+    return kcuda_fail(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
+                                        g->stream),
+                      "2-D copy", err, errlen);
 }
 
 int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen)

@@ -34,6 +34,8 @@ typedef struct kcuda kcuda;
 /* A context on device `device`: its stream and cuBLAS handle. NULL with err on failure. */
 kcuda *kcuda_new(int device, char *err, size_t errlen);
 void kcuda_destroy(kcuda **g);
+/* "NAME, N GiB, sm_XY" of the context's device into out. */
+void kcuda_describe(const kcuda *g, char *out, size_t len);
 /* Wait for the stream; 0, or -1 with the first error any queued op raised. */
 int kcuda_sync(kcuda *g, char *err, size_t errlen);
 
@@ -43,6 +45,10 @@ void *kcuda_alloc(size_t bytes);
 void kcuda_free(void *p);
 int kcuda_upload(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
 int kcuda_download(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+/* `rows` rows of `width` bytes from src (spitch bytes apart) to dst (dpitch apart), any mix of
+ * device and mapped host addresses. 0, or -1 with err. */
+int kcuda_copy2d(kcuda *g, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                 size_t rows, char *err, size_t errlen);
 /* Map `bytes` of host memory at `host` for the device (page-locked, mapped): *dev receives the
  * address kernels use for it. 0, or -1 with err. */
 int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen);

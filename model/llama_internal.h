@@ -1,0 +1,63 @@
+/*
+ * model/llama_internal.h — the inside of a llama_ctx, for the files that run its forward pass:
+ * model/llama.c (the CPU) and model/llama_cuda.c (the GPU worker's). Not an interface: nothing
+ * else includes it.
+ */
+#ifndef OROCHI_LLAMA_INTERNAL_H
+#define OROCHI_LLAMA_INTERNAL_H
+
+#include "model/llama.h"
+
+/* What a part does for one query head's attention: both key sets in one causal pass, or only
+ * the prefix (dense) or only the tree ancestors (sparse), leaving a partial for the merge. */
+enum { ATT_FULL, ATT_DENSE, ATT_SPARSE };
+struct att_unit {
+    int h0, nh, kvh, mode; /* query heads [h0, h0 + nh), all of KV head kvh */
+};
+
+struct llama_ctx {
+    const llama_model *m;
+    llama_ctx_params p;
+    kpool *pool;
+    int *prefix;      /* committed length of each sequence slot */
+    int64_t tree_row; /* first tree-area row: after n_seq * n_ctx prefix rows */
+    size_t kv_elem;   /* bytes per KV element */
+    int64_t kv_row;   /* elements per position: n_kv_heads * head_dim */
+    llama_shared sh;  /* KV cache and shared activations (owned or external) */
+    void *owned_shared;
+    /* the partition: each kind's range boundaries for every part (bnd[kind][0..n_parts]: part i
+     * takes [bnd[i], bnd[i + 1])), in query heads for LP_QKV and the attention kinds; kvb the KV
+     * heads of LP_QKV */
+    int64_t bnd[LP_N][LLAMA_MAX_PARTS + 1], kvb[LLAMA_MAX_PARTS + 1];
+    int kvh0, kvh1;    /* this part's KV heads [kvh0, kvh1) */
+    bool att_sync;     /* a synchronisation point between the projections and attention */
+    int *split_heads;  /* heads whose dense and sparse parts are computed by different parts */
+    int n_split;
+    struct att_unit *units, *singles; /* this part's attention work, by KV head and one by one */
+    int n_units, n_singles;
+    float *attp;       /* the output projection's input once split heads are merged */
+    /* private */
+    float *xb;    /* normed x (every part computes it for all tokens) */
+    float *row;   /* one embedding row */
+    int32_t *anc; /* max_width x max_width ancestor lists */
+    int32_t *n_anc;
+    int32_t *pos; /* positions of the tree's tokens */
+    double *rope_inv;        /* RoPE inverse frequencies (rot_dim / 2) */
+    float *rope_cs, *rope_sn; /* their cos and sin at each batch token's position (W x rot_dim / 2) */
+    int32_t *seq; /* sequence slot of each tree token */
+    int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
+    int batch_base; /* tree slot of the running batch's first token (> 0 for an appended batch) */
+    bool tree_open; /* the tree may be appended to: the prefix has not moved since it started */
+    int src_seq;    /* the slot of params.prefix_src the prefix is read from */
+    void *scratch;  /* matmul scratch */
+};
+
+/* Validate a batch and build its ancestor lists, positions and sequence slots (llama_forward's
+ * first step, for any backend). */
+int llama_batch_prepare(llama_ctx *x, const llama_batch *b, char *err, size_t errlen);
+
+/* Meet the other parts at a synchronisation point (the sync callback): 0, or -1 with err when a
+ * peer was lost (the tree can then no longer grow). */
+int llama_part_sync(llama_ctx *x, char *err, size_t errlen);
+
+#endif
