@@ -832,7 +832,13 @@ static int ta_ring_reader(const arena_draft_ring *ring, ta_ring_ctl *ctl)
     uint64_t ok = 0, failed = 0, newest = 0;
     arena_draft d;
     __atomic_store_n(&ctl->reader_ready, 1, __ATOMIC_RELEASE);
-    for (uint64_t it = 0; !__atomic_load_n(&ctl->writer_done, __ATOMIC_ACQUIRE) || it < 1000; it++) {
+    /* on until the writer is done and then 1000 reads more: those find every slot finished, so
+     * a consistent read is certain even when every read during the writes met one in progress
+     * (two processes time-sharing one busy core) */
+    uint64_t after = 0;
+    for (uint64_t it = 0; after < 1000; it++) {
+        if (__atomic_load_n(&ctl->writer_done, __ATOMIC_ACQUIRE))
+            after++;
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
