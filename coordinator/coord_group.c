@@ -53,6 +53,7 @@ void coord_group_reconfigure(coord *c)
     r.n_parts = (uint32_t)c->n_workers;
     r.shares = shares;
     r.n_shares = c->part_set ? llama_partition_pack(&c->part, shares) : 0;
+    r.style = c->part_set ? (uint32_t)c->part.style : 0;
     coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_RECONFIGURE, &r);
 }
 
@@ -408,6 +409,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     w.plan_generation = c->part_gen;
     w.plan_shares = shares;
     w.n_plan_shares = c->part_set ? llama_partition_pack(&c->part, shares) : 0;
+    w.plan_style = c->part_set ? (uint32_t)c->part.style : 0;
     coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
     rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "",
            h->kind);

@@ -83,9 +83,10 @@ static char *plan_read(const char *path, char *err, size_t errlen)
     return buf;
 }
 
-/* "partition": {"parts": N, "all": [...], "qkv": [...], ...}: each kind's shares, N numbers
- * (model/llama.h, llama_partition); a kind not given takes "all", the attention kinds "qkv"
- * before that, and the even split when neither is there. N must be the group's worker count. */
+/* "partition": {"parts": N, "style": "hcmp" | "megatron", "all": [...], "qkv": [...], ...}: each
+ * kind's shares, N numbers (model/llama.h, llama_partition); a kind not given takes "all", the
+ * attention kinds "qkv" before that, and the even split when neither is there. N must be the
+ * group's worker count. */
 static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, char *err,
                           size_t errlen)
 {
@@ -99,6 +100,16 @@ static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, c
     int n = np->valueint;
     memset(lp, 0, sizeof *lp);
     lp->n_parts = n;
+    const cJSON *style = cJSON_GetObjectItemCaseSensitive(o, "style");
+    if (style && (!cJSON_IsString(style) || (strcmp(style->valuestring, "hcmp") &&
+                                             strcmp(style->valuestring, "megatron")))) {
+        snprintf(err, errlen, "the plan %s: the partition's \"style\" must be \"hcmp\" or "
+                              "\"megatron\"",
+                 c->plan_path);
+        return -1;
+    }
+    lp->style = style && !strcmp(style->valuestring, "megatron") ? LP_STYLE_MEGATRON
+                                                                  : LP_STYLE_HCMP;
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(o, "all");
     for (int k = 0; k < LP_N; k++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, llama_part_kind_names[k]);
@@ -243,7 +254,8 @@ int coord_plan_load(coord *c, char *err, size_t errlen)
         c->part_set = p->part_set;
         c->part_gen++;
         char line[512];
-        int at = snprintf(line, sizeof line, "partition (generation %u):", c->part_gen);
+        int at = snprintf(line, sizeof line, "partition (generation %u)%s:", c->part_gen,
+                          c->part.style == LP_STYLE_MEGATRON ? ", megatron" : "");
         for (int k = 0; k < LP_N && c->part_set; k++) {
             at += snprintf(line + at, sizeof line - (size_t)at, " %s", llama_part_kind_names[k]);
             for (int i = 0; i < c->part.n_parts && at < (int)sizeof line - 16; i++)

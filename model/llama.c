@@ -474,6 +474,7 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
     SH_PLACE(kk, W * kv_row * 4)
     SH_PLACE(vv, W * kv_row * 4)
     SH_PLACE(ap, W * (size_t)c->n_heads * 2 * ((size_t)c->head_dim + 2) * 4)
+    SH_PLACE(mp, (size_t)LLAMA_MAX_PARTS * W * (size_t)c->dim * 4)
 #undef SH_PLACE
     o.layer_kv_bytes = layer_kv;
     if (offsets)
@@ -497,6 +498,7 @@ void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int 
     sh->kk = (float *)(b + sh->kk_off);
     sh->vv = (float *)(b + sh->vv_off);
     sh->ap = (float *)(b + sh->ap_off);
+    sh->mp = (float *)(b + sh->mp_off);
 }
 
 /* K or V rows of layer l (which: 0 = K, 1 = V). */
@@ -525,6 +527,10 @@ int llama_partition_check(const llama_partition *p, char *err, size_t errlen)
     if (p->n_parts < 1 || p->n_parts > LLAMA_MAX_PARTS) {
         snprintf(err, errlen, "partition plan of %d parts: must be 1..%d", p->n_parts,
                  LLAMA_MAX_PARTS);
+        return -1;
+    }
+    if (p->style != LP_STYLE_HCMP && p->style != LP_STYLE_MEGATRON) {
+        snprintf(err, errlen, "partition plan: style %d (0: hcmp, 1: megatron)", p->style);
         return -1;
     }
     for (int k = 0; k < LP_N; k++) {
@@ -559,7 +565,7 @@ size_t llama_partition_pack(const llama_partition *p, float *out)
 }
 
 int llama_partition_unpack(llama_partition *p, int n_parts, const float *shares, size_t n,
-                           char *err, size_t errlen)
+                           int style, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
     if (n_parts < 1 || n_parts > LLAMA_MAX_PARTS || n != (size_t)LP_N * (size_t)n_parts) {
@@ -568,6 +574,7 @@ int llama_partition_unpack(llama_partition *p, int n_parts, const float *shares,
         return -1;
     }
     p->n_parts = n_parts;
+    p->style = style;
     for (int k = 0; k < LP_N; k++)
         for (int i = 0; i < n_parts; i++)
             p->frac[k][i] = shares[(size_t)k * (size_t)n_parts + (size_t)i];
@@ -599,6 +606,45 @@ static int part_owner(const int64_t *b, int n, int64_t u)
     return i;
 }
 
+/* The input-column block of a matrix type (kmat_mul_cols' alignment). */
+static int64_t col_block(uint32_t type)
+{
+    const kt_traits *t = kt_traits_of(type);
+    return t && t->block > 1 ? t->block : 1;
+}
+
+/* Megatron: the gate/up rows of a part are the down projection's input columns, so they are
+ * rounded to the down matrices' block (32, or 256 for the K family) rather than 16 rows. */
+static int megatron_ffn_block(const llama_model *m)
+{
+    int64_t b = LLAMA_PART_BLOCK;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        int64_t d = col_block(m->layers[l].w_down.type);
+        b = d > b ? d : b;
+    }
+    return (int)b;
+}
+
+/* Megatron: every part's wo input columns (its query heads) must fall on the wo matrices' block
+ * boundaries. */
+static int megatron_check(const llama_ctx *x, char *err, size_t errlen)
+{
+    const llama_model *m = x->m;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        int64_t b = col_block(m->layers[l].wo.type);
+        for (int i = 0; i <= x->p.n_parts; i++)
+            if ((x->bnd[LP_QKV][i] * m->cfg.head_dim) % b) {
+                snprintf(err, errlen,
+                         "megatron plan: part %d's attention output starts at column %lld, not "
+                         "on a %s block of %lld (give the parts whole groups of heads)",
+                         i, (long long)(x->bnd[LP_QKV][i] * m->cfg.head_dim),
+                         kt_traits_of(m->layers[l].wo.type)->name, (long long)b);
+                return -1;
+            }
+    }
+    return 0;
+}
+
 int llama_ctx_set_partition(llama_ctx *x, const llama_partition *plan, char *err, size_t errlen)
 {
     const llama_config *c = &x->m->cfg;
@@ -611,13 +657,23 @@ int llama_ctx_set_partition(llama_ctx *x, const llama_partition *plan, char *err
                      plan->n_parts, me, N);
             return -1;
         }
-        static const int unit_block[LP_N] = {1, LLAMA_PART_BLOCK, LLAMA_PART_BLOCK,
-                                             LLAMA_PART_BLOCK, LLAMA_PART_BLOCK, 1, 1};
+        int unit_block[LP_N] = {1, LLAMA_PART_BLOCK, LLAMA_PART_BLOCK, LLAMA_PART_BLOCK,
+                                LLAMA_PART_BLOCK, 1, 1};
+        if (plan->style == LP_STYLE_MEGATRON)
+            unit_block[LP_FFN_UP] = megatron_ffn_block(x->m);
         const int64_t units[LP_N] = {c->n_heads, c->dim, c->ffn, c->dim, c->vocab, c->n_heads,
                                      c->n_heads};
         for (int k = 0; k < LP_N; k++)
             part_bounds(plan->frac[k], N, units[k], unit_block[k], x->bnd[k]);
         part_bounds(plan->frac[LP_QKV], N, c->n_kv_heads, 1, x->kvb);
+        if (plan->style == LP_STYLE_MEGATRON) {
+            /* attention on the part's own heads: its KV heads and their query heads */
+            for (int i = 0; i <= N; i++)
+                x->bnd[LP_QKV][i] = x->bnd[LP_ATT_DENSE][i] = x->bnd[LP_ATT_SPARSE][i] =
+                    x->kvb[i] * group;
+            if (megatron_check(x, err, errlen))
+                return -1;
+        }
     } else {
         if (N > c->n_kv_heads) {
             snprintf(err, errlen, "%d parts without a partition plan: at most %d (one KV head each)",
@@ -634,6 +690,7 @@ int llama_ctx_set_partition(llama_ctx *x, const llama_partition *plan, char *err
             x->bnd[LP_LM_HEAD][i] = (int64_t)c->vocab * i / N;
         }
     }
+    x->megatron = plan && plan->style == LP_STYLE_MEGATRON;
     x->kvh0 = (int)x->kvb[me];
     x->kvh1 = (int)x->kvb[me + 1];
     /* Attention needs the others' projections first when a head's query, or the tree K/V its
@@ -757,9 +814,10 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->units = malloc((size_t)c->n_heads * sizeof *x->units);
     x->singles = malloc((size_t)c->n_heads * sizeof *x->singles);
     x->attp = malloc(W * (size_t)qd * 4);
+    x->xs = malloc(W * (size_t)wide * 4);
     if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix ||
         !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn || !x->split_heads ||
-        !x->units || !x->singles || !x->attp)
+        !x->units || !x->singles || !x->attp || !x->xs)
         goto oom;
     if (llama_ctx_set_partition(x, p->plan, err, errlen)) {
         llama_ctx_destroy(&x);
@@ -794,6 +852,7 @@ void llama_ctx_destroy(llama_ctx **ctx)
     free(x->units);
     free(x->singles);
     free(x->attp);
+    free(x->xs);
     kpool_destroy(&x->pool);
     free(x);
     *ctx = NULL;
@@ -1150,6 +1209,41 @@ static void screened_logits(llama_ctx *x, int n, float *logits)
     }
 }
 
+/* Megatron: this part's partial sum of a linear over its input columns [c0, c1) of `in` (n rows
+ * of `ld`), into its slot of the partial buffer; then, after the parts meet, the reduction of
+ * every part's partial into x's columns [r0, r1) (parts in order, so every column is summed the
+ * same way), and the parts meet again. ranges: each part's input column boundaries. */
+static int megatron_linear(llama_ctx *x, const kmat *w, const float *in, int64_t ld, int n,
+                           const int64_t *ranges, int64_t scale, int64_t r0, int64_t r1,
+                           char *err, size_t errlen)
+{
+    int64_t dim = x->m->cfg.dim, W = x->p.max_width;
+    int me = x->p.part;
+    int64_t c0 = ranges[me] * scale, c1 = ranges[me + 1] * scale;
+    float *mine = x->sh.mp + (size_t)me * (size_t)W * (size_t)dim;
+    if (c1 > c0) {
+        for (int t = 0; t < n; t++)
+            memcpy(x->xs + (size_t)t * (size_t)(c1 - c0), in + t * ld + c0,
+                   (size_t)(c1 - c0) * 4);
+        if (kmat_mul_cols(x->pool, w, 0, dim, c0, c1, x->xs, n, mine, dim, x->scratch)) {
+            snprintf(err, errlen, "megatron: input columns [%lld, %lld) are not on %s blocks",
+                     (long long)c0, (long long)c1, kt_traits_of(w->type)->name);
+            return -1;
+        }
+    }
+    if (llama_part_sync(x, err, errlen))
+        return -1;
+    for (int p = 0; p < x->p.n_parts; p++) {
+        if (ranges[p + 1] <= ranges[p])
+            continue; /* a part with no input columns has no partial */
+        const float *part = x->sh.mp + (size_t)p * (size_t)W * (size_t)dim;
+        for (int t = 0; t < n; t++)
+            for (int64_t i = r0; i < r1; i++)
+                x->sh.x[t * dim + i] += part[t * dim + i];
+    }
+    return llama_part_sync(x, err, errlen);
+}
+
 int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, size_t errlen)
 {
     const llama_model *m = x->m;
@@ -1205,12 +1299,18 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         att_job aj = {x, l, n, few ? x->singles : x->units, few ? x->n_singles : x->n_units};
         if (aj.n_units)
             kpool_run(x->pool, (int64_t)n * aj.n_units, 1, att_run, &aj);
-        if (llama_part_sync(x, err, errlen))
-            return -1;
-        llama_linear(x, &L->wo, d0, d1, x->n_split ? att_merged(x, n) : sh->att, n, sh->xb2);
-        add_cols(sh->x, sh->xb2, n, dim, d0, d1);
-        if (llama_part_sync(x, err, errlen))
-            return -1;
+        if (x->megatron) {
+            if (megatron_linear(x, &L->wo, sh->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err,
+                                errlen))
+                return -1;
+        } else {
+            if (llama_part_sync(x, err, errlen))
+                return -1;
+            llama_linear(x, &L->wo, d0, d1, x->n_split ? att_merged(x, n) : sh->att, n, sh->xb2);
+            add_cols(sh->x, sh->xb2, n, dim, d0, d1);
+            if (llama_part_sync(x, err, errlen))
+                return -1;
+        }
 
         for (int i = 0; i < n; i++)
             k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->ffn_norm, (int)dim, c->norm_eps);
@@ -1223,6 +1323,12 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         }
         for (int i = 0; i < n; i++)
             k_silu_mul(sh->hg + i * c->ffn + f0, sh->hu + i * c->ffn + f0, (int)(f1 - f0));
+        if (x->megatron) {
+            if (megatron_linear(x, &L->w_down, sh->hg, c->ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1,
+                                err, errlen))
+                return -1;
+            continue;
+        }
         if (llama_part_sync(x, err, errlen))
             return -1;
         llama_linear(x, &L->w_down, e0, e1, sh->hg, n, sh->xb2);

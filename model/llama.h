@@ -75,7 +75,7 @@ double llama_model_step_macs(const llama_model *m);
  * reads from others. One contiguous block; llama_shared_layout gives its size and offsets, so the
  * block can be a region of the shared-memory arena. */
 typedef struct {
-    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off, ap_off;
+    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off, ap_off, mp_off;
     size_t layer_kv_bytes; /* bytes of one layer's K (or V) rows */
     /* bound pointers (llama_shared_bind) */
     void *base;
@@ -85,6 +85,8 @@ typedef struct {
      * per token and query head, the dense then the sparse partial (head_dim outputs, then max and
      * sum) */
     float *ap;
+    /* the Megatron plan's partial sums: per part, max_width rows of dim */
+    float *mp;
 } llama_shared;
 
 /* Bytes of the shared block for this shape (n_seq sequence slots of n_ctx prefix rows each, then
@@ -117,8 +119,17 @@ void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int 
 #define LLAMA_PART_BLOCK 16
 enum { LP_QKV, LP_WO, LP_FFN_UP, LP_FFN_DOWN, LP_LM_HEAD, LP_ATT_DENSE, LP_ATT_SPARSE, LP_N };
 extern const char *const llama_part_kind_names[LP_N]; /* "qkv", "wo", ... (the plan's keys) */
+/* How the two linears of a pair (q/k/v then wo; gate/up then down) are split. HCMP: both by
+ * output rows, the parts exchanging the activations between them (attention's output, the FFN
+ * hidden state) through the shared block. MEGATRON, the baseline: the first by output rows (query
+ * heads with their KV heads; gate/up rows), the second by input columns — each part multiplies its
+ * own slice of the activations, giving a partial sum of the whole output that the parts then
+ * reduce through the shared block (LP_WO and LP_FFN_DOWN give who reduces which output columns);
+ * attention stays with the q/k/v heads (the attention kinds are not used). */
+enum { LP_STYLE_HCMP = 0, LP_STYLE_MEGATRON = 1 };
 typedef struct {
     int n_parts;
+    int style;
     float frac[LP_N][LLAMA_MAX_PARTS];
 } llama_partition;
 
@@ -128,12 +139,12 @@ void llama_partition_even(llama_partition *p, int n_parts);
  * Returns 0, or -1 with err naming the kind and part. */
 int llama_partition_check(const llama_partition *p, char *err, size_t errlen);
 
-/* The plan as a flat list of LP_N * n_parts shares, kind-major (the Welcome and Reconfigure
- * messages carry it so). pack returns the count written to out (LP_N * LLAMA_MAX_PARTS room);
+/* The plan as a flat list of LP_N * n_parts shares, kind-major, and its style apart (the Welcome
+ * and Reconfigure messages carry it so). pack returns the count written to out (LP_N * LLAMA_MAX_PARTS room);
  * unpack returns 0, or -1 with err for a count that is not LP_N * n_parts or a bad plan. */
 size_t llama_partition_pack(const llama_partition *p, float *out);
 int llama_partition_unpack(llama_partition *p, int n_parts, const float *shares, size_t n,
-                           char *err, size_t errlen);
+                           int style, char *err, size_t errlen);
 
 typedef struct {
     int n_threads; /* 0: all online cores */

@@ -271,6 +271,10 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     const llama_config *c = &m->cfg;
     const llama_shared *sh = &x->sh;
     int n = b->n, W = x->p.max_width;
+    if (x->megatron) {
+        snprintf(err, errlen, "the GPU forward runs HCMP plans only (not megatron)");
+        return -1;
+    }
     if (llama_batch_prepare(x, b, err, errlen))
         return -1;
     if (logits && !gpu_in_map(gp, logits, (size_t)n * (size_t)c->vocab * 4)) {

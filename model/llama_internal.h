@@ -31,6 +31,8 @@ struct llama_ctx {
     int64_t bnd[LP_N][LLAMA_MAX_PARTS + 1], kvb[LLAMA_MAX_PARTS + 1];
     int kvh0, kvh1;    /* this part's KV heads [kvh0, kvh1) */
     bool att_sync;     /* a synchronisation point between the projections and attention */
+    bool megatron;     /* the second linear of each pair by input columns (LP_STYLE_MEGATRON) */
+    float *xs;         /* Megatron: this part's slice of a linear's input, contiguous */
     int *split_heads;  /* heads whose dense and sparse parts are computed by different parts */
     int n_split;
     struct att_unit *units, *singles; /* this part's attention work, by KV head and one by one */

@@ -247,8 +247,8 @@ static void worker_take_reconfigure(worker *w, const Orochi__Reconfigure *r)
     llama_partition lp;
     char err[256];
     bool even = r->n_shares == 0;
-    if (!even &&
-        llama_partition_unpack(&lp, (int)r->n_parts, r->shares, r->n_shares, err, sizeof err)) {
+    if (!even && llama_partition_unpack(&lp, (int)r->n_parts, r->shares, r->n_shares,
+                                        (int)r->style, err, sizeof err)) {
         rt_log(w->role, "ignoring Reconfigure %u: %s", r->generation, err);
         return;
     }
@@ -341,8 +341,9 @@ static int worker_join(worker *w)
         goto done;
     }
     llama_partition plan;
-    if (wel->n_plan_shares && llama_partition_unpack(&plan, (int)wel->n_workers, wel->plan_shares,
-                                                     wel->n_plan_shares, err, sizeof err)) {
+    if (wel->n_plan_shares &&
+        llama_partition_unpack(&plan, (int)wel->n_workers, wel->plan_shares, wel->n_plan_shares,
+                               (int)wel->plan_style, err, sizeof err)) {
         rt_log(w->role, "Welcome: %s", err);
         goto done;
     }

@@ -149,6 +149,13 @@ size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads);
  * Matrices of different row lengths or of float and quantized types mixed run one by one. */
 void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, const int64_t *hi,
                 const float *x, int n_tok, float *const *y, const int64_t *ldy, void *scratch);
+/* kmat_mul over input columns [c0, c1) only: y[t][r] = W[r][c0:c1] . x[t] for rows [lo, hi),
+ * x holding n_tok rows of c1 - c0 values (a partial sum: the Megatron-style row split of the
+ * second linear of a pair). c0 and c1 must be multiples of the type's block (32; 256 for the K
+ * family). Each block is computed as kmat_mul computes it. Returns 0, or -1 for a misaligned or
+ * empty column range. scratch: kmat_scratch_bytes(c1 - c0, ...) or NULL. */
+int kmat_mul_cols(kpool *pool, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
+                  const float *x, int n_tok, float *y, int64_t ldy, void *scratch);
 /* Copy row r of w into out as floats (the embedding lookup). */
 void kmat_row(const kmat *w, int64_t r, float *out);
 

@@ -411,6 +411,10 @@ typedef struct {
     uint8_t *scratch; /* per thread: a tile of outputs, and a packed group for
                          unpacked matrices */
     size_t scratch_per_thread;
+    /* kmat_mul_cols: w[0] is a view of input columns of a matrix whose packed groups start at
+     * slice_packed, gstride bytes apart, the view's columns goff bytes into each */
+    const uint8_t *slice_packed;
+    size_t gstride, goff;
 } mm_job;
 
 static size_t mm_thread_bytes(int64_t cols, int n_tok)
@@ -457,7 +461,10 @@ static void mm_unit(const mm_job *job, int m, int64_t u, int thread)
     int64_t base = g * MM_GROUP;
     size_t gbytes = mm_group_bytes(w);
     const uint8_t *pk;
-    if (w->packed) {
+    if (job->slice_packed) {
+        pk = job->slice_packed + (size_t)g * job->gstride + job->goff;
+        gbytes = job->gstride; /* the step from one group to the next */
+    } else if (w->packed) {
         pk = (const uint8_t *)w->packed + (size_t)g * gbytes;
     } else {
         uint8_t *buf = ts + mm_align((size_t)job->n_tok * MM_GROUP * 2 * 4);
@@ -490,8 +497,47 @@ static void mm_run(void *argp, int64_t begin, int64_t end, int thread)
     }
 }
 
+static void mm_mul(kpool *pool, int n, const kmat *const *w, const int64_t *lo,
+                   const int64_t *hi, const float *x, int n_tok, float *const *y,
+                   const int64_t *ldy, void *scratch, const mm_job *slice);
+
 void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, const int64_t *hi,
                 const float *x, int n_tok, float *const *y, const int64_t *ldy, void *scratch)
+{
+    mm_mul(pool, n, w, lo, hi, x, n_tok, y, ldy, scratch, NULL);
+}
+
+int kmat_mul_cols(kpool *pool, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
+                  const float *x, int n_tok, float *y, int64_t ldy, void *scratch)
+{
+    const mm_kdesc *k = mm_kdesc_of(w->type);
+    int64_t align = k ? 32 * k->kb : mm_is_quant(w->type) ? 32 : 1;
+    if (c0 < 0 || c1 > w->cols || c1 <= c0 || c0 % align || c1 % align)
+        return -1;
+    if (hi <= lo || n_tok <= 0)
+        return 0;
+    const kt_traits *tr = kt_traits_of(w->type);
+    kmat v = *w;
+    v.cols = c1 - c0;
+    v.data = (const uint8_t *)w->data + (size_t)(c0 / tr->block) * (size_t)tr->block_bytes;
+    v.packed = NULL;
+    v.packed_borrowed = false;
+    mm_job slice = {0};
+    if (w->packed) {
+        slice.slice_packed = w->packed;
+        slice.gstride = mm_group_bytes(w);
+        kmat head = *w;
+        head.cols = c0; /* the packed bytes of the columns before the view, within a group */
+        slice.goff = c0 ? mm_group_bytes(&head) : 0;
+    }
+    const kmat *vp = &v;
+    mm_mul(pool, 1, &vp, &lo, &hi, x, n_tok, &y, &ldy, scratch, &slice);
+    return 0;
+}
+
+static void mm_mul(kpool *pool, int n, const kmat *const *w, const int64_t *lo,
+                   const int64_t *hi, const float *x, int n_tok, float *const *y,
+                   const int64_t *ldy, void *scratch, const mm_job *slice)
 {
     if (n <= 0 || n_tok <= 0)
         return;
@@ -502,7 +548,7 @@ void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, con
         same = w[m]->cols == w[0]->cols && mm_is_quant(w[m]->type) == mm_is_quant(w[0]->type);
     if (!same) {
         for (int m = 0; m < n; m++)
-            kmat_mul_n(pool, 1, &w[m], &lo[m], &hi[m], x, n_tok, &y[m], &ldy[m], scratch);
+            mm_mul(pool, 1, &w[m], &lo[m], &hi[m], x, n_tok, &y[m], &ldy[m], scratch, slice);
         return;
     }
     int threads = kpool_threads(pool);
@@ -522,6 +568,11 @@ void kmat_mul_n(kpool *pool, int n, const kmat *const *w, const int64_t *lo, con
                   .quant = mm_is_quant(w[0]->type),
                   .isa = mm_isa_now(),
                   .scratch_per_thread = mm_thread_bytes(cols, n_tok)};
+    if (slice) {
+        job.slice_packed = slice->slice_packed;
+        job.gstride = slice->gstride;
+        job.goff = slice->goff;
+    }
     for (int m = 0; m < n; m++) {
         job.w[m] = w[m];
         job.lo[m] = lo[m];

@@ -7,7 +7,9 @@
 - the plan file rewritten while requests are being answered back to back: the coordinator sends
   a Reconfigure, the workers apply it at a step boundary inside a request (their logs say when),
   and every answer, before, across and after the swap, equals `orochi run` token for token;
-- refusals: 4 workers without a partition, a partition whose part count differs from the group's,
+- a Megatron-style plan (the second linear of each pair by input columns, partial sums reduced
+  through the arena) on 3 workers with uneven reduce shares: the same tokens as `orochi run`;
+- refusals: 4 workers without a partition, an unknown style, a partition whose part count differs from the group's,
   a negative share: the group does not start and the coordinator's log says why.
 """
 import calendar
@@ -58,6 +60,18 @@ def uneven_plan_on_four_workers_equals_run():
                     g.log("worker-%d" % i)[-2000:])
         G.check("partition (generation 1): qkv 0.1/0.2/0.3/0.4" in g.log("coordinator"),
                 "the coordinator does not report the partition:\n%s", g.log("coordinator")[-3000:])
+
+
+@t.case
+def megatron_plan_equals_run():
+    model = model_or_skip()
+    plan = os.path.join(G.env()["tmp"], "plan-megatron-%d.json" % os.getpid())
+    write_plan(plan, {"parts": 3, "style": "megatron", "qkv": [1, 1, 1], "all": [0.2, 0.3, 0.5]})
+    with G.Group("partmeg", model, workers=3, speculators=["ngram"], extra=["--plan", plan]) as g:
+        for p in PROMPTS:
+            G.check_eq(g.ids(p, max_tokens=48), G.run_ids(model, p, 48), "token ids under megatron for %r" % p)
+        G.check("partition (generation 1), megatron:" in g.log("coordinator"),
+                "the coordinator does not report the megatron partition:\n%s", g.log("coordinator")[-3000:])
 
 
 def applied_at(log, gen):
@@ -119,6 +133,7 @@ def bad_partitions_are_refused():
     tmp = G.env()["tmp"]
     cases = [
         (4, None, "at most one worker per head for the even split"),
+        (2, {"parts": 2, "style": "tensor"}, 'the partition\'s "style" must be "hcmp" or "megatron"'),
         (2, {"parts": 3, "all": [1, 1, 1]}, '"partition" needs "parts": the group\'s worker count (2)'),
         (2, {"parts": 2, "wo": [1, -1]}, "the wo share of part 1 is -1"),
         (2, {"parts": 2, "qkv": [1]}, "the partition's qkv shares must be 2 numbers"),

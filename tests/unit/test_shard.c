@@ -3,8 +3,9 @@
  * as row ranges [0,a), [a,b), [b,n) and concatenating is bit-identical to computing them whole,
  * for every tensor type, batch width and thread count; a whole forward split into 1, 2 or 3
  * column parts gives bit-identical logits, and so do partition plans with uneven shares, more
- * parts than KV heads and a plan swapped between steps; the dense/sparse attention split agrees
- * within float rounding and keeps every greedy token. Workers depend on this.
+ * parts than KV heads and a plan swapped between steps; the dense/sparse attention split and the
+ * Megatron-style plan (partial sums reduced) agree within float rounding and keep every greedy
+ * token; kmat_mul_cols over a column block range equals the sub-matrix. Workers depend on this.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -60,6 +61,59 @@ static void test_shard_matmul_ranges(void **state)
     free(x);
     free(full);
     free(part);
+    kpool_destroy(&pool);
+}
+
+/* kmat_mul_cols over a block-aligned input column range, packed or not, is bit-identical to
+ * kmat_mul over a matrix holding only those columns (the same bytes); misaligned ranges are
+ * refused. */
+static void test_shard_matmul_cols(void **state)
+{
+    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1, KT_Q4_K, KT_Q6_K};
+    int64_t rows = 40, cols = 1024, c0 = 256, c1 = 768;
+    kpool *pool = kpool_new(2);
+    float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(8 * cols) * 4);
+    float *ref = malloc((size_t)(8 * rows) * 4), *got = malloc((size_t)(8 * rows) * 4);
+    fill(wf, (size_t)(rows * cols), 3);
+    fill(x, (size_t)(8 * cols), 4);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t rb = kt_row_bytes(types[t], (uint64_t)cols), sb = kt_row_bytes(types[t], (uint64_t)(c1 - c0));
+        const kt_traits *tr = kt_traits_of(types[t]);
+        uint8_t *wq = malloc(rb * (size_t)rows), *sub = malloc(sb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) {
+            kt_quantize_row(types[t], wf + r * cols, wq + (size_t)r * rb, cols);
+            memcpy(sub + (size_t)r * sb, wq + (size_t)r * rb + (size_t)(c0 / tr->block) * tr->block_bytes, sb);
+        }
+        for (int packed = 0; packed < 2; packed++) {
+            kmat w = {.type = types[t], .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+            kmat s = {.type = types[t], .rows = rows, .cols = c1 - c0, .row_bytes = sb, .data = sub};
+            if (packed && (kmat_pack(pool, &w) || kmat_pack(pool, &s)))
+                fail_msg("%s: pack failed", tr->name);
+            for (int n = 1; n <= 8; n += 7) {
+                kmat_mul(pool, &s, 3, 37, x, n, ref, rows, NULL);
+                if (kmat_mul_cols(pool, &w, 3, 37, c0, c1, x, n, got, rows, NULL))
+                    fail_msg("%s: kmat_mul_cols refused an aligned range", tr->name);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(ref + i * rows + 3, got + i * rows + 3, 34 * 4))
+                        fail_msg("%s %s width %d: columns [%lld, %lld) differ from the sub-matrix",
+                                 tr->name, packed ? "packed" : "unpacked", n, (long long)c0,
+                                 (long long)c1);
+            }
+            kmat_unpack(&w);
+            kmat_unpack(&s);
+        }
+        if (tr->block > 1)
+            assert_int_equal(kmat_mul_cols(pool, &(kmat){.type = types[t], .rows = rows,
+                                                         .cols = cols, .row_bytes = rb, .data = wq},
+                                           0, 4, 16, 512, x, 1, got, rows, NULL),
+                             -1);
+        free(wq);
+        free(sub);
+    }
+    free(wf);
+    free(x);
+    free(ref);
+    free(got);
     kpool_destroy(&pool);
 }
 
@@ -186,8 +240,8 @@ static void expect_same_argmax(const float *got, const float *ref, int rows, int
 /* Partition plans: uneven shares (0.1/0.2/0.3/0.4), more parts than KV heads, parts with nothing
  * of a kind, and a plan swapped between steps are bit-identical to one part as long as each
  * head's dense and sparse attention stay together; with them apart (the dense/sparse split, the
- * partials merged by online softmax) the logits agree within float rounding and every row's
- * greedy token is the same. */
+ * partials merged by online softmax), or with the Megatron-style plan (partial sums reduced),
+ * the logits agree within float rounding and every row's greedy token is the same. */
 static void test_shard_forward_plans(void **state)
 {
     char err[256];
@@ -211,16 +265,21 @@ static void test_shard_forward_plans(void **state)
             const float *shares, *dense, *sparse, *swap;
             bool exact;
             const char *what;
+            int style;
         } cases[] = {
-            {4, uneven, NULL, NULL, NULL, true, "4 parts 0.1/0.2/0.3/0.4"},
-            {5, five, NULL, NULL, NULL, true, "5 even parts over 3 KV heads"},
-            {4, idle, NULL, NULL, NULL, true, "parts 0 and 2 idle"},
-            {4, uneven, NULL, NULL, idle, true, "0.1/0.2/0.3/0.4 swapped for 0/3/0/1"},
-            {4, uneven, dense, sparse, NULL, false, "dense on parts 0-1, sparse on 2-3"},
-            {4, uneven, half_d, half_s, NULL, false, "dense and sparse overlapping"},
+            {4, uneven, NULL, NULL, NULL, true, "4 parts 0.1/0.2/0.3/0.4", LP_STYLE_HCMP},
+            {5, five, NULL, NULL, NULL, true, "5 even parts over 3 KV heads", LP_STYLE_HCMP},
+            {4, idle, NULL, NULL, NULL, true, "parts 0 and 2 idle", LP_STYLE_HCMP},
+            {4, uneven, NULL, NULL, idle, true, "0.1/0.2/0.3/0.4 swapped for 0/3/0/1", LP_STYLE_HCMP},
+            {4, uneven, dense, sparse, NULL, false, "dense on parts 0-1, sparse on 2-3", LP_STYLE_HCMP},
+            {4, uneven, half_d, half_s, NULL, false, "dense and sparse overlapping", LP_STYLE_HCMP},
+            {1, five, NULL, NULL, NULL, true, "megatron, one part", LP_STYLE_MEGATRON},
+            {3, five, NULL, NULL, NULL, false, "megatron, 3 even parts", LP_STYLE_MEGATRON},
+            {4, uneven, NULL, NULL, NULL, false, "megatron 0.1/0.2/0.3/0.4", LP_STYLE_MEGATRON},
         };
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
             plan_set(&a, cases[k].parts, cases[k].shares, cases[k].dense, cases[k].sparse);
+            a.style = cases[k].style;
             if (cases[k].swap)
                 plan_set(&b, cases[k].parts, cases[k].swap, NULL, NULL);
             memset(got, 0, n * 4);
@@ -284,6 +343,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_matmul_ranges),
+        cmocka_unit_test(test_shard_matmul_cols),
         cmocka_unit_test(test_shard_forward_parts),
         cmocka_unit_test(test_shard_forward_plans),
         cmocka_unit_test(test_shard_plan_errors),
