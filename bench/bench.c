@@ -111,22 +111,15 @@ static bool bench_list(const char *s, int *out, int *n, int max, long hi)
     return *n > 0;
 }
 
-static FILE *bench_open_json(const char *path);
-
-static double bench_loadavg(void)
-{
-    double l[1] = {0};
-    return getloadavg(l, 1) == 1 ? l[0] : -1;
-}
 
 /* --bandwidth: measure the floor at each thread count afresh, cache it, print it. */
 static int bench_bandwidth(const bench_opts *o)
 {
-    FILE *js = bench_open_json(o->json);
+    FILE *js = cli_open_append(o->json);
     printf("%-10s %10s %10s %10s\n", "threads", "read GB/s", "floor", "load avg");
     for (int i = 0; i < o->n_threads; i++) {
         fprintf(stderr, "orochi bench: measuring read bandwidth at %d threads...\n", o->threads[i]);
-        double g = bw_measure(o->threads[i]), la = bench_loadavg();
+        double g = bw_measure(o->threads[i]), la = cli_loadavg();
         if (g <= 0) {
             fprintf(stderr, "orochi bench: out of memory for the bandwidth buffer\n");
             return 1;
@@ -150,6 +143,7 @@ static void bench_usage(FILE *out)
                  "                    [--kv f32|f16] [--json FILE]\n"
                  "       orochi bench --bandwidth [--threads 1,2] [--json FILE]\n"
                  "       orochi bench --tree-attention [--widths 4,8,16,32,64] [--heads 9] ...\n"
+                 "       orochi bench --plans [--parts 2] [--plan hcmp|split|megatron:S]... ...\n"
                  "  Decode tok/s per thread count (median of --rounds, each after a fresh\n"
                  "  bandwidth measurement) and the W-token step-time curve at --ctx, with\n"
                  "  achieved GB/s against the floor (the best read bandwidth measured at that\n"
@@ -158,25 +152,18 @@ static void bench_usage(FILE *out)
                  "  %s (other commands measure what is missing).\n"
                  "  --tree-attention (first option) times the tree part of attention: naive\n"
                  "  sparse vs katt_sparse / katt_causal_group vs dense (`orochi bench\n"
-                 "  --tree-attention --help`).\n", bw_cache_path());
+                 "  --tree-attention --help`).\n"
+                 "  --plans (first option) times verification steps under partition plans, the\n"
+                 "  parts as threads (`orochi bench --plans --help`).\n", bw_cache_path());
 }
 
-static FILE *bench_open_json(const char *path)
-{
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) {
-        *slash = 0;
-        mkdir(dir, 0755);
-    }
-    return fopen(path, "a");
-}
 
 int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--tree-attention"))
         return bench_tree_attention(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "--plans"))
+        return bench_plans(argc - 1, argv + 1);
     bench_opts o = {.model = BENCH_DEFAULT_MODEL, .json = "bench/results/bench.jsonl",
                     .decode_tokens = 64, .ctx = 256, .reps = 5, .rounds = 3, .kv = KV_F32};
     bench_list("1,2", o.threads, &o.n_threads, 8, 1024);
@@ -233,7 +220,7 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 2;
     }
-    FILE *js = bench_open_json(o.json);
+    FILE *js = cli_open_append(o.json);
     if (!js)
         fprintf(stderr, "orochi bench: cannot open %s for JSON lines; table only\n", o.json);
     double gb = (double)llama_model_step_bytes(m) / 1e9, macs = llama_model_step_macs(m);
@@ -273,7 +260,7 @@ int cmd_bench(int argc, char **argv)
                         "\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,\"of_floor\":%.4f,"
                         "\"beside_gb_s\":%.2f,\"of_beside\":%.4f,\"rounds\":%d,"
                         "\"loadavg\":%.2f}\n", name, kisa_name(kisa_current()), o.threads[i], tps,
-                    tps * gb, floors[i], tps * gb / floors[i], beside, frac, nr, bench_loadavg());
+                    tps * gb, floors[i], tps * gb / floors[i], beside, frac, nr, cli_loadavg());
     }
 
     int threads = o.threads[o.n_threads - 1];

@@ -348,52 +348,6 @@ static void ta_usage(FILE *out)
             "  (bench/results/tree_attention.jsonl by default).\n");
 }
 
-/* "4,8,16" into o->widths; false with one line naming --widths. */
-static bool ta_widths(const char *s, ta_opts *o)
-{
-    char *dup = strdup(s), *save = NULL;
-    o->n_widths = 0;
-    if (!dup)
-        return false;
-    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        long v;
-        if (o->n_widths == TA_MAX_WIDTHS) {
-            fprintf(stderr, "orochi bench: --widths takes at most %d widths\n", TA_MAX_WIDTHS);
-            free(dup);
-            return false;
-        }
-        if (!cli_int("bench", "--widths", tok, 1, TA_MAX_WIDTH, &v)) {
-            free(dup);
-            return false;
-        }
-        o->widths[o->n_widths++] = (int)v;
-    }
-    free(dup);
-    if (!o->n_widths)
-        fprintf(stderr, "orochi bench: --widths expects a list such as 4,8,16, got '%s'\n", s);
-    return o->n_widths > 0;
-}
-
-/* Open path for appending, creating its directories. */
-static FILE *ta_open_json(const char *path)
-{
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    for (char *p = dir + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(dir, 0755);
-            *p = '/';
-        }
-    return fopen(path, "a");
-}
-
-static double ta_loadavg(void)
-{
-    double l[1] = {0};
-    return getloadavg(l, 1) == 1 ? l[0] : -1;
-}
-
 /* Check and time one width: us[strategy] gets the medians. 0, 1 on disagreement (message
  * printed), -1 when out of memory. */
 static int ta_width(const ta_opts *o, int w, double *us, double *anc_per_node)
@@ -476,7 +430,8 @@ int bench_tree_attention(int argc, char **argv)
                  .reps = 50,
                  .kv = KV_F32,
                  .json = "bench/results/tree_attention.jsonl"};
-    ta_widths("4,8,16,32,64", &o);
+    o.n_widths = cli_int_list("bench", "--widths", "4,8,16,32,64", 1, TA_MAX_WIDTH, o.widths,
+                              TA_MAX_WIDTHS);
     for (int i = 1; i < argc; i++) { /* argv[0] is --tree-attention */
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -496,7 +451,9 @@ int bench_tree_attention(int argc, char **argv)
         if (!(v = cli_value("bench", argc, argv, &i)))
             return 2;
         if (!strcmp(a, "--widths")) {
-            if (!ta_widths(v, &o))
+            o.n_widths = cli_int_list("bench", "--widths", v, 1, TA_MAX_WIDTH, o.widths,
+                                      TA_MAX_WIDTHS);
+            if (o.n_widths < 1)
                 return 2;
         } else if (!strcmp(a, "--heads")) {
             if (!cli_int("bench", a, v, 1, 256, &o.heads))
@@ -526,7 +483,7 @@ int bench_tree_attention(int argc, char **argv)
         return 2;
     }
 
-    FILE *js = ta_open_json(o.json);
+    FILE *js = cli_open_append(o.json);
     if (!js)
         fprintf(stderr, "orochi bench: cannot open %s for JSON lines; table only\n", o.json);
     const char *kvname = o.kv == KV_F16 ? "f16" : "f32";
@@ -556,7 +513,7 @@ int bench_tree_attention(int argc, char **argv)
                us[TA_NAIVE] / us[TA_SPARSE], us[TA_DENSE] / us[TA_SPARSE],
                us[TA_NAIVE] / us[TA_GROUP], us[TA_DENSE] / us[TA_GROUP]);
         fflush(stdout);
-        double la = ta_loadavg();
+        double la = cli_loadavg();
         for (int s = 0; js && s < TA_N_STRATEGIES; s++)
             fprintf(js,
                     "{\"bench\":\"tree_attention\",\"width\":%d,\"strategy\":\"%s\",\"us\":%.3f,"

@@ -18,6 +18,8 @@ int cmd_quantize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `orochi bench --tree-attention ...` (bench/tree_attention.c): argv[0] is "--tree-attention". */
 int bench_tree_attention(int argc, char **argv);
+/* `orochi bench --plans ...` (bench/plans.c): argv[0] is "--plans". */
+int bench_plans(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

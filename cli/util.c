@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -153,4 +154,51 @@ void cli_synthetic_ids(int32_t *ids, int n, int vocab)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
     }
+}
+
+FILE *cli_open_append(const char *path)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(dir, 0755);
+            *p = '/';
+        }
+    return fopen(path, "a");
+}
+
+double cli_loadavg(void)
+{
+    double l[1] = {0};
+    return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
+int cli_int_list(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out,
+                 int max)
+{
+    char *dup = strdup(s), *save = NULL;
+    int n = 0;
+    if (!dup)
+        return -1;
+    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (n == max) {
+            fprintf(stderr, "orochi %s: %s takes at most %d values\n", cmd, opt, max);
+            free(dup);
+            return -1;
+        }
+        if (!cli_int(cmd, opt, tok, lo, hi, &v)) {
+            free(dup);
+            return -1;
+        }
+        out[n++] = (int)v;
+    }
+    free(dup);
+    if (!n) {
+        fprintf(stderr, "orochi %s: %s expects a list such as 1,2,4, got '%s'\n", cmd, opt, s);
+        return -1;
+    }
+    return n;
 }

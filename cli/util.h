@@ -6,6 +6,7 @@
 #define OROCHI_CLI_UTIL_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,14 @@ uint64_t cli_peak_rss(void);
 int cli_online_cores(void);
 /* The median of v[0..n) (sorts v in place; the mean of the middle two when n is even). */
 double cli_median(double *v, int n);
+/* Open path for appending (a benchmark's JSON lines), creating its directories; NULL on failure. */
+FILE *cli_open_append(const char *path);
+/* The 1-minute load average (-1 when unknown), reported beside every benchmark figure. */
+double cli_loadavg(void);
+/* Parse "1,2,4" into at most max whole numbers within [lo, hi]; the count, or -1 after one line
+ * naming opt. */
+int cli_int_list(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out,
+                 int max);
 /* Deterministic token ids in [0, vocab) for synthetic contexts (benchmarks, profiling). */
 void cli_synthetic_ids(int32_t *ids, int n, int vocab);
 

@@ -1,0 +1,383 @@
+/*
+ * bench/plans.c — `orochi bench --plans`: the verification step time against width for partition
+ * plans (docs/speculation.md, "The partition"; docs/gpu.md), so one plan's gain over another is
+ * measured, not assumed.
+ *
+ * The parts of a column split run in this process, one thread each (with --threads-per-part pool
+ * threads), over one shared block and an arena barrier with spinning — what worker processes do
+ * through the shared-memory arena, without the processes. Each part runs on the CPU or, in a
+ * build with CUDA, on the GPU (--devices cpu,gpu: part i on device i). A context of --ctx tokens
+ * is prefilled once; then, for every repetition, every plan in turn (the parts switch plans
+ * together between steps, as a Reconfigure does) runs a W-token chain with logits for every token
+ * at each width, so load on the machine falls on all plans alike. A plan is
+ *   hcmp:S       every kind by shares S (a/b/...; "even" for equal shares),
+ *   split:S      the linear kinds by S; each head's dense (prefix) attention on part 0 and its
+ *                sparse (tree) attention on the last part (Ghidorah's GPU/CPU assignment),
+ *   megatron:S   the Megatron-style baseline: the second linear of each pair by input columns,
+ *                partial sums reduced (S: the reduce and gate/up shares; heads by KV heads).
+ * Reported per plan and width: the median step time over --reps, t(W)/t(1), and the weight bytes
+ * read per step over that time (GB/s); a table on stdout and JSON lines in --json FILE.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "model/llama.h"
+#include "shm/arena.h"
+#ifdef OROCHI_HAVE_CUDA
+#include "model/llama_cuda.h"
+#endif
+
+#define PB_MAX_PLANS 8
+#define PB_MAX_WIDTHS 16
+#define PB_SPIN 200000
+
+typedef struct {
+    const char *model, *json;
+    int parts, threads, ctx, reps;
+    int widths[PB_MAX_WIDTHS], n_widths;
+    char names[PB_MAX_PLANS][64];
+    llama_partition plans[PB_MAX_PLANS];
+    int n_plans;
+    bool gpu[LLAMA_MAX_PARTS];
+} pb_opts;
+
+/* What the part threads share. */
+typedef struct {
+    const pb_opts *o;
+    llama_model *m;
+    void *block;
+    size_t block_bytes;
+    float *logits;
+    arena_barrier barrier;
+    double *ms; /* [rep][plan][width] step times of part 0 */
+    int failed;
+    char err[512];
+} pb_run;
+
+typedef struct {
+    pb_run *r;
+    int part;
+} pb_part;
+
+static int pb_sync(void *arg)
+{
+    return arena_barrier_wait(arg, -1, PB_SPIN);
+}
+
+static void pb_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: orochi bench --plans [--model M] [--parts 2] [--threads-per-part 1]\n"
+            "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
+            "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
+            "  Verification step time against width for partition plans, the parts run as\n"
+            "  threads over one shared block (as worker processes share the arena). A plan is\n"
+            "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
+            "  dense attention on part 0, sparse on the last part) or megatron:S (the baseline:\n"
+            "  the second linear of each pair by input columns, partial sums reduced). Default:\n"
+            "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
+            "  build with CUDA). JSON lines go to --json FILE (bench/results/plans.jsonl).\n");
+}
+
+/* "hcmp:0.7/0.3" into a plan of n parts; false with one line. */
+static bool pb_plan(const char *spec, int n, llama_partition *p, char *name, size_t namelen)
+{
+    const char *colon = strchr(spec, ':');
+    char style[16] = "";
+    snprintf(style, sizeof style, "%.*s", colon ? (int)(colon - spec) : (int)strlen(spec), spec);
+    const char *shares = colon ? colon + 1 : "even";
+    llama_partition_even(p, n);
+    float f[LLAMA_MAX_PARTS];
+    if (strcmp(shares, "even")) {
+        char *dup = strdup(shares), *save = NULL;
+        int k = 0;
+        for (char *t = strtok_r(dup, "/", &save); t; t = strtok_r(NULL, "/", &save)) {
+            char *end;
+            double v = strtod(t, &end);
+            if (*end || v < 0 || k == n) {
+                k = -1;
+                break;
+            }
+            f[k++] = (float)v;
+        }
+        free(dup);
+        if (k != n) {
+            fprintf(stderr, "orochi bench: --plan %s: want %d shares a/b/... (>= 0) or 'even'\n",
+                    spec, n);
+            return false;
+        }
+        for (int kind = 0; kind < LP_N; kind++)
+            for (int i = 0; i < n; i++)
+                p->frac[kind][i] = f[i];
+    }
+    if (!strcmp(style, "megatron")) {
+        p->style = LP_STYLE_MEGATRON;
+    } else if (!strcmp(style, "split")) {
+        for (int i = 0; i < n; i++) {
+            p->frac[LP_ATT_DENSE][i] = i == 0;
+            p->frac[LP_ATT_SPARSE][i] = i == n - 1;
+        }
+    } else if (strcmp(style, "hcmp")) {
+        fprintf(stderr, "orochi bench: --plan %s: the style must be hcmp, split or megatron\n",
+                spec);
+        return false;
+    }
+    char why[256];
+    if (llama_partition_check(p, why, sizeof why)) {
+        fprintf(stderr, "orochi bench: --plan %s: %s\n", spec, why);
+        return false;
+    }
+    snprintf(name, namelen, "%s:%s", style, shares);
+    return true;
+}
+
+static void pb_fail(pb_run *r, int part, const char *err)
+{
+    if (!__atomic_exchange_n(&r->failed, 1, __ATOMIC_ACQ_REL))
+        snprintf(r->err, sizeof r->err, "part %d: %s", part, err);
+    arena_barrier_break(&r->barrier);
+}
+
+/* One part: prefill, then the timed steps. */
+static void *pb_part_main(void *argp)
+{
+    pb_part *pp = argp;
+    pb_run *r = pp->r;
+    const pb_opts *o = r->o;
+    int me = pp->part, W = 64;
+    char err[400];
+    llama_ctx_params cp = {.n_threads = o->threads, .max_width = W, .n_ctx = o->ctx + W,
+                           .kv = KV_F32, .part = me, .n_parts = o->parts,
+                           .plan = &o->plans[0], .shared = r->block, .sync = pb_sync,
+                           .sync_arg = &r->barrier};
+    llama_ctx *x = llama_ctx_new(r->m, &cp, err, sizeof err);
+    if (!x) {
+        pb_fail(r, me, err);
+        return NULL;
+    }
+#ifdef OROCHI_HAVE_CUDA
+    llama_gpu *gpu = NULL;
+    if (o->gpu[me] && !(gpu = llama_gpu_new(x, 0, r->block, r->block_bytes, err, sizeof err))) {
+        pb_fail(r, me, err);
+        llama_ctx_destroy(&x);
+        return NULL;
+    }
+#define PB_FORWARD(b, lg) (gpu ? llama_gpu_forward(gpu, b, lg, err, sizeof err) \
+                               : llama_forward(x, b, lg, err, sizeof err))
+#else
+#define PB_FORWARD(b, lg) llama_forward(x, b, lg, err, sizeof err)
+#endif
+    int32_t *ids = malloc((size_t)(o->ctx + W) * sizeof *ids), path[64];
+    cli_synthetic_ids(ids, o->ctx + W, r->m->cfg.vocab);
+    for (int i = 0; i < W; i++)
+        path[i] = i;
+    /* the context, in chunks of the width, committed */
+    for (int at = 0; at < o->ctx && !r->failed; at += W) {
+        int n = o->ctx - at < W ? o->ctx - at : W;
+        llama_batch b = {.n = n, .tokens = ids + at, .logits_from = n};
+        if (PB_FORWARD(&b, NULL) || llama_commit(x, path, n, err, sizeof err)) {
+            pb_fail(r, me, err);
+            break;
+        }
+    }
+    for (int rep = -1; rep < o->reps && !r->failed; rep++) /* rep -1: the warm-up */
+        for (int pl = 0; pl < o->n_plans && !r->failed; pl++) {
+            if (llama_ctx_set_partition(x, &o->plans[pl], err, sizeof err)) {
+                pb_fail(r, me, err);
+                break;
+            }
+            for (int wi = 0; wi < o->n_widths && !r->failed; wi++) {
+                llama_batch b = {.n = o->widths[wi], .tokens = ids + o->ctx, .logits_from = 0};
+                if (pb_sync(&r->barrier)) /* start together */
+                    break;
+                double t0 = cli_now();
+                if (PB_FORWARD(&b, r->logits)) {
+                    pb_fail(r, me, err);
+                    break;
+                }
+                if (pb_sync(&r->barrier)) /* the step ends when its last part ends */
+                    break;
+                if (me == 0 && rep >= 0)
+                    r->ms[((size_t)rep * o->n_plans + pl) * o->n_widths + wi] =
+                        (cli_now() - t0) * 1e3;
+            }
+        }
+    free(ids);
+#ifdef OROCHI_HAVE_CUDA
+    llama_gpu_destroy(&gpu);
+#endif
+    llama_ctx_destroy(&x);
+    return NULL;
+}
+
+static int pb_parse(pb_opts *o, int argc, char **argv)
+{
+    const char *plans[PB_MAX_PLANS], *devices = NULL;
+    int n_plans = 0;
+    long v;
+    for (int i = 1; i < argc; i++) { /* argv[0] is --plans */
+        const char *a = argv[i], *val;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            pb_usage(stdout);
+            exit(0);
+        }
+        if (!(val = cli_value("bench", argc, argv, &i)))
+            return 2;
+        if (!strcmp(a, "--model")) {
+            o->model = val;
+        } else if (!strcmp(a, "--json")) {
+            o->json = val;
+        } else if (!strcmp(a, "--devices")) {
+            devices = val;
+        } else if (!strcmp(a, "--plan")) {
+            if (n_plans == PB_MAX_PLANS) {
+                fprintf(stderr, "orochi bench: at most %d plans\n", PB_MAX_PLANS);
+                return 2;
+            }
+            plans[n_plans++] = val;
+        } else if (!strcmp(a, "--widths")) {
+            if ((o->n_widths = cli_int_list("bench", a, val, 1, 64, o->widths, PB_MAX_WIDTHS)) < 1)
+                return 2;
+        } else if (!strcmp(a, "--parts") || !strcmp(a, "--threads-per-part") ||
+                   !strcmp(a, "--ctx") || !strcmp(a, "--reps")) {
+            long hi = !strcmp(a, "--parts") ? LLAMA_MAX_PARTS : !strcmp(a, "--ctx") ? 65536 : 1000;
+            if (!cli_int("bench", a, val, 1, hi, &v))
+                return 2;
+            *(!strcmp(a, "--parts")           ? &o->parts
+              : !strcmp(a, "--threads-per-part") ? &o->threads
+              : !strcmp(a, "--ctx")           ? &o->ctx
+                                              : &o->reps) = (int)v;
+        } else {
+            fprintf(stderr, "orochi bench: unknown option '%s' for --plans\n", a);
+            return 2;
+        }
+    }
+    if (!n_plans) {
+        plans[n_plans++] = "hcmp:even";
+        plans[n_plans++] = "split:even";
+        plans[n_plans++] = "megatron:even";
+    }
+    for (int k = 0; k < n_plans; k++)
+        if (!pb_plan(plans[k], o->parts, &o->plans[k], o->names[k], sizeof o->names[k]))
+            return 2;
+    o->n_plans = n_plans;
+    if (devices) {
+        int n = 0;
+        char *dup = strdup(devices), *save = NULL;
+        for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save), n++) {
+            if (n == o->parts || (strcmp(t, "cpu") && strcmp(t, "gpu"))) {
+                fprintf(stderr, "orochi bench: --devices %s: cpu or gpu for each of %d parts\n",
+                        devices, o->parts);
+                free(dup);
+                return 2;
+            }
+            o->gpu[n] = !strcmp(t, "gpu");
+        }
+        free(dup);
+#ifndef OROCHI_HAVE_CUDA
+        for (int i = 0; i < o->parts; i++)
+            if (o->gpu[i]) {
+                fprintf(stderr, "orochi bench: --devices gpu: this build has no CUDA (CMake "
+                                "builds it when it finds nvcc)\n");
+                return 2;
+            }
+#endif
+    }
+    return 0;
+}
+
+int bench_plans(int argc, char **argv)
+{
+    pb_opts o = {.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 .json = "bench/results/plans.jsonl",
+                 .parts = 2,
+                 .threads = 1,
+                 .ctx = 256,
+                 .reps = 5};
+    o.n_widths = cli_int_list("bench", "--widths", "1,2,4,8,16,32,64", 1, 64, o.widths,
+                              PB_MAX_WIDTHS);
+    int rc = pb_parse(&o, argc, argv);
+    if (rc)
+        return rc;
+    char err[512];
+    pb_run r = {.o = &o};
+    r.m = llama_model_load(o.model, err, sizeof err);
+    if (!r.m) {
+        fprintf(stderr, "orochi bench: %s\n", err);
+        return 2;
+    }
+    size_t shared = llama_shared_layout(&r.m->cfg, o.ctx + 64, 64, 1, KV_F32, NULL);
+    size_t lbytes = (size_t)64 * (size_t)r.m->cfg.vocab * 4;
+    r.block_bytes = (shared + lbytes + 4095) & ~(size_t)4095;
+    r.block = aligned_alloc(4096, r.block_bytes);
+    r.ms = calloc((size_t)o.reps * (size_t)o.n_plans * (size_t)o.n_widths, sizeof *r.ms);
+    if (!r.block || !r.ms) {
+        fprintf(stderr, "orochi bench: out of memory (%zu bytes of shared block)\n",
+                r.block_bytes);
+        return 1;
+    }
+    memset(r.block, 0, r.block_bytes);
+    r.logits = (float *)((char *)r.block + shared);
+    arena_barrier_init(&r.barrier, (uint32_t)o.parts);
+    char devs[128] = "";
+    for (int i = 0, at = 0; i < o.parts && at < (int)sizeof devs - 5; i++)
+        at += snprintf(devs + at, sizeof devs - (size_t)at, "%s%s", i ? "," : "",
+                       o.gpu[i] ? "gpu" : "cpu");
+    fprintf(stderr, "orochi bench --plans: %d parts (%s) x %d threads, context %d, %d plans x %d "
+                    "widths x %d reps...\n",
+            o.parts, devs, o.threads, o.ctx, o.n_plans, o.n_widths, o.reps);
+    pthread_t th[LLAMA_MAX_PARTS];
+    pb_part pp[LLAMA_MAX_PARTS];
+    for (int i = 0; i < o.parts; i++) {
+        pp[i] = (pb_part){&r, i};
+        pthread_create(&th[i], NULL, pb_part_main, &pp[i]);
+    }
+    for (int i = 0; i < o.parts; i++)
+        pthread_join(th[i], NULL);
+    if (r.failed) {
+        fprintf(stderr, "orochi bench: %s\n", r.err);
+        return 1;
+    }
+    double gb = (double)llama_model_step_bytes(r.m) / 1e9, la = cli_loadavg();
+    FILE *js = cli_open_append(o.json);
+    const char *base = strrchr(o.model, '/');
+    printf("model %s, %d parts (%s) x %d threads, context %d, load average %.2f\n",
+           base ? base + 1 : o.model, o.parts, devs, o.threads, o.ctx, la);
+    printf("step time (ms, median of %d), the weight bytes read per step over it (GB/s), and the "
+           "first plan's time over each plan's (x)\n%4s",
+           o.reps, "W");
+    for (int p = 0; p < o.n_plans; p++)
+        printf(" | %-22s", o.names[p]);
+    printf("\n");
+    double *v = malloc((size_t)o.reps * sizeof *v), first = 0;
+    for (int wi = 0; wi < o.n_widths; wi++) {
+        printf("%4d", o.widths[wi]);
+        for (int p = 0; p < o.n_plans; p++) {
+            for (int k = 0; k < o.reps; k++)
+                v[k] = r.ms[((size_t)k * o.n_plans + p) * o.n_widths + wi];
+            double med = cli_median(v, o.reps);
+            first = p ? first : med;
+            printf(" | %7.3f %6.1f %6.2fx", med, gb / (med / 1e3), first / med);
+            if (js)
+                fprintf(js,
+                        "{\"bench\":\"plans\",\"plan\":\"%s\",\"width\":%d,\"ms\":%.4f,"
+                        "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
+                        "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f}\n",
+                        o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
+                        o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la);
+        }
+        printf("\n");
+    }
+    if (js)
+        fclose(js);
+    fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
+    free(v);
+    free(r.ms);
+    free(r.block);
+    llama_model_destroy(&r.m);
+    return 0;
+}
