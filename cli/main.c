@@ -1,5 +1,6 @@
 /*
  * orochi — the user's CLI. Dispatches to one subcommand; see README.md for the full reference.
+ * A core-only build (CMake OROCHI_CORE_ONLY) leaves out the commands that speak JSON.
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,16 +17,20 @@ static const command COMMANDS[] = {
     {"run", cmd_run, "generate text in-process (sequential decoding)"},
     {"eval", cmd_eval, "teacher-forced logits of a token sequence (for tests)"},
     {"inspect", cmd_inspect, "print a GGUF file's metadata and tensor table"},
+#ifndef OROCHI_CORE_ONLY
     {"tokenize", cmd_tokenize, "print the token ids and pieces of a text"},
+#endif
     {"mkmodel", cmd_mkmodel, "write a deterministic random-weight Llama GGUF"},
     {"quantize", cmd_quantize, "convert a GGUF model's weight matrices to another type"},
     {"mkmedusa", cmd_mkmedusa, "write deterministic random Medusa heads for a target GGUF"},
     {"hidden", cmd_hidden, "greedy generations' hidden states: Medusa training data"},
     {"train-medusa", cmd_train_medusa, "train Medusa heads for a target (self-distillation)"},
     {"bench", cmd_bench, "decode speed and batch step-time curve"},
+#ifndef OROCHI_CORE_ONLY /* these speak JSON (cJSON), which the core-only build goes without */
     {"profile", cmd_profile, "ARCA: step times and acceptance, the plan a group follows"},
     {"generate", cmd_generate, "one request to a running coordinator's HTTP API"},
     {"chat", cmd_chat, "interactive chat with a running coordinator"},
+#endif
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU half's checks in one run, for a machine with an NVIDIA GPU (docs/gpu.md, "Checking it on
+# a GPU"): a core-only build with CUDA (it needs CMake, a C compiler and the CUDA toolkit, none of
+# the actor system's libraries), the `cuda` tests, the copy bandwidth of the device, and the step
+# time against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models
+# of the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its
+# time in GB/s.
+#   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
+#   GPU_CHECK_QUICK=1: widths 1,8,64 and 2 repetitions (a first look in about a minute)
+# Writes OUT_DIR/gpu.txt (the card), ctest.log, bandwidth.txt, plans.jsonl (bench --plans) and
+# plans.txt (its tables); exits non-zero when the build or a cuda test fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${1:-${OUT:-/tmp/gpu-check}}"
+mkdir -p "$out"
+jobs="$(nproc)"
+widths=1,2,4,8,16,32,64
+reps=5
+if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
+
+echo "== the card"
+(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true) |
+    tee "$out/gpu.txt"
+echo "== build (core only, CUDA on)"
+cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+cmake --build build-gpu -j "$jobs" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+echo "== cuda tests"
+status=0
+(cd build-gpu && ctest -R cuda --output-on-failure) 2>&1 | tee "$out/ctest.log" || status=1
+
+echo "== device copy bandwidth (device to device, bytes read + written)"
+if python3 -c 'import torch' 2>/dev/null; then
+    python3 - <<'PY' | tee "$out/bandwidth.txt"
+import torch
+n = 1 << 30
+a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(10): b.copy_(a)
+e.record(); torch.cuda.synchronize()
+print("copy: %.0f GB/s (read + write)" % (2 * 10 * n / (s.elapsed_time(e) / 1e3) / 1e9))
+PY
+else
+    echo "no torch here: copy bandwidth not measured" | tee "$out/bandwidth.txt"
+fi
+
+bin=build-gpu/bin/orochi
+cores="$jobs"
+half=$(( cores / 2 > 0 ? cores / 2 : 1 ))
+models=()
+"$bin" mkmodel --out /tmp/gc-135m.gguf --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 \
+    --vocab 49152 --ctx 8192 --type q4_1 --seed 1 --tied >/dev/null
+models+=(/tmp/gc-135m.gguf)
+"$bin" mkmodel --out /tmp/gc-1b.gguf --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 \
+    --vocab 32000 --ctx 8192 --type q4_1 --seed 1 >/dev/null
+models+=(/tmp/gc-1b.gguf)
+[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && models+=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
+
+: >"$out/plans.txt"
+for m in "${models[@]}"; do
+    common=(--model "$m" --widths "$widths" --reps "$reps" --ctx 256 --json "$out/plans.jsonl")
+    echo "== $m: GPU only" | tee -a "$out/plans.txt"
+    "$bin" bench --plans "${common[@]}" --parts 1 --devices gpu --plan hcmp:even \
+        2>&1 | tee -a "$out/plans.txt" || status=1
+    echo "== $m: CPU only, $cores threads" | tee -a "$out/plans.txt"
+    "$bin" bench --plans "${common[@]}" --parts 1 --devices cpu --threads-per-part "$cores" \
+        --plan hcmp:even 2>&1 | tee -a "$out/plans.txt" || status=1
+    echo "== $m: GPU + CPU ($half threads each part)" | tee -a "$out/plans.txt"
+    "$bin" bench --plans "${common[@]}" --parts 2 --devices gpu,cpu --threads-per-part "$half" \
+        --plan hcmp:0.9/0.1 --plan split:0.9/0.1 --plan hcmp:0.7/0.3 \
+        2>&1 | tee -a "$out/plans.txt" || status=1
+    echo "== $m: two CPU parts, HCMP against Megatron ($half threads each)" | tee -a "$out/plans.txt"
+    "$bin" bench --plans "${common[@]}" --parts 2 --devices cpu,cpu --threads-per-part "$half" \
+        --plan hcmp:even --plan megatron:even 2>&1 | tee -a "$out/plans.txt" || status=1
+done
+echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) (results in $out)"
+exit $status
