@@ -4,7 +4,9 @@
 A group (deploy/orochi-launch: CPU workers and speculators) serves N concurrent clients for
 --minutes while a chaos thread, every --kill-every seconds, picks a worker or speculator at random
 and either SIGKILLs it or SIGSTOPs it for 0.5-3 s. Clients send completions of a fixed prompt set,
-streaming and not, greedy and sampled with a seed, round-robin. At the end it reports and checks:
+streaming and not, greedy and sampled with a seed, round-robin, each over one connection that it
+keeps alive across requests as API clients do (--no-keep-alive: one connection per request, which
+costs the server a thread each). At the end it reports and checks:
 
   lost        requests that did not complete with 200 (errors, resets, timeouts)
   mismatched  completed greedy answers that differ from `orochi run --temp 0` (token ids; streams
@@ -87,6 +89,65 @@ def request(port, body, stream, timeout):
         return 200, j.get("orochi", {}).get("token_ids"), j["choices"][0]["text"]
     finally:
         conn.close()
+
+
+class KeptConnection:
+    """One client's HTTP/1.1 connection, kept alive from request to request as API clients keep
+    theirs (the official openai client pools them); opened again after any failure or when the
+    server closes it. post() answers like request()."""
+
+    def __init__(self, port, timeout):
+        self.port, self.timeout, self.conn = port, timeout, None
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def post(self, body, stream):
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        try:
+            self.conn.request("POST", "/v1/completions", json.dumps(dict(body, stream=stream)),
+                              {"Content-Type": "application/json"})
+            r = self.conn.getresponse()
+            answer = self.read(r, stream)
+        except BaseException:
+            self.close()
+            raise
+        if r.will_close:  # the server said Connection: close
+            self.close()
+        return answer
+
+    @staticmethod
+    def read(r, stream):
+        if r.status != 200:
+            r.read()
+            return r.status, None, ""
+        if not stream:
+            j = json.loads(r.read())
+            return 200, j.get("orochi", {}).get("token_ids"), j["choices"][0]["text"]
+        ctype = r.getheader("Content-Type", "")
+        if "text/event-stream" not in ctype:
+            raise AssertionError("streaming answer has Content-Type %r" % ctype)
+        text, done, error = [], False, False
+        while True:  # to the end of the body (past [DONE]), so the connection can be reused
+            raw = r.readline()
+            if not raw:
+                break
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                continue
+            ev = json.loads(payload)
+            error = error or "error" in ev
+            text.extend(c.get("text", "") for c in ev.get("choices", []))
+        if error:
+            return 500, None, ""
+        return (200 if done else 599), None, "".join(text)
 
 
 def run_ids(bin_dir, model, prompt, n):
@@ -178,6 +239,7 @@ class Soak:
     def client(self, idx, port, refs, deadline):
         rng = random.Random(self.a.seed * 1000 + idx)
         i = idx
+        kept = KeptConnection(port, self.a.timeout) if self.a.keep_alive else None
         while time.time() < deadline:
             p = PROMPTS[i % len(PROMPTS)]
             seed = None if (i // len(PROMPTS)) % 3 == 0 else SEEDS[i % len(SEEDS)]
@@ -189,7 +251,8 @@ class Soak:
             if seed is not None:
                 body["seed"] = seed
             try:
-                st, ids, text = request(port, body, stream, self.a.timeout)
+                st, ids, text = (kept.post(body, stream) if kept
+                                 else request(port, body, stream, self.a.timeout))
             except (OSError, http.client.HTTPException, ValueError, AssertionError) as exc:
                 self.count(mode, "lost")
                 self.note("lost", "%s %r: %s" % (mode, p[:30], exc))
@@ -271,6 +334,9 @@ def main():
     ap.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before RSS counts")
     ap.add_argument("--max-rss-growth", type=float, default=1.0, help="percent allowed after warm-up")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep-alive", action=argparse.BooleanOptionalAction, default=True,
+                    help="each client keeps one connection across requests (--no-keep-alive: a "
+                         "new connection per request, a new server thread each)")
     ap.add_argument("--run-dir", default="/tmp/orochi-soak")
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "soak.jsonl"))
     a = ap.parse_args()
@@ -330,6 +396,7 @@ def main():
     for f in soak.failures:
         print("  " + f)
     rec = {"minutes": a.minutes, "clients": a.clients, "kill_every": a.kill_every,
+           "keep_alive": a.keep_alive,
            "speculators": specs, "ok": soak.ok, "lost": soak.lost, "mismatched": soak.mismatched,
            "sampled_differ": soak.sampled_differ,
            "kills": kills, "stops": stops, "rss_warm_kb": warm[0] if warm else None,
