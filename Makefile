@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all build test models demo bench-peer bench-group asan fuzz fuzz-long soak clean format
+.PHONY: all build test models demo bench-peer bench-group asan fuzz fuzz-long soak soak-asan clean format
 
 all: build
 
@@ -38,6 +38,13 @@ fuzz-long:
 SOAK_FLAGS ?=
 soak: build models
 	/usr/bin/python3 bench/soak.py --minutes 10 --clients 8 --kill-every 5 --bin-dir $(BUILD)/bin --model $(MODEL) $(SOAK_FLAGS)
+
+# the same soak on the ASan + UBSan build, with ASan's quarantines off so that the coordinator's
+# private RSS shows the program's memory, not ASan's pile of freed chunks (docs/security.md)
+soak-asan: models
+	$(MAKE) BUILD=build-asan CMAKE_FLAGS="-DOROCHI_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" build
+	ASAN_OPTIONS=quarantine_size_mb=0:thread_local_quarantine_size_kb=0 /usr/bin/python3 bench/soak.py \
+		--minutes 10 --clients 8 --kill-every 5 --bin-dir build-asan/bin --model $(MODEL) $(SOAK_FLAGS)
 
 models: $(MODEL)
 
