@@ -234,13 +234,16 @@ def pb_varint(v):
 
 def pb_msg(fields):
     """fields: [(number, value)]; int -> varint, str/bytes -> length-delimited,
-    list -> packed varints."""
+    list -> packed varints (packed fixed32 floats when its items are floats)."""
     out = bytearray()
     for num, v in fields:
         if isinstance(v, bool) or isinstance(v, int):
             out += pb_varint(num << 3) + pb_varint(int(v))
         elif isinstance(v, list):
-            packed = b"".join(pb_varint(x) for x in v)
+            if v and isinstance(v[0], float):
+                packed = struct.pack("<%df" % len(v), *v)
+            else:
+                packed = b"".join(pb_varint(x) for x in v)
             out += pb_varint(num << 3 | 2) + pb_varint(len(packed)) + packed
         else:
             b = v.encode("utf-8") if isinstance(v, str) else v
@@ -258,7 +261,7 @@ def proto_record(payload, ident=b"peer-1", flags=0):
 
 def proto_seeds():
     HELLO, WELCOME, STEP_BEGIN, STEP_DONE, HEARTBEAT = 2, 3, 4, 5, 6
-    DRAFT_REQUEST, DRAFT_READY, FEEDBACK, SHUTDOWN, ERROR = 7, 8, 9, 10, 11
+    DRAFT_REQUEST, DRAFT_READY, FEEDBACK, SHUTDOWN, ERROR, RECONFIGURE = 7, 8, 9, 10, 11, 12
     worker = envelope(HELLO, [(1, 1), (2, "worker-0"), (3, 4242), (4, "cpu"), (5, 4), (9, 0)])
     worker1 = envelope(HELLO, [(1, 1), (2, "worker-1"), (3, 4243), (4, "cpu"), (5, 4), (9, 1)])
     spec = envelope(HELLO, [(1, 2), (2, "spec-ngram-0"), (3, 99), (4, "cpu"), (6, "ngram")])
@@ -290,7 +293,9 @@ def proto_seeds():
                      proto_record(envelope(STEP_BEGIN, [(1, 9), (2, 3), (3, 10), (4, 0), (5, 1)]),
                                   flags=1) +
                      proto_record(envelope(DRAFT_REQUEST, [(1, 7), (2, 8), (3, 12)]), flags=1) +
-                     proto_record(envelope(SHUTDOWN, [(1, "bye")]), flags=1),
+                     proto_record(envelope(SHUTDOWN, [(1, "bye")]), flags=1) +
+                     proto_record(envelope(RECONFIGURE, [(1, 2), (2, 2), (3, [0.7, 0.3] * 7),
+                                                         (4, 1)]), flags=1),
         "bad_frames": proto_record(envelope(HEARTBEAT, [(1, 1)], version=1), b"w0") +
                       proto_record(pb_msg([(1, 2)]), b"w0") +
                       proto_record(b"\xff\xff\xff", b"w0", flags=2) +
