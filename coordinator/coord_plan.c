@@ -253,15 +253,18 @@ int coord_plan_load(coord *c, char *err, size_t errlen)
         c->part = p->part;
         c->part_set = p->part_set;
         c->part_gen++;
-        char line[512];
-        int at = snprintf(line, sizeof line, "partition (generation %u)%s:", c->part_gen,
-                          c->part.style == LP_STYLE_MEGATRON ? ", megatron" : "");
-        for (int k = 0; k < LP_N && c->part_set; k++) {
-            at += snprintf(line + at, sizeof line - (size_t)at, " %s", llama_part_kind_names[k]);
-            for (int i = 0; i < c->part.n_parts && at < (int)sizeof line - 16; i++)
-                at += snprintf(line + at, sizeof line - (size_t)at, "%s%g", i ? "/" : " ",
-                               (double)c->part.frac[k][i]);
-        }
+        /* one line: every kind's shares (16 parts x 7 kinds fit; a longer line is cut) */
+        char line[2048];
+        size_t at = (size_t)snprintf(line, sizeof line, "partition (generation %u)%s:",
+                                     c->part_gen,
+                                     c->part.style == LP_STYLE_MEGATRON ? ", megatron" : "");
+        for (int k = 0; k < LP_N && c->part_set; k++)
+            for (int i = 0; i < c->part.n_parts && at < sizeof line; i++)
+                at += (size_t)(i ? snprintf(line + at, sizeof line - at, "/%g",
+                                            (double)c->part.frac[k][i])
+                                 : snprintf(line + at, sizeof line - at, " %s %g",
+                                            llama_part_kind_names[k],
+                                            (double)c->part.frac[k][i]));
         rt_log("coordinator", "%s", c->part_set ? line : "partition: even");
         coord_group_reconfigure(c);
     }
