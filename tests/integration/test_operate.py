@@ -80,8 +80,12 @@ def test_swap_speculator_kind_and_worker_threads_mid_request():
         G.check(not bg.finished.is_set(), "the request finished before the swaps did: the test "
                 "no longer shows a swap under a running request")
         G.check_eq(bg.result(), want, "token ids of the request during the swaps")
-        st = g.wait_status(lambda s: s["layerskip-1"]["connected"] and s["worker-1"]["connected"],
-                           30, "both swapped roles connected")
+        # a swap ends when the new process is ready, which the status file shows a moment after
+        # it connects: wait for both to have ended
+        st = g.wait_status(lambda s: all(s.get(r, {}).get("connected") and
+                                         "swaps 1" in s.get(r, {}).get("line", "")
+                                         for r in ("layerskip-1", "worker-1")),
+                           30, "both swapped roles connected, their swaps ended")
         for role in ("layerskip-1", "worker-1"):
             G.check(st[role]["pid"] != old[role]["pid"], "%s kept its pid %d", role, old[role]["pid"])
             G.check("swaps 1" in st[role]["line"], "%s: no 'swaps 1' in %r", role, st[role]["line"])
