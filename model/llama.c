@@ -727,6 +727,20 @@ void llama_ctx_part_range(const llama_ctx *x, int kind, int64_t *lo, int64_t *hi
     *hi = x->bnd[kind][x->p.part + 1];
 }
 
+void llama_part_cols_of(const llama_ctx *x, llama_part_cols *r)
+{
+    int64_t hd = x->m->cfg.head_dim;
+    llama_ctx_part_range(x, LP_WO, &r->d0, &r->d1);
+    llama_ctx_part_range(x, LP_FFN_DOWN, &r->e0, &r->e1);
+    llama_ctx_part_range(x, LP_FFN_UP, &r->f0, &r->f1);
+    llama_ctx_part_range(x, LP_QKV, &r->q0, &r->q1);
+    llama_ctx_part_range(x, LP_LM_HEAD, &r->v0, &r->v1);
+    r->q0 *= hd;
+    r->q1 *= hd;
+    r->k0 = (int64_t)x->kvh0 * hd;
+    r->k1 = (int64_t)x->kvh1 * hd;
+}
+
 int llama_ctx_syncs_per_layer(const llama_ctx *x)
 {
     return x->att_sync ? 5 : 4;
@@ -1254,14 +1268,10 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         return -1;
 
     int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
-    int64_t d0, d1, e0, e1, f0, f1, q0, q1; /* this part's rows of wo, down, gate/up, wq */
-    llama_ctx_part_range(x, LP_WO, &d0, &d1);
-    llama_ctx_part_range(x, LP_FFN_DOWN, &e0, &e1);
-    llama_ctx_part_range(x, LP_FFN_UP, &f0, &f1);
-    llama_ctx_part_range(x, LP_QKV, &q0, &q1);
-    q0 *= hd;
-    q1 *= hd;
-    int64_t k0 = (int64_t)x->kvh0 * hd, k1 = (int64_t)x->kvh1 * hd;
+    llama_part_cols pc;
+    llama_part_cols_of(x, &pc);
+    int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
+    int64_t q0 = pc.q0, q1 = pc.q1, k0 = pc.k0, k1 = pc.k1;
 
     int half = c->rot_dim / 2; /* RoPE: every layer rotates at the same positions */
     for (int i = 0; i < n; i++)
@@ -1339,8 +1349,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
 
     int from = b->logits_from < 0 ? 0 : b->logits_from;
     if (logits && from < n) {
-        int64_t v0, v1;
-        llama_ctx_part_range(x, LP_LM_HEAD, &v0, &v1);
+        int64_t v0 = pc.v0, v1 = pc.v1;
         for (int i = from; i < n; i++)
             k_rmsnorm(x->xb + (i - from) * dim, sh->x + i * dim, m->out_norm, (int)dim,
                       c->norm_eps);

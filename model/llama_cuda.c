@@ -283,15 +283,10 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     }
     int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row,
             hd = c->head_dim, ffn = c->ffn;
-    int64_t d0, d1, e0, e1, f0, f1, q0, q1, v0, v1;
-    llama_ctx_part_range(x, LP_WO, &d0, &d1);
-    llama_ctx_part_range(x, LP_FFN_DOWN, &e0, &e1);
-    llama_ctx_part_range(x, LP_FFN_UP, &f0, &f1);
-    llama_ctx_part_range(x, LP_QKV, &q0, &q1);
-    llama_ctx_part_range(x, LP_LM_HEAD, &v0, &v1);
-    q0 *= hd;
-    q1 *= hd;
-    int64_t k0 = (int64_t)x->kvh0 * hd, k1 = (int64_t)x->kvh1 * hd;
+    llama_part_cols pc;
+    llama_part_cols_of(x, &pc);
+    int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
+    int64_t q0 = pc.q0, q1 = pc.q1, k0 = pc.k0, k1 = pc.k1, v0 = pc.v0, v1 = pc.v1;
     int half = c->rot_dim / 2;
 
     /* the step's small arrays: RoPE angles, and what attention needs per token */

@@ -58,6 +58,13 @@ struct llama_ctx {
  * first step, for any backend). */
 int llama_batch_prepare(llama_ctx *x, const llama_batch *b, char *err, size_t errlen);
 
+/* This part's ranges in one step, in elements: rows of wo (d), down (e), gate/up (f), the lm_head
+ * (v); columns of q (q, query heads x head_dim) and of k/v (k, its KV heads x head_dim). */
+typedef struct {
+    int64_t d0, d1, e0, e1, f0, f1, q0, q1, k0, k1, v0, v1;
+} llama_part_cols;
+void llama_part_cols_of(const llama_ctx *x, llama_part_cols *r);
+
 /* Meet the other parts at a synchronisation point (the sync callback): 0, or -1 with err when a
  * peer was lost (the tree can then no longer grow). */
 int llama_part_sync(llama_ctx *x, char *err, size_t errlen);
