@@ -13,6 +13,8 @@
  *   2. the step time t(W) of one W-token forward (a chain) at a committed context of --ctx tokens
  *      for W = 1, 2, 4, ..., 64: the ratio t(W)/t(1) says how wide a verification can be before it
  *      costs more than it saves.
+ * --act-bits 16,8 runs both for each activation precision of the quantized matmuls
+ * (llama_model_set_act_bits), interleaved within each round and each width.
  * Each timing is the median of --reps repetitions after a warm-up. A table goes to stdout and one
  * JSON object per row to --json FILE (bench/results/bench.jsonl by default).
  * `orochi bench --tree-attention ...` (first option) is a separate micro-benchmark of the tree
@@ -35,6 +37,7 @@ typedef struct {
     long decode_tokens, ctx, reps, rounds;
     int threads[8], n_threads;
     int widths[8], n_widths;
+    int acts[2], n_acts; /* activation precisions to compare (16 and/or 8) */
     kv_type kv;
     bool bandwidth;
 } bench_opts;
@@ -140,7 +143,7 @@ static void bench_usage(FILE *out)
 {
     fprintf(out, "usage: orochi bench [--model M] [--threads 1,2] [--widths 1,2,4,8,16,32,64]\n"
                  "                    [--ctx 256] [--decode-tokens 64] [--rounds 3] [--reps 5]\n"
-                 "                    [--kv f32|f16] [--json FILE]\n"
+                 "                    [--kv f32|f16] [--act-bits 16|8|16,8] [--json FILE]\n"
                  "       orochi bench --bandwidth [--threads 1,2] [--json FILE]\n"
                  "       orochi bench --tree-attention [--widths 4,8,16,32,64] [--heads 9] ...\n"
                  "       orochi bench --plans [--parts 2] [--plan hcmp|split|megatron:S]... ...\n"
@@ -168,6 +171,7 @@ int cmd_bench(int argc, char **argv)
                     .decode_tokens = 64, .ctx = 256, .reps = 5, .rounds = 3, .kv = KV_F32};
     bench_list("1,2", o.threads, &o.n_threads, 8, 1024);
     bench_list("1,2,4,8,16,32,64", o.widths, &o.n_widths, 8, KMAT_MAX_W);
+    bench_list("16", o.acts, &o.n_acts, 2, 16);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -200,6 +204,14 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--reps")) {
             if (!cli_int("bench", a, v, 1, 64, &o.reps))
                 return 2;
+        } else if (!strcmp(a, "--act-bits")) {
+            if (!bench_list(v, o.acts, &o.n_acts, 2, 16))
+                return 2;
+            for (int k = 0; k < o.n_acts; k++)
+                if (o.acts[k] != 8 && o.acts[k] != 16) {
+                    fprintf(stderr, "orochi bench: --act-bits takes 16, 8 or 16,8, got '%s'\n", v);
+                    return 2;
+                }
         } else if (!strcmp(a, "--kv")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "orochi bench: --kv expects f32 or f16\n");
@@ -235,32 +247,41 @@ int cmd_bench(int argc, char **argv)
            "(%s);\nbeside: the read bandwidth measured just before each decode round (median of "
            "%ld rounds)\n",
            kisa_name(kisa_current()), bw_cache_path(), o.rounds);
-    printf("%-10s %10s %10s %10s %10s %10s %10s\n", "threads", "tok/s", "GB/s", "of floor",
-           "floor GB/s", "of beside", "beside GB/s");
+    printf("%-10s %4s %10s %10s %10s %10s %10s %10s\n", "threads", "act", "tok/s", "GB/s",
+           "of floor", "floor GB/s", "of beside", "beside GB/s");
     int rc = 1;
     for (int i = 0; i < o.n_threads; i++) {
-        double tps_r[16], bw_r[16], frac_r[16];
+        double tps_r[2][16], bw_r[16], frac_r[2][16];
         int nr = o.rounds < 16 ? (int)o.rounds : 16;
         for (int r = 0; r < nr; r++) {
             fprintf(stderr, "orochi bench: round %d/%d at %d threads: bandwidth, then %ld tokens...\n",
                     r + 1, nr, o.threads[i], o.decode_tokens);
             bw_r[r] = bw_measure(o.threads[i]);
-            if (bw_r[r] <= 0 || bench_decode(m, &o, o.threads[i], &tps_r[r]))
+            if (bw_r[r] <= 0)
                 goto done;
-            frac_r[r] = tps_r[r] * gb / bw_r[r];
+            for (int a = 0; a < o.n_acts; a++) {
+                llama_model_set_act_bits(m, o.acts[a], err, sizeof err);
+                if (bench_decode(m, &o, o.threads[i], &tps_r[a][r]))
+                    goto done;
+                frac_r[a][r] = tps_r[a][r] * gb / bw_r[r];
+            }
             if (bw_r[r] > floors[i]) /* a better measurement raises the cached floor */
                 floors[i] = bw_store(o.threads[i], bw_r[r]);
         }
-        double tps = cli_median(tps_r, nr), beside = cli_median(bw_r, nr),
-               frac = cli_median(frac_r, nr);
-        printf("%-10d %10.1f %10.2f %9.0f%% %10.1f %9.0f%% %10.1f\n", o.threads[i], tps, tps * gb,
-               100 * tps * gb / floors[i], floors[i], 100 * frac, beside);
-        if (js)
-            fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
-                        "\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,\"of_floor\":%.4f,"
-                        "\"beside_gb_s\":%.2f,\"of_beside\":%.4f,\"rounds\":%d,"
-                        "\"loadavg\":%.2f}\n", name, kisa_name(kisa_current()), o.threads[i], tps,
-                    tps * gb, floors[i], tps * gb / floors[i], beside, frac, nr, cli_loadavg());
+        double beside = cli_median(bw_r, nr);
+        for (int a = 0; a < o.n_acts; a++) {
+            double tps = cli_median(tps_r[a], nr), frac = cli_median(frac_r[a], nr);
+            printf("%-10d %4d %10.1f %10.2f %9.0f%% %10.1f %9.0f%% %10.1f\n", o.threads[i],
+                   o.acts[a], tps, tps * gb, 100 * tps * gb / floors[i], floors[i], 100 * frac,
+                   beside);
+            if (js)
+                fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+                            "\"act_bits\":%d,\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,"
+                            "\"of_floor\":%.4f,\"beside_gb_s\":%.2f,\"of_beside\":%.4f,"
+                            "\"rounds\":%d,\"loadavg\":%.2f}\n",
+                        name, kisa_name(kisa_current()), o.threads[i], o.acts[a], tps, tps * gb,
+                        floors[i], tps * gb / floors[i], beside, frac, nr, cli_loadavg());
+        }
     }
 
     int threads = o.threads[o.n_threads - 1];
@@ -280,23 +301,31 @@ int cmd_bench(int argc, char **argv)
         goto width_done;
     }
     printf("\nbatch step time at context %ld, %d threads (median of %ld)\n", o.ctx, threads, o.reps);
-    printf("%-6s %10s %10s %10s %10s %10s\n", "W", "ms", "t(W)/t(1)", "tok/s", "GB/s", "GFLOP/s");
-    double t1 = 0;
+    printf("%-6s %4s %10s %10s %10s %10s %10s\n", "W", "act", "ms", "t(W)/t(1)", "tok/s", "GB/s",
+           "GFLOP/s");
+    double t1[2] = {0, 0};
     for (int i = 0; i < o.n_widths; i++) {
         int w = o.widths[i];
-        double t;
-        if (bench_width(m, &o, ctx, w, logits, &t))
-            goto width_done;
-        if (i == 0)
-            t1 = t * (w == 1 ? 1 : 0);
-        double ratio = t1 > 0 ? t / t1 : NAN;
-        printf("%-6d %10.2f %10.2f %10.1f %10.2f %10.2f\n", w, t * 1e3, ratio, w / t, gb / t,
-               2 * macs * w / t / 1e9);
-        if (js)
-            fprintf(js, "{\"bench\":\"width\",\"model\":\"%s\",\"threads\":%d,\"ctx\":%ld,\"w\":%d,"
-                        "\"ms\":%.4f,\"ratio\":%.4f,\"gb_s\":%.3f,\"gflop_s\":%.3f}\n",
-                    name, threads, o.ctx, w, t * 1e3, t1 > 0 ? ratio : -1.0, gb / t,
-                    2 * macs * w / t / 1e9);
+        double t[2];
+        for (int a = 0; a < o.n_acts; a++) { /* interleaved: each precision at this width */
+            llama_model_set_act_bits(m, o.acts[a], err, sizeof err);
+            if (bench_width(m, &o, ctx, w, logits, &t[a]))
+                goto width_done;
+            if (i == 0)
+                t1[a] = t[a] * (w == 1 ? 1 : 0);
+        }
+        for (int a = 0; a < o.n_acts; a++) {
+            double ratio = t1[a] > 0 ? t[a] / t1[a] : NAN;
+            printf("%-6d %4d %10.2f %10.2f %10.1f %10.2f %10.2f\n", w, o.acts[a], t[a] * 1e3,
+                   ratio, w / t[a], gb / t[a], 2 * macs * w / t[a] / 1e9);
+            if (js)
+                fprintf(js, "{\"bench\":\"width\",\"model\":\"%s\",\"threads\":%d,\"ctx\":%ld,"
+                            "\"w\":%d,\"act_bits\":%d,\"ms\":%.4f,\"ratio\":%.4f,\"gb_s\":%.3f,"
+                            "\"gflop_s\":%.3f,\"loadavg\":%.2f}\n",
+                        name, threads, o.ctx, w, o.acts[a], t[a] * 1e3,
+                        t1[a] > 0 ? ratio : -1.0, gb / t[a], 2 * macs * w / t[a] / 1e9,
+                        cli_loadavg());
+        }
     }
     rc = 0;
 width_done:

@@ -327,6 +327,22 @@ static int llama_model_pack(llama_model *m)
     return 0;
 }
 
+int llama_model_set_act_bits(llama_model *m, int bits, char *err, size_t errlen)
+{
+    if (bits != KMAT_ACT8 && bits != KMAT_ACT16) {
+        snprintf(err, errlen, "activation precision %d bits: must be 8 or 16", bits);
+        return -1;
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        llama_layer *L = &m->layers[l];
+        kmat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            ms[i]->act_bits = (uint8_t)bits;
+    }
+    m->tok_embd.act_bits = m->lm_head.act_bits = m->lm_screen.act_bits = (uint8_t)bits;
+    return 0;
+}
+
 static void llama_layer_unpack(llama_layer *L)
 {
     kmat *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};

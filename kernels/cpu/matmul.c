@@ -308,6 +308,12 @@ void kmat_unpack(kmat *w)
 
 /* ===== activation quantisation ===== */
 
+/* the activation precision of a quantized matrix: 8 or 16 bits */
+static int mm_act_bits(const kmat *w)
+{
+    return w->act_bits == KMAT_ACT8 ? 8 : 16;
+}
+
 #ifdef MM_AVX2
 static inline float mm_hsum(__m256 v)
 {
@@ -344,7 +350,8 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
                 sum += v[i];
             }
 #endif
-            float d = amax / (float)MM_QMAX, id = amax ? (float)MM_QMAX / amax : 0.0f;
+            float qmax = xq->bits == 8 ? (float)MM_QMAX8 : (float)MM_QMAX;
+            float d = amax / qmax, id = amax ? qmax / amax : 0.0f;
 #ifdef MM_AVX2
             __m256 sc = _mm256_set1_ps(id);
             for (int i = 0; i < 32; i += 16) {
@@ -545,7 +552,8 @@ static void mm_mul(kpool *pool, int n, const kmat *const *w, const int64_t *lo,
      * all float */
     bool same = n <= MM_MAX_MATS;
     for (int m = 1; m < n && same; m++)
-        same = w[m]->cols == w[0]->cols && mm_is_quant(w[m]->type) == mm_is_quant(w[0]->type);
+        same = w[m]->cols == w[0]->cols && mm_is_quant(w[m]->type) == mm_is_quant(w[0]->type) &&
+               mm_act_bits(w[m]) == mm_act_bits(w[0]);
     if (!same) {
         for (int m = 0; m < n; m++)
             mm_mul(pool, 1, &w[m], &lo[m], &hi[m], x, n_tok, &y[m], &ldy[m], scratch, slice);
@@ -584,6 +592,7 @@ static void mm_mul(kpool *pool, int n, const kmat *const *w, const int64_t *lo,
     if (job.quant) {
         size_t nb = (size_t)cols / 32;
         job.xq.nb = (int64_t)nb;
+        job.xq.bits = mm_act_bits(w[0]);
         job.xq.q = (int16_t *)base;
         base += mm_align((size_t)n_tok * (size_t)cols * 2);
         job.xq.lo = (int8_t *)base;

@@ -38,8 +38,8 @@ AI __m256i a2_bcast(const int8_t *p)
 /* Halves h0 .. h0 + NH - 1 (8 rows each) of a 4-bit group, tokens t0 .. t0 + NT - 1. A single
  * token takes both halves in one pass (NH = 2), so each block is streamed once; wider tiles run
  * the halves one after the other (NH = 1) to keep their accumulators in registers. */
-AI void a2_q4_tile(bool q41, int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, int t0,
-                   float *out)
+AI void a2_q4_tile(bool q41, const int H, int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq,
+                   int t0, float *out)
 {
     const int64_t nb = xq->nb;
     const size_t gb = q41 ? 320 : 288;
@@ -68,6 +68,8 @@ AI void a2_q4_tile(bool q41, int NT, int NH, const uint8_t *pk, int h0, const mm
                         _mm256_add_epi16(lo[t][h], _mm256_maddubs_epi16(wl, a2_bcast(xl + 4 * k)));
                     lo[t][h] = _mm256_add_epi16(
                         lo[t][h], _mm256_maddubs_epi16(wh, a2_bcast(xl + 16 + 4 * k)));
+                    if (!H)
+                        continue;
                     hi[t][h] =
                         _mm256_add_epi16(hi[t][h], _mm256_maddubs_epi16(wl, a2_bcast(xh + 4 * k)));
                     hi[t][h] = _mm256_add_epi16(
@@ -81,9 +83,10 @@ AI void a2_q4_tile(bool q41, int NT, int NH, const uint8_t *pk, int h0, const mm
                             : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
             for (int t = 0; t < NT; t++) {
                 size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-                __m256i dot =
-                    _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 8),
-                                     _mm256_madd_epi16(lo[t][h], ones));
+                __m256i dot = _mm256_madd_epi16(lo[t][h], ones);
+                if (H)
+                    dot = _mm256_add_epi32(
+                        _mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 8), dot);
                 __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[xb]));
                 acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[t][h]);
                 acc[t][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[xb]), acc[t][h]);
@@ -151,8 +154,10 @@ static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
     if (n_tok == 1) { /* a decode step: both halves in one pass */
         if (type == KT_Q8_0)
             a2_q8_tile(1, 2, pk, 0, xq, 0, out);
+        else if (xq->bits == 8)
+            a2_q4_tile(type == KT_Q4_1, 0, 1, 2, pk, 0, xq, 0, out);
         else
-            a2_q4_tile(type == KT_Q4_1, 1, 2, pk, 0, xq, 0, out);
+            a2_q4_tile(type == KT_Q4_1, 1, 1, 2, pk, 0, xq, 0, out);
         return;
     }
     for (int h = 0; h < 2; h++)
@@ -162,10 +167,10 @@ static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
 #define C8(N) a2_q8_tile(N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C8)
             } else if (type == KT_Q4_1) {
-#define C41(N) a2_q4_tile(true, N, 1, pk, h, xq, t0, out)
+#define C41(N) a2_q4_tile(true, xq->bits != 8, N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C41)
             } else {
-#define C40(N) a2_q4_tile(false, N, 1, pk, h, xq, t0, out)
+#define C40(N) a2_q4_tile(false, xq->bits != 8, N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C40)
             }
         }

@@ -34,7 +34,8 @@ AI __m512i a5_bcast(const void *p)
     return _mm512_set1_epi32(v);
 }
 
-AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *out)
+AI void a5_q4_tile(bool q41, const int H, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
+                   float *out)
 {
     const int64_t nb = xq->nb;
     const size_t gb = q41 ? 320 : 288;
@@ -67,9 +68,11 @@ AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
                 lo[t][0] = _mm512_dpbusd_epi32(lo[t][0], wl, a5_bcast(xl + 4 * k));
                 lo[t][SPLIT - 1] =
                     _mm512_dpbusd_epi32(lo[t][SPLIT - 1], wh, a5_bcast(xl + 16 + 4 * k));
-                hi[t][0] = _mm512_dpbusd_epi32(hi[t][0], wl, a5_bcast(xh + 4 * k));
-                hi[t][SPLIT - 1] =
-                    _mm512_dpbusd_epi32(hi[t][SPLIT - 1], wh, a5_bcast(xh + 16 + 4 * k));
+                if (H) {
+                    hi[t][0] = _mm512_dpbusd_epi32(hi[t][0], wl, a5_bcast(xh + 4 * k));
+                    hi[t][SPLIT - 1] =
+                        _mm512_dpbusd_epi32(hi[t][SPLIT - 1], wh, a5_bcast(xh + 16 + 4 * k));
+                }
             }
         }
         for (int t = 0; t < NT; t++) {
@@ -79,7 +82,7 @@ AI void a5_q4_tile(bool q41, int NT, const uint8_t *pk, const mm_xq *xq, int t0,
                 lot = _mm512_add_epi32(lot, lo[t][1]);
                 hit = _mm512_add_epi32(hit, hi[t][1]);
             }
-            __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hit, 8), lot);
+            __m512i dot = H ? _mm512_add_epi32(_mm512_slli_epi32(hit, 8), lot) : lot;
             __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[t]);
             acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->s[xb]), acc[t]);
@@ -146,11 +149,19 @@ static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
 #define C8(N) a5_q8_tile(N, pk, xq, t0, out)
             A5_Q_CASES(C8)
         } else if (type == KT_Q4_1) {
-#define C41(N) a5_q4_tile(true, N, pk, xq, t0, out)
-            A5_Q_CASES(C41)
+#define C41(N) a5_q4_tile(true, 1, N, pk, xq, t0, out)
+#define C41_8(N) a5_q4_tile(true, 0, N, pk, xq, t0, out)
+            if (xq->bits == 8)
+                A5_Q_CASES(C41_8)
+            else
+                A5_Q_CASES(C41)
         } else {
-#define C40(N) a5_q4_tile(false, N, pk, xq, t0, out)
-            A5_Q_CASES(C40)
+#define C40(N) a5_q4_tile(false, 1, N, pk, xq, t0, out)
+#define C40_8(N) a5_q4_tile(false, 0, N, pk, xq, t0, out)
+            if (xq->bits == 8)
+                A5_Q_CASES(C40_8)
+            else
+                A5_Q_CASES(C40)
         }
     }
 }
@@ -161,8 +172,9 @@ static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
 
 /* Tokens t0 .. t0 + NT - 1 of one packed K-family group. NSC, MINS, HB, LUT and KB are the
  * layout's constants (mm_kdesc), so each type gets its own straight-line loop. */
-AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, const int KB, int NT,
-                  const uint8_t *pk, const mm_xq *xq, float z, int t0, float *out)
+AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, const int KB,
+                  const int H, int NT, const uint8_t *pk, const mm_xq *xq, float z, int t0,
+                  float *out)
 {
     const int64_t nb = xq->nb;
     const size_t kbb = (size_t)NSC * 16 * (1 + MINS) + 256 + (size_t)HB * 64,
@@ -240,15 +252,17 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
                 const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
                 l0[t] = _mm512_dpbusd_epi32(l0[t], wl, a5_bcast(xl + 4 * k));
                 l1[t] = _mm512_dpbusd_epi32(l1[t], wh, a5_bcast(xl + 16 + 4 * k));
-                h0[t] = _mm512_dpbusd_epi32(h0[t], wl, a5_bcast(xh + 4 * k));
-                h1[t] = _mm512_dpbusd_epi32(h1[t], wh, a5_bcast(xh + 16 + 4 * k));
+                if (H) {
+                    h0[t] = _mm512_dpbusd_epi32(h0[t], wl, a5_bcast(xh + 4 * k));
+                    h1[t] = _mm512_dpbusd_epi32(h1[t], wh, a5_bcast(xh + 16 + 4 * k));
+                }
             }
         }
         for (int t = 0; t < NT; t++) {
             size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
             __m512 dx = _mm512_set1_ps(xq->d[xb]);
-            __m512i d0 = _mm512_add_epi32(_mm512_slli_epi32(h0[t], 8), l0[t]);
-            __m512i d1 = _mm512_add_epi32(_mm512_slli_epi32(h1[t], 8), l1[t]);
+            __m512i d0 = H ? _mm512_add_epi32(_mm512_slli_epi32(h0[t], 8), l0[t]) : l0[t];
+            __m512i d1 = H ? _mm512_add_epi32(_mm512_slli_epi32(h1[t], 8), l1[t]) : l1[t];
             if (NSC < 2) {
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
                                          _mm512_mul_ps(f[0], dx), acc[t]);
@@ -265,12 +279,19 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
         _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
 }
 
-#define A5_K_CASES(NSC, MINS, HB, LUT, KB)                                                         \
+#define A5_K_NT(NSC, MINS, HB, LUT, KB, H)                                                          \
     switch (nt) {                                                                                  \
-    case 1: a5_k_tile(NSC, MINS, HB, LUT, KB, 1, pk, xq, z, t0, out); break;                      \
-    case 2: a5_k_tile(NSC, MINS, HB, LUT, KB, 2, pk, xq, z, t0, out); break;                      \
-    case 3: a5_k_tile(NSC, MINS, HB, LUT, KB, 3, pk, xq, z, t0, out); break;                      \
-    default: a5_k_tile(NSC, MINS, HB, LUT, KB, 4, pk, xq, z, t0, out); break;                     \
+    case 1: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 1, pk, xq, z, t0, out); break;                   \
+    case 2: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 2, pk, xq, z, t0, out); break;                   \
+    case 3: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 3, pk, xq, z, t0, out); break;                   \
+    default: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 4, pk, xq, z, t0, out); break;                  \
+    }
+#define A5_K_CASES(NSC, MINS, HB, LUT, KB)                                                         \
+    {                                                                                              \
+        if (xq->bits == 8)                                                                         \
+            A5_K_NT(NSC, MINS, HB, LUT, KB, 0)                                                     \
+        else                                                                                       \
+            A5_K_NT(NSC, MINS, HB, LUT, KB, 1)                                                     \
     }
 
 static void a5_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)

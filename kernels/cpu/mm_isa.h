@@ -24,7 +24,11 @@
  * logit error against a float reference; 16 bits, ~1e-3.) q is kept as int16 (Q8_0: vpmaddwd /
  * vpdpwssd) and split into two signed bytes q = 256 * hi + lo (4-bit types: vpdpbusd / vpmaddubsw
  * take the unsigned nibbles directly — two byte dots instead of widening every nibble to 16 bits).
- * MM_QMAX = 127 * 256 + 127 keeps hi within a signed byte. A block's integer dot is exact on every
+ * MM_QMAX = 127 * 256 + 127 keeps hi within a signed byte. With 8-bit activations (kmat.act_bits
+ * = 8, mm_xq.bits = 8) the same code quantizes to |q| <= 127, so hi is zero: lo holds q, hi is
+ * written as zeros, and the 4-bit and K-family kernels skip the hi dots (half the vpdpbusd /
+ * vpmaddubsw work; the dot and the roundings after it are the same expressions, so the paths stay
+ * bit-identical across instruction sets). A block's integer dot is exact on every
  * path and is folded into the row's f32 accumulator with the same two roundings everywhere:
  * acc = fma(float(dot), d_w * d_x, acc), then acc = fma(m_w, s_x, acc) for the 4-bit types
  * (m_w = -8 d_w for Q4_0, s_x the block's float sum).
@@ -146,7 +150,10 @@ typedef struct {
     float *s;   /* [t][b] exact sum of the block's float activations (offset term) */
     float *s16; /* [t][b][2] sums of its first and second 16 activations (K family) */
     int64_t nb;
+    int bits; /* 16, or 8: |q| <= 127 and hi all zero */
 } mm_xq;
+
+#define MM_QMAX8 127 /* largest |q| of an 8-bit activation */
 
 typedef struct {
     const char *name;

@@ -45,8 +45,9 @@ static void test_kernels_f16(void **state)
  * packed and on-the-fly packed matrices agree bit for bit; a row range [lo, hi) that starts and
  * ends inside groups gives the same bits as the whole matrix; the result of a token does not
  * depend on W (its tile) or on the thread count; and every instruction set gives the same bits as
- * the portable reference. */
-static void check_matmul(uint32_t type, const uint8_t *wq, int64_t rows, int64_t cols, double tol)
+ * the portable reference. act_bits: the activation precision (kmat.act_bits) of quantized types. */
+static void check_matmul(uint32_t type, const uint8_t *wq, int64_t rows, int64_t cols, double tol,
+                         int act_bits)
 {
     const char *tn = kt_traits_of(type)->name;
     const int n = KMAT_MAX_W;
@@ -67,7 +68,8 @@ static void check_matmul(uint32_t type, const uint8_t *wq, int64_t rows, int64_t
             ref[i * rows + r] = (float)sum;
         }
     }
-    kmat plain = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+    kmat plain = {
+        .type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq, .act_bits = act_bits};
     kmat packed = plain;
     assert_int_equal(kmat_pack(pool3, &packed), 0);
     assert_non_null(packed.packed);
@@ -83,7 +85,8 @@ static void check_matmul(uint32_t type, const uint8_t *wq, int64_t rows, int64_t
         kmat_mul(pool3, &packed, 0, rows, x, n, y, rows, NULL);
         double e = tu_rel_l2(y, ref, (size_t)(n * rows));
         if (e > tol)
-            fail_msg("%s %s: matmul relative L2 %.3g > %.1g", in, tn, e, tol);
+            fail_msg("%s %s (%d-bit activations): matmul relative L2 %.3g > %.1g", in, tn,
+                     act_bits, e, tol);
         if (isa == KISA_PORTABLE)
             memcpy(portable, y, (size_t)(n * rows) * 4);
         else if (memcmp(portable, y, (size_t)(n * rows) * 4))
@@ -145,11 +148,82 @@ static void test_kernels_matmul_types(void **state)
             double qe = tu_rel_l2(deq, wf + r * cols, (size_t)cols);
             assert_true(qe < (type == KT_F32 ? 1e-9 : type == KT_Q4_0 || type == KT_Q4_1 ? 0.2 : 0.01));
         }
-        check_matmul(type, wq, rows, cols, tol[ti]);
+        check_matmul(type, wq, rows, cols, tol[ti], KMAT_ACT16);
+        /* 8-bit activations: |q| <= 127 per block, so ~1/254 of a block's largest value */
+        check_matmul(type, wq, rows, cols, ti < 3 ? tol[ti] : 1e-2, KMAT_ACT8);
         free(wq);
     }
     free(wf);
     free(deq);
+}
+
+/* 8-bit activations mean exactly this: per token and block of 32, x is replaced by d * q with
+ * d = max|x| / 127 and q = round(x / d) (ties to even), while Q4_0 / Q4_1's offset term (-8 d_w,
+ * m_w) still takes the block's exact float sum. Against a double reference built that way from
+ * the dequantised weights the only error left is the kernels' float accumulation; and the 16-bit
+ * path is not this close to it (so the setting is really in effect). */
+static void test_kernels_matmul_act8_exact(void **state)
+{
+    const uint32_t types[] = {KT_Q8_0, KT_Q4_0, KT_Q4_1};
+    const int64_t rows = 37, cols = 256;
+    const int n = 9;
+    float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(n * cols) * 4);
+    float *deq = malloc((size_t)cols * 4), *ref = malloc((size_t)(n * rows) * 4);
+    float *y = malloc((size_t)(n * rows) * 4);
+    fill(wf, (size_t)(rows * cols), 21);
+    fill(x, (size_t)(n * cols), 22);
+    kpool *pool = kpool_new(2);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t type = types[ti];
+        size_t rb = kt_row_bytes(type, (uint64_t)cols);
+        uint8_t *wq = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++)
+            kt_quantize_row(type, wf + r * cols, wq + (size_t)r * rb, cols);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *row = wq + (size_t)r * rb;
+            kt_dequantize_row(type, row, deq, cols);
+            for (int t = 0; t < n; t++) {
+                double sum = 0;
+                for (int64_t b = 0; b < cols / 32; b++) {
+                    const float *v = x + t * cols + b * 32;
+                    const float *wb = deq + b * 32;
+                    float amax = 0;
+                    for (int i = 0; i < 32; i++)
+                        amax = fmaxf(amax, fabsf(v[i]));
+                    /* the weight's offset: Q4_0 -8 d, Q4_1 its m (both f16 after the scale) */
+                    const uint8_t *blk = row + (size_t)b * kt_traits_of(type)->block_bytes;
+                    double off = type == KT_Q4_0   ? -8.0 * kt_f16_to_f32(*(const uint16_t *)blk)
+                                 : type == KT_Q4_1 ? kt_f16_to_f32(*(const uint16_t *)(blk + 2))
+                                                   : 0.0;
+                    float d = amax / 127.0f, id = amax ? 127.0f / amax : 0.0f;
+                    for (int i = 0; i < 32; i++) {
+                        double xq = (double)d * (double)lrintf(v[i] * id);
+                        sum += ((double)wb[i] - off) * xq + off * (double)v[i];
+                    }
+                }
+                ref[t * rows + r] = (float)sum;
+            }
+        }
+        kmat w = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+        assert_int_equal(kmat_pack(pool, &w), 0);
+        w.act_bits = KMAT_ACT8;
+        kmat_mul(pool, &w, 0, rows, x, n, y, rows, NULL);
+        double e8 = tu_rel_l2(y, ref, (size_t)(n * rows));
+        w.act_bits = KMAT_ACT16;
+        kmat_mul(pool, &w, 0, rows, x, n, y, rows, NULL);
+        double e16 = tu_rel_l2(y, ref, (size_t)(n * rows));
+        if (e8 > 1e-5 || e16 < 10 * e8)
+            fail_msg("%s: 8-bit result %.3g from the 8-bit reference (bound 1e-5), 16-bit %.3g",
+                     kt_traits_of(type)->name, e8, e16);
+        kmat_unpack(&w);
+        free(wq);
+    }
+    kpool_destroy(&pool);
+    free(wf);
+    free(x);
+    free(deq);
+    free(ref);
+    free(y);
 }
 
 /* The K-quants, Q5_0/Q5_1 and IQ4_NL: blocks of random bytes (every code, scale and min bit
@@ -184,7 +258,8 @@ static void test_kernels_matmul_k(void **state)
                 memcpy(blk + types[ti].m, &m, 2);
             }
         }
-        check_matmul(type, wq, rows, cols, 2e-4);
+        check_matmul(type, wq, rows, cols, 2e-4, KMAT_ACT16);
+        check_matmul(type, wq, rows, cols, 1e-2, KMAT_ACT8);
         free(wq);
     }
 }
@@ -399,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_kernels_argmax),
         cmocka_unit_test(test_kernels_rope_parts),
         cmocka_unit_test(test_kernels_matmul_types),
+        cmocka_unit_test(test_kernels_matmul_act8_exact),
         cmocka_unit_test(test_kernels_matmul_k),
         cmocka_unit_test(test_kernels_isa),
         cmocka_unit_test(test_kernels_attention_merge),
