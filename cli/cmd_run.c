@@ -19,6 +19,7 @@ typedef struct {
     double temp, top_p;
     bool chat, print_ids, no_special;
     kv_type kv;
+    int act_bits;
 } run_opts;
 
 static void run_usage(FILE *out)
@@ -26,12 +27,25 @@ static void run_usage(FILE *out)
     fprintf(out,
             "usage: orochi run --model M (--prompt P | --prompt-file F) [-n N] [--temp T]\n"
             "                  [--top-k K] [--top-p P] [--seed S] [--threads T] [--chat]\n"
-            "                  [--print-ids] [--kv f32|f16] [--no-special]\n"
+            "                  [--print-ids] [--kv f32|f16] [--act-bits 16|8] [--no-special]\n"
             "  Sequential decoding in this process. Text streams to stdout (with --print-ids: the\n"
             "  generated ids, space-separated, one line); a speed summary goes to stderr.\n"
             "  --temp 0 is greedy (default 0.8, top-k 40, top-p 0.95, seed 1).\n"
             "  Special-token text in the prompt (e.g. <|im_start|>) becomes that token, as in\n"
-            "  orochi tokenize and the group's completions; --no-special keeps it plain text.\n");
+            "  orochi tokenize and the group's completions; --no-special keeps it plain text.\n"
+            "  --act-bits 8: quantized matmuls take 8-bit activations (orochi-coordinator\n"
+            "  --act-bits 8 computes the same way).\n");
+}
+
+/* --act-bits: 8 or 16 */
+static bool parse_act_bits(const char *cmd, const char *s, int *bits)
+{
+    if (strcmp(s, "8") && strcmp(s, "16")) {
+        fprintf(stderr, "orochi %s: --act-bits expects 8 or 16, got '%s'\n", cmd, s);
+        return false;
+    }
+    *bits = atoi(s);
+    return true;
 }
 
 static bool parse_kv(const char *cmd, const char *s, kv_type *kv)
@@ -50,7 +64,7 @@ static bool parse_kv(const char *cmd, const char *s, kv_type *kv)
 static int run_parse(int argc, char **argv, run_opts *o)
 {
     *o = (run_opts){.n_predict = 128, .top_k = 40, .seed = 1, .temp = 0.8, .top_p = 0.95,
-                    .kv = KV_F32};
+                    .kv = KV_F32, .act_bits = KMAT_ACT16};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -90,6 +104,9 @@ static int run_parse(int argc, char **argv, run_opts *o)
                 return 2;
         } else if (!strcmp(a, "--kv")) {
             if (!parse_kv("run", v, &o->kv))
+                return 2;
+        } else if (!strcmp(a, "--act-bits")) {
+            if (!parse_act_bits("run", v, &o->act_bits))
                 return 2;
         } else {
             fprintf(stderr, "orochi run: unknown option '%s'\n", a);
@@ -175,6 +192,7 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 2;
     }
+    llama_model_set_act_bits(m, o.act_bits, err, sizeof err);
     tokenizer *tok = tokenizer_new(m->file, err, sizeof err);
     if (!tok) {
         fprintf(stderr, "%s\n", err);
@@ -282,11 +300,12 @@ int cmd_eval(int argc, char **argv)
     const char *model = NULL, *ids_s = NULL, *out = NULL;
     long batch = 1, threads = 0;
     kv_type kv = KV_F32;
+    int act_bits = KMAT_ACT16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: orochi eval --model M --ids \"I J K ...\" --out FILE [--batch W]\n"
-                   "                   [--threads T] [--kv f32|f16]\n"
+                   "                   [--threads T] [--kv f32|f16] [--act-bits 16|8]\n"
                    "  Teacher-forced forward over the ids in chains of W tokens; FILE gets n x vocab\n"
                    "  little-endian float32 logits, row i after consuming ids[0..i].\n");
             return 0;
@@ -307,6 +326,9 @@ int cmd_eval(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--kv")) {
             if (!parse_kv("eval", v, &kv))
+                return 2;
+        } else if (!strcmp(a, "--act-bits")) {
+            if (!parse_act_bits("eval", v, &act_bits))
                 return 2;
         } else {
             fprintf(stderr, "orochi eval: unknown option '%s'\n", a);
@@ -332,6 +354,7 @@ int cmd_eval(int argc, char **argv)
         free(ids);
         return 2;
     }
+    llama_model_set_act_bits(m, act_bits, err, sizeof err);
     int rc = 1;
     llama_ctx_params cp = {.n_threads = (int)threads, .max_width = (int)batch, .n_ctx = n, .kv = kv};
     llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);

@@ -153,7 +153,7 @@ static void coord_usage(FILE *out)
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
-        "         [--trace]\n"
+        "         [--act-bits 16|8] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -172,6 +172,9 @@ static void coord_usage(FILE *out)
         "  the guard keeping them off, is decoded by the workers themselves (each step's\n"
         "  argmax is the next token); the coordinator takes the tokens every few steps\n"
         "  instead of handing each one over.\n"
+        "  --act-bits 8: the workers quantize matmul activations to 8 bits instead of 16\n"
+        "  (faster batches and verification steps, larger rounding; `orochi run --act-bits 8`\n"
+        "  gives the same tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
         "  plain step time); reread whenever the file changes.\n"
         "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
@@ -263,6 +266,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"api-key-file", required_argument, 0, 15},
                                          {"max-queue", required_argument, 0, 16},
                                          {"free-run", required_argument, 0, 17},
+                                         {"act-bits", required_argument, 0, 18},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -333,6 +337,13 @@ static int coord_parse(coord *c, int argc, char **argv)
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 14: c->drain_ms = atoi(optarg); break;
+        case 18:
+            c->act_bits = atoi(optarg);
+            if (c->act_bits != 8 && c->act_bits != 16) {
+                fprintf(stderr, "orochi-coordinator: --act-bits takes 8 or 16, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 5: c->decision_threshold = atoi(optarg); break;
         case 6: c->s_reward = atoi(optarg); break;
         case 7: c->s_punish = atoi(optarg); break;
@@ -411,6 +422,7 @@ static int coord_setup(coord *c)
         rt_log("coordinator", "%s", err);
         return 2;
     }
+    llama_model_set_act_bits(c->model, c->act_bits, err, sizeof err); /* checked by coord_parse */
     c->tok = tokenizer_new(c->model->file, err, sizeof err);
     if (!c->tok) {
         rt_log("coordinator", "%s", err);
@@ -547,6 +559,7 @@ int main(int argc, char **argv)
                .threads_per_worker = 1,
                .max_width = 8,
                .max_queue = 64,
+               .act_bits = 16,
                .max_draft = 4,
                .draft_wait_ms = 200,
                .heartbeat_ms = 250,

@@ -319,6 +319,11 @@ static int worker_join(worker *w)
         rt_log(w->role, "%s", err);
         goto done;
     }
+    if (llama_model_set_act_bits(w->model, wel->act_bits ? (int)wel->act_bits : KMAT_ACT16, err,
+                                 sizeof err)) {
+        rt_log(w->role, "Welcome: %s", err);
+        goto done;
+    }
     w->arena = arena_attach(wel->arena_name, err, sizeof err);
     if (!w->arena) {
         rt_log(w->role, "%s", err);
@@ -377,9 +382,9 @@ static int worker_join(worker *w)
     }
 #endif
     w->n_workers = (int)wel->n_workers;
-    rt_log(w->role, "joined: part %u of %u, %s, %d threads, arena %s, model %s",
+    rt_log(w->role, "joined: part %u of %u, %s, %d threads, %u-bit activations, arena %s, model %s",
            wel->worker_index, wel->n_workers, w->device, llama_ctx_threads(w->ctx),
-           wel->arena_name, wel->target_model);
+           wel->act_bits ? wel->act_bits : KMAT_ACT16, wel->arena_name, wel->target_model);
     rc = 0;
 done:
     rt_free(env);

@@ -130,10 +130,11 @@ def quantized(src, type_name):
     return path
 
 
-def run_ids(model, prompt, n, chat=False):
-    """The generated ids of `orochi run --temp 0 --print-ids` (eos included when it stops there)."""
+def run_ids(model, prompt, n, chat=False, extra=()):
+    """The generated ids of `orochi run --temp 0 --print-ids` (eos included when it stops there);
+    extra: more `orochi run` options."""
     cmd = [env()["bin"], "run", "--model", model, "--prompt", prompt, "-n", str(n), "--temp", "0",
-           "--print-ids"]
+           "--print-ids"] + list(extra)
     if chat:
         cmd.append("--chat")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -193,6 +193,29 @@ def test_speculative_default_model():
 
 
 @t.case
+def test_speculative_act8():
+    """--act-bits 8 reaches every worker, and the group's greedy output with ngram and layerskip
+    drafts equals `orochi run --act-bits 8` token for token (each width computes a token the same
+    way under 8-bit activations too)."""
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    n = 32
+    want = {p: G.run_ids(model, p, n, extra=["--act-bits", "8"]) for p in REAL_PROMPTS}
+    with G.Group("act8", model, speculators=["ngram", "layerskip:layers=0-14"],
+                 extra=["--act-bits", "8"]) as g:
+        for w in range(2):
+            g.wait_log("worker-%d" % w, "8-bit activations")
+        means = []
+        for p in REAL_PROMPTS:
+            r = g.complete(p, n)
+            check_answer(r, want[p], "act8, prompt %r" % p[:40])
+            means.append(r["orochi"]["mean_accepted"])
+        G.log("  act8: identical to orochi run --act-bits 8 on %d prompts; mean accepted %s" % (
+            len(REAL_PROMPTS), ", ".join("%.2f" % m for m in means)))
+
+
+@t.case
 def test_speculative_default_model_chat():
     model = G.default_model()
     if not model:

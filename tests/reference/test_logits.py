@@ -7,7 +7,7 @@ The C engine (OROCHI_BIN) is driven through two CLI commands:
       writes a deterministic random-weight Llama GGUF (matrices in type T,
       norms in F32; `--tied` omits output.weight);
   orochi eval --model M --ids "3 17 42" --out FILE [--batch W] [--threads N]
-              [--kv f32|f16]
+              [--kv f32|f16] [--act-bits 16|8]
       teacher-forces the ids and writes raw little-endian float32 logits,
       one row of `vocab` values per id (row i = after consuming ids[0..i]).
 
@@ -28,7 +28,11 @@ Parts:
   c. the default model re-quantized by `orochi quantize` to Q4_K_M, Q5_K_M,
      Q6_K, Q5_1 and Q3_K (K-types, their llama.cpp fallbacks, mixes): the
      reference generates 8 tokens after the first prompt from each file and
-     `orochi eval` (batch 1 and 8) must reproduce its logits.
+     `orochi eval` (batch 1 and 8) must reproduce its logits;
+  d. `--act-bits 8` (8-bit activations for quantized matmuls): tiny Q8_0 / Q4_0
+     models against the reference rounding the same way (1e-3), tiny Q4_1 and
+     the default model against the exact reference in mean relative L2 and
+     argmax agreement (check_act8 says why not tighter).
 
 The measure is the relative L2 error per position, ||c - r|| / ||r||, against
 the exact (float64, unquantised-activation) reference.  Bounds: 1e-4 for
@@ -36,8 +40,8 @@ f32/f16/bf16 weights; 1e-2 for quantised weights (the engine rounds the
 activations it multiplies with quantised weights) and for an f16 KV cache.
 Measured when written: ~4e-7 for float weights, ~2e-4 for quantised tiny
 models and ~2e-3 at worst on SmolLM2-135M with the engine's 16-bit
-activations (8-bit activations gave ~2e-2 tiny and up to ~0.17 on SmolLM2,
-which this test would reject), ~5e-4 for the f16 KV cache.
+activations (its opt-in 8-bit activations give ~2e-2 tiny and ~0.09 mean,
+up to ~0.3, on SmolLM2: part d), ~5e-4 for the f16 KV cache.
 
 Environment: OROCHI_BIN, OROCHI_MODEL, OROCHI_TMP (as set by ctest).
 Exit status: 0 pass, 1 fail, 77 everything skipped.
@@ -68,6 +72,9 @@ WORKDIR = os.path.join(TMP, "reference_logits.%d" % os.getpid())
 BOUND_FLOAT = 1e-4     # f32 / f16 / bf16 weights
 BOUND_QUANT = 1e-2     # quantised weights (tiny and default model)
 BOUND_KV_F16 = 1e-2    # f16 KV cache on the f32 tiny model
+BOUND_ACT8 = 1e-3      # --act-bits 8 against the reference that rounds the same way (Q8_0, Q4_0)
+ACT8_MEAN = 0.15       # --act-bits 8 against the exact reference: mean relative L2 ...
+ACT8_TOP1 = 0.8        # ... and the share of positions with the same argmax
 SUBPROCESS_TIMEOUT = 300
 
 # A fixed teacher-forcing sequence for the tiny models (vocab 300).
@@ -166,10 +173,10 @@ def run_orochi(args, what):
     return proc.stdout.decode(errors="replace")
 
 
-def c_eval(model, ids, vocab, tag, batch=1, kv="f32", threads=None):
+def c_eval(model, ids, vocab, tag, batch=1, kv="f32", threads=None, act_bits=16):
     out = os.path.join(WORKDIR, "%s.logits" % tag)
     args = ["eval", "--model", model, "--ids", " ".join(str(i) for i in ids),
-            "--out", out, "--batch", batch, "--kv", kv]
+            "--out", out, "--batch", batch, "--kv", kv, "--act-bits", act_bits]
     if threads:
         args += ["--threads", threads]
     run_orochi(args, "eval " + tag)
@@ -606,6 +613,79 @@ def check_requantized(report):
         os.unlink(path)
 
 
+# ---------------------------------------------------------------------------
+# Part d: 8-bit activations (`--act-bits 8`)
+# ---------------------------------------------------------------------------
+
+def check_act8(report):
+    """The engine's 8-bit activation mode (`--act-bits 8`).
+
+    Tiny Q8_0 and Q4_0 models against the reference that rounds the activations the same way
+    (LlamaRef(act_bits=8)), bound BOUND_ACT8. On Q4_1 models and the default model that
+    comparison is not stable: a value the engine (float32) and the reference (float64) see a few
+    ulps apart can round to neighbouring 8-bit steps, one step is 1/127 of its block's largest
+    value, and over 30 layers with SmolLM2's outlier channels the two 8-bit computations drift
+    as far from each other (~1e-1) as from the exact result. Those are held to the exact
+    reference by what the mode costs in use: mean relative L2 at most ACT8_MEAN and the same
+    argmax at ACT8_TOP1 of the positions (measured 0.086 and 0.89-0.97 on the default model).
+    """
+    print("part d: --act-bits 8", flush=True)
+
+    def loose(case, c, exact):
+        rel = (np.linalg.norm(c - exact, axis=1) /
+               np.maximum(np.linalg.norm(exact, axis=1), 1e-30))
+        top1 = float(np.mean(c.argmax(axis=1) == exact.argmax(axis=1)))
+        ok = rel.mean() <= ACT8_MEAN and top1 >= ACT8_TOP1
+        print("  %-30s mean rel %.3g (bound %.2g), max %.3g, same argmax %.2f (bound %.2f) %s"
+              % (case, rel.mean(), ACT8_MEAN, rel.max(), top1, ACT8_TOP1,
+                 "ok" if ok else "FAIL"), flush=True)
+        report.ran += 1
+        if not ok:
+            report.fail("%s: mean relative L2 %.3g (bound %.2g), same argmax at %.2f of the "
+                        "positions (bound %.2f)" % (case, rel.mean(), ACT8_MEAN, top1, ACT8_TOP1))
+
+    for type_name in ("q8_0", "q4_0", "q4_1"):
+        path = os.path.join(WORKDIR, "act8_%s.gguf" % type_name)
+        try:
+            params = mkmodel(path, type_name)
+        except RuntimeError as exc:
+            report.fail("act8 tiny %s: %s" % (type_name, exc))
+            continue
+        ref = LlamaRef(path, act_bits=8)
+        ref8 = ref.teacher_forced(TINY_IDS)
+        ref.act_bits = None
+        exact = ref.teacher_forced(TINY_IDS)
+        for batch in (1, 8):
+            case = "act8 tiny %s batch%d" % (type_name, batch)
+            try:
+                c = c_eval(path, TINY_IDS, params["vocab"], "act8_%s_%d" % (type_name, batch),
+                           batch=batch, act_bits=8)
+            except RuntimeError as exc:
+                report.fail("%s: %s" % (case, exc))
+                continue
+            if type_name == "q4_1":
+                loose(case, c, exact)
+            else:
+                report.compare(case, c, ref8, BOUND_ACT8)
+        os.unlink(path)
+    if not os.path.exists(OROCHI_MODEL):
+        print("SKIP: act8 on the default model: absent at %s (run make models)" % OROCHI_MODEL)
+        return
+    model = LlamaRef(OROCHI_MODEL)
+    ids, _ = prompt_ids(DEFAULT_PROMPTS[0], FALLBACK_PROMPT_IDS[0], model.cfg.vocab)
+    generated, exact = model.greedy(ids, GENERATE)
+    full = ids + generated
+    for batch in (1, 8):
+        case = "act8 default p0 batch%d" % batch
+        try:
+            c = c_eval(OROCHI_MODEL, full, model.cfg.vocab, "act8_default_%d" % batch,
+                       batch=batch, act_bits=8)
+        except RuntimeError as exc:
+            report.fail("%s: %s" % (case, exc))
+            continue
+        loose(case, c, exact)
+
+
 def main():
     os.makedirs(WORKDIR, exist_ok=True)
     report = Report()
@@ -619,6 +699,7 @@ def main():
             check_tiny_models(report)
             check_default_model(report)
             check_requantized(report)
+            check_act8(report)
     finally:
         for name in os.listdir(WORKDIR):
             os.unlink(os.path.join(WORKDIR, name))
