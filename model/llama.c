@@ -1008,11 +1008,15 @@ static void kv_store(const llama_ctx *x, uint8_t *base, int64_t p, const float *
     }
 }
 
+#define ATT_BLOCK_MAX 8 /* tokens of one sequence one attention item takes */
+
 typedef struct {
     llama_ctx *x;
     int layer, n;
-    const struct att_unit *units; /* this part's attention work, per token */
+    const struct att_unit *units; /* this part's attention work, per token block */
     int n_units;
+    int n_blocks;
+    int block0[KMAT_MAX_W + 1]; /* token block k: tokens [block0[k], block0[k + 1]) */
 } att_job;
 
 /* One attention partial of token i, query head h: the dense (half 0) or sparse (half 1) one, as
@@ -1023,15 +1027,32 @@ static float *att_partial(const llama_ctx *x, int i, int h, int half)
     return x->sh.ap + (((size_t)i * c->n_heads + h) * 2 + half) * ((size_t)c->head_dim + 2);
 }
 
-/* One (token, unit) pair per item. A unit is a run of this part's query heads that share a KV
- * head — or, when the pairs are too few to keep every thread busy (a decode step of a model with
- * 3 KV heads on 2 threads would split 2:1), a single query head. The heads of a unit share every
- * key and value load, and a query head's arithmetic is the same whether it shares its loads or
- * not, so how the heads are grouped never changes a bit. A full unit attends to its key stream —
- * the committed prefix, then its ancestors in the tree (which continue the positions) — in one
- * causal pass (see kernels/cpu/attention.c for why one pass and not a merge of two partials);
- * a dense unit to the prefix only and a sparse unit to the ancestors only, each leaving its
- * unnormalised partial in the shared block for the merge after the next synchronisation. */
+/* Cut the step's n tokens into blocks of consecutive tokens of one sequence, at most `most`
+ * tokens each (the tokens of a block share the loads of their common prefix). */
+static void att_blocks(const llama_ctx *x, att_job *j, int most)
+{
+    j->n_blocks = 0;
+    for (int i = 0; i < j->n;) {
+        int e = i + 1, seq = x->seq[x->batch_base + i];
+        while (e < j->n && e - i < most && x->seq[x->batch_base + e] == seq)
+            e++;
+        j->block0[j->n_blocks++] = i;
+        i = e;
+    }
+    j->block0[j->n_blocks] = j->n;
+}
+
+/* One (token block, unit) pair per item. A unit is a run of this part's query heads that share a
+ * KV head — or, when the pairs are too few to keep every thread busy (a decode step of a model
+ * with 3 KV heads on 2 threads would split 2:1), a single query head. A token block is a run of
+ * tokens of one sequence (a verification step's tree, a chunk of a prompt). The queries of an
+ * item share every key and value load of their common prefix, and a query's arithmetic is the
+ * same whether it shares its loads or not, so how heads and tokens are grouped never changes a
+ * bit. A full unit attends to its key stream — the committed prefix, then its ancestors in the
+ * tree (which continue the positions) — in one causal pass (see kernels/cpu/attention.c for why
+ * one pass and not a merge of two partials); a dense unit to the prefix only and a sparse unit to
+ * the ancestors only, each leaving its unnormalised partial in the shared block for the merge
+ * after the next synchronisation. */
 static void att_run(void *argp, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
@@ -1044,54 +1065,70 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
     const llama_shared *src = x->p.prefix_src;
     const uint8_t *src_kl = src ? src->kv + (size_t)(2 * j->layer) * src->layer_kv_bytes : NULL;
     const uint8_t *src_vl = src ? src_kl + src->layer_kv_bytes : NULL;
-    katt_stat st[64];
+    katt_stat st[ATT_BLOCK_MAX * 64];
+    katt_keys keys[ATT_BLOCK_MAX];
+    const float *qs[ATT_BLOCK_MAX];
+    float *outs[ATT_BLOCK_MAX];
+    int n_keys[ATT_BLOCK_MAX];
     for (int64_t item = begin; item < end; item++) {
-        int i = (int)(item / j->n_units);
+        int blk = (int)(item / j->n_units), i0 = j->block0[blk], nt = j->block0[blk + 1] - i0;
         const struct att_unit *u = &j->units[item % j->n_units];
         int kvh = u->kvh;
-        int slot = x->batch_base + i; /* activations are per batch, lists per tree slot */
-        const float *q = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
-        int seq = x->seq[slot], n_prefix = x->prefix[seq];
-        int64_t seq_row = (int64_t)seq * x->p.n_ctx;
-        katt_keys keys = {
-            .type = x->p.kv,
-            .stride = hd,
-            .n_prefix = n_prefix,
-            .k = src_kl ? src_head_row(x, src_kl, kvh) : kv_head_row(x, kl, kvh, seq_row),
-            .v = src_vl ? src_head_row(x, src_vl, kvh) : kv_head_row(x, vl, kvh, seq_row),
-            .tree_k = kv_head_row(x, kl, kvh, x->tree_row),
-            .tree_v = kv_head_row(x, vl, kvh, x->tree_row),
-            .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
-        };
-        int n_keys = n_prefix + x->n_anc[slot];
-        float *out;
-        int64_t out_stride;
-        if (u->mode == ATT_FULL) {
-            out = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
-            out_stride = hd;
-        } else {
-            if (u->mode == ATT_DENSE) {
-                n_keys = n_prefix;
+        int64_t out_stride = u->mode == ATT_FULL ? hd : 2 * (hd + 2);
+        for (int t = 0; t < nt; t++) {
+            int i = i0 + t;
+            int slot = x->batch_base + i; /* activations are per batch, lists per tree slot */
+            int seq = x->seq[slot], n_prefix = x->prefix[seq];
+            int64_t seq_row = (int64_t)seq * x->p.n_ctx;
+            qs[t] = x->sh.q + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
+            keys[t] = (katt_keys){
+                .type = x->p.kv,
+                .stride = hd,
+                .n_prefix = n_prefix,
+                .k = src_kl ? src_head_row(x, src_kl, kvh) : kv_head_row(x, kl, kvh, seq_row),
+                .v = src_vl ? src_head_row(x, src_vl, kvh) : kv_head_row(x, vl, kvh, seq_row),
+                .tree_k = kv_head_row(x, kl, kvh, x->tree_row),
+                .tree_v = kv_head_row(x, vl, kvh, x->tree_row),
+                .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
+            };
+            n_keys[t] = n_prefix + x->n_anc[slot];
+            if (u->mode == ATT_FULL) {
+                outs[t] = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
             } else {
-                keys.n_prefix = 0;
-                n_keys = x->n_anc[slot];
+                if (u->mode == ATT_DENSE) {
+                    n_keys[t] = n_prefix;
+                } else {
+                    keys[t].n_prefix = 0;
+                    n_keys[t] = x->n_anc[slot];
+                }
+                outs[t] = att_partial(x, i, u->h0, u->mode == ATT_SPARSE);
             }
-            out = att_partial(x, i, u->h0, u->mode == ATT_SPARSE);
-            out_stride = 2 * (hd + 2);
         }
         for (int g0 = 0; g0 < u->nh; g0 += 64) {
             int ng = u->nh - g0 < 64 ? u->nh - g0 : 64;
-            float *o = out + (int64_t)g0 * out_stride;
-            katt_causal_group(q + (int64_t)g0 * hd, hd, ng, &keys, n_keys, hd, scale, st, o,
-                              out_stride);
-            for (int g = 0; g < ng; g++) {
-                float *og = o + (int64_t)g * out_stride;
-                if (u->mode == ATT_FULL) {
-                    katt_finish(&st[g], og, hd);
-                } else {
-                    og[hd] = st[g].max;
-                    og[hd + 1] = st[g].sum;
+            /* at most 64 queries per call of st: tokens in runs that fit */
+            int per = 64 / ng < nt ? 64 / ng : nt;
+            for (int t0 = 0; t0 < nt; t0 += per) {
+                int m = nt - t0 < per ? nt - t0 : per;
+                const float *qg[ATT_BLOCK_MAX];
+                float *og[ATT_BLOCK_MAX];
+                for (int t = 0; t < m; t++) {
+                    qg[t] = qs[t0 + t] + (int64_t)g0 * hd;
+                    og[t] = outs[t0 + t] + (int64_t)g0 * out_stride;
                 }
+                katt_causal_tokens(m, qg, hd, ng, &keys[t0], &n_keys[t0], hd, scale, st, og,
+                                   out_stride);
+                for (int t = 0; t < m; t++)
+                    for (int g = 0; g < ng; g++) {
+                        float *o = og[t] + (int64_t)g * out_stride;
+                        const katt_stat *sg = &st[t * ng + g];
+                        if (u->mode == ATT_FULL) {
+                            katt_finish(sg, o, hd);
+                        } else {
+                            o[hd] = sg->max;
+                            o[hd + 1] = sg->sum;
+                        }
+                    }
             }
         }
     }
@@ -1321,10 +1358,16 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         }
         if (x->att_sync && llama_part_sync(x, err, errlen))
             return -1;
-        bool few = (int64_t)n * x->n_units < 4 * (int64_t)kpool_threads(x->pool);
-        att_job aj = {x, l, n, few ? x->singles : x->units, few ? x->n_singles : x->n_units};
-        if (aj.n_units)
-            kpool_run(x->pool, (int64_t)n * aj.n_units, 1, att_run, &aj);
+        int threads = kpool_threads(x->pool);
+        bool few = (int64_t)n * x->n_units < 4 * (int64_t)threads;
+        att_job aj = {.x = x, .layer = l, .n = n, .units = few ? x->singles : x->units,
+                      .n_units = few ? x->n_singles : x->n_units};
+        if (aj.n_units) {
+            /* tokens per block: as many as leave about four items per thread */
+            int most = aj.n_units ? n * aj.n_units / (4 * threads) : 1;
+            att_blocks(x, &aj, most < 1 ? 1 : most > ATT_BLOCK_MAX ? ATT_BLOCK_MAX : most);
+            kpool_run(x->pool, (int64_t)aj.n_blocks * aj.n_units, 1, att_run, &aj);
+        }
         if (x->megatron) {
             if (megatron_linear(x, &L->wo, sh->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err,
                                 errlen))

@@ -16,7 +16,10 @@
  * absolute positions (scores, one max, vector exp, weighted V sum per chunk). A token then sees
  * exactly the same operations whether an earlier key sits in the prefix or in the tree, so tree
  * verification is bit-identical to sequential decoding: the property that keeps greedy
- * speculative output equal to greedy sequential output even at near-ties.
+ * speculative output equal to greedy sequential output even at near-ties. katt_causal_tokens
+ * walks the whole prefix chunks that several tokens of one sequence share once for all of them
+ * (each row loaded once for every query), the rest token by token, with the same per-chunk
+ * arithmetic.
  */
 #include <math.h>
 #include <string.h>
@@ -141,7 +144,8 @@ static const void *att_stream_row(const katt_keys *s, const void *prefix, const 
  * 16-element steps, then lo + hi, then the pairwise sums): each key's partial vector is formed
  * alone and the eight horizontal sums run transposed, three adds for all eight instead of
  * three per key. head_dim % 16 == 0. */
-static inline __m256 att_dot8(const float *q, const float *const *k, int head_dim)
+static inline __attribute__((always_inline)) __m256 att_dot8(const float *q, const float *const *k,
+                                                              int head_dim)
 {
     __m256 v[8];
     for (int j = 0; j < 8; j++) {
@@ -187,94 +191,165 @@ static void att_scores(const float *q, const float *const *krows, int len, int h
 {
     int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-    if (head_dim % 16 == 0)
-        for (; j < len; j += 8)
-            _mm256_storeu_ps(
-                sc + j, _mm256_mul_ps(att_dot8(q, krows + j, head_dim), _mm256_set1_ps(scale)));
+    /* the common head sizes with the size a constant (straight-line code, no loop per key) */
+#define ATT_SCORES_HD(HD)                                                                          \
+    for (; j < len; j += 8)                                                                        \
+        _mm256_storeu_ps(sc + j, _mm256_mul_ps(att_dot8(q, krows + j, HD), _mm256_set1_ps(scale)));
+    if (head_dim == 64) {
+        ATT_SCORES_HD(64)
+    } else if (head_dim == 128) {
+        ATT_SCORES_HD(128)
+    } else if (head_dim % 16 == 0) {
+        ATT_SCORES_HD(head_dim)
+    }
+#undef ATT_SCORES_HD
 #endif
     for (; j < len; j++)
         sc[j] = k_dot(q, krows[j], head_dim) * scale;
 }
 
-#define ATT_MAX_GROUP 16 /* query heads per KV head katt_causal_group takes at once */
+#define ATT_MAX_GROUP 16 /* query heads per KV head one call takes at once */
+#define ATT_MAX_Q 64     /* queries (tokens x heads) one call takes at once */
+
+/* One chunk of keys (rows, len of them) for one query: scores, the running max (and the rescale
+ * of the partial when it grows), the weights e = exp(score - max) and their sum. */
+static inline void att_chunk_softmax(const float *q, const float *const *rows, int len, int head_dim,
+                                     float scale, katt_stat *t, float *o, float *e)
+{
+    att_scores(q, rows, len, head_dim, scale, e);
+    float mx = t->max;
+    int i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (len == ATT_CHUNK) { /* a max is exact in any order */
+        __m256 m8 = _mm256_max_ps(_mm256_loadu_ps(e), _mm256_loadu_ps(e + 8));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float cm = _mm_cvtss_f32(m4);
+        mx = cm > mx ? cm : mx;
+        i = len;
+    }
+#endif
+    for (; i < len; i++)
+        mx = e[i] > mx ? e[i] : mx; /* scores are never NaN: a compare, not a libm call */
+    if (mx > t->max) {
+        float c = expf(t->max - mx); /* 0 on the first chunk (max was -inf) */
+        t->sum *= c;
+        for (int i = 0; i < head_dim; i++)
+            o[i] *= c;
+        t->max = mx;
+    }
+    i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= len; i += 8)
+        _mm256_storeu_ps(e + i, k_exp8(_mm256_sub_ps(_mm256_loadu_ps(e + i), _mm256_set1_ps(mx))));
+#endif
+    for (; i < len; i++)
+        e[i] = expf(e[i] - mx);
+    for (int j = 0; j < len; j++)
+        t->sum += e[j];
+}
+
+/* out[d] += e_j v_j[d] over the chunk's value rows, keys in order; the d-blocks outside so out
+ * stays in registers */
+static inline void att_chunk_values(const float *const *rows, int len, int head_dim, const float *e,
+                                    float *o)
+{
+    int d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (head_dim == 64) { /* the whole output in eight registers, one broadcast per key */
+        __m256 acc[8];
+        for (int b = 0; b < 8; b++)
+            acc[b] = _mm256_loadu_ps(o + 8 * b);
+        for (int j = 0; j < len; j++) {
+            __m256 ev = _mm256_set1_ps(e[j]);
+            for (int b = 0; b < 8; b++)
+                acc[b] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(rows[j] + 8 * b), acc[b]);
+        }
+        for (int b = 0; b < 8; b++)
+            _mm256_storeu_ps(o + 8 * b, acc[b]);
+        d = 64;
+    }
+    for (; d + 8 <= head_dim; d += 8) {
+        __m256 acc = _mm256_loadu_ps(o + d);
+        for (int j = 0; j < len; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(rows[j] + d), acc);
+        _mm256_storeu_ps(o + d, acc);
+    }
+#endif
+    for (; d < head_dim; d++)
+        for (int j = 0; j < len; j++)
+            o[d] += e[j] * rows[j][d];
+}
+
+/* Chunks [c0, c1) (c1 - c0 a multiple of ATT_CHUNK, or the stream's last, shorter one at the
+ * end) of n_tok tokens whose chunks there are the same rows (s[0]'s), nq heads each. */
+static void att_chunks(int n_tok, const float *const *q, int64_t q_stride, int nq,
+                       const katt_keys *s, int c0, int c1, int head_dim, float scale, katt_stat *st,
+                       float *const *out, int64_t out_stride)
+{
+    float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_MAX_Q][ATT_CHUNK];
+    static const float zero[ATT_MAX_HEAD_DIM];
+    const float *rows[ATT_CHUNK];
+    for (int a = c0; a < c1; a += ATT_CHUNK) {
+        int b = a + ATT_CHUNK < c1 ? a + ATT_CHUNK : c1, len = b - a;
+        att_chunk_rows(s, s->k, s->tree_k, a, b, head_dim, buf, zero, rows);
+        for (int t = 0; t < n_tok; t++)
+            for (int h = 0; h < nq; h++)
+                att_chunk_softmax(q[t] + h * q_stride, rows, len, head_dim, scale, &st[t * nq + h],
+                                  out[t] + h * out_stride, sc[t * nq + h]);
+        att_chunk_rows(s, s->v, s->tree_v, a, b, head_dim, buf, zero, rows);
+        for (int t = 0; t < n_tok; t++)
+            for (int h = 0; h < nq; h++)
+                att_chunk_values(rows, len, head_dim, sc[t * nq + h], out[t] + h * out_stride);
+    }
+}
+
+void katt_causal_tokens(int n_tok, const float *const *q, int64_t q_stride, int nq,
+                        const katt_keys *s, const int *n, int head_dim, float scale, katt_stat *st,
+                        float *const *out, int64_t out_stride)
+{
+    if (nq > ATT_MAX_GROUP) { /* more heads than the stack arrays: a head range at a time */
+        for (int h = 0; h < nq; h += ATT_MAX_GROUP) {
+            int nh = nq - h < ATT_MAX_GROUP ? nq - h : ATT_MAX_GROUP;
+            for (int t = 0; t < n_tok; t++) {
+                const float *qt = q[t] + h * q_stride;
+                float *ot = out[t] + h * out_stride;
+                katt_causal_tokens(1, &qt, q_stride, nh, &s[t], &n[t], head_dim, scale,
+                                   st + t * nq + h, &ot, out_stride);
+            }
+        }
+        return;
+    }
+    if (n_tok * nq > ATT_MAX_Q) {
+        /* fewer tokens at a time; st is laid out per token, nq each */
+        int per = ATT_MAX_Q / nq;
+        for (int t = 0; t < n_tok; t += per)
+            katt_causal_tokens(n_tok - t < per ? n_tok - t : per, q + t, q_stride, nq, s + t, n + t,
+                               head_dim, scale, st + t * nq, out + t, out_stride);
+        return;
+    }
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < nq; h++)
+            att_init(&st[t * nq + h], out[t] + h * out_stride, head_dim);
+    /* chunks are aligned to absolute positions, so the arithmetic for position j never depends
+     * on where the prefix ends or on which other tokens share the call: the whole chunks of the
+     * prefix every token sees are walked once for all of them (one load of each row), the rest
+     * token by token */
+    int shared = s[0].n_prefix;
+    for (int t = 0; t < n_tok; t++)
+        shared = n[t] < shared ? n[t] : shared;
+    shared -= shared % ATT_CHUNK;
+    att_chunks(n_tok, q, q_stride, nq, &s[0], 0, shared, head_dim, scale, st, out, out_stride);
+    for (int t = 0; t < n_tok; t++)
+        att_chunks(1, &q[t], q_stride, nq, &s[t], shared, n[t], head_dim, scale, st + t * nq,
+                   &out[t], out_stride);
+}
 
 void katt_causal_group(const float *q, int64_t q_stride, int nq, const katt_keys *s, int n,
                        int head_dim, float scale, katt_stat *st, float *out, int64_t out_stride)
 {
-    float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_MAX_GROUP][ATT_CHUNK];
-    static const float zero[ATT_MAX_HEAD_DIM];
-    const float *rows[ATT_CHUNK];
-    if (nq > ATT_MAX_GROUP) { /* more heads than the stack arrays: in batches */
-        for (int h = 0; h < nq; h += ATT_MAX_GROUP)
-            katt_causal_group(q + h * q_stride, q_stride,
-                              nq - h < ATT_MAX_GROUP ? nq - h : ATT_MAX_GROUP, s, n, head_dim,
-                              scale, st + h, out + h * out_stride, out_stride);
-        return;
-    }
-    for (int h = 0; h < nq; h++)
-        att_init(&st[h], out + h * out_stride, head_dim);
-    /* chunks are aligned to absolute positions, so the arithmetic for position j never depends
-     * on where the prefix ends */
-    for (int c0 = 0; c0 < n; c0 += ATT_CHUNK) {
-        int c1 = c0 + ATT_CHUNK < n ? c0 + ATT_CHUNK : n, len = c1 - c0;
-        att_chunk_rows(s, s->k, s->tree_k, c0, c1, head_dim, buf, zero, rows);
-        for (int h = 0; h < nq; h++) {
-            float *o = out + h * out_stride, *e = sc[h];
-            katt_stat *t = &st[h];
-            att_scores(q + h * q_stride, rows, len, head_dim, scale, e);
-            float mx = t->max;
-            for (int i = 0; i < len; i++)
-                mx = e[i] > mx ? e[i] : mx; /* scores are never NaN: a compare, not a libm call */
-            if (mx > t->max) {
-                float c = expf(t->max - mx); /* 0 on the first chunk (max was -inf) */
-                t->sum *= c;
-                for (int i = 0; i < head_dim; i++)
-                    o[i] *= c;
-                t->max = mx;
-            }
-            int i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-            for (; i + 8 <= len; i += 8)
-                _mm256_storeu_ps(e + i,
-                                 k_exp8(_mm256_sub_ps(_mm256_loadu_ps(e + i), _mm256_set1_ps(mx))));
-#endif
-            for (; i < len; i++)
-                e[i] = expf(e[i] - mx);
-            for (int j = 0; j < len; j++)
-                t->sum += e[j];
-        }
-        att_chunk_rows(s, s->v, s->tree_v, c0, c1, head_dim, buf, zero, rows);
-        /* out[d] += e_j v_j[d], keys in order; the d-blocks outside so out stays in a register */
-        for (int h = 0; h < nq; h++) {
-            float *o = out + h * out_stride;
-            const float *e = sc[h];
-            int d = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-            if (head_dim == 64) { /* the whole output in eight registers, one broadcast per key */
-                __m256 acc[8];
-                for (int b = 0; b < 8; b++)
-                    acc[b] = _mm256_loadu_ps(o + 8 * b);
-                for (int j = 0; j < len; j++) {
-                    __m256 ev = _mm256_set1_ps(e[j]);
-                    for (int b = 0; b < 8; b++)
-                        acc[b] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(rows[j] + 8 * b), acc[b]);
-                }
-                for (int b = 0; b < 8; b++)
-                    _mm256_storeu_ps(o + 8 * b, acc[b]);
-                d = 64;
-            }
-            for (; d + 8 <= head_dim; d += 8) {
-                __m256 acc = _mm256_loadu_ps(o + d);
-                for (int j = 0; j < len; j++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(rows[j] + d), acc);
-                _mm256_storeu_ps(o + d, acc);
-            }
-#endif
-            for (; d < head_dim; d++)
-                for (int j = 0; j < len; j++)
-                    o[d] += e[j] * rows[j][d];
-        }
-    }
+    katt_causal_tokens(1, &q, q_stride, nq, s, &n, head_dim, scale, st, &out, out_stride);
 }
 
 void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float scale,

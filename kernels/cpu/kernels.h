@@ -250,6 +250,14 @@ void katt_causal(const float *q, const katt_keys *s, int n, int head_dim, float 
  * on its own. */
 void katt_causal_group(const float *q, int64_t q_stride, int nq, const katt_keys *s, int n,
                        int head_dim, float scale, katt_stat *st, float *out, int64_t out_stride);
+/* katt_causal_group for n_tok tokens of one sequence: token t's nq query heads at q[t] +
+ * h * q_stride, its key stream s[t] over n[t] positions (every s[t] with the same prefix rows and
+ * n_prefix; each its own tree ancestors), its partials in st[t * nq + h] and out[t] +
+ * h * out_stride. The whole chunks of the prefix that every token sees are loaded once for all
+ * of them; each query's result is bit-identical to katt_causal_group on its own. */
+void katt_causal_tokens(int n_tok, const float *const *q, int64_t q_stride, int nq,
+                        const katt_keys *s, const int *n, int head_dim, float scale, katt_stat *st,
+                        float *const *out, int64_t out_stride);
 /* Finish: out /= sum. */
 void katt_finish(const katt_stat *s, float *out, int head_dim);
 

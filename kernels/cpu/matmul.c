@@ -330,7 +330,7 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
     for (int t = 0; t < n_tok; t++)
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + t * cols + b * 32;
-            size_t o = ((size_t)t * (size_t)nb + (size_t)b) * 32;
+            size_t o = mm_xb(xq, t, b) * 32;
             int16_t *q = xq->q + o;
 #ifdef MM_AVX2
             __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
@@ -384,16 +384,22 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
                 xq->hi[o + i] = (int8_t)((q[i] - lo) / 256);
             }
 #endif
-            xq->s[t * nb + b] = sum;
-            xq->d[t * nb + b] = d;
+            xq->s[mm_xb(xq, t, b)] = sum;
+            xq->d[mm_xb(xq, t, b)] = d;
+            if (xq->bits == 8) {
+                int32_t qs = 0;
+                for (int i = 0; i < 32; i++)
+                    qs += q[i];
+                xq->qsum[mm_xb(xq, t, b)] = qs;
+            }
             if (xq->s16) {
                 float h0 = 0, h1 = 0;
                 for (int i = 0; i < 16; i++) {
                     h0 += v[i];
                     h1 += v[16 + i];
                 }
-                xq->s16[2 * (t * nb + b)] = h0;
-                xq->s16[2 * (t * nb + b) + 1] = h1;
+                xq->s16[2 * mm_xb(xq, t, b)] = h0;
+                xq->s16[2 * mm_xb(xq, t, b) + 1] = h1;
             }
         }
 }
@@ -433,7 +439,7 @@ static size_t mm_xq_bytes(int64_t cols, int n_tok)
 {
     size_t nb = (size_t)cols / 32;
     return mm_align((size_t)n_tok * (size_t)cols * 2) + 2 * mm_align((size_t)n_tok * (size_t)cols) +
-           4 * mm_align((size_t)n_tok * nb * 4);
+           5 * mm_align((size_t)n_tok * nb * 4);
 }
 
 size_t kmat_scratch_bytes(int64_t cols, int n_tok, int n_threads)
@@ -593,6 +599,7 @@ static void mm_mul(kpool *pool, int n, const kmat *const *w, const int64_t *lo,
         size_t nb = (size_t)cols / 32;
         job.xq.nb = (int64_t)nb;
         job.xq.bits = mm_act_bits(w[0]);
+        job.xq.nt = n_tok;
         job.xq.q = (int16_t *)base;
         base += mm_align((size_t)n_tok * (size_t)cols * 2);
         job.xq.lo = (int8_t *)base;
@@ -608,6 +615,8 @@ static void mm_mul(kpool *pool, int n, const kmat *const *w, const int64_t *lo,
             if (mm_kdesc_of(w[m]->type))
                 job.xq.s16 = (float *)base;
         base += 2 * mm_align((size_t)n_tok * nb * 4);
+        job.xq.qsum = (int32_t *)base;
+        base += mm_align((size_t)n_tok * nb * 4);
         mm_quantize_x(x, cols, n_tok, &job.xq);
     } else {
         base += mm_xq_bytes(cols, n_tok);

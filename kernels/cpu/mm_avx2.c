@@ -62,7 +62,7 @@ AI void a2_q4_tile(bool q41, const int H, int NT, int NH, const uint8_t *pk, int
                 __m256i wl = _mm256_and_si256(raw, mask);
                 __m256i wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
                 for (int t = 0; t < NT; t++) {
-                    size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                    size_t xo = mm_xb(xq, t0 + t, b) * 32;
                     const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
                     lo[t][h] =
                         _mm256_add_epi16(lo[t][h], _mm256_maddubs_epi16(wl, a2_bcast(xl + 4 * k)));
@@ -82,7 +82,7 @@ AI void a2_q4_tile(bool q41, const int H, int NT, int NH, const uint8_t *pk, int
             __m256 mw = q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * hh)))
                             : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
             for (int t = 0; t < NT; t++) {
-                size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+                size_t xb = mm_xb(xq, t0 + t, b);
                 __m256i dot = _mm256_madd_epi16(lo[t][h], ones);
                 if (H)
                     dot = _mm256_add_epi32(
@@ -120,7 +120,7 @@ AI void a2_q8_tile(int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, i
                     _mm_loadu_si128((const __m128i *)(qs + 32 * pr + 16 * (h0 + h))));
                 for (int t = 0; t < NT; t++) {
                     const int16_t *x =
-                        xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 + 2 * pr;
+                        xq->q + mm_xb(xq, t0 + t, b) * 32 + 2 * pr;
                     int32_t v;
                     memcpy(&v, x, 4);
                     dot[t][h] =
@@ -130,7 +130,7 @@ AI void a2_q8_tile(int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, i
         for (int h = 0; h < NH; h++) {
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * (h0 + h))));
             for (int t = 0; t < NT; t++) {
-                size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+                size_t xb = mm_xb(xq, t0 + t, b);
                 __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[xb]));
                 acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t][h]), sc, acc[t][h]);
             }
@@ -269,7 +269,7 @@ AI void a2_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
                 wh = _mm256_or_si256(wh, _mm256_and_si256(c, b45));
             }
             for (int t = 0; t < NT; t++) {
-                size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                size_t xo = mm_xb(xq, t0 + t, b) * 32;
                 const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
                 __m256i xl0 = a2_bcast(xl + 4 * k), xl1 = a2_bcast(xl + 16 + 4 * k),
                         xh0 = a2_bcast(xh + 4 * k), xh1 = a2_bcast(xh + 16 + 4 * k);
@@ -287,7 +287,7 @@ AI void a2_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
             }
         }
         for (int t = 0; t < NT; t++) {
-            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            size_t xb = mm_xb(xq, t0 + t, b);
             __m256 dx = _mm256_set1_ps(xq->d[xb]);
             __m256i d0 = _mm256_add_epi32(_mm256_slli_epi32(h0[t], 8), l0[t]);
             __m256i d1 = _mm256_add_epi32(_mm256_slli_epi32(h1[t], 8), l1[t]);

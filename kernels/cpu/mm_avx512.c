@@ -7,7 +7,10 @@
  *     signed bytes of the activations (four columns per instruction and lane, int32 accumulation:
  *     exact), combined as 256 * hi + lo per block. A block is unpacked once per tile of up to 8
  *     tokens, so a verification step of W <= 8 reads and unpacks each weight once.
- *   - Q8_0: int8 weights widened to int16 pairs, vpdpwssd.
+ *   - Q8_0: int8 weights widened to int16 pairs, vpdpwssd; with 8-bit activations the weights
+ *     (+128) take vpdpbusd four columns at a time (a5_q8_tile).
+ *   - 8-bit activations (mm_xq.bits = 8): the 4-bit and K-family tiles leave out the high-byte
+ *     dots (half the vpdpbusd).
  *   - The K family (Q2_K..Q6_K, Q5_0/1, IQ4_NL): the codes' low nibbles as for 4-bit weights, the
  *     bits above them shifted in from the high-bit planes (IQ4_NL: nibble to code by vpshufb),
  *     then the same vpdpbusd dots, kept apart for the first and second 16 columns of a block
@@ -63,7 +66,7 @@ AI void a5_q4_tile(bool q41, const int H, int NT, const uint8_t *pk, const mm_xq
             __m512i wl = _mm512_and_si512(raw, mask);
             __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
             for (int t = 0; t < NT; t++) {
-                size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                size_t xo = mm_xb(xq, t0 + t, b) * 32;
                 const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
                 lo[t][0] = _mm512_dpbusd_epi32(lo[t][0], wl, a5_bcast(xl + 4 * k));
                 lo[t][SPLIT - 1] =
@@ -76,7 +79,7 @@ AI void a5_q4_tile(bool q41, const int H, int NT, const uint8_t *pk, const mm_xq
             }
         }
         for (int t = 0; t < NT; t++) {
-            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            size_t xb = mm_xb(xq, t0 + t, b);
             __m512i lot = lo[t][0], hit = hi[t][0];
             if (SPLIT == 2) {
                 lot = _mm512_add_epi32(lot, lo[t][1]);
@@ -92,9 +95,19 @@ AI void a5_q4_tile(bool q41, const int H, int NT, const uint8_t *pk, const mm_xq
         _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
 }
 
-AI void a5_q8_tile(int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *out)
+/* Q8_0. 16-bit activations (E8 = 0): the weights widened to int16 pairs, vpdpwssd. 8-bit
+ * activations (E8 = 1): four columns per vpdpbusd — pairs 2c and 2c + 1 of the packed block (64
+ * bytes) interleaved into four bytes per row by vpermw, made unsigned (+128), dotted with the four
+ * activation bytes, and 128 * the block's sum of q taken off: the same exact integer dot with half
+ * the dot instructions. */
+AI void a5_q8_tile(const int E8, int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *out)
 {
     const int64_t nb = xq->nb;
+    /* 16-bit unit 2j <- row j of pair 2c, 2j + 1 <- row j of pair 2c + 1 */
+    const __m512i perm = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                          16, 0);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512 acc[QT];
     for (int t = 0; t < NT; t++)
         acc[t] = _mm512_setzero_ps();
@@ -104,23 +117,35 @@ AI void a5_q8_tile(int NT, const uint8_t *pk, const mm_xq *xq, int t0, float *ou
             mm_prefetch(p, 544);
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         const uint8_t *qs = p + 32;
-        /* few tokens: two chains per token (even and odd pairs) so vpdpwssd latency does not
+        /* few tokens: two chains per token (even and odd steps) so the dot latency does not
          * bound the loop; integer sums, so the split changes no bit */
         const int SPLIT = NT <= 2 ? 2 : 1;
         __m512i dot[QT][2];
         for (int t = 0; t < NT; t++)
             for (int h = 0; h < SPLIT; h++)
                 dot[t][h] = _mm512_setzero_si512();
-        for (int pr = 0; pr < 16; pr++) {
-            __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * pr)));
-            for (int t = 0; t < NT; t++)
-                dot[t][pr % SPLIT] = _mm512_dpwssd_epi32(
-                    dot[t][pr % SPLIT], w,
-                    a5_bcast(xq->q + ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32 + 2 * pr));
+        for (int c = 0; c < (E8 ? 8 : 16); c++) {
+            __m512i w;
+            if (E8)
+                w = _mm512_xor_si512(_mm512_permutexvar_epi16(
+                                         perm, _mm512_loadu_si512((const void *)(qs + 64 * c))),
+                                     bias);
+            else
+                w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
+            for (int t = 0; t < NT; t++) {
+                size_t xo = mm_xb(xq, t0 + t, b) * 32;
+                __m512i *dc = &dot[t][c % SPLIT];
+                if (E8)
+                    *dc = _mm512_dpbusd_epi32(*dc, w, a5_bcast(xq->lo + xo + 4 * c));
+                else
+                    *dc = _mm512_dpwssd_epi32(*dc, w, a5_bcast(xq->q + xo + 2 * c));
+            }
         }
         for (int t = 0; t < NT; t++) {
-            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            size_t xb = mm_xb(xq, t0 + t, b);
             __m512i d = SPLIT == 2 ? _mm512_add_epi32(dot[t][0], dot[t][SPLIT - 1]) : dot[t][0];
+            if (E8)
+                d = _mm512_sub_epi32(d, _mm512_set1_epi32(128 * xq->qsum[xb]));
             __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[xb]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[t]);
         }
@@ -146,8 +171,12 @@ static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
     for (int t0 = 0; t0 < n_tok; t0 += QT) {
         int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
         if (type == KT_Q8_0) {
-#define C8(N) a5_q8_tile(N, pk, xq, t0, out)
-            A5_Q_CASES(C8)
+#define C8(N) a5_q8_tile(0, N, pk, xq, t0, out)
+#define C8_8(N) a5_q8_tile(1, N, pk, xq, t0, out)
+            if (xq->bits == 8)
+                A5_Q_CASES(C8_8)
+            else
+                A5_Q_CASES(C8)
         } else if (type == KT_Q4_1) {
 #define C41(N) a5_q4_tile(true, 1, N, pk, xq, t0, out)
 #define C41_8(N) a5_q4_tile(true, 0, N, pk, xq, t0, out)
@@ -248,7 +277,7 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
                 wh = _mm512_or_si512(wh, _mm512_and_si512(c, b45));
             }
             for (int t = 0; t < NT; t++) {
-                size_t xo = ((size_t)(t0 + t) * (size_t)nb + (size_t)b) * 32;
+                size_t xo = mm_xb(xq, t0 + t, b) * 32;
                 const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
                 l0[t] = _mm512_dpbusd_epi32(l0[t], wl, a5_bcast(xl + 4 * k));
                 l1[t] = _mm512_dpbusd_epi32(l1[t], wh, a5_bcast(xl + 16 + 4 * k));
@@ -259,7 +288,7 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
             }
         }
         for (int t = 0; t < NT; t++) {
-            size_t xb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            size_t xb = mm_xb(xq, t0 + t, b);
             __m512 dx = _mm512_set1_ps(xq->d[xb]);
             __m512i d0 = H ? _mm512_add_epi32(_mm512_slli_epi32(h0[t], 8), l0[t]) : l0[t];
             __m512i d1 = H ? _mm512_add_epi32(_mm512_slli_epi32(h1[t], 8), l1[t]) : l1[t];

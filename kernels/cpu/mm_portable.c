@@ -28,8 +28,8 @@ static void pt_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *p = pk + (size_t)b * gb;
-                const int16_t *xqv = xq->q + ((size_t)t * nb + b) * 32;
-                float dw = pt_f16(p + 2 * j), dx = xq->d[t * nb + b];
+                const int16_t *xqv = xq->q + mm_xb(xq, t, b) * 32;
+                float dw = pt_f16(p + 2 * j), dx = xq->d[mm_xb(xq, t, b)];
                 int32_t dot = 0;
                 if (type == KT_Q8_0) {
                     const int8_t *qs = (const int8_t *)(p + 32);
@@ -45,7 +45,7 @@ static void pt_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
                 }
                 float mw = type == KT_Q4_1 ? pt_f16(p + 32 + 2 * j) : dw * -8.0f;
                 acc = fmaf((float)dot, dw * dx, acc);
-                acc = fmaf(mw, xq->s[t * nb + b], acc);
+                acc = fmaf(mw, xq->s[mm_xb(xq, t, b)], acc);
             }
             out[t * MM_GROUP + j] = acc;
         }
@@ -77,8 +77,8 @@ static void pt_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int
                 const uint8_t *sp = pk + (size_t)(b / k->kb) * sb;
                 const uint8_t *p = sp + MM_KHDR + (size_t)(b % k->kb) * kbb;
                 float D = pt_f16(sp + 2 * j), M = pt_f16(sp + 32 + 2 * j);
-                const int16_t *xqv = xq->q + ((size_t)t * nb + b) * 32;
-                float dx = xq->d[t * nb + b];
+                const int16_t *xqv = xq->q + mm_xb(xq, t, b) * 32;
+                float dx = xq->d[mm_xb(xq, t, b)];
                 const uint8_t *q = p + (size_t)k->nsc * 16 * (1 + k->mins);
                 int32_t dot[2] = {0, 0};
                 for (int e = 0; e < 32; e++)
@@ -95,9 +95,9 @@ static void pt_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int
                 }
                 if (k->nsc < 2) {
                     acc = fmaf((float)(dot[0] + dot[1]), f[0] * dx, acc);
-                    acc = fmaf(o[0], xq->s[t * nb + b], acc);
+                    acc = fmaf(o[0], xq->s[mm_xb(xq, t, b)], acc);
                 } else {
-                    const float *s16 = xq->s16 + 2 * (t * nb + b);
+                    const float *s16 = xq->s16 + 2 * mm_xb(xq, t, b);
                     acc = fmaf((float)dot[0], f[0] * dx, acc);
                     acc = fmaf((float)dot[1], f[1] * dx, acc);
                     acc = fmaf(o[0], s16[0], acc);

@@ -109,7 +109,7 @@ def test_launch_status_logs_restart_down():
 
 
 def slow_model():
-    return G.mkmodel(layers=8, dim=512, ffn=1024, heads=8, kv_heads=2, vocab=300, ctx=512, type="f32", seed=7)
+    return G.mkmodel(layers=12, dim=512, ffn=1024, heads=8, kv_heads=2, vocab=300, ctx=512, type="f32", seed=7)
 
 
 @t.case
@@ -123,7 +123,7 @@ def test_launch_status_counts_worker_steps_under_load():
 
         def run():
             try:
-                g.complete("status steps under load", 480, timeout=300)  # ~3 s, no eos before 480
+                g.complete("status steps under load", 480, timeout=300)  # ~4 s, no eos before 480
             finally:
                 done.set()
         th = threading.Thread(target=run, daemon=True)
