@@ -75,11 +75,19 @@ def post(url, body, timeout=600):
         return json.loads(r.read())
 
 
-def sequential(bin_dir, model, prompt, n, threads):
+def act_bits(a):
+    """The --act-bits value among the --extra coordinator options (the sequential reference
+    must compute the same way), or None."""
+    ex = a.extra.split()
+    return ex[ex.index("--act-bits") + 1] if "--act-bits" in ex[:-1] else None
+
+
+def sequential(bin_dir, model, prompt, n, threads, act_bits=None):
     """orochi run in-process: (ids, decode tok/s, total tok/s)."""
     t0 = time.time()
     p = subprocess.run([os.path.join(bin_dir, "orochi"), "run", "--model", model, "--chat", "--prompt", prompt,
-                        "-n", str(n), "--temp", "0", "--threads", str(threads), "--print-ids"],
+                        "-n", str(n), "--temp", "0", "--threads", str(threads), "--print-ids"] +
+                       (["--act-bits", act_bits] if act_bits else []),
                        capture_output=True, text=True, check=True)
     wall = time.time() - t0
     ids = [int(x) for x in p.stdout.split()]
@@ -96,9 +104,14 @@ class Group:
                "--workers", "cpu:%d" % workers, "--threads-per-worker", str(threads)]
         for s in specs:
             cmd += ["--speculator", s]
-        cmd += list(ctl)
-        if extra:
-            cmd += ["--"] + extra
+        # ctl: orochi-launch options, then perhaps "--" and coordinator options; extra: more
+        # coordinator options (one "--" in all: the coordinator stops reading at a second one)
+        ctl = list(ctl)
+        coord = ctl[ctl.index("--") + 1:] if "--" in ctl else []
+        cmd += ctl[:ctl.index("--")] if "--" in ctl else ctl
+        coord += list(extra)
+        if coord:
+            cmd += ["--"] + coord
         subprocess.run(cmd, env=self.env, check=True, stdout=subprocess.DEVNULL)
         # speculators join shortly after the workers: give them a moment
         deadline = time.time() + 30
@@ -198,7 +211,7 @@ def main():
     base = {}
     for p in prompts:
         n = a.max_tokens or p.get("max_tokens", 96)
-        ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads)
+        ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads, act_bits(a))
         base[p["id"]] = {"ids": ids, "tok_s": len(ids) / wall, "decode_tok_s": dec_tps}
 
     if a.sweep_width:
@@ -454,8 +467,16 @@ def concurrency(a, prompts, base, out):
             jobs = all_jobs
             toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
             for i in range(len(jobs)):
-                want = base[jobs[i]["id"]]["ids"][: len(res[i][0]["orochi"]["token_ids"])]
-                ok &= res[i][0]["orochi"]["token_ids"] == want
+                got = res[i][0]["orochi"]["token_ids"]
+                want = base[jobs[i]["id"]]["ids"][: len(got)]
+                if got != want:
+                    at = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
+                              min(len(got), len(want)))
+                    print("concurrency %d: %s differs from its sequential output at token %d "
+                          "(%d tokens, sequential %d)" % (n, jobs[i]["id"], at, len(got),
+                                                          len(base[jobs[i]["id"]]["ids"])),
+                          file=sys.stderr)
+                    ok = False
             acc = [r[0]["orochi"]["mean_accepted"] for r in res]
             if one_tps is None:
                 one_tps = toks / wall

@@ -357,6 +357,13 @@ static int coord_parse(coord *c, int argc, char **argv)
         default: coord_usage(stderr); return 2;
         }
     }
+    if (optind < argc) { /* e.g. options after a second "--", which getopt stops at */
+        fprintf(stderr, "orochi-coordinator: unexpected argument '%s'%s\n", argv[optind],
+                optind > 0 && !strcmp(argv[optind - 1], "--")
+                    ? " after '--' (the options after it would be ignored)"
+                    : "");
+        return 2;
+    }
     if (!c->run_dir || !c->target || bad) {
         if (bad)
             fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run take "
