@@ -355,6 +355,96 @@ static void test_kernels_attention_causal(void **state)
     }
 }
 
+/* katt_causal_tokens: five tokens of one sequence (a shared prefix of 37 positions, each its own
+ * tree ancestors), three query heads each, head sizes 64 / 128 / 80 / 72 and f32 / f16 keys:
+ * every query's result equals katt_causal_group on its own bit for bit and matches a
+ * double-precision softmax. */
+static void test_kernels_attention_tokens(void **state)
+{
+    enum { NT = 5, NQ = 3, P = 37, TREE = 6, MAXHD = 128 };
+    static const int hds[] = {64, 128, 80, 72};
+    static float k[(P + TREE) * MAXHD], v[(P + TREE) * MAXHD], q[NT * NQ * MAXHD];
+    static uint16_t kh[(P + TREE) * MAXHD], vh[(P + TREE) * MAXHD];
+    static float out[NT * NQ * MAXHD], one[NQ * MAXHD];
+    fill(k, (P + TREE) * MAXHD, 31);
+    fill(v, (P + TREE) * MAXHD, 32);
+    fill(q, NT * NQ * MAXHD, 33);
+    for (int i = 0; i < (P + TREE) * MAXHD; i++) {
+        kh[i] = kt_f32_to_f16(k[i]);
+        vh[i] = kt_f32_to_f16(v[i]);
+    }
+    /* token t's ancestors: tree rows 0..t (slots in order), so it sees P + t + 1 positions */
+    int32_t slots[NT][TREE];
+    for (int t = 0; t < NT; t++)
+        for (int j = 0; j < TREE; j++)
+            slots[t][j] = j;
+    float scale = 0.2f;
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+        for (int f16 = 0; f16 < 2; f16++) {
+            int hd = hds[hi];
+            katt_keys keys[NT];
+            int n[NT];
+            const float *qs[NT];
+            for (int t = 0; t < NT; t++) {
+                keys[t] = (katt_keys){.type = f16 ? KV_F16 : KV_F32, .stride = hd, .n_prefix = P,
+                                      .tree_slot = slots[t]};
+                keys[t].k = f16 ? (const void *)kh : (const void *)k;
+                keys[t].v = f16 ? (const void *)vh : (const void *)v;
+                keys[t].tree_k = f16 ? (const void *)(kh + P * hd) : (const void *)(k + P * hd);
+                keys[t].tree_v = f16 ? (const void *)(vh + P * hd) : (const void *)(v + P * hd);
+                n[t] = P + t + 1;
+                qs[t] = q + t * NQ * hd;
+            }
+            {
+                float *o = out;
+                float *os[NT];
+                katt_stat st[NT * NQ];
+                for (int t = 0; t < NT; t++)
+                    os[t] = o + t * NQ * hd;
+                katt_causal_tokens(NT, qs, hd, NQ, keys, n, hd, scale, st, os, hd);
+                for (int t = 0; t < NT; t++) {
+                    katt_stat s1[NQ];
+                    katt_causal_group(qs[t], hd, NQ, &keys[t], n[t], hd, scale, s1, one, hd);
+                    if (memcmp(one, os[t], sizeof(float) * NQ * hd) ||
+                        memcmp(s1, &st[t * NQ], sizeof s1))
+                        fail_msg("hd %d %s: token %d differs alone and in the batch", hd,
+                                 f16 ? "f16" : "f32", t);
+                    for (int h = 0; h < NQ; h++) {
+                        float *oh = os[t] + h * hd;
+                        katt_finish(&st[t * NQ + h], oh, hd);
+                        /* the reference: softmax over the rows as stored (f16 rounded) */
+                        double sc[P + TREE], mx = -1e300, sum = 0, ref[MAXHD] = {0};
+                        for (int p = 0; p < n[t]; p++) {
+                            double d = 0;
+                            for (int i = 0; i < hd; i++) {
+                                float kv = f16 ? kt_f16_to_f32(kh[p * hd + i]) : k[p * hd + i];
+                                d += (double)qs[t][h * hd + i] * kv;
+                            }
+                            sc[p] = d * scale;
+                            mx = sc[p] > mx ? sc[p] : mx;
+                        }
+                        for (int p = 0; p < n[t]; p++) {
+                            sc[p] = exp(sc[p] - mx);
+                            sum += sc[p];
+                            for (int i = 0; i < hd; i++)
+                                ref[i] += sc[p] * (f16 ? kt_f16_to_f32(vh[p * hd + i])
+                                                       : v[p * hd + i]);
+                        }
+                        double e2 = 0, n2 = 0;
+                        for (int i = 0; i < hd; i++) {
+                            double r = ref[i] / sum;
+                            e2 += (oh[i] - r) * (oh[i] - r);
+                            n2 += r * r;
+                        }
+                        if (sqrt(e2 / n2) > 1e-5)
+                            fail_msg("hd %d %s: token %d head %d relative L2 %.3g", hd,
+                                     f16 ? "f16" : "f32", t, h, sqrt(e2 / n2));
+                    }
+                }
+            }
+        }
+}
+
 static void test_kernels_traits(void **state)
 {
     assert_int_equal(kt_row_bytes(KT_Q4_1, 64), 40);
@@ -479,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_kernels_isa),
         cmocka_unit_test(test_kernels_attention_merge),
         cmocka_unit_test(test_kernels_attention_causal),
+        cmocka_unit_test(test_kernels_attention_tokens),
         cmocka_unit_test(test_kernels_traits),
         cmocka_unit_test(test_kernels_check_row),
         cmocka_unit_test(test_kernels_top),
