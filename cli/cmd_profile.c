@@ -62,7 +62,7 @@ typedef struct {
 
 typedef struct {
     const char *model, *prompts, *calib, *out, *plot;
-    int threads, n_gen, depth, ranks, per_cat, reps;
+    int threads, n_gen, depth, ranks, per_cat, reps, act_bits;
     bool plain; /* --plain: prompts as completions, not chat messages */
     int widths[PF_MAX_W], n_widths, ctxs[PF_MAX_CTX], n_ctxs;
     pf_spec spec[PF_MAX_SPEC];
@@ -79,7 +79,7 @@ static void pf_usage(FILE *out)
             "                      [--widths 1,2,4,8,16] [--ctx 256,1024] [--prompts FILE]\n"
             "                      [--calibrate CATEGORY] [--per-category N] [-n TOKENS]\n"
             "                      [--depth D] [--ranks R] [--reps N] [--out plan.json]\n"
-            "                      [--plot plan.png] [--plain]\n"
+            "                      [--plot plan.png] [--plain] [--act-bits 16|8]\n"
             "  Measures the step time per width and context bucket and each speculator's\n"
             "  acceptance by depth and candidate rank on a calibration prompt set (JSON lines\n"
             "  with id, category, prompt; default bench/prompts.jsonl), then writes the plan:\n"
@@ -89,7 +89,9 @@ static void pf_usage(FILE *out)
             "  ngram. --threads: the group's worker threads together (default the online\n"
             "  cores). Trees are calibrated on --calibrate (default the file's first category)\n"
             "  and the acceptance table applies them to every category. --plain: the prompts\n"
-            "  are completions (no chat template). The plot needs python3 with matplotlib.\n");
+            "  are completions (no chat template). --act-bits: the activation precision the\n"
+            "  group runs with (orochi-coordinator --act-bits; it sets the step times). The\n"
+            "  plot needs python3 with matplotlib.\n");
 }
 
 static int pf_list(const char *opt, const char *s, int *out, int max, long lo, long hi)
@@ -199,6 +201,13 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
             o->per_cat = (int)x;
         else if (!strcmp(a, "--reps") && cli_int("profile", a, v, 1, 64, &x))
             o->reps = (int)x;
+        else if (!strcmp(a, "--act-bits") && cli_int("profile", a, v, 8, 16, &x) &&
+                 (x == 8 || x == 16))
+            o->act_bits = (int)x;
+        else if (!strcmp(a, "--act-bits")) {
+            fprintf(stderr, "orochi profile: --act-bits takes 8 or 16, got '%s'\n", v);
+            return -1;
+        }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-n") || !strcmp(a, "--depth") ||
                  !strcmp(a, "--ranks") || !strcmp(a, "--per-category") || !strcmp(a, "--reps"))
             return -1; /* cli_int said why */
@@ -608,6 +617,7 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
     cJSON_AddNumberToObject(root, "orochi_plan", 1);
     cJSON_AddStringToObject(root, "target", o->model);
     cJSON_AddNumberToObject(root, "threads", o->threads);
+    cJSON_AddNumberToObject(root, "act_bits", o->act_bits);
     cJSON_AddStringToObject(root, "calibrated_on",
                             o->calib_cat < 0 ? "all" : o->cats[o->calib_cat]);
     for (int c = 0; c < o->n_ctxs; c++) {
@@ -678,6 +688,7 @@ int cmd_profile(int argc, char **argv)
     o.ranks = 4;
     o.per_cat = 2;
     o.reps = 5;
+    o.act_bits = KMAT_ACT16;
     o.threads = cli_online_cores();
     int w0[] = {1, 2, 4, 8, 16}, c0[] = {256, 1024};
     memcpy(o.widths, w0, sizeof w0);
@@ -692,6 +703,7 @@ int cmd_profile(int argc, char **argv)
         fprintf(stderr, "orochi profile: %s\n", err);
         return 2;
     }
+    llama_model_set_act_bits(m, o.act_bits, err, sizeof err);
     tokenizer *tok = tokenizer_new(m->file, err, sizeof err);
     kpool *pool = kpool_new(o.threads); /* Medusa heads' evaluation */
     pf_seq *seqs = NULL;

@@ -166,6 +166,13 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
                  PLAN_MAX_BUCKETS);
     } else {
         p->n = 0;
+        int plan_bits = 0;
+        if (!plan_int(root, "act_bits", &plan_bits) && plan_bits != c->act_bits)
+            rt_log("coordinator",
+                   "the plan %s was profiled with %d-bit activations and this group runs %d-bit "
+                   "ones: its step times, and so its widths, may not fit (orochi profile "
+                   "--act-bits %d)",
+                   c->plan_path, plan_bits, c->act_bits, c->act_bits);
         const cJSON *part = cJSON_GetObjectItemCaseSensitive(root, "partition");
         p->part_set = part != NULL;
         rc = part ? plan_partition(c, part, &p->part, err, errlen) : 0;
