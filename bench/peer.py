@@ -27,6 +27,8 @@ ratio is always "how many times faster orochi is": orochi/llama.cpp for tok/s, l
 for milliseconds. Tables on stdout (each round, then the medians over rounds), JSON lines to
 --json (one per measurement, one per median row), a plot of the median ratios to --plot when
 matplotlib is importable. --quick: 1 round, Q4_1, 1 thread, -n 16, one prompt (a smoke test).
+--act-bits 8: orochi's decode, prompt and step sections run with 8-bit activations (the precision
+llama.cpp multiplies its quantized weights with; orochi's default is 16 bits).
 """
 import argparse
 import json
@@ -185,7 +187,7 @@ def orochi_bench(a, model, threads, n, widths):
         js = os.path.join(d, "bench.jsonl")
         run([os.path.join(a.bin_dir, "orochi"), "bench", "--model", model, "--threads", str(threads),
              "--decode-tokens", str(n), "--widths", ",".join(map(str, widths)), "--ctx", str(STEP_CTX),
-             "--reps", "3", "--json", js], "orochi bench", text=True)
+             "--reps", "3", "--act-bits", str(a.act_bits), "--json", js], "orochi bench", text=True)
         rows = [json.loads(l) for l in open(js) if l.strip()]
     dec = [r["tok_s"] for r in rows if r["bench"] == "decode"]
     steps = {r["w"]: r["ms"] for r in rows if r["bench"] == "width"}
@@ -197,7 +199,8 @@ def orochi_bench(a, model, threads, n, widths):
 def orochi_prompt(a, model, threads, prompt_path):
     """orochi run --prompt-file: prompt tok/s from the stderr summary."""
     p = run([os.path.join(a.bin_dir, "orochi"), "run", "--model", model, "--prompt-file", prompt_path,
-             "-n", "1", "--temp", "0", "--threads", str(threads)], "orochi run", text=True)
+             "-n", "1", "--temp", "0", "--threads", str(threads), "--act-bits", str(a.act_bits)],
+            "orochi run", text=True)
     m = re.search(r"prompt (\d+) tok, ([0-9.]+) prompt tok/s", p.stderr)
     if not m:
         raise PeerError("orochi run printed no 'prompt N tok, X prompt tok/s' summary")
@@ -234,10 +237,11 @@ def llama_generate(a, tool, model, threads, text, n, n_ctx, draft=None):
 # ---- results ------------------------------------------------------------------------------------
 
 class Results:
-    def __init__(self, path, run_id):
+    def __init__(self, path, run_id, act_bits=16):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.out = open(path, "a")
         self.run_id = run_id
+        self.act_bits = act_bits
         self.rows = []
 
     def add(self, section, what, typ, threads, rnd, orochi, llama, unit, load_o, load_l, **extra):
@@ -248,7 +252,8 @@ class Results:
             ratio = orochi / llama if llama > 0 else None
         row = {"bench": "peer", "run": self.run_id, "section": section, "what": what, "type": typ,
                "threads": threads, "round": rnd, "orochi": orochi, "llama_cpp": llama, "unit": unit,
-               "ratio": ratio, "load_orochi": load_o, "load_llama_cpp": load_l}
+               "ratio": ratio, "load_orochi": load_o, "load_llama_cpp": load_l,
+               "act_bits": self.act_bits}
         row.update(extra)
         self.rows.append(row)
         self.out.write(json.dumps(row) + "\n")
@@ -509,6 +514,9 @@ def main():
     ap.add_argument("--plot", default=os.path.join(ROOT, "bench", "results", "peer.png"))
     ap.add_argument("--run-dir", default="/tmp/orochi-peer-run", help="run directory prefix of the groups")
     ap.add_argument("--quick", action="store_true", help="1 round, Q4_1, 1 thread, -n 16, one prompt")
+    ap.add_argument("--act-bits", type=int, choices=(8, 16), default=16,
+                    help="orochi's activation precision in the decode, prompt and step sections "
+                         "(8: the precision llama.cpp multiplies quantized weights with)")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.types, a.threads, a.n, a.per_category = 1, "Q4_1", "1", 16, 1
@@ -527,7 +535,7 @@ def main():
         print("peer: " + missing, file=sys.stderr)
         return 2
 
-    res = Results(a.json, time.strftime("%Y-%m-%dT%H:%M:%S"))
+    res = Results(a.json, time.strftime("%Y-%m-%dT%H:%M:%S"), a.act_bits)
     failures = []
     a.llama_tg = {}
     try:

@@ -27,10 +27,13 @@ ngram, layerskip, both (layerskip + ngram).
                             speedup over sequential per category, all checked lossless
   --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification):
                             the same requests at every level, in waves of N; the group's
-                            speculators: --concurrency-spec ngram (default; none: no speculator)
+                            speculators: --concurrency-spec ngram (default; none: no speculator);
+                            --rounds R repeats the levels interleaved, medians of the per-round
+                            ratios to one request
 """
 import argparse
 import json
+import statistics
 import threading
 import os
 import re
@@ -187,7 +190,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of the configurations (default mode; all groups up at once, each prompt on "
                          "each group back to back); with seq-group among them, "
-                         "each speculative group is also compared with it per round and category")
+                         "each speculative group is also compared with it per round and category; "
+                         "--concurrency: rounds of every level, interleaved")
     a = ap.parse_args()
     if not os.path.exists(a.model):
         print("spec_bench: model %s is absent (run make models)" % a.model, file=sys.stderr)
@@ -448,45 +452,57 @@ def in_waves(g, jobs, n, max_tokens):
 
 
 def concurrency(a, prompts, base, out):
+    """Aggregate tok/s with n requests in flight for each level of --concurrency, --rounds times
+    with the levels interleaved (a round runs every level once, in turn): per level the median
+    tok/s and the median over rounds of its ratio to level 1 of the same round."""
     levels = [int(x) for x in a.concurrency.split(",")]
     run_dir = a.run_dir + "-concurrency"
     specs = [k for k in a.concurrency_spec.split(",") if k and k != "none"]
     g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, specs, a.extra.split(),
               ["--", "--max-batch", str(max(levels))])
     ok = True
-    one_tps = None
-    print("\n%-12s %10s %10s %12s %10s  %s" % ("concurrent", "tokens", "seconds", "tok/s", "x one",
-                                               "mean accepted per request"))
+    rows = {n: [] for n in levels}  # per level, per round: (tokens, seconds, mean accepted list)
     try:
         g.chat(prompts[0]["prompt"], 8)  # warm the group
         # every level serves the same requests (as many as the largest level), in waves of n at
         # once: level 1 is those requests one after the other, so the ratios compare like work
-        all_jobs = [prompts[i % len(prompts)] for i in range(max(levels))]
-        for n in levels:
-            res, wall = in_waves(g, all_jobs, n, a.max_tokens or 64)
-            jobs = all_jobs
-            toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
-            for i in range(len(jobs)):
-                got = res[i][0]["orochi"]["token_ids"]
-                want = base[jobs[i]["id"]]["ids"][: len(got)]
-                if got != want:
-                    at = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
-                              min(len(got), len(want)))
-                    print("concurrency %d: %s differs from its sequential output at token %d "
-                          "(%d tokens, sequential %d)" % (n, jobs[i]["id"], at, len(got),
-                                                          len(base[jobs[i]["id"]]["ids"])),
-                          file=sys.stderr)
-                    ok = False
-            acc = [r[0]["orochi"]["mean_accepted"] for r in res]
-            if one_tps is None:
-                one_tps = toks / wall
-            print("%-12d %10d %10.2f %12.1f %9.2fx  %s" % (n, toks, wall, toks / wall, toks / wall / one_tps,
-                                                          " ".join("%.2f" % x for x in acc)))
-            out.write(json.dumps({"bench": "concurrency", "requests": n, "tokens": toks, "seconds": wall,
-                                  "tok_s": toks / wall, "x_one": toks / wall / one_tps,
-                                  "mean_accepted": acc, "loadavg": os.getloadavg()[0]}) + "\n")
+        jobs = [prompts[i % len(prompts)] for i in range(max(levels))]
+        for rnd in range(a.rounds):
+            for n in levels:
+                res, wall = in_waves(g, jobs, n, a.max_tokens or 64)
+                toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
+                for i in range(len(jobs)):
+                    got = res[i][0]["orochi"]["token_ids"]
+                    want = base[jobs[i]["id"]]["ids"][: len(got)]
+                    if got != want:
+                        at = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]),
+                                  min(len(got), len(want)))
+                        print("concurrency %d: %s differs from its sequential output at token %d "
+                              "(%d tokens, sequential %d)" % (n, jobs[i]["id"], at, len(got),
+                                                              len(base[jobs[i]["id"]]["ids"])),
+                              file=sys.stderr)
+                        ok = False
+                rows[n].append((toks, wall, [r[0]["orochi"]["mean_accepted"] for r in res]))
+                print("round %d/%d: %d at once: %.1f tok/s" % (rnd + 1, a.rounds, n, toks / wall),
+                      file=sys.stderr)
     finally:
         g.down()
+    print("\n%-12s %10s %12s %10s %16s  %s" % ("concurrent", "tokens", "tok/s", "x one",
+                                              "x one per round", "mean accepted per request"))
+    base_level = levels[0]
+    for n in levels:
+        tps = [t / w for t, w, _ in rows[n]]
+        ratios = [(t / w) / (t1 / w1) for (t, w, _), (t1, w1, _) in zip(rows[n], rows[base_level])]
+        acc = rows[n][-1][2]
+        print("%-12d %10d %12.1f %9.2fx %16s  %s" % (
+            n, rows[n][-1][0], statistics.median(tps), statistics.median(ratios),
+            " ".join("%.2f" % r for r in ratios), " ".join("%.2f" % x for x in acc)))
+        out.write(json.dumps({"bench": "concurrency", "requests": n, "rounds": a.rounds,
+                              "tokens": rows[n][-1][0], "tok_s": statistics.median(tps),
+                              "x_one": statistics.median(ratios), "x_one_rounds": ratios,
+                              "mean_accepted": acc, "extra": a.extra,
+                              "workers": a.workers, "threads_per_worker": a.threads_per_worker,
+                              "loadavg": os.getloadavg()[0]}) + "\n")
     if not ok:
         print("concurrency: some outputs differ from their single-request output", file=sys.stderr)
     return 0 if ok else 1
