@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all build test models demo bench-peer bench-group asan fuzz fuzz-long soak soak-asan clean format
+.PHONY: all build test models demo bench-peer bench-group bench-act-bits asan fuzz fuzz-long soak soak-asan clean format
 
 all: build
 
@@ -56,6 +56,11 @@ demo: models build
 
 bench-peer: build models
 	/usr/bin/python3 bench/peer.py --bin-dir $(BUILD)/bin --model $(MODEL) --llama-cpp $(LLAMA_CPP) $(PEER_FLAGS)
+
+# What 8-bit activations cost in accuracy (docs/performance.md, "8-bit activations"): perplexity
+# and argmax agreement of --act-bits 8 against 16 on the README and docs/speculation.md.
+bench-act-bits: build models
+	/usr/bin/python3 bench/act_bits.py --bin-dir $(BUILD)/bin --model $(MODEL)
 
 # A group without speculators against `orochi run` with the same threads (docs/performance.md,
 # "The group's handoff"): the default model and its F16 copy (made once with orochi quantize, in
