@@ -14,6 +14,8 @@ Prints a line per measurement, then per (model, configuration) the median ratio 
 and rounds with the load average; JSON lines to --json.
 
   python3 bench/group_vs_run.py [--models A.gguf,B.gguf] [--configs free=1x2,cycle=1x2:off,...]
+  (a configuration NAME=WxT[:off][:kvheads]: W workers of T threads, free run off, the even split
+  by whole KV heads instead of query heads)
                                 [--rounds 3] [-n 128]
 """
 import argparse
@@ -31,11 +33,13 @@ DEFAULT_CONFIGS = "free=1x2,cycle=1x2:off,free2w=2x1,cycle2w=2x1:off"
 
 
 def parse_config(s):
-    """NAME=WxT[:off] (off: --free-run off)."""
+    """NAME=WxT[:off][:kvheads] (off: --free-run off; kvheads: --kv-dup off, the even split by
+    whole KV heads)."""
     name, spec = s.split("=", 1)
-    free = not spec.endswith(":off")
+    flags = spec.split(":")[1:]
     w, t = spec.split(":")[0].split("x")
-    return {"name": name, "workers": int(w), "threads": int(t), "free": free}
+    return {"name": name, "workers": int(w), "threads": int(t), "free": "off" not in flags,
+            "kv_dup": "kvheads" not in flags}
 
 
 def main():
@@ -72,7 +76,8 @@ def main():
             order = configs if rnd % 2 == 0 else list(reversed(configs))
             for cfg in order:
                 key = (os.path.basename(model), cfg["name"])
-                extra = [] if cfg["free"] else ["--free-run", "off"]
+                extra = ([] if cfg["free"] else ["--free-run", "off"]) + \
+                    ([] if cfg["kv_dup"] else ["--kv-dup", "off"])
                 g = spec_bench.Group(a.bin_dir, model, a.run_dir, cfg["workers"], cfg["threads"], [], extra)
                 try:
                     g.chat("Say hello.", 8)  # warm-up: the first request's pages and caches
@@ -92,6 +97,7 @@ def main():
                         loads.setdefault(key, []).append(load)
                         row = {"bench": "group_vs_run", "round": rnd, "model": key[0], "config": cfg["name"],
                                "workers": cfg["workers"], "threads": cfg["threads"], "free_run": cfg["free"],
+                               "kv_dup": cfg["kv_dup"],
                                "category": p["category"], "tokens": len(gids), "group_tok_s": round(g_rate, 2),
                                "run_tok_s": r_rate, "ratio": round(ratio, 4), "load1": load, "time": time.time()}
                         out.write(json.dumps(row) + "\n")

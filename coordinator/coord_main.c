@@ -153,7 +153,7 @@ static void coord_usage(FILE *out)
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
-        "         [--act-bits 16|8] [--trace]\n"
+        "         [--act-bits 16|8] [--kv-dup on|off] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -175,6 +175,9 @@ static void coord_usage(FILE *out)
         "  --act-bits 8: the workers quantize matmul activations to 8 bits instead of 16\n"
         "  (faster batches and verification steps, larger rounding; `orochi run --act-bits 8`\n"
         "  gives the same tokens).\n"
+        "  --kv-dup (default on when every worker is a CPU): without a plan's partition the\n"
+        "  workers split the query heads evenly, a KV head whose query heads two workers share\n"
+        "  being projected by both (balanced attention; off: each worker whole KV heads).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
         "  plain step time); reread whenever the file changes.\n"
         "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
@@ -267,6 +270,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"max-queue", required_argument, 0, 16},
                                          {"free-run", required_argument, 0, 17},
                                          {"act-bits", required_argument, 0, 18},
+                                         {"kv-dup", required_argument, 0, 19},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -337,6 +341,13 @@ static int coord_parse(coord *c, int argc, char **argv)
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 14: c->drain_ms = atoi(optarg); break;
+        case 19:
+            c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
+            if (c->kv_dup_opt == -2) {
+                fprintf(stderr, "orochi-coordinator: --kv-dup takes on or off, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 18:
             c->act_bits = atoi(optarg);
             if (c->act_bits != 8 && c->act_bits != 16) {
@@ -435,12 +446,22 @@ static int coord_setup(coord *c)
         rt_log("coordinator", "%s", err);
         return 2;
     }
-    if (c->n_workers > c->model->cfg.n_kv_heads && !c->part_set) {
+    bool all_cpu = true;
+    for (int i = 0; i < c->n_workers; i++)
+        all_cpu &= !strcmp(c->worker_device[i], "cpu");
+    if (c->kv_dup_opt == 1 && !all_cpu) {
+        rt_log("coordinator", "--kv-dup on needs CPU workers only (the GPU forward reads every "
+                              "tree row from the arena)");
+        return 2;
+    }
+    c->kv_dup = c->kv_dup_opt == 1 || (c->kv_dup_opt < 0 && all_cpu);
+    int even_max = c->kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads;
+    if (c->n_workers > even_max && !c->part_set) {
         rt_log("coordinator",
-               "%d workers: the model has %d KV heads, at most one worker per head for the even "
-               "split (a plan's \"partition\" shares the work any way: docs/speculation.md, "
-               "\"The plan\")",
-               c->n_workers, c->model->cfg.n_kv_heads);
+               "%d workers: the even split takes at most %d (the model has %d %s heads%s; a "
+               "plan's \"partition\" shares the work any way: docs/speculation.md, \"The plan\")",
+               c->n_workers, even_max, even_max, c->kv_dup ? "query" : "KV",
+               c->kv_dup ? "" : ", and --kv-dup is off");
         return 2;
     }
     if (c->n_ctx <= 0 || c->n_ctx > c->model->cfg.ctx)
@@ -567,6 +588,7 @@ int main(int argc, char **argv)
                .max_width = 8,
                .max_queue = 64,
                .act_bits = 16,
+               .kv_dup_opt = -1,
                .max_draft = 4,
                .draft_wait_ms = 200,
                .heartbeat_ms = 250,

@@ -176,11 +176,13 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
         const cJSON *part = cJSON_GetObjectItemCaseSensitive(root, "partition");
         p->part_set = part != NULL;
         rc = part ? plan_partition(c, part, &p->part, err, errlen) : 0;
-        if (!part && c->model && c->n_workers > c->model->cfg.n_kv_heads) {
+        int even_max = c->model ? (c->kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads)
+                                : 0;
+        if (!part && c->model && c->n_workers > even_max) {
             snprintf(err, errlen,
-                     "the plan %s has no \"partition\": %d workers need one (the model has %d "
-                     "KV heads)",
-                     c->plan_path, c->n_workers, c->model->cfg.n_kv_heads);
+                     "the plan %s has no \"partition\": %d workers need one (the even split "
+                     "takes at most %d)",
+                     c->plan_path, c->n_workers, even_max);
             rc = -1;
         }
         const cJSON *e;

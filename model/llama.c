@@ -690,6 +690,21 @@ int llama_ctx_set_partition(llama_ctx *x, const llama_partition *plan, char *err
             if (megatron_check(x, err, errlen))
                 return -1;
         }
+    } else if (x->p.kv_dup) {
+        if (N > c->n_heads) {
+            snprintf(err, errlen, "%d parts without a partition plan: at most %d (one query head "
+                     "each)", N, c->n_heads);
+            return -1;
+        }
+        /* even by query heads; part i owns the KV heads whose first query head it has */
+        for (int i = 0; i <= N; i++) {
+            int64_t h = (int64_t)c->n_heads * i / N;
+            x->bnd[LP_QKV][i] = x->bnd[LP_ATT_DENSE][i] = x->bnd[LP_ATT_SPARSE][i] = h;
+            x->kvb[i] = (h + group - 1) / group;
+            x->bnd[LP_WO][i] = x->bnd[LP_FFN_DOWN][i] = (int64_t)c->dim * i / N;
+            x->bnd[LP_FFN_UP][i] = (int64_t)c->ffn * i / N;
+            x->bnd[LP_LM_HEAD][i] = (int64_t)c->vocab * i / N;
+        }
     } else {
         if (N > c->n_kv_heads) {
             snprintf(err, errlen, "%d parts without a partition plan: at most %d (one KV head each)",
@@ -707,15 +722,44 @@ int llama_ctx_set_partition(llama_ctx *x, const llama_partition *plan, char *err
         }
     }
     x->megatron = plan && plan->style == LP_STYLE_MEGATRON;
-    x->kvh0 = (int)x->kvb[me];
-    x->kvh1 = (int)x->kvb[me + 1];
+    bool dup = !plan && x->p.kv_dup;
+    x->own0 = (int)x->kvb[me];
+    x->own1 = (int)x->kvb[me + 1];
+    /* kv_dup: every KV head of this part's query heads, owned or not */
+    x->kvh0 = dup ? (int)(x->bnd[LP_QKV][me] / group) : x->own0;
+    x->kvh1 = dup ? (int)((x->bnd[LP_QKV][me + 1] + group - 1) / group) : x->own1;
+    if (x->kvh1 < x->kvh0)
+        x->kvh1 = x->kvh0;
+    if (dup && !x->kvp) {
+        x->kvp = malloc((size_t)2 * (size_t)x->p.max_width * (size_t)x->kv_row * sizeof(float));
+        if (!x->kvp) {
+            snprintf(err, errlen, "out of memory for the private K/V projections");
+            return -1;
+        }
+    }
+    x->kv_private = dup;
+    if (x->kvh0 < x->own0 || x->kvh1 > x->own1) {
+        size_t need = (size_t)c->n_layers * 2 * (size_t)(x->kvh1 - x->kvh0) *
+                      (size_t)x->p.max_width * (size_t)c->head_dim * x->kv_elem;
+        if (need > x->priv_bytes) {
+            uint8_t *t = realloc(x->priv_tree, need);
+            if (!t) {
+                snprintf(err, errlen, "out of memory for %zu bytes of private tree rows", need);
+                return -1;
+            }
+            x->priv_tree = t;
+            x->priv_bytes = need;
+        }
+    }
     /* Attention needs the others' projections first when a head's query, or the tree K/V its
      * sparse part reads, was computed by another part (every part decides the same way); a
      * head whose dense and sparse parts differ is merged after attention. */
     x->att_sync = false;
     x->n_split = x->n_units = x->n_singles = 0;
     for (int h = 0; h < c->n_heads; h++) {
-        int qo = part_owner(x->bnd[LP_QKV], N, h), ko = part_owner(x->kvb, N, h / group);
+        /* kv_dup: the part of a query head projects its KV head itself */
+        int qo = part_owner(x->bnd[LP_QKV], N, h),
+            ko = dup ? qo : part_owner(x->kvb, N, h / group);
         int dn = part_owner(x->bnd[LP_ATT_DENSE], N, h);
         int sp = part_owner(x->bnd[LP_ATT_SPARSE], N, h);
         if (dn != qo || sp != qo || sp != ko)
@@ -779,13 +823,16 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         x->p.n_parts = 1;
     if (x->p.n_seq <= 0)
         x->p.n_seq = 1;
+    int even_max = x->p.kv_dup ? c->n_heads : c->n_kv_heads;
+    if (even_max > LLAMA_MAX_PARTS)
+        even_max = LLAMA_MAX_PARTS;
     if (x->p.max_width > KMAT_MAX_W || x->p.part < 0 || x->p.part >= x->p.n_parts ||
-        x->p.n_parts > LLAMA_MAX_PARTS || (!p->plan && x->p.n_parts > c->n_kv_heads)) {
+        x->p.n_parts > LLAMA_MAX_PARTS || (!p->plan && x->p.n_parts > even_max)) {
         snprintf(err, errlen,
                  "bad context parameters: width %d (max %d), part %d of %d (at most %d "
-                 "parts: one KV head each, or %d with a partition plan)",
-                 x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts, c->n_kv_heads,
-                 LLAMA_MAX_PARTS);
+                 "parts: one %s head each, or %d with a partition plan)",
+                 x->p.max_width, KMAT_MAX_W, x->p.part, x->p.n_parts, even_max,
+                 x->p.kv_dup ? "query" : "KV", LLAMA_MAX_PARTS);
         free(x);
         return NULL;
     }
@@ -867,6 +914,8 @@ void llama_ctx_destroy(llama_ctx **ctx)
     if (!x)
         return;
     free(x->owned_shared);
+    free(x->priv_tree);
+    free(x->kvp);
     free(x->xb);
     free(x->row);
     free(x->anc);
@@ -991,12 +1040,27 @@ static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh
     return base + (size_t)r * (size_t)x->m->cfg.head_dim * x->kv_elem;
 }
 
-/* Store this part's KV heads of one projected row (n_kv_heads * head_dim values) into slot p. */
-static void kv_store(const llama_ctx *x, uint8_t *base, int64_t p, const float *src)
+void *llama_tree_row(const llama_ctx *x, int l, int w, int kvh, int64_t slot)
+{
+    /* shared: heads this part owns, and (plans with att_sync) heads another part projects */
+    if ((kvh >= x->own0 && kvh < x->own1) || kvh < x->kvh0 || kvh >= x->kvh1)
+        return kv_head_row(x, kv_layer(x, l, w), kvh, x->tree_row + slot);
+    size_t row = (size_t)x->m->cfg.head_dim * x->kv_elem;
+    size_t heads = (size_t)(x->kvh1 - x->kvh0);
+    return x->priv_tree +
+           ((((size_t)l * 2 + (size_t)w) * heads + (size_t)(kvh - x->kvh0)) *
+                (size_t)x->p.max_width +
+            (size_t)slot) *
+               row;
+}
+
+/* Store this part's KV heads of one projected row (n_kv_heads * head_dim values) into tree slot
+ * `slot` of layer l, K (w = 0) or V (w = 1). */
+static void kv_store(const llama_ctx *x, int l, int w, int64_t slot, const float *src)
 {
     int hd = x->m->cfg.head_dim;
     for (int kvh = x->kvh0; kvh < x->kvh1; kvh++) {
-        uint8_t *dst = kv_head_row(x, base, kvh, p);
+        uint8_t *dst = llama_tree_row(x, l, w, kvh, slot);
         const float *v = src + (int64_t)kvh * hd;
         if (x->p.kv == KV_F32) {
             memcpy(dst, v, (size_t)hd * 4);
@@ -1087,8 +1151,8 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
                 .n_prefix = n_prefix,
                 .k = src_kl ? src_head_row(x, src_kl, kvh) : kv_head_row(x, kl, kvh, seq_row),
                 .v = src_vl ? src_head_row(x, src_vl, kvh) : kv_head_row(x, vl, kvh, seq_row),
-                .tree_k = kv_head_row(x, kl, kvh, x->tree_row),
-                .tree_v = kv_head_row(x, vl, kvh, x->tree_row),
+                .tree_k = llama_tree_row(x, j->layer, 0, kvh, 0),
+                .tree_v = llama_tree_row(x, j->layer, 1, kvh, 0),
                 .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
             };
             n_keys[t] = n_prefix + x->n_anc[slot];
@@ -1325,6 +1389,9 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
     llama_part_cols_of(x, &pc);
     int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
     int64_t q0 = pc.q0, q1 = pc.q1, k0 = pc.k0, k1 = pc.k1;
+    /* K and V projections: in the shared block, or privately under kv_dup */
+    float *kk = x->kv_private ? x->kvp : sh->kk,
+          *vv = x->kv_private ? x->kvp + (size_t)x->p.max_width * (size_t)kvd : sh->vv;
 
     int half = c->rot_dim / 2; /* RoPE: every layer rotates at the same positions */
     for (int i = 0; i < n; i++)
@@ -1344,7 +1411,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         {
             const kmat *w3[3] = {&L->wq, &L->wk, &L->wv};
             int64_t lo3[3] = {q0, k0, k0}, hi3[3] = {q1, k1, k1};
-            float *y3[3] = {sh->q, sh->kk, sh->vv};
+            float *y3[3] = {sh->q, kk, vv};
             int64_t ld3[3] = {L->wq.rows, L->wk.rows, L->wv.rows};
             kmat_mul_n(x->pool, 3, w3, lo3, hi3, x->xb, n, y3, ld3, x->scratch);
         }
@@ -1352,9 +1419,9 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             int slot = x->batch_base + i;
             const float *cs = x->rope_cs + (size_t)i * half, *sn = x->rope_sn + (size_t)i * half;
             k_rope_apply(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, half, cs, sn);
-            k_rope_apply(sh->kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, half, cs, sn);
-            kv_store(x, kv_layer(x, l, 0), x->tree_row + slot, sh->kk + i * kvd);
-            kv_store(x, kv_layer(x, l, 1), x->tree_row + slot, sh->vv + i * kvd);
+            k_rope_apply(kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, half, cs, sn);
+            kv_store(x, l, 0, slot, kk + i * kvd);
+            kv_store(x, l, 1, slot, vv + i * kvd);
         }
         if (x->att_sync && llama_part_sync(x, err, errlen))
             return -1;
@@ -1453,10 +1520,12 @@ int llama_commit(llama_ctx *x, const int32_t *path, int n, char *err, size_t err
     for (int l = 0; l < x->m->cfg.n_layers; l++)
         for (int w = 0; w < 2; w++) {
             uint8_t *base = kv_layer(x, l, w);
+            /* kv_dup: a head this part does not own is committed from its private tree rows;
+             * its owner writes the same bytes from the shared ones */
             for (int kvh = x->kvh0; kvh < x->kvh1; kvh++)
                 for (int i = 0; i < n; i++)
                     memcpy(kv_head_row(x, base, kvh, dst + i),
-                           kv_head_row(x, base, kvh, x->tree_row + path[i]), len);
+                           llama_tree_row(x, l, w, kvh, path[i]), len);
         }
     x->prefix[seq] += n;
     x->tree_open = false; /* positions of the rest of the tree no longer follow the prefix */
@@ -1491,12 +1560,11 @@ int llama_tree_keep_path(llama_ctx *x, const int32_t *path, int n, int drop, cha
     size_t len = (size_t)x->m->cfg.head_dim * x->kv_elem;
     for (int l = 0; l < x->m->cfg.n_layers; l++)
         for (int w = 0; w < 2; w++) {
-            uint8_t *base = kv_layer(x, l, w);
             for (int kvh = x->kvh0; kvh < x->kvh1; kvh++)
                 for (int i = drop; i < n; i++) /* i - drop <= path[i]: rows only move down */
                     if (path[i] != i - drop)
-                        memmove(kv_head_row(x, base, kvh, x->tree_row + i - drop),
-                                kv_head_row(x, base, kvh, x->tree_row + path[i]), len);
+                        memmove(llama_tree_row(x, l, w, kvh, i - drop),
+                                llama_tree_row(x, l, w, kvh, path[i]), len);
         }
     x->prefix[seq] += drop;
     x->batch_n = n - drop;

@@ -164,6 +164,15 @@ typedef struct {
      * Every part must be given the same plan. The plan is copied. */
     int part, n_parts;
     const llama_partition *plan;
+    /* Without a plan: split the query heads evenly instead of the KV heads. A KV head whose query
+     * heads fall to two parts is projected by both; the part that does not own it (the owner is
+     * the part of its first query head) keeps that head's tree rows of K and V in private memory
+     * and commits them to the shared prefix like the owner does (the same bytes). Attention is then
+     * balanced — 5 and 4 query heads instead of 6 and 3 for 9 heads of 3 KV heads on 2 parts —
+     * with no extra synchronisation and results bit-identical to one part; up to n_heads parts.
+     * CPU contexts only (the GPU forward reads every tree row from the shared block); every part
+     * must be given the same setting. */
+    bool kv_dup;
     void *shared; /* the shared block (llama_shared_layout bytes), or NULL to allocate one */
     /* called at each synchronisation point when n_parts > 1; returns 0, or -1 if a peer is lost */
     int (*sync)(void *arg);

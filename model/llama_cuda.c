@@ -118,6 +118,11 @@ llama_gpu *llama_gpu_new(llama_ctx *x, int device, void *map_base, size_t map_by
                               "head");
         return NULL;
     }
+    if (x->p.kv_dup) {
+        snprintf(err, errlen, "the GPU forward reads every tree row from the shared block: a "
+                              "context with kv_dup (query heads split across parts) cannot run it");
+        return NULL;
+    }
     char why[256];
     if (kcuda_devices(why, sizeof why) <= device) {
         snprintf(err, errlen, "CUDA device %d: %s", device,

@@ -29,7 +29,15 @@ struct llama_ctx {
      * takes [bnd[i], bnd[i + 1])), in query heads for LP_QKV and the attention kinds; kvb the KV
      * heads of LP_QKV */
     int64_t bnd[LP_N][LLAMA_MAX_PARTS + 1], kvb[LLAMA_MAX_PARTS + 1];
-    int kvh0, kvh1;    /* this part's KV heads [kvh0, kvh1) */
+    int kvh0, kvh1;    /* the KV heads this part projects and attends with [kvh0, kvh1) */
+    int own0, own1;    /* the ones among them whose shared rows it writes (= kvh0, kvh1 unless
+                          params.kv_dup split a KV head's query heads between parts) */
+    uint8_t *priv_tree; /* kv_dup: tree rows of the heads it projects but does not own, per layer,
+                           K then V, per head of [kvh0, kvh1), max_width rows (owned) */
+    size_t priv_bytes;
+    bool kv_private; /* the current partition uses kvp */
+    float *kvp; /* kv_dup: this part's K and V projections (max_width x kv_row each), private:
+                   two parts projecting one KV head must not rotate it in place in one buffer */
     bool att_sync;     /* a synchronisation point between the projections and attention */
     bool megatron;     /* the second linear of each pair by input columns (LP_STYLE_MEGATRON) */
     float *xs;         /* Megatron: this part's slice of a linear's input, contiguous */
@@ -57,6 +65,9 @@ struct llama_ctx {
 /* Validate a batch and build its ancestor lists, positions and sequence slots (llama_forward's
  * first step, for any backend). */
 int llama_batch_prepare(llama_ctx *x, const llama_batch *b, char *err, size_t errlen);
+/* Tree slot `slot` of KV head kvh in layer l, K (w = 0) or V (w = 1): the shared block's row, or,
+ * for a head this part projects without owning it (kv_dup), its private copy. */
+void *llama_tree_row(const llama_ctx *x, int l, int w, int kvh, int64_t slot);
 
 /* This part's ranges in one step, in elements: rows of wo (d), down (e), gate/up (f), the lm_head
  * (v); columns of q (q, query heads x head_dim) and of k/v (k, its KV heads x head_dim). */

@@ -361,6 +361,7 @@ static int worker_join(worker *w)
                           .part = (int)wel->worker_index,
                           .n_parts = (int)wel->n_workers,
                           .plan = wel->n_plan_shares ? &plan : NULL,
+                          .kv_dup = wel->kv_dup,
                           .shared = shared,
                           .sync = worker_barrier,
                           .sync_arg = w};

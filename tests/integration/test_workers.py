@@ -89,20 +89,29 @@ def test_workers_default_requantized():
 
 
 @t.case
-def test_workers_more_than_kv_heads_refused():
-    # 4 workers on a model with 3 KV heads: the group must refuse to start, saying why
+def test_workers_more_than_kv_heads():
+    # 4 workers on a model with 6 query heads of 3 KV heads: the even split gives each worker its
+    # query heads, a KV head two workers share projected by both (--kv-dup, on for CPU groups),
+    # and the answers equal orochi run's; with --kv-dup off the group refuses to start, and 7
+    # workers are refused either way, each saying why
     model = G.mkmodel(layers=2, dim=192, ffn=256, heads=6, kv_heads=3, vocab=300, ctx=256, type="f32", seed=4)
-    g = G.Group("toomany", model, workers=4)
-    g.port = G.free_port()
-    G._LIVE_GROUPS.append(g)
-    g.started = True
-    try:
-        r = g.launch(*g.up_args(), timeout=120, check=False)
-        G.check(r.returncode != 0, "up with 4 workers on 3 KV heads succeeded")
-        text = r.stderr + g.log("coordinator")
-        G.check("KV heads" in text, "the refusal does not mention KV heads:\n%s", text[-1500:])
-    finally:
-        g.down()
+    prompts = ["one two three four", "the cat sat on"]
+    want = {p: G.run_ids(model, p, 24) for p in prompts}
+    with G.Group("fourdup", model, workers=4) as g:
+        for p in prompts:
+            G.check_eq(g.ids(p, 24), want[p], "4 workers with kv_dup, prompt %r" % p)
+    for workers, extra, said in ((4, ["--kv-dup", "off"], "KV heads"), (7, [], "query heads")):
+        g = G.Group("toomany%d" % workers, model, workers=workers, extra=extra)
+        g.port = G.free_port()
+        G._LIVE_GROUPS.append(g)
+        g.started = True
+        try:
+            r = g.launch(*g.up_args(), timeout=120, check=False)
+            G.check(r.returncode != 0, "up with %d workers %s succeeded", workers, extra)
+            text = r.stderr + g.log("coordinator")
+            G.check(said in text, "the refusal does not mention %s:\n%s", said, text[-1500:])
+        finally:
+            g.down()
 
 
 if __name__ == "__main__":

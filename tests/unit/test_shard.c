@@ -123,6 +123,7 @@ static void test_shard_matmul_cols(void **state)
 typedef struct {
     llama_model *m;
     int part, n_parts, n_tok;
+    bool kv_dup;
     const llama_partition *plan, *swap; /* the plan, and the one the tree runs with (or NULL) */
     void *shared;
     pthread_barrier_t *barrier;
@@ -137,8 +138,8 @@ static void *part_run(void *argp)
     static const int32_t ids[] = {3, 50, 201, 7, 7, 9, 120, 33};
     static const int32_t parent[] = {-1, 0, 1, 1, 3, -1, 5, 2};
     llama_ctx_params p = {.n_threads = 1, .max_width = 8, .n_ctx = 32, .kv = KV_F32, .part = a->part,
-                          .n_parts = a->n_parts, .plan = a->plan, .shared = a->shared,
-                          .sync = tu_barrier_sync, .sync_arg = a->barrier};
+                          .n_parts = a->n_parts, .plan = a->plan, .kv_dup = a->kv_dup,
+                          .shared = a->shared, .sync = tu_barrier_sync, .sync_arg = a->barrier};
     llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
     if (!ctx) {
         a->rc = -1;
@@ -159,8 +160,8 @@ static void *part_run(void *argp)
     return NULL;
 }
 
-static void run_plan(llama_model *m, int n_parts, const llama_partition *plan,
-                     const llama_partition *swap, float *logits)
+static void run_plan_dup(llama_model *m, int n_parts, const llama_partition *plan,
+                         const llama_partition *swap, bool kv_dup, float *logits)
 {
     size_t bytes = llama_shared_layout(&m->cfg, 32, 8, 1, KV_F32, NULL);
     void *shared = calloc(1, bytes);
@@ -169,8 +170,8 @@ static void run_plan(llama_model *m, int n_parts, const llama_partition *plan,
     part_arg args[LLAMA_MAX_PARTS];
     pthread_t th[LLAMA_MAX_PARTS];
     for (int i = 0; i < n_parts; i++) {
-        args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .n_tok = 8, .plan = plan,
-                             .swap = swap, .shared = shared, .barrier = &barrier,
+        args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .n_tok = 8, .kv_dup = kv_dup,
+                             .plan = plan, .swap = swap, .shared = shared, .barrier = &barrier,
                              .logits = logits};
         pthread_create(&th[i], NULL, part_run, &args[i]);
     }
@@ -183,9 +184,55 @@ static void run_plan(llama_model *m, int n_parts, const llama_partition *plan,
     free(shared);
 }
 
+static void run_plan(llama_model *m, int n_parts, const llama_partition *plan,
+                     const llama_partition *swap, float *logits)
+{
+    run_plan_dup(m, n_parts, plan, swap, false, logits);
+}
+
 static void run_parts(llama_model *m, int n_parts, float *logits)
 {
     run_plan(m, n_parts, NULL, NULL, logits);
+}
+
+/* kv_dup: the even split by query heads, a KV head shared by two parts projected by both (the
+ * one that does not own it keeps its tree rows privately and commits from them): 9 query heads
+ * of 3 KV heads in 2, 4 and 5 parts (more parts than KV heads, heads split 5/4, 3/2/2/2, ...)
+ * and 6 of 3 in 4 parts, the committed prefix and the tree both crossing the shared heads — the
+ * logits are bit-identical to one part. */
+static void test_shard_forward_kv_dup(void **state)
+{
+    char err[256];
+    static const struct {
+        const char *shape;
+        int parts[3];
+    } cases[] = {{"--layers 2 --dim 288 --ffn 160 --heads 9 --kv-heads 3 --vocab 301 --ctx 64",
+                  {2, 4, 5}},
+                 {"--layers 2 --dim 96 --ffn 160 --heads 6 --kv-heads 3 --vocab 301 --ctx 64",
+                  {4, 5, 2}}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
+            llama_model *m =
+                llama_model_load(tu_make_model("shard-dup", TYPES[t], cases[ci].shape), err,
+                                 sizeof err);
+            if (!m)
+                fail_msg("%s", err);
+            size_t n = (size_t)8 * m->cfg.vocab;
+            float *ref = calloc(n, 4), *got = calloc(n, 4);
+            run_parts(m, 1, ref);
+            for (int k = 0; k < 3; k++) {
+                int parts = cases[ci].parts[k];
+                memset(got, 0, n * 4);
+                run_plan_dup(m, parts, NULL, NULL, true, got);
+                if (memcmp(ref, got, n * 4))
+                    fail_msg("%s, %d heads: %d parts with kv_dup: logits differ from 1 part "
+                             "(relative L2 %.3g)",
+                             TYPES[t], m->cfg.n_heads, parts, tu_rel_l2(got, ref, n));
+            }
+            free(ref);
+            free(got);
+            llama_model_destroy(&m);
+        }
 }
 
 static void test_shard_forward_parts(void **state)
@@ -345,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_shard_matmul_ranges),
         cmocka_unit_test(test_shard_matmul_cols),
         cmocka_unit_test(test_shard_forward_parts),
+        cmocka_unit_test(test_shard_forward_kv_dup),
         cmocka_unit_test(test_shard_forward_plans),
         cmocka_unit_test(test_shard_plan_errors),
     };
