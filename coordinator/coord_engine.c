@@ -714,11 +714,16 @@ typedef struct {
     int last_row;                    /* batch row of the last accepted node */
     uint64_t queued_us, admitted_us; /* arrived, taken into the slot (the timeline) */
     uint64_t first_us;               /* the first token was drawn (the prompt's time ends) */
+    int cached;                      /* prompt tokens whose K/V came from another request */
 } engine_slot;
 
 struct coord_engine_state {
     engine_slot slots[RT_MAX_SEQ];
     int prefix[RT_MAX_SEQ]; /* committed length per sequence slot */
+    /* an idle slot's committed tokens (its last request's), whose K/V rows are still in its
+     * region of the cache: a new prompt that begins with them starts from them */
+    int32_t *kept[RT_MAX_SEQ];
+    int n_kept[RT_MAX_SEQ];
     int rr;                 /* round-robin start for budget leftovers */
 };
 
@@ -756,6 +761,14 @@ static void slot_release(coord *c, int s)
 {
     engine_slot *sl = &c->eng->slots[s];
     engine_feedback_done(c, sl->req_id);
+    int n = c->eng->prefix[s] < sl->n_all ? c->eng->prefix[s] : sl->n_all;
+    int32_t *k = n > 0 && sl->all ? realloc(c->eng->kept[s], (size_t)n * sizeof *k) : NULL;
+    c->eng->n_kept[s] = 0;
+    if (k) {
+        memcpy(k, sl->all, (size_t)n * sizeof *k);
+        c->eng->kept[s] = k;
+        c->eng->n_kept[s] = n;
+    }
     free(sl->out.text);
     free(sl->all);
     free(sl->work);
@@ -902,6 +915,7 @@ static void slot_finish(coord *c, int s)
     text_flush(&sl->out, sl->req, sl->prm, true); /* after a stop string this adds nothing */
     coord_stats stats = {0};
     stats.prompt_tokens = sl->n_prompt;
+    stats.cached_tokens = sl->cached;
     stats.completion_tokens = sl->generated;
     stats.steps = sl->steps;
     stats.mean_accepted =
@@ -958,6 +972,42 @@ static int engine_active(const coord *c)
     for (int s = 0; s < c->n_seq; s++)
         n += c->eng->slots[s].used;
     return n;
+}
+
+/* The longest run of tokens that begins both a and b (at most n). */
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Start slot s's prompt from the longest committed beginning it shares with any slot — an active
+ * one's committed tokens, an idle one's kept tokens (its own included: then the rows are already
+ * in place) — leaving at least its last token to prefill (its logits draw the first token). The
+ * rows are copied within the cache (llama_kv_copy_prefix); the workers read them from there. */
+static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
+{
+    engine_slot *sl = &c->eng->slots[s];
+    int best = 0, from = s;
+    for (int t = 0; t < c->n_seq; t++) {
+        const engine_slot *o = &c->eng->slots[t];
+        const int32_t *toks = t != s && o->used ? o->all : c->eng->kept[t];
+        int n = t != s && o->used ? c->eng->prefix[t] : c->eng->n_kept[t];
+        if (!toks || n <= 0)
+            continue;
+        int k = common_prefix(toks, n, sl->all, sl->n_all - 1);
+        if (k > best || (k == best && t == s)) {
+            best = k;
+            from = t;
+        }
+    }
+    c->eng->n_kept[s] = 0; /* the slot's rows are this request's from here on */
+    if (llama_kv_copy_prefix(c->kv, from, s, best, err, errlen))
+        return -1;
+    c->eng->prefix[s] = best;
+    return 0;
 }
 
 /* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
@@ -1025,6 +1075,11 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     int *prefix = c->eng->prefix;
     coord_trace_async(c, "queued", sl->req_id, sl->queued_us, sl->admitted_us);
     uint64_t t_prefill = rt_now_us();
+    if (engine_reuse_prefix(c, s, err, sizeof err)) {
+        slot_fail(c, s, 503, err);
+        return -1;
+    }
+    sl->cached = prefix[s];
     while (prefix[s] < sl->n_all) {
         int w = sl->n_all - prefix[s] < c->max_width ? sl->n_all - prefix[s] : c->max_width;
         bool last = prefix[s] + w == sl->n_all;
@@ -1405,6 +1460,8 @@ void coord_engine_fini(coord *c)
     for (int s = 0; s < RT_MAX_SEQ; s++)
         if (c->eng->slots[s].used)
             slot_fail(c, s, 503, "the coordinator is shutting down");
+    for (int s = 0; s < RT_MAX_SEQ; s++)
+        free(c->eng->kept[s]);
     free(c->eng);
     c->eng = NULL;
 }

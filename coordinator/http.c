@@ -1161,6 +1161,8 @@ static void http_add_usage(cJSON *root, const coord_outcome *o)
     cJSON_AddNumberToObject(u, "prompt_tokens", o->stats.prompt_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", o->stats.completion_tokens);
     cJSON_AddNumberToObject(u, "total_tokens", o->stats.prompt_tokens + o->stats.completion_tokens);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", o->stats.cached_tokens);
 }
 
 static cJSON *http_envelope(const http_server *srv, coord_request *req, const char *object,

@@ -75,6 +75,7 @@ typedef struct {
 /* Run statistics, reported by the engine when it finishes a request. */
 typedef struct {
     int prompt_tokens;
+    int cached_tokens; /* prompt tokens whose K/V were reused from an earlier request */
     int completion_tokens;
     int steps;                               /* verification steps (forward passes) */
     double mean_accepted;                    /* tokens accepted per step */

@@ -947,6 +947,31 @@ void llama_ctx_set_prefix_len(llama_ctx *ctx, int n)
     llama_ctx_set_seq_prefix_len(ctx, 0, n);
 }
 
+static void *kv_head_row(const llama_ctx *x, uint8_t *base, int kvh, int64_t p);
+
+int llama_kv_copy_prefix(llama_ctx *x, int src, int dst, int n, char *err, size_t errlen)
+{
+    if (src < 0 || dst < 0 || src >= x->p.n_seq || dst >= x->p.n_seq || n < 0 ||
+        n > x->p.n_ctx || x->p.prefix_src) {
+        snprintf(err, errlen, "copy prefix: %d rows from slot %d to slot %d (%d slots of %d)", n,
+                 src, dst, x->p.n_seq, x->p.n_ctx);
+        return -1;
+    }
+    if (src != dst && n > 0) {
+        size_t len = (size_t)n * (size_t)x->m->cfg.head_dim * x->kv_elem;
+        for (int l = 0; l < x->m->cfg.n_layers; l++)
+            for (int w = 0; w < 2; w++) {
+                uint8_t *base = kv_layer(x, l, w);
+                for (int kvh = x->own0; kvh < x->own1; kvh++)
+                    memcpy(kv_head_row(x, base, kvh, (int64_t)dst * x->p.n_ctx),
+                           kv_head_row(x, base, kvh, (int64_t)src * x->p.n_ctx), len);
+            }
+    }
+    x->prefix[dst] = n;
+    x->tree_open = false;
+    return 0;
+}
+
 int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq)
 {
     return seq >= 0 && seq < ctx->p.n_seq ? ctx->prefix[seq] : 0;

@@ -214,6 +214,13 @@ int llama_ctx_syncs_per_layer(const llama_ctx *ctx);
  * sequence argument: slot 0. */
 void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);
 int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq);
+/* Copy the K/V rows of positions [0, n) of sequence slot src to slot dst (every layer, the KV
+ * heads this context owns) and make n dst's committed length: a prompt that begins with tokens
+ * another slot has already committed starts from them (a position's K/V depend only on the
+ * tokens up to it, so the rows are the ones a prefill would compute, bit for bit). src == dst
+ * only sets the length. Returns 0, or -1 with err for a slot or length out of range or a context
+ * that reads its prefix from another (prefix_src). */
+int llama_kv_copy_prefix(llama_ctx *ctx, int src, int dst, int n, char *err, size_t errlen);
 void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n);
 const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
 /* Which sequence slot of params.prefix_src the prefix is read from (ignored without one). */

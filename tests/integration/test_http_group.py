@@ -269,6 +269,13 @@ def test_http_group_openai_shapes():
             G.check(all(e.get("usage", "absent") is None for e in events[:-1]),
                     "include_usage: chunks before the last should have usage null: %r", events[:-1])
             whole = g.http(path, "POST", dict(body, stream=False, stream_options=None)).json
+            # the same prompt again starts from the K/V the first request left (cached_tokens)
+            cached = whole["usage"].pop("prompt_tokens_details")["cached_tokens"]
+            G.check(0 < cached < whole["usage"]["prompt_tokens"],
+                    "the repeated prompt reuses %r of its %d tokens", cached,
+                    whole["usage"]["prompt_tokens"])
+            G.check(isinstance(last["usage"].pop("prompt_tokens_details")["cached_tokens"], int),
+                    "include_usage: no cached_tokens in %r", last["usage"])
             G.check_eq(last["usage"], whole["usage"], "include_usage: usage of %s" % path)
         G.log("  NUL, UTF-8, model_not_found, logprobs, n, developer, echo, include_usage: as OpenAI")
 

@@ -10,6 +10,7 @@ different kinds (code, chat, repetitive text to summarise) when it is present.
 """
 import os
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import group as G  # noqa: E402
@@ -228,6 +229,46 @@ def test_speculative_default_model_chat():
         G.check(r.status == 200, "chat completion: %r", r)
         check_answer(r.json, want, "chat %r" % q)
         G.check(r.json["choices"][0]["message"]["role"] == "assistant", "chat answer %r", r.json["choices"][0])
+
+
+@t.case
+def test_prompt_prefix_reuse():
+    """Chat prompts begin with the template's system turn: a request whose prompt begins with
+    tokens a slot has already committed starts from their K/V (copied from an active slot, or
+    left in place by the slot's last request) and reports them as usage.prompt_tokens_details.
+    cached_tokens; every answer still equals `orochi run --chat` token for token, with layerskip
+    reading the target's K/V and ngram drafting, one request at a time and two at once."""
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    qs = ["Name three primary colors.", "What is the capital of Italy?",
+          "Write one sentence about rain."]
+    want = {q: G.run_ids(model, q, 24, chat=True) for q in qs}
+
+    def ask(g, q):
+        r = g.http("/v1/chat/completions", "POST",
+                   {"messages": [{"role": "user", "content": q}], "max_tokens": 24,
+                    "temperature": 0})
+        G.check(r.status == 200, "chat completion: %r", r)
+        check_answer(r.json, want[q], "chat %r" % q)
+        return r.json["usage"]["prompt_tokens_details"]["cached_tokens"], r.json["usage"]["prompt_tokens"]
+
+    with G.Group("reuse", model, speculators=["ngram", "layerskip:layers=0-14"],
+                 extra=["--max-batch", "2"]) as g:
+        cached = [ask(g, q) for q in qs]
+        G.check(cached[0][0] == 0, "the first request reports %d cached tokens", cached[0][0])
+        for c, n in cached[1:]:
+            G.check(20 <= c < n, "a later request reuses %d of its %d prompt tokens", c, n)
+        both = {}
+        threads = [threading.Thread(target=lambda q=q: both.__setitem__(q, ask(g, q)))
+                   for q in qs[:2]]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        G.check(len(both) == 2, "the two requests at once did not both answer")
+        G.log("  prefix reuse: cached tokens %s one at a time, %s two at once; every answer equal "
+              "to orochi run --chat" % ([c for c, _ in cached], [both[q][0] for q in qs[:2]]))
 
 
 @t.case
