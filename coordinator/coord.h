@@ -103,6 +103,7 @@ typedef struct {
     int max_queue;         /* requests waiting beyond it get 429 */
     int act_bits;          /* --act-bits: the workers' activation precision (8 or 16) */
     bool kv_dup;           /* the even split divides query heads (llama_ctx_params.kv_dup) */
+    bool no_prefix_reuse;  /* --prefix-reuse off: every prompt is computed whole */
     int kv_dup_opt;        /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     char worker_device[RT_MAX_WORKERS][4]; /* "cpu" or "gpu" per worker (--workers cpu:N,gpu:M) */

@@ -995,7 +995,7 @@ static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
         const engine_slot *o = &c->eng->slots[t];
         const int32_t *toks = t != s && o->used ? o->all : c->eng->kept[t];
         int n = t != s && o->used ? c->eng->prefix[t] : c->eng->n_kept[t];
-        if (!toks || n <= 0)
+        if (!toks || n <= 0 || c->no_prefix_reuse)
             continue;
         int k = common_prefix(toks, n, sl->all, sl->n_all - 1);
         if (k > best || (k == best && t == s)) {

@@ -153,7 +153,7 @@ static void coord_usage(FILE *out)
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
-        "         [--act-bits 16|8] [--kv-dup on|off] [--trace]\n"
+        "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -178,6 +178,8 @@ static void coord_usage(FILE *out)
         "  --kv-dup (default on when every worker is a CPU): without a plan's partition the\n"
         "  workers split the query heads evenly, a KV head whose query heads two workers share\n"
         "  being projected by both (balanced attention; off: each worker whole KV heads).\n"
+        "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
+        "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
         "  plain step time); reread whenever the file changes.\n"
         "  Liveness: a peer silent for --dead-ms (3000) is declared dead and replaced; peers\n"
@@ -271,6 +273,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"free-run", required_argument, 0, 17},
                                          {"act-bits", required_argument, 0, 18},
                                          {"kv-dup", required_argument, 0, 19},
+                                         {"prefix-reuse", required_argument, 0, 20},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -341,6 +344,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 14: c->drain_ms = atoi(optarg); break;
+        case 20:
+            c->no_prefix_reuse = !strcmp(optarg, "off");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
         case 19:
             c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
             if (c->kv_dup_opt == -2) {
@@ -377,8 +384,8 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->run_dir || !c->target || bad) {
         if (bad)
-            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run take "
-                            "on|off, --vote majority|union|off, --draft-wait measured|fixed\n");
+            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run/"
+                            "--prefix-reuse take on|off, --vote majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }
