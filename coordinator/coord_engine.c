@@ -991,11 +991,11 @@ static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
 {
     engine_slot *sl = &c->eng->slots[s];
     int best = 0, from = s;
-    for (int t = 0; t < c->n_seq; t++) {
+    for (int t = 0; t < (c->no_prefix_reuse ? 0 : c->n_seq); t++) {
         const engine_slot *o = &c->eng->slots[t];
         const int32_t *toks = t != s && o->used ? o->all : c->eng->kept[t];
         int n = t != s && o->used ? c->eng->prefix[t] : c->eng->n_kept[t];
-        if (!toks || n <= 0 || c->no_prefix_reuse)
+        if (!toks || n <= 0)
             continue;
         int k = common_prefix(toks, n, sl->all, sl->n_all - 1);
         if (k > best || (k == best && t == s)) {

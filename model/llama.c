@@ -1065,7 +1065,9 @@ static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh
     return base + (size_t)r * (size_t)x->m->cfg.head_dim * x->kv_elem;
 }
 
-void *llama_tree_row(const llama_ctx *x, int l, int w, int kvh, int64_t slot)
+/* Tree slot `slot` of KV head kvh in layer l, K (w = 0) or V (w = 1): the shared block's row, or,
+ * for a head this part projects without owning it (kv_dup), its private copy. */
+static void *llama_tree_row(const llama_ctx *x, int l, int w, int kvh, int64_t slot)
 {
     /* shared: heads this part owns, and (plans with att_sync) heads another part projects */
     if ((kvh >= x->own0 && kvh < x->own1) || kvh < x->kvh0 || kvh >= x->kvh1)
@@ -1193,32 +1195,28 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
                 outs[t] = att_partial(x, i, u->h0, u->mode == ATT_SPARSE);
             }
         }
+        /* st holds ATT_BLOCK_MAX x 64 queries: heads 64 at a time (katt_causal_tokens cuts its
+         * own work into what its stack arrays take) */
         for (int g0 = 0; g0 < u->nh; g0 += 64) {
             int ng = u->nh - g0 < 64 ? u->nh - g0 : 64;
-            /* at most 64 queries per call of st: tokens in runs that fit */
-            int per = 64 / ng < nt ? 64 / ng : nt;
-            for (int t0 = 0; t0 < nt; t0 += per) {
-                int m = nt - t0 < per ? nt - t0 : per;
-                const float *qg[ATT_BLOCK_MAX];
-                float *og[ATT_BLOCK_MAX];
-                for (int t = 0; t < m; t++) {
-                    qg[t] = qs[t0 + t] + (int64_t)g0 * hd;
-                    og[t] = outs[t0 + t] + (int64_t)g0 * out_stride;
-                }
-                katt_causal_tokens(m, qg, hd, ng, &keys[t0], &n_keys[t0], hd, scale, st, og,
-                                   out_stride);
-                for (int t = 0; t < m; t++)
-                    for (int g = 0; g < ng; g++) {
-                        float *o = og[t] + (int64_t)g * out_stride;
-                        const katt_stat *sg = &st[t * ng + g];
-                        if (u->mode == ATT_FULL) {
-                            katt_finish(sg, o, hd);
-                        } else {
-                            o[hd] = sg->max;
-                            o[hd + 1] = sg->sum;
-                        }
-                    }
+            const float *qg[ATT_BLOCK_MAX];
+            float *og[ATT_BLOCK_MAX];
+            for (int t = 0; t < nt; t++) {
+                qg[t] = qs[t] + (int64_t)g0 * hd;
+                og[t] = outs[t] + (int64_t)g0 * out_stride;
             }
+            katt_causal_tokens(nt, qg, hd, ng, keys, n_keys, hd, scale, st, og, out_stride);
+            for (int t = 0; t < nt; t++)
+                for (int g = 0; g < ng; g++) {
+                    float *o = og[t] + (int64_t)g * out_stride;
+                    const katt_stat *sg = &st[t * ng + g];
+                    if (u->mode == ATT_FULL) {
+                        katt_finish(sg, o, hd);
+                    } else {
+                        o[hd] = sg->max;
+                        o[hd + 1] = sg->sum;
+                    }
+                }
         }
     }
 }

@@ -65,9 +65,6 @@ struct llama_ctx {
 /* Validate a batch and build its ancestor lists, positions and sequence slots (llama_forward's
  * first step, for any backend). */
 int llama_batch_prepare(llama_ctx *x, const llama_batch *b, char *err, size_t errlen);
-/* Tree slot `slot` of KV head kvh in layer l, K (w = 0) or V (w = 1): the shared block's row, or,
- * for a head this part projects without owning it (kv_dup), its private copy. */
-void *llama_tree_row(const llama_ctx *x, int l, int w, int kvh, int64_t slot);
 
 /* This part's ranges in one step, in elements: rows of wo (d), down (e), gate/up (f), the lm_head
  * (v); columns of q (q, query heads x head_dim) and of k/v (k, its KV heads x head_dim). */

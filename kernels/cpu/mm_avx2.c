@@ -149,15 +149,16 @@ AI void a2_q8_tile(int NT, int NH, const uint8_t *pk, int h0, const mm_xq *xq, i
     default: CALL(4); break;                                                                       \
     }
 
-static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+/* H: 1 with 16-bit activations (the high-byte dots), 0 with 8-bit ones; a constant in each call
+ * below, so each precision gets its own straight-line tiles */
+AI void a2_qgroup_h(const int H, uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok,
+                    float *out)
 {
     if (n_tok == 1) { /* a decode step: both halves in one pass */
         if (type == KT_Q8_0)
             a2_q8_tile(1, 2, pk, 0, xq, 0, out);
-        else if (xq->bits == 8)
-            a2_q4_tile(type == KT_Q4_1, 0, 1, 2, pk, 0, xq, 0, out);
         else
-            a2_q4_tile(type == KT_Q4_1, 1, 1, 2, pk, 0, xq, 0, out);
+            a2_q4_tile(type == KT_Q4_1, H, 1, 2, pk, 0, xq, 0, out);
         return;
     }
     for (int h = 0; h < 2; h++)
@@ -167,13 +168,21 @@ static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
 #define C8(N) a2_q8_tile(N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C8)
             } else if (type == KT_Q4_1) {
-#define C41(N) a2_q4_tile(true, xq->bits != 8, N, 1, pk, h, xq, t0, out)
+#define C41(N) a2_q4_tile(true, H, N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C41)
             } else {
-#define C40(N) a2_q4_tile(false, xq->bits != 8, N, 1, pk, h, xq, t0, out)
+#define C40(N) a2_q4_tile(false, H, N, 1, pk, h, xq, t0, out)
                 A2_Q_CASES(C40)
             }
         }
+}
+
+static void a2_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+{
+    if (xq->bits == 8)
+        a2_qgroup_h(0, type, pk, xq, n_tok, out);
+    else
+        a2_qgroup_h(1, type, pk, xq, n_tok, out);
 }
 
 /* ===== the K family (layout: mm_isa.h) ===== */

@@ -166,33 +166,32 @@ AI void a5_q8_tile(const int E8, int NT, const uint8_t *pk, const mm_xq *xq, int
     default: CALL(8); break;                                                                       \
     }
 
-static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+/* H: 1 with 16-bit activations (the high-byte dots), 0 with 8-bit ones; a constant in each call
+ * below, so each precision gets its own straight-line tiles */
+AI void a5_qgroup_h(const int H, uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok,
+                    float *out)
 {
     for (int t0 = 0; t0 < n_tok; t0 += QT) {
         int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
         if (type == KT_Q8_0) {
-#define C8(N) a5_q8_tile(0, N, pk, xq, t0, out)
-#define C8_8(N) a5_q8_tile(1, N, pk, xq, t0, out)
-            if (xq->bits == 8)
-                A5_Q_CASES(C8_8)
-            else
-                A5_Q_CASES(C8)
+#define C8(N) a5_q8_tile(!H, N, pk, xq, t0, out)
+            A5_Q_CASES(C8)
         } else if (type == KT_Q4_1) {
-#define C41(N) a5_q4_tile(true, 1, N, pk, xq, t0, out)
-#define C41_8(N) a5_q4_tile(true, 0, N, pk, xq, t0, out)
-            if (xq->bits == 8)
-                A5_Q_CASES(C41_8)
-            else
-                A5_Q_CASES(C41)
+#define C41(N) a5_q4_tile(true, H, N, pk, xq, t0, out)
+            A5_Q_CASES(C41)
         } else {
-#define C40(N) a5_q4_tile(false, 1, N, pk, xq, t0, out)
-#define C40_8(N) a5_q4_tile(false, 0, N, pk, xq, t0, out)
-            if (xq->bits == 8)
-                A5_Q_CASES(C40_8)
-            else
-                A5_Q_CASES(C40)
+#define C40(N) a5_q4_tile(false, H, N, pk, xq, t0, out)
+            A5_Q_CASES(C40)
         }
     }
+}
+
+static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+{
+    if (xq->bits == 8)
+        a5_qgroup_h(0, type, pk, xq, n_tok, out);
+    else
+        a5_qgroup_h(1, type, pk, xq, n_tok, out);
 }
 
 /* ===== the K family (layout: mm_isa.h) ===== */
@@ -308,22 +307,17 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
         _mm512_storeu_ps(out + (size_t)(t0 + t) * MM_GROUP, acc[t]);
 }
 
-#define A5_K_NT(NSC, MINS, HB, LUT, KB, H)                                                          \
+#define A5_K_CASES(NSC, MINS, HB, LUT, KB)                                                         \
     switch (nt) {                                                                                  \
     case 1: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 1, pk, xq, z, t0, out); break;                   \
     case 2: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 2, pk, xq, z, t0, out); break;                   \
     case 3: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 3, pk, xq, z, t0, out); break;                   \
     default: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 4, pk, xq, z, t0, out); break;                  \
     }
-#define A5_K_CASES(NSC, MINS, HB, LUT, KB)                                                         \
-    {                                                                                              \
-        if (xq->bits == 8)                                                                         \
-            A5_K_NT(NSC, MINS, HB, LUT, KB, 0)                                                     \
-        else                                                                                       \
-            A5_K_NT(NSC, MINS, HB, LUT, KB, 1)                                                     \
-    }
 
-static void a5_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+/* H as in a5_qgroup_h */
+AI void a5_kgroup_h(const int H, const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok,
+                    float *out)
 {
     float z = (float)k->z;
     for (int t0 = 0; t0 < n_tok; t0 += KQT) {
@@ -343,6 +337,14 @@ static void a5_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int
         else
             A5_K_CASES(2, 0, 0, 0, 8) /* Q3_K */
     }
+}
+
+static void a5_kgroup(const mm_kdesc *k, const uint8_t *pk, const mm_xq *xq, int n_tok, float *out)
+{
+    if (xq->bits == 8)
+        a5_kgroup_h(0, k, pk, xq, n_tok, out);
+    else
+        a5_kgroup_h(1, k, pk, xq, n_tok, out);
 }
 
 /* ===== float weights ===== */

@@ -127,6 +127,17 @@ static void check_matmul(uint32_t type, const uint8_t *wq, int64_t rows, int64_t
     free(portable);
 }
 
+/* rows x cols floats quantized to `type`, row by row (malloc'd; *rb gets the row's bytes) */
+static uint8_t *quantize_rows(uint32_t type, const float *wf, int64_t rows, int64_t cols,
+                              size_t *rb)
+{
+    *rb = kt_row_bytes(type, (uint64_t)cols);
+    uint8_t *wq = malloc(*rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++)
+        kt_quantize_row(type, wf + r * cols, wq + (size_t)r * *rb, cols);
+    return wq;
+}
+
 /* The float and legacy quantized types: weights quantized from floats (the round trip within the
  * type's error), then check_matmul. */
 static void test_kernels_matmul_types(void **state)
@@ -139,10 +150,8 @@ static void test_kernels_matmul_types(void **state)
     fill(wf, (size_t)(rows * cols), 5);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
-        size_t rb = kt_row_bytes(type, (uint64_t)cols);
-        uint8_t *wq = malloc(rb * (size_t)rows);
-        for (int64_t r = 0; r < rows; r++)
-            kt_quantize_row(type, wf + r * cols, wq + (size_t)r * rb, cols);
+        size_t rb;
+        uint8_t *wq = quantize_rows(type, wf, rows, cols, &rb);
         for (int64_t r = 0; r < rows; r++) {
             kt_dequantize_row(type, wq + (size_t)r * rb, deq, cols);
             double qe = tu_rel_l2(deq, wf + r * cols, (size_t)cols);
@@ -175,10 +184,8 @@ static void test_kernels_matmul_act8_exact(void **state)
     kpool *pool = kpool_new(2);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
-        size_t rb = kt_row_bytes(type, (uint64_t)cols);
-        uint8_t *wq = malloc(rb * (size_t)rows);
-        for (int64_t r = 0; r < rows; r++)
-            kt_quantize_row(type, wf + r * cols, wq + (size_t)r * rb, cols);
+        size_t rb;
+        uint8_t *wq = quantize_rows(type, wf, rows, cols, &rb);
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *row = wq + (size_t)r * rb;
             kt_dequantize_row(type, row, deq, cols);
