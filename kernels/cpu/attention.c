@@ -175,6 +175,11 @@ static inline __attribute__((always_inline)) __m256 att_dot8(const float *q, con
 static void att_chunk_rows(const katt_keys *s, const void *prefix, const void *tree, int c0, int c1,
                            int head_dim, float *buf, const float *zero, const float **rows)
 {
+    if (s->type == KV_F32 && c1 - c0 == ATT_CHUNK && c1 <= s->n_prefix) { /* the common case */
+        for (int j = 0; j < ATT_CHUNK; j++)
+            rows[j] = (const float *)prefix + (size_t)(c0 + j) * (size_t)s->stride;
+        return;
+    }
     for (int j = c0; j < c0 + ATT_CHUNK; j++) {
         if (j >= c1) {
             rows[j - c0] = zero;
@@ -289,7 +294,7 @@ static inline void att_chunk_values(const float *const *rows, int len, int head_
  * step's attention (each sequence its own prefix, fetched from memory) overlap the arithmetic.
  * Measured on a batch of 8 sequences at context 120: 25% less time, 20% when the rows are in
  * the last-level cache. */
-static inline void att_prefetch(const katt_keys *s, int a, int c1, int head_dim)
+static inline void att_prefetch(const katt_keys *s, const void *base, int a, int c1, int head_dim)
 {
     int b = a + ATT_CHUNK < c1 ? a + ATT_CHUNK : c1;
     if (b > s->n_prefix)
@@ -299,8 +304,7 @@ static inline void att_prefetch(const katt_keys *s, int a, int c1, int head_dim)
     size_t esz = s->type == KV_F16 ? 2 : 4, row = (size_t)s->stride * esz;
     size_t end = (size_t)(b - 1) * row + (size_t)head_dim * esz;
     for (size_t o = (size_t)a * row; o < end; o += 64) {
-        __builtin_prefetch((const uint8_t *)s->k + o);
-        __builtin_prefetch((const uint8_t *)s->v + o);
+        __builtin_prefetch((const uint8_t *)base + o);
     }
 }
 
@@ -313,15 +317,17 @@ static void att_chunks(int n_tok, const float *const *q, int64_t q_stride, int n
     float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_MAX_Q][ATT_CHUNK];
     static const float zero[ATT_MAX_HEAD_DIM];
     const float *rows[ATT_CHUNK];
-    att_prefetch(s, c0, c1, head_dim);
+    att_prefetch(s, s->k, c0, c1, head_dim);
+    att_prefetch(s, s->v, c0, c1, head_dim);
     for (int a = c0; a < c1; a += ATT_CHUNK) {
         int b = a + ATT_CHUNK < c1 ? a + ATT_CHUNK : c1, len = b - a;
-        att_prefetch(s, a + ATT_CHUNK, c1, head_dim);
+        att_prefetch(s, s->k, a + ATT_CHUNK, c1, head_dim);
         att_chunk_rows(s, s->k, s->tree_k, a, b, head_dim, buf, zero, rows);
         for (int t = 0; t < n_tok; t++)
             for (int h = 0; h < nq; h++)
                 att_chunk_softmax(q[t] + h * q_stride, rows, len, head_dim, scale, &st[t * nq + h],
                                   out[t] + h * out_stride, sc[t * nq + h]);
+        att_prefetch(s, s->v, a + ATT_CHUNK, c1, head_dim);
         att_chunk_rows(s, s->v, s->tree_v, a, b, head_dim, buf, zero, rows);
         for (int t = 0; t < n_tok; t++)
             for (int h = 0; h < nq; h++)
