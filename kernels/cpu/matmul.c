@@ -387,10 +387,22 @@ static void mm_quantize_x(const float *x, int64_t cols, int n_tok, mm_xq *xq)
             xq->s[mm_xb(xq, t, b)] = sum;
             xq->d[mm_xb(xq, t, b)] = d;
             if (xq->bits == 8) {
+#ifdef MM_AVX2
+                const __m256i one = _mm256_set1_epi16(1);
+                __m256i s8 = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)q), one),
+                    _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(q + 16)), one));
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8),
+                                           _mm256_extracti128_si256(s8, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+                xq->qsum[mm_xb(xq, t, b)] = _mm_cvtsi128_si32(s4);
+#else
                 int32_t qs = 0;
                 for (int i = 0; i < 32; i++)
                     qs += q[i];
                 xq->qsum[mm_xb(xq, t, b)] = qs;
+#endif
             }
             if (xq->s16) {
                 float h0 = 0, h1 = 0;
