@@ -26,10 +26,12 @@ ngram, layerskip, both (layerskip + ngram).
   --ablation                chain -> tree -> +vote -> +adaptive -> +pipeline with layerskip+ngram,
                             speedup over sequential per category, all checked lossless
   --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification):
-                            the same requests at every level, in waves of N; the group's
-                            speculators: --concurrency-spec ngram (default; none: no speculator);
-                            --rounds R repeats the levels interleaved, medians of the per-round
-                            ratios to one request
+                            the same requests at every level; --concurrency-mode closed (default)
+                            keeps N in flight while any of --concurrency-jobs (default 3 x the
+                            largest level) is left, waves sends N at a time and waits for the
+                            longest of each; the group's speculators: --concurrency-spec ngram
+                            (default; none: no speculator); --rounds R repeats the levels
+                            interleaved, medians of the per-round ratios to one request
 """
 import argparse
 import json
@@ -187,6 +189,12 @@ def main():
     ap.add_argument("--concurrency", default="", help="requests in flight, e.g. 1,2,4,8")
     ap.add_argument("--concurrency-spec", default="ngram",
                     help="speculators of the --concurrency group (comma list; none: plain decoding)")
+    ap.add_argument("--concurrency-mode", choices=("closed", "waves"), default="closed",
+                    help="closed: n requests kept in flight while jobs remain; waves: n at a time, "
+                         "each batch waiting for its longest")
+    ap.add_argument("--concurrency-jobs", type=int, default=0,
+                    help="requests per level (closed: default 3 x the largest level; waves: the "
+                         "largest level)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of the configurations (default mode; all groups up at once, each prompt on "
                          "each group back to back); with seq-group among them, "
@@ -451,6 +459,30 @@ def in_waves(g, jobs, n, max_tokens):
     return res, wall
 
 
+def closed_loop(g, jobs, n, max_tokens):
+    """Every job as a greedy chat completion with n requests in flight for as long as jobs remain:
+    n client threads take the next job from one queue as soon as their last answer is back.
+    ([(response, seconds)], wall time from the first request to the last answer)."""
+    res, lock, nxt = [None] * len(jobs), threading.Lock(), [0]
+
+    def client():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(jobs):
+                return
+            res[i] = g.chat(jobs[i]["prompt"], max_tokens)
+
+    t0 = time.time()
+    th = [threading.Thread(target=client) for _ in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return res, time.time() - t0
+
+
 def concurrency(a, prompts, base, out):
     """Aggregate tok/s with n requests in flight for each level of --concurrency, --rounds times
     with the levels interleaved (a round runs every level once, in turn): per level the median
@@ -464,12 +496,17 @@ def concurrency(a, prompts, base, out):
     rows = {n: [] for n in levels}  # per level, per round: (tokens, seconds, mean accepted list)
     try:
         g.chat(prompts[0]["prompt"], 8)  # warm the group
-        # every level serves the same requests (as many as the largest level), in waves of n at
-        # once: level 1 is those requests one after the other, so the ratios compare like work
-        jobs = [prompts[i % len(prompts)] for i in range(max(levels))]
+        # every level serves the same requests: level 1 is those requests one after the other, so
+        # the ratios compare like work. closed: --concurrency-jobs of them (default 3 x the
+        # largest level), n kept in flight; waves: as many as the largest level, n at a time, each
+        # wave waiting for its longest answer
+        n_jobs = a.concurrency_jobs or (max(levels) if a.concurrency_mode == "waves" else 3 * max(levels))
+        jobs = [prompts[i % len(prompts)] for i in range(n_jobs)]
+        run = in_waves if a.concurrency_mode == "waves" else closed_loop
+        print("concurrency: %d requests per level, %s" % (len(jobs), a.concurrency_mode), file=sys.stderr)
         for rnd in range(a.rounds):
             for n in levels:
-                res, wall = in_waves(g, jobs, n, a.max_tokens or 64)
+                res, wall = run(g, jobs, n, a.max_tokens or 64)
                 toks = sum(len(r[0]["orochi"]["token_ids"]) for r in res)
                 for i in range(len(jobs)):
                     got = res[i][0]["orochi"]["token_ids"]
@@ -498,6 +535,7 @@ def concurrency(a, prompts, base, out):
             n, rows[n][-1][0], statistics.median(tps), statistics.median(ratios),
             " ".join("%.2f" % r for r in ratios), " ".join("%.2f" % x for x in acc)))
         out.write(json.dumps({"bench": "concurrency", "requests": n, "rounds": a.rounds,
+                              "mode": a.concurrency_mode, "jobs": len(rows[n][-1][2]),
                               "tokens": rows[n][-1][0], "tok_s": statistics.median(tps),
                               "x_one": statistics.median(ratios), "x_one_rounds": ratios,
                               "mean_accepted": acc, "extra": a.extra,

@@ -35,15 +35,16 @@
  * Stop conditions: the tokenizer's eos, max_tokens (or the context end), stop strings (text is
  * held back until it cannot be the start of a stop string).
  *
- * Free run: a greedy request alone (no logprobs; no speculator connected, or the guard keeps them
- * off, then in runs of ENGINE_FREE_GUARDED tokens that count as plain cycles) skips the cycle. One
- * step is rung with rt_step.run_max and the workers decode on by themselves (each step's argmax,
- * merged across the parts at their barrier, is the next token; each commits its own K/V heads),
- * while the coordinator sleeps a few steps' time, takes the tokens made so far and emits them.
- * The run ends at eos, the request's length, a stop string or a client gone (the few tokens made
- * past a stop are dropped: the prefix sent with the next step says where the sequence ends), or
- * when a queued request could share the steps. What this saves is the handoff of every token
- * (wake the coordinator, verify, commit, ring the workers again): 100-150 us a token here, 5-7%
+ * Free run: greedy requests (no logprobs; no speculator connected, or the guard keeps them off,
+ * then in runs of ENGINE_FREE_GUARDED steps that count as plain cycles) skip the cycle, one alone
+ * or a whole batch. One step of their last tokens (a row each) is rung with rt_step.run_max and the
+ * workers decode on by themselves (each row's argmax, merged across the parts at their barrier,
+ * is its request's next token; each worker commits its own K/V heads), while the coordinator
+ * sleeps a few steps' time, takes the tokens made so far and emits them. The run ends at any
+ * request's eos, length, stop string or gone client (that request takes nothing past its end: the
+ * prefix sent with the next step says where its sequence ends; the others take every step), or
+ * when a queued request could share the steps. What this saves is the handoff of every step
+ * (wake the coordinator, verify, commit, ring the workers again): 100-150 us a step here, 5-7%
  * of a default-model step (docs/performance.md, "The group's handoff").
  */
 #define _GNU_SOURCE /* memmem */
@@ -168,12 +169,13 @@ static bool engine_wait_workers(coord *c)
  * engine_step hands them to engine_run_take as they come, each time it wakes and once at the end;
  * it returns true to end the run early (the workers stop after the step they are in). */
 typedef struct {
-    uint32_t max;    /* tokens the workers may make */
-    int32_t eos;     /* they stop after this one */
-    int period_ms;   /* how often the coordinator looks for new tokens */
-    int slot;        /* the request's sequence slot */
-    int speculators; /* connected when it started: the run ends when that changes */
-    int taken;       /* tokens taken so far */
+    uint32_t max;           /* steps the workers may make */
+    int32_t eos;            /* they stop after a step that made one */
+    int period_ms;          /* how often the coordinator looks for new tokens */
+    int n;                  /* requests in the run, one row each */
+    int slots[RT_MAX_SEQ];  /* their sequence slots, in row order */
+    int speculators;        /* connected when it started: the run ends when that changes */
+    int taken;              /* steps taken so far */
 } engine_run;
 
 static bool engine_run_take(coord *c, engine_run *r, int ready);
@@ -1129,50 +1131,60 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 
 /* ===== free-running decode ===== */
 
-/* Whether slot s may decode free-running: it is the only request, greedy, without logprobs (the
+/* Whether slot s may decode free-running among n_active requests: greedy, without logprobs (the
  * workers choose by argmax and nobody reads the logits), with no speculator connected or
- * speculation switched off (by the guard or width 1: the speculators sit idle, unfed), and has at
+ * speculation switched off (by the guard or width 1: the speculators sit idle, unfed), and at
  * least two tokens to go. */
-static bool engine_can_run_free(coord *c, int s)
+static bool engine_can_run_free(coord *c, int s, int n_active)
 {
     const engine_slot *sl = &c->eng->slots[s];
     if (!sl->greedy || sl->prm->logprobs || c->no_free_run)
         return false;
-    if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, 1))
+    if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, n_active))
         return false;
     return sl->max_new - sl->generated >= 2 && c->n_ctx - c->eng->prefix[s] >= 2;
 }
 
-/* engine_run's taker: the new tokens join the request as if each had been a step's bonus token
- * (its predecessor's row committed); the run ends at the request's end (end of text, a stop
- * string, its length, a client gone) or when a queued request could share the steps. */
+/* engine_run's taker: each request's new tokens join it as if each had been a step's bonus token
+ * (its predecessor's row committed); the run ends at any request's end (end of text, a stop
+ * string, its length, a client gone) or when a queued request could share the steps. A request
+ * that ended takes none of the steps after its end; the others take every step made. */
 static bool engine_run_take(coord *c, engine_run *r, int ready)
 {
-    engine_slot *sl = &c->eng->slots[r->slot];
     const int32_t *made = c->step->run_tokens;
     int took = 0;
-    while (r->taken < ready && !sl->stop && sl->generated < sl->max_new) {
-        int k = ready - r->taken, room = sl->max_new - sl->generated;
-        k = k < RT_MAX_WIDTH ? k : RT_MAX_WIDTH;
-        k = k < room ? k : room;
-        int32_t *dst = sl->all + sl->n_all;
-        memcpy(dst, made + r->taken, (size_t)k * sizeof *dst);
-        sl->n_all += k;
-        c->eng->prefix[r->slot] += k;
-        sl->steps += k;
-        sl->verify_steps += k;
-        sl->last_added = 1;
-        r->taken += k;
-        took += k;
-        sl->generated += slot_emit(c, sl, dst, NULL, k);
+    bool end = false;
+    for (int i = 0; i < r->n; i++) {
+        int s = r->slots[i];
+        engine_slot *sl = &c->eng->slots[s];
+        for (int k0 = r->taken; k0 < ready && !sl->stop && sl->generated < sl->max_new;) {
+            int k = ready - k0, room = sl->max_new - sl->generated;
+            k = k < RT_MAX_WIDTH ? k : RT_MAX_WIDTH;
+            k = k < room ? k : room;
+            int32_t *dst = sl->all + sl->n_all;
+            for (int j = 0; j < k; j++)
+                dst[j] = made[(size_t)(k0 + j) * (size_t)r->n + (size_t)i];
+            sl->n_all += k;
+            c->eng->prefix[s] += k;
+            sl->steps += k;
+            sl->verify_steps += k;
+            sl->last_added = 1;
+            k0 += k;
+            took += k;
+            sl->generated += slot_emit(c, sl, dst, NULL, k);
+        }
+        end |= sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req);
     }
-    pthread_mutex_lock(&c->mlock);
-    c->m_accept_hist[0] += (uint64_t)took;
-    c->m_batch_hist[1] += (uint64_t)took;
-    c->m_steps += (uint64_t)took;
-    c->m_free_tokens += (uint64_t)took;
-    pthread_mutex_unlock(&c->mlock);
-    if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
+    if (ready > r->taken) {
+        pthread_mutex_lock(&c->mlock);
+        c->m_accept_hist[0] += (uint64_t)took;
+        c->m_batch_hist[r->n < RT_MAX_SEQ ? r->n : RT_MAX_SEQ] += (uint64_t)(ready - r->taken);
+        c->m_steps += (uint64_t)(ready - r->taken);
+        c->m_free_tokens += (uint64_t)took;
+        pthread_mutex_unlock(&c->mlock);
+    }
+    r->taken = ready;
+    if (end)
         return true;
     pthread_mutex_lock(&c->qlock);
     bool queued = c->qlen > 0;
@@ -1181,51 +1193,69 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
            coord_group_count(c, PEER_SPECULATOR, true) != r->speculators;
 }
 
-/* Decode slot s free-running (engine_can_run_free): one step rung with rt_step.run_max, the
- * workers going on by themselves, the tokens taken a few steps' worth at a time. The handoff of
- * every token through the coordinator (wake it, verify, commit, ring) is what a group costs over
- * a single process; here it overlaps the workers' next steps instead. */
-static void engine_run_free(coord *c, int s)
+/* Decode the n requests of slots[] free-running (engine_can_run_free): one step of their last
+ * tokens rung with rt_step.run_max, the workers going on by themselves, the tokens taken a few
+ * steps' worth at a time. The handoff of every step through the coordinator (wake it, verify,
+ * commit, ring) is what a group costs over a single process; here it overlaps the workers' next
+ * steps instead. */
+static void engine_run_free(coord *c, const int *slots, int n)
 {
-    engine_slot *sl = &c->eng->slots[s];
     int *prefix = c->eng->prefix;
-    int room = sl->max_new - sl->generated;
-    if (room > c->n_ctx - prefix[s])
-        room = c->n_ctx - prefix[s];
-    /* with speculators switched off by the guard, short runs: the guard counts their tokens as
+    int room = RT_RUN_MAX;
+    for (int i = 0; i < n; i++) {
+        const engine_slot *sl = &c->eng->slots[slots[i]];
+        int r = sl->max_new - sl->generated;
+        r = r < c->n_ctx - prefix[slots[i]] ? r : c->n_ctx - prefix[slots[i]];
+        room = r < room ? r : room;
+    }
+    /* with speculators switched off by the guard, short runs: the guard counts their steps as
      * plain cycles and switches speculation on again for its probe */
     int speculators = coord_group_count(c, PEER_SPECULATOR, true);
     int cap = speculators ? ENGINE_FREE_GUARDED : RT_RUN_MAX;
     if (room > cap)
         room = cap;
-    /* look about every four tokens: streamed text comes in small pieces, a stop string is seen a
+    /* look about every four steps: streamed text comes in small pieces, a stop string is seen a
      * few tokens late at most, and the coordinator wakes rarely enough to cost nothing */
     int period = (int)(4 * c->step_ema_us / 1000);
     engine_run r = {.max = (uint32_t)room,
                     .eos = tokenizer_eos(c->tok),
                     .period_ms = period < 2 ? 2 : period > 20 ? 20 : period,
-                    .slot = s,
+                    .n = n,
                     .speculators = speculators};
-    int32_t tok = sl->all[sl->n_all - 1], parent = -1, seq = s;
+    int32_t tok[RT_MAX_SEQ], parent[RT_MAX_SEQ], seq[RT_MAX_SEQ];
+    for (int i = 0; i < n; i++) {
+        const engine_slot *sl = &c->eng->slots[slots[i]];
+        r.slots[i] = seq[i] = slots[i];
+        tok[i] = sl->all[sl->n_all - 1];
+        parent[i] = -1;
+    }
     char err[512];
     uint64_t t0 = rt_now_us();
-    if (engine_step(c, 1, &tok, &parent, &seq, prefix, 0, &r, err, sizeof err)) {
-        slot_fail(c, s, 503, err);
+    if (engine_step(c, n, tok, parent, seq, prefix, 0, &r, err, sizeof err)) {
+        for (int i = 0; i < n; i++)
+            slot_fail(c, slots[i], 503, err);
         return;
     }
-    /* the workers committed the rows: the coordinator's view only moves its prefix */
-    llama_ctx_set_seq_prefix_len(c->kv, s, prefix[s]);
+    /* the workers committed the rows: the coordinator's view only moves its prefixes */
+    for (int i = 0; i < n; i++)
+        llama_ctx_set_seq_prefix_len(c->kv, slots[i], prefix[slots[i]]);
     uint64_t t1 = rt_now_us();
     if (r.taken > 0)
         c->step_ema_us = engine_ema(c->step_ema_us, c->step_ema_us > 0,
                                     (double)(t1 - t0) / r.taken);
-    if (r.taken > 0 && speculators && c->guard_enabled && c->width > 1)
-        for (int i = 0; i < r.taken; i++) /* each token a plain cycle for the guard */
-            ctl_guard_sample(&c->guard, false, (t1 - t0) / 1e6 / r.taken, 1);
+    if (r.taken > 0 && speculators && c->guard_enabled && c->width > 1) {
+        ctl_guard *g = n > 1 ? &c->guard_batch : &c->guard;
+        for (int i = 0; i < r.taken; i++) /* each step a plain cycle for the guard */
+            ctl_guard_sample(g, false, (t1 - t0) / 1e6 / r.taken, n);
+    }
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "cycle", t0, t1,
-                     "\"requests\":1,\"nodes\":1,\"tokens\":%d,\"plain\":1,\"free\":1", r.taken);
-    if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
-        slot_finish(c, s);
+                     "\"requests\":%d,\"nodes\":%d,\"tokens\":%d,\"plain\":1,\"free\":1", n, n,
+                     r.taken * n);
+    for (int i = 0; i < n; i++) {
+        engine_slot *sl = &c->eng->slots[slots[i]];
+        if (sl->used && (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req)))
+            slot_finish(c, slots[i]);
+    }
 }
 
 /* One verification step for every active slot: each gets its share of the width, the drafts for
@@ -1240,8 +1270,11 @@ static void engine_step_all(coord *c)
             active[n_act++] = s;
     if (!n_act)
         return;
-    if (n_act == 1 && engine_can_run_free(c, active[0])) {
-        engine_run_free(c, active[0]);
+    bool free = true;
+    for (int k = 0; k < n_act && free; k++)
+        free = engine_can_run_free(c, active[k], n_act);
+    if (free) {
+        engine_run_free(c, active, n_act);
         return;
     }
     int V = c->model->cfg.vocab;

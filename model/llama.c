@@ -1398,6 +1398,68 @@ static int megatron_linear(llama_ctx *x, const kmat *w, const float *in, int64_t
     return llama_part_sync(x, err, errlen);
 }
 
+/* A step's per-token work between its matmuls (norms, RoPE and the K/V store, silu * up): each
+ * token's is independent of the others', so from LLAMA_PAR_TOKENS tokens on it is spread over
+ * the pool instead of keeping the other threads waiting (a few percent of a wide step). Which
+ * thread computes a token changes no bit. */
+#define LLAMA_PAR_TOKENS 16
+
+enum { TOK_ATTN_NORM, TOK_ROPE_STORE, TOK_FFN_NORM, TOK_SILU };
+
+typedef struct {
+    llama_ctx *x;
+    int op, layer;
+    float *kk; /* K and V projections of the step (TOK_ROPE_STORE) */
+    float *vv;
+    const llama_part_cols *pc; /* this part's columns */
+} tok_job;
+
+static void tok_run(void *argp, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const tok_job *j = argp;
+    llama_ctx *x = j->x;
+    const llama_config *c = &x->m->cfg;
+    const llama_layer *L = &x->m->layers[j->layer];
+    const llama_shared *sh = &x->sh;
+    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row;
+    int half = c->rot_dim / 2;
+    const llama_part_cols *pc = j->pc;
+    for (int64_t i = begin; i < end; i++) {
+        switch (j->op) {
+        case TOK_ATTN_NORM:
+        case TOK_FFN_NORM:
+            k_rmsnorm(x->xb + i * dim, sh->x + i * dim,
+                      j->op == TOK_ATTN_NORM ? L->attn_norm : L->ffn_norm, (int)dim, c->norm_eps);
+            break;
+        case TOK_ROPE_STORE: {
+            int slot = x->batch_base + (int)i;
+            const float *cs = x->rope_cs + (size_t)i * half, *sn = x->rope_sn + (size_t)i * half;
+            k_rope_apply(sh->q + i * qd + pc->q0, (int)((pc->q1 - pc->q0) / c->head_dim),
+                         c->head_dim, half, cs, sn);
+            k_rope_apply(j->kk + i * kvd + pc->k0, x->kvh1 - x->kvh0, c->head_dim, half, cs, sn);
+            kv_store(x, j->layer, 0, slot, j->kk + i * kvd);
+            kv_store(x, j->layer, 1, slot, j->vv + i * kvd);
+            break;
+        }
+        case TOK_SILU:
+            k_silu_mul(sh->hg + i * c->ffn + pc->f0, sh->hu + i * c->ffn + pc->f0,
+                       (int)(pc->f1 - pc->f0));
+            break;
+        }
+    }
+}
+
+static void per_token(llama_ctx *x, const llama_part_cols *pc, int n, int op, int layer,
+                      float *kk, float *vv)
+{
+    tok_job j = {.x = x, .op = op, .layer = layer, .kk = kk, .vv = vv, .pc = pc};
+    if (n >= LLAMA_PAR_TOKENS && kpool_threads(x->pool) > 1)
+        kpool_run(x->pool, n, 1, tok_run, &j);
+    else
+        tok_run(&j, 0, n, 0);
+}
+
 int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, size_t errlen)
 {
     const llama_model *m = x->m;
@@ -1429,8 +1491,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
 
     for (int l = 0; l < c->n_layers; l++) {
         const llama_layer *L = &m->layers[l];
-        for (int i = 0; i < n; i++)
-            k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->attn_norm, (int)dim, c->norm_eps);
+        per_token(x, &pc, n, TOK_ATTN_NORM, l, NULL, NULL);
         {
             const kmat *w3[3] = {&L->wq, &L->wk, &L->wv};
             int64_t lo3[3] = {q0, k0, k0}, hi3[3] = {q1, k1, k1};
@@ -1438,14 +1499,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             int64_t ld3[3] = {L->wq.rows, L->wk.rows, L->wv.rows};
             kmat_mul_n(x->pool, 3, w3, lo3, hi3, x->xb, n, y3, ld3, x->scratch);
         }
-        for (int i = 0; i < n; i++) {
-            int slot = x->batch_base + i;
-            const float *cs = x->rope_cs + (size_t)i * half, *sn = x->rope_sn + (size_t)i * half;
-            k_rope_apply(sh->q + i * qd + q0, (int)((q1 - q0) / hd), c->head_dim, half, cs, sn);
-            k_rope_apply(kk + i * kvd + k0, x->kvh1 - x->kvh0, c->head_dim, half, cs, sn);
-            kv_store(x, l, 0, slot, kk + i * kvd);
-            kv_store(x, l, 1, slot, vv + i * kvd);
-        }
+        per_token(x, &pc, n, TOK_ROPE_STORE, l, kk, vv);
         if (x->att_sync && llama_part_sync(x, err, errlen))
             return -1;
         int threads = kpool_threads(x->pool);
@@ -1471,8 +1525,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
                 return -1;
         }
 
-        for (int i = 0; i < n; i++)
-            k_rmsnorm(x->xb + i * dim, sh->x + i * dim, L->ffn_norm, (int)dim, c->norm_eps);
+        per_token(x, &pc, n, TOK_FFN_NORM, l, NULL, NULL);
         {
             const kmat *w2[2] = {&L->w_gate, &L->w_up};
             int64_t lo2[2] = {f0, f0}, hi2[2] = {f1, f1};
@@ -1480,8 +1533,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             int64_t ld2[2] = {L->w_gate.rows, L->w_up.rows};
             kmat_mul_n(x->pool, 2, w2, lo2, hi2, x->xb, n, y2, ld2, x->scratch);
         }
-        for (int i = 0; i < n; i++)
-            k_silu_mul(sh->hg + i * c->ffn + f0, sh->hu + i * c->ffn + f0, (int)(f1 - f0));
+        per_token(x, &pc, n, TOK_SILU, l, NULL, NULL);
         if (x->megatron) {
             if (megatron_linear(x, &L->w_down, sh->hg, c->ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1,
                                 err, errlen))

@@ -29,7 +29,7 @@
 #define RT_DRAFT_SLOTS 8
 
 #define RT_MAX_WORKERS 8
-#define RT_RUN_MAX 256 /* tokens one free-running decode may make (rt_step.run_max) */
+#define RT_RUN_MAX 256 /* steps one free-running decode may make (rt_step.run_max) */
 
 /* The inputs of one verification step, written by the coordinator before it rings the doorbell.
  * The hot path of a step does not go through ZeroMQ: a socket round trip wakes two I/O threads
@@ -55,27 +55,27 @@ typedef struct {
     int32_t parent[RT_MAX_WIDTH];
     int32_t seq[RT_MAX_WIDTH];        /* sequence slot of each token */
     uint32_t seq_prefix[RT_MAX_SEQ];  /* committed length of each slot */
-    /* Free-running greedy decode (run_max > 0; a one-token step of one sequence): after the step
-     * the workers themselves take the argmax of its logits as the next token, commit the step's
-     * row (each its own KV heads), publish the token and run the next one-token step, until
-     * run_max tokens, an end-of-text token (run_eos), or run_stop. Each worker writes its part's
-     * best into run_best[index], all meet at the barrier, and every one merges the same way
-     * (largest, ties to the lower part: the lower index), so they agree on the token; whether to
-     * go on is worker 0's reading of run_stop, published in run_best[0].stop, so they agree on
-     * that too. Worker 0 writes run_tokens[k] before any worker's run_count passes k; a token
-     * counts for the coordinator once every worker's run_count (tokens made and committed) has
-     * passed it. */
+    /* Free-running greedy decode (run_max > 0; a step of one root token per sequence, n_tokens
+     * of them, each of another slot): after the step the workers themselves take each row's
+     * argmax as its sequence's next token, commit the rows just computed, publish the tokens and
+     * run the next step of the same sequences, until run_max tokens per sequence, an end-of-text
+     * token in any row (run_eos), or run_stop. Each worker writes its part's best of every row
+     * into run_best[index][row], all meet at the barrier, and every one merges the same way
+     * (largest, ties to the lower part: the lower index), so they agree on the tokens; whether to
+     * go on is worker 0's reading of run_stop, published in run_seen_stop, so they agree on that
+     * too. Worker 0 writes step k's tokens, run_tokens[k * n_tokens + row], before any worker's
+     * run_count passes k; a step counts for the coordinator once every worker's run_count (steps
+     * made and committed) has passed it. */
     uint32_t run_max;
     int32_t run_eos;
     uint32_t run_stop;                  /* the coordinator asks the run to end */
-    uint32_t run_count[RT_MAX_WORKERS]; /* tokens each worker has made, its K/V committed */
+    uint32_t run_seen_stop;             /* worker 0's reading of run_stop this round */
+    uint32_t run_count[RT_MAX_WORKERS]; /* steps each worker has made, its K/V committed */
     struct {
         float value;
         int32_t index;
-        uint32_t stop;
-        uint32_t pad;
-    } run_best[RT_MAX_WORKERS];
-    int32_t run_tokens[RT_RUN_MAX];
+    } run_best[RT_MAX_WORKERS][RT_MAX_SEQ];
+    int32_t run_tokens[RT_RUN_MAX * RT_MAX_SEQ];
 } rt_step;
 
 /* Futex wait/wake on a 32-bit word in shared memory (cross-process: no private flag). */

@@ -7,9 +7,9 @@
  * the arena, run its part of the forward — every linear layer for its output rows, attention for
  * its KV heads — meeting the other workers at the arena barrier between ops, write its columns of
  * the logits into the arena, and answer StepDone. A step rung as a free run (rt_step.run_max)
- * goes on by itself: the workers take each step's argmax as the next token (the parts' bests
- * merged at their barrier), commit its row, publish the token and run the next step, until the
- * run's end (worker_run). Nothing but these small messages crosses the
+ * goes on by itself: the workers take each row's argmax as its request's next token (the parts'
+ * bests merged at their barrier), commit the rows, publish the tokens and run the next step, until
+ * the run's end (worker_run). Nothing but these small messages crosses the
  * socket. All state worth keeping (the KV cache) lives in the arena, so a restarted worker simply
  * maps it again and the coordinator re-runs the interrupted step.
  *
@@ -418,44 +418,58 @@ static int worker_run_sync(worker *w)
     return rc;
 }
 
-/* Free-running greedy decode after a one-token step (rt_step.run_max): take the argmax as the
- * next token, commit the row just computed, publish the token, run the next step; every worker
- * does the same in lock step (see rt_step). Returns the tokens made; err says why it stopped early
- * on a failure. */
+/* Free-running greedy decode after a step of one root token per sequence (rt_step.run_max): take
+ * each row's argmax as its sequence's next token, commit the rows just computed, publish the
+ * tokens, run the next step of the same sequences; every worker does the same in lock step (see
+ * rt_step). Returns the steps made; err says why it stopped early on a failure. */
 static int worker_run(worker *w, char *err, size_t errlen)
 {
     rt_step *st = w->step;
-    int32_t seq = st->seq[0], zero = 0, made = 0;
+    int n = (int)st->n_tokens, V = w->model->cfg.vocab, made = 0, me = w->index;
+    int32_t seq[RT_MAX_SEQ], parent[RT_MAX_SEQ], ids[RT_MAX_SEQ];
+    for (int i = 0; i < n; i++) {
+        seq[i] = st->seq[i];
+        parent[i] = -1;
+    }
     uint32_t max = st->run_max < RT_RUN_MAX ? st->run_max : RT_RUN_MAX;
-    int me = w->index;
     for (;;) {
-        float v;
-        int32_t id = llama_ctx_part_argmax(w->ctx, w->logits, &v);
-        st->run_best[me].value = v;
-        st->run_best[me].index = id;
+        for (int i = 0; i < n; i++) {
+            float v;
+            int32_t id = llama_ctx_part_argmax(w->ctx, w->logits + (size_t)i * (size_t)V, &v);
+            st->run_best[me][i].value = v;
+            st->run_best[me][i].index = id;
+        }
         if (me == 0)
-            st->run_best[0].stop = __atomic_load_n(&st->run_stop, __ATOMIC_ACQUIRE);
+            st->run_seen_stop = __atomic_load_n(&st->run_stop, __ATOMIC_ACQUIRE);
         if (worker_run_sync(w)) {
             snprintf(err, errlen, "free-running decode: a peer did not reach the barrier");
             return made;
         }
-        for (int i = 0; i < w->n_workers && i < RT_MAX_WORKERS; i++)
-            if (st->run_best[i].value > v) { /* parts in column order: ties keep the lower id */
-                v = st->run_best[i].value;
-                id = st->run_best[i].index;
-            }
+        bool end = st->run_seen_stop != 0;
+        for (int i = 0; i < n; i++) {
+            float v = st->run_best[0][i].value;
+            ids[i] = st->run_best[0][i].index;
+            for (int k = 1; k < w->n_workers && k < RT_MAX_WORKERS; k++)
+                if (st->run_best[k][i].value > v) { /* parts in column order: ties keep the lower */
+                    v = st->run_best[k][i].value;
+                    ids[i] = st->run_best[k][i].index;
+                }
+            end |= ids[i] == st->run_eos;
+        }
         /* the next round's bests are written after the next forward's barriers: no one
          * overwrites these before every worker has read them */
-        bool stop = st->run_best[0].stop != 0;
-        if (llama_commit(w->ctx, &zero, 1, err, errlen))
-            return made;
+        for (int i = 0; i < n; i++) {
+            int32_t row = i;
+            if (llama_commit(w->ctx, &row, 1, err, errlen))
+                return made;
+        }
         if (me == 0)
-            st->run_tokens[made] = id;
+            memcpy(st->run_tokens + (size_t)made * (size_t)n, ids, (size_t)n * sizeof *ids);
         made++;
         __atomic_store_n(&st->run_count[me], (uint32_t)made, __ATOMIC_RELEASE);
-        if ((uint32_t)made >= max || id == st->run_eos || stop)
+        if ((uint32_t)made >= max || end)
             return made;
-        llama_batch b = {.n = 1, .tokens = &id, .seq = &seq, .logits_from = 0};
+        llama_batch b = {.n = n, .tokens = ids, .parent = parent, .seq = seq, .logits_from = 0};
         if (worker_forward(w, &b, err, errlen))
             return made;
         __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
@@ -524,8 +538,8 @@ static void worker_step(worker *w)
                          .logits_from = (int)st->logits_from};
         if (worker_forward(w, &b, err, sizeof err) == 0) {
             __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
-            if (st->run_max > 0 && n == 1)
-                n = (uint32_t)worker_run(w, err, sizeof err);
+            if (st->run_max > 0 && n <= RT_MAX_SEQ)
+                n *= (uint32_t)worker_run(w, err, sizeof err);
         }
     }
     uint64_t t_end = rt_now_us();

@@ -1,8 +1,8 @@
-"""Free-running decode: a greedy request alone is decoded by the workers themselves.
+"""Free-running decode: greedy requests are decoded by the workers themselves.
 
-With no speculator connected, the coordinator rings one step and the workers go on: each takes the
-argmax of the step's logits over its own columns, they merge the parts' bests at their barrier,
-commit the row and run the next one-token step, while the coordinator takes the tokens a few at a
+With no speculator connected, the coordinator rings one step (a token per request) and the workers
+go on: each takes the argmax of every row's logits over its own columns, they merge the parts'
+bests at their barrier, commit the rows and run the next step of the same requests, while the coordinator takes the tokens a few at a
 time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run). Checked here:
 - the token ids equal `orochi run --temp 0` with 1 and 2 workers, across more tokens than one run
   may make (RT_RUN_MAX = 256), and equal a group with `--free-run off`; the metric
@@ -10,6 +10,8 @@ time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run)
 - a stop string ends a free run with the same text and finish_reason as a group without it;
 - a second request arriving during a free run is taken in: both answers are exact, and steps
   verified two requests together;
+- a batch of three requests of different lengths runs free together (one row each per step):
+  every answer exact with 1 and 2 workers, most tokens made free-running;
 - with a speculator that the guard switches off, the plain decoding between its probes runs free,
   and the answers stay exact.
 """
@@ -113,6 +115,37 @@ def test_free_run_second_request_joins():
         G.check(two > 0, "no step verified both requests: the free run did not let the second in")
         G.log("  %d steps carried both requests; %d tokens free-running" % (
             two, metric(g, "orochi_free_run_tokens_total")))
+
+
+@t.case
+def test_free_run_of_a_batch():
+    # three greedy requests at once decode free-running together (one row each per step): they end
+    # at different lengths, the run ends with the first to finish and the others go on in the
+    # next one; every answer equals `orochi run`, with 1 and 2 workers
+    m = model()
+    jobs = [("hello world", 300), ("The quick brown fox", 120), ("a third prompt", 40)]
+    want = [G.run_ids(m, p, n) for p, n in jobs]
+    for workers in (1, 2):
+        with G.Group("free-batch%d" % workers, m, workers=workers) as g:
+            got = [None] * len(jobs)
+
+            def one(i):
+                got[i] = g.ids(jobs[i][0], jobs[i][1])
+            th = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+            for x in th:
+                x.start()
+            for x in th:
+                x.join()
+            free, three = metric(g, "orochi_free_run_tokens_total"), batch_steps(g, 3)
+        for i, ids in enumerate(got):
+            G.check_eq(ids, want[i], "request %d (%d tokens) of the batch, %d workers" % (
+                i, jobs[i][1], workers))
+        G.check(three > 0, "no step carried all three requests (%d workers)", workers)
+        G.check(free > sum(len(w) for w in want) // 2,
+                "only %d of %d tokens were made free-running (%d workers)", free,
+                sum(len(w) for w in want), workers)
+        G.log("  %d workers: identical; %d steps carried all three, %d of %d tokens free-running" % (
+            workers, three, free, sum(len(w) for w in want)))
 
 
 @t.case
