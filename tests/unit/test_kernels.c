@@ -362,6 +362,79 @@ static void test_kernels_attention_causal(void **state)
     }
 }
 
+/* katt_causal_tokens with head size 64 runs the AVX-512 build of its chunk loop when the matmuls
+ * run on AVX-512 (kernels/cpu/att_chunk.h): under every instruction set this CPU has beyond the
+ * portable one, the same bits, for 1 / 5 / 8 tokens of 1..7 heads (groups of three value
+ * accumulators and the 1- and 2-head rest), f32 and f16 rows, prefixes of 5 / 37 / 130 positions
+ * (a partial last chunk, whole chunks) and tree ancestors. */
+static void test_kernels_attention_isa_bits(void **state)
+{
+    enum { HD = 64, P_MAX = 130, TREE = 8, NT_MAX = 8, NQ_MAX = 7 };
+    static float k[(P_MAX + TREE) * HD], v[(P_MAX + TREE) * HD], q[NT_MAX * NQ_MAX * HD];
+    static uint16_t kh[(P_MAX + TREE) * HD], vh[(P_MAX + TREE) * HD];
+    static float out[2][NT_MAX * NQ_MAX * HD];
+    static katt_stat st[2][NT_MAX * NQ_MAX];
+    fill(k, (P_MAX + TREE) * HD, 41);
+    fill(v, (P_MAX + TREE) * HD, 42);
+    fill(q, NT_MAX * NQ_MAX * HD, 43);
+    for (int i = 0; i < (P_MAX + TREE) * HD; i++) {
+        kh[i] = kt_f32_to_f16(k[i]);
+        vh[i] = kt_f32_to_f16(v[i]);
+    }
+#if !defined(__AVX2__)
+    /* this test binary links the kernels built without SIMD flags: their attention is plain C
+     * (its own roundings), which the AVX-512 build does not claim to match */
+    print_message("note: attention's AVX-512 build not compared: these kernels' own chunk loop is "
+                  "the plain C one, not the AVX2 one\n");
+    return;
+#endif
+    if (!kisa_supported(KISA_AVX2) || !kisa_supported(KISA_AVX512)) {
+        print_message("note: attention's AVX-512 build not compared: this CPU lacks %s\n",
+                      kisa_supported(KISA_AVX2) ? "AVX-512" : "AVX2");
+        return;
+    }
+    kisa initial = kisa_current();
+    int32_t slots[NT_MAX][TREE];
+    for (int t = 0; t < NT_MAX; t++)
+        for (int j = 0; j < TREE; j++)
+            slots[t][j] = (j * 3 + t) % TREE;
+    static const int nts[] = {1, 5, 8}, nqs[] = {1, 2, 3, 4, 7}, ps[] = {5, 37, 130};
+    int cases = 0;
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++)
+            for (size_t c = 0; c < 3; c++)
+                for (int f16 = 0; f16 < 2; f16++) {
+                    int nt = nts[a], nq = nqs[b], P = ps[c];
+                    katt_keys keys[NT_MAX];
+                    int n[NT_MAX];
+                    const float *qs[NT_MAX];
+                    for (int t = 0; t < nt; t++) {
+                        keys[t] = (katt_keys){.type = f16 ? KV_F16 : KV_F32, .stride = HD,
+                                              .n_prefix = P, .tree_slot = slots[t]};
+                        keys[t].k = f16 ? (const void *)kh : (const void *)k;
+                        keys[t].v = f16 ? (const void *)vh : (const void *)v;
+                        keys[t].tree_k = f16 ? (const void *)(kh + P * HD) : (const void *)(k + P * HD);
+                        keys[t].tree_v = f16 ? (const void *)(vh + P * HD) : (const void *)(v + P * HD);
+                        n[t] = P + 1 + t % TREE;
+                        qs[t] = q + t * nq * HD;
+                    }
+                    for (int i = 0; i < 2; i++) {
+                        assert_int_equal(kisa_select(i ? KISA_AVX512 : KISA_AVX2), 0);
+                        float *os[NT_MAX];
+                        for (int t = 0; t < nt; t++)
+                            os[t] = out[i] + t * nq * HD;
+                        katt_causal_tokens(nt, qs, HD, nq, keys, n, HD, 0.125f, st[i], os, HD);
+                    }
+                    if (memcmp(out[0], out[1], sizeof(float) * (size_t)(nt * nq * HD)) ||
+                        memcmp(st[0], st[1], sizeof(katt_stat) * (size_t)(nt * nq)))
+                        fail_msg("%d tokens x %d heads, prefix %d, %s: AVX-512 and AVX2 differ", nt,
+                                 nq, P, f16 ? "f16" : "f32");
+                    cases++;
+                }
+    assert_int_equal(kisa_select(initial), 0);
+    print_message("attention: AVX2 and AVX-512 bit-identical in %d cases\n", cases);
+}
+
 /* katt_causal_tokens: five tokens of one sequence (a shared prefix of 37 positions, each its own
  * tree ancestors), three query heads each, head sizes 64 / 128 / 80 / 72 and f32 / f16 keys:
  * every query's result equals katt_causal_group on its own bit for bit and matches a
@@ -577,6 +650,7 @@ int main(void)
         cmocka_unit_test(test_kernels_attention_merge),
         cmocka_unit_test(test_kernels_attention_causal),
         cmocka_unit_test(test_kernels_attention_tokens),
+        cmocka_unit_test(test_kernels_attention_isa_bits),
         cmocka_unit_test(test_kernels_traits),
         cmocka_unit_test(test_kernels_check_row),
         cmocka_unit_test(test_kernels_top),
