@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all build test models demo bench-peer bench-group bench-act-bits asan fuzz fuzz-long soak soak-asan clean format
+.PHONY: all build test models demo bench-peer bench-group bench-act-bits bench-concurrency asan fuzz fuzz-long soak soak-asan clean format
 
 all: build
 
@@ -61,6 +61,14 @@ bench-peer: build models
 # and argmax agreement of --act-bits 8 against 16 on the README and docs/speculation.md.
 bench-act-bits: build models
 	/usr/bin/python3 bench/act_bits.py --bin-dir $(BUILD)/bin --model $(MODEL)
+
+# Throughput with 1, 4 and 8 requests in flight (docs/performance.md, "Batches: attention loads,
+# AVX-512 attention, free-running batches"): 1 worker x 2 threads, 8-bit activations, 24 requests
+# per level kept in flight, 3 interleaved rounds, without and with ngram; every answer checked
+# against `orochi run`. About 3 minutes.
+bench-concurrency: build models
+	/usr/bin/python3 bench/spec_bench.py --bin-dir $(BUILD)/bin --model $(MODEL) --workers 1 --threads-per-worker 2 --rounds 3 --concurrency 1,4,8 --concurrency-spec none --categories code,summarize,math -n 128 --extra "--act-bits 8"
+	/usr/bin/python3 bench/spec_bench.py --bin-dir $(BUILD)/bin --model $(MODEL) --workers 1 --threads-per-worker 2 --rounds 3 --concurrency 1,4,8 --concurrency-spec ngram --categories code,summarize,math -n 128 --extra "--act-bits 8"
 
 # A group without speculators against `orochi run` with the same threads (docs/performance.md,
 # "The group's handoff"): the default model and its F16 copy (made once with orochi quantize, in

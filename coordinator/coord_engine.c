@@ -1178,7 +1178,7 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
     if (ready > r->taken) {
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[0] += (uint64_t)took;
-        c->m_batch_hist[r->n < RT_MAX_SEQ ? r->n : RT_MAX_SEQ] += (uint64_t)(ready - r->taken);
+        c->m_batch_hist[r->n] += (uint64_t)(ready - r->taken); /* n <= RT_MAX_SEQ */
         c->m_steps += (uint64_t)(ready - r->taken);
         c->m_free_tokens += (uint64_t)took;
         pthread_mutex_unlock(&c->mlock);

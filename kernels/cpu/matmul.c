@@ -513,8 +513,9 @@ static void mm_unit(const mm_job *job, int m, int64_t u, int thread)
 
 /* Ask for the first MM_PF_BYTES of units [b, e) of matrix m (packed weights: their groups lie
  * one after the other). The tiles prefetch MM_PF_BYTES ahead of what they read, so a chunk's
- * first bytes would otherwise come one demand miss at a time: a matrix of a few groups per
- * thread (the K and V projections) ran at a fifth of the rate it reaches in cache. */
+ * first bytes would otherwise come one demand miss at a time. Measured on a 192 x 576 Q4_1
+ * matrix (a K or V projection) read from memory, 8 tokens, 2 threads: 11.8 -> 10.1 us a call
+ * (in cache: 5.3 us); no change a whole step shows beyond its noise. */
 static void mm_prime(const mm_job *job, int m, int64_t b, int64_t e)
 {
     const kmat *w = job->w[m];
