@@ -7,7 +7,8 @@ time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run)
 - the token ids equal `orochi run --temp 0` with 1 and 2 workers, across more tokens than one run
   may make (RT_RUN_MAX = 256), and equal a group with `--free-run off`; the metric
   orochi_free_run_tokens_total says which way the tokens were made;
-- a stop string ends a free run with the same text and finish_reason as a group without it;
+- a stop string ends a free run with the same text and finish_reason as a group without it, alone
+  and in a batch whose other request goes on exactly;
 - a second request arriving during a free run is taken in: both answers are exact, and steps
   verified two requests together;
 - a batch of three requests of different lengths runs free together (one row each per step):
@@ -96,6 +97,37 @@ def test_free_run_stop_string():
     G.check_eq(on["choices"][0]["finish_reason"], "stop", "finish_reason")
     G.check_eq(on["choices"][0]["text"], full[:full.find(cut)], "the text cut at the stop string")
     G.log("  stopped at %r after %d characters, as without free running" % (cut, len(on["choices"][0]["text"])))
+
+
+@t.case
+def test_free_run_batch_stop_string():
+    # a batch running free where one request meets its stop string: it ends with the text a
+    # group without free running gives, the other goes on and equals `orochi run`
+    m = G.default_model()
+    if not m:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    prompt, other = "The history of the city of Paris", "Write a short story about a lighthouse"
+    want = G.run_ids(m, other, 120)
+    with G.Group("free-bstop-off", m, workers=2, extra=["--free-run", "off"]) as g:
+        full = g.complete(prompt, 120)["choices"][0]["text"]
+        cut = next((w.group() for w in re.finditer(r"[A-Za-z]{4,}", full)
+                    if w.start() > 60 and full.find(w.group()) == w.start()), None)
+        G.check(cut is not None, "no usable stop string in %r", full)
+        off = g.complete(prompt, 120, stop=[cut])
+    with G.Group("free-bstop", m, workers=2) as g:
+        got = {}
+        th = [threading.Thread(target=lambda: got.__setitem__("stop", g.complete(prompt, 120, stop=[cut]))),
+              threading.Thread(target=lambda: got.__setitem__("ids", g.ids(other, 120)))]
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        two = batch_steps(g, 2)
+    G.check_eq(got["stop"]["choices"][0]["text"], off["choices"][0]["text"], "text up to %r" % cut)
+    G.check_eq(got["stop"]["choices"][0]["finish_reason"], "stop", "finish_reason")
+    G.check_eq(got["ids"], want, "the other request's ids")
+    G.check(two > 0, "no step carried both requests")
+    G.log("  stopped at %r; the other request exact; %d steps carried both" % (cut, two))
 
 
 @t.case
