@@ -19,17 +19,13 @@
  * speculative output equal to greedy sequential output even at near-ties. katt_causal_tokens
  * walks the whole prefix chunks that several tokens of one sequence share once for all of them
  * (each row loaded once for every query), the rest token by token, with the same per-chunk
- * arithmetic.
+ * arithmetic. That chunk loop is kernels/cpu/att_chunk.h, included here with this build's flags
+ * and compiled again with AVX-512 in att_avx512.c (the same bits; chosen per call below).
  */
 #include <math.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
-
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/vexp.h"
 
 #define ATT_CHUNKS att_chunks /* this build's chunk loop (att_chunk.h) */
 #define ATT_CHUNKS_SCOPE static
