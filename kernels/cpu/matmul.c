@@ -511,35 +511,12 @@ static void mm_unit(const mm_job *job, int m, int64_t u, int thread)
                (size_t)(r1 - r0) * sizeof(float));
 }
 
-/* Ask for the first MM_PF_BYTES of units [b, e) of matrix m (packed weights: their groups lie
- * one after the other). The tiles prefetch MM_PF_BYTES ahead of what they read, so a chunk's
- * first bytes would otherwise come one demand miss at a time. Measured on a 192 x 576 Q4_1
- * matrix (a K or V projection) read from memory, 8 tokens, 2 threads: 11.8 -> 10.1 us a call
- * (in cache: 5.3 us); no change a whole step shows beyond its noise. */
-static void mm_prime(const mm_job *job, int m, int64_t b, int64_t e)
-{
-    const kmat *w = job->w[m];
-    if (!w->packed || job->slice_packed || e <= b)
-        return;
-    int64_t per = mm_unit_groups(job->quant), g = job->lo[m] / MM_GROUP + b * per;
-    size_t gbytes = mm_group_bytes(w), n = (size_t)(e - b) * (size_t)per * gbytes;
-    const uint8_t *p = (const uint8_t *)w->packed + (size_t)g * gbytes;
-    size_t end = (size_t)w->rows / MM_GROUP * gbytes; /* whole groups only: the packed size */
-    if (n > MM_PF_BYTES)
-        n = MM_PF_BYTES;
-    if ((size_t)g * gbytes + n > end)
-        n = end > (size_t)g * gbytes ? end - (size_t)g * gbytes : 0;
-    for (size_t l = 0; l < n; l += 64)
-        __builtin_prefetch(p + l, 0, 3);
-}
-
 static void mm_run(void *argp, int64_t begin, int64_t end, int thread)
 {
     const mm_job *job = argp;
     for (int m = 0; m < job->n_mats; m++) {
         int64_t b = begin > job->start[m] ? begin : job->start[m];
         int64_t e = end < job->start[m + 1] ? end : job->start[m + 1];
-        mm_prime(job, m, b - job->start[m], e - job->start[m]);
         for (int64_t u = b; u < e; u++)
             mm_unit(job, m, u - job->start[m], thread);
     }
