@@ -87,8 +87,9 @@ static void pf_usage(FILE *out)
             "  with the most tokens per second. KIND: layerskip[:layers=A-B] (default the first\n"
             "  half), model:draft=PATH, ngram[:n=N], medusa:heads=PATH; default layerskip and\n"
             "  ngram. --threads: the group's worker threads together (default the online\n"
-            "  cores). Trees are calibrated on --calibrate (default the file's first category)\n"
-            "  and the acceptance table applies them to every category. --plain: the prompts\n"
+            "  cores). Trees and widths are calibrated on the category --calibrate names\n"
+            "  (default: every prompt of the file), and the acceptance table applies them to\n"
+            "  every category. --plain: the prompts\n"
             "  are completions (no chat template). --act-bits: the activation precision the\n"
             "  group runs with (orochi-coordinator --act-bits; it sets the step times). The\n"
             "  plot needs python3 with matplotlib.\n");
