@@ -535,7 +535,7 @@ def concurrency(a, prompts, base, out):
             n, rows[n][-1][0], statistics.median(tps), statistics.median(ratios),
             " ".join("%.2f" % r for r in ratios), " ".join("%.2f" % x for x in acc)))
         out.write(json.dumps({"bench": "concurrency", "requests": n, "rounds": a.rounds,
-                              "mode": a.concurrency_mode, "jobs": len(rows[n][-1][2]),
+                              "mode": a.concurrency_mode, "jobs": len(jobs),
                               "tokens": rows[n][-1][0], "tok_s": statistics.median(tps),
                               "x_one": statistics.median(ratios), "x_one_rounds": ratios,
                               "mean_accepted": acc, "extra": a.extra,

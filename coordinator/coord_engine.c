@@ -968,6 +968,21 @@ static bool engine_speculating(const coord *c, int n_active)
     return !c->guard_enabled || g->on;
 }
 
+/* Whether slot s's request is over: a stop (end of text, a stop string), its length, or a
+ * client gone. */
+static bool slot_over(const engine_slot *sl)
+{
+    return sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req);
+}
+
+/* Tokens slot s may still take: its request's length and the context's end. */
+static int slot_room(const coord *c, int s)
+{
+    const engine_slot *sl = &c->eng->slots[s];
+    int room = sl->max_new - sl->generated, ctx = c->n_ctx - c->eng->prefix[s];
+    return room < ctx ? room : ctx;
+}
+
 static int engine_active(const coord *c)
 {
     int n = 0;
@@ -1142,7 +1157,7 @@ static bool engine_can_run_free(coord *c, int s, int n_active)
         return false;
     if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, n_active))
         return false;
-    return sl->max_new - sl->generated >= 2 && c->n_ctx - c->eng->prefix[s] >= 2;
+    return slot_room(c, s) >= 2;
 }
 
 /* engine_run's taker: each request's new tokens join it as if each had been a step's bonus token
@@ -1173,7 +1188,7 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
             took += k;
             sl->generated += slot_emit(c, sl, dst, NULL, k);
         }
-        end |= sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req);
+        end |= slot_over(sl);
     }
     if (ready > r->taken) {
         pthread_mutex_lock(&c->mlock);
@@ -1203,9 +1218,7 @@ static void engine_run_free(coord *c, const int *slots, int n)
     int *prefix = c->eng->prefix;
     int room = RT_RUN_MAX;
     for (int i = 0; i < n; i++) {
-        const engine_slot *sl = &c->eng->slots[slots[i]];
-        int r = sl->max_new - sl->generated;
-        r = r < c->n_ctx - prefix[slots[i]] ? r : c->n_ctx - prefix[slots[i]];
+        int r = slot_room(c, slots[i]);
         room = r < room ? r : room;
     }
     /* with speculators switched off by the guard, short runs: the guard counts their steps as
@@ -1252,8 +1265,8 @@ static void engine_run_free(coord *c, const int *slots, int n)
                      "\"requests\":%d,\"nodes\":%d,\"tokens\":%d,\"plain\":1,\"free\":1", n, n,
                      r.taken * n);
     for (int i = 0; i < n; i++) {
-        engine_slot *sl = &c->eng->slots[slots[i]];
-        if (sl->used && (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req)))
+        const engine_slot *sl = &c->eng->slots[slots[i]];
+        if (sl->used && slot_over(sl))
             slot_finish(c, slots[i]);
     }
 }
@@ -1312,9 +1325,7 @@ static void engine_step_all(coord *c)
             ctl_tree_fit(&merged[k], shape, &fitted);
             merged[k] = fitted;
         }
-        int room = sl->max_new - sl->generated;
-        if (room > c->n_ctx - e->prefix[s])
-            room = c->n_ctx - e->prefix[s];
+        int room = slot_room(c, s);
         cap[k] = merged[k].n < room ? merged[k].n : room;
         if (cap[k] < 1 || !speculating)
             cap[k] = 1;
@@ -1429,7 +1440,7 @@ static void engine_step_all(coord *c)
             for (int j = 0; j < n_add; j++)
                 rows[j] = lg + (size_t)vr.path[j] * V;
         sl->generated += slot_emit(c, sl, added, sl->prm->logprobs ? rows : NULL, n_add);
-        if (sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req))
+        if (slot_over(sl))
             slot_finish(c, s);
     }
     /* the controllers learn from single-request cycles (a batch's cost per token says more about
