@@ -551,3 +551,75 @@ void ctl_branch_update(ctl_branch *b, int points, int side)
         b->quiet = 0;
     }
 }
+
+/* ===== prompt lookup inside a free run ===== */
+
+void ctl_lookup_init(ctl_lookup *l)
+{
+    for (int k = 0; k < CTL_LOOKUP_ORDERS; k++) {
+        l->hits[k] = CTL_LOOKUP_PRIOR_HITS;
+        l->tries[k] = CTL_LOOKUP_PRIOR_TRIES;
+    }
+}
+
+static int lookup_order(int k)
+{
+    return k < 1 ? 1 : k >= CTL_LOOKUP_ORDERS ? CTL_LOOKUP_ORDERS - 1 : k;
+}
+
+double ctl_lookup_p(const ctl_lookup *l, int k)
+{
+    k = lookup_order(k);
+    return l->tries[k] > 0 ? (double)l->hits[k] / l->tries[k] : 0.0;
+}
+
+void ctl_lookup_record(ctl_lookup *l, int k, int drafted, int accepted)
+{
+    if (drafted <= 0)
+        return;
+    k = lookup_order(k);
+    accepted = accepted < 0 ? 0 : accepted > drafted ? drafted : accepted;
+    int checked = accepted < drafted ? accepted + 1 : drafted;
+    l->hits[k] = l->hits[k] * CTL_LOOKUP_DECAY + (float)accepted;
+    l->tries[k] = l->tries[k] * CTL_LOOKUP_DECAY + (float)checked;
+}
+
+int ctl_lookup_lengths(const ctl_lookup *l, int n, const int *order, const int *avail,
+                       const float *cost, int wmax, int *d)
+{
+    enum { ROWS = 64 };
+    double p[ROWS], next[ROWS];
+    int cur[ROWS], added[ROWS * 2], n_added = 0;
+    for (int r = 0; r < n; r++)
+        d[r] = 0;
+    if (n < 1 || n > ROWS || n >= wmax || !cost || !(cost[n] > 0))
+        return n;
+    for (int r = 0; r < n; r++) {
+        cur[r] = 0;
+        p[r] = ctl_lookup_p(l, order[r]);
+        next[r] = p[r];
+    }
+    double e = n, base = n / (double)cost[n], best = base;
+    int best_w = n;
+    for (int w = n + 1; w <= wmax && n_added < ROWS * 2; w++) {
+        int r = -1;
+        for (int i = 0; i < n; i++)
+            if (cur[i] < avail[i] && (r < 0 || next[i] > next[r]))
+                r = i;
+        if (r < 0 || !(cost[w] > 0))
+            break;
+        e += next[r];
+        next[r] *= p[r];
+        cur[r]++;
+        added[n_added++] = r;
+        if (e / cost[w] > best) {
+            best = e / cost[w];
+            best_w = w;
+        }
+    }
+    if (best < base * CTL_LOOKUP_MARGIN)
+        return n;
+    for (int i = 0; i < best_w - n; i++)
+        d[added[i]]++;
+    return best_w;
+}

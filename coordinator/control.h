@@ -11,6 +11,8 @@
  *   ctl_branch  a tree drafter's branch threshold, raised while side branches are not taken
  *   ctl_plan_*  ARCA: the best tree per width from per-depth/rank accuracies, its acceptance on
  *               recorded calibration paths, its refinement, and the width choice from curves
+ *   ctl_lookup  prompt lookup inside a free run: acceptance per match order, and each row's draft
+ *               length from those and the plan's step-time curve
  * Rationale and the papers' sections: docs/speculation.md.
  */
 #ifndef OROCHI_CONTROL_H
@@ -183,5 +185,41 @@ double ctl_plan_refine(ctl_template *t, const int8_t *paths, int n_paths, int de
 /* The width that maximises tokens per second: tokens[i] per step / seconds[i] per step (drafting
  * included) at width widths[i]; W = 1 is a candidate like any other. Returns its index. */
 int ctl_plan_best_width(const int *widths, const double *seconds, const double *tokens, int n);
+
+/* ===== prompt lookup inside a free run ===== */
+/* The workers of a free run draft by prompt lookup themselves (workers/worker.c, worker_run): a
+ * row whose context's last k tokens (k from the order down to 1) occurred before gets the
+ * continuation of that occurrence as a chain. How far that pays depends on how often such drafts
+ * are right, which depends on k: `ctl_lookup` keeps, per match order, the drafted tokens that were
+ * checked and those accepted, both decayed by CTL_LOOKUP_DECAY per verification of that order, so
+ * the estimate follows the text. Every worker runs the same updates on the same verdicts and so
+ * holds the same numbers (the decisions below must agree across the group). */
+#define CTL_LOOKUP_ORDERS 8    /* match orders 1..7 */
+#define CTL_LOOKUP_DECAY 0.95f /* weight left to the past at each verification */
+#define CTL_LOOKUP_PRIOR_HITS 1.0f
+#define CTL_LOOKUP_PRIOR_TRIES 4.0f /* a prior of 1 in 4 */
+/* a draft is added only when the expected tokens per unit of step time rise by this factor:
+ * the plan's curve is a measurement, and a change within its noise is no gain */
+#define CTL_LOOKUP_MARGIN 1.02
+typedef struct {
+    float hits[CTL_LOOKUP_ORDERS], tries[CTL_LOOKUP_ORDERS];
+} ctl_lookup;
+
+void ctl_lookup_init(ctl_lookup *l);
+/* The estimated probability that a draft token from an order-k match is accepted, given the
+ * tokens before it were (k clamped to 1..CTL_LOOKUP_ORDERS - 1). */
+double ctl_lookup_p(const ctl_lookup *l, int k);
+/* A verification of a chain of `drafted` tokens from an order-k match, of which the first
+ * `accepted` were the target's: accepted + 1 tokens were checked (all of them when accepted =
+ * drafted) and `accepted` right. */
+void ctl_lookup_record(ctl_lookup *l, int k, int drafted, int accepted);
+/* Draft lengths for one step of n rows (one root token each): row r may draft up to avail[r]
+ * tokens from a match of order order[r]. cost[w], w = 1..wmax, is the step time of w tokens
+ * relative to one (the plan's curve). Drafts are added one token at a time, each to the row where
+ * it is most likely accepted (the product of its chain's probabilities), and the lengths kept are
+ * those of the prefix of that sequence that maximises expected tokens per unit of step time,
+ * provided it beats no drafts by CTL_LOOKUP_MARGIN. Writes d[r]; returns the step's tokens. */
+int ctl_lookup_lengths(const ctl_lookup *l, int n, const int *order, const int *avail,
+                       const float *cost, int wmax, int *d);
 
 #endif

@@ -126,6 +126,8 @@ typedef struct {
     ctl_guard guard_batch; /* the same for cycles that verify several requests */
     bool guard_enabled;
     bool no_free_run; /* --free-run off: every token goes through a verification cycle */
+    bool no_lookup_run; /* --lookup-run off: ngram drafts only through verification cycles */
+    ctl_lookup lookup;  /* prompt lookup's acceptance per match order, carried from run to run */
     int guard_window, guard_probe;
     /* the plan (--plan FILE; reread when the file changes) */
     const char *plan_path;
@@ -224,6 +226,9 @@ void coord_plan_poll(coord *c);
 void coord_plan_apply(coord *c, int n_ctx);
 /* the applied bucket's tree shape (NULL: none), which merged drafts are fitted to */
 const ctl_template *coord_plan_tree(const coord *c);
+/* the applied bucket's step-time curve as cost[w] = t(w) / t(1) for w = 1..the returned width
+ * (at most max_width; 0: the plan has none for it) */
+int coord_plan_costs(const coord *c, float *cost);
 
 /* coord_ops.c: operator requests (RUN_DIR/ops/NAME.req, answered in NAME.out) */
 /* look for new requests (at most every 100 ms) and finish swaps and detaches that are due;

@@ -63,6 +63,7 @@
 #define ENGINE_WAIT_PROBE 32  /* steps unscored before a speculator is waited on again */
 #define ENGINE_BENCH_PROBE 64 /* Feedbacks a benched speculator skips before it is tried again */
 #define ENGINE_FREE_GUARDED 16 /* tokens of a free run while the guard keeps speculators off */
+#define ENGINE_LOOKUP_ORDER 3  /* prompt lookup in a free run: the longest match tried (ngram's) */
 
 static double engine_ema(double avg, int have, double x);
 
@@ -1146,16 +1147,36 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 
 /* ===== free-running decode ===== */
 
+/* Whether prompt lookup runs inside the free run (worker_run): every connected speculator drafts
+ * by prompt lookup (ngram: what it would draft, the workers find themselves), the plan has a
+ * step-time curve for the context (the workers weigh each draft against it), and --lookup-run is
+ * not off. */
+static bool engine_lookup_free(coord *c)
+{
+    int n = 0;
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        const coord_peer *p = &c->peers[i];
+        if (p->role != PEER_SPECULATOR || !p->connected)
+            continue;
+        if (!p->multi)
+            return false;
+        n++;
+    }
+    float cost[RT_MAX_WIDTH + 1];
+    return n > 0 && !c->no_lookup_run && coord_plan_costs(c, cost) >= 2;
+}
+
 /* Whether slot s may decode free-running among n_active requests: greedy, without logprobs (the
- * workers choose by argmax and nobody reads the logits), with no speculator connected or
- * speculation switched off (by the guard or width 1: the speculators sit idle, unfed), and at
- * least two tokens to go. */
+ * workers choose by argmax and nobody reads the logits), with no speculator connected, or
+ * speculation switched off (by the guard or width 1: the speculators sit idle, unfed), or only
+ * prompt lookup to do (engine_lookup_free), and at least two tokens to go. */
 static bool engine_can_run_free(coord *c, int s, int n_active)
 {
     const engine_slot *sl = &c->eng->slots[s];
     if (!sl->greedy || sl->prm->logprobs || c->no_free_run)
         return false;
-    if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, n_active))
+    if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, n_active) &&
+        !engine_lookup_free(c))
         return false;
     return slot_room(c, s) >= 2;
 }
@@ -1166,33 +1187,40 @@ static bool engine_can_run_free(coord *c, int s, int n_active)
  * that ended takes none of the steps after its end; the others take every step made. */
 static bool engine_run_take(coord *c, engine_run *r, int ready)
 {
-    const int32_t *made = c->step->run_tokens;
+    const rt_step *st = c->step;
     int took = 0;
     bool end = false;
+    uint64_t hist[RT_MAX_WIDTH + 1] = {0};
     for (int i = 0; i < r->n; i++) {
         int s = r->slots[i];
         engine_slot *sl = &c->eng->slots[s];
-        for (int k0 = r->taken; k0 < ready && !sl->stop && sl->generated < sl->max_new;) {
-            int k = ready - k0, room = sl->max_new - sl->generated;
-            k = k < RT_MAX_WIDTH ? k : RT_MAX_WIDTH;
+        for (int k0 = r->taken; k0 < ready && !sl->stop && sl->generated < sl->max_new; k0++) {
+            int from = k0 ? st->run_upto[k0 - 1][i] : 0, k = st->run_upto[k0][i] - from;
+            int room = sl->max_new - sl->generated;
             k = k < room ? k : room;
+            if (k <= 0)
+                break;
             int32_t *dst = sl->all + sl->n_all;
-            for (int j = 0; j < k; j++)
-                dst[j] = made[(size_t)(k0 + j) * (size_t)r->n + (size_t)i];
+            memcpy(dst, st->run_stream[i] + from, (size_t)k * sizeof *dst);
             sl->n_all += k;
             c->eng->prefix[s] += k;
-            sl->steps += k;
-            sl->verify_steps += k;
-            sl->last_added = 1;
-            k0 += k;
+            sl->steps++;
+            sl->verify_steps++;
+            sl->accepted_total += k - 1;
+            sl->last_added = k;
+            hist[k - 1]++;
             took += k;
+            if (k > 1 && !strstr(sl->kinds, "ngram"))
+                snprintf(sl->kinds + strlen(sl->kinds), sizeof sl->kinds - strlen(sl->kinds),
+                         "%sngram", sl->kinds[0] ? "," : "");
             sl->generated += slot_emit(c, sl, dst, NULL, k);
         }
         end |= slot_over(sl);
     }
     if (ready > r->taken) {
         pthread_mutex_lock(&c->mlock);
-        c->m_accept_hist[0] += (uint64_t)took;
+        for (int a = 0; a <= RT_MAX_WIDTH; a++)
+            c->m_accept_hist[a] += hist[a];
         c->m_batch_hist[r->n] += (uint64_t)(ready - r->taken); /* n <= RT_MAX_SEQ */
         c->m_steps += (uint64_t)(ready - r->taken);
         c->m_free_tokens += (uint64_t)took;
@@ -1206,6 +1234,31 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
     pthread_mutex_unlock(&c->qlock);
     return (queued && engine_active(c) < c->n_seq) ||
            coord_group_count(c, PEER_SPECULATOR, true) != r->speculators;
+}
+
+/* The free run's rows in the arena: what each may make and, with prompt lookup, its context's
+ * latest tokens (the last one, the root, goes as the step's token), the plan's cost curve and the
+ * acceptance estimates carried from the last run. */
+static void engine_run_lookup(coord *c, const int *slots, int n, bool lookup)
+{
+    rt_step *st = c->step;
+    st->run_draft = 0;
+    if (lookup) {
+        st->run_width = (uint32_t)coord_plan_costs(c, st->run_cost);
+        st->run_draft = (uint32_t)c->max_draft;
+        st->run_order = ENGINE_LOOKUP_ORDER;
+        st->run_lookup = c->lookup;
+        st->run_lookup_out = c->lookup;
+    }
+    for (int i = 0; i < n; i++) {
+        const engine_slot *sl = &c->eng->slots[slots[i]];
+        int room = slot_room(c, slots[i]);
+        st->run_room[i] = (uint32_t)(room < RT_RUN_STREAM ? room : RT_RUN_STREAM);
+        int h = lookup ? sl->n_all - 1 : 0;
+        h = h < RT_LOOKUP_HIST ? h : RT_LOOKUP_HIST;
+        st->run_hist_len[i] = (uint32_t)h;
+        memcpy(st->run_hist[i], sl->all + sl->n_all - 1 - h, (size_t)h * sizeof(int32_t));
+    }
 }
 
 /* Decode the n requests of slots[] free-running (engine_can_run_free): one step of their last
@@ -1224,9 +1277,11 @@ static void engine_run_free(coord *c, const int *slots, int n)
     /* with speculators switched off by the guard, short runs: the guard counts their steps as
      * plain cycles and switches speculation on again for its probe */
     int speculators = coord_group_count(c, PEER_SPECULATOR, true);
-    int cap = speculators ? ENGINE_FREE_GUARDED : RT_RUN_MAX;
+    bool lookup = speculators && engine_lookup_free(c);
+    int cap = speculators && !lookup ? ENGINE_FREE_GUARDED : RT_RUN_MAX;
     if (room > cap)
         room = cap;
+    engine_run_lookup(c, slots, n, lookup);
     /* look about every four steps: streamed text comes in small pieces, a stop string is seen a
      * few tokens late at most, and the coordinator wakes rarely enough to cost nothing */
     int period = (int)(4 * c->step_ema_us / 1000);
@@ -1256,7 +1311,9 @@ static void engine_run_free(coord *c, const int *slots, int n)
     if (r.taken > 0)
         c->step_ema_us = engine_ema(c->step_ema_us, c->step_ema_us > 0,
                                     (double)(t1 - t0) / r.taken);
-    if (r.taken > 0 && speculators && c->guard_enabled && c->width > 1) {
+    if (lookup)
+        c->lookup = c->step->run_lookup_out;
+    if (r.taken > 0 && speculators && !lookup && c->guard_enabled && c->width > 1) {
         ctl_guard *g = n > 1 ? &c->guard_batch : &c->guard;
         for (int i = 0; i < r.taken; i++) /* each step a plain cycle for the guard */
             ctl_guard_sample(g, false, (t1 - t0) / 1e6 / r.taken, n);
@@ -1283,6 +1340,7 @@ static void engine_step_all(coord *c)
             active[n_act++] = s;
     if (!n_act)
         return;
+    coord_plan_apply(c, e->prefix[active[0]]);
     bool free = true;
     for (int k = 0; k < n_act && free; k++)
         free = engine_can_run_free(c, active[k], n_act);

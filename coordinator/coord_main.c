@@ -153,7 +153,8 @@ static void coord_usage(FILE *out)
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
-        "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off] [--trace]\n"
+        "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
+        "         [--lookup-run on|off] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -168,10 +169,15 @@ static void coord_usage(FILE *out)
         "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
-        "  Free run (default on): a greedy request alone, with no speculator connected or\n"
-        "  the guard keeping them off, is decoded by the workers themselves (each step's\n"
-        "  argmax is the next token); the coordinator takes the tokens every few steps\n"
-        "  instead of handing each one over.\n"
+        "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
+        "  connected or the guard keeping them off, are decoded by the workers themselves\n"
+        "  (each step's argmax is the next token); the coordinator takes the tokens every\n"
+        "  few steps instead of handing each one over.\n"
+        "  Lookup run (default on): when every connected speculator is ngram and the plan\n"
+        "  has a step-time curve for the context, greedy requests run free with the workers\n"
+        "  drafting by prompt lookup themselves, each row as far as the curve and the\n"
+        "  measured acceptance say it pays (docs/speculation.md, \"Prompt lookup in the\n"
+        "  free run\"); off: ngram drafts go through verification cycles.\n"
         "  --act-bits 8: the workers quantize matmul activations to 8 bits instead of 16\n"
         "  (faster batches and verification steps, larger rounding; `orochi run --act-bits 8`\n"
         "  gives the same tokens).\n"
@@ -274,6 +280,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"act-bits", required_argument, 0, 18},
                                          {"kv-dup", required_argument, 0, 19},
                                          {"prefix-reuse", required_argument, 0, 20},
+                                         {"lookup-run", required_argument, 0, 21},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -348,6 +355,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             c->no_prefix_reuse = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
+        case 21:
+            c->no_lookup_run = !strcmp(optarg, "off");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
         case 19:
             c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
             if (c->kv_dup_opt == -2) {
@@ -385,7 +396,7 @@ static int coord_parse(coord *c, int argc, char **argv)
     if (!c->run_dir || !c->target || bad) {
         if (bad)
             fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run/"
-                            "--prefix-reuse take on|off, --vote majority|union|off, --draft-wait measured|fixed\n");
+                            "--prefix-reuse/--lookup-run take on|off, --vote majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }
@@ -656,6 +667,7 @@ int main(int argc, char **argv)
      * own costs) */
     ctl_guard_init(&c.guard, 0, c.guard_window, c.guard_probe);
     ctl_guard_init(&c.guard_batch, 0, c.guard_window, c.guard_probe);
+    ctl_lookup_init(&c.lookup);
     ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.decision_threshold, 6);
     if (c.plan_path) {
         char perr[512];

@@ -30,6 +30,10 @@ struct coord_plan {
     int ctx[PLAN_MAX_BUCKETS], width[PLAN_MAX_BUCKETS], length[PLAN_MAX_BUCKETS];
     bool speculate[PLAN_MAX_BUCKETS];
     ctl_template tree[PLAN_MAX_BUCKETS]; /* n = 0: none given */
+    /* curves.step_ms of each bucket as cost[w] = t(w) / t(1), interpolated between the measured
+     * widths up to the largest one, cost_w (0: not measured) */
+    float cost[PLAN_MAX_BUCKETS][RT_MAX_WIDTH + 1];
+    int cost_w[PLAN_MAX_BUCKETS];
 };
 
 /* "tree": [[parent, rank], ...] — node i + 1 is the rank-th candidate below node parent (0: the
@@ -146,6 +150,44 @@ static int plan_int(const cJSON *o, const char *key, int *out)
     return 0;
 }
 
+/* curves.step_ms["CTX"]: t(W) at each of "widths", for bucket i (ctx) as its cost curve. A
+ * missing or malformed curve only leaves the bucket without one (cost_w 0). */
+static void plan_costs(const cJSON *root, struct coord_plan *p, int i, int max_width)
+{
+    char key[24];
+    snprintf(key, sizeof key, "%d", p->ctx[i]);
+    const cJSON *widths = cJSON_GetObjectItemCaseSensitive(root, "widths");
+    const cJSON *curves = cJSON_GetObjectItemCaseSensitive(root, "curves");
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(curves, "step_ms");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(steps, key);
+    int n = cJSON_GetArraySize(widths);
+    p->cost_w[i] = 0;
+    if (!cJSON_IsArray(widths) || !cJSON_IsArray(t) || n < 2 || cJSON_GetArraySize(t) != n)
+        return;
+    int pw = 0;
+    double pt = 0, t1 = 0;
+    for (int j = 0; j < n; j++) {
+        const cJSON *wj = cJSON_GetArrayItem(widths, j), *tj = cJSON_GetArrayItem(t, j);
+        if (!cJSON_IsNumber(wj) || !cJSON_IsNumber(tj) || wj->valueint <= pw ||
+            !(tj->valuedouble > 0) || (j == 0 && wj->valueint != 1))
+            return;
+        int w = wj->valueint;
+        double tw = tj->valuedouble;
+        if (j == 0)
+            t1 = tw;
+        for (int x = pw + 1; x <= w && x <= max_width && x <= RT_MAX_WIDTH; x++)
+            p->cost[i][x] = (float)((j ? pt + (tw - pt) * (x - pw) / (w - pw) : tw) / t1);
+        if (w > max_width || w >= RT_MAX_WIDTH) {
+            pw = w < max_width ? w : max_width;
+            pw = pw < RT_MAX_WIDTH ? pw : RT_MAX_WIDTH;
+            break;
+        }
+        pw = w;
+        pt = tw;
+    }
+    p->cost_w[i] = pw;
+}
+
 static int plan_parse(const coord *c, const char *text, struct coord_plan *p, char *err,
                       size_t errlen)
 {
@@ -219,6 +261,7 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
                 rc = -1;
                 break;
             }
+            plan_costs(root, p, i, c->max_width);
             p->n++;
         }
     }
@@ -296,6 +339,16 @@ void coord_plan_poll(coord *c)
         rt_log("coordinator", "%s (the previous plan stays)", err);
         c->plan_mtime = mt; /* do not retry until it changes again */
     }
+}
+
+int coord_plan_costs(const coord *c, float *cost)
+{
+    const struct coord_plan *p = c->plan;
+    if (!p || c->plan_bucket < 0 || c->plan_bucket >= p->n || p->cost_w[c->plan_bucket] < 2)
+        return 0;
+    int w = p->cost_w[c->plan_bucket];
+    memcpy(cost, p->cost[c->plan_bucket], (size_t)(w + 1) * sizeof *cost);
+    return w;
 }
 
 const ctl_template *coord_plan_tree(const coord *c)

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "coordinator/control.h"
 #include "orochi.pb-c.h"
 #include "shm/arena.h"
 
@@ -29,7 +30,9 @@
 #define RT_DRAFT_SLOTS 8
 
 #define RT_MAX_WORKERS 8
-#define RT_RUN_MAX 256 /* steps one free-running decode may make (rt_step.run_max) */
+#define RT_RUN_MAX 256     /* steps one free-running decode may make (rt_step.run_max) */
+#define RT_RUN_STREAM 512  /* tokens one row of a free run may make */
+#define RT_LOOKUP_HIST 2048 /* context tokens a free run's prompt lookup searches (the latest) */
 
 /* The inputs of one verification step, written by the coordinator before it rings the doorbell.
  * The hot path of a step does not go through ZeroMQ: a socket round trip wakes two I/O threads
@@ -58,14 +61,22 @@ typedef struct {
     /* Free-running greedy decode (run_max > 0; a step of one root token per sequence, n_tokens
      * of them, each of another slot): after the step the workers themselves take each row's
      * argmax as its sequence's next token, commit the rows just computed, publish the tokens and
-     * run the next step of the same sequences, until run_max tokens per sequence, an end-of-text
-     * token in any row (run_eos), or run_stop. Each worker writes its part's best of every row
-     * into run_best[index][row], all meet at the barrier, and every one merges the same way
-     * (largest, ties to the lower part: the lower index), so they agree on the tokens; whether to
-     * go on is worker 0's reading of run_stop, published in run_seen_stop, so they agree on that
-     * too. Worker 0 writes step k's tokens, run_tokens[k * n_tokens + row], before any worker's
-     * run_count passes k; a step counts for the coordinator once every worker's run_count (steps
-     * made and committed) has passed it. */
+     * run the next step of the same sequences, until run_max steps, a row's run_room tokens, an
+     * end-of-text token in any row (run_eos), or run_stop. With run_draft > 0 each row's next
+     * step may also carry a chain of up to run_draft tokens drafted by prompt lookup (the
+     * continuation of the latest earlier occurrence of its context's last run_order..1 tokens,
+     * searched in the row's run_hist plus what the run made), as many as ctl_lookup_lengths finds
+     * worth their step time (run_cost, up to run_width tokens a step, from the plan's curve, and
+     * the acceptance estimates run_lookup, which the run updates); a row then takes its accepted
+     * drafts and the argmax after them, and commits their rows. Each worker writes its part's
+     * best of every token of the step into run_best[index][token], all meet at the barrier, and
+     * every one merges the same way (largest, ties to the lower part: the lower index), so they
+     * agree on the tokens and, running the same policy on the same verdicts, on the next step's
+     * drafts; whether to go on is worker 0's reading of run_stop, published in run_seen_stop, so
+     * they agree on that too. Worker 0 appends each row's tokens to run_stream[row] and sets
+     * run_upto[k][row] (its stream's length after step k), and at the end of every step copies
+     * its estimates to run_lookup_out, before any worker's run_count passes k; a step counts for
+     * the coordinator once every worker's run_count (steps made and committed) has passed it. */
     uint32_t run_max;
     int32_t run_eos;
     uint32_t run_stop;                  /* the coordinator asks the run to end */
@@ -74,8 +85,15 @@ typedef struct {
     struct {
         float value;
         int32_t index;
-    } run_best[RT_MAX_WORKERS][RT_MAX_SEQ];
-    int32_t run_tokens[RT_RUN_MAX * RT_MAX_SEQ];
+    } run_best[RT_MAX_WORKERS][RT_MAX_WIDTH];
+    uint32_t run_room[RT_MAX_SEQ]; /* tokens each row may make (at most RT_RUN_STREAM) */
+    uint32_t run_draft, run_order, run_width;
+    float run_cost[RT_MAX_WIDTH + 1]; /* [w]: the step time of w tokens over one token's */
+    ctl_lookup run_lookup, run_lookup_out;
+    uint32_t run_hist_len[RT_MAX_SEQ];
+    int32_t run_hist[RT_MAX_SEQ][RT_LOOKUP_HIST]; /* each row's latest context tokens */
+    uint16_t run_upto[RT_RUN_MAX][RT_MAX_SEQ];
+    int32_t run_stream[RT_MAX_SEQ][RT_RUN_STREAM];
 } rt_step;
 
 /* Futex wait/wake on a 32-bit word in shared memory (cross-process: no private flag). */

@@ -42,6 +42,7 @@
 #include <zmq.h>
 
 #include "model/llama.h"
+#include "model/ngram.h"
 #include "workers/runtime.h"
 #ifdef OROCHI_HAVE_CUDA
 #include "model/llama_cuda.h"
@@ -418,26 +419,91 @@ static int worker_run_sync(worker *w)
     return rc;
 }
 
+/* A row of a free run: its context (the latest RT_LOOKUP_HIST tokens the coordinator gave, then
+ * what the run made: the lookup searches it), what it may still make, and its part of the step in
+ * flight: the batch index of its root, the drafts after it and their match order. */
+typedef struct {
+    int len, room, made;
+    int off, drafted, order;
+} run_row;
+
+static int32_t run_ctx[RT_MAX_SEQ][RT_LOOKUP_HIST + 1 + RT_RUN_STREAM]; /* main thread only */
+
+/* The next step's batch: each row's last token, then the chain its prompt lookup drafts (as long
+ * as ctl_lookup_lengths finds worth it). Returns the batch's tokens. */
+static int run_layout(const rt_step *st, const ctl_lookup *est, run_row *rows, int n,
+                      int32_t *tok, int32_t *parent, int32_t *seq)
+{
+    int order[RT_MAX_SEQ], avail[RT_MAX_SEQ], from[RT_MAX_SEQ], d[RT_MAX_SEQ];
+    for (int i = 0; i < n; i++) {
+        run_row *r = &rows[i];
+        int k = 0, pos = -1;
+        avail[i] = 0;
+        if (st->run_draft > 0)
+            pos = ngram_lookup(run_ctx[i], r->len, (int)st->run_order, &k);
+        if (pos >= 0) {
+            int a = r->len - pos, cap = r->room - 1; /* the bonus token takes one */
+            a = a < cap ? a : cap;
+            avail[i] = a < (int)st->run_draft ? a : (int)st->run_draft;
+        }
+        order[i] = k;
+        from[i] = pos;
+    }
+    int wmax = st->run_width < RT_MAX_WIDTH ? (int)st->run_width : RT_MAX_WIDTH;
+    if (st->run_draft > 0)
+        ctl_lookup_lengths(est, n, order, avail, st->run_cost, wmax, d);
+    else
+        memset(d, 0, sizeof d);
+    int nb = 0;
+    for (int i = 0; i < n; i++) {
+        run_row *r = &rows[i];
+        r->off = nb;
+        r->drafted = d[i];
+        r->order = order[i];
+        tok[nb] = run_ctx[i][r->len - 1];
+        parent[nb] = -1;
+        seq[nb++] = st->seq[i];
+        for (int j = 0; j < d[i]; j++, nb++) {
+            tok[nb] = run_ctx[i][from[i] + j];
+            parent[nb] = nb - 1;
+            seq[nb] = st->seq[i];
+        }
+    }
+    return nb;
+}
+
 /* Free-running greedy decode after a step of one root token per sequence (rt_step.run_max): take
- * each row's argmax as its sequence's next token, commit the rows just computed, publish the
- * tokens, run the next step of the same sequences; every worker does the same in lock step (see
- * rt_step). Returns the steps made; err says why it stopped early on a failure. */
+ * each row's argmax — after the drafts it accepted — as its sequence's next tokens, commit the
+ * rows just computed, publish the tokens and run the next step of the same sequences, with the
+ * drafts prompt lookup finds worth it; every worker does the same in lock step (see rt_step).
+ * Returns the steps made; err says why it stopped early on a failure. */
 static int worker_run(worker *w, char *err, size_t errlen)
 {
     rt_step *st = w->step;
-    int n = (int)st->n_tokens, V = w->model->cfg.vocab, made = 0, me = w->index;
-    int32_t seq[RT_MAX_SEQ], parent[RT_MAX_SEQ], ids[RT_MAX_SEQ];
+    int n = (int)st->n_tokens, nb = n, V = w->model->cfg.vocab, made = 0, me = w->index;
+    int32_t tok[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH], ids[RT_MAX_WIDTH];
+    run_row rows[RT_MAX_SEQ];
+    ctl_lookup est = st->run_lookup;
     for (int i = 0; i < n; i++) {
-        seq[i] = st->seq[i];
+        run_row *r = &rows[i];
+        uint32_t h = st->run_hist_len[i] < RT_LOOKUP_HIST ? st->run_hist_len[i] : RT_LOOKUP_HIST;
+        memcpy(run_ctx[i], st->run_hist[i], h * sizeof(int32_t));
+        run_ctx[i][h] = st->tokens[i]; /* the root: the last token made */
+        *r = (run_row){.len = (int)h + 1,
+                       .room = st->run_room[i] < RT_RUN_STREAM ? (int)st->run_room[i]
+                                                               : RT_RUN_STREAM,
+                       .off = i};
+        tok[i] = st->tokens[i];
         parent[i] = -1;
+        seq[i] = st->seq[i];
     }
     uint32_t max = st->run_max < RT_RUN_MAX ? st->run_max : RT_RUN_MAX;
     for (;;) {
-        for (int i = 0; i < n; i++) {
+        for (int j = 0; j < nb; j++) {
             float v;
-            int32_t id = llama_ctx_part_argmax(w->ctx, w->logits + (size_t)i * (size_t)V, &v);
-            st->run_best[me][i].value = v;
-            st->run_best[me][i].index = id;
+            int32_t id = llama_ctx_part_argmax(w->ctx, w->logits + (size_t)j * (size_t)V, &v);
+            st->run_best[me][j].value = v;
+            st->run_best[me][j].index = id;
         }
         if (me == 0)
             st->run_seen_stop = __atomic_load_n(&st->run_stop, __ATOMIC_ACQUIRE);
@@ -446,30 +512,54 @@ static int worker_run(worker *w, char *err, size_t errlen)
             return made;
         }
         bool end = st->run_seen_stop != 0;
-        for (int i = 0; i < n; i++) {
-            float v = st->run_best[0][i].value;
-            ids[i] = st->run_best[0][i].index;
+        for (int j = 0; j < nb; j++) {
+            float v = st->run_best[0][j].value;
+            ids[j] = st->run_best[0][j].index;
             for (int k = 1; k < w->n_workers && k < RT_MAX_WORKERS; k++)
-                if (st->run_best[k][i].value > v) { /* parts in column order: ties keep the lower */
-                    v = st->run_best[k][i].value;
-                    ids[i] = st->run_best[k][i].index;
+                if (st->run_best[k][j].value > v) { /* parts in column order: ties keep the lower */
+                    v = st->run_best[k][j].value;
+                    ids[j] = st->run_best[k][j].index;
                 }
-            end |= ids[i] == st->run_eos;
         }
         /* the next round's bests are written after the next forward's barriers: no one
          * overwrites these before every worker has read them */
         for (int i = 0; i < n; i++) {
-            int32_t row = i;
-            if (llama_commit(w->ctx, &row, 1, err, errlen))
+            run_row *r = &rows[i];
+            int m = 0, path[RT_MAX_WIDTH];
+            while (m < r->drafted && ids[r->off + m] == tok[r->off + m + 1])
+                m++;
+            ctl_lookup_record(&est, r->order, r->drafted, m);
+            for (int j = 0; j <= m; j++)
+                path[j] = r->off + j;
+            if (llama_commit(w->ctx, path, m + 1, err, errlen))
                 return made;
+            /* its tokens: the accepted drafts and the argmax after them, up to an end of text */
+            int32_t *dst = run_ctx[i] + r->len;
+            int got = 0;
+            for (int j = 0; j <= m && got < r->room; j++) {
+                dst[got++] = j < m ? tok[r->off + j + 1] : ids[r->off + m];
+                if (dst[got - 1] == st->run_eos) {
+                    end = true;
+                    break;
+                }
+            }
+            if (me == 0) {
+                memcpy(st->run_stream[i] + r->made, dst, (size_t)got * sizeof *dst);
+                st->run_upto[made][i] = (uint16_t)(r->made + got);
+            }
+            r->len += got;
+            r->made += got;
+            r->room -= got;
+            end |= r->room <= 0;
         }
         if (me == 0)
-            memcpy(st->run_tokens + (size_t)made * (size_t)n, ids, (size_t)n * sizeof *ids);
+            st->run_lookup_out = est;
         made++;
         __atomic_store_n(&st->run_count[me], (uint32_t)made, __ATOMIC_RELEASE);
         if ((uint32_t)made >= max || end)
             return made;
-        llama_batch b = {.n = n, .tokens = ids, .parent = parent, .seq = seq, .logits_from = 0};
+        nb = run_layout(st, &est, rows, n, tok, parent, seq);
+        llama_batch b = {.n = nb, .tokens = tok, .parent = parent, .seq = seq, .logits_from = 0};
         if (worker_forward(w, &b, err, errlen))
             return made;
         __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);

@@ -14,7 +14,11 @@ time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run)
 - a batch of three requests of different lengths runs free together (one row each per step):
   every answer exact with 1 and 2 workers, most tokens made free-running;
 - with a speculator that the guard switches off, the plain decoding between its probes runs free,
-  and the answers stay exact.
+  and the answers stay exact;
+- with ngram the only speculator and a plan with a step-time curve, the workers draft by prompt
+  lookup inside the free run: alone and in a batch of three, 1 and 2 workers, every answer exact
+  and every request's mean accepted above 1 on a cheap curve; no drafts on a curve where a token
+  more costs a whole step; --lookup-run off exact too.
 """
 import os
 import re
@@ -47,6 +51,20 @@ def batch_steps(g, size):
     body = g.http("/metrics").body.decode()
     le = {int(k): int(v) for k, v in re.findall(r'^orochi_batch_size_bucket\{le="(\d+)"\} (\d+)', body, re.M)}
     return le.get(size, 0) - le.get(size - 1, 0)
+
+
+def at_once(g, jobs):
+    """Send every (prompt, max_tokens) of jobs at the same time; the completions in job order."""
+    got = [None] * len(jobs)
+
+    def one(i):
+        got[i] = g.complete(jobs[i][0], jobs[i][1])
+    th = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    return got
 
 
 @t.case
@@ -159,15 +177,7 @@ def test_free_run_of_a_batch():
     want = [G.run_ids(m, p, n) for p, n in jobs]
     for workers in (1, 2):
         with G.Group("free-batch%d" % workers, m, workers=workers) as g:
-            got = [None] * len(jobs)
-
-            def one(i):
-                got[i] = g.ids(jobs[i][0], jobs[i][1])
-            th = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
-            for x in th:
-                x.start()
-            for x in th:
-                x.join()
+            got = [r["orochi"]["token_ids"] for r in at_once(g, jobs)]
             free, three = metric(g, "orochi_free_run_tokens_total"), batch_steps(g, 3)
         for i, ids in enumerate(got):
             G.check_eq(ids, want[i], "request %d (%d tokens) of the batch, %d workers" % (
@@ -196,6 +206,61 @@ def test_free_run_while_the_guard_keeps_speculation_off():
     G.check(free > 0, "no free run while the guard kept speculation off:\n%s",
             "\n".join(l for l in body.splitlines() if "guard" in l or "free" in l))
     G.log("  identical; %d of %d tokens free-running between the guard's probes" % (free, 2 * len(want)))
+
+
+
+def write_plan(path, step_ms):
+    """A plan with one bucket and the step-time curve step_ms at widths 1, 2, 4, 8, 16."""
+    import json
+    widths = [1, 2, 4, 8, 16]
+    plan = {"orochi_plan": 1, "target": "test", "threads": 1, "act_bits": 16, "calibrated_on": "all",
+            "buckets": [{"ctx": 100000, "width": 4, "length": 3, "speculate": True}],
+            "widths": widths, "curves": {"step_ms": {"100000": step_ms}}}
+    with open(path, "w") as f:
+        json.dump(plan, f)
+
+
+@t.case
+def test_free_run_with_prompt_lookup():
+    # with ngram the only speculator and a plan that has a step-time curve, the workers draft by
+    # prompt lookup inside the free run: each answer equals `orochi run`, alone and in a batch of
+    # three, with 1 and 2 workers; drafts were accepted (mean accepted > 1 for every request when
+    # the curve makes drafting cheap); with a curve where a token more costs a whole step, no
+    # request drafts; --lookup-run off sends ngram through verification cycles, still exact
+    m = model()
+    jobs = [("hello world", 200), ("The quick brown fox", 120), ("a third prompt", 60)]
+    want = [G.run_ids(m, p, n) for p, n in jobs]
+    cheap, dear = os.path.join(G.env()["tmp"], "plan-cheap.json"), os.path.join(G.env()["tmp"], "plan-dear.json")
+    write_plan(cheap, [1.0, 1.01, 1.02, 1.04, 1.08])
+    write_plan(dear, [1.0, 2.0, 4.0, 8.0, 16.0])
+
+    for workers in (1, 2):
+        with G.Group("lookup%d" % workers, m, workers=workers, speculators=["ngram"],
+                     extra=["--plan", cheap]) as g:
+            alone = g.complete(jobs[0][0], jobs[0][1])
+            got = at_once(g, jobs)
+            free = metric(g, "orochi_free_run_tokens_total")
+        G.check_eq(alone["orochi"]["token_ids"], want[0], "alone, %d workers" % workers)
+        for i, r in enumerate(got):
+            G.check_eq(r["orochi"]["token_ids"], want[i], "request %d of the batch, %d workers" % (i, workers))
+        means = [r["orochi"]["mean_accepted"] for r in [alone] + got]
+        G.check(all(x > 1 for x in means), "mean accepted per request %s: not every one drafted", means)
+        G.check(free >= sum(len(w) for w in want) // 2, "only %d tokens free-running", free)
+        G.log("  %d workers, cheap curve: identical; mean accepted %s; %d tokens free-running" % (
+            workers, " ".join("%.2f" % x for x in means), free))
+    with G.Group("lookup-dear", m, workers=2, speculators=["ngram"], extra=["--plan", dear]) as g:
+        got = at_once(g, jobs)
+    for i, r in enumerate(got):
+        G.check_eq(r["orochi"]["token_ids"], want[i], "request %d, dear curve" % i)
+        G.check_eq(r["orochi"]["mean_accepted"], 1.0, "mean accepted of request %d with a dear curve" % i)
+    G.log("  dear curve: identical, no drafts")
+    with G.Group("lookup-off", m, workers=2, speculators=["ngram"],
+                 extra=["--plan", cheap, "--lookup-run", "off"]) as g:
+        got = at_once(g, jobs)
+        free = metric(g, "orochi_free_run_tokens_total")
+    for i, r in enumerate(got):
+        G.check_eq(r["orochi"]["token_ids"], want[i], "request %d, --lookup-run off" % i)
+    G.log("  --lookup-run off: identical; %d tokens free-running" % free)
 
 
 if __name__ == "__main__":

@@ -391,6 +391,61 @@ static void branch_threshold_follows_side_branches(void **state)
     assert_float_equal(b.value, 0.2f, 1e-6);
 }
 
+/* Prompt lookup in the free run: acceptance per match order follows the verdicts (decayed), and
+ * the draft lengths are those that maximise expected tokens per unit of step time on the given
+ * curve — the longest chain on a flat curve, one token where each costs a tenth of a step, none
+ * where a token more costs a step or the gain is within the margin, the tokens to the row whose
+ * drafts are likelier right. */
+static void lookup_estimates_and_lengths(void **state)
+{
+    (void)state;
+    ctl_lookup l;
+    ctl_lookup_init(&l);
+    assert_float_equal(ctl_lookup_p(&l, 3), 0.25, 1e-6);
+    ctl_lookup_record(&l, 3, 4, 4); /* 4 checked, 4 right */
+    assert_float_equal(ctl_lookup_p(&l, 3), 4.95 / 7.8, 1e-5);
+    ctl_lookup_record(&l, 3, 4, 1); /* 2 checked (the first wrong one ends it), 1 right */
+    assert_float_equal(ctl_lookup_p(&l, 3), (4.95 * 0.95 + 1) / (7.8 * 0.95 + 2), 1e-5);
+    assert_float_equal(ctl_lookup_p(&l, 1), 0.25, 1e-6); /* other orders untouched */
+    ctl_lookup_record(&l, 0, 2, 0);                      /* order clamped to 1 */
+    assert_float_equal(ctl_lookup_p(&l, 1), 0.95 / 4.8, 1e-5);
+    ctl_lookup_record(&l, 2, 0, 0); /* nothing drafted: no verdict */
+    assert_float_equal(ctl_lookup_p(&l, 2), 0.25, 1e-6);
+
+    float flat[9], tenth[9], step[9], margin[3] = {0, 1.0f, 1.24f};
+    for (int w = 0; w <= 8; w++) {
+        flat[w] = 1.0f;
+        tenth[w] = 1.0f + 0.1f * (float)(w - 1);
+        step[w] = (float)w;
+    }
+    ctl_lookup fresh;
+    ctl_lookup_init(&fresh); /* p = 0.25 for every order */
+    int one_order[1] = {3}, avail4[1] = {4}, none[1] = {0}, d[2];
+    assert_int_equal(ctl_lookup_lengths(&fresh, 1, one_order, avail4, flat, 8, d), 5);
+    assert_int_equal(d[0], 4);
+    assert_int_equal(ctl_lookup_lengths(&fresh, 1, one_order, avail4, tenth, 8, d), 2);
+    assert_int_equal(d[0], 1); /* 1.25 / 1.1 beats 1.3125 / 1.2 and 1 / 1 */
+    assert_int_equal(ctl_lookup_lengths(&fresh, 1, one_order, avail4, step, 8, d), 1);
+    assert_int_equal(d[0], 0);
+    assert_int_equal(ctl_lookup_lengths(&fresh, 1, one_order, avail4, margin, 2, d), 1);
+    assert_int_equal(d[0], 0); /* 1.25 / 1.24: under the margin */
+    assert_int_equal(ctl_lookup_lengths(&fresh, 1, one_order, none, flat, 8, d), 1);
+    assert_int_equal(d[0], 0);
+
+    /* two rows: an order-3 match that has been right 20 times running, an order-1 match at the
+     * prior; the step's tokens go to the first */
+    ctl_lookup sure;
+    ctl_lookup_init(&sure);
+    for (int i = 0; i < 20; i++)
+        ctl_lookup_record(&sure, 3, 4, 4);
+    assert_true(ctl_lookup_p(&sure, 3) > 0.97);
+    const float two[9] = {0, 1.0f, 1.0f, 1.05f, 1.10f, 1.15f, 1.20f, 1.30f, 1.40f};
+    int orders[2] = {3, 1}, avail[2] = {4, 4};
+    assert_int_equal(ctl_lookup_lengths(&sure, 2, orders, avail, two, 8, d), 6);
+    assert_int_equal(d[0], 4);
+    assert_int_equal(d[1], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +461,7 @@ int main(void)
         cmocka_unit_test(tree_fit_keeps_the_template_shape),
         cmocka_unit_test(plan_best_width_from_curves),
         cmocka_unit_test(branch_threshold_follows_side_branches),
+        cmocka_unit_test(lookup_estimates_and_lengths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
