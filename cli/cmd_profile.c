@@ -244,7 +244,7 @@ static void pf_progress(const char *what, int done, int total)
     fflush(stderr);
 }
 
-/* Median ms of a W-token step at a committed context of ctx tokens. */
+/* Median ms of a W-token step at a committed context of ctx tokens, for each W of ws. */
 static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int *ws, int n_w,
                       int reps, double *out)
 {
@@ -263,18 +263,20 @@ static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int 
     cli_synthetic_ids(ids, ctx_len + PF_CHUNK, m->cfg.vocab);
     if (llama_prefill(ctx, ids, ctx_len, NULL, err, sizeof err))
         goto done;
-    for (int i = 0; i < n_w; i++) {
-        double t[64];
-        llama_batch b = {.n = ws[i], .tokens = ids + ctx_len};
-        for (int r = -1; r < reps; r++) { /* one warm-up */
+    /* the widths in turn within each repetition (a warm-up round first), so a change of the
+     * machine's speed during the measurement falls on every width alike */
+    double t[PF_MAX_W][64];
+    for (int r = -1; r < reps; r++)
+        for (int i = 0; i < n_w && i < PF_MAX_W; i++) {
+            llama_batch b = {.n = ws[i], .tokens = ids + ctx_len};
             double t0 = cli_now();
             if (llama_forward(ctx, &b, logits, err, sizeof err))
                 goto done;
             if (r >= 0)
-                t[r] = (cli_now() - t0) * 1e3;
+                t[i][r] = (cli_now() - t0) * 1e3;
         }
-        out[i] = cli_median(t, reps);
-    }
+    for (int i = 0; i < n_w && i < PF_MAX_W; i++)
+        out[i] = cli_median(t[i], reps);
     rc = 0;
 done:
     if (rc)

@@ -4,6 +4,7 @@
  */
 #include "coordinator/control.h"
 
+#include <limits.h>
 #include <string.h>
 
 /* ===== the draft trie and the vote ===== */
@@ -320,6 +321,19 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
         }
     }
     return g->on;
+}
+
+int ctl_guard_plain_left(const ctl_guard *g)
+{
+    if (g->on)
+        return 0;
+    if (!guard_budget_ok(g))
+        return INT_MAX;
+    int left = g->window - g->n; /* the window under way; then whole windows to the probe */
+    if (g->spec > 0)
+        for (int off = g->off_n + g->window; off < g->probe_now; off += g->window)
+            left += g->window;
+    return left;
 }
 
 void ctl_guard_reprobe(ctl_guard *g)

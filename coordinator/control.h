@@ -150,6 +150,9 @@ typedef struct {
 void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe);
 /* One cycle: speculated = whether it verified drafts. Returns whether speculation is on now. */
 bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens);
+/* While off: the plain cycles before it switches on by itself to probe (INT_MAX while the probe
+ * budget is spent: plain time refills it, at a pace the guard cannot foresee). 0 while on. */
+int ctl_guard_plain_left(const ctl_guard *g);
 /* A new text (a request starts): what lost narrowly on the last one may pay on this one, so a
  * guard that is off tests speculation again now (one window, the back-off kept for probes within
  * a text) — unless the last judgement was a clear loss (more than CTL_GUARD_HOPELESS x the plain

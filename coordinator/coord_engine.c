@@ -36,10 +36,12 @@
  * held back until it cannot be the start of a stop string).
  *
  * Free run: greedy requests (no logprobs; no speculator connected, or the guard keeps them off,
- * then in runs of ENGINE_FREE_GUARDED steps that count as plain cycles) skip the cycle, one alone
- * or a whole batch. One step of their last tokens (a row each) is rung with rt_step.run_max and the
- * workers decode on by themselves (each row's argmax, merged across the parts at their barrier,
- * is its request's next token; each worker commits its own K/V heads), while the coordinator
+ * then in runs up to the guard's next probe whose steps count as plain cycles, or only ngram
+ * connected and a plan with a step-time curve) skip the cycle, one alone or a whole batch. One
+ * step of their last tokens (a row each) is rung with rt_step.run_max and the workers decode on
+ * by themselves (each row's argmax, merged across the parts at their barrier, is its request's
+ * next token; with prompt lookup, after the drafts of its chain that the argmaxes confirm; each
+ * worker commits its own K/V heads), while the coordinator
  * sleeps a few steps' time, takes the tokens made so far and emits them. The run ends at any
  * request's eos, length, stop string or gone client (that request takes nothing past its end: the
  * prefix sent with the next step says where its sequence ends; the others take every step), or
@@ -62,7 +64,8 @@
 #define ENGINE_WAIT_WARMUP 4  /* samples of a speculator before its wait is measured, not capped */
 #define ENGINE_WAIT_PROBE 32  /* steps unscored before a speculator is waited on again */
 #define ENGINE_BENCH_PROBE 64 /* Feedbacks a benched speculator skips before it is tried again */
-#define ENGINE_FREE_GUARDED 16 /* tokens of a free run while the guard keeps speculators off */
+#define ENGINE_FREE_GUARDED 16 /* steps of a free run while width 1 keeps speculators off (the
+                                * plan's next bucket may speculate) */
 #define ENGINE_LOOKUP_ORDER 3  /* prompt lookup in a free run: the longest match tried (ngram's) */
 
 static double engine_ema(double avg, int have, double x);
@@ -1147,23 +1150,23 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 
 /* ===== free-running decode ===== */
 
-/* Whether prompt lookup runs inside the free run (worker_run): every connected speculator drafts
- * by prompt lookup (ngram: what it would draft, the workers find themselves), the plan has a
- * step-time curve for the context (the workers weigh each draft against it), and --lookup-run is
- * not off. */
-static bool engine_lookup_free(coord *c)
+/* Whether prompt lookup may run inside the free run (worker_run): an ngram speculator is
+ * connected (what it would draft, the workers find themselves), the plan has a step-time curve
+ * for the context (the workers weigh each draft against it), and --lookup-run is not off. With
+ * `only`, every connected speculator must be ngram: then the free run replaces the verification
+ * cycle; otherwise it only drafts while the guard keeps the other speculators off. */
+static bool engine_lookup_free(coord *c, bool only)
 {
-    int n = 0;
+    int n = 0, other = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         const coord_peer *p = &c->peers[i];
-        if (p->role != PEER_SPECULATOR || !p->connected)
-            continue;
-        if (!p->multi)
-            return false;
-        n++;
+        if (p->role == PEER_SPECULATOR && p->connected) {
+            n += p->multi;
+            other += !p->multi;
+        }
     }
     float cost[RT_MAX_WIDTH + 1];
-    return n > 0 && !c->no_lookup_run && coord_plan_costs(c, cost) >= 2;
+    return n > 0 && !(only && other) && !c->no_lookup_run && coord_plan_costs(c, cost) >= 2;
 }
 
 /* Whether slot s may decode free-running among n_active requests: greedy, without logprobs (the
@@ -1176,7 +1179,7 @@ static bool engine_can_run_free(coord *c, int s, int n_active)
     if (!sl->greedy || sl->prm->logprobs || c->no_free_run)
         return false;
     if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, n_active) &&
-        !engine_lookup_free(c))
+        !engine_lookup_free(c, true))
         return false;
     return slot_room(c, s) >= 2;
 }
@@ -1277,8 +1280,15 @@ static void engine_run_free(coord *c, const int *slots, int n)
     /* with speculators switched off by the guard, short runs: the guard counts their steps as
      * plain cycles and switches speculation on again for its probe */
     int speculators = coord_group_count(c, PEER_SPECULATOR, true);
-    bool lookup = speculators && engine_lookup_free(c);
-    int cap = speculators && !lookup ? ENGINE_FREE_GUARDED : RT_RUN_MAX;
+    bool lookup = speculators && engine_lookup_free(c, false);
+    bool guarded = speculators && !engine_lookup_free(c, true);
+    int cap = RT_RUN_MAX;
+    if (guarded && c->guard_enabled && c->width > 1) { /* up to the guard's next probe */
+        int left = ctl_guard_plain_left(n > 1 ? &c->guard_batch : &c->guard);
+        cap = left < 1 ? 1 : left < RT_RUN_MAX ? left : RT_RUN_MAX;
+    } else if (guarded) {
+        cap = ENGINE_FREE_GUARDED;
+    }
     if (room > cap)
         room = cap;
     engine_run_lookup(c, slots, n, lookup);
@@ -1313,14 +1323,18 @@ static void engine_run_free(coord *c, const int *slots, int n)
                                     (double)(t1 - t0) / r.taken);
     if (lookup)
         c->lookup = c->step->run_lookup_out;
-    if (r.taken > 0 && speculators && !lookup && c->guard_enabled && c->width > 1) {
+    long made = 0; /* tokens the steps made, drafts accepted included */
+    for (int i = 0; i < n && r.taken > 0; i++)
+        made += c->step->run_upto[r.taken - 1][i];
+    if (r.taken > 0 && guarded && c->guard_enabled && c->width > 1) {
         ctl_guard *g = n > 1 ? &c->guard_batch : &c->guard;
-        for (int i = 0; i < r.taken; i++) /* each step a plain cycle for the guard */
-            ctl_guard_sample(g, false, (t1 - t0) / 1e6 / r.taken, n);
+        for (long i = 0; i < r.taken; i++) /* each step a plain cycle for the guard */
+            ctl_guard_sample(g, false, (t1 - t0) / 1e6 / r.taken,
+                             (int)(made * (i + 1) / r.taken - made * i / r.taken));
     }
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "cycle", t0, t1,
-                     "\"requests\":%d,\"nodes\":%d,\"tokens\":%d,\"plain\":1,\"free\":1", n, n,
-                     r.taken * n);
+                     "\"requests\":%d,\"nodes\":%d,\"tokens\":%ld,\"plain\":1,\"free\":1", n,
+                     n, made);
     for (int i = 0; i < n; i++) {
         const engine_slot *sl = &c->eng->slots[slots[i]];
         if (sl->used && slot_over(sl))

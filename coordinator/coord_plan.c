@@ -150,8 +150,8 @@ static int plan_int(const cJSON *o, const char *key, int *out)
     return 0;
 }
 
-/* curves.step_ms["CTX"]: t(W) at each of "widths", for bucket i (ctx) as its cost curve. A
- * missing or malformed curve only leaves the bucket without one (cost_w 0). */
+/* curves.step_ms["CTX"]: t(W) at each of "widths", for bucket i (ctx) as its cost curve, made
+ * non-decreasing. A missing or malformed curve only leaves the bucket without one (cost_w 0). */
 static void plan_costs(const cJSON *root, struct coord_plan *p, int i, int max_width)
 {
     char key[24];
@@ -185,6 +185,10 @@ static void plan_costs(const cJSON *root, struct coord_plan *p, int i, int max_w
         pw = w;
         pt = tw;
     }
+    /* more tokens never make a step cheaper: a dip is the measurement's noise */
+    for (int x = 2; x <= pw; x++)
+        if (p->cost[i][x] < p->cost[i][x - 1])
+            p->cost[i][x] = p->cost[i][x - 1];
     p->cost_w[i] = pw;
 }
 

@@ -5,6 +5,7 @@
  * probes from a budget, ARCA's tree from given accuracies, its acceptance on recorded paths and
  * refinement, and the width choice from given curves.
  */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -175,9 +176,12 @@ static void guard_switches_off_and_back_on(void **state)
     ctl_guard g;
     ctl_guard_init(&g, 0, 4, 8);
     assert_false(g.on); /* no plain figure yet: measure one */
+    assert_int_equal(ctl_guard_plain_left(&g), 4);
     for (int i = 0; i < 3; i++)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_int_equal(ctl_guard_plain_left(&g), 1);
     assert_true(ctl_guard_sample(&g, false, 0.010, 1)); /* base known: try speculation */
+    assert_int_equal(ctl_guard_plain_left(&g), 0);
     assert_float_equal(g.base, 0.010, 1e-12);
     for (int i = 0; i < CTL_GUARD_WARM; i++) /* catching up: no verdict */
         assert_true(ctl_guard_sample(&g, true, 0.010, 1));
@@ -189,9 +193,11 @@ static void guard_switches_off_and_back_on(void **state)
     assert_int_equal(g.probe_now, 16); /* the failed probe doubles the interval */
     /* a stray speculative sample while off is ignored */
     assert_false(ctl_guard_sample(&g, true, 0.001, 5));
-    /* 16 plain cycles, then a probe */
+    /* 16 plain cycles, then a probe (a free run goes on that long) */
+    assert_int_equal(ctl_guard_plain_left(&g), 16);
     for (int i = 0; i < 15; i++)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
+    assert_int_equal(ctl_guard_plain_left(&g), 1);
     assert_true(ctl_guard_sample(&g, false, 0.010, 1));
     for (int i = 0; i < CTL_GUARD_WARM; i++) /* even a slow catch-up cycle is no verdict */
         assert_true(ctl_guard_sample(&g, true, 0.015, 1));
@@ -259,6 +265,7 @@ static void guard_probes_within_budget(void **state)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
     ctl_guard_reprobe(&g); /* a narrow loser, but no budget: no re-test either */
     assert_false(g.on);
+    assert_int_equal(ctl_guard_plain_left(&g), INT_MAX); /* no probe in sight */
     /* up to 0.48 s of plain time: 9.6 ms < 10 ms, still off; at 0.52 s, on */
     for (int i = 16; i < 48; i++)
         assert_false(ctl_guard_sample(&g, false, 0.010, 1));
