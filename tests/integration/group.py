@@ -109,6 +109,18 @@ def mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256,
     return path
 
 
+def write_plan(path, step_ms, width=4):
+    """A plan (docs/speculation.md, "The plan") with one bucket of `width` and the step-time curve
+    step_ms at widths 1, 2, 4, 8, 16: what prompt lookup in the free run weighs drafts against."""
+    widths = [1, 2, 4, 8, 16]
+    plan = {"orochi_plan": 1, "target": "test", "threads": 1, "act_bits": 16, "calibrated_on": "all",
+            "buckets": [{"ctx": 100000, "width": width, "length": width - 1, "speculate": True}],
+            "widths": widths, "curves": {"step_ms": {"100000": list(step_ms)}}}
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    return path
+
+
 def asan_build():
     """Whether the binaries under test are built with AddressSanitizer (make asan): several times
     slower, and their RSS grows by design (the quarantine keeps freed memory)."""

@@ -209,17 +209,6 @@ def test_free_run_while_the_guard_keeps_speculation_off():
 
 
 
-def write_plan(path, step_ms):
-    """A plan with one bucket and the step-time curve step_ms at widths 1, 2, 4, 8, 16."""
-    import json
-    widths = [1, 2, 4, 8, 16]
-    plan = {"orochi_plan": 1, "target": "test", "threads": 1, "act_bits": 16, "calibrated_on": "all",
-            "buckets": [{"ctx": 100000, "width": 4, "length": 3, "speculate": True}],
-            "widths": widths, "curves": {"step_ms": {"100000": step_ms}}}
-    with open(path, "w") as f:
-        json.dump(plan, f)
-
-
 @t.case
 def test_free_run_with_prompt_lookup():
     # with ngram the only speculator and a plan that has a step-time curve, the workers draft by
@@ -231,8 +220,8 @@ def test_free_run_with_prompt_lookup():
     jobs = [("hello world", 200), ("The quick brown fox", 120), ("a third prompt", 60)]
     want = [G.run_ids(m, p, n) for p, n in jobs]
     cheap, dear = os.path.join(G.env()["tmp"], "plan-cheap.json"), os.path.join(G.env()["tmp"], "plan-dear.json")
-    write_plan(cheap, [1.0, 1.01, 1.02, 1.04, 1.08])
-    write_plan(dear, [1.0, 2.0, 4.0, 8.0, 16.0])
+    G.write_plan(cheap, [1.0, 1.01, 1.02, 1.04, 1.08])
+    G.write_plan(dear, [1.0, 2.0, 4.0, 8.0, 16.0])
 
     for workers in (1, 2):
         with G.Group("lookup%d" % workers, m, workers=workers, speculators=["ngram"],

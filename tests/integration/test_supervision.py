@@ -3,7 +3,8 @@
 The KV cache and the step inputs live in the arena, so when a worker dies during a request the
 coordinator spawns it again and re-runs the interrupted step: the request must complete with
 exactly the tokens of an undisturbed run, and the status file must show the worker back with
-`restarts 1`. A dead speculator only means fewer drafts (the request completes identically, the
+`restarts 1` — also while the workers draft by prompt lookup inside their free run. A dead
+speculator only means fewer drafts (the request completes identically, the
 speculator is restarted); a hung worker (SIGSTOP) is declared dead after --dead-ms and replaced,
 and only it: its sibling, waiting for it at the step barrier, keeps heartbeating and is never
 declared dead, also when the stop lasts as long as --dead-ms; a speculator busy with a long
@@ -86,6 +87,28 @@ def test_supervision_worker_sigkill_mid_request():
         # the group still serves, with the replacement worker
         G.check_eq(g.ids(PROMPT, 48), want[:48], "a request after the restart")
         G.check(g.status()["worker-0"]["restarts"] == 0, "worker-0 was restarted too")
+
+
+@t.case
+def test_supervision_worker_sigkill_mid_lookup_run():
+    # the same with ngram and a plan whose curve makes drafting cheap: the workers draft by
+    # prompt lookup inside their free run when one of them is killed; the answer stays exact
+    model = slow_model()
+    want = want_ids(model)
+    plan = G.write_plan(os.path.join(G.env()["tmp"], "plan-sup-lookup.json"), [1.0, 1.01, 1.02, 1.04, 1.08])
+    with G.Group("sup-lookup", model, workers=2, speculators=["ngram"], extra=["--plan", plan]) as g:
+        pid = role_pid(g, "worker-0")
+        bg = G.Background(g, PROMPT, N)
+        bg.wait_started()
+        os.kill(pid, signal.SIGKILL)
+        G.log("  killed worker-0 (pid %d) mid-request" % pid)
+        G.check_eq(bg.result(), want, "token ids of the request that lost a worker")
+        wait_back(g, "worker-0", pid)
+        r = g.complete(PROMPT, N)
+        G.check_eq(r["orochi"]["token_ids"], want, "a request after the restart")
+        G.check(r["orochi"]["mean_accepted"] > 1, "no lookup drafts after the restart (mean accepted %s)",
+                r["orochi"]["mean_accepted"])
+        G.log("  after the restart: exact, mean accepted %.2f" % r["orochi"]["mean_accepted"])
 
 
 @t.case
