@@ -80,19 +80,25 @@ def post(url, body, timeout=600):
         return json.loads(r.read())
 
 
+def extra_value(a, flag):
+    """The value of a coordinator option among --extra, or None."""
+    ex = a.extra.split()
+    return ex[ex.index(flag) + 1] if flag in ex[:-1] else None
+
+
 def act_bits(a):
     """The --act-bits value among the --extra coordinator options (the sequential reference
     must compute the same way), or None."""
-    ex = a.extra.split()
-    return ex[ex.index("--act-bits") + 1] if "--act-bits" in ex[:-1] else None
+    return extra_value(a, "--act-bits")
 
 
-def sequential(bin_dir, model, prompt, n, threads, act_bits=None):
-    """orochi run in-process: (ids, decode tok/s, total tok/s)."""
+def sequential(bin_dir, model, prompt, n, threads, act_bits=None, kv=None):
+    """orochi run in-process: (ids, decode tok/s, total tok/s); act_bits and kv as the group's
+    --act-bits and --kv (the reference must compute the same way)."""
     t0 = time.time()
     p = subprocess.run([os.path.join(bin_dir, "orochi"), "run", "--model", model, "--chat", "--prompt", prompt,
                         "-n", str(n), "--temp", "0", "--threads", str(threads), "--print-ids"] +
-                       (["--act-bits", act_bits] if act_bits else []),
+                       (["--act-bits", act_bits] if act_bits else []) + (["--kv", kv] if kv else []),
                        capture_output=True, text=True, check=True)
     wall = time.time() - t0
     ids = [int(x) for x in p.stdout.split()]
@@ -223,7 +229,8 @@ def main():
     base = {}
     for p in prompts:
         n = a.max_tokens or p.get("max_tokens", 96)
-        ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads, act_bits(a))
+        ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads, act_bits(a),
+                                           extra_value(a, "--kv"))
         base[p["id"]] = {"ids": ids, "tok_s": len(ids) / wall, "decode_tok_s": dec_tps}
 
     if a.sweep_width:

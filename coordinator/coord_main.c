@@ -154,7 +154,7 @@ static void coord_usage(FILE *out)
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
-        "         [--lookup-run on|off] [--trace]\n"
+        "         [--lookup-run on|off] [--kv f32|f16] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -184,6 +184,9 @@ static void coord_usage(FILE *out)
         "  --kv-dup (default on when every worker is a CPU): without a plan's partition the\n"
         "  workers split the query heads evenly, a KV head whose query heads two workers share\n"
         "  being projected by both (balanced attention; off: each worker whole KV heads).\n"
+        "  --kv f16: the K/V cache in the arena in f16 instead of f32 (half the bytes every\n"
+        "  step's attention reads: faster batches and long contexts; `orochi run --kv f16`\n"
+        "  gives the same tokens). CPU workers only.\n"
         "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
         "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
@@ -281,6 +284,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"kv-dup", required_argument, 0, 19},
                                          {"prefix-reuse", required_argument, 0, 20},
                                          {"lookup-run", required_argument, 0, 21},
+                                         {"kv", required_argument, 0, 22},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -359,6 +363,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             c->no_lookup_run = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
+        case 22:
+            c->kv_elem = !strcmp(optarg, "f16") ? KV_F16 : KV_F32;
+            bad |= strcmp(optarg, "f32") && strcmp(optarg, "f16");
+            break;
         case 19:
             c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
             if (c->kv_dup_opt == -2) {
@@ -396,7 +404,7 @@ static int coord_parse(coord *c, int argc, char **argv)
     if (!c->run_dir || !c->target || bad) {
         if (bad)
             fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run/"
-                            "--prefix-reuse/--lookup-run take on|off, --vote majority|union|off, --draft-wait measured|fixed\n");
+                            "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }
@@ -472,6 +480,11 @@ static int coord_setup(coord *c)
                               "tree row from the arena)");
         return 2;
     }
+    if (c->kv_elem == KV_F16 && !all_cpu) {
+        rt_log("coordinator", "--kv f16 needs CPU workers only (the GPU forward reads f32 K/V "
+                              "from the arena)");
+        return 2;
+    }
     c->kv_dup = c->kv_dup_opt == 1 || (c->kv_dup_opt < 0 && all_cpu);
     int even_max = c->kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads;
     if (c->n_workers > even_max && !c->part_set) {
@@ -498,7 +511,7 @@ static int coord_setup(coord *c)
 
     /* the arena */
     size_t llama_bytes =
-        llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, c->n_seq, KV_F32, NULL);
+        llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, c->n_seq, c->kv_elem, NULL);
     c->ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
@@ -525,7 +538,7 @@ static int coord_setup(coord *c)
                           .max_width = c->max_width,
                           .n_ctx = c->n_ctx,
                           .n_seq = c->n_seq,
-                          .kv = KV_F32,
+                          .kv = c->kv_elem,
                           .n_parts = 1,
                           .shared = shared};
     c->kv = llama_ctx_new(c->model, &p, err, sizeof err);

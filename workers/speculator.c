@@ -1125,13 +1125,14 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
     int n_seq = w->n_seq ? (int)w->n_seq : 1;
     uint64_t have = 0;
     void *block = arena_region_find(s->arena, RT_REGION_LLAMA, &have);
-    size_t need = llama_shared_layout(&tc, (int)w->n_ctx, (int)w->max_width, n_seq, KV_F32, NULL);
+    kv_type kv = w->kv_type == KV_F16 ? KV_F16 : KV_F32; /* the target's, as the arena holds it */
+    size_t need = llama_shared_layout(&tc, (int)w->n_ctx, (int)w->max_width, n_seq, kv, NULL);
     if (!block || have < need) {
         snprintf(err, errlen, "--target-kv: the arena has no K/V block for the target's shape");
         return on ? -1 : 0;
     }
-    llama_shared_bind(&s->target_sh, block, &tc, (int)w->n_ctx, (int)w->max_width, n_seq, KV_F32);
-    p->kv = KV_F32; /* the source's rows: the tree rows are read in the same stream */
+    llama_shared_bind(&s->target_sh, block, &tc, (int)w->n_ctx, (int)w->max_width, n_seq, kv);
+    p->kv = kv; /* the source's rows: the tree rows are read in the same stream */
     p->prefix_src = &s->target_sh;
     p->prefix_src_n_ctx = (int)w->n_ctx;
     p->prefix_src_max_width = (int)w->max_width;

@@ -339,8 +339,14 @@ static int worker_join(worker *w)
         rt_log(w->role, "Welcome asks for %d sequence slots; this build has %d", n_seq, RT_MAX_SEQ);
         goto done;
     }
+    if (wel->kv_type > KV_F16) {
+        rt_log(w->role, "Welcome names K/V type %u; this build knows 0 (f32) and 1 (f16)",
+               wel->kv_type);
+        goto done;
+    }
+    kv_type kv = (kv_type)wel->kv_type;
     size_t need = llama_shared_layout(&w->model->cfg, (int)wel->n_ctx, (int)wel->max_width, n_seq,
-                                      KV_F32, NULL);
+                                      kv, NULL);
     if (!w->step || !shared || !w->logits || llama_size < need) {
         rt_log(w->role, "arena %s lacks the step/llama/logits regions this model needs",
                wel->arena_name);
@@ -358,7 +364,7 @@ static int worker_join(worker *w)
                           .max_width = (int)wel->max_width,
                           .n_ctx = (int)wel->n_ctx,
                           .n_seq = n_seq,
-                          .kv = KV_F32,
+                          .kv = kv,
                           .part = (int)wel->worker_index,
                           .n_parts = (int)wel->n_workers,
                           .plan = wel->n_plan_shares ? &plan : NULL,
@@ -384,9 +390,11 @@ static int worker_join(worker *w)
     }
 #endif
     w->n_workers = (int)wel->n_workers;
-    rt_log(w->role, "joined: part %u of %u, %s, %d threads, %u-bit activations, arena %s, model %s",
+    rt_log(w->role,
+           "joined: part %u of %u, %s, %d threads, %u-bit activations, %s K/V, arena %s, model %s",
            wel->worker_index, wel->n_workers, w->device, llama_ctx_threads(w->ctx),
-           wel->act_bits ? wel->act_bits : KMAT_ACT16, wel->arena_name, wel->target_model);
+           wel->act_bits ? wel->act_bits : KMAT_ACT16, wel->kv_type == KV_F16 ? "f16" : "f32",
+           wel->arena_name, wel->target_model);
     rc = 0;
 done:
     rt_free(env);

@@ -5,8 +5,9 @@
  * attention.c runs instead when the matmul kernels run on AVX-512 (kisa_current) and the head
  * size is 64. With AVX-512 the scores of a chunk's 16 keys are formed one key per register (the
  * AVX2 code's two 8-lane chains side by side) and reduced together, and the value rows are
- * loaded once for three queries at a time (12 accumulators); every lane does the same
- * operations in the same order as in the AVX2 code, so both give the same bits (unit_kernels).
+ * loaded once for three queries at a time (12 accumulators); f16 rows are converted in the
+ * registers that use them instead of into a buffer first. Every lane does the same operations
+ * in the same order as in the AVX2 code, so both give the same bits (unit_kernels).
  */
 #ifndef OROCHI_ATT_CHUNK_H
 #define OROCHI_ATT_CHUNK_H
@@ -37,6 +38,10 @@ static const float *att_row(const void *base, kv_type type, int64_t stride, int6
         return (const float *)base + p * stride;
     const uint16_t *h = (const uint16_t *)base + p * stride;
     int i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= head_dim; i += 16)
+        _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#endif
 #if defined(__AVX2__) && defined(__F16C__)
     for (; i + 8 <= head_dim; i += 8)
         _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
@@ -91,10 +96,17 @@ static inline __attribute__((always_inline)) __m256 att_dot8(const float *q, con
 #endif
 
 /* Row pointers (as floats) of positions [c0, c1) for keys or values; f16 rows are converted into
- * buf (ATT_CHUNK rows). Positions past c1 up to the chunk end point at a zero row. */
+ * buf (ATT_CHUNK rows), or with `raw` left as they are (the AVX-512 code converts them in
+ * registers). Positions past c1 up to the chunk end point at a zero row. */
 static void att_chunk_rows(const katt_keys *s, const void *prefix, const void *tree, int c0, int c1,
-                           int head_dim, float *buf, const float *zero, const float **rows)
+                           int head_dim, float *buf, const float *zero, const float **rows,
+                           int raw)
 {
+    if (raw) {
+        for (int j = c0; j < c0 + ATT_CHUNK; j++)
+            rows[j - c0] = j < c1 ? (const float *)att_stream_row(s, prefix, tree, j) : zero;
+        return;
+    }
     if (s->type == KV_F32 && c1 - c0 == ATT_CHUNK && c1 <= s->n_prefix) { /* the common case */
         for (int j = 0; j < ATT_CHUNK; j++)
             rows[j] = (const float *)prefix + (size_t)(c0 + j) * (size_t)s->stride;
@@ -111,11 +123,19 @@ static void att_chunk_rows(const katt_keys *s, const void *prefix, const void *t
 }
 
 #ifdef __AVX512F__
+/* 16 elements of a row from element 16 * i: f32, or (F16) f16 converted in the register */
+static inline __attribute__((always_inline)) __m512 a5_row16(const float *row, int i, const int F16)
+{
+    return F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + 16 * i)))
+               : _mm512_loadu_ps(row + 16 * i);
+}
+
 /* The scores of a whole chunk for head size 64: key j's two 8-lane chains (dimensions 16i..16i+7
  * and 16i+8..16i+15, i = 0..3, as att_dot8 forms them) are the two halves of one 16-lane
  * chain; the halves are added and the 16 keys' 8-lane sums reduced as att_dot8 reduces 8 (the
  * same pairs added in the same order), then put back in key order. */
-static inline void a5_scores64(const float *q, const float *const *krows, float scale, float *sc)
+static inline __attribute__((always_inline)) void a5_scores64(const float *q,
+    const float *const *krows, float scale, float *sc, const int F16)
 {
     __m512 qv[4];
     for (int i = 0; i < 4; i++)
@@ -123,9 +143,9 @@ static inline void a5_scores64(const float *q, const float *const *krows, float 
     __m512 z[16];
     for (int j = 0; j < 16; j++) {
         const float *r = krows[j];
-        __m512 a = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(r), _mm512_setzero_ps());
+        __m512 a = _mm512_fmadd_ps(qv[0], a5_row16(r, 0, F16), _mm512_setzero_ps());
         for (int i = 1; i < 4; i++)
-            a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(r + 16 * i), a);
+            a = _mm512_fmadd_ps(qv[i], a5_row16(r, i, F16), a);
         z[j] = a;
     }
     __m512 u[8];
@@ -144,14 +164,18 @@ static inline void a5_scores64(const float *q, const float *const *krows, float 
 }
 #endif
 
-/* Scores of positions [c0, c1) into sc, scaled. */
+/* Scores of positions [c0, c1) into sc, scaled (raw: f16 rows, AVX-512 and head size 64 only). */
 static void att_scores(const float *q, const float *const *krows, int len, int head_dim,
-                       float scale, float *sc)
+                       float scale, float *sc, int raw)
 {
     int j = 0;
+    (void)raw;
 #ifdef __AVX512F__
     if (head_dim == 64) { /* the whole chunk: rows past len point at a zero row */
-        a5_scores64(q, krows, scale, sc);
+        if (raw)
+            a5_scores64(q, krows, scale, sc, 1);
+        else
+            a5_scores64(q, krows, scale, sc, 0);
         return;
     }
 #endif
@@ -179,9 +203,9 @@ static void att_scores(const float *q, const float *const *krows, int len, int h
 /* One chunk of keys (rows, len of them) for one query: scores, the running max (and the rescale
  * of the partial when it grows), the weights e = exp(score - max) and their sum. */
 static inline void att_chunk_softmax(const float *q, const float *const *rows, int len, int head_dim,
-                                     float scale, katt_stat *t, float *o, float *e)
+                                     float scale, katt_stat *t, float *o, float *e, int raw)
 {
-    att_scores(q, rows, len, head_dim, scale, e);
+    att_scores(q, rows, len, head_dim, scale, e, raw);
     float mx = t->max;
     int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -252,15 +276,15 @@ static inline void att_chunk_values(const float *const *rows, int len, int head_
  * 16-lane registers) for all of them; every output lane accumulates its keys in order, as in
  * att_chunk_values. */
 static inline __attribute__((always_inline)) void a5_values_g(const float *const *rows, int len,
-    const float (*e)[ATT_CHUNK], float *const *o, const int G)
+    const float (*e)[ATT_CHUNK], float *const *o, const int G, const int F16)
 {
     __m512 acc[3][4];
     for (int g = 0; g < G; g++)
         for (int b = 0; b < 4; b++)
             acc[g][b] = _mm512_loadu_ps(o[g] + 16 * b);
     for (int j = 0; j < len; j++) {
-        __m512 v0 = _mm512_loadu_ps(rows[j]), v1 = _mm512_loadu_ps(rows[j] + 16);
-        __m512 v2 = _mm512_loadu_ps(rows[j] + 32), v3 = _mm512_loadu_ps(rows[j] + 48);
+        __m512 v0 = a5_row16(rows[j], 0, F16), v1 = a5_row16(rows[j], 1, F16);
+        __m512 v2 = a5_row16(rows[j], 2, F16), v3 = a5_row16(rows[j], 3, F16);
         for (int g = 0; g < G; g++) {
             __m512 ev = _mm512_set1_ps(e[g][j]);
             acc[g][0] = _mm512_fmadd_ps(ev, v0, acc[g][0]);
@@ -273,16 +297,25 @@ static inline __attribute__((always_inline)) void a5_values_g(const float *const
         for (int b = 0; b < 4; b++)
             _mm512_storeu_ps(o[g] + 16 * b, acc[g][b]);
 }
-static void a5_values64(const float *const *rows, int len, const float (*e)[ATT_CHUNK],
-                        float *const *o, int n)
+static inline __attribute__((always_inline)) void a5_values64_x(const float *const *rows, int len,
+    const float (*e)[ATT_CHUNK], float *const *o, int n, const int F16)
 {
     int i = 0;
     for (; i + 3 <= n; i += 3)
-        a5_values_g(rows, len, e + i, o + i, 3);
+        a5_values_g(rows, len, e + i, o + i, 3, F16);
     if (n - i == 2)
-        a5_values_g(rows, len, e + i, o + i, 2);
+        a5_values_g(rows, len, e + i, o + i, 2, F16);
     else if (n - i == 1)
-        a5_values_g(rows, len, e + i, o + i, 1);
+        a5_values_g(rows, len, e + i, o + i, 1, F16);
+}
+/* raw: f16 rows, converted in registers */
+static void a5_values64(const float *const *rows, int len, const float (*e)[ATT_CHUNK],
+                        float *const *o, int n, int raw)
+{
+    if (raw)
+        a5_values64_x(rows, len, e, o, n, 1);
+    else
+        a5_values64_x(rows, len, e, o, n, 0);
 }
 #endif
 
@@ -316,25 +349,29 @@ ATT_CHUNKS_SCOPE void ATT_CHUNKS(int n_tok, const float *const *q, int64_t q_str
     float buf[ATT_CHUNK * ATT_MAX_HEAD_DIM], sc[ATT_MAX_Q][ATT_CHUNK];
     static const float zero[ATT_MAX_HEAD_DIM];
     const float *rows[ATT_CHUNK];
+    int raw = 0; /* f16 rows read as they are (converted in registers) */
+#ifdef __AVX512F__
+    raw = head_dim == 64 && s->type == KV_F16;
+#endif
     att_prefetch(s, s->k, c0, c1, head_dim);
     att_prefetch(s, s->v, c0, c1, head_dim);
     for (int a = c0; a < c1; a += ATT_CHUNK) {
         int b = a + ATT_CHUNK < c1 ? a + ATT_CHUNK : c1, len = b - a;
         att_prefetch(s, s->k, a + ATT_CHUNK, c1, head_dim);
-        att_chunk_rows(s, s->k, s->tree_k, a, b, head_dim, buf, zero, rows);
+        att_chunk_rows(s, s->k, s->tree_k, a, b, head_dim, buf, zero, rows, raw);
         for (int t = 0; t < n_tok; t++)
             for (int h = 0; h < nq; h++)
                 att_chunk_softmax(q[t] + h * q_stride, rows, len, head_dim, scale, &st[t * nq + h],
-                                  out[t] + h * out_stride, sc[t * nq + h]);
+                                  out[t] + h * out_stride, sc[t * nq + h], raw);
         att_prefetch(s, s->v, a + ATT_CHUNK, c1, head_dim);
-        att_chunk_rows(s, s->v, s->tree_v, a, b, head_dim, buf, zero, rows);
+        att_chunk_rows(s, s->v, s->tree_v, a, b, head_dim, buf, zero, rows, raw);
 #ifdef __AVX512F__
         if (head_dim == 64) {
             float *os[ATT_MAX_Q];
             for (int t = 0; t < n_tok; t++)
                 for (int h = 0; h < nq; h++)
                     os[t * nq + h] = out[t] + h * out_stride;
-            a5_values64(rows, len, sc, os, n_tok * nq);
+            a5_values64(rows, len, sc, os, n_tok * nq, raw);
             continue;
         }
 #endif

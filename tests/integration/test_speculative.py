@@ -6,7 +6,10 @@ with the workers; at temperature 0 the token ids must be exactly those of
 `orochi run --temp 0 --print-ids`. Drafts that are always right (a layerskip speculator keeping
 every layer, or a model speculator whose draft is the target itself) must also be accepted: mean
 accepted tokens per verification step well above 1. The default model is checked with prompts of
-different kinds (code, chat, repetitive text to summarise) when it is present.
+different kinds (code, chat, repetitive text to summarise) when it is present. The precisions a
+group can be started with are checked the same way against `orochi run` with the same flag:
+`--act-bits 8`, and `--kv f16` (the arena's K/V cache in half precision, read in place by a
+layerskip drafter).
 """
 import os
 import sys
@@ -52,8 +55,9 @@ def check_answer(r, want, what):
             "%s: steps %r for %d tokens", what, o.get("steps"), len(want))
 
 
-def speculative_equals_run(model, speculators, prompts, n, name, kinds=None, min_mean=None, **group_kw):
-    want = {p: G.run_ids(model, p, n) for p in prompts}
+def speculative_equals_run(model, speculators, prompts, n, name, kinds=None, min_mean=None, run_extra=(),
+                           **group_kw):
+    want = {p: G.run_ids(model, p, n, extra=run_extra) for p in prompts}
     with G.Group(name, model, speculators=speculators, **group_kw) as g:
         st = g.status()
         for s in speculators:
@@ -157,6 +161,23 @@ def test_speculative_layerskip_reads_target_kv():
     with G.Group("layerskip-kv-refused", model, speculators=["layerskip:layers=1-3,target-kv=on"],
                  wait_speculators=False) as g:
         g.wait_log("layerskip", "--target-kv on: --layers must be the target's first layers", timeout=20)
+
+
+@t.case
+def test_speculative_kv_f16():
+    # --kv f16 puts the arena's K/V cache in half precision for every role: the group's greedy
+    # output equals `orochi run --kv f16`, plain (free run) and with a layerskip drafter that
+    # reads the target's f16 rows in the arena (every layer kept: its drafts are the target's)
+    model = tiny()
+    f16 = ["--kv", "f16"]
+    g, _ = speculative_equals_run(model, [], TINY_PROMPTS, N, "kv-f16-plain", run_extra=f16, extra=f16)
+    for w in range(2):
+        G.check("f16 K/V" in g.log("worker-%d" % w), "worker-%d does not say it runs f16 K/V", w)
+    g, _ = speculative_equals_run(model, ["layerskip:layers=0-3"], TINY_PROMPTS[:2], N, "kv-f16-layerskip",
+                                  kinds=["layerskip"], min_mean=2.0, run_extra=f16,
+                                  extra=f16 + ["--draft-wait", "fixed", "--draft-wait-ms", "2000"])
+    G.check("reading the target's K/V" in g.log("layerskip"), "layerskip did not read the target's K/V: %r",
+            [l for l in g.log("layerskip").splitlines() if "joined" in l])
 
 
 @t.case
