@@ -63,15 +63,15 @@ bench-act-bits: build models
 	/usr/bin/python3 bench/act_bits.py --bin-dir $(BUILD)/bin --model $(MODEL)
 
 # Throughput with 1, 4 and 8 requests in flight (docs/performance.md, "Prompt lookup in the free
-# run"): 1 worker x 2 threads, 8-bit activations, 24 requests per level kept in flight, 3
+# run"): 1 worker x 2 threads, 8-bit activations, f16 K/V, 24 requests per level kept in flight, 3
 # interleaved rounds, without and with ngram, both with a plan profiled first (its step-time
 # curve is what prompt lookup in the free run weighs drafts against); every answer checked
 # against `orochi run`. About 4 minutes.
 BENCH_PLAN := $(BUILD)/bench-plan.json
 bench-concurrency: build models
-	$(BUILD)/bin/orochi profile --model $(MODEL) --threads 2 --widths 1,2,4,8,16 --per-category 3 -n 64 --act-bits 8 --reps 20 --out $(BENCH_PLAN)
-	/usr/bin/python3 bench/spec_bench.py --bin-dir $(BUILD)/bin --model $(MODEL) --workers 1 --threads-per-worker 2 --rounds 3 --concurrency 1,4,8 --concurrency-spec none --categories code,summarize,math -n 128 --extra "--act-bits 8 --plan $(BENCH_PLAN)"
-	/usr/bin/python3 bench/spec_bench.py --bin-dir $(BUILD)/bin --model $(MODEL) --workers 1 --threads-per-worker 2 --rounds 3 --concurrency 1,4,8 --concurrency-spec ngram --categories code,summarize,math -n 128 --extra "--act-bits 8 --plan $(BENCH_PLAN)"
+	$(BUILD)/bin/orochi profile --model $(MODEL) --threads 2 --widths 1,2,4,8,16 --per-category 3 -n 64 --act-bits 8 --kv f16 --reps 20 --out $(BENCH_PLAN)
+	/usr/bin/python3 bench/spec_bench.py --bin-dir $(BUILD)/bin --model $(MODEL) --workers 1 --threads-per-worker 2 --rounds 3 --concurrency 1,4,8 --concurrency-spec none --categories code,summarize,math -n 128 --extra "--act-bits 8 --kv f16 --plan $(BENCH_PLAN)"
+	/usr/bin/python3 bench/spec_bench.py --bin-dir $(BUILD)/bin --model $(MODEL) --workers 1 --threads-per-worker 2 --rounds 3 --concurrency 1,4,8 --concurrency-spec ngram --categories code,summarize,math -n 128 --extra "--act-bits 8 --kv f16 --plan $(BENCH_PLAN)"
 
 # A group without speculators against `orochi run` with the same threads (docs/performance.md,
 # "The group's handoff"): the default model and its F16 copy (made once with orochi quantize, in

@@ -63,6 +63,7 @@ typedef struct {
 typedef struct {
     const char *model, *prompts, *calib, *out, *plot;
     int threads, n_gen, depth, ranks, per_cat, reps, act_bits;
+    kv_type kv; /* --kv: the K/V type the group runs with (the step times) */
     bool plain; /* --plain: prompts as completions, not chat messages */
     int widths[PF_MAX_W], n_widths, ctxs[PF_MAX_CTX], n_ctxs;
     pf_spec spec[PF_MAX_SPEC];
@@ -79,7 +80,7 @@ static void pf_usage(FILE *out)
             "                      [--widths 1,2,4,8,16] [--ctx 256,1024] [--prompts FILE]\n"
             "                      [--calibrate CATEGORY] [--per-category N] [-n TOKENS]\n"
             "                      [--depth D] [--ranks R] [--reps N] [--out plan.json]\n"
-            "                      [--plot plan.png] [--plain] [--act-bits 16|8]\n"
+            "                      [--plot plan.png] [--plain] [--act-bits 16|8] [--kv f32|f16]\n"
             "  Measures the step time per width and context bucket and each speculator's\n"
             "  acceptance by depth and candidate rank on a calibration prompt set (JSON lines\n"
             "  with id, category, prompt; default bench/prompts.jsonl), then writes the plan:\n"
@@ -91,8 +92,9 @@ static void pf_usage(FILE *out)
             "  (default: every prompt of the file), and the acceptance table applies them to\n"
             "  every category. --plain: the prompts\n"
             "  are completions (no chat template). --act-bits: the activation precision the\n"
-            "  group runs with (orochi-coordinator --act-bits; it sets the step times). The\n"
-            "  plot needs python3 with matplotlib.\n");
+            "  group runs with (orochi-coordinator --act-bits; it sets the step times), --kv\n"
+            "  its K/V type (orochi-coordinator --kv; the step times too). The plot needs\n"
+            "  python3 with matplotlib.\n");
 }
 
 static int pf_list(const char *opt, const char *s, int *out, int max, long lo, long hi)
@@ -208,6 +210,11 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
         else if (!strcmp(a, "--act-bits")) {
             fprintf(stderr, "orochi profile: --act-bits takes 8 or 16, got '%s'\n", v);
             return -1;
+        } else if (!strcmp(a, "--kv") && (!strcmp(v, "f32") || !strcmp(v, "f16")))
+            o->kv = !strcmp(v, "f16") ? KV_F16 : KV_F32;
+        else if (!strcmp(a, "--kv")) {
+            fprintf(stderr, "orochi profile: --kv takes f32 or f16, got '%s'\n", v);
+            return -1;
         }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-n") || !strcmp(a, "--depth") ||
                  !strcmp(a, "--ranks") || !strcmp(a, "--per-category") || !strcmp(a, "--reps"))
@@ -245,15 +252,15 @@ static void pf_progress(const char *what, int done, int total)
 }
 
 /* Median ms of a W-token step at a committed context of ctx tokens, for each W of ws. */
-static int pf_step_ms(const llama_model *m, int threads, int ctx_len, const int *ws, int n_w,
-                      int reps, double *out)
+static int pf_step_ms(const llama_model *m, int threads, kv_type kv, int ctx_len, const int *ws,
+                      int n_w, int reps, double *out)
 {
     char err[256];
     int maxw = 1;
     for (int i = 0; i < n_w; i++)
         maxw = ws[i] > maxw ? ws[i] : maxw;
     llama_ctx_params cp = {
-        .n_threads = threads, .max_width = PF_CHUNK, .n_ctx = ctx_len + maxw + 8};
+        .n_threads = threads, .max_width = PF_CHUNK, .n_ctx = ctx_len + maxw + 8, .kv = kv};
     llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
     int32_t *ids = malloc((size_t)(ctx_len + PF_CHUNK) * sizeof *ids);
     float *logits = malloc((size_t)PF_CHUNK * (size_t)m->cfg.vocab * sizeof *logits);
@@ -621,6 +628,7 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
     cJSON_AddStringToObject(root, "target", o->model);
     cJSON_AddNumberToObject(root, "threads", o->threads);
     cJSON_AddNumberToObject(root, "act_bits", o->act_bits);
+    cJSON_AddStringToObject(root, "kv", o->kv == KV_F16 ? "f16" : "f32");
     cJSON_AddStringToObject(root, "calibrated_on",
                             o->calib_cat < 0 ? "all" : o->cats[o->calib_cat]);
     for (int c = 0; c < o->n_ctxs; c++) {
@@ -771,13 +779,13 @@ int cmd_profile(int argc, char **argv)
     int steps_total = o.n_ctxs * (1 + o.n_spec), steps_done = 0;
     for (int c = 0; c < o.n_ctxs; c++) {
         pf_progress("step time per width", steps_done, steps_total);
-        if (pf_step_ms(m, o.threads, o.ctxs[c], o.widths, o.n_widths, o.reps, o.t_ms[c]))
+        if (pf_step_ms(m, o.threads, o.kv, o.ctxs[c], o.widths, o.n_widths, o.reps, o.t_ms[c]))
             goto done;
         steps_done++;
         for (int s = 0; s < o.n_spec; s++, steps_done++) {
             int one = 1;
             pf_progress("step time per width", steps_done, steps_total);
-            if (o.spec[s].m && pf_step_ms(o.spec[s].m, o.threads, o.ctxs[c], &one, 1, o.reps,
+            if (o.spec[s].m && pf_step_ms(o.spec[s].m, o.threads, o.kv, o.ctxs[c], &one, 1, o.reps,
                                           &o.spec[s].draft_ms[c]))
                 goto done;
             if (o.spec[s].md && pf_medusa_ms(m, o.spec[s].md, pool, o.reps, &o.spec[s].draft_ms[c]))

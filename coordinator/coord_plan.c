@@ -219,6 +219,13 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
                    "ones: its step times, and so its widths, may not fit (orochi profile "
                    "--act-bits %d)",
                    c->plan_path, plan_bits, c->act_bits, c->act_bits);
+        const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "kv");
+        const char *group_kv = c->kv_elem == KV_F16 ? "f16" : "f32";
+        if (cJSON_IsString(kv) && strcmp(kv->valuestring, group_kv))
+            rt_log("coordinator",
+                   "the plan %s was profiled with %s K/V and this group runs %s: its step times "
+                   "may not fit (orochi profile --kv %s)",
+                   c->plan_path, kv->valuestring, group_kv, group_kv);
         const cJSON *part = cJSON_GetObjectItemCaseSensitive(root, "partition");
         p->part_set = part != NULL;
         rc = part ? plan_partition(c, part, &p->part, err, errlen) : 0;
