@@ -180,6 +180,7 @@ typedef struct {
     pthread_mutex_t mlock;
     uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
     uint64_t m_free_tokens; /* tokens taken from free-running decodes */
+    uint64_t m_piggyback_tokens; /* tokens decoded in the steps of another request's prefill */
     uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
     uint64_t m_batch_hist[RT_MAX_SEQ + 1];    /* requests per verification step */
     double m_step_seconds, m_draft_wait_seconds;

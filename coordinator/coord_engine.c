@@ -1031,8 +1031,55 @@ static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
     return 0;
 }
 
-/* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot
- * only), draw the first token. Returns 0 when the slot is now active. */
+/* The requests that decode a token in each step of another's prefill: the active greedy ones
+ * (the coordinator takes their argmax, as a plain cycle would) but slot `s`, with room for a
+ * token. A new request's prompt no longer holds the others up: its chunk's step gives each of
+ * them its next token for little more than the chunk costs alone. Returns how many, in pig[]. */
+static int engine_piggyback_slots(coord *c, int s, int *pig)
+{
+    int n = 0;
+    for (int k = 0; k < c->n_seq && n < RT_MAX_SEQ; k++) {
+        const engine_slot *o = &c->eng->slots[k];
+        if (k != s && o->used && o->greedy && !slot_over(o) && slot_room(c, k) >= 1)
+            pig[n++] = k;
+    }
+    return n;
+}
+
+/* After a prefill step that carried them at batch rows w, w + 1, ...: each piggybacked request
+ * takes its row's argmax, commits the row and emits the token. */
+static void engine_piggyback_take(coord *c, const int *pig, int n, int w, int logits_from)
+{
+    int V = c->model->cfg.vocab;
+    for (int k = 0; k < n; k++) {
+        int s = pig[k];
+        engine_slot *o = &c->eng->slots[s];
+        int32_t row = w + k;
+        char err[256];
+        if (llama_commit(c->kv, &row, 1, err, sizeof err)) {
+            slot_fail(c, s, 500, err);
+            continue;
+        }
+        c->eng->prefix[s]++;
+        const float *lg = c->logits + (size_t)(row - logits_from) * (size_t)V;
+        int32_t next = sampler_argmax(lg, V);
+        o->all[o->n_all++] = next;
+        o->steps++;
+        o->verify_steps++;
+        o->last_added = 1;
+        o->generated += slot_emit(c, o, &next, o->prm->logprobs ? &lg : NULL, 1);
+        pthread_mutex_lock(&c->mlock);
+        c->m_accept_hist[0]++;
+        c->m_piggyback_tokens++;
+        pthread_mutex_unlock(&c->mlock);
+        if (slot_over(o))
+            slot_finish(c, s);
+    }
+}
+
+/* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot's
+ * prompt chunks, each carrying a token of every other greedy request: engine_piggyback_slots),
+ * draw the first token. Returns 0 when the slot is now active. */
 static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 {
     engine_slot *sl = &c->eng->slots[s];
@@ -1102,16 +1149,35 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     }
     sl->cached = prefix[s];
     while (prefix[s] < sl->n_all) {
-        int w = sl->n_all - prefix[s] < c->max_width ? sl->n_all - prefix[s] : c->max_width;
+        /* the other greedy requests decode a token each in the same step (engine_piggyback) */
+        int pig[RT_MAX_SEQ], n_pig = engine_piggyback_slots(c, s, pig);
+        int room = c->max_width - n_pig;
+        int w = sl->n_all - prefix[s] < room ? sl->n_all - prefix[s] : room;
         bool last = prefix[s] + w == sl->n_all;
-        llama_batch b = {
-            .n = w, .tokens = sl->all + prefix[s], .seq = seq, .logits_from = last ? w - 1 : w};
-        if (engine_step(c, w, b.tokens, NULL, seq, prefix, b.logits_from, NULL, err, sizeof err) ||
+        int32_t tok[RT_MAX_WIDTH], parent[RT_MAX_WIDTH];
+        memcpy(tok, sl->all + prefix[s], (size_t)w * sizeof *tok);
+        for (int i = 0; i < w; i++) {
+            parent[i] = i - 1;
+            seq[i] = s;
+        }
+        for (int k = 0; k < n_pig; k++) {
+            const engine_slot *o = &c->eng->slots[pig[k]];
+            tok[w + k] = o->all[o->n_all - 1];
+            parent[w + k] = -1;
+            seq[w + k] = pig[k];
+        }
+        llama_batch b = {.n = w + n_pig,
+                         .tokens = tok,
+                         .parent = parent,
+                         .seq = seq,
+                         .logits_from = last ? w - 1 : w};
+        if (engine_step(c, b.n, tok, parent, seq, prefix, b.logits_from, NULL, err, sizeof err) ||
             engine_set_batch(c, &b, prefix, err, sizeof err) ||
             llama_commit(c->kv, path, w, err, sizeof err)) {
             slot_fail(c, s, 503, err);
             return -1;
         }
+        engine_piggyback_take(c, pig, n_pig, w, b.logits_from);
         prefix[s] += w;
     }
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "prefill", t_prefill,
@@ -1648,6 +1714,11 @@ char *coord_engine_metrics(void *ctx)
       "coordinator did not hand over one by one).\n"
       "# TYPE orochi_free_run_tokens_total counter\norochi_free_run_tokens_total %llu\n",
       (unsigned long long)c->m_free_tokens);
+    M("# HELP orochi_prefill_piggyback_tokens_total Tokens decoded in the steps of another "
+      "request's prompt (one per greedy request and prompt chunk).\n"
+      "# TYPE orochi_prefill_piggyback_tokens_total counter\norochi_prefill_piggyback_tokens_total "
+      "%llu\n",
+      (unsigned long long)c->m_piggyback_tokens);
     M("# HELP orochi_accepted_per_step Drafted tokens accepted per verification step.\n"
       "# TYPE orochi_accepted_per_step histogram\n");
     uint64_t cum = 0, count = 0, sum = 0;

@@ -9,8 +9,8 @@ time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run)
   orochi_free_run_tokens_total says which way the tokens were made;
 - a stop string ends a free run with the same text and finish_reason as a group without it, alone
   and in a batch whose other request goes on exactly;
-- a second request arriving during a free run is taken in: both answers are exact, and steps
-  verified two requests together;
+- a second request arriving during a free run is taken in: both answers are exact, steps verified
+  two requests together, and the first one decoded a token in each step of the second's prompt;
 - a batch of three requests of different lengths runs free together (one row each per step):
   every answer exact with 1 and 2 workers, most tokens made free-running;
 - with a speculator that the guard switches off, the plain decoding between its probes runs free,
@@ -163,8 +163,10 @@ def test_free_run_second_request_joins():
         G.check(still, "the first request ended before the second was answered: nothing overlapped")
         two = batch_steps(g, 2)
         G.check(two > 0, "no step verified both requests: the free run did not let the second in")
-        G.log("  %d steps carried both requests; %d tokens free-running" % (
-            two, metric(g, "orochi_free_run_tokens_total")))
+        pig = metric(g, "orochi_prefill_piggyback_tokens_total")
+        G.check(pig > 0, "the first request made no token during the second one's prompt")
+        G.log("  %d steps carried both requests; %d tokens free-running, %d made in the second's "
+              "prompt steps" % (two, metric(g, "orochi_free_run_tokens_total"), pig))
 
 
 @t.case
