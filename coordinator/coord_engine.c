@@ -3,7 +3,8 @@
  *
  * Up to --max-batch requests share each target step, each in its own KV sequence slot. For a
  * request: render and tokenize the prompt, refuse it if it cannot fit the context (413), prefill
- * it through the workers in chains of max_width, and take the first token from the last prompt
+ * it through the workers in chains of up to max_width (each step also a plain step for every other
+ * active greedy request: engine_piggyback_slots), and take the first token from the last prompt
  * position. Then, step after step, for every active slot:
  *   0. the plan's bucket for the context (width, length) and the guard decide whether this cycle
  *      speculates at all (coordinator/control.h): when not, W = 1 and the speculators sit idle;
