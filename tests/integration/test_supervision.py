@@ -63,6 +63,18 @@ def wait_back(g, role, old_pid, restarts=1, timeout=60):
     return st[role]["pid"]
 
 
+def kill_mid_request(g, role, want):
+    """SIGKILL `role` once a request is under way; the request must still give `want`. Returns
+    the killed pid."""
+    pid = role_pid(g, role)
+    bg = G.Background(g, PROMPT, N)
+    bg.wait_started()
+    os.kill(pid, signal.SIGKILL)
+    G.log("  killed %s (pid %d) mid-request" % (role, pid))
+    G.check_eq(bg.result(), want, "token ids of the request that lost %s" % role)
+    return pid
+
+
 @t.case
 def test_supervision_worker_sigkill_mid_request():
     model = slow_model()
@@ -71,12 +83,7 @@ def test_supervision_worker_sigkill_mid_request():
         t0 = time.time()
         G.check_eq(g.ids(PROMPT, N), want, "undisturbed group run")
         G.log("  undisturbed request: %.2fs" % (time.time() - t0))
-        pid = role_pid(g, "worker-1")
-        bg = G.Background(g, PROMPT, N)
-        bg.wait_started()
-        os.kill(pid, signal.SIGKILL)
-        G.log("  killed worker-1 (pid %d) mid-request" % pid)
-        G.check_eq(bg.result(), want, "token ids of the request that lost a worker")
+        pid = kill_mid_request(g, "worker-1", want)
         new = wait_back(g, "worker-1", pid)
         G.check(not G.pid_alive(pid), "the killed worker %d is still there", pid)
         G.check(G.pid_alive(new), "the new worker-1 (pid %d) is not alive", new)
@@ -97,12 +104,7 @@ def test_supervision_worker_sigkill_mid_lookup_run():
     want = want_ids(model)
     plan = G.write_plan(os.path.join(G.env()["tmp"], "plan-sup-lookup.json"), [1.0, 1.01, 1.02, 1.04, 1.08])
     with G.Group("sup-lookup", model, workers=2, speculators=["ngram"], extra=["--plan", plan]) as g:
-        pid = role_pid(g, "worker-0")
-        bg = G.Background(g, PROMPT, N)
-        bg.wait_started()
-        os.kill(pid, signal.SIGKILL)
-        G.log("  killed worker-0 (pid %d) mid-request" % pid)
-        G.check_eq(bg.result(), want, "token ids of the request that lost a worker")
+        pid = kill_mid_request(g, "worker-0", want)
         wait_back(g, "worker-0", pid)
         r = g.complete(PROMPT, N)
         G.check_eq(r["orochi"]["token_ids"], want, "a request after the restart")
@@ -171,12 +173,7 @@ def test_supervision_speculator_sigkill_mid_request():
     model = slow_model()
     want = want_ids(model)
     with G.Group("sup-spec", model, workers=2, speculators=["ngram", "layerskip:layers=0-3"]) as g:
-        pid = role_pid(g, "layerskip-1")
-        bg = G.Background(g, PROMPT, N)
-        bg.wait_started()
-        os.kill(pid, signal.SIGKILL)
-        G.log("  killed layerskip-1 (pid %d) mid-request" % pid)
-        G.check_eq(bg.result(), want, "token ids of the request that lost a speculator")
+        pid = kill_mid_request(g, "layerskip-1", want)
         wait_back(g, "layerskip-1", pid)
         r = g.complete(PROMPT, 64)
         G.check_eq(r["orochi"]["token_ids"], want[:64], "a request after the speculator restart")
