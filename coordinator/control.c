@@ -637,3 +637,29 @@ int ctl_lookup_lengths(const ctl_lookup *l, int n, const int *order, const int *
         d[added[i]]++;
     return best_w;
 }
+
+static int cost_monotone(float *cost, int wmax)
+{
+    for (int x = 2; x <= wmax; x++)
+        if (cost[x] < cost[x - 1])
+            cost[x] = cost[x - 1];
+    return wmax;
+}
+
+int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost)
+{
+    if (n < 2 || w[0] != 1 || wcap < 2)
+        return 0;
+    int pw = 0;
+    for (int j = 0; j < n; j++) {
+        if (w[j] <= pw || !(t[j] > 0))
+            return 0;
+        for (int x = pw + 1; x <= w[j] && x <= wcap; x++)
+            cost[x] = (float)((j ? t[j - 1] + (t[j] - t[j - 1]) * (x - pw) / (w[j] - pw) : t[0]) /
+                              t[0]);
+        if (w[j] >= wcap)
+            return cost_monotone(cost, wcap);
+        pw = w[j];
+    }
+    return cost_monotone(cost, pw);
+}

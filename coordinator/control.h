@@ -224,5 +224,11 @@ void ctl_lookup_record(ctl_lookup *l, int k, int drafted, int accepted);
  * provided it beats no drafts by CTL_LOOKUP_MARGIN. Writes d[r]; returns the step's tokens. */
 int ctl_lookup_lengths(const ctl_lookup *l, int n, const int *order, const int *avail,
                        const float *cost, int wmax, int *d);
+/* The cost curve ctl_lookup_lengths takes, from step times t[i] measured at widths w[i]
+ * (increasing, w[0] = 1, every t > 0): cost[x] = t(x) / t(1) for x = 1..the largest measured
+ * width (at most wcap), interpolated linearly in between and made non-decreasing (more tokens
+ * never make a step cheaper: a dip is the measurement's noise). Returns that largest width, or
+ * 0 for a curve that breaks those rules (cost left undefined). */
+int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost);
 
 #endif

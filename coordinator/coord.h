@@ -129,6 +129,11 @@ typedef struct {
     bool no_free_run; /* --free-run off: every token goes through a verification cycle */
     bool no_lookup_run; /* --lookup-run off: ngram drafts only through verification cycles */
     ctl_lookup lookup;  /* prompt lookup's acceptance per match order, carried from run to run */
+    /* the group's own step-time curve for prompt lookup when the plan gives none (measured
+     * once, engine_measure_costs): cost[w] for w = 1..self_cost_w (0: none) */
+    float self_cost[RT_MAX_WIDTH + 1];
+    int self_cost_w;
+    bool self_cost_tried;
     int guard_window, guard_probe;
     /* the plan (--plan FILE; reread when the file changes) */
     const char *plan_path;

@@ -68,6 +68,7 @@
 #define ENGINE_FREE_GUARDED 16 /* steps of a free run while width 1 keeps speculators off (the
                                 * plan's next bucket may speculate) */
 #define ENGINE_LOOKUP_ORDER 3  /* prompt lookup in a free run: the longest match tried (ngram's) */
+#define ENGINE_COST_REPS 9     /* rounds of the group's own step-time measurement */
 
 static double engine_ema(double avg, int have, double x);
 
@@ -1217,6 +1218,17 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 
 /* ===== free-running decode ===== */
 
+/* The cost curve prompt lookup in the free run weighs drafts against: the plan's for the context,
+ * else the group's own (engine_measure_costs). Returns its widest width (0: none). */
+static int engine_lookup_costs(coord *c, float *cost)
+{
+    int w = coord_plan_costs(c, cost);
+    if (w >= 2 || c->self_cost_w < 2)
+        return w;
+    memcpy(cost, c->self_cost, (size_t)(c->self_cost_w + 1) * sizeof *cost);
+    return c->self_cost_w;
+}
+
 /* Whether prompt lookup may run inside the free run (worker_run): an ngram speculator is
  * connected (what it would draft, the workers find themselves), the plan has a step-time curve
  * for the context (the workers weigh each draft against it), and --lookup-run is not off. With
@@ -1233,7 +1245,73 @@ static bool engine_lookup_free(coord *c, bool only)
         }
     }
     float cost[RT_MAX_WIDTH + 1];
-    return n > 0 && !(only && other) && !c->no_lookup_run && coord_plan_costs(c, cost) >= 2;
+    return n > 0 && !(only && other) && !c->no_lookup_run && engine_lookup_costs(c, cost) >= 2;
+}
+
+/* Whether the group should measure its own step-time curve now: prompt lookup could run in the
+ * free run but for a curve (the plan has none for this context, or there is no plan), and it
+ * has not been measured yet. */
+static bool engine_lookup_needs_costs(coord *c)
+{
+    float cost[RT_MAX_WIDTH + 1];
+    if (c->no_lookup_run || c->no_free_run || c->self_cost_tried || c->max_width < 2 ||
+        coord_plan_costs(c, cost) >= 2)
+        return false;
+    for (int i = 0; i < COORD_MAX_PEERS; i++)
+        if (c->peers[i].role == PEER_SPECULATOR && c->peers[i].connected && c->peers[i].multi)
+            return true;
+    return false;
+}
+
+/* Measure the group's step time at widths 1, 2, 4, 8, 16 (up to --max-width): ENGINE_COST_REPS
+ * rounds, each width in turn within a round (so a change of the machine's speed falls on all of
+ * them), after one round of warm-up; chains of slot s's last token on its committed prefix,
+ * nothing committed (the tree area is the next step's to overwrite). The medians become the cost
+ * curve (ctl_cost_curve). A few dozen steps, once: what a plan's curve gives without a profile. */
+static void engine_measure_costs(coord *c, int s)
+{
+    c->self_cost_tried = true;
+    const engine_slot *sl = &c->eng->slots[s];
+    int ws[5], n_w = 0;
+    for (int w = 1; w <= 16 && w <= c->max_width; w *= 2)
+        ws[n_w++] = w;
+    double t[5][ENGINE_COST_REPS], med[5];
+    int32_t tok[16], parent[16], seq[16];
+    for (int i = 0; i < 16; i++) {
+        tok[i] = sl->all[sl->n_all - 1];
+        parent[i] = i - 1;
+        seq[i] = s;
+    }
+    char err[512];
+    uint64_t t0 = rt_now_us();
+    for (int r = -1; r < ENGINE_COST_REPS; r++)
+        for (int i = 0; i < n_w; i++) {
+            uint64_t a = rt_now_us();
+            if (engine_step(c, ws[i], tok, parent, seq, c->eng->prefix, 0, NULL, err, sizeof err)) {
+                rt_log("coordinator", "measuring the step-time curve failed: %s", err);
+                return;
+            }
+            if (r >= 0)
+                t[i][r] = (double)(rt_now_us() - a);
+        }
+    for (int i = 0; i < n_w; i++) {
+        for (int a = 1; a < ENGINE_COST_REPS; a++) /* insertion sort: a handful of values */
+            for (int b = a; b > 0 && t[i][b] < t[i][b - 1]; b--) {
+                double x = t[i][b];
+                t[i][b] = t[i][b - 1];
+                t[i][b - 1] = x;
+            }
+        med[i] = t[i][ENGINE_COST_REPS / 2];
+    }
+    c->self_cost_w = ctl_cost_curve(ws, med, n_w, c->max_width, c->self_cost);
+    char line[256];
+    size_t at = 0;
+    for (int i = 0; i < n_w && at < sizeof line; i++)
+        at += (size_t)snprintf(line + at, sizeof line - at, " %.2f", med[i] / 1e3);
+    rt_log("coordinator",
+           "prompt lookup: no plan curve, the group's step times measured in %.0f ms at context "
+           "%d (ms at widths 1..%d):%s",
+           (double)(rt_now_us() - t0) / 1e3, c->eng->prefix[s], ws[n_w - 1], line);
 }
 
 /* Whether slot s may decode free-running among n_active requests: greedy, without logprobs (the
@@ -1314,7 +1392,7 @@ static void engine_run_lookup(coord *c, const int *slots, int n, bool lookup)
     rt_step *st = c->step;
     st->run_draft = 0;
     if (lookup) {
-        st->run_width = (uint32_t)coord_plan_costs(c, st->run_cost);
+        st->run_width = (uint32_t)engine_lookup_costs(c, st->run_cost);
         st->run_draft = (uint32_t)c->max_draft;
         st->run_order = ENGINE_LOOKUP_ORDER;
         st->run_lookup = c->lookup;
@@ -1422,6 +1500,8 @@ static void engine_step_all(coord *c)
     if (!n_act)
         return;
     coord_plan_apply(c, e->prefix[active[0]]);
+    if (engine_lookup_needs_costs(c))
+        engine_measure_costs(c, active[0]);
     bool free = true;
     for (int k = 0; k < n_act && free; k++)
         free = engine_can_run_free(c, active[k], n_act);

@@ -160,36 +160,21 @@ static void plan_costs(const cJSON *root, struct coord_plan *p, int i, int max_w
     const cJSON *curves = cJSON_GetObjectItemCaseSensitive(root, "curves");
     const cJSON *steps = cJSON_GetObjectItemCaseSensitive(curves, "step_ms");
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(steps, key);
-    int n = cJSON_GetArraySize(widths);
+    int n = cJSON_GetArraySize(widths), ws[RT_MAX_WIDTH];
+    double ts[RT_MAX_WIDTH];
     p->cost_w[i] = 0;
-    if (!cJSON_IsArray(widths) || !cJSON_IsArray(t) || n < 2 || cJSON_GetArraySize(t) != n)
+    if (!cJSON_IsArray(widths) || !cJSON_IsArray(t) || n < 2 || n > RT_MAX_WIDTH ||
+        cJSON_GetArraySize(t) != n)
         return;
-    int pw = 0;
-    double pt = 0, t1 = 0;
     for (int j = 0; j < n; j++) {
         const cJSON *wj = cJSON_GetArrayItem(widths, j), *tj = cJSON_GetArrayItem(t, j);
-        if (!cJSON_IsNumber(wj) || !cJSON_IsNumber(tj) || wj->valueint <= pw ||
-            !(tj->valuedouble > 0) || (j == 0 && wj->valueint != 1))
+        if (!cJSON_IsNumber(wj) || !cJSON_IsNumber(tj))
             return;
-        int w = wj->valueint;
-        double tw = tj->valuedouble;
-        if (j == 0)
-            t1 = tw;
-        for (int x = pw + 1; x <= w && x <= max_width && x <= RT_MAX_WIDTH; x++)
-            p->cost[i][x] = (float)((j ? pt + (tw - pt) * (x - pw) / (w - pw) : tw) / t1);
-        if (w > max_width || w >= RT_MAX_WIDTH) {
-            pw = w < max_width ? w : max_width;
-            pw = pw < RT_MAX_WIDTH ? pw : RT_MAX_WIDTH;
-            break;
-        }
-        pw = w;
-        pt = tw;
+        ws[j] = wj->valueint;
+        ts[j] = tj->valuedouble;
     }
-    /* more tokens never make a step cheaper: a dip is the measurement's noise */
-    for (int x = 2; x <= pw; x++)
-        if (p->cost[i][x] < p->cost[i][x - 1])
-            p->cost[i][x] = p->cost[i][x - 1];
-    p->cost_w[i] = pw;
+    int cap = max_width < RT_MAX_WIDTH ? max_width : RT_MAX_WIDTH;
+    p->cost_w[i] = ctl_cost_curve(ws, ts, n, cap, p->cost[i]);
 }
 
 static int plan_parse(const coord *c, const char *text, struct coord_plan *p, char *err,

@@ -17,6 +17,8 @@
 
 #include "coordinator/control.h"
 
+#define RT_TEST_W 64 /* widest curve the tests build */
+
 /* a draft of n tokens with the given parents (-1: child of the root) and confidences */
 static arena_draft draft(int n, const int32_t *tok, const int32_t *par, const float *conf)
 {
@@ -453,6 +455,30 @@ static void lookup_estimates_and_lengths(void **state)
     assert_int_equal(d[1], 0);
 }
 
+/* The cost curve from measured step times: interpolated, made non-decreasing, capped; broken
+ * curves refused. */
+static void cost_curve_from_step_times(void **state)
+{
+    (void)state;
+    const int w[] = {1, 2, 4, 8, 16};
+    const double t[] = {2.0, 2.2, 2.1, 3.0, 5.0}; /* t(4) dips below t(2): noise */
+    float c[RT_TEST_W + 1];
+    assert_int_equal(ctl_cost_curve(w, t, 5, 64, c), 16);
+    assert_float_equal(c[1], 1.0, 1e-6);
+    assert_float_equal(c[2], 1.1, 1e-6);
+    assert_float_equal(c[3], 1.1, 1e-6); /* 1.075 interpolated, raised to t(2)'s */
+    assert_float_equal(c[4], 1.1, 1e-6);
+    assert_float_equal(c[6], (2.1 + 0.9 * 2 / 4) / 2.0, 1e-6);
+    assert_float_equal(c[16], 2.5, 1e-6);
+    assert_int_equal(ctl_cost_curve(w, t, 5, 10, c), 10); /* capped inside a segment */
+    assert_float_equal(c[10], (3.0 + 2.0 * 2 / 8) / 2.0, 1e-6);
+    const int w2[] = {2, 4}, w3[] = {1, 4, 4};
+    const double t3[] = {1.0, 2.0, 3.0}, t0[] = {1.0, 0.0};
+    assert_int_equal(ctl_cost_curve(w2, t, 2, 64, c), 0);  /* not from width 1 */
+    assert_int_equal(ctl_cost_curve(w3, t3, 3, 64, c), 0); /* widths not increasing */
+    assert_int_equal(ctl_cost_curve(w, t0, 2, 64, c), 0);  /* a time of 0 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +495,7 @@ int main(void)
         cmocka_unit_test(plan_best_width_from_curves),
         cmocka_unit_test(branch_threshold_follows_side_branches),
         cmocka_unit_test(lookup_estimates_and_lengths),
+        cmocka_unit_test(cost_curve_from_step_times),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
