@@ -18,7 +18,8 @@ time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run)
 - with ngram the only speculator and a plan with a step-time curve, the workers draft by prompt
   lookup inside the free run: alone and in a batch of three, 1 and 2 workers, every answer exact
   and every request's mean accepted above 1 on a cheap curve; no drafts on a curve where a token
-  more costs a whole step; --lookup-run off exact too.
+  more costs a whole step; without a plan the group measures its own curve and runs the same way;
+  --lookup-run off exact too.
 """
 import os
 import re
@@ -245,6 +246,15 @@ def test_free_run_with_prompt_lookup():
         G.check_eq(r["orochi"]["token_ids"], want[i], "request %d, dear curve" % i)
         G.check_eq(r["orochi"]["mean_accepted"], 1.0, "mean accepted of request %d with a dear curve" % i)
     G.log("  dear curve: identical, no drafts")
+    with G.Group("lookup-noplan", m, workers=2, speculators=["ngram"]) as g:
+        got = at_once(g, jobs)
+        free = metric(g, "orochi_free_run_tokens_total")
+        G.check("prompt lookup: no plan curve" in g.log("coordinator"),
+                "without a plan the group did not measure its own step-time curve")
+    for i, r in enumerate(got):
+        G.check_eq(r["orochi"]["token_ids"], want[i], "request %d, no plan" % i)
+    G.check(free >= sum(len(w) for w in want) // 2, "no plan: only %d tokens free-running", free)
+    G.log("  no plan: its own curve measured; identical; %d tokens free-running" % free)
     with G.Group("lookup-off", m, workers=2, speculators=["ngram"],
                  extra=["--plan", cheap, "--lookup-run", "off"]) as g:
         got = at_once(g, jobs)
