@@ -38,7 +38,7 @@
  *
  * Free run: greedy requests (no logprobs; no speculator connected, or the guard keeps them off,
  * then in runs up to the guard's next probe whose steps count as plain cycles, or only ngram
- * connected and a plan with a step-time curve) skip the cycle, one alone or a whole batch. One
+ * connected: prompt lookup drafted in the run) skip the cycle, one alone or a whole batch. One
  * step of their last tokens (a row each) is rung with rt_step.run_max and the workers decode on
  * by themselves (each row's argmax, merged across the parts at their barrier, is its request's
  * next token; with prompt lookup, after the drafts of its chain that the argmaxes confirm; each
@@ -1151,8 +1151,10 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     }
     sl->cached = prefix[s];
     while (prefix[s] < sl->n_all) {
-        /* the other greedy requests decode a token each in the same step (engine_piggyback) */
+        /* the other greedy requests decode a token each in the same step, as many as leave the
+         * prompt a token of the width (engine_piggyback_slots) */
         int pig[RT_MAX_SEQ], n_pig = engine_piggyback_slots(c, s, pig);
+        n_pig = n_pig < c->max_width - 1 ? n_pig : c->max_width - 1;
         int room = c->max_width - n_pig;
         int w = sl->n_all - prefix[s] < room ? sl->n_all - prefix[s] : room;
         bool last = prefix[s] + w == sl->n_all;
@@ -1270,6 +1272,8 @@ static bool engine_lookup_needs_costs(coord *c)
  * curve (ctl_cost_curve). A few dozen steps, once: what a plan's curve gives without a profile. */
 static void engine_measure_costs(coord *c, int s)
 {
+    if (c->n_ctx - c->eng->prefix[s] < 16) /* no room for the widest step here: a later request */
+        return;
     c->self_cost_tried = true;
     const engine_slot *sl = &c->eng->slots[s];
     int ws[5], n_w = 0;

@@ -71,7 +71,11 @@ def launch(g, *args, ok=True, timeout=240):
 def test_swap_speculator_kind_and_worker_threads_mid_request():
     model = prose_model()
     want = want_ids(model, 2 * N)
-    with G.Group("op-swap", model, workers=2, speculators=["ngram", "layerskip"]) as g:
+    # --lookup-run off: the speculators draft through verification cycles, so the request is
+    # theirs to serve while they are swapped (prompt lookup inside the free run would race
+    # through it without them)
+    with G.Group("op-swap", model, workers=2, speculators=["ngram", "layerskip"],
+                 extra=["--lookup-run", "off"]) as g:
         old = g.status()
         bg = G.Background(g, PROMPT, 2 * N)
         bg.wait_started()
@@ -119,7 +123,8 @@ def test_swap_speculator_kind_and_worker_threads_mid_request():
 def test_detach_speculator_mid_request():
     model = prose_model()
     want = want_ids(model, 2 * N)
-    with G.Group("op-detach", model, workers=2, speculators=["ngram", "ngram"]) as g:
+    with G.Group("op-detach", model, workers=2, speculators=["ngram", "ngram"],
+                 extra=["--lookup-run", "off"]) as g:  # as above: drafts through the cycles
         pid = g.status()["ngram-1"]["pid"]
         bg = G.Background(g, PROMPT, 2 * N)
         bg.wait_started()
