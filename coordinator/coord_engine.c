@@ -1232,8 +1232,9 @@ static int engine_lookup_costs(coord *c, float *cost)
 }
 
 /* Whether prompt lookup may run inside the free run (worker_run): an ngram speculator is
- * connected (what it would draft, the workers find themselves), the plan has a step-time curve
- * for the context (the workers weigh each draft against it), and --lookup-run is not off. With
+ * connected (what it would draft, the workers find themselves), there is a step-time curve (the
+ * plan's for the context, or the group's own: the workers weigh each draft against it), and
+ * --lookup-run is not off. With
  * `only`, every connected speculator must be ngram: then the free run replaces the verification
  * cycle; otherwise it only drafts while the guard keeps the other speculators off. */
 static bool engine_lookup_free(coord *c, bool only)
