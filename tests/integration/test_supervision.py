@@ -239,8 +239,11 @@ def test_supervision_attach_speculator_mid_request():
     want = want_long[:N]
     G.check(len(want_long) == n_long, "the reference stops after %d tokens", len(want_long))
     # --draft-wait fixed: every step waits for the attached speculator's draft, so whether it is
-    # used does not hang on its measured reply time on a loaded machine (ctest -j 2)
-    with G.Group("sup-attach", model, workers=1, extra=["--draft-wait", "fixed"]) as g:
+    # used does not hang on its measured reply time on a loaded machine (ctest -j 2);
+    # --lookup-run off: the attached process itself drafts (through the verification cycles)
+    # instead of the workers' prompt lookup standing in for it
+    with G.Group("sup-attach", model, workers=1,
+                 extra=["--draft-wait", "fixed", "--lookup-run", "off"]) as g:
         bg = G.Background(g, PROMPT, n_long)
         bg.wait_started()
         r = g.launch("attach-speculator", "--kind", "ngram", "--id", "live-ngram", timeout=60, check=False)
