@@ -81,15 +81,10 @@ def post(url, body, timeout=600):
 
 
 def extra_value(a, flag):
-    """The value of a coordinator option among --extra, or None."""
+    """The value of a coordinator option among --extra, or None (--act-bits and --kv: the
+    sequential reference must compute the same way)."""
     ex = a.extra.split()
     return ex[ex.index(flag) + 1] if flag in ex[:-1] else None
-
-
-def act_bits(a):
-    """The --act-bits value among the --extra coordinator options (the sequential reference
-    must compute the same way), or None."""
-    return extra_value(a, "--act-bits")
 
 
 def sequential(bin_dir, model, prompt, n, threads, act_bits=None, kv=None):
@@ -229,8 +224,8 @@ def main():
     base = {}
     for p in prompts:
         n = a.max_tokens or p.get("max_tokens", 96)
-        ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads, act_bits(a),
-                                           extra_value(a, "--kv"))
+        ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads,
+                                           extra_value(a, "--act-bits"), extra_value(a, "--kv"))
         base[p["id"]] = {"ids": ids, "tok_s": len(ids) / wall, "decode_tok_s": dec_tps}
 
     if a.sweep_width:

@@ -234,7 +234,7 @@ void coord_plan_apply(coord *c, int n_ctx);
 /* the applied bucket's tree shape (NULL: none), which merged drafts are fitted to */
 const ctl_template *coord_plan_tree(const coord *c);
 /* the applied bucket's step-time curve as cost[w] = t(w) / t(1) for w = 1..the returned width
- * (at most max_width; 0: the plan has none for it) */
+ * (at most max_width; 0: the plan has none for it); cost may be NULL to ask whether there is one */
 int coord_plan_costs(const coord *c, float *cost);
 
 /* coord_ops.c: operator requests (RUN_DIR/ops/NAME.req, answered in NAME.out) */

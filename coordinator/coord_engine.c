@@ -981,6 +981,14 @@ static bool slot_over(const engine_slot *sl)
     return sl->stop || sl->generated >= sl->max_new || coord_request_cancelled(sl->req);
 }
 
+/* Name a draft kind among those the request's accepted or verified drafts came from (once). */
+static void slot_add_kind(engine_slot *sl, const char *kind)
+{
+    size_t kl = strlen(sl->kinds);
+    if (!strstr(sl->kinds, kind))
+        snprintf(sl->kinds + kl, sizeof sl->kinds - kl, "%s%s", kl ? "," : "", kind);
+}
+
 /* Tokens slot s may still take: its request's length and the context's end. */
 static int slot_room(const coord *c, int s)
 {
@@ -1138,10 +1146,8 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     sampler_init(&sl->smp, (float)sl->prm->temperature, sl->prm->top_k, (float)sl->prm->top_p,
                  sl->prm->has_seed ? (uint64_t)sl->prm->seed : sl->req_id);
     int32_t path[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
-    for (int i = 0; i < RT_MAX_WIDTH; i++) {
+    for (int i = 0; i < RT_MAX_WIDTH; i++)
         path[i] = i;
-        seq[i] = s;
-    }
     int *prefix = c->eng->prefix;
     coord_trace_async(c, "queued", sl->req_id, sl->queued_us, sl->admitted_us);
     uint64_t t_prefill = rt_now_us();
@@ -1221,14 +1227,31 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 /* ===== free-running decode ===== */
 
 /* The cost curve prompt lookup in the free run weighs drafts against: the plan's for the context,
- * else the group's own (engine_measure_costs). Returns its widest width (0: none). */
+ * else the group's own (engine_measure_costs). Returns its widest width (0: none); cost may be
+ * NULL to ask whether there is one. */
 static int engine_lookup_costs(coord *c, float *cost)
 {
     int w = coord_plan_costs(c, cost);
     if (w >= 2 || c->self_cost_w < 2)
         return w;
-    memcpy(cost, c->self_cost, (size_t)(c->self_cost_w + 1) * sizeof *cost);
+    if (cost)
+        memcpy(cost, c->self_cost, (size_t)(c->self_cost_w + 1) * sizeof *cost);
     return c->self_cost_w;
+}
+
+/* The connected speculators that draft by prompt lookup (ngram); *other gets the rest. */
+static int engine_lookup_peers(const coord *c, int *other)
+{
+    int n = 0;
+    *other = 0;
+    for (int i = 0; i < COORD_MAX_PEERS; i++) {
+        const coord_peer *p = &c->peers[i];
+        if (p->role == PEER_SPECULATOR && p->connected) {
+            n += p->multi;
+            *other += !p->multi;
+        }
+    }
+    return n;
 }
 
 /* Whether prompt lookup may run inside the free run (worker_run): an ngram speculator is
@@ -1239,16 +1262,8 @@ static int engine_lookup_costs(coord *c, float *cost)
  * cycle; otherwise it only drafts while the guard keeps the other speculators off. */
 static bool engine_lookup_free(coord *c, bool only)
 {
-    int n = 0, other = 0;
-    for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        const coord_peer *p = &c->peers[i];
-        if (p->role == PEER_SPECULATOR && p->connected) {
-            n += p->multi;
-            other += !p->multi;
-        }
-    }
-    float cost[RT_MAX_WIDTH + 1];
-    return n > 0 && !(only && other) && !c->no_lookup_run && engine_lookup_costs(c, cost) >= 2;
+    int other, n = engine_lookup_peers(c, &other);
+    return n > 0 && !(only && other) && !c->no_lookup_run && engine_lookup_costs(c, NULL) >= 2;
 }
 
 /* Whether the group should measure its own step-time curve now: prompt lookup could run in the
@@ -1256,14 +1271,9 @@ static bool engine_lookup_free(coord *c, bool only)
  * has not been measured yet. */
 static bool engine_lookup_needs_costs(coord *c)
 {
-    float cost[RT_MAX_WIDTH + 1];
-    if (c->no_lookup_run || c->no_free_run || c->self_cost_tried || c->max_width < 2 ||
-        coord_plan_costs(c, cost) >= 2)
-        return false;
-    for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role == PEER_SPECULATOR && c->peers[i].connected && c->peers[i].multi)
-            return true;
-    return false;
+    int other;
+    return !c->no_lookup_run && !c->no_free_run && !c->self_cost_tried && c->max_width >= 2 &&
+           coord_plan_costs(c, NULL) < 2 && engine_lookup_peers(c, &other) > 0;
 }
 
 /* Measure the group's step time at widths 1, 2, 4, 8, 16 (up to --max-width): ENGINE_COST_REPS
@@ -1363,9 +1373,8 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
             sl->last_added = k;
             hist[k - 1]++;
             took += k;
-            if (k > 1 && !strstr(sl->kinds, "ngram"))
-                snprintf(sl->kinds + strlen(sl->kinds), sizeof sl->kinds - strlen(sl->kinds),
-                         "%sngram", sl->kinds[0] ? "," : "");
+            if (k > 1)
+                slot_add_kind(sl, "ngram");
             sl->generated += slot_emit(c, sl, dst, NULL, k);
         }
         end |= slot_over(sl);
@@ -1652,9 +1661,8 @@ static void engine_step_all(coord *c)
             p->unscored = 0;
             p->drafted += (uint64_t)depth;
             p->accepted += (uint64_t)matched;
-            size_t kl = strlen(sl->kinds);
-            if (verified && p->kind[0] && !strstr(sl->kinds, p->kind))
-                snprintf(sl->kinds + kl, sizeof sl->kinds - kl, "%s%s", kl ? "," : "", p->kind);
+            if (verified && p->kind[0])
+                slot_add_kind(sl, p->kind);
         }
         pthread_mutex_lock(&c->mlock);
         c->m_accept_hist[a < RT_MAX_WIDTH ? a : RT_MAX_WIDTH]++;

@@ -343,7 +343,8 @@ int coord_plan_costs(const coord *c, float *cost)
     if (!p || c->plan_bucket < 0 || c->plan_bucket >= p->n || p->cost_w[c->plan_bucket] < 2)
         return 0;
     int w = p->cost_w[c->plan_bucket];
-    memcpy(cost, p->cost[c->plan_bucket], (size_t)(w + 1) * sizeof *cost);
+    if (cost)
+        memcpy(cost, p->cost[c->plan_bucket], (size_t)(w + 1) * sizeof *cost);
     return w;
 }
 

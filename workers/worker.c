@@ -484,11 +484,13 @@ static int run_layout(const rt_step *st, const ctl_lookup *est, run_row *rows, i
  * each row's argmax — after the drafts it accepted — as its sequence's next tokens, commit the
  * rows just computed, publish the tokens and run the next step of the same sequences, with the
  * drafts prompt lookup finds worth it; every worker does the same in lock step (see rt_step).
- * Returns the steps made; err says why it stopped early on a failure. */
+ * Returns the tokens of the steps made (each step's batch, drafts included: StepDone's n_tokens);
+ * err says why it stopped early on a failure. */
 static int worker_run(worker *w, char *err, size_t errlen)
 {
     rt_step *st = w->step;
     int n = (int)st->n_tokens, nb = n, V = w->model->cfg.vocab, made = 0, me = w->index;
+    int computed = 0; /* tokens of the steps made, drafts included */
     int32_t tok[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH], ids[RT_MAX_WIDTH];
     run_row rows[RT_MAX_SEQ];
     ctl_lookup est = st->run_lookup;
@@ -517,7 +519,7 @@ static int worker_run(worker *w, char *err, size_t errlen)
             st->run_seen_stop = __atomic_load_n(&st->run_stop, __ATOMIC_ACQUIRE);
         if (worker_run_sync(w)) {
             snprintf(err, errlen, "free-running decode: a peer did not reach the barrier");
-            return made;
+            return computed;
         }
         bool end = st->run_seen_stop != 0;
         for (int j = 0; j < nb; j++) {
@@ -540,7 +542,7 @@ static int worker_run(worker *w, char *err, size_t errlen)
             for (int j = 0; j <= m; j++)
                 path[j] = r->off + j;
             if (llama_commit(w->ctx, path, m + 1, err, errlen))
-                return made;
+                return computed;
             /* its tokens: the accepted drafts and the argmax after them, up to an end of text */
             int32_t *dst = run_ctx[i] + r->len;
             int got = 0;
@@ -563,13 +565,14 @@ static int worker_run(worker *w, char *err, size_t errlen)
         if (me == 0)
             st->run_lookup_out = est;
         made++;
+        computed += nb;
         __atomic_store_n(&st->run_count[me], (uint32_t)made, __ATOMIC_RELEASE);
         if ((uint32_t)made >= max || end)
-            return made;
+            return computed;
         nb = run_layout(st, &est, rows, n, tok, parent, seq);
         llama_batch b = {.n = nb, .tokens = tok, .parent = parent, .seq = seq, .logits_from = 0};
         if (worker_forward(w, &b, err, errlen))
-            return made;
+            return computed;
         __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
     }
 }
@@ -637,7 +640,7 @@ static void worker_step(worker *w)
         if (worker_forward(w, &b, err, sizeof err) == 0) {
             __atomic_fetch_add(&w->steps, 1, __ATOMIC_RELAXED);
             if (st->run_max > 0 && n <= RT_MAX_SEQ)
-                n *= (uint32_t)worker_run(w, err, sizeof err);
+                n = (uint32_t)worker_run(w, err, sizeof err);
         }
     }
     uint64_t t_end = rt_now_us();
