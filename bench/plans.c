@@ -43,6 +43,8 @@ typedef struct {
     llama_partition plans[PB_MAX_PLANS];
     int n_plans;
     bool gpu[LLAMA_MAX_PARTS];
+    const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
+    bool gpu_graphs;
 } pb_opts;
 
 /* What the part threads share. */
@@ -74,13 +76,15 @@ static void pb_usage(FILE *out)
             "usage: orochi bench --plans [--model M] [--parts 2] [--threads-per-part 1]\n"
             "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
+            "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
             "  dense attention on part 0, sparse on the last part) or megatron:S (the baseline:\n"
             "  the second linear of each pair by input columns, partial sums reduced). Default:\n"
             "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
-            "  build with CUDA). JSON lines go to --json FILE (bench/results/plans.jsonl).\n");
+            "  build with CUDA; --gpu-memory and --gpu-graphs as orochi-worker takes them,\n"
+            "  docs/gpu.md). JSON lines go to --json FILE (bench/results/plans.jsonl).\n");
 }
 
 /* "hcmp:0.7/0.3" into a plan of n parts; false with one line. */
@@ -161,7 +165,9 @@ static void *pb_part_main(void *argp)
     }
 #ifdef OROCHI_HAVE_CUDA
     llama_gpu *gpu = NULL;
-    if (o->gpu[me] && !(gpu = llama_gpu_new(x, 0, r->block, r->block_bytes, err, sizeof err))) {
+    llama_gpu_params gprm = {.memory = (llama_gpu_memory)llama_gpu_memory_parse(o->gpu_memory),
+                             .graphs = o->gpu_graphs};
+    if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
         return NULL;
@@ -233,6 +239,18 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             o->json = val;
         } else if (!strcmp(a, "--devices")) {
             devices = val;
+        } else if (!strcmp(a, "--gpu-memory")) {
+            if (strcmp(val, "auto") && strcmp(val, "mapped") && strcmp(val, "mirror")) {
+                fprintf(stderr, "orochi bench: --gpu-memory %s: auto, mapped or mirror\n", val);
+                return 2;
+            }
+            o->gpu_memory = val;
+        } else if (!strcmp(a, "--gpu-graphs")) {
+            if (strcmp(val, "on") && strcmp(val, "off")) {
+                fprintf(stderr, "orochi bench: --gpu-graphs %s: on or off\n", val);
+                return 2;
+            }
+            o->gpu_graphs = !strcmp(val, "on");
         } else if (!strcmp(a, "--plan")) {
             if (n_plans == PB_MAX_PLANS) {
                 fprintf(stderr, "orochi bench: at most %d plans\n", PB_MAX_PLANS);
@@ -297,7 +315,9 @@ int bench_plans(int argc, char **argv)
                  .parts = 2,
                  .threads = 1,
                  .ctx = 256,
-                 .reps = 5};
+                 .reps = 5,
+                 .gpu_memory = "auto",
+                 .gpu_graphs = true};
     o.n_widths = cli_int_list("bench", "--widths", "1,2,4,8,16,32,64", 1, 64, o.widths,
                               PB_MAX_WIDTHS);
     int rc = pb_parse(&o, argc, argv);
@@ -366,9 +386,11 @@ int bench_plans(int argc, char **argv)
                 fprintf(js,
                         "{\"bench\":\"plans\",\"plan\":\"%s\",\"width\":%d,\"ms\":%.4f,"
                         "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
-                        "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f}\n",
+                        "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
+                        "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
-                        o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la);
+                        o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
+                        o.gpu_graphs ? "true" : "false");
         }
         printf("\n");
     }

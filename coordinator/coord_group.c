@@ -241,6 +241,16 @@ int coord_group_spawn_all(coord *c)
         snprintf(p->name, sizeof p->name, "%s", name);
         group_argv(p, 9, bin, "--run-dir", c->run_dir, "--index", idx, "--threads", thr,
                    "--device", c->worker_device[i][0] ? c->worker_device[i] : "cpu");
+        if (!strcmp(c->worker_device[i], "gpu")) {
+            if (c->gpu_memory[0]) {
+                group_argv_add(p, "--gpu-memory");
+                group_argv_add(p, c->gpu_memory);
+            }
+            if (c->gpu_graphs[0]) {
+                group_argv_add(p, "--gpu-graphs");
+                group_argv_add(p, c->gpu_graphs);
+            }
+        }
     }
     for (int i = 0; i < c->n_spec_specs; i++)
         if (group_add_speculator(c, c->spec_specs[i], i))

@@ -154,7 +154,8 @@ static void coord_usage(FILE *out)
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
-        "         [--lookup-run on|off] [--kv f32|f16] [--trace]\n"
+        "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
+        "         [--gpu-graphs on|off] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -186,7 +187,12 @@ static void coord_usage(FILE *out)
         "  being projected by both (balanced attention; off: each worker whole KV heads).\n"
         "  --kv f16: the K/V cache in the arena in f16 instead of f32 (half the bytes every\n"
         "  step's attention reads: faster batches and long contexts; `orochi run --kv f16`\n"
-        "  gives the same tokens). CPU workers only.\n"
+        "  gives the same tokens).\n"
+        "  --gpu-memory (auto) and --gpu-graphs (on) go to the GPU workers: where a GPU part\n"
+        "  keeps its activations and K/V rows (mapped: read in place in the arena, for a GPU\n"
+        "  that shares the host's memory; mirror: device copies, for a discrete card; auto\n"
+        "  picks by the device), and whether a sole GPU part replays steps as CUDA graphs\n"
+        "  (docs/gpu.md).\n"
         "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
         "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
@@ -285,6 +291,8 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"prefix-reuse", required_argument, 0, 20},
                                          {"lookup-run", required_argument, 0, 21},
                                          {"kv", required_argument, 0, 22},
+                                         {"gpu-memory", required_argument, 0, 23},
+                                         {"gpu-graphs", required_argument, 0, 24},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -366,6 +374,22 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 22:
             c->kv_elem = !strcmp(optarg, "f16") ? KV_F16 : KV_F32;
             bad |= strcmp(optarg, "f32") && strcmp(optarg, "f16");
+            break;
+        case 23:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "mapped") && strcmp(optarg, "mirror")) {
+                fprintf(stderr, "orochi-coordinator: --gpu-memory takes auto, mapped or mirror, "
+                                "got '%s'\n", optarg);
+                return 2;
+            }
+            snprintf(c->gpu_memory, sizeof c->gpu_memory, "%s", optarg);
+            break;
+        case 24:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "orochi-coordinator: --gpu-graphs takes on or off, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            snprintf(c->gpu_graphs, sizeof c->gpu_graphs, "%s", optarg);
             break;
         case 19:
             c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
@@ -478,11 +502,6 @@ static int coord_setup(coord *c)
     if (c->kv_dup_opt == 1 && !all_cpu) {
         rt_log("coordinator", "--kv-dup on needs CPU workers only (the GPU forward reads every "
                               "tree row from the arena)");
-        return 2;
-    }
-    if (c->kv_elem == KV_F16 && !all_cpu) {
-        rt_log("coordinator", "--kv f16 needs CPU workers only (the GPU forward reads f32 K/V "
-                              "from the arena)");
         return 2;
     }
     c->kv_dup = c->kv_dup_opt == 1 || (c->kv_dup_opt < 0 && all_cpu);

@@ -4,7 +4,8 @@
 # the actor system's libraries), the `cuda` tests, the copy bandwidth of the device, and the step
 # time against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models
 # of the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its
-# time in GB/s.
+# time in GB/s. The GPU runs are made in both memory modes (--gpu-memory mapped: the arena read in
+# place; mirror: device copies) and, for the GPU alone, with CUDA graphs off and on.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
 #   GPU_CHECK_QUICK=1: widths 1,8,64 and 2 repetitions (a first look in about a minute)
 # Writes OUT_DIR/gpu.txt (the card), ctest.log, bandwidth.txt, plans.jsonl (bench --plans) and
@@ -62,16 +63,22 @@ models+=(/tmp/gc-1b.gguf)
 : >"$out/plans.txt"
 for m in "${models[@]}"; do
     common=(--model "$m" --widths "$widths" --reps "$reps" --ctx 256 --json "$out/plans.jsonl")
-    echo "== $m: GPU only" | tee -a "$out/plans.txt"
-    "$bin" bench --plans "${common[@]}" --parts 1 --devices gpu --plan hcmp:even \
-        2>&1 | tee -a "$out/plans.txt" || status=1
+    for mode in "mapped off" "mirror off" "mirror on" "mapped on"; do
+        set -- $mode
+        [ "${GPU_CHECK_QUICK:-0}" = 1 ] && [ "$1 $2" = "mapped on" ] && continue
+        echo "== $m: GPU only, memory $1, graphs $2" | tee -a "$out/plans.txt"
+        "$bin" bench --plans "${common[@]}" --parts 1 --devices gpu --plan hcmp:even \
+            --gpu-memory "$1" --gpu-graphs "$2" 2>&1 | tee -a "$out/plans.txt" || status=1
+    done
     echo "== $m: CPU only, $cores threads" | tee -a "$out/plans.txt"
     "$bin" bench --plans "${common[@]}" --parts 1 --devices cpu --threads-per-part "$cores" \
         --plan hcmp:even 2>&1 | tee -a "$out/plans.txt" || status=1
-    echo "== $m: GPU + CPU ($half threads each part)" | tee -a "$out/plans.txt"
-    "$bin" bench --plans "${common[@]}" --parts 2 --devices gpu,cpu --threads-per-part "$half" \
-        --plan hcmp:0.9/0.1 --plan split:0.9/0.1 --plan hcmp:0.7/0.3 \
-        2>&1 | tee -a "$out/plans.txt" || status=1
+    for mem in mapped mirror; do
+        echo "== $m: GPU ($mem) + CPU ($half threads each part)" | tee -a "$out/plans.txt"
+        "$bin" bench --plans "${common[@]}" --parts 2 --devices gpu,cpu --threads-per-part \
+            "$half" --gpu-memory "$mem" --plan hcmp:0.9/0.1 --plan split:0.9/0.1 \
+            --plan hcmp:0.7/0.3 2>&1 | tee -a "$out/plans.txt" || status=1
+    done
     echo "== $m: two CPU parts, HCMP against Megatron ($half threads each)" | tee -a "$out/plans.txt"
     "$bin" bench --plans "${common[@]}" --parts 2 --devices cpu,cpu --threads-per-part "$half" \
         --plan hcmp:even --plan megatron:even 2>&1 | tee -a "$out/plans.txt" || status=1

@@ -491,6 +491,7 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
     SH_PLACE(vv, W * kv_row * 4)
     SH_PLACE(ap, W * (size_t)c->n_heads * 2 * ((size_t)c->head_dim + 2) * 4)
     SH_PLACE(mp, (size_t)LLAMA_MAX_PARTS * W * (size_t)c->dim * 4)
+    SH_PLACE(epoch, (size_t)n_seq * 4)
 #undef SH_PLACE
     o.layer_kv_bytes = layer_kv;
     if (offsets)
@@ -515,6 +516,13 @@ void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int 
     sh->vv = (float *)(b + sh->vv_off);
     sh->ap = (float *)(b + sh->ap_off);
     sh->mp = (float *)(b + sh->mp_off);
+    sh->epoch = (uint32_t *)(b + sh->epoch_off);
+}
+
+/* The slot's committed rows changed other than by growing (llama_shared.epoch). */
+static void kv_epoch_bump(llama_ctx *x, int seq)
+{
+    __atomic_fetch_add(&x->sh.epoch[seq], 1u, __ATOMIC_RELEASE);
 }
 
 /* K or V rows of layer l (which: 0 = K, 1 = V). */
@@ -969,6 +977,7 @@ int llama_kv_copy_prefix(llama_ctx *x, int src, int dst, int n, char *err, size_
     }
     x->prefix[dst] = n;
     x->tree_open = false;
+    kv_epoch_bump(x, dst);
     return 0;
 }
 
@@ -985,6 +994,8 @@ void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n)
     /* the tree's positions were derived from the old length: it can no longer grow */
     if (n != ctx->prefix[seq])
         ctx->tree_open = false;
+    if (n < ctx->prefix[seq])
+        kv_epoch_bump(ctx, seq);
     ctx->prefix[seq] = n;
 }
 
@@ -1008,6 +1019,9 @@ void llama_ctx_set_prefix_source_seq(llama_ctx *ctx, int seq)
 
 void llama_ctx_reset(llama_ctx *ctx)
 {
+    for (int s = 0; s < ctx->p.n_seq; s++)
+        if (ctx->prefix[s])
+            kv_epoch_bump(ctx, s);
     memset(ctx->prefix, 0, (size_t)ctx->p.n_seq * sizeof *ctx->prefix);
     ctx->tree_open = false;
 }

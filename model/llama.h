@@ -81,7 +81,8 @@ double llama_model_step_macs(const llama_model *m);
  * reads from others. One contiguous block; llama_shared_layout gives its size and offsets, so the
  * block can be a region of the shared-memory arena. */
 typedef struct {
-    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off, ap_off, mp_off;
+    size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off, ap_off, mp_off,
+        epoch_off;
     size_t layer_kv_bytes; /* bytes of one layer's K (or V) rows */
     /* bound pointers (llama_shared_bind) */
     void *base;
@@ -93,6 +94,10 @@ typedef struct {
     float *ap;
     /* the Megatron plan's partial sums: per part, max_width rows of dim */
     float *mp;
+    /* per sequence slot, a counter bumped whenever the slot's committed rows change other than by
+     * growing (the length set lower, a reset, a copied prefix): a process that keeps its own copy
+     * of committed rows (a GPU worker's device mirror) knows from it when to read them again */
+    uint32_t *epoch;
 } llama_shared;
 
 /* Bytes of the shared block for this shape (n_seq sequence slots of n_ctx prefix rows each, then

@@ -8,6 +8,16 @@
  * the output projection and residual, rmsnorm, gate/up, SiLU, down and residual — each result
  * where the CPU part would have written it in the shared block, so the other parts (CPU or GPU)
  * read it there.
+ *
+ * Mapped mode works in the shared block itself. Mirror mode works in device buffers of the same
+ * shapes (gpu_bufs) and meets the others through the block: before a synchronisation point its
+ * own columns go out, after it the others' come in (gpu_meet). Its K/V cache is a device copy of
+ * the block's, laid out alike: the rows of the heads its attention reads, brought up to each
+ * slot's committed length at the start of a step (gpu_mirror_prefix), and the tree rows of the
+ * step (its own heads' stored on both sides, another part's read after the projections' sync).
+ * A sole part has no synchronisation points: the step is queued whole and, with graphs on,
+ * recorded once per shape (width, logits start, appended-batch offset, logits address) and
+ * replayed; a new partition drops the recordings.
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +32,21 @@ typedef struct {
     kmat wq, wk, wv, wo, w_gate, w_up, w_down;
     float *attn_norm, *ffn_norm;
 } gpu_layer;
+
+/* Where a step's activations and K/V are, as device addresses: the mapped shared block, or the
+ * mirror's buffers. */
+typedef struct {
+    float *x, *q, *att, *xb2, *hg, *hu, *kk, *vv, *ap, *logits;
+    uint8_t *kv;
+} gpu_bufs;
+
+#define GPU_MAX_GRAPHS 256
+
+typedef struct {
+    int n, from, base;
+    float *logits;
+    kcuda_graph *graph;
+} gpu_graph;
 
 struct llama_gpu {
     llama_ctx *x;
@@ -38,7 +63,22 @@ struct llama_gpu {
     int32_t *d_tokens, *d_seq_row, *d_n_prefix, *d_anc, *d_n_anc, *d_split;
     float *d_cs, *d_sn;
     int32_t *h_seq_row, *h_n_prefix, *h_n_anc, *h_anc;
-    char describe[160];
+    llama_gpu_memory memory; /* MAPPED or MIRROR once resolved */
+    gpu_bufs shb, dev;       /* the shared block's addresses; where the step works */
+    size_t kv_bytes;
+    /* mirror: per slot the committed rows copied so far and the epoch they were copied under;
+     * per KV head whether attention reads its prefix (need_p) and tree rows (need_t) */
+    int *mir_len, *mir_stamp;
+    uint32_t *mir_epoch;
+    uint8_t *need_p, *need_t, *prev_need_p;
+    long steps;
+    /* graphs (a sole part): the recordings, and the partition they were recorded under */
+    bool graphs;
+    gpu_graph *rec;
+    int n_rec;
+    int64_t rec_bnd[LP_N][LLAMA_MAX_PARTS + 1];
+    long replayed, recorded;
+    char describe[240];
 };
 
 static void *gpu_alloc(llama_gpu *gp, size_t bytes)
@@ -56,6 +96,8 @@ static void *gpu_alloc(llama_gpu *gp, size_t bytes)
         gp->allocs[gp->n_allocs++] = p;
     return p;
 }
+
+#define LLAMA_MAX_KV_HEADS_GPU 256 /* KV heads a step's per-head lists hold */
 
 static bool gpu_type_ok(uint32_t t)
 {
@@ -108,14 +150,70 @@ static bool gpu_in_map(const llama_gpu *gp, const void *p, size_t bytes)
     return b >= gp->host_base && b + bytes <= gp->host_base + gp->map_bytes;
 }
 
-llama_gpu *llama_gpu_new(llama_ctx *x, int device, void *map_base, size_t map_bytes, char *err,
-                         size_t errlen)
+int llama_gpu_memory_parse(const char *s)
 {
+    return !strcmp(s, "auto") ? LLAMA_GPU_AUTO
+           : !strcmp(s, "mapped") ? LLAMA_GPU_MAPPED
+           : !strcmp(s, "mirror") ? LLAMA_GPU_MIRROR
+                                  : -1;
+}
+
+const char *llama_gpu_memory_name(llama_gpu_memory m)
+{
+    return m == LLAMA_GPU_MAPPED ? "mapped" : m == LLAMA_GPU_MIRROR ? "mirror" : "auto";
+}
+
+/* The mirror's device buffers, each the shape of its shared-block twin. */
+static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
+{
+    llama_ctx *x = gp->x;
+    const llama_config *c = &x->m->cfg;
+    size_t W = (size_t)x->p.max_width, qd = (size_t)c->n_heads * c->head_dim;
+    size_t kvr = (size_t)x->kv_row, rec = (size_t)c->n_heads * 2 * ((size_t)c->head_dim + 2);
+    gp->kv_bytes = 2 * x->sh.layer_kv_bytes * (size_t)c->n_layers;
+    gpu_bufs *d = &gp->dev;
+    d->kv = gpu_alloc(gp, gp->kv_bytes);
+    d->x = gpu_alloc(gp, W * (size_t)c->dim * 4);
+    d->q = gpu_alloc(gp, W * qd * 4);
+    d->att = gpu_alloc(gp, W * qd * 4);
+    d->xb2 = gpu_alloc(gp, W * (size_t)c->dim * 4);
+    d->hg = gpu_alloc(gp, W * (size_t)c->ffn * 4);
+    d->hu = gpu_alloc(gp, W * (size_t)c->ffn * 4);
+    d->kk = gpu_alloc(gp, W * kvr * 4);
+    d->vv = gpu_alloc(gp, W * kvr * 4);
+    d->ap = gpu_alloc(gp, W * rec * 4);
+    d->logits = gpu_alloc(gp, W * (size_t)c->vocab * 4);
+    if (!d->kv || !d->x || !d->q || !d->att || !d->xb2 || !d->hg || !d->hu || !d->kk || !d->vv ||
+        !d->ap || !d->logits) {
+        snprintf(err, errlen,
+                 "mirror: cannot allocate the device copy of the KV cache (%.1f MiB) and the "
+                 "activations; --gpu-memory mapped reads them in place",
+                 (double)gp->kv_bytes / (1 << 20));
+        return -1;
+    }
+    int ns = x->p.n_seq, nkv = c->n_kv_heads;
+    gp->mir_len = calloc((size_t)ns, sizeof *gp->mir_len);
+    gp->mir_stamp = calloc((size_t)ns, sizeof *gp->mir_stamp);
+    gp->mir_epoch = calloc((size_t)ns, sizeof *gp->mir_epoch);
+    gp->need_p = calloc((size_t)nkv, 3);
+    if (!gp->mir_len || !gp->mir_stamp || !gp->mir_epoch || !gp->need_p) {
+        snprintf(err, errlen, "out of memory setting up the GPU mirror");
+        return -1;
+    }
+    gp->need_t = gp->need_p + nkv;
+    gp->prev_need_p = gp->need_t + nkv;
+    return 0;
+}
+
+llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_base,
+                         size_t map_bytes, char *err, size_t errlen)
+{
+    int device = prm->device;
     const llama_model *m = x->m;
     const llama_config *c = &m->cfg;
-    if (x->p.kv != KV_F32 || x->p.prefix_src || x->p.screen_top > 0) {
-        snprintf(err, errlen, "the GPU forward needs an f32 KV cache of its own and no screening "
-                              "head");
+    if ((x->p.kv != KV_F32 && x->p.kv != KV_F16) || x->p.prefix_src || x->p.screen_top > 0) {
+        snprintf(err, errlen, "the GPU forward needs an f32 or f16 KV cache of its own and no "
+                              "screening head");
         return NULL;
     }
     if (x->p.kv_dup) {
@@ -149,7 +247,10 @@ llama_gpu *llama_gpu_new(llama_ctx *x, int device, void *map_base, size_t map_by
         free(gp);
         return NULL;
     }
-    kcuda_describe(gp->g, gp->describe, sizeof gp->describe);
+    gp->memory = prm->memory != LLAMA_GPU_AUTO ? prm->memory
+                 : kcuda_integrated(gp->g)   ? LLAMA_GPU_MAPPED
+                                             : LLAMA_GPU_MIRROR;
+    gp->graphs = prm->graphs;
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -203,6 +304,28 @@ llama_gpu *llama_gpu_new(llama_ctx *x, int device, void *map_base, size_t map_by
         !gp->d_n_anc || !gp->d_anc || !gp->d_split || !gp->d_cs || !gp->d_sn || !gp->h_seq_row ||
         !gp->h_n_prefix || !gp->h_n_anc || !gp->h_anc)
         goto oom;
+    const llama_shared *sh = &x->sh;
+    gp->shb = (gpu_bufs){.x = gpu_dev(gp, sh->x), .q = gpu_dev(gp, sh->q),
+                         .att = gpu_dev(gp, sh->att), .xb2 = gpu_dev(gp, sh->xb2),
+                         .hg = gpu_dev(gp, sh->hg), .hu = gpu_dev(gp, sh->hu),
+                         .kk = gpu_dev(gp, sh->kk), .vv = gpu_dev(gp, sh->vv),
+                         .ap = gpu_dev(gp, sh->ap), .kv = gpu_dev(gp, sh->kv)};
+    if (gp->memory == LLAMA_GPU_MIRROR) {
+        if (gpu_mirror_new(gp, err, errlen))
+            goto fail;
+    } else {
+        gp->dev = gp->shb;
+    }
+    /* the widest 16-bit activations a cuBLAS matmul rounds: no allocation inside a capture */
+    int64_t widest = c->dim > c->ffn ? c->dim : c->ffn;
+    widest = widest > (int64_t)qd ? widest : (int64_t)qd;
+    if (kcuda_reserve(gp->g, W * (size_t)widest * 2, err, errlen))
+        goto fail;
+    char dev_name[160];
+    kcuda_describe(gp->g, dev_name, sizeof dev_name);
+    snprintf(gp->describe, sizeof gp->describe, "%s; memory %s, graphs %s", dev_name,
+             llama_gpu_memory_name(gp->memory),
+             !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on");
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;
@@ -222,6 +345,9 @@ void llama_gpu_destroy(llama_gpu **gpp)
         char err[128];
         kcuda_sync(gp->g, err, sizeof err);
     }
+    for (int i = 0; i < gp->n_rec; i++)
+        kcuda_graph_destroy(&gp->rec[i].graph);
+    free(gp->rec);
     for (int i = 0; i < gp->n_allocs; i++)
         kcuda_free(gp->allocs[i]);
     free(gp->allocs);
@@ -233,6 +359,10 @@ void llama_gpu_destroy(llama_gpu **gpp)
     free(gp->h_n_prefix);
     free(gp->h_n_anc);
     free(gp->h_anc);
+    free(gp->mir_len);
+    free(gp->mir_stamp);
+    free(gp->mir_epoch);
+    free(gp->need_p);
     free(gp);
     *gpp = NULL;
 }
@@ -240,6 +370,12 @@ void llama_gpu_destroy(llama_gpu **gpp)
 const char *llama_gpu_describe(const llama_gpu *gp)
 {
     return gp->describe;
+}
+
+void llama_gpu_graph_counts(const llama_gpu *gp, long *replayed, long *recorded)
+{
+    *replayed = gp->replayed;
+    *recorded = gp->recorded;
 }
 
 /* Drain the stream, then meet the other parts. */
@@ -250,21 +386,330 @@ static int gpu_sync(llama_gpu *gp, char *err, size_t errlen)
     return llama_part_sync(gp->x, err, errlen);
 }
 
-/* The part's K/V rows of the batch (kk or vv, n tokens) into the tree area of layer block `kvl`. */
-static int gpu_kv_store(llama_gpu *gp, uint8_t *kvl, const float *rows, int n, char *err,
-                        size_t errlen)
+/* Mirror mode beside other parts: the columns parts exchange cross between the device buffers
+ * and the shared block. */
+static bool gpu_exchanges(const llama_gpu *gp)
+{
+    return gp->memory == LLAMA_GPU_MIRROR && gp->x->p.n_parts > 1;
+}
+
+/* Columns [c0, c1) of n rows (ld floats apart) from one side to the other. */
+static int gpu_cols(llama_gpu *gp, float *dst, const float *src, int n, int64_t ld, int64_t c0,
+                    int64_t c1, char *err, size_t errlen)
+{
+    if (c1 <= c0)
+        return 0;
+    return kcuda_copy2d(gp->g, dst + c0, (size_t)ld * 4, src + c0, (size_t)ld * 4,
+                        (size_t)(c1 - c0) * 4, (size_t)n, err, errlen);
+}
+
+/* A synchronisation point after which the other parts read this part's columns [c0, c1) of a
+ * buffer (dev; sh its twin in the shared block) and this part reads theirs. */
+static int gpu_meet(llama_gpu *gp, float *dev, float *sh, int n, int64_t ld, int64_t c0,
+                    int64_t c1, char *err, size_t errlen)
+{
+    if (gp->x->p.n_parts <= 1)
+        return 0;
+    bool ex = gpu_exchanges(gp);
+    if (ex && gpu_cols(gp, sh, dev, n, ld, c0, c1, err, errlen))
+        return -1;
+    if (gpu_sync(gp, err, errlen))
+        return -1;
+    return ex ? gpu_cols(gp, dev, sh, n, ld, 0, c0, err, errlen) ||
+                    gpu_cols(gp, dev, sh, n, ld, c1, ld, err, errlen)
+              : 0;
+}
+
+/* Byte offset of KV head kvh's row r in a layer's K (or V) block. */
+static size_t gpu_kv_off(const llama_gpu *gp, int kvh, int64_t r)
+{
+    const llama_ctx *x = gp->x;
+    int64_t head_rows = x->tree_row + x->p.max_width;
+    return ((size_t)kvh * (size_t)head_rows + (size_t)r) * (size_t)x->m->cfg.head_dim * x->kv_elem;
+}
+
+/* Rows [r, r + count) of the KV heads `want` marks, from the shared block to the mirror: layer l
+ * (K and V), or every layer when l < 0. One copy per run of consecutive heads. */
+static void gpu_mirror_rows(llama_gpu *gp, const uint8_t *want, int l, int64_t r, int count)
+{
+    const llama_ctx *x = gp->x;
+    const llama_config *c = &x->m->cfg;
+    size_t lkv = x->sh.layer_kv_bytes, pitch = gpu_kv_off(gp, 1, 0);
+    size_t first = l < 0 ? 0 : (size_t)(2 * l) * lkv, depth = l < 0 ? 2 * (size_t)c->n_layers : 2;
+    for (int h = 0; h < c->n_kv_heads;) {
+        if (!want[h]) {
+            h++;
+            continue;
+        }
+        int h1 = h;
+        while (h1 < c->n_kv_heads && want[h1])
+            h1++;
+        size_t off = first + gpu_kv_off(gp, h, r);
+        kcuda_copy3d(gp->g, gp->dev.kv + off, gp->shb.kv + off,
+                     (size_t)count * (size_t)c->head_dim * x->kv_elem, (size_t)(h1 - h), pitch,
+                     depth, lkv);
+        h = h1;
+    }
+}
+
+/* Mirror: which KV heads this part's attention reads (prefix, tree) under the current partition;
+ * when the prefix set changed, every slot's rows are copied again from row 0. */
+static void gpu_mirror_needs(llama_gpu *gp)
 {
     llama_ctx *x = gp->x;
-    size_t hd = (size_t)x->m->cfg.head_dim;
-    int64_t head_rows = x->tree_row + x->p.max_width;
-    for (int kvh = x->kvh0; kvh < x->kvh1; kvh++) {
-        uint8_t *dst = kvl + ((size_t)kvh * (size_t)head_rows + (size_t)(x->tree_row + x->batch_base)) *
-                                 hd * 4;
-        if (kcuda_copy2d(gp->g, gpu_dev(gp, dst), hd * 4, rows + (size_t)kvh * hd,
-                         (size_t)x->kv_row * 4, hd * 4, (size_t)n, err, errlen))
+    int nkv = x->m->cfg.n_kv_heads;
+    memset(gp->need_p, 0, (size_t)nkv * 2);
+    for (int u = 0; u < x->n_units; u++) {
+        const struct att_unit *un = &x->units[u];
+        gp->need_p[un->kvh] |= un->mode != ATT_SPARSE;
+        gp->need_t[un->kvh] |= un->mode != ATT_DENSE;
+    }
+    if (memcmp(gp->need_p, gp->prev_need_p, (size_t)nkv)) {
+        memset(gp->mir_len, 0, (size_t)x->p.n_seq * sizeof *gp->mir_len);
+        memcpy(gp->prev_need_p, gp->need_p, (size_t)nkv);
+    }
+}
+
+/* Mirror: the committed rows of the batch's slots that the device copy lacks, copied from the
+ * shared block. A slot whose epoch moved, or whose length fell, is copied again from row 0. */
+static void gpu_mirror_prefix(llama_gpu *gp, int n)
+{
+    llama_ctx *x = gp->x;
+    gp->steps++;
+    for (int i = 0; i < n; i++) {
+        int seq = x->seq[x->batch_base + i];
+        if (gp->mir_stamp[seq] == (int)gp->steps)
+            continue;
+        gp->mir_stamp[seq] = (int)gp->steps;
+        uint32_t e = __atomic_load_n(&x->sh.epoch[seq], __ATOMIC_ACQUIRE);
+        int have = x->prefix[seq];
+        if (e != gp->mir_epoch[seq] || have < gp->mir_len[seq]) {
+            gp->mir_epoch[seq] = e;
+            gp->mir_len[seq] = 0;
+        }
+        if (have > gp->mir_len[seq])
+            gpu_mirror_rows(gp, gp->need_p, -1, (int64_t)seq * x->p.n_ctx + gp->mir_len[seq],
+                            have - gp->mir_len[seq]);
+        gp->mir_len[seq] = have;
+    }
+}
+
+/* The part's K/V rows of the batch (kk or vv, n tokens) into the tree area of the layer block at
+ * kvl (the shared block's, or the mirror's), in the cache's type. */
+static void gpu_kv_store(llama_gpu *gp, uint8_t *kvl, const float *rows, int n)
+{
+    llama_ctx *x = gp->x;
+    kcuda_kv_store(gp->g, x->p.kv, kvl, x->tree_row + x->p.max_width, x->tree_row + x->batch_base,
+                   rows, x->kv_row, x->kvh0, x->kvh1, x->m->cfg.head_dim, n);
+}
+
+/* Attention's synchronisation point. Mirror beside others: this part's outputs go out (whole
+ * heads' columns of att, split heads' records of ap), and after it the others' come in. */
+static int gpu_meet_attention(llama_gpu *gp, int n, char *err, size_t errlen)
+{
+    llama_ctx *x = gp->x;
+    const llama_config *c = &x->m->cfg;
+    if (x->p.n_parts <= 1)
+        return 0;
+    bool ex = gpu_exchanges(gp);
+    int64_t hd = c->head_dim, qd = (int64_t)c->n_heads * hd, rec = hd + 2;
+    int64_t rec_tok = (int64_t)c->n_heads * 2 * rec;
+    for (int u = 0; ex && u < x->n_units; u++) {
+        const struct att_unit *un = &x->units[u];
+        if (un->mode == ATT_FULL) {
+            if (gpu_cols(gp, gp->shb.att, gp->dev.att, n, qd, un->h0 * hd, (un->h0 + un->nh) * hd,
+                         err, errlen))
+                return -1;
+        } else {
+            int64_t off = (int64_t)un->h0 * 2 * rec + (un->mode == ATT_SPARSE ? rec : 0);
+            kcuda_copy3d(gp->g, gp->shb.ap + off, gp->dev.ap + off, (size_t)rec * 4,
+                         (size_t)un->nh, (size_t)(2 * rec) * 4, (size_t)n, (size_t)rec_tok * 4);
+        }
+    }
+    if (gpu_sync(gp, err, errlen))
+        return -1;
+    if (!ex)
+        return 0;
+    /* the whole of both: this part's own columns come back as it sent them */
+    if (gpu_cols(gp, gp->dev.att, gp->shb.att, n, qd, 0, qd, err, errlen))
+        return -1;
+    return x->n_split ? gpu_cols(gp, gp->dev.ap, gp->shb.ap, n, rec_tok, 0, rec_tok, err, errlen)
+                      : 0;
+}
+
+/* Queue one step (after the batch's arrays are on the device): every layer, then the logits of
+ * rows [from, n) into `logits` (a device address of the mapped block, or NULL). A sole part
+ * queues it without waiting anywhere, so that it can be recorded as a graph. */
+static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, size_t errlen)
+{
+    llama_ctx *x = gp->x;
+    kcuda *g = gp->g;
+    const llama_config *c = &x->m->cfg;
+    const gpu_bufs *D = &gp->dev, *S = &gp->shb;
+    bool mirror = gp->memory == LLAMA_GPU_MIRROR;
+    int W = x->p.max_width;
+    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row,
+            hd = c->head_dim, ffn = c->ffn;
+    llama_part_cols pc;
+    llama_part_cols_of(x, &pc);
+    int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
+    int64_t q0 = pc.q0, q1 = pc.q1, k0 = pc.k0, k1 = pc.k1, v0 = pc.v0, v1 = pc.v1;
+    int half = c->rot_dim / 2;
+    int64_t rec = hd + 2, rec_tok = (int64_t)c->n_heads * 2 * rec;
+    size_t lkv = x->sh.layer_kv_bytes;
+    /* the tree rows of heads another part projects, which a mirror reads after they are stored */
+    uint8_t foreign[LLAMA_MAX_KV_HEADS_GPU];
+    bool any_foreign = false;
+    for (int h = 0; h < c->n_kv_heads && h < LLAMA_MAX_KV_HEADS_GPU; h++) {
+        foreign[h] = mirror && gp->need_t[h] && (h < x->kvh0 || h >= x->kvh1);
+        any_foreign |= foreign[h];
+    }
+
+    if (kcuda_embed(g, &gp->tok_embd, gp->d_tokens, n, D->x + d0, dim, d0, d1, err, errlen) ||
+        gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
+        return -1;
+    /* beside other parts, their commits of the last step (each part moves its own heads' rows)
+     * are done once all have met here */
+    if (mirror && x->p.n_parts > 1)
+        gpu_mirror_prefix(gp, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const gpu_layer *L = &gp->layers[l];
+        size_t kl = (size_t)(2 * l) * lkv, vl = kl + lkv;
+        kcuda_rmsnorm(g, gp->xb, D->x, L->attn_norm, (int)dim, n, c->norm_eps);
+        if (kcuda_matmul(g, &L->wq, q0, q1, gp->xb, n, D->q, qd, err, errlen) ||
+            kcuda_matmul(g, &L->wk, k0, k1, gp->xb, n, D->kk, kvd, err, errlen) ||
+            kcuda_matmul(g, &L->wv, k0, k1, gp->xb, n, D->vv, kvd, err, errlen))
+            return -1;
+        kcuda_rope(g, D->q + q0, n, qd, (int)((q1 - q0) / hd), (int)hd, half, gp->d_cs, gp->d_sn);
+        kcuda_rope(g, D->kk + k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d_cs, gp->d_sn);
+        /* the shared block's tree rows are the ones commits move; the mirror reads its own */
+        gpu_kv_store(gp, S->kv + kl, D->kk, n);
+        gpu_kv_store(gp, S->kv + vl, D->vv, n);
+        if (mirror) {
+            gpu_kv_store(gp, D->kv + kl, D->kk, n);
+            gpu_kv_store(gp, D->kv + vl, D->vv, n);
+        }
+        if (x->att_sync && gpu_meet(gp, D->q, S->q, n, qd, q0, q1, err, errlen))
+            return -1;
+        if (any_foreign)
+            gpu_mirror_rows(gp, foreign, l, x->tree_row + x->batch_base, n);
+        kcuda_att a = {.type = x->p.kv,
+                       .k = D->kv + kl,
+                       .v = D->kv + vl,
+                       .head_rows = x->tree_row + W,
+                       .tree_row = x->tree_row,
+                       .head_dim = (int)hd,
+                       .n_heads = c->n_heads,
+                       .n_kv_heads = c->n_kv_heads,
+                       .scale = 1.0f / sqrtf((float)hd),
+                       .seq_row = gp->d_seq_row,
+                       .n_prefix = gp->d_n_prefix,
+                       .anc = gp->d_anc,
+                       .n_anc = gp->d_n_anc,
+                       .anc_stride = W};
+        for (int u = 0; u < x->n_units; u++) {
+            const struct att_unit *un = &x->units[u];
+            int rc = un->mode == ATT_FULL
+                         ? kcuda_attention(g, &a, KCUDA_ATT_FULL, D->q, qd, n, un->h0,
+                                           un->h0 + un->nh, D->att, qd, 0, err, errlen)
+                         : kcuda_attention(g, &a,
+                                           un->mode == ATT_DENSE ? KCUDA_ATT_DENSE
+                                                                 : KCUDA_ATT_SPARSE,
+                                           D->q, qd, n, un->h0, un->h0 + un->nh,
+                                           D->ap + (un->mode == ATT_SPARSE ? rec : 0), rec_tok,
+                                           2 * rec, err, errlen);
+            if (rc)
+                return -1;
+        }
+        if (gpu_meet_attention(gp, n, err, errlen))
+            return -1;
+        const float *att_in = D->att;
+        if (x->n_split) {
+            if (kcuda_copy2d(g, gp->attp, (size_t)qd * 4, D->att, (size_t)qd * 4, (size_t)qd * 4,
+                             (size_t)n, err, errlen))
+                return -1;
+            kcuda_att_merge(g, D->ap, D->ap + rec, rec_tok, 2 * rec, gp->d_split, x->n_split, n,
+                            (int)hd, gp->attp, qd);
+            att_in = gp->attp;
+        }
+        if (kcuda_matmul(g, &L->wo, d0, d1, att_in, n, D->xb2, dim, err, errlen))
+            return -1;
+        kcuda_add_cols(g, D->x, D->xb2, n, dim, d0, d1);
+        if (gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
+            return -1;
+        kcuda_rmsnorm(g, gp->xb, D->x, L->ffn_norm, (int)dim, n, c->norm_eps);
+        if (kcuda_matmul(g, &L->w_gate, f0, f1, gp->xb, n, D->hg, ffn, err, errlen) ||
+            kcuda_matmul(g, &L->w_up, f0, f1, gp->xb, n, D->hu, ffn, err, errlen))
+            return -1;
+        kcuda_silu_mul(g, D->hg + f0, D->hu + f0, n, ffn, f1 - f0);
+        if (gpu_meet(gp, D->hg, S->hg, n, ffn, f0, f1, err, errlen))
+            return -1;
+        if (kcuda_matmul(g, &L->w_down, e0, e1, D->hg, n, D->xb2, dim, err, errlen))
+            return -1;
+        kcuda_add_cols(g, D->x, D->xb2, n, dim, e0, e1);
+        if (gpu_meet(gp, D->x, S->x, n, dim, e0, e1, err, errlen))
+            return -1;
+    }
+    /* the hidden states stay readable in the shared block (a Medusa head reads them there);
+     * beside other parts the last meeting already put them there */
+    if (mirror && x->p.n_parts <= 1 && gpu_cols(gp, S->x, D->x, n, dim, 0, dim, err, errlen))
+        return -1;
+    if (logits && from < n) {
+        kcuda_rmsnorm(g, gp->xb, D->x + (int64_t)from * dim, gp->out_norm, (int)dim, n - from,
+                      c->norm_eps);
+        /* a mirror computes its logits columns in device memory and sends them in one copy */
+        float *y = mirror ? D->logits : logits;
+        if (kcuda_matmul(g, &gp->lm_head, v0, v1, gp->xb, n - from, y, c->vocab, err, errlen) ||
+            (mirror && gpu_cols(gp, logits, y, n - from, c->vocab, v0, v1, err, errlen)))
             return -1;
     }
     return 0;
+}
+
+static void gpu_graphs_drop(llama_gpu *gp)
+{
+    for (int i = 0; i < gp->n_rec; i++)
+        kcuda_graph_destroy(&gp->rec[i].graph);
+    gp->n_rec = 0;
+}
+
+/* The recording of this step's shape, recorded now if there is none; NULL when graphs cannot be
+ * used (they are then turned off for good, saying why on stderr) — the caller runs the step. */
+static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
+{
+    llama_ctx *x = gp->x;
+    if (memcmp(gp->rec_bnd, x->bnd, sizeof gp->rec_bnd)) { /* a new partition */
+        gpu_graphs_drop(gp);
+        memcpy(gp->rec_bnd, x->bnd, sizeof gp->rec_bnd);
+    }
+    for (int i = 0; i < gp->n_rec; i++) {
+        gpu_graph *r = &gp->rec[i];
+        if (r->n == n && r->from == from && r->base == x->batch_base && r->logits == logits)
+            return r->graph;
+    }
+    if (!gp->rec && !(gp->rec = calloc(GPU_MAX_GRAPHS, sizeof *gp->rec)))
+        return NULL;
+    if (gp->n_rec == GPU_MAX_GRAPHS)
+        gpu_graphs_drop(gp);
+    char err[400], err2[400];
+    if (kcuda_capture_begin(gp->g, err, sizeof err)) {
+        fprintf(stderr, "GPU: graphs off: %s\n", err);
+        gp->graphs = false;
+        return NULL;
+    }
+    int rc = gpu_step(gp, n, from, logits, err, sizeof err);
+    kcuda_graph *kg = kcuda_capture_end(gp->g, err2, sizeof err2);
+    if (rc || !kg) {
+        fprintf(stderr, "GPU: graphs off: recording a step of %d tokens failed: %s\n", n,
+                rc ? err : err2);
+        kcuda_graph_destroy(&kg);
+        gpu_graphs_drop(gp);
+        gp->graphs = false;
+        return NULL;
+    }
+    gp->rec[gp->n_rec++] = (gpu_graph){n, from, x->batch_base, logits, kg};
+    gp->recorded++;
+    return kg;
 }
 
 int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *err,
@@ -272,12 +717,15 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
 {
     llama_ctx *x = gp->x;
     kcuda *g = gp->g;
-    const llama_model *m = x->m;
-    const llama_config *c = &m->cfg;
-    const llama_shared *sh = &x->sh;
+    const llama_config *c = &x->m->cfg;
     int n = b->n, W = x->p.max_width;
     if (x->megatron) {
         snprintf(err, errlen, "the GPU forward runs HCMP plans only (not megatron)");
+        return -1;
+    }
+    if (c->n_kv_heads > LLAMA_MAX_KV_HEADS_GPU) {
+        snprintf(err, errlen, "the GPU forward takes at most %d KV heads (the model has %d)",
+                 LLAMA_MAX_KV_HEADS_GPU, c->n_kv_heads);
         return -1;
     }
     if (llama_batch_prepare(x, b, err, errlen))
@@ -286,12 +734,6 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
         snprintf(err, errlen, "the logits lie outside the GPU's mapped memory");
         return -1;
     }
-    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row,
-            hd = c->head_dim, ffn = c->ffn;
-    llama_part_cols pc;
-    llama_part_cols_of(x, &pc);
-    int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
-    int64_t q0 = pc.q0, q1 = pc.q1, k0 = pc.k0, k1 = pc.k1, v0 = pc.v0, v1 = pc.v1;
     int half = c->rot_dim / 2;
 
     /* the step's small arrays: RoPE angles, and what attention needs per token */
@@ -316,92 +758,20 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
         (x->n_split && kcuda_upload(g, gp->d_split, x->split_heads, (size_t)x->n_split * 4, err,
                                     errlen)))
         return -1;
-    float *X = gpu_dev(gp, sh->x), *Q = gpu_dev(gp, sh->q), *ATT = gpu_dev(gp, sh->att);
-    float *XB2 = gpu_dev(gp, sh->xb2), *HG = gpu_dev(gp, sh->hg), *HU = gpu_dev(gp, sh->hu);
-    float *KK = gpu_dev(gp, sh->kk), *VV = gpu_dev(gp, sh->vv), *AP = gpu_dev(gp, sh->ap);
-    int64_t rec = hd + 2, rec_tok = (int64_t)c->n_heads * 2 * rec;
-
-    if (kcuda_embed(g, &gp->tok_embd, gp->d_tokens, n, X + d0, dim, d0, d1, err, errlen) ||
-        gpu_sync(gp, err, errlen))
-        return -1;
-    for (int l = 0; l < c->n_layers; l++) {
-        const gpu_layer *L = &gp->layers[l];
-        uint8_t *kl = sh->kv + (size_t)(2 * l) * sh->layer_kv_bytes, *vl = kl + sh->layer_kv_bytes;
-        kcuda_rmsnorm(g, gp->xb, X, L->attn_norm, (int)dim, n, c->norm_eps);
-        if (kcuda_matmul(g, &L->wq, q0, q1, gp->xb, n, Q, qd, err, errlen) ||
-            kcuda_matmul(g, &L->wk, k0, k1, gp->xb, n, KK, kvd, err, errlen) ||
-            kcuda_matmul(g, &L->wv, k0, k1, gp->xb, n, VV, kvd, err, errlen))
-            return -1;
-        kcuda_rope(g, Q + q0, n, qd, (int)((q1 - q0) / hd), (int)hd, half, gp->d_cs, gp->d_sn);
-        kcuda_rope(g, KK + k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d_cs, gp->d_sn);
-        if (gpu_kv_store(gp, kl, KK, n, err, errlen) || gpu_kv_store(gp, vl, VV, n, err, errlen))
-            return -1;
-        if (x->att_sync && gpu_sync(gp, err, errlen))
-            return -1;
-        kcuda_att a = {.type = KV_F32,
-                       .k = gpu_dev(gp, kl),
-                       .v = gpu_dev(gp, vl),
-                       .head_rows = x->tree_row + W,
-                       .tree_row = x->tree_row,
-                       .head_dim = (int)hd,
-                       .n_heads = c->n_heads,
-                       .n_kv_heads = c->n_kv_heads,
-                       .scale = 1.0f / sqrtf((float)hd),
-                       .seq_row = gp->d_seq_row,
-                       .n_prefix = gp->d_n_prefix,
-                       .anc = gp->d_anc,
-                       .n_anc = gp->d_n_anc,
-                       .anc_stride = W};
-        for (int u = 0; u < x->n_units; u++) {
-            const struct att_unit *un = &x->units[u];
-            int rc = un->mode == ATT_FULL
-                         ? kcuda_attention(g, &a, KCUDA_ATT_FULL, Q, qd, n, un->h0,
-                                           un->h0 + un->nh, ATT, qd, 0, err, errlen)
-                         : kcuda_attention(g, &a,
-                                           un->mode == ATT_DENSE ? KCUDA_ATT_DENSE
-                                                                 : KCUDA_ATT_SPARSE,
-                                           Q, qd, n, un->h0, un->h0 + un->nh,
-                                           AP + (un->mode == ATT_SPARSE ? rec : 0), rec_tok,
-                                           2 * rec, err, errlen);
-            if (rc)
-                return -1;
-        }
-        if (gpu_sync(gp, err, errlen))
-            return -1;
-        const float *att_in = ATT;
-        if (x->n_split) {
-            if (kcuda_copy2d(g, gp->attp, (size_t)qd * 4, ATT, (size_t)qd * 4, (size_t)qd * 4,
-                             (size_t)n, err, errlen))
-                return -1;
-            kcuda_att_merge(g, AP, AP + rec, rec_tok, 2 * rec, gp->d_split, x->n_split, n, (int)hd,
-                            gp->attp, qd);
-            att_in = gp->attp;
-        }
-        if (kcuda_matmul(g, &L->wo, d0, d1, att_in, n, XB2, dim, err, errlen))
-            return -1;
-        kcuda_add_cols(g, X, XB2, n, dim, d0, d1);
-        if (gpu_sync(gp, err, errlen))
-            return -1;
-        kcuda_rmsnorm(g, gp->xb, X, L->ffn_norm, (int)dim, n, c->norm_eps);
-        if (kcuda_matmul(g, &L->w_gate, f0, f1, gp->xb, n, HG, ffn, err, errlen) ||
-            kcuda_matmul(g, &L->w_up, f0, f1, gp->xb, n, HU, ffn, err, errlen))
-            return -1;
-        kcuda_silu_mul(g, HG + f0, HU + f0, n, ffn, f1 - f0);
-        if (gpu_sync(gp, err, errlen))
-            return -1;
-        if (kcuda_matmul(g, &L->w_down, e0, e1, HG, n, XB2, dim, err, errlen))
-            return -1;
-        kcuda_add_cols(g, X, XB2, n, dim, e0, e1);
-        if (gpu_sync(gp, err, errlen))
-            return -1;
+    if (gp->memory == LLAMA_GPU_MIRROR) {
+        gpu_mirror_needs(gp);
+        if (x->p.n_parts <= 1)
+            gpu_mirror_prefix(gp, n);
     }
     int from = b->logits_from < 0 ? 0 : b->logits_from;
-    if (logits && from < n) {
-        kcuda_rmsnorm(g, gp->xb, X + (int64_t)from * dim, gp->out_norm, (int)dim, n - from,
-                      c->norm_eps);
-        if (kcuda_matmul(g, &gp->lm_head, v0, v1, gp->xb, n - from, gpu_dev(gp, logits), c->vocab,
-                         err, errlen))
+    float *dlog = logits ? gpu_dev(gp, logits) : NULL;
+    kcuda_graph *kg = gp->graphs && x->p.n_parts <= 1 ? gpu_graph_for(gp, n, from, dlog) : NULL;
+    if (kg) {
+        if (kcuda_graph_launch(g, kg, err, errlen))
             return -1;
+        gp->replayed++;
+    } else if (gpu_step(gp, n, from, dlog, err, errlen)) {
+        return -1;
     }
     return kcuda_sync(g, err, errlen);
 }

@@ -7,10 +7,17 @@
  * other parts at the same synchronisation points, with the GPU op set (kernels/cuda): so CPU and
  * GPU workers mix in one group under any partition plan. The shared block — the KV cache and the
  * activations parts exchange, normally the shared-memory arena — stays in host memory and is
- * mapped for the device (cudaHostRegister): kernels read and write it in place, which is the
- * unified-memory path of machines whose CPU and GPU share memory; the weight matrices and norms
- * are copied into device memory once. Before each synchronisation point the stream is drained,
- * and the host waits at the barrier.
+ * mapped for the device (cudaHostRegister); the weight matrices and norms are copied into device
+ * memory once. Where the forward keeps the rest is the memory mode:
+ *   - mapped: kernels read and write the shared block in place — the unified-memory path of
+ *     machines whose CPU and GPU share memory;
+ *   - mirror (discrete cards): the activations live in device memory and only the columns parts
+ *     exchange cross the bus (this part's own before each synchronisation point, the others'
+ *     after it); the K/V rows attention reads are kept in a device copy of the KV cache, which
+ *     takes each newly committed row once from the shared block (the source of truth: a slot
+ *     whose rows change other than by growing is read again, llama_shared.epoch).
+ * A part that is the only one has no synchronisation points to meet: its whole step is queued at
+ * once, and (graphs on) recorded as a CUDA graph per batch shape and replayed as one launch.
  */
 #ifndef OROCHI_LLAMA_CUDA_H
 #define OROCHI_LLAMA_CUDA_H
@@ -19,19 +26,38 @@
 
 typedef struct llama_gpu llama_gpu;
 
-/* Put ctx's forward on CUDA device `device`. [map_base, map_base + map_bytes) is host memory that
- * holds the context's shared block and the logits the forward writes (the arena): it is
+typedef enum {
+    LLAMA_GPU_AUTO,   /* mapped on an integrated GPU, mirror on a discrete one */
+    LLAMA_GPU_MAPPED, /* activations and K/V read and written in the mapped shared block */
+    LLAMA_GPU_MIRROR, /* activations and K/V in device memory, the shared block the source */
+} llama_gpu_memory;
+
+typedef struct {
+    int device;              /* CUDA device index */
+    llama_gpu_memory memory; /* where the activations and the K/V rows live */
+    bool graphs;             /* a sole part replays its steps as CUDA graphs */
+} llama_gpu_params;
+
+/* "auto", "mapped", "mirror" to the mode; -1 for another word. */
+int llama_gpu_memory_parse(const char *s);
+const char *llama_gpu_memory_name(llama_gpu_memory m);
+
+/* Put ctx's forward on CUDA device p->device. [map_base, map_base + map_bytes) is host memory
+ * that holds the context's shared block and the logits the forward writes (the arena): it is
  * registered with the device. Refused, with err naming the reason: a weight type the GPU does not
- * take, a KV cache that is not f32, a prefix source or screening head, a shared block outside the
- * map, no device. */
-llama_gpu *llama_gpu_new(llama_ctx *ctx, int device, void *map_base, size_t map_bytes, char *err,
-                         size_t errlen);
+ * take, a KV cache that is not f32 or f16, a prefix source or screening head, a shared block outside the
+ * map, no device, not enough device memory for the mirror. */
+llama_gpu *llama_gpu_new(llama_ctx *ctx, const llama_gpu_params *p, void *map_base,
+                         size_t map_bytes, char *err, size_t errlen);
 void llama_gpu_destroy(llama_gpu **gpu);
 /* llama_forward on the GPU: the same batch rules, results and synchronisation points; logits
  * (inside the map, or NULL) as llama_forward writes them. 0, or -1 with err. */
 int llama_gpu_forward(llama_gpu *gpu, const llama_batch *b, float *logits, char *err,
                       size_t errlen);
-/* The device's name and memory, for logs ("NVIDIA H100 80GB HBM3, 79 GiB"). */
+/* The device's name and memory, and the memory mode taken, for logs ("NVIDIA H100 80GB HBM3,
+ * 79 GiB, sm_90, 132 multiprocessors; memory mirror, graphs on"). */
 const char *llama_gpu_describe(const llama_gpu *gpu);
+/* Steps replayed from a graph, and graphs recorded, since the start (0 without graphs). */
+void llama_gpu_graph_counts(const llama_gpu *gpu, long *replayed, long *recorded);
 
 #endif

@@ -72,6 +72,8 @@ typedef struct {
 
 typedef struct {
     const char *run_dir, *device;
+    const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
+    bool gpu_graphs;        /* --gpu-graphs on|off */
     int index, threads, orphan_ms, stall_ms;
     bool trace;
     char role[32];
@@ -116,9 +118,14 @@ static void worker_on_signal(int sig)
 static void worker_usage(FILE *out)
 {
     fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu|gpu]\n"
+                 "                     [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
                  "                     [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
                  "  column part I of the target model for every verification step.\n"
+                 "  --gpu-memory (auto): with --device gpu, where the activations and K/V rows\n"
+                 "  live: mapped (read in place in the arena; a GPU sharing the host's memory),\n"
+                 "  mirror (device copies, the arena the source; a discrete card); auto picks by\n"
+                 "  the device. --gpu-graphs (on): a sole GPU part replays steps as CUDA graphs.\n"
                  "  --orphan-ms (10000): exit when the coordinator has been silent this long.\n"
                  "  --stall-ms (30000): stop heartbeating when the compute thread has been inside\n"
                  "  one op this long (so the coordinator replaces a wedged worker).\n");
@@ -379,8 +386,11 @@ static int worker_join(worker *w)
     }
 #ifdef OROCHI_HAVE_CUDA
     if (!strcmp(w->device, "gpu")) {
-        w->gpu = llama_gpu_new(w->ctx, 0, arena_base(w->arena), (size_t)arena_size(w->arena), err,
-                               sizeof err);
+        llama_gpu_params gp = {.device = 0,
+                               .memory = (llama_gpu_memory)llama_gpu_memory_parse(w->gpu_memory),
+                               .graphs = w->gpu_graphs};
+        w->gpu = llama_gpu_new(w->ctx, &gp, arena_base(w->arena), (size_t)arena_size(w->arena),
+                               err, sizeof err);
         if (!w->gpu) {
             rt_log(w->role, "GPU: %s", err);
             goto done;
@@ -678,6 +688,8 @@ static int worker_parse(worker *w, int argc, char **argv)
                                          {"index", required_argument, 0, 'i'},
                                          {"threads", required_argument, 0, 't'},
                                          {"device", required_argument, 0, 'd'},
+                                         {"gpu-memory", required_argument, 0, 'm'},
+                                         {"gpu-graphs", required_argument, 0, 'g'},
                                          {"orphan-ms", required_argument, 0, 'o'},
                                          {"stall-ms", required_argument, 0, 's'},
                                          {"trace", no_argument, 0, 'v'},
@@ -690,6 +702,14 @@ static int worker_parse(worker *w, int argc, char **argv)
         case 'i': w->index = atoi(optarg); break;
         case 't': w->threads = atoi(optarg); break;
         case 'd': w->device = optarg; break;
+        case 'm': w->gpu_memory = optarg; break;
+        case 'g':
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "orochi-worker: --gpu-graphs %s: must be on or off\n", optarg);
+                return 2;
+            }
+            w->gpu_graphs = !strcmp(optarg, "on");
+            break;
         case 'o': w->orphan_ms = atoi(optarg); break;
         case 's': w->stall_ms = atoi(optarg); break;
         case 'v': w->trace = true; break;
@@ -706,6 +726,11 @@ static int worker_parse(worker *w, int argc, char **argv)
         fprintf(stderr, "orochi-worker: --device %s: must be cpu or gpu\n", w->device);
         return 2;
     }
+    if (llama_gpu_memory_parse(w->gpu_memory) < 0) {
+        fprintf(stderr, "orochi-worker: --gpu-memory %s: must be auto, mapped or mirror\n",
+                w->gpu_memory);
+        return 2;
+    }
 #else
     if (strcmp(w->device, "cpu")) {
         fprintf(stderr,
@@ -720,7 +745,8 @@ static int worker_parse(worker *w, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    worker w = {.device = "cpu", .threads = 1, .orphan_ms = 10000, .stall_ms = STALL_MS_DEFAULT};
+    worker w = {.device = "cpu", .gpu_memory = "auto", .gpu_graphs = true, .threads = 1,
+                .orphan_ms = 10000, .stall_ms = STALL_MS_DEFAULT};
     int rc = worker_parse(&w, argc, argv);
     if (rc)
         return rc;

@@ -10,6 +10,8 @@
 
 #include "kernels/cuda/kcuda_internal.h"
 
+#define KCUDA_BLAS_WS ((size_t)32 << 20) /* bytes of cuBLAS workspace (its Hopper guidance) */
+
 int kcuda_devices(char *why, size_t whylen)
 {
     int n = 0;
@@ -53,6 +55,11 @@ kcuda *kcuda_new(int device, char *err, size_t errlen)
         return NULL;
     }
     cublasSetStream(g->blas, g->stream);
+    /* after cublasSetStream, which resets the workspace to cuBLAS's own pool */
+    if (cudaMalloc(&g->blas_ws, KCUDA_BLAS_WS) == cudaSuccess)
+        cublasSetWorkspace(g->blas, g->blas_ws, KCUDA_BLAS_WS);
+    else
+        g->blas_ws = NULL;
     return g;
 }
 
@@ -64,6 +71,7 @@ void kcuda_destroy(kcuda **gp)
     cudaStreamSynchronize(g->stream);
     cudaFree(g->scratch);
     cublasDestroy(g->blas);
+    cudaFree(g->blas_ws);
     cudaStreamDestroy(g->stream);
     free(g);
     *gp = NULL;
@@ -80,6 +88,12 @@ void kcuda_describe(const kcuda *g, char *out, size_t len)
              (double)p.totalGlobalMem / (1u << 30), p.major, p.minor, p.multiProcessorCount);
 }
 
+int kcuda_integrated(const kcuda *g)
+{
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, cudaDevAttrIntegrated, g->device) == cudaSuccess && v;
+}
+
 int kcuda_sync(kcuda *g, char *err, size_t errlen)
 {
     if (kcuda_fail(cudaStreamSynchronize(g->stream), "a queued GPU op failed", err, errlen))
@@ -91,6 +105,8 @@ void *kcuda_scratch(kcuda *g, size_t bytes)
 {
     if (bytes <= g->scratch_bytes)
         return g->scratch;
+    if (g->capturing) /* no wait or allocation inside a capture: kcuda_reserve first */
+        return NULL;
     cudaStreamSynchronize(g->stream); /* queued ops may still read the old buffer */
     cudaFree(g->scratch);
     g->scratch = NULL;
@@ -99,6 +115,14 @@ void *kcuda_scratch(kcuda *g, size_t bytes)
         return NULL;
     g->scratch_bytes = bytes;
     return g->scratch;
+}
+
+int kcuda_reserve(kcuda *g, size_t bytes, char *err, size_t errlen)
+{
+    if (kcuda_scratch(g, bytes))
+        return 0;
+    snprintf(err, errlen, "cannot allocate %zu bytes of GPU scratch", bytes);
+    return -1;
 }
 
 void *kcuda_alloc(size_t bytes)
@@ -150,6 +174,121 @@ int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errle
 void kcuda_unregister(void *host)
 {
     cudaHostUnregister(host);
+}
+
+/* ===== strided copies ===== */
+
+/* Block (blockIdx.z, blockIdx.y); the x dimension strides over its units (T: 16 or 4 bytes). */
+template <typename T>
+__global__ void k_copy3d_kernel(uint8_t *dst, const uint8_t *src, size_t units, size_t pitch_y,
+                                size_t pitch_z)
+{
+    size_t off = (size_t)blockIdx.z * pitch_z + (size_t)blockIdx.y * pitch_y;
+    T *d = (T *)(dst + off);
+    const T *s = (const T *)(src + off);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < units;
+         i += (size_t)gridDim.x * blockDim.x)
+        d[i] = s[i];
+}
+
+void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
+                  size_t pitch_y, size_t depth, size_t pitch_z)
+{
+    if (!width || !height || !depth)
+        return;
+    bool wide = !(((uintptr_t)dst | (uintptr_t)src | width | pitch_y | pitch_z) & 15);
+    size_t unit = wide ? 16 : 4, units = width / unit;
+    unsigned bx = (unsigned)((units + 255) / 256);
+    dim3 grid(bx < 32 ? bx : 32, (unsigned)height, (unsigned)depth);
+    if (wide)
+        k_copy3d_kernel<uint4><<<grid, 256, 0, g->stream>>>((uint8_t *)dst, (const uint8_t *)src,
+                                                            units, pitch_y, pitch_z);
+    else
+        k_copy3d_kernel<uint32_t><<<grid, 256, 0, g->stream>>>(
+            (uint8_t *)dst, (const uint8_t *)src, units, pitch_y, pitch_z);
+}
+
+/* One block per (row, head): its head_dim values, rounded to the block's type. */
+template <typename T>
+__global__ void k_kv_store_kernel(T *dst, int64_t head_rows, int64_t r0, const float *src,
+                                  int64_t src_stride, int h0, int head_dim)
+{
+    int t = blockIdx.x, h = h0 + blockIdx.y;
+    const float *s = src + (int64_t)t * src_stride + (int64_t)h * head_dim;
+    T *d = dst + ((int64_t)h * head_rows + r0 + t) * head_dim;
+    for (int e = threadIdx.x; e < head_dim; e += blockDim.x)
+        d[e] = (T)s[e];
+}
+
+void kcuda_kv_store(kcuda *g, kv_type type, void *dst, int64_t head_rows, int64_t r0,
+                    const float *src, int64_t src_stride, int h0, int h1, int head_dim, int n)
+{
+    if (n <= 0 || h1 <= h0)
+        return;
+    dim3 grid(n, h1 - h0);
+    if (type == KV_F16) /* the conversion rounds to nearest even */
+        k_kv_store_kernel<__half><<<grid, 64, 0, g->stream>>>((__half *)dst, head_rows, r0, src,
+                                                              src_stride, h0, head_dim);
+    else
+        k_kv_store_kernel<float><<<grid, 64, 0, g->stream>>>((float *)dst, head_rows, r0, src,
+                                                             src_stride, h0, head_dim);
+}
+
+/* ===== graphs ===== */
+
+struct kcuda_graph {
+    cudaGraphExec_t exec;
+};
+
+int kcuda_capture_begin(kcuda *g, char *err, size_t errlen)
+{
+    /* thread-local: other threads of the process (CPU parts, the runtime) may call CUDA meanwhile */
+    if (kcuda_fail(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal),
+                   "cudaStreamBeginCapture", err, errlen))
+        return -1;
+    g->capturing = true;
+    return 0;
+}
+
+kcuda_graph *kcuda_capture_end(kcuda *g, char *err, size_t errlen)
+{
+    cudaGraph_t graph = NULL;
+    g->capturing = false;
+    cudaError_t e = cudaStreamEndCapture(g->stream, &graph);
+    if (kcuda_fail(e, "cudaStreamEndCapture", err, errlen)) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        cudaGetLastError(); /* a failed capture is not the next op's error */
+        return NULL;
+    }
+    kcuda_graph *kg = (kcuda_graph *)calloc(1, sizeof *kg);
+    if (!kg) {
+        cudaGraphDestroy(graph);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    e = cudaGraphInstantiate(&kg->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (kcuda_fail(e, "cudaGraphInstantiate", err, errlen)) {
+        cudaGetLastError();
+        free(kg);
+        return NULL;
+    }
+    return kg;
+}
+
+int kcuda_graph_launch(kcuda *g, kcuda_graph *graph, char *err, size_t errlen)
+{
+    return kcuda_fail(cudaGraphLaunch(graph->exec, g->stream), "cudaGraphLaunch", err, errlen);
+}
+
+void kcuda_graph_destroy(kcuda_graph **graph)
+{
+    if (!*graph)
+        return;
+    cudaGraphExecDestroy((*graph)->exec);
+    free(*graph);
+    *graph = NULL;
 }
 
 /* ===== element-wise ops ===== */

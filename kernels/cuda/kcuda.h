@@ -36,6 +36,9 @@ kcuda *kcuda_new(int device, char *err, size_t errlen);
 void kcuda_destroy(kcuda **g);
 /* "NAME, N GiB, sm_XY" of the context's device into out. */
 void kcuda_describe(const kcuda *g, char *out, size_t len);
+/* 1 when the device shares the host's memory (an integrated GPU: mapped host memory is its own
+ * memory), 0 for a discrete card whose reads of mapped memory cross the bus. */
+int kcuda_integrated(const kcuda *g);
 /* Wait for the stream; 0, or -1 with the first error any queued op raised. */
 int kcuda_sync(kcuda *g, char *err, size_t errlen);
 
@@ -53,6 +56,27 @@ int kcuda_copy2d(kcuda *g, void *dst, size_t dpitch, const void *src, size_t spi
  * address kernels use for it. 0, or -1 with err. */
 int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen);
 void kcuda_unregister(void *host);
+/* depth x height blocks of `width` bytes: block (z, y) from src + z * pitch_z + y * pitch_y to the
+ * same offset from dst; any mix of device and mapped host addresses, by a kernel (one launch
+ * whatever the block count, where cudaMemcpy3D would need the planes to be height * pitch_y
+ * apart). Sizes, pitches and addresses multiples of 4 bytes. */
+void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
+                  size_t pitch_y, size_t depth, size_t pitch_z);
+/* Make the context's scratch (the 16-bit activations of a cuBLAS matmul) at least `bytes`, so
+ * that no op allocates while a graph is being captured. 0, or -1 with err. */
+int kcuda_reserve(kcuda *g, size_t bytes, char *err, size_t errlen);
+
+/* CUDA graphs: the ops queued on the context's stream between kcuda_capture_begin and
+ * kcuda_capture_end are recorded instead of run (no kcuda_sync, allocation or host wait may come
+ * between), and kcuda_graph_launch queues the recording again, with the same arguments and
+ * addresses, as one launch. */
+typedef struct kcuda_graph kcuda_graph;
+int kcuda_capture_begin(kcuda *g, char *err, size_t errlen);
+/* The captured graph, instantiated; NULL with err when capture or instantiation failed (the
+ * stream is then back to running ops as they are queued). */
+kcuda_graph *kcuda_capture_end(kcuda *g, char *err, size_t errlen);
+int kcuda_graph_launch(kcuda *g, kcuda_graph *graph, char *err, size_t errlen);
+void kcuda_graph_destroy(kcuda_graph **graph);
 
 /* y[t * ldy + r] = W[r] . x[t * w->cols ...] for rows r in [lo, hi) and tokens t < n; w->data is
  * a device address of GGUF rows (w->packed is ignored). Types: F32, F16, BF16 (cuBLAS; the
@@ -76,6 +100,13 @@ void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int6
  * 0, or -1 with err for a type without a GPU dequantizer. */
 int kcuda_embed(kcuda *g, const kmat *table, const int32_t *ids, int n, float *out, int64_t ldo,
                 int64_t c0, int64_t c1, char *err, size_t errlen);
+
+/* KV heads [h0, h1) of n projected rows (row t at src + t * src_stride floats, head h at
+ * + h * head_dim) into rows r0 .. r0 + n - 1 of a K or V block in the engine's layout (head h's
+ * row r at dst + (h * head_rows + r) * head_dim elements of `type`, as kcuda_att reads it): f32
+ * copied, f16 rounded to nearest even (kt_f32_to_f16). */
+void kcuda_kv_store(kcuda *g, kv_type type, void *dst, int64_t head_rows, int64_t r0,
+                    const float *src, int64_t src_stride, int h0, int h1, int head_dim, int n);
 
 /* Attention of n tokens for query heads [h0, h1) over one layer's K/V in the engine's layout:
  * KV head kvh's row r at k + (kvh * head_rows + r) * head_dim elements (f32 or f16). Token i's

@@ -19,6 +19,8 @@ struct kcuda {
     cublasHandle_t blas;
     void *scratch; /* the 16-bit activations of a cuBLAS matmul */
     size_t scratch_bytes;
+    void *blas_ws; /* cuBLAS's workspace, set once so that a captured matmul allocates nothing */
+    bool capturing;
 };
 
 /* -1 with "what: cuda's reason" in err unless e is cudaSuccess. */

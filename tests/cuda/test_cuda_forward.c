@@ -1,13 +1,21 @@
 /*
  * tests/cuda/test_cuda_forward.c — the GPU worker's forward (model/llama_cuda.h) against the CPU
- * forward on tiny random models of every type the GPU takes:
- *   - one part on the GPU against one part on the CPU: a committed prefix, then a token tree; the
- *     logits within a relative L2 of 1e-5 (F32), 3e-3 (the 8- and 4-bit types, whose CPU kernels
- *     round activations to 16 bits; F16), 1.5e-2 (BF16), and every row's greedy token the same;
+ * forward on tiny random models of every type the GPU takes. Every run plays the same steps on
+ * two sequence slots: a prompt each, committed; a token tree, then two tokens appended to it; a
+ * commit and three one-token decode steps (the same shape each time: a recorded graph is
+ * replayed); a tree on the second slot; then that slot's rows replaced by the first slot's (a
+ * copied prefix of the same length, which a device mirror must notice through the slot's epoch)
+ * and a tree on it again. The logits of every step are compared:
+ *   - one part on the GPU, in each memory mode (mapped, mirror) with graphs off and on, against
+ *     one part on the CPU: relative L2 within 1e-5 (F32), 3e-3 (the 8- and 4-bit types, whose
+ *     CPU kernels round activations to 16 bits; F16), 1.5e-2 (BF16), and every row's greedy token
+ *     the same; with graphs on, the decode steps must have been replayed;
  *   - a mixed group of two parts, part 0 on the GPU and part 1 on the CPU (threads meeting at a
  *     barrier, as worker processes meet in the arena), under an uneven plan whose heads have their
- *     dense part on the GPU and their sparse part on the CPU: the same tolerances against one CPU
- *     part.
+ *     dense part on the GPU and their sparse part on the CPU, in both memory modes: the same
+ *     tolerances against one CPU part;
+ *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
+ *     f16 K/V.
  * The shared block and the logits live in one page-aligned host block that the GPU maps, as the
  * arena is. Without a usable GPU it prints why and exits 77 (ctest: skipped).
  */
@@ -23,58 +31,105 @@
 
 #define N_TOK 8
 #define CTX 64
+#define N_SEQ 2
+#define MAXW (N_TOK + 2) /* the tree and the two tokens appended to it */
+#define N_OUT 5 /* logits slots: tree, append, decode, tree on slot 1, the same after the copy */
 static const int32_t IDS[N_TOK] = {3, 50, 201, 7, 7, 9, 120, 33};
+static const int32_t OTHER[N_TOK] = {11, 250, 4, 88, 19, 300, 2, 64};
 static const int32_t PARENT[N_TOK] = {-1, 0, 1, 1, 3, -1, 5, 2};
+static const int32_t ON_SLOT1[N_TOK] = {1, 1, 1, 1, 1, 1, 1, 1};
 static int failures;
 
 typedef struct {
     llama_model *m;
     int part, n_parts, gpu;
+    kv_type kv;
+    llama_gpu_params gp;
     const llama_partition *plan;
-    void *block; /* shared block, then the logits */
+    void *block; /* shared block, then N_OUT logits slots */
     size_t block_bytes, shared_bytes;
     pthread_barrier_t *barrier;
+    long replayed;
     int rc;
     char err[512];
 } part_arg;
 
+typedef struct {
+    llama_ctx *ctx;
+    llama_gpu *gpu;
+    part_arg *a;
+} part_run_ctx;
+
+static int fwd(part_run_ctx *r, const llama_batch *b, int slot)
+{
+    part_arg *a = r->a;
+    float *logits = slot < 0 ? NULL
+                             : (float *)((char *)a->block + a->shared_bytes) +
+                                   (size_t)slot * N_TOK * a->m->cfg.vocab;
+    return r->gpu ? llama_gpu_forward(r->gpu, b, logits, a->err, sizeof a->err)
+                  : llama_forward(r->ctx, b, logits, a->err, sizeof a->err);
+}
+
+/* The steps of the header comment; the commits and the copy move this part's K/V rows on the
+ * host, through the mapping. */
+static int part_steps(part_run_ctx *r)
+{
+    part_arg *a = r->a;
+    llama_ctx *ctx = r->ctx;
+    int32_t path[] = {0, 1, 2}, one = 0, tok = IDS[1], app_parent[] = {7, -1};
+    llama_batch pre = {.n = 3, .tokens = IDS};
+    llama_batch pre1 = {.n = 3, .tokens = OTHER, .seq = ON_SLOT1};
+    llama_batch tree = {.n = N_TOK, .tokens = IDS, .parent = PARENT};
+    llama_batch app = {.n = 2, .tokens = OTHER, .parent = app_parent, .append = true};
+    llama_batch dec = {.n = 1, .tokens = &tok};
+    llama_batch tree1 = {.n = N_TOK, .tokens = OTHER, .parent = PARENT, .seq = ON_SLOT1};
+    if (fwd(r, &pre, -1) || llama_commit(ctx, path, 3, a->err, sizeof a->err) ||
+        fwd(r, &pre1, -1) || llama_commit(ctx, path, 3, a->err, sizeof a->err) ||
+        fwd(r, &tree, 0) || fwd(r, &app, 1) || llama_commit(ctx, &one, 1, a->err, sizeof a->err))
+        return -1;
+    for (int k = 0; k < 3; k++)
+        if (fwd(r, &dec, 2) || llama_commit(ctx, &one, 1, a->err, sizeof a->err))
+            return -1;
+    if (fwd(r, &tree1, 3) || llama_kv_copy_prefix(ctx, 0, 1, 3, a->err, sizeof a->err))
+        return -1;
+    /* every part has moved its rows before any reads them (the coordinator's copy comes before
+     * the step it sends) */
+    if (a->n_parts > 1)
+        pthread_barrier_wait(a->barrier);
+    return fwd(r, &tree1, 4);
+}
+
 static void *part_run(void *argp)
 {
     part_arg *a = argp;
-    float *logits = (float *)((char *)a->block + a->shared_bytes);
-    llama_ctx_params p = {.n_threads = 1, .max_width = N_TOK, .n_ctx = CTX, .kv = KV_F32,
-                          .part = a->part, .n_parts = a->n_parts, .plan = a->plan,
+    llama_ctx_params p = {.n_threads = 1, .max_width = MAXW, .n_ctx = CTX, .n_seq = N_SEQ,
+                          .kv = a->kv, .part = a->part, .n_parts = a->n_parts, .plan = a->plan,
                           .shared = a->block, .sync = tu_barrier_sync, .sync_arg = a->barrier};
-    llama_ctx *ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err);
-    llama_gpu *gpu = NULL;
+    part_run_ctx r = {.ctx = llama_ctx_new(a->m, &p, a->err, sizeof a->err), .a = a};
     a->rc = -1;
-    if (!ctx)
+    if (!r.ctx)
         return NULL;
-    if (a->gpu && !(gpu = llama_gpu_new(ctx, 0, a->block, a->block_bytes, a->err, sizeof a->err)))
+    if (a->gpu && !(r.gpu = llama_gpu_new(r.ctx, &a->gp, a->block, a->block_bytes, a->err,
+                                          sizeof a->err)))
         goto out;
-    int32_t path[] = {0, 1, 2};
-    llama_batch pre = {.n = 3, .tokens = IDS};
-    llama_batch tree = {.n = N_TOK, .tokens = IDS, .parent = PARENT};
-    a->rc = gpu ? llama_gpu_forward(gpu, &pre, NULL, a->err, sizeof a->err)
-                : llama_forward(ctx, &pre, NULL, a->err, sizeof a->err);
-    /* the commit moves this part's K/V rows on the host, through the mapping */
-    if (!a->rc)
-        a->rc = llama_commit(ctx, path, 3, a->err, sizeof a->err);
-    if (!a->rc)
-        a->rc = gpu ? llama_gpu_forward(gpu, &tree, logits, a->err, sizeof a->err)
-                    : llama_forward(ctx, &tree, logits, a->err, sizeof a->err);
+    a->rc = part_steps(&r);
+    if (r.gpu) {
+        long recorded;
+        llama_gpu_graph_counts(r.gpu, &a->replayed, &recorded);
+    }
 out:
-    llama_gpu_destroy(&gpu);
-    llama_ctx_destroy(&ctx);
+    llama_gpu_destroy(&r.gpu);
+    llama_ctx_destroy(&r.ctx);
     return NULL;
 }
 
-/* Run the parts (gpu_mask: which run on the GPU); the logits are copied to out. */
-static int run(llama_model *m, int n_parts, unsigned gpu_mask, const llama_partition *plan,
-               float *out)
+/* Run the parts (gpu_mask: which run on the GPU, with gp); the logits slots are copied to out.
+ * *replayed (may be NULL): the graph replays of part 0. */
+static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
+               const llama_gpu_params *gp, const llama_partition *plan, float *out, long *replayed)
 {
-    size_t shared = llama_shared_layout(&m->cfg, CTX, N_TOK, 1, KV_F32, NULL);
-    size_t lbytes = (size_t)N_TOK * m->cfg.vocab * 4;
+    size_t shared = llama_shared_layout(&m->cfg, CTX, MAXW, N_SEQ, kv, NULL);
+    size_t lbytes = (size_t)N_OUT * N_TOK * m->cfg.vocab * 4;
     size_t bytes = (shared + lbytes + 4095) & ~(size_t)4095;
     void *block = aligned_alloc(4096, bytes);
     memset(block, 0, bytes);
@@ -84,8 +139,10 @@ static int run(llama_model *m, int n_parts, unsigned gpu_mask, const llama_parti
     pthread_t th[2];
     for (int i = 0; i < n_parts; i++) {
         args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .gpu = (gpu_mask >> i) & 1,
-                             .plan = plan, .block = block, .block_bytes = bytes,
+                             .kv = kv, .plan = plan, .block = block, .block_bytes = bytes,
                              .shared_bytes = shared, .barrier = &barrier};
+        if (gp)
+            args[i].gp = *gp;
         pthread_create(&th[i], NULL, part_run, &args[i]);
     }
     int rc = 0;
@@ -97,21 +154,38 @@ static int run(llama_model *m, int n_parts, unsigned gpu_mask, const llama_parti
             rc = -1;
         }
     }
+    if (replayed)
+        *replayed = args[0].replayed;
     memcpy(out, (char *)block + shared, lbytes);
     pthread_barrier_destroy(&barrier);
     free(block);
     return rc;
 }
 
+static const char *const slot_names[N_OUT] = {"tree", "append", "decode", "tree on slot 1",
+                                              "after the copied prefix"};
+
+/* Every slot's logits within tol, every row's greedy token the same. */
 static void compare(const char *what, const float *got, const float *ref, int vocab, double tol)
 {
-    double e = tu_rel_l2(got, ref, (size_t)N_TOK * vocab);
-    int same = 0;
-    for (int r = 0; r < N_TOK; r++)
-        same += k_argmax(got + (size_t)r * vocab, vocab) == k_argmax(ref + (size_t)r * vocab, vocab);
-    bool ok = e <= tol && same == N_TOK;
-    printf("  %-44s relative L2 %.3g (tolerance %.3g), greedy tokens %d/%d %s\n", what, e, tol,
-           same, N_TOK, ok ? "ok" : "FAILED");
+    bool ok = true;
+    double worst = 0;
+    for (int s = 0; s < N_OUT; s++) {
+        size_t off = (size_t)s * N_TOK * vocab;
+        double e = tu_rel_l2(got + off, ref + off, (size_t)N_TOK * vocab);
+        int same = 0;
+        for (int r = 0; r < N_TOK; r++)
+            same += k_argmax(got + off + (size_t)r * vocab, vocab) ==
+                    k_argmax(ref + off + (size_t)r * vocab, vocab);
+        if (e > tol || same != N_TOK) {
+            printf("    %s: relative L2 %.3g, greedy tokens %d/%d\n", slot_names[s], e, same,
+                   N_TOK);
+            ok = false;
+        }
+        worst = e > worst ? e : worst;
+    }
+    printf("  %-52s worst relative L2 %.3g (tolerance %.3g) %s\n", what, worst, tol,
+           ok ? "ok" : "FAILED");
     failures += !ok;
 }
 
@@ -135,17 +209,29 @@ int main(void)
             printf("%s\n", err);
             return 1;
         }
-        size_t n = (size_t)N_TOK * m->cfg.vocab;
+        size_t n = (size_t)N_OUT * N_TOK * m->cfg.vocab;
         float *ref = calloc(n, 4), *got = calloc(n, 4);
         printf("%s:\n", types[t]);
-        if (run(m, 1, 0, NULL, ref))
+        if (run(m, KV_F32, 1, 0, NULL, NULL, ref, NULL))
             return 1;
         char what[96];
-        snprintf(what, sizeof what, "one part on the GPU");
-        if (run(m, 1, 1, NULL, got))
-            failures++;
-        else
-            compare(what, got, ref, m->cfg.vocab, tol[t]);
+        for (int mode = LLAMA_GPU_MAPPED; mode <= LLAMA_GPU_MIRROR; mode++)
+            for (int graphs = 0; graphs < 2; graphs++) {
+                llama_gpu_params gp = {.memory = (llama_gpu_memory)mode, .graphs = graphs};
+                long replayed = 0;
+                snprintf(what, sizeof what, "one part on the GPU, %s, graphs %s",
+                         llama_gpu_memory_name(gp.memory), graphs ? "on" : "off");
+                if (run(m, KV_F32, 1, 1, &gp, NULL, got, &replayed)) {
+                    failures++;
+                    continue;
+                }
+                compare(what, got, ref, m->cfg.vocab, tol[t]);
+                /* the three decode steps share one shape: the last two at least are replays */
+                if (graphs && replayed < 2) {
+                    printf("    graphs on but %ld steps replayed (want >= 2) FAILED\n", replayed);
+                    failures++;
+                }
+            }
         llama_partition plan;
         llama_partition_even(&plan, 2);
         for (int k = 0; k < LP_N; k++) {
@@ -154,11 +240,27 @@ int main(void)
         }
         plan.frac[LP_ATT_DENSE][0] = 1, plan.frac[LP_ATT_DENSE][1] = 0;
         plan.frac[LP_ATT_SPARSE][0] = 0, plan.frac[LP_ATT_SPARSE][1] = 1;
-        if (run(m, 2, 1, &plan, got))
-            failures++;
-        else
-            compare("GPU 0.7 + CPU 0.3, dense on GPU, sparse on CPU", got, ref, m->cfg.vocab,
-                    tol[t]);
+        for (int mode = LLAMA_GPU_MAPPED; mode <= LLAMA_GPU_MIRROR; mode++) {
+            llama_gpu_params gp = {.memory = (llama_gpu_memory)mode, .graphs = true};
+            snprintf(what, sizeof what, "GPU 0.7 (%s) + CPU 0.3, dense GPU, sparse CPU",
+                     llama_gpu_memory_name(gp.memory));
+            if (run(m, KV_F32, 2, 1, &gp, &plan, got, NULL))
+                failures++;
+            else
+                compare(what, got, ref, m->cfg.vocab, tol[t]);
+        }
+        /* f16 K/V: the GPU rounds the rows it stores as the CPU does, and reads them back */
+        if (run(m, KV_F16, 1, 0, NULL, NULL, ref, NULL))
+            return 1;
+        for (int parts = 1; parts <= 2; parts++) {
+            llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = true};
+            snprintf(what, sizeof what, "f16 K/V: %s", parts == 1 ? "one part on the GPU, mirror"
+                                                                  : "GPU 0.7 (mirror) + CPU 0.3");
+            if (run(m, KV_F16, parts, 1, &gp, parts == 1 ? NULL : &plan, got, NULL))
+                failures++;
+            else
+                compare(what, got, ref, m->cfg.vocab, tol[t]);
+        }
         free(ref);
         free(got);
         llama_model_destroy(&m);

@@ -6,6 +6,8 @@
  * parts than KV heads and a plan swapped between steps; the dense/sparse attention split and the
  * Megatron-style plan (partial sums reduced) agree within float rounding and keep every greedy
  * token; kmat_mul_cols over a column block range equals the sub-matrix. Workers depend on this.
+ * A slot's epoch in the shared block moves exactly when its committed rows change other than by
+ * growing (what a GPU worker's device mirror of the K/V relies on).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -347,8 +349,8 @@ static void test_shard_forward_plans(void **state)
     }
 }
 
-/* Bad plans are refused with what is wrong. */
-static void test_shard_plan_errors(void **state)
+/* A one-layer f32 model of 3 KV heads (6 query heads). */
+static llama_model *one_layer_model(void)
 {
     char err[256];
     llama_model *m = llama_model_load(
@@ -356,6 +358,14 @@ static void test_shard_plan_errors(void **state)
                       "--vocab 301 --ctx 64"), err, sizeof err);
     if (!m)
         fail_msg("%s", err);
+    return m;
+}
+
+/* Bad plans are refused with what is wrong. */
+static void test_shard_plan_errors(void **state)
+{
+    char err[256];
+    llama_model *m = one_layer_model();
     llama_partition p;
     llama_partition_even(&p, 4);
     llama_ctx_params cp = {.n_threads = 1, .max_width = 4, .n_ctx = 16, .part = 0, .n_parts = 4};
@@ -386,6 +396,41 @@ static void test_shard_plan_errors(void **state)
     llama_model_destroy(&m);
 }
 
+/* llama_shared.epoch: unchanged by commits and growth, bumped by a lower length, a reset and a
+ * copied prefix, per slot. */
+static void test_shard_kv_epoch(void **state)
+{
+    (void)state;
+    char err[256];
+    llama_model *m = one_layer_model();
+    llama_ctx_params cp = {.n_threads = 1, .max_width = 4, .n_ctx = 16, .n_seq = 2};
+    llama_ctx *ctx = llama_ctx_new(m, &cp, err, sizeof err);
+    assert_non_null(ctx);
+    const uint32_t *ep = llama_ctx_shared(ctx)->epoch;
+    uint32_t e0 = ep[0], e1 = ep[1];
+    int32_t ids[] = {5, 6, 7}, path[] = {0, 1, 2};
+    llama_batch b = {.n = 3, .tokens = ids};
+    assert_int_equal(llama_forward(ctx, &b, NULL, err, sizeof err), 0);
+    assert_int_equal(llama_commit(ctx, path, 3, err, sizeof err), 0);
+    llama_ctx_set_seq_prefix_len(ctx, 0, 3); /* the same length: no change */
+    assert_true(ep[0] == e0 && ep[1] == e1);
+    llama_ctx_set_seq_prefix_len(ctx, 0, 2);
+    assert_true(ep[0] != e0 && ep[1] == e1);
+    e0 = ep[0];
+    llama_ctx_set_seq_prefix_len(ctx, 0, 3); /* growing back: rows 2.. come from commits */
+    assert_true(ep[0] == e0);
+    assert_int_equal(llama_kv_copy_prefix(ctx, 0, 1, 3, err, sizeof err), 0);
+    assert_true(ep[0] == e0 && ep[1] != e1);
+    e1 = ep[1];
+    llama_ctx_reset(ctx);
+    assert_true(ep[0] != e0 && ep[1] != e1);
+    e0 = ep[0], e1 = ep[1];
+    llama_ctx_reset(ctx); /* nothing committed: nothing changed */
+    assert_true(ep[0] == e0 && ep[1] == e1);
+    llama_ctx_destroy(&ctx);
+    llama_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_shard_forward_kv_dup),
         cmocka_unit_test(test_shard_forward_plans),
         cmocka_unit_test(test_shard_plan_errors),
+        cmocka_unit_test(test_shard_kv_epoch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
