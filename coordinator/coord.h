@@ -43,13 +43,15 @@ typedef struct {
     size_t ident_len;
     bool connected;                   /* welcomed and alive */
     bool ready;                       /* workers: mapped the model and the arena, may be rung */
+    bool came_up;                     /* workers: said "ready" since this process joined */
     pid_t pid;                        /* from Hello */
     pid_t child;                      /* when we spawned it: the child pid we wait for */
     char *argv[COORD_MAX_SPAWN_ARGS]; /* how to spawn it again (NULL: not ours) */
     uint64_t started_us, last_hb_us, hb_steps;
     int restarts;
     uint64_t respawn_at_us; /* when to spawn again after a death (0: not) */
-    int failed_starts;      /* deaths in a row before joining (back-off, give-up) */
+    int failed_starts;      /* deaths in a row before joining, or (a worker) before it was ready
+                               (back-off, give-up) */
     bool refused;           /* the coordinator refused its Hello: never respawn */
     int index;              /* worker part / speculator ring */
     char kind[16];

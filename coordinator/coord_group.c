@@ -402,7 +402,9 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     p->pid = (pid_t)h->pid;
     p->connected = true;
     p->ready = false; /* a worker says "ready" in a heartbeat once it has mapped everything */
-    p->failed_starts = 0;
+    p->came_up = false;
+    if (p->role != PEER_WORKER) /* a worker's start has succeeded once it is ready */
+        p->failed_starts = 0;
     p->hb_steps = 0; /* a new process counts from 0, not from where its predecessor stopped */
     p->last_hb_us = rt_now_us();
     if (!p->child)
@@ -447,6 +449,10 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
         /* a worker being swapped out is never rung again: the engine waits for its successor */
         p->ready = env->heartbeat->state && !strcmp(env->heartbeat->state, "ready") &&
                    p->swap != SWAP_STOPPING;
+        if (p->ready && !p->came_up) {
+            p->came_up = true;
+            p->failed_starts = 0;
+        }
         break;
     case OROCHI__ENVELOPE__BODY_STEP_DONE:
         if (p->role == PEER_WORKER)
@@ -458,6 +464,7 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
         break;
     case OROCHI__ENVELOPE__BODY_ERROR:
         rt_log("coordinator", "%s reports: %s", p->name, env->error->message);
+        coord_peer_error(p, "%s", env->error->message);
         break;
     default:
         rt_log("coordinator", "unexpected message %d from %s ignored", env->body_case, p->name);
@@ -496,8 +503,9 @@ static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
     rt_log("coordinator", "%s (pid %d) lost: %s", p->name, (int)pid, why);
     coord_peer_error(p, "pid %d lost: %s", (int)pid, why);
     bool was_connected = p->connected;
-    if (!was_connected)
-        p->failed_starts++; /* it died before joining: back off further */
+    /* it died before joining, or a worker before it was ready (its setup failed): back off */
+    if (!was_connected || (p->role == PEER_WORKER && !p->came_up))
+        p->failed_starts++;
     p->connected = false;
     p->ident_len = 0;
     if (p->role == PEER_WORKER && was_connected)

@@ -428,7 +428,8 @@ static int coord_parse(coord *c, int argc, char **argv)
     if (!c->run_dir || !c->target || bad) {
         if (bad)
             fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run/"
-                            "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote majority|union|off, --draft-wait measured|fixed\n");
+                            "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote "
+                            "majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }

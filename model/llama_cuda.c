@@ -36,7 +36,7 @@ typedef struct {
 /* Where a step's activations and K/V are, as device addresses: the mapped shared block, or the
  * mirror's buffers. */
 typedef struct {
-    float *x, *q, *att, *xb2, *hg, *hu, *kk, *vv, *ap, *logits;
+    float *x, *q, *att, *xb2, *hg, *hu, *kk, *vv, *ap, *mp, *logits;
     uint8_t *kv;
 } gpu_bufs;
 
@@ -59,7 +59,7 @@ struct llama_gpu {
     float *out_norm;
     void **allocs; /* device blocks owned */
     int n_allocs, cap_allocs;
-    float *xb, *attp;
+    float *xb, *attp, *xs; /* normed x; merged attention; a Megatron linear's input slice */
     int32_t *d_tokens, *d_seq_row, *d_n_prefix, *d_anc, *d_n_anc, *d_split;
     float *d_cs, *d_sn;
     int32_t *h_seq_row, *h_n_prefix, *h_n_anc, *h_anc;
@@ -182,9 +182,10 @@ static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
     d->kk = gpu_alloc(gp, W * kvr * 4);
     d->vv = gpu_alloc(gp, W * kvr * 4);
     d->ap = gpu_alloc(gp, W * rec * 4);
+    d->mp = gpu_alloc(gp, (size_t)x->p.n_parts * W * (size_t)c->dim * 4);
     d->logits = gpu_alloc(gp, W * (size_t)c->vocab * 4);
     if (!d->kv || !d->x || !d->q || !d->att || !d->xb2 || !d->hg || !d->hu || !d->kk || !d->vv ||
-        !d->ap || !d->logits) {
+        !d->ap || !d->mp || !d->logits) {
         snprintf(err, errlen,
                  "mirror: cannot allocate the device copy of the KV cache (%.1f MiB) and the "
                  "activations; --gpu-memory mapped reads them in place",
@@ -288,6 +289,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     size_t half = (size_t)(c->rot_dim / 2 > 0 ? c->rot_dim / 2 : 1);
     gp->xb = gpu_alloc(gp, W * (size_t)c->dim * 4);
     gp->attp = gpu_alloc(gp, W * qd * 4);
+    gp->xs = gpu_alloc(gp, W * (qd > (size_t)c->ffn ? qd : (size_t)c->ffn) * 4);
     gp->d_tokens = gpu_alloc(gp, W * 4);
     gp->d_seq_row = gpu_alloc(gp, W * 4);
     gp->d_n_prefix = gpu_alloc(gp, W * 4);
@@ -300,16 +302,22 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->h_n_prefix = malloc(W * 4);
     gp->h_n_anc = malloc(W * 4);
     gp->h_anc = calloc(W * W, 4);
-    if (!gp->xb || !gp->attp || !gp->d_tokens || !gp->d_seq_row || !gp->d_n_prefix ||
+    if (!gp->xb || !gp->attp || !gp->xs || !gp->d_tokens || !gp->d_seq_row || !gp->d_n_prefix ||
         !gp->d_n_anc || !gp->d_anc || !gp->d_split || !gp->d_cs || !gp->d_sn || !gp->h_seq_row ||
         !gp->h_n_prefix || !gp->h_n_anc || !gp->h_anc)
         goto oom;
     const llama_shared *sh = &x->sh;
-    gp->shb = (gpu_bufs){.x = gpu_dev(gp, sh->x), .q = gpu_dev(gp, sh->q),
-                         .att = gpu_dev(gp, sh->att), .xb2 = gpu_dev(gp, sh->xb2),
-                         .hg = gpu_dev(gp, sh->hg), .hu = gpu_dev(gp, sh->hu),
-                         .kk = gpu_dev(gp, sh->kk), .vv = gpu_dev(gp, sh->vv),
-                         .ap = gpu_dev(gp, sh->ap), .kv = gpu_dev(gp, sh->kv)};
+    gp->shb = (gpu_bufs){.x = gpu_dev(gp, sh->x),
+                         .q = gpu_dev(gp, sh->q),
+                         .att = gpu_dev(gp, sh->att),
+                         .xb2 = gpu_dev(gp, sh->xb2),
+                         .hg = gpu_dev(gp, sh->hg),
+                         .hu = gpu_dev(gp, sh->hu),
+                         .kk = gpu_dev(gp, sh->kk),
+                         .vv = gpu_dev(gp, sh->vv),
+                         .ap = gpu_dev(gp, sh->ap),
+                         .mp = gpu_dev(gp, sh->mp),
+                         .kv = gpu_dev(gp, sh->kv)};
     if (gp->memory == LLAMA_GPU_MIRROR) {
         if (gpu_mirror_new(gp, err, errlen))
             goto fail;
@@ -537,6 +545,44 @@ static int gpu_meet_attention(llama_gpu *gp, int n, char *err, size_t errlen)
                       : 0;
 }
 
+/* Megatron (llama.c's megatron_linear): this part's partial sum of a linear over its input
+ * columns (ranges[part] * scale ..) of `in` (n rows of ld), into its slot of the partial buffer;
+ * after the parts meet, every part's partial added into x's columns [r0, r1) (parts in order, as
+ * the CPU adds them), and the parts meet again. */
+static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *in, int64_t ld, int n,
+                        const int64_t *ranges, int64_t scale, int64_t r0, int64_t r1, char *err,
+                        size_t errlen)
+{
+    llama_ctx *x = gp->x;
+    const gpu_bufs *D = &gp->dev, *S = &gp->shb;
+    int64_t dim = x->m->cfg.dim;
+    size_t slot = (size_t)x->p.max_width * (size_t)dim;
+    int me = x->p.part, parts = x->p.n_parts;
+    int64_t c0 = ranges[me] * scale, c1 = ranges[me + 1] * scale;
+    bool ex = gpu_exchanges(gp);
+    if (c1 > c0) {
+        if (kcuda_copy2d(gp->g, gp->xs, (size_t)(c1 - c0) * 4, in + c0, (size_t)ld * 4,
+                         (size_t)(c1 - c0) * 4, (size_t)n, err, errlen) ||
+            kcuda_matmul_cols(gp->g, w, 0, dim, c0, c1, gp->xs, n, D->mp + (size_t)me * slot, dim,
+                              err, errlen) ||
+            (ex && gpu_cols(gp, S->mp + (size_t)me * slot, D->mp + (size_t)me * slot, n, dim, 0,
+                            dim, err, errlen)))
+            return -1;
+    }
+    if (parts > 1 && gpu_sync(gp, err, errlen))
+        return -1;
+    for (int p = 0; p < parts; p++) {
+        if (ranges[p + 1] <= ranges[p])
+            continue; /* a part with no input columns has no partial */
+        if (ex && p != me &&
+            gpu_cols(gp, D->mp + (size_t)p * slot, S->mp + (size_t)p * slot, n, dim, r0, r1, err,
+                     errlen))
+            return -1;
+        kcuda_add_cols(gp->g, D->x, D->mp + (size_t)p * slot, n, dim, r0, r1);
+    }
+    return gpu_meet(gp, D->x, S->x, n, dim, r0, r1, err, errlen);
+}
+
 /* Queue one step (after the batch's arrays are on the device): every layer, then the logits of
  * rows [from, n) into `logits` (a device address of the mapped block, or NULL). A sole part
  * queues it without waiting anywhere, so that it can be recorded as a graph. */
@@ -621,27 +667,38 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
             if (rc)
                 return -1;
         }
-        if (gpu_meet_attention(gp, n, err, errlen))
-            return -1;
-        const float *att_in = D->att;
-        if (x->n_split) {
-            if (kcuda_copy2d(g, gp->attp, (size_t)qd * 4, D->att, (size_t)qd * 4, (size_t)qd * 4,
-                             (size_t)n, err, errlen))
+        if (x->megatron) {
+            if (gpu_megatron(gp, &L->wo, D->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err, errlen))
                 return -1;
-            kcuda_att_merge(g, D->ap, D->ap + rec, rec_tok, 2 * rec, gp->d_split, x->n_split, n,
-                            (int)hd, gp->attp, qd);
-            att_in = gp->attp;
+        } else {
+            if (gpu_meet_attention(gp, n, err, errlen))
+                return -1;
+            const float *att_in = D->att;
+            if (x->n_split) {
+                if (kcuda_copy2d(g, gp->attp, (size_t)qd * 4, D->att, (size_t)qd * 4,
+                                 (size_t)qd * 4, (size_t)n, err, errlen))
+                    return -1;
+                kcuda_att_merge(g, D->ap, D->ap + rec, rec_tok, 2 * rec, gp->d_split, x->n_split, n,
+                                (int)hd, gp->attp, qd);
+                att_in = gp->attp;
+            }
+            if (kcuda_matmul(g, &L->wo, d0, d1, att_in, n, D->xb2, dim, err, errlen))
+                return -1;
+            kcuda_add_cols(g, D->x, D->xb2, n, dim, d0, d1);
+            if (gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
+                return -1;
         }
-        if (kcuda_matmul(g, &L->wo, d0, d1, att_in, n, D->xb2, dim, err, errlen))
-            return -1;
-        kcuda_add_cols(g, D->x, D->xb2, n, dim, d0, d1);
-        if (gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
-            return -1;
         kcuda_rmsnorm(g, gp->xb, D->x, L->ffn_norm, (int)dim, n, c->norm_eps);
         if (kcuda_matmul(g, &L->w_gate, f0, f1, gp->xb, n, D->hg, ffn, err, errlen) ||
             kcuda_matmul(g, &L->w_up, f0, f1, gp->xb, n, D->hu, ffn, err, errlen))
             return -1;
         kcuda_silu_mul(g, D->hg + f0, D->hu + f0, n, ffn, f1 - f0);
+        if (x->megatron) { /* its own gate/up columns are its input columns of down */
+            if (gpu_megatron(gp, &L->w_down, D->hg, ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1, err,
+                             errlen))
+                return -1;
+            continue;
+        }
         if (gpu_meet(gp, D->hg, S->hg, n, ffn, f0, f1, err, errlen))
             return -1;
         if (kcuda_matmul(g, &L->w_down, e0, e1, D->hg, n, D->xb2, dim, err, errlen))
@@ -719,10 +776,6 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     kcuda *g = gp->g;
     const llama_config *c = &x->m->cfg;
     int n = b->n, W = x->p.max_width;
-    if (x->megatron) {
-        snprintf(err, errlen, "the GPU forward runs HCMP plans only (not megatron)");
-        return -1;
-    }
     if (c->n_kv_heads > LLAMA_MAX_KV_HEADS_GPU) {
         snprintf(err, errlen, "the GPU forward takes at most %d KV heads (the model has %d)",
                  LLAMA_MAX_KV_HEADS_GPU, c->n_kv_heads);
@@ -765,11 +818,12 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     }
     int from = b->logits_from < 0 ? 0 : b->logits_from;
     float *dlog = logits ? gpu_dev(gp, logits) : NULL;
+    long recorded = gp->recorded;
     kcuda_graph *kg = gp->graphs && x->p.n_parts <= 1 ? gpu_graph_for(gp, n, from, dlog) : NULL;
     if (kg) {
         if (kcuda_graph_launch(g, kg, err, errlen))
             return -1;
-        gp->replayed++;
+        gp->replayed += gp->recorded == recorded; /* not the launch that follows a recording */
     } else if (gpu_step(gp, n, from, dlog, err, errlen)) {
         return -1;
     }

@@ -45,8 +45,8 @@ const char *llama_gpu_memory_name(llama_gpu_memory m);
 /* Put ctx's forward on CUDA device p->device. [map_base, map_base + map_bytes) is host memory
  * that holds the context's shared block and the logits the forward writes (the arena): it is
  * registered with the device. Refused, with err naming the reason: a weight type the GPU does not
- * take, a KV cache that is not f32 or f16, a prefix source or screening head, a shared block outside the
- * map, no device, not enough device memory for the mirror. */
+ * take, a KV cache that is not f32 or f16, a prefix source or screening head, a shared block
+ * outside the map, no device, not enough device memory for the mirror. */
 llama_gpu *llama_gpu_new(llama_ctx *ctx, const llama_gpu_params *p, void *map_base,
                          size_t map_bytes, char *err, size_t errlen);
 void llama_gpu_destroy(llama_gpu **gpu);
@@ -57,7 +57,8 @@ int llama_gpu_forward(llama_gpu *gpu, const llama_batch *b, float *logits, char 
 /* The device's name and memory, and the memory mode taken, for logs ("NVIDIA H100 80GB HBM3,
  * 79 GiB, sm_90, 132 multiprocessors; memory mirror, graphs on"). */
 const char *llama_gpu_describe(const llama_gpu *gpu);
-/* Steps replayed from a graph, and graphs recorded, since the start (0 without graphs). */
+/* Steps replayed from an earlier recording, and graphs recorded (each then launched once), since
+ * the start (0 without graphs). */
 void llama_gpu_graph_counts(const llama_gpu *gpu, long *replayed, long *recorded);
 
 #endif

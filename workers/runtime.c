@@ -31,6 +31,13 @@ uint64_t rt_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+static __thread char rt_last_msg[1024]; /* this thread's last rt_log message (rt_log_last) */
+
+const char *rt_log_last(void)
+{
+    return rt_last_msg;
+}
+
 void rt_log(const char *role, const char *fmt, ...)
 {
     struct timeval tv;
@@ -44,6 +51,7 @@ void rt_log(const char *role, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s.%03d %s: %s\n", stamp, (int)(tv.tv_usec / 1000), role, msg);
+    memcpy(rt_last_msg, msg, sizeof msg);
 }
 
 int rt_futex_wait(uint32_t *addr, uint32_t expected, int timeout_ms)

@@ -121,6 +121,9 @@ typedef struct {
 
 /* "2026-11-22T10:00:00.123 worker-0: message" to stderr (the launcher sends it to the role's log). */
 void rt_log(const char *role, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The message of the calling thread's last rt_log ("" before any): a role that cannot go on
+ * sends it to the coordinator as the reason. */
+const char *rt_log_last(void);
 /* Pin this process to one CPU when the environment variable `var` holds a comma list of CPU
  * numbers: entry index % count (OROCHI_PIN_WORKERS for worker i, OROCHI_PIN_SPECULATOR for a
  * speculator). Call before any thread starts so they all inherit it. Placement experiments only

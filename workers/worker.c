@@ -772,6 +772,14 @@ int main(int argc, char **argv)
         goto out;
     }
     if (worker_join(&w)) {
+        /* the coordinator logs why (a configuration this worker cannot run: no GPU, a weight
+         * type, memory) and counts it as a failed start; the message may take a moment to go */
+        Orochi__Error e = OROCHI__ERROR__INIT;
+        e.message = (char *)(rt_log_last()[0] ? rt_log_last() : "joining failed");
+        e.code = 1;
+        linger = 1000;
+        zmq_setsockopt(w.sock, ZMQ_LINGER, &linger, sizeof linger);
+        worker_send(&w, OROCHI__ENVELOPE__BODY_ERROR, &e);
         rc = 1;
         goto out;
     }
@@ -806,6 +814,11 @@ out:
     if (w.control_started)
         pthread_join(w.control, NULL);
 #ifdef OROCHI_HAVE_CUDA
+    if (w.gpu) {
+        long replayed, recorded;
+        llama_gpu_graph_counts(w.gpu, &replayed, &recorded);
+        rt_log(w.role, "GPU: %ld steps replayed from %ld CUDA graphs recorded", replayed, recorded);
+    }
     llama_gpu_destroy(&w.gpu);
 #endif
     llama_ctx_destroy(&w.ctx);

@@ -5,7 +5,9 @@
  * context's scratch, then cublasGemmEx with f32 accumulation. Q8_0, Q4_0, Q4_1 (decode and
  * verification widths): one warp per output row; each lane dequantizes whole 32-element blocks
  * into registers and multiplies them with up to KQ_TOK tokens at once, so a weight block is read
- * from memory once per KQ_TOK tokens; the lanes' sums meet in a warp reduction.
+ * from memory once per KQ_TOK tokens; the lanes' sums meet in a warp reduction. Over a range of
+ * input columns only (kcuda_matmul_cols, the Megatron plan's partial sums), every type starts its
+ * rows at the range's first block.
  */
 #include <stdio.h>
 
@@ -36,6 +38,7 @@ __device__ static inline void kq_block(const uint8_t *b, float w[32])
     }
 }
 
+/* cols: the input columns multiplied (x's row length); w's rows start at the first of them */
 template <uint32_t TYPE, int BLOCK_BYTES>
 __global__ void kq_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int64_t lo, int64_t hi,
                           const float *x, int n, float *y, int64_t ldy)
@@ -81,10 +84,10 @@ __global__ void k_round_kernel(const float *x, T *out, int64_t count)
         out[i] = (T)x[i];
 }
 
-static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
-                        float *y, int64_t ldy, char *err, size_t errlen)
+static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t k,
+                        const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
 {
-    int64_t count = (int64_t)n * w->cols;
+    int64_t count = (int64_t)n * k;
     void *xs = kcuda_scratch(g, (size_t)count * 2);
     if (!xs) {
         snprintf(err, errlen, "matmul: cannot allocate %lld bytes of GPU scratch",
@@ -99,11 +102,11 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const f
     else
         k_round_kernel<__nv_bfloat16><<<blocks, 256, 0, g->stream>>>(x, (__nv_bfloat16 *)xs, count);
     const float one = 1.0f, zero = 0.0f;
-    const uint8_t *a = (const uint8_t *)w->data + (size_t)lo * w->row_bytes;
-    cublasStatus_t s = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n,
-                                    (int)w->cols, &one, a, t16, (int)(w->row_bytes / 2), xs, t16,
-                                    (int)w->cols, &zero, y + lo, CUDA_R_32F, (int)ldy,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const uint8_t *a = (const uint8_t *)w->data + (size_t)lo * w->row_bytes + (size_t)c0 * 2;
+    cublasStatus_t s =
+        cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n, (int)k, &one, a, t16,
+                     (int)(w->row_bytes / 2), xs, t16, (int)k, &zero, y + lo, CUDA_R_32F, (int)ldy,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "matmul: cublasGemmEx failed (status %d)", (int)s);
         return -1;
@@ -111,8 +114,8 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const f
     return 0;
 }
 
-int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
-                 int64_t ldy, char *err, size_t errlen)
+int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
+                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
 {
     if (n <= 0 || hi <= lo)
         return 0;
@@ -123,15 +126,20 @@ int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x
                  w->type, (long long)w->cols);
         return -1;
     }
+    if (c0 < 0 || c1 > w->cols || c1 <= c0 || c0 % 32 || c1 % 32) {
+        snprintf(err, errlen, "matmul over input columns [%lld, %lld) of %lld: not 32-aligned",
+                 (long long)c0, (long long)c1, (long long)w->cols);
+        return -1;
+    }
+    int64_t k = c1 - c0;
     const uint8_t *wd = (const uint8_t *)w->data;
     unsigned blocks = (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);
     switch (w->type) {
     case KT_F32: {
         const float one = 1.0f, zero = 0.0f;
-        cublasStatus_t s = cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n,
-                                       (int)w->cols, &one, (const float *)wd + lo * w->cols,
-                                       (int)(w->row_bytes / 4), x, (int)w->cols, &zero, y + lo,
-                                       (int)ldy);
+        cublasStatus_t s = cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n, (int)k,
+                                       &one, (const float *)wd + lo * w->cols + c0,
+                                       (int)(w->row_bytes / 4), x, (int)k, &zero, y + lo, (int)ldy);
         if (s != CUBLAS_STATUS_SUCCESS) {
             snprintf(err, errlen, "matmul: cublasSgemm failed (status %d)", (int)s);
             return -1;
@@ -139,18 +147,24 @@ int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x
         return 0;
     }
     case KT_F16:
-    case KT_BF16: return kcuda_gemm16(g, w, lo, hi, x, n, y, ldy, err, errlen);
+    case KT_BF16: return kcuda_gemm16(g, w, lo, hi, c0, k, x, n, y, ldy, err, errlen);
     case KT_Q8_0:
-        kq_matmul<KT_Q8_0, 34><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(wd, w->row_bytes, w->cols,
-                                                                       lo, hi, x, n, y, ldy);
+        kq_matmul<KT_Q8_0, 34><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(
+            wd + (c0 / 32) * 34, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
     case KT_Q4_0:
-        kq_matmul<KT_Q4_0, 18><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(wd, w->row_bytes, w->cols,
-                                                                       lo, hi, x, n, y, ldy);
+        kq_matmul<KT_Q4_0, 18><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(
+            wd + (c0 / 32) * 18, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
     default:
-        kq_matmul<KT_Q4_1, 20><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(wd, w->row_bytes, w->cols,
-                                                                       lo, hi, x, n, y, ldy);
+        kq_matmul<KT_Q4_1, 20><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(
+            wd + (c0 / 32) * 20, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
     }
+}
+
+int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
+                 int64_t ldy, char *err, size_t errlen)
+{
+    return kcuda_matmul_cols(g, w, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
 }

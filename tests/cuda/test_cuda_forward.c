@@ -14,6 +14,8 @@
  *     barrier, as worker processes meet in the arena), under an uneven plan whose heads have their
  *     dense part on the GPU and their sparse part on the CPU, in both memory modes: the same
  *     tolerances against one CPU part;
+ *   - the same pair under the Megatron plan (wo and down by input columns, partial sums reduced
+ *     through the block), in both memory modes, against one CPU part;
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V.
  * The shared block and the logits live in one page-aligned host block that the GPU maps, as the
@@ -240,11 +242,15 @@ int main(void)
         }
         plan.frac[LP_ATT_DENSE][0] = 1, plan.frac[LP_ATT_DENSE][1] = 0;
         plan.frac[LP_ATT_SPARSE][0] = 0, plan.frac[LP_ATT_SPARSE][1] = 1;
-        for (int mode = LLAMA_GPU_MAPPED; mode <= LLAMA_GPU_MIRROR; mode++) {
-            llama_gpu_params gp = {.memory = (llama_gpu_memory)mode, .graphs = true};
-            snprintf(what, sizeof what, "GPU 0.7 (%s) + CPU 0.3, dense GPU, sparse CPU",
-                     llama_gpu_memory_name(gp.memory));
-            if (run(m, KV_F32, 2, 1, &gp, &plan, got, NULL))
+        /* and the Megatron baseline: wo and down by input columns, partial sums reduced */
+        llama_partition meg = plan;
+        meg.style = LP_STYLE_MEGATRON;
+        for (int k = 0; k < 4; k++) {
+            llama_gpu_params gp = {.memory = k % 2 ? LLAMA_GPU_MIRROR : LLAMA_GPU_MAPPED,
+                                   .graphs = true};
+            snprintf(what, sizeof what, "%sGPU 0.7 (%s) + CPU 0.3%s", k < 2 ? "" : "Megatron: ",
+                     llama_gpu_memory_name(gp.memory), k < 2 ? ", dense GPU, sparse CPU" : "");
+            if (run(m, KV_F32, 2, 1, &gp, k < 2 ? &plan : &meg, got, NULL))
                 failures++;
             else
                 compare(what, got, ref, m->cfg.vocab, tol[t]);

@@ -12,6 +12,10 @@
  *               compared normalised, and their log-sum-exp (max + log sum) within 1e-4.
  *   merge       the GPU's merge of the CPU's partial records against katt_merge + katt_finish,
  *               1e-6.
+ *   matmul over input columns [64, 192) (the Megatron partial) against kmat_mul_cols, the same
+ *               tolerances.
+ *   kv_store    f32 rows copied and f16 rows rounded bit for bit as kt_f32_to_f16; copy3d copies
+ *               exactly its blocks; a captured graph replays an op on new input (1e-5).
  *   mapped host memory (kcuda_register, the arena's path): an op writes into registered host
  *               memory and the host reads the result.
  * Without a usable GPU it prints why and exits 77, which ctest reports as skipped.
@@ -133,6 +137,30 @@ static void test_matmul(void)
                 failures++;
             }
         }
+        /* input columns [64, 192) only (the Megatron partial), x holding that slice */
+        int64_t c0 = 64, c1 = 192, k = c1 - c0;
+        float *xs = malloc((size_t)(17 * k) * 4);
+        for (int t2 = 0; t2 < 17; t2++)
+            memcpy(xs + t2 * k, x + t2 * cols + c0, (size_t)k * 4);
+        float *dxs = to_dev(xs, (size_t)(17 * k) * 4);
+        for (int n = 8; n <= 17; n += 9) {
+            if (kmat_mul_cols(NULL, &w, lo, hi, c0, c1, xs, n, ref, rows, NULL))
+                failures++;
+            must(kcuda_matmul_cols(g, &dw, lo, hi, c0, c1, dxs, n, dy, rows, err, sizeof err),
+                 "matmul_cols");
+            from_dev(got, dy, (size_t)(n * rows) * 4);
+            double e = 0;
+            for (int i = 0; i < n; i++) {
+                double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+                e = ei > e ? ei : e;
+            }
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s columns [64, 192) width %d",
+                     kt_traits_of(types[t])->name, n);
+            check(what, e, tol[t]);
+        }
+        kcuda_free(dxs);
+        free(xs);
         kcuda_free((void *)dw.data);
         free(wq);
     }
@@ -396,6 +424,93 @@ static void test_attention(kv_type kt)
 }
 
 /* The unified-memory path: kernels write host memory registered for the device. */
+/* kcuda_kv_store (f32 copied, f16 rounded as kt_f32_to_f16: bit for bit), kcuda_copy3d (every
+ * block, nothing else; 16- and 4-byte aligned), and a captured graph replayed on new input. */
+static void test_copies(void)
+{
+    int hd = 64, heads = 4, n = 5;
+    int64_t head_rows = 40, r0 = 17, stride = heads * hd + 32;
+    float *src = malloc((size_t)(n * stride) * 4);
+    fill(src, (size_t)(n * stride), 3.0f);
+    float *dsrc = to_dev(src, (size_t)(n * stride) * 4);
+    for (int kt = KV_F32; kt <= KV_F16; kt++) {
+        size_t esz = kt == KV_F16 ? 2 : 4, bytes = (size_t)(heads * head_rows * hd) * esz;
+        uint8_t *got = malloc(bytes), *want = calloc(1, bytes);
+        void *dst = kcuda_alloc(bytes);
+        must(kcuda_upload(g, dst, want, bytes, err, sizeof err), "upload");
+        kcuda_kv_store(g, (kv_type)kt, dst, head_rows, r0, dsrc, stride, 1, 3, hd, n);
+        from_dev(got, dst, bytes);
+        for (int h = 1; h < 3; h++)
+            for (int t = 0; t < n; t++)
+                for (int e = 0; e < hd; e++) {
+                    size_t at = ((size_t)h * head_rows + r0 + t) * hd + e;
+                    float v = src[t * stride + h * hd + e];
+                    if (kt == KV_F16) {
+                        uint16_t hv = kt_f32_to_f16(v);
+                        memcpy(want + at * 2, &hv, 2);
+                    } else {
+                        memcpy(want + at * 4, &v, 4);
+                    }
+                }
+        bool same = !memcmp(got, want, bytes);
+        printf("  kv_store %s: %s\n", kt == KV_F16 ? "f16" : "f32", same ? "ok" : "FAILED");
+        failures += !same;
+        kcuda_free(dst);
+        free(got);
+        free(want);
+    }
+    /* 3-D copies: width 96 bytes (16-aligned) and 52 (4-aligned) */
+    size_t plane = 4096, total = 8 * plane;
+    uint8_t *a = malloc(total), *b = malloc(total), *want = malloc(total);
+    for (size_t i = 0; i < total; i++)
+        a[i] = (uint8_t)(i * 7 + 3);
+    for (int wide = 0; wide < 2; wide++) {
+        size_t width = wide ? 96 : 52, pitch = 400, off = 64;
+        memset(b, 0xee, total);
+        memcpy(want, b, total);
+        for (size_t z = 0; z < 8; z++)
+            for (size_t y = 0; y < 6; y++)
+                memcpy(want + off + z * plane + y * pitch, a + off + z * plane + y * pitch, width);
+        uint8_t *da = to_dev(a, total), *db = to_dev(b, total);
+        kcuda_copy3d(g, db + off, da + off, width, 6, pitch, 8, plane);
+        from_dev(b, db, total);
+        bool same = !memcmp(b, want, total);
+        printf("  copy3d width %zu: %s\n", width, same ? "ok" : "FAILED");
+        failures += !same;
+        kcuda_free(da);
+        kcuda_free(db);
+    }
+    /* a graph: rmsnorm recorded once, replayed on other input */
+    int dim = 256;
+    float *x = malloc((size_t)dim * 2 * 4), *ref = malloc((size_t)dim * 4),
+          *out = malloc((size_t)dim * 4);
+    float *dx = kcuda_alloc((size_t)dim * 2 * 4), *dout = kcuda_alloc((size_t)dim * 4);
+    must(kcuda_capture_begin(g, err, sizeof err), "capture");
+    kcuda_rmsnorm(g, dout, dx, dx + dim, dim, 1, 1e-6f);
+    kcuda_graph *gr = kcuda_capture_end(g, err, sizeof err);
+    must(gr ? 0 : -1, "capture end");
+    for (int rep = 0; rep < 2; rep++) {
+        fill(x, (size_t)dim * 2, 1.0f + rep);
+        k_rmsnorm(ref, x, x + dim, dim, 1e-6f);
+        must(kcuda_upload(g, dx, x, (size_t)dim * 2 * 4, err, sizeof err), "upload");
+        must(kcuda_graph_launch(g, gr, err, sizeof err), "graph launch");
+        from_dev(out, dout, (size_t)dim * 4);
+        check(rep ? "graph replayed on new input" : "graph launched",
+              max_rel(out, ref, (size_t)dim), 1e-5);
+    }
+    kcuda_graph_destroy(&gr);
+    kcuda_free(dx);
+    kcuda_free(dout);
+    kcuda_free(dsrc);
+    free(src);
+    free(a);
+    free(b);
+    free(want);
+    free(x);
+    free(ref);
+    free(out);
+}
+
 static void test_mapped(void)
 {
     int dim = 256, n = 3;
@@ -437,6 +552,7 @@ int main(void)
     test_elementwise();
     test_attention(KV_F32);
     test_attention(KV_F16);
+    test_copies();
     test_mapped();
     kcuda_destroy(&g);
     printf("unit_cuda_kernels: %s\n", failures ? "FAILED" : "all agree");

@@ -6,10 +6,15 @@ matters shows up as a different token, so: the same prompts through groups of 1,
 workers must give exactly the token ids of `orochi run --temp 0 --print-ids`, on tiny models of two
 tensor types (f32 and the block-quantized q4_1, whose rows are sharded block-aligned), on K-quant
 tiny models, and on the default model (3 KV heads) when it is present, as distributed and
-re-quantized to K-quant mixes (Q4_K_M, Q5_K_M, Q6_K, Q5_1, Q3_K).
+re-quantized to K-quant mixes (Q4_K_M, Q5_K_M, Q6_K, Q5_1, Q3_K). A GPU worker that cannot start
+(no usable device here) is reported with its reason and restarted ever more slowly, and it is
+spawned with the coordinator's --gpu-memory and --gpu-graphs.
 """
 import os
+import signal
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import group as G  # noqa: E402
@@ -112,6 +117,45 @@ def test_workers_more_than_kv_heads():
             G.check(said in text, "the refusal does not mention %s:\n%s", said, text[-1500:])
         finally:
             g.down()
+
+
+@t.case
+def test_workers_gpu_without_device():
+    # --workers gpu:1 where no GPU can be used: the worker's reason reaches the coordinator's log
+    # (a build with CUDA: the driver's answer) or the worker's own (a build without: refused at
+    # its command line), each failed start waits longer than the last, and the spawned command
+    # line carries --gpu-memory and --gpu-graphs
+    e = G.env()
+    run_dir = os.path.join("/tmp", "orochi-it-%d" % os.getuid(), "gpu-%d" % os.getpid())
+    subprocess.run(["rm", "-rf", run_dir], check=False)
+    os.makedirs(run_dir)
+    coord = os.path.join(e["bin_dir"], "orochi-coordinator")
+    proc = subprocess.Popen([coord, "--run-dir", run_dir, "--target", G.mkmodel(), "--workers", "gpu:1",
+                             "--port", str(G.free_port()), "--gpu-memory", "mirror", "--gpu-graphs", "off"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(6)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # drains (nothing in flight) and removes its arena
+        try:
+            out = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+    with open(os.path.join(run_dir, "cmd", "worker-0")) as f:
+        argv = f.read().split("\n")
+    G.check("--gpu-memory" in argv and argv[argv.index("--gpu-memory") + 1] == "mirror" and
+            "--gpu-graphs" in argv and argv[argv.index("--gpu-graphs") + 1] == "off",
+            "the GPU worker's command line lacks the GPU flags: %s", argv)
+    with open(os.path.join(run_dir, "logs", "worker-0.log")) as f:
+        wlog = f.read()
+    G.check("worker-0 reports: GPU: CUDA device 0:" in out or "not available in this build" in wlog,
+            "no reason for the failed GPU worker:\n%s\n%s", out[-1500:], wlog[-800:])
+    # waits of 0.3, 0.6, 1.2, 2.4 s between starts: at most 5 in 6 s (without the back-off, one
+    # every 0.3 s and about 20)
+    spawns = out.count("spawned worker-0")
+    G.check(1 <= spawns <= 5, "worker-0 spawned %d times in 6 s:\n%s", spawns, out[-1500:])
+    subprocess.run(["rm", "-rf", run_dir], check=False)
 
 
 if __name__ == "__main__":
