@@ -9,8 +9,10 @@
 # place; mirror: device copies) and, for the GPU alone, with CUDA graphs off and on.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
 #   GPU_CHECK_QUICK=1: widths 1,8,64 and 2 repetitions (a first look in about a minute)
-# Writes OUT_DIR/gpu.txt (the card), ctest.log, bandwidth.txt, plans.jsonl (bench --plans) and
-# plans.txt (its tables); exits non-zero when the build or a cuda test fails.
+# Writes OUT_DIR/gpu.txt (the card), cmake.log, build.log, ctest.log, sanitizer.log (the GPU
+# forward test under compute-sanitizer), bandwidth.txt, plans.jsonl (bench --plans) and plans.txt
+# (its tables): 8 files, what the device tool brings back; exits non-zero when the build, a cuda
+# test or the sanitizer fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-${OUT:-/tmp/gpu-check}}"
@@ -30,6 +32,17 @@ cmake --build build-gpu -j "$jobs" >"$out/build.log" 2>&1 || { tail -40 "$out/bu
 echo "== cuda tests"
 status=0
 (cd build-gpu && ctest -R cuda --output-on-failure) 2>&1 | tee "$out/ctest.log" || status=1
+
+echo "== the GPU forward under compute-sanitizer memcheck (out-of-bounds and misaligned accesses)"
+san="$(command -v compute-sanitizer || true)"
+[ -z "$san" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && san=/usr/local/cuda/bin/compute-sanitizer
+if [ -n "$san" ]; then
+    timeout 300 "$san" --tool memcheck --error-exitcode 3 build-gpu/bin/unit_cuda_forward \
+        >"$out/sanitizer.log" 2>&1 || { status=1; tail -30 "$out/sanitizer.log"; }
+    tail -3 "$out/sanitizer.log"
+else
+    echo "no compute-sanitizer here: not run" | tee "$out/sanitizer.log"
+fi
 
 echo "== device copy bandwidth (device to device, bytes read + written)"
 if python3 -c 'import torch' 2>/dev/null; then
