@@ -16,10 +16,14 @@ PACKAGES=(
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# the packages among the arguments that are not installed
+not_installed() {
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+
+mapfile -t missing < <(not_installed "${PACKAGES[@]}")
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
 else
@@ -35,6 +39,18 @@ if ! /usr/bin/python3 -c 'import openai' 2>/dev/null; then
   echo "install-deps: installing the openai Python client from PyPI"
   $SUDO /usr/bin/python3 -m pip install --quiet --break-system-packages 'openai>=1' ||
     echo "install-deps: could not install the openai client (integration_openai_client will skip)"
+fi
+
+# A cross compiler and qemu for 64-bit Arm: the NEON attention code is built and run under
+# emulation and must give the x86 code's bits (ctest cross_neon_attention). Not fatal: without
+# them that test skips and says why.
+mapfile -t cross_missing < <(not_installed gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+if [ ${#cross_missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${cross_missing[*]} (the NEON check)"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q --no-install-recommends "${cross_missing[@]}" ||
+    { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends "${cross_missing[@]}"; } ||
+    echo "install-deps: could not install the Arm cross tools (cross_neon_attention will skip)"
 fi
 
 # CUDA is not installed from here (it is not in Debian's main archive); the build uses it when it

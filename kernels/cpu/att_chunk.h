@@ -7,7 +7,11 @@
  * AVX2 code's two 8-lane chains side by side) and reduced together, and the value rows are
  * loaded once for three queries at a time (12 accumulators); f16 rows are converted in the
  * registers that use them instead of into a buffer first. Every lane does the same operations
- * in the same order as in the AVX2 code, so both give the same bits (unit_kernels).
+ * in the same order as in the AVX2 code, so both give the same bits (unit_kernels). On 64-bit
+ * Arm the NEON code does the AVX2 code's operations on four lanes at a time — the 8-lane dot
+ * accumulators as pairs of 4-lane ones, reduced in the same order, fused multiply-adds where it
+ * has them, the same exponential — so an Arm build gives the x86 build's bits too
+ * (tests/cross/neon-check.sh).
  */
 #ifndef OROCHI_ATT_CHUNK_H
 #define OROCHI_ATT_CHUNK_H
@@ -30,6 +34,10 @@ void katt_chunks_avx512(int n_tok, const float *const *q, int64_t q_stride, int 
 
 #define ATT_MAX_HEAD_DIM 512
 
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#define ATT_NEON 1
+#endif
+
 /* Load row p of a KV tensor as floats into buf; returns a pointer to the floats. */
 static const float *att_row(const void *base, kv_type type, int64_t stride, int64_t p, int head_dim,
                             float *buf)
@@ -45,6 +53,10 @@ static const float *att_row(const void *base, kv_type type, int64_t stride, int6
 #if defined(__AVX2__) && defined(__F16C__)
     for (; i + 8 <= head_dim; i += 8)
         _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+#ifdef ATT_NEON
+    for (; i + 4 <= head_dim; i += 4) /* exact, as F16C */
+        vst1q_f32(buf + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + i))));
 #endif
     for (; i < head_dim; i++)
         buf[i] = kt_f16_to_f32(h[i]);
@@ -92,6 +104,30 @@ static inline __attribute__((always_inline)) __m256 att_dot8(const float *q, con
     __m256 r = _mm256_add_ps(_mm256_shuffle_ps(b0, b1, 0x88), _mm256_shuffle_ps(b0, b1, 0xdd));
     /* r holds keys 0 2 4 6 | 1 3 5 7 */
     return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
+#ifdef ATT_NEON
+/* k_dot(q, k) for four keys at once, lane for lane as k_dot's NEON code (att_dot8's roundings):
+ * each key's 8-lane partial as two 4-lane halves, its low and high halves added, then the pairs
+ * (0 + 2, 1 + 3) of all four keys summed by one pairwise add. head_dim % 16 == 0. */
+static inline __attribute__((always_inline)) float32x4_t att_dot4(const float *q,
+                                                                  const float *const *k,
+                                                                  int head_dim)
+{
+    float32x2_t x[4];
+    for (int j = 0; j < 4; j++) {
+        float32x4_t a0l = vdupq_n_f32(0), a0h = a0l, a1l = a0l, a1h = a0l;
+        for (int i = 0; i < head_dim; i += 16) {
+            a0l = vfmaq_f32(a0l, vld1q_f32(q + i), vld1q_f32(k[j] + i));
+            a0h = vfmaq_f32(a0h, vld1q_f32(q + i + 4), vld1q_f32(k[j] + i + 4));
+            a1l = vfmaq_f32(a1l, vld1q_f32(q + i + 8), vld1q_f32(k[j] + i + 8));
+            a1h = vfmaq_f32(a1h, vld1q_f32(q + i + 12), vld1q_f32(k[j] + i + 12));
+        }
+        float32x4_t h = vaddq_f32(vaddq_f32(a0l, a1l), vaddq_f32(a0h, a1h));
+        x[j] = vadd_f32(vget_low_f32(h), vget_high_f32(h));
+    }
+    return vpaddq_f32(vcombine_f32(x[0], x[1]), vcombine_f32(x[2], x[3]));
 }
 #endif
 
@@ -179,11 +215,18 @@ static void att_scores(const float *q, const float *const *krows, int len, int h
         return;
     }
 #endif
+    /* the common head sizes with the size a constant (straight-line code, no loop per key); rows
+     * past len up to the chunk's end point at a zero row */
 #if defined(__AVX2__) && defined(__FMA__)
-    /* the common head sizes with the size a constant (straight-line code, no loop per key) */
 #define ATT_SCORES_HD(HD)                                                                          \
     for (; j < len; j += 8)                                                                        \
         _mm256_storeu_ps(sc + j, _mm256_mul_ps(att_dot8(q, krows + j, HD), _mm256_set1_ps(scale)));
+#elif defined(ATT_NEON)
+#define ATT_SCORES_HD(HD)                                                                          \
+    for (; j < len; j += 4)                                                                        \
+        vst1q_f32(sc + j, vmulq_f32(att_dot4(q, krows + j, HD), vdupq_n_f32(scale)));
+#endif
+#ifdef ATT_SCORES_HD
     if (head_dim == 64) {
         ATT_SCORES_HD(64)
     } else if (head_dim == 128) {
@@ -233,37 +276,68 @@ static inline void att_chunk_softmax(const float *q, const float *const *rows, i
     for (; i + 8 <= len; i += 8)
         _mm256_storeu_ps(e + i, k_exp8(_mm256_sub_ps(_mm256_loadu_ps(e + i), _mm256_set1_ps(mx))));
 #endif
+#ifdef ATT_NEON
+    for (; i + 8 <= len; i += 8) { /* in eights, as the AVX2 code: the rest by expf */
+        float32x4_t m = vdupq_n_f32(mx);
+        vst1q_f32(e + i, k_exp4(vsubq_f32(vld1q_f32(e + i), m)));
+        vst1q_f32(e + i + 4, k_exp4(vsubq_f32(vld1q_f32(e + i + 4), m)));
+    }
+#endif
     for (; i < len; i++)
         e[i] = expf(e[i] - mx);
     for (int j = 0; j < len; j++)
         t->sum += e[j];
 }
 
+/* One vector of the value loop: 8 lanes (AVX2) or 4 (NEON), acc + e * row fused either way. */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef __m256 att_vec;
+#define ATT_LANES 8
+#define att_ld(p) _mm256_loadu_ps(p)
+#define att_st(p, v) _mm256_storeu_ps(p, v)
+#define att_bc(x) _mm256_set1_ps(x)
+#define att_fma(acc, e, r) _mm256_fmadd_ps(e, r, acc)
+#elif defined(ATT_NEON)
+typedef float32x4_t att_vec;
+#define ATT_LANES 4
+#define att_ld(p) vld1q_f32(p)
+#define att_st(p, v) vst1q_f32(p, v)
+#define att_bc(x) vdupq_n_f32(x)
+#define att_fma(acc, e, r) vfmaq_f32(acc, e, r)
+#endif
+
 /* out[d] += e_j v_j[d] over the chunk's value rows, keys in order; the d-blocks outside so out
- * stays in registers */
+ * stays in registers. Vectors over the first multiple of 8 of head_dim (the same lanes fused on
+ * AVX2 and NEON), the rest unfused. */
 static inline void att_chunk_values(const float *const *rows, int len, int head_dim, const float *e,
                                     float *o)
 {
     int d = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    if (head_dim == 64) { /* the whole output in eight registers, one broadcast per key */
-        __m256 acc[8];
-        for (int b = 0; b < 8; b++)
-            acc[b] = _mm256_loadu_ps(o + 8 * b);
+#ifdef ATT_LANES
+    if (head_dim == 64) { /* the whole output in registers, one broadcast per key */
+        att_vec acc[64 / ATT_LANES];
+        for (int b = 0; b < 64 / ATT_LANES; b++)
+            acc[b] = att_ld(o + ATT_LANES * b);
         for (int j = 0; j < len; j++) {
-            __m256 ev = _mm256_set1_ps(e[j]);
-            for (int b = 0; b < 8; b++)
-                acc[b] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(rows[j] + 8 * b), acc[b]);
+            att_vec ev = att_bc(e[j]);
+            for (int b = 0; b < 64 / ATT_LANES; b++)
+                acc[b] = att_fma(acc[b], ev, att_ld(rows[j] + ATT_LANES * b));
         }
-        for (int b = 0; b < 8; b++)
-            _mm256_storeu_ps(o + 8 * b, acc[b]);
+        for (int b = 0; b < 64 / ATT_LANES; b++)
+            att_st(o + ATT_LANES * b, acc[b]);
         d = 64;
     }
     for (; d + 8 <= head_dim; d += 8) {
-        __m256 acc = _mm256_loadu_ps(o + d);
-        for (int j = 0; j < len; j++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(rows[j] + d), acc);
-        _mm256_storeu_ps(o + d, acc);
+        att_vec acc[8 / ATT_LANES];
+        for (int b = 0; b < 8 / ATT_LANES; b++)
+            acc[b] = att_ld(o + d + ATT_LANES * b);
+        for (int j = 0; j < len; j++) {
+            att_vec ev = att_bc(e[j]);
+            for (int b = 0; b < 8 / ATT_LANES; b++)
+                acc[b] = att_fma(acc[b], ev, att_ld(rows[j] + d + ATT_LANES * b));
+        }
+        for (int b = 0; b < 8 / ATT_LANES; b++)
+            att_st(o + d + ATT_LANES * b, acc[b]);
     }
 #endif
     for (; d < head_dim; d++)

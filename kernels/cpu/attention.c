@@ -20,7 +20,8 @@
  * walks the whole prefix chunks that several tokens of one sequence share once for all of them
  * (each row loaded once for every query), the rest token by token, with the same per-chunk
  * arithmetic. That chunk loop is kernels/cpu/att_chunk.h, included here with this build's flags
- * and compiled again with AVX-512 in att_avx512.c (the same bits; chosen per call below).
+ * (AVX2, or NEON on 64-bit Arm) and compiled again with AVX-512 in att_avx512.c — the same bits
+ * from all three (unit_kernels, cross_neon_attention); the AVX-512 one is chosen per call below.
  */
 #include <math.h>
 #include <string.h>

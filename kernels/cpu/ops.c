@@ -2,7 +2,8 @@
  * kernels/cpu/ops.c — the elementwise and reduction ops of the Llama block: rmsnorm, rope
  * (adjacent-pair convention, as GGUF llama files store Q/K), silu*mul, softmax and a float dot.
  * They are a small share of a step's time next to the matmuls, so they stay plain C that the
- * compiler vectorises; k_dot is explicit because attention leans on it.
+ * compiler vectorises; k_dot is explicit (AVX2, or NEON with the AVX2 code's order of additions,
+ * so both give the same bits) because attention leans on it.
  */
 #include <math.h>
 #include <string.h>
@@ -31,6 +32,20 @@ float k_dot(const float *a, const float *b, int n)
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     s = _mm_cvtss_f32(h);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    /* the AVX2 code's two 8-lane accumulators as four 4-lane ones, reduced in its order */
+    float32x4_t a0l = vdupq_n_f32(0), a0h = a0l, a1l = a0l, a1h = a0l;
+    for (; i + 16 <= n; i += 16) {
+        a0l = vfmaq_f32(a0l, vld1q_f32(a + i), vld1q_f32(b + i));
+        a0h = vfmaq_f32(a0h, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        a1l = vfmaq_f32(a1l, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        a1h = vfmaq_f32(a1h, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    for (; i + 8 <= n; i += 8) {
+        a0l = vfmaq_f32(a0l, vld1q_f32(a + i), vld1q_f32(b + i));
+        a0h = vfmaq_f32(a0h, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    }
+    s = k_hsum8_neon(vaddq_f32(a0l, a1l), vaddq_f32(a0h, a1h));
 #endif
     for (; i < n; i++)
         s += a[i] * b[i];
