@@ -14,7 +14,9 @@
  *     barrier, as worker processes meet in the arena), under an uneven plan whose heads have their
  *     dense part on the GPU and their sparse part on the CPU, in both memory modes: the same
  *     tolerances against one CPU part;
- *   - the same pair under the Megatron plan (wo and down by input columns, partial sums reduced
+ *   - a pair where the GPU attends every head while the CPU projects half the KV heads (the
+ *     GPU's attention reads another part's tree and prefix rows), in both memory modes;
+ *   - the first pair under the Megatron plan (wo and down by input columns, partial sums reduced
  *     through the block), in both memory modes, against one CPU part;
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V.
@@ -242,15 +244,24 @@ int main(void)
         }
         plan.frac[LP_ATT_DENSE][0] = 1, plan.frac[LP_ATT_DENSE][1] = 0;
         plan.frac[LP_ATT_SPARSE][0] = 0, plan.frac[LP_ATT_SPARSE][1] = 1;
-        /* and the Megatron baseline: wo and down by input columns, partial sums reduced */
-        llama_partition meg = plan;
+        /* all attention on the GPU while the CPU projects half the KV heads (the GPU reads
+         * another part's tree and prefix rows), and the Megatron baseline: wo and down by input
+         * columns, partial sums reduced */
+        llama_partition all = plan, meg = plan;
+        for (int k = 0; k < LP_N; k++)
+            all.frac[k][0] = all.frac[k][1] = 0.5f;
+        all.frac[LP_ATT_DENSE][0] = all.frac[LP_ATT_SPARSE][0] = 1;
+        all.frac[LP_ATT_DENSE][1] = all.frac[LP_ATT_SPARSE][1] = 0;
         meg.style = LP_STYLE_MEGATRON;
-        for (int k = 0; k < 4; k++) {
+        const llama_partition *plans[3] = {&plan, &all, &meg};
+        static const char *names[3] = {"GPU 0.7 + CPU 0.3, dense GPU, sparse CPU",
+                                       "GPU 0.5 + CPU 0.5, all attention on the GPU",
+                                       "Megatron: GPU 0.7 + CPU 0.3"};
+        for (int k = 0; k < 6; k++) {
             llama_gpu_params gp = {.memory = k % 2 ? LLAMA_GPU_MIRROR : LLAMA_GPU_MAPPED,
                                    .graphs = true};
-            snprintf(what, sizeof what, "%sGPU 0.7 (%s) + CPU 0.3%s", k < 2 ? "" : "Megatron: ",
-                     llama_gpu_memory_name(gp.memory), k < 2 ? ", dense GPU, sparse CPU" : "");
-            if (run(m, KV_F32, 2, 1, &gp, k < 2 ? &plan : &meg, got, NULL))
+            snprintf(what, sizeof what, "%s (%s)", names[k / 2], llama_gpu_memory_name(gp.memory));
+            if (run(m, KV_F32, 2, 1, &gp, plans[k / 2], got, NULL))
                 failures++;
             else
                 compare(what, got, ref, m->cfg.vocab, tol[t]);
