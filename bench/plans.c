@@ -25,13 +25,15 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
+#include "coordinator/control.h"
 #include "model/llama.h"
 #include "shm/arena.h"
 #ifdef OROCHI_HAVE_CUDA
 #include "model/llama_cuda.h"
 #endif
 
-#define PB_MAX_PLANS 8
+#define PB_MAX_PLANS 64 /* --plan at most 8; a search round times up to 64 candidates at once */
+#define PB_MAX_USER_PLANS 8
 #define PB_MAX_WIDTHS 16
 #define PB_SPIN 200000
 
@@ -45,6 +47,7 @@ typedef struct {
     bool gpu[LLAMA_MAX_PARTS];
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs;
+    const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
 /* What the part threads share. */
@@ -77,6 +80,7 @@ static void pb_usage(FILE *out)
             "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
+            "                    [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -84,7 +88,12 @@ static void pb_usage(FILE *out)
             "  the second linear of each pair by input columns, partial sums reduced). Default:\n"
             "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
             "  build with CUDA; --gpu-memory and --gpu-graphs as orochi-worker takes them,\n"
-            "  docs/gpu.md). JSON lines go to --json FILE (bench/results/plans.jsonl).\n");
+            "  docs/gpu.md). JSON lines go to --json FILE (bench/results/plans.jsonl).\n"
+            "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
+            "  split per device): each part alone first, then shares moved between parts kind\n"
+            "  by kind while the step time summed over --widths falls (coordinator/control.h,\n"
+            "  ctl_split_search); the found partition is printed and put into the plan file\n"
+            "  PLAN (its other keys kept; a new file holds the partition alone).\n");
 }
 
 /* "hcmp:0.7/0.3" into a plan of n parts; false with one line. */
@@ -222,7 +231,7 @@ static void *pb_part_main(void *argp)
 
 static int pb_parse(pb_opts *o, int argc, char **argv)
 {
-    const char *plans[PB_MAX_PLANS], *devices = NULL;
+    const char *plans[PB_MAX_USER_PLANS], *devices = NULL;
     int n_plans = 0;
     long v;
     for (int i = 1; i < argc; i++) { /* argv[0] is --plans */
@@ -239,6 +248,8 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             o->json = val;
         } else if (!strcmp(a, "--devices")) {
             devices = val;
+        } else if (!strcmp(a, "--search")) {
+            o->search = val;
         } else if (!strcmp(a, "--gpu-memory")) {
             if (strcmp(val, "auto") && strcmp(val, "mapped") && strcmp(val, "mirror")) {
                 fprintf(stderr, "orochi bench: --gpu-memory %s: auto, mapped or mirror\n", val);
@@ -252,8 +263,8 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_graphs = !strcmp(val, "on");
         } else if (!strcmp(a, "--plan")) {
-            if (n_plans == PB_MAX_PLANS) {
-                fprintf(stderr, "orochi bench: at most %d plans\n", PB_MAX_PLANS);
+            if (n_plans == PB_MAX_USER_PLANS) {
+                fprintf(stderr, "orochi bench: at most %d plans\n", PB_MAX_USER_PLANS);
                 return 2;
             }
             plans[n_plans++] = val;
@@ -308,6 +319,215 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
     return 0;
 }
 
+/* Every plan of o at every width, reps times, the parts as threads: r->ms[rep][plan][width]. 0,
+ * or -1 with the reason in r->err. */
+static int pb_measure(pb_run *r)
+{
+    const pb_opts *o = r->o;
+    free(r->ms);
+    r->ms = calloc((size_t)o->reps * (size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ms);
+    if (!r->ms) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return -1;
+    }
+    r->failed = 0;
+    arena_barrier_init(&r->barrier, (uint32_t)o->parts);
+    pthread_t th[LLAMA_MAX_PARTS];
+    pb_part pp[LLAMA_MAX_PARTS];
+    for (int i = 0; i < o->parts; i++) {
+        pp[i] = (pb_part){r, i};
+        pthread_create(&th[i], NULL, pb_part_main, &pp[i]);
+    }
+    for (int i = 0; i < o->parts; i++)
+        pthread_join(th[i], NULL);
+    return r->failed ? -1 : 0;
+}
+
+/* The median over reps of plan pl at width index wi. */
+static double pb_median(const pb_run *r, int pl, int wi)
+{
+    const pb_opts *o = r->o;
+    double v[1000];
+    for (int k = 0; k < o->reps; k++)
+        v[k] = r->ms[((size_t)k * o->n_plans + pl) * o->n_widths + wi];
+    return cli_median(v, o->reps);
+}
+
+/* ===== --search: the partition for parts that differ ===== */
+
+typedef struct {
+    pb_opts *o;
+    pb_run *r;
+    int round, evals;
+} pb_search;
+
+static void pb_shares_plan(const pb_opts *o, const float *shares, llama_partition *p)
+{
+    llama_partition_even(p, o->parts);
+    for (int k = 0; k < LP_N; k++)
+        for (int i = 0; i < o->parts; i++)
+            p->frac[k][i] = shares[k * o->parts + i];
+}
+
+/* ctl_split_eval: each candidate's step time summed over the widths, the candidates timed side by
+ * side (PB_MAX_PLANS at a time). */
+static int pb_search_eval(const float *cands, int n, double *ms, void *arg)
+{
+    pb_search *s = arg;
+    pb_opts *o = s->o;
+    size_t one = (size_t)LP_N * (size_t)o->parts;
+    for (int at = 0; at < n; at += PB_MAX_PLANS) {
+        o->n_plans = n - at < PB_MAX_PLANS ? n - at : PB_MAX_PLANS;
+        for (int i = 0; i < o->n_plans; i++) {
+            pb_shares_plan(o, cands + (size_t)(at + i) * one, &o->plans[i]);
+            snprintf(o->names[i], sizeof o->names[i], "candidate %d", at + i);
+        }
+        if (pb_measure(s->r))
+            return -1;
+        for (int i = 0; i < o->n_plans; i++) {
+            ms[at + i] = 0;
+            for (int wi = 0; wi < o->n_widths; wi++)
+                ms[at + i] += pb_median(s->r, i, wi);
+        }
+    }
+    double lo = ms[0];
+    for (int i = 1; i < n; i++)
+        lo = ms[i] < lo ? ms[i] : lo;
+    fprintf(stderr, "orochi bench --search: %s %d: %d splits timed, the current %.3f ms, the best "
+                    "%.3f ms\n",
+            s->evals ? "round" : "start", s->round, n, ms[0], lo);
+    s->round += s->evals++ > 0;
+    return 0;
+}
+
+/* The partition as the plan file's "partition" object (docs/speculation.md, "The partition"). */
+static void pb_partition_json(FILE *f, const pb_opts *o, const float *shares, const char *indent)
+{
+    fprintf(f, "{\n%s  \"parts\": %d,\n%s  \"style\": \"hcmp\"", indent, o->parts, indent);
+    for (int k = 0; k < LP_N; k++) {
+        fprintf(f, ",\n%s  \"%s\": [", indent, llama_part_kind_names[k]);
+        for (int i = 0; i < o->parts; i++)
+            fprintf(f, "%s%.4f", i ? ", " : "", shares[k * o->parts + i]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "\n%s}", indent);
+}
+
+#ifndef OROCHI_CORE_ONLY
+#include <cjson/cJSON.h>
+/* Put the partition into the plan file at path (its other keys kept). 0, or -1 with err. */
+static int pb_merge_partition(const char *path, const pb_opts *o, const float *shares, char *err,
+                              size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        long sz = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = calloc(1, (size_t)(sz > 0 ? sz : 0) + 1);
+        len = text ? fread(text, 1, (size_t)(sz > 0 ? sz : 0), f) : 0;
+        fclose(f);
+    }
+    (void)len;
+    cJSON *plan = text ? cJSON_Parse(text) : cJSON_CreateObject();
+    free(text);
+    if (!plan || !cJSON_IsObject(plan)) {
+        snprintf(err, errlen, "%s is not a JSON object (a plan orochi profile wrote)", path);
+        cJSON_Delete(plan);
+        return -1;
+    }
+    cJSON *part = cJSON_CreateObject();
+    cJSON_AddNumberToObject(part, "parts", o->parts);
+    cJSON_AddStringToObject(part, "style", "hcmp");
+    for (int k = 0; k < LP_N; k++) {
+        double v[LLAMA_MAX_PARTS];
+        for (int i = 0; i < o->parts; i++)
+            v[i] = (double)(int)(shares[k * o->parts + i] * 10000.0f + 0.5f) / 10000.0;
+        cJSON_AddItemToObject(part, llama_part_kind_names[k], cJSON_CreateDoubleArray(v, o->parts));
+    }
+    cJSON_DeleteItemFromObject(plan, "partition");
+    cJSON_AddItemToObject(plan, "partition", part);
+    char *out = cJSON_Print(plan);
+    cJSON_Delete(plan);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    f = out ? fopen(tmp, "w") : NULL;
+    bool ok = f && fputs(out, f) >= 0 && fputc('\n', f) != EOF;
+    ok = f && !fclose(f) && ok && !rename(tmp, path);
+    free(out);
+    if (!ok)
+        snprintf(err, errlen, "cannot write %s", path);
+    return ok ? 0 : -1;
+}
+#endif
+
+/* Search the split (ctl_split_search), starting from each part's time with all the work, then
+ * time the even split against the found one and write the partition. */
+static int pb_search_run(pb_opts *o, pb_run *r)
+{
+    int P = o->parts;
+    size_t one = (size_t)LP_N * (size_t)P;
+    float *c = calloc((size_t)(P + 1) * one, sizeof *c), best[LP_N * LLAMA_MAX_PARTS];
+    double ms[LLAMA_MAX_PARTS + 1], part_ms[LLAMA_MAX_PARTS], best_ms;
+    pb_search s = {.o = o, .r = r};
+    if (!c)
+        return -1;
+    /* each part alone: all of every kind on it */
+    for (int p = 0; p < P; p++)
+        for (int k = 0; k < LP_N; k++)
+            c[(size_t)p * one + (size_t)k * P + (size_t)p] = 1.0f;
+    int rc = pb_search_eval(c, P, ms, &s);
+    for (int p = 0; !rc && p < P; p++) {
+        part_ms[p] = ms[p];
+        fprintf(stderr, "orochi bench --search: part %d (%s) alone: %.3f ms\n", p,
+                o->gpu[p] ? "gpu" : "cpu", ms[p]);
+    }
+    ctl_split_opts so = {.groups = LP_N, .parts = P, .delta = 0.1, .min_delta = 0.02,
+                         .margin = 0.01, .max_rounds = 12};
+    int rounds = 0;
+    if (!rc)
+        rc = ctl_split_search(&so, part_ms, pb_search_eval, &s, best, &best_ms, &rounds);
+    if (!rc) { /* the even split and the found one, side by side */
+        for (size_t i = 0; i < one; i++)
+            c[i] = 1.0f / (float)P;
+        memcpy(c + one, best, one * sizeof *c);
+        rc = pb_search_eval(c, 2, ms, &s);
+    }
+    free(c);
+    if (rc) {
+        fprintf(stderr, "orochi bench: %s\n", r->err);
+        return 1;
+    }
+    printf("partition search: %d parts, %d rounds; summed over the widths, the even split %.3f ms, "
+           "the found one %.3f ms (%.2fx); load average %.2f\n",
+           P, rounds, ms[0], ms[1], ms[0] / ms[1], cli_loadavg());
+    pb_partition_json(stdout, o, best, "");
+    printf("\n");
+#ifndef OROCHI_CORE_ONLY
+    char err[512];
+    if (pb_merge_partition(o->search, o, best, err, sizeof err)) {
+        fprintf(stderr, "orochi bench: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "orochi bench: the partition is in %s\n", o->search);
+#else
+    FILE *f = fopen(o->search, "w");
+    if (!f) {
+        fprintf(stderr, "orochi bench: cannot write %s\n", o->search);
+        return 1;
+    }
+    fprintf(f, "{\n  \"partition\": ");
+    pb_partition_json(f, o, best, "  ");
+    fprintf(f, "\n}\n");
+    fclose(f);
+    fprintf(stderr, "orochi bench: the partition is in %s (this build writes a plan of its own)\n",
+            o->search);
+#endif
+    return 0;
+}
+
 int bench_plans(int argc, char **argv)
 {
     pb_opts o = {.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -334,31 +554,31 @@ int bench_plans(int argc, char **argv)
     size_t lbytes = (size_t)64 * (size_t)r.m->cfg.vocab * 4;
     r.block_bytes = (shared + lbytes + 4095) & ~(size_t)4095;
     r.block = aligned_alloc(4096, r.block_bytes);
-    r.ms = calloc((size_t)o.reps * (size_t)o.n_plans * (size_t)o.n_widths, sizeof *r.ms);
-    if (!r.block || !r.ms) {
+    if (!r.block) {
         fprintf(stderr, "orochi bench: out of memory (%zu bytes of shared block)\n",
                 r.block_bytes);
         return 1;
     }
     memset(r.block, 0, r.block_bytes);
     r.logits = (float *)((char *)r.block + shared);
-    arena_barrier_init(&r.barrier, (uint32_t)o.parts);
     char devs[128] = "";
     for (int i = 0, at = 0; i < o.parts && at < (int)sizeof devs - 5; i++)
         at += snprintf(devs + at, sizeof devs - (size_t)at, "%s%s", i ? "," : "",
                        o.gpu[i] ? "gpu" : "cpu");
+    if (o.search) {
+        fprintf(stderr, "orochi bench --plans --search: %d parts (%s) x %d threads, context %d, "
+                        "widths x %d reps per split...\n",
+                o.parts, devs, o.threads, o.ctx, o.reps);
+        rc = pb_search_run(&o, &r);
+        free(r.ms);
+        free(r.block);
+        llama_model_destroy(&r.m);
+        return rc;
+    }
     fprintf(stderr, "orochi bench --plans: %d parts (%s) x %d threads, context %d, %d plans x %d "
                     "widths x %d reps...\n",
             o.parts, devs, o.threads, o.ctx, o.n_plans, o.n_widths, o.reps);
-    pthread_t th[LLAMA_MAX_PARTS];
-    pb_part pp[LLAMA_MAX_PARTS];
-    for (int i = 0; i < o.parts; i++) {
-        pp[i] = (pb_part){&r, i};
-        pthread_create(&th[i], NULL, pb_part_main, &pp[i]);
-    }
-    for (int i = 0; i < o.parts; i++)
-        pthread_join(th[i], NULL);
-    if (r.failed) {
+    if (pb_measure(&r)) {
         fprintf(stderr, "orochi bench: %s\n", r.err);
         return 1;
     }

@@ -5,6 +5,7 @@
 #include "coordinator/control.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ===== the draft trie and the vote ===== */
@@ -662,4 +663,102 @@ int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost)
         pw = w[j];
     }
     return cost_monotone(cost, pw);
+}
+
+/* ===== the split ratios ===== */
+
+int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_eval eval,
+                     void *arg, float *best, double *best_ms, int *rounds)
+{
+    int G = o->groups, P = o->parts;
+    if (G < 1 || G > CTL_SPLIT_MAX_GROUPS || P < 1 || P > CTL_SPLIT_MAX_PARTS || !(o->delta > 0) ||
+        !(o->min_delta > 0))
+        return -1;
+    size_t one = (size_t)G * (size_t)P;
+    /* candidates of a round, for each ordered pair of parts: each group, and all groups at once,
+     * moved from one to the other; and each group moved one way while the others move back
+     * (kinds of work that run better on different parts) */
+    int pairs = P * (P - 1);
+    int most = (2 * G + 1) * pairs + 1;
+    float *cand = malloc((size_t)most * one * sizeof *cand);
+    double *ms = malloc((size_t)most * sizeof *ms);
+    if (!cand || !ms) {
+        free(cand);
+        free(ms);
+        return -1;
+    }
+    double speed[CTL_SPLIT_MAX_PARTS], total = 0;
+    for (int p = 0; p < P; p++) {
+        speed[p] = part_ms && part_ms[p] > 0 ? 1.0 / part_ms[p] : 1.0;
+        total += speed[p];
+    }
+    for (int g = 0; g < G; g++)
+        for (int p = 0; p < P; p++)
+            best[g * P + p] = (float)(speed[p] / total);
+    int rc = -1, r = 0;
+    if (eval(best, 1, best_ms, arg))
+        goto out;
+    double delta = o->delta;
+    for (; r < o->max_rounds && delta >= o->min_delta; r++) {
+        /* candidate 0 is the current split, timed again beside its neighbours */
+        memcpy(cand, best, one * sizeof *cand);
+        int n = 1;
+        for (int g = 0; g <= G; g++) /* g == G: every group */
+            for (int a = 0; a < P; a++)
+                for (int b = 0; b < P; b++) {
+                    if (a == b)
+                        continue;
+                    float *c = cand + (size_t)n * one;
+                    memcpy(c, best, one * sizeof *c);
+                    bool moved = false;
+                    for (int k = g == G ? 0 : g; k < (g == G ? G : g + 1); k++) {
+                        float take = c[k * P + a] < delta ? c[k * P + a] : (float)delta;
+                        if (take <= 0)
+                            continue;
+                        c[k * P + a] -= take;
+                        c[k * P + b] += take;
+                        moved = true;
+                    }
+                    n += moved;
+                }
+        for (int g = 0; G > 1 && g < G; g++)
+            for (int a = 0; a < P; a++)
+                for (int b = 0; b < P; b++) {
+                    float *c = cand + (size_t)n * one;
+                    if (a == b || best[g * P + a] <= 0)
+                        continue;
+                    memcpy(c, best, one * sizeof *c);
+                    float t = c[g * P + a] < delta ? c[g * P + a] : (float)delta;
+                    c[g * P + a] -= t;
+                    c[g * P + b] += t;
+                    for (int h = 0; h < G; h++) { /* the others give back t in all */
+                        float back = t / (float)(G - 1);
+                        back = h == g ? 0 : c[h * P + b] < back ? c[h * P + b] : back;
+                        c[h * P + b] -= back;
+                        c[h * P + a] += back;
+                    }
+                    n++;
+                }
+        if (n == 1)
+            break;
+        if (eval(cand, n, ms, arg))
+            goto out;
+        int pick = 1;
+        for (int i = 2; i < n; i++)
+            pick = ms[i] < ms[pick] ? i : pick;
+        *best_ms = ms[0];
+        if (ms[pick] < ms[0] * (1.0 - o->margin)) {
+            memcpy(best, cand + (size_t)pick * one, one * sizeof *best);
+            *best_ms = ms[pick];
+        } else {
+            delta /= 2;
+        }
+    }
+    rc = 0;
+out:
+    if (rounds)
+        *rounds = r;
+    free(cand);
+    free(ms);
+    return rc;
 }

@@ -231,4 +231,31 @@ int ctl_lookup_lengths(const ctl_lookup *l, int n, const int *order, const int *
  * 0 for a curve that breaks those rules (cost left undefined). */
 int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost);
 
+/* ===== the split ratios (ARCA's partition per device) ===== */
+
+/* How a step's work is divided between parts that differ: `groups` kinds of work (the partition's
+ * layer kinds), each shared among `parts` parts, shares[g * parts + p] >= 0 summing to 1 per
+ * group. The search starts from every group split in proportion to each part's speed alone
+ * (1 / part_ms[p]; equal without part_ms), then moves shares between parts in steps of `delta`:
+ * each round proposes, for every group and for all groups at once, `delta` taken from one part and
+ * given to another, and each group's delta moved one way while the other groups move as much
+ * back (kinds of work that run better on different parts), has the whole batch timed with the current split first (eval, the candidates
+ * side by side, so the machine's noise falls on all alike), and keeps the best if it beats the
+ * current split's new time by more than `margin` (relative); a round without a gain halves delta,
+ * and the search ends below min_delta or after max_rounds. */
+typedef struct {
+    int groups, parts; /* at most CTL_SPLIT_MAX_GROUPS, CTL_SPLIT_MAX_PARTS */
+    double delta, min_delta, margin;
+    int max_rounds;
+} ctl_split_opts;
+#define CTL_SPLIT_MAX_GROUPS 8
+#define CTL_SPLIT_MAX_PARTS 16
+/* Times n candidate splits (n x groups x parts shares, candidate-major) into ms[0..n); 0, or -1
+ * to stop the search. */
+typedef int (*ctl_split_eval)(const float *cands, int n, double *ms, void *arg);
+/* The search; `best` (groups x parts) and *best_ms receive the winner, *rounds the rounds run.
+ * Returns 0, or -1 when eval failed or the options are out of range. */
+int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_eval eval,
+                     void *arg, float *best, double *best_ms, int *rounds);
+
 #endif

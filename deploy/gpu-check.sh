@@ -4,7 +4,7 @@
 # the actor system's libraries), the `cuda` tests, the copy bandwidth of the device, and the step
 # time against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models
 # of the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its
-# time in GB/s. HCMP is compared with the Megatron baseline both on two CPU parts and on GPU + CPU.
+# time in GB/s; on the 1B shape, the partition search for GPU + CPU. HCMP is compared with the Megatron baseline both on two CPU parts and on GPU + CPU.
 # The GPU runs are made in both memory modes (--gpu-memory mapped: the arena read in
 # place; mirror: device copies) and, for the GPU alone, with CUDA graphs off and on.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
@@ -93,6 +93,13 @@ for m in "${models[@]}"; do
             "$half" --gpu-memory "$mem" --plan hcmp:0.9/0.1 --plan split:0.9/0.1 \
             --plan hcmp:0.7/0.3 --plan megatron:0.9/0.1 2>&1 | tee -a "$out/plans.txt" || status=1
     done
+    if [ "$m" = /tmp/gc-1b.gguf ]; then
+        echo "== $m: the partition search for GPU + CPU (ARCA's split)" | tee -a "$out/plans.txt"
+        rm -f /tmp/gc-search.json
+        "$bin" bench --plans --model "$m" --parts 2 --devices gpu,cpu --threads-per-part "$half" \
+            --widths 1,8 --reps 2 --ctx 256 --search /tmp/gc-search.json 2>&1 |
+            tee -a "$out/plans.txt" || status=1
+    fi
     echo "== $m: two CPU parts, HCMP against Megatron ($half threads each)" | tee -a "$out/plans.txt"
     "$bin" bench --plans "${common[@]}" --parts 2 --devices cpu,cpu --threads-per-part "$half" \
         --plan hcmp:even --plan megatron:even 2>&1 | tee -a "$out/plans.txt" || status=1

@@ -8,7 +8,10 @@
 - a group started with `--plan` (guard on, as in production) answers greedy requests exactly like
   `orochi run --temp 0`, shows the plan in its status, and picks up a rewritten plan without a
   restart; a plan whose tree shape is a chain keeps the output lossless; a plan that is not a
-  plan, or whose tree is malformed, is refused at start with the reason.
+  plan, or whose tree is malformed, is refused at start with the reason;
+- `orochi bench --plans --search PLAN` puts a partition for two parts into a plan (its other keys
+  kept), every kind's shares summing to 1, and a group of two workers following that plan answers
+  exactly like `orochi run --temp 0`.
 """
 import json
 import os
@@ -142,6 +145,33 @@ def group_follows_the_plan_and_rereads_it():
     G.check(r.returncode != 0, "a group with a malformed plan tree started")
     G.check("tree must be [[parent, rank]" in (r.stdout + r.stderr + g.log("coordinator")),
             "the refusal does not say why:\n%s%s", r.stdout, r.stderr)
+
+
+@t.case
+def partition_search_writes_the_plan_a_group_follows():
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, type="q4_1")
+    e = G.env()
+    path = G.write_plan(os.path.join(e["tmp"], "plan-search-%d.json" % os.getpid()), [1, 1.2, 1.5, 2, 3], 1)
+    r = subprocess.run([e["bin"], "bench", "--plans", "--model", model, "--search", path, "--parts", "2",
+                        "--widths", "1,4", "--reps", "2", "--ctx", "32"],
+                       capture_output=True, text=True, timeout=600)
+    G.check(r.returncode == 0, "the search failed (%d):\n%s%s", r.returncode, r.stdout, r.stderr[-2000:])
+    G.check("partition search: 2 parts" in r.stdout and "alone:" in r.stderr,
+            "the search did not report:\n%s%s", r.stdout, r.stderr[-2000:])
+    with open(path) as f:
+        plan = json.load(f)
+    G.check(plan.get("orochi_plan") == 1 and "buckets" in plan, "the plan's own keys were lost: %s", plan)
+    part = plan.get("partition", {})
+    G.check(part.get("parts") == 2 and part.get("style") == "hcmp", "no partition for 2 parts: %s", part)
+    for kind in ("qkv", "wo", "ffn_up", "ffn_down", "lm_head", "attention_dense", "attention_sparse"):
+        v = part.get(kind)
+        G.check(isinstance(v, list) and len(v) == 2 and min(v) >= 0 and abs(sum(v) - 1) < 2e-3,
+                "the %s shares are not two that sum to 1: %s", kind, v)
+    prompts = ["one two three four", "the cat sat on"]
+    want = {p: G.run_ids(model, p, 20) for p in prompts}
+    with G.Group("plan-search", model, workers=2, extra=["--plan", path]) as g:
+        for p in prompts:
+            G.check_eq(g.ids(p, 20), want[p], "a group on the searched partition, prompt %r" % p)
 
 
 if __name__ == "__main__":

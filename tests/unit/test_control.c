@@ -6,6 +6,7 @@
  * refinement, and the width choice from given curves.
  */
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -479,6 +480,84 @@ static void cost_curve_from_step_times(void **state)
     assert_int_equal(ctl_cost_curve(w, t0, 2, 64, c), 0);  /* a time of 0 */
 }
 
+/* A fixture machine for the split search: part p does group g's work at speed v[g][p]; a step
+ * takes as long as its slowest part. */
+typedef struct {
+    int groups, parts, calls, fail_at;
+    double v[4][4];
+} split_fixture;
+
+static int split_eval(const float *cands, int n, double *ms, void *arg)
+{
+    split_fixture *f = arg;
+    if (++f->calls == f->fail_at)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const float *c = cands + (size_t)i * f->groups * f->parts;
+        double worst = 0;
+        for (int p = 0; p < f->parts; p++) {
+            double t = 0;
+            for (int g = 0; g < f->groups; g++)
+                t += c[g * f->parts + p] / f->v[g][p];
+            worst = t > worst ? t : worst;
+        }
+        ms[i] = worst;
+    }
+    return 0;
+}
+
+/* The split search finds the balance of parts of different speeds from an even start, sends each
+ * kind of work to the part that does it best, starts from the parts' speeds when given them, and
+ * stops on a failed measurement. */
+static void split_search_balances_parts(void **state)
+{
+    (void)state;
+    ctl_split_opts o = {.groups = 2, .parts = 2, .delta = 0.1, .min_delta = 0.02, .margin = 0.001,
+                        .max_rounds = 40};
+    float best[8];
+    double ms;
+    int rounds;
+    /* part 0 three times as fast at everything: three quarters of the work in all (any mix of
+     * the two groups that adds up to it is as good) */
+    split_fixture f = {.groups = 2, .parts = 2, .v = {{3, 1}, {3, 1}}};
+    assert_int_equal(ctl_split_search(&o, NULL, split_eval, &f, best, &ms, &rounds), 0);
+    for (int g = 0; g < 2; g++)
+        assert_true(fabsf(best[g * 2] + best[g * 2 + 1] - 1.0f) < 1e-5f);
+    assert_true(fabsf(best[0] + best[2] - 1.5f) <= 0.05f);
+    assert_true(ms <= 0.5 * 1.04); /* from 1.0 at the even start */
+    assert_true(rounds > 2);
+    /* group 0 runs better on part 1, group 1 on part 0: each goes where it runs best */
+    split_fixture g2 = {.groups = 2, .parts = 2, .v = {{1, 4}, {4, 1}}};
+    assert_int_equal(ctl_split_search(&o, NULL, split_eval, &g2, best, &ms, &rounds), 0);
+    assert_true(best[0] <= 0.05f && best[2] >= 0.95f);
+    /* three kinds: the first runs better on part 1, the others on part 0 — the first goes to
+     * part 1 whole, the others 0.9 / 0.1 (0.45 per step, from 0.75 at the even start) */
+    ctl_split_opts og = o;
+    og.groups = 3;
+    split_fixture f6 = {.groups = 3, .parts = 2, .v = {{1, 4}, {4, 1}, {4, 1}}};
+    assert_int_equal(ctl_split_search(&og, NULL, split_eval, &f6, best, &ms, &rounds), 0);
+    assert_true(best[0] <= 0.05f && fabsf(best[2] - 0.9f) <= 0.05f && fabsf(best[4] - 0.9f) <= 0.05f);
+    assert_true(ms <= 0.46);
+    /* the parts' own times given: the start is already the balance, and no move beats it */
+    double part_ms[2] = {1.0, 3.0};
+    split_fixture f3 = {.groups = 2, .parts = 2, .v = {{3, 1}, {3, 1}}};
+    assert_int_equal(ctl_split_search(&o, part_ms, split_eval, &f3, best, &ms, &rounds), 0);
+    assert_true(fabsf(best[0] - 0.75f) < 1e-6f && fabsf(best[2] - 0.75f) < 1e-6f);
+    /* three parts of speeds 1, 2, 3 */
+    ctl_split_opts o3 = o;
+    o3.groups = 1;
+    o3.parts = 3;
+    split_fixture f4 = {.groups = 1, .parts = 3, .v = {{1, 2, 3}}};
+    assert_int_equal(ctl_split_search(&o3, NULL, split_eval, &f4, best, &ms, &rounds), 0);
+    assert_true(fabsf(best[0] - 1.0f / 6) <= 0.03f && fabsf(best[2] - 0.5f) <= 0.03f);
+    /* a measurement that fails ends the search with -1 */
+    split_fixture f5 = {.groups = 2, .parts = 2, .v = {{3, 1}, {3, 1}}, .fail_at = 3};
+    assert_int_equal(ctl_split_search(&o, NULL, split_eval, &f5, best, &ms, &rounds), -1);
+    assert_int_equal(f5.calls, 3);
+    o.groups = 0;
+    assert_int_equal(ctl_split_search(&o, NULL, split_eval, &f, best, &ms, &rounds), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +575,7 @@ int main(void)
         cmocka_unit_test(branch_threshold_follows_side_branches),
         cmocka_unit_test(lookup_estimates_and_lengths),
         cmocka_unit_test(cost_curve_from_step_times),
+        cmocka_unit_test(split_search_balances_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
