@@ -239,10 +239,11 @@ int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost);
  * (1 / part_ms[p]; equal without part_ms), then moves shares between parts in steps of `delta`:
  * each round proposes, for every group and for all groups at once, `delta` taken from one part and
  * given to another, and each group's delta moved one way while the other groups move as much
- * back (kinds of work that run better on different parts), has the whole batch timed with the current split first (eval, the candidates
- * side by side, so the machine's noise falls on all alike), and keeps the best if it beats the
- * current split's new time by more than `margin` (relative); a round without a gain halves delta,
- * and the search ends below min_delta or after max_rounds. */
+ * back (kinds of work that run better on different parts); it has the whole batch timed with the
+ * current split first (eval: the candidates side by side, so the machine's noise falls on all
+ * alike), and keeps the best if it beats the current split's new time by more than `margin`
+ * (relative); a round without a gain halves delta, and the search ends below min_delta or after
+ * max_rounds. */
 typedef struct {
     int groups, parts; /* at most CTL_SPLIT_MAX_GROUPS, CTL_SPLIT_MAX_PARTS */
     double delta, min_delta, margin;
