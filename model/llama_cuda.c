@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels/cuda/kcuda.h"
+#include "kernels/cuda/kcuda_check.h"
 #include "model/llama_cuda.h"
 #include "model/llama_internal.h"
 
@@ -99,17 +100,11 @@ static void *gpu_alloc(llama_gpu *gp, size_t bytes)
 
 #define LLAMA_MAX_KV_HEADS_GPU 256 /* KV heads a step's per-head lists hold */
 
-static bool gpu_type_ok(uint32_t t)
-{
-    return t == KT_F32 || t == KT_F16 || t == KT_BF16 || t == KT_Q8_0 || t == KT_Q4_0 ||
-           t == KT_Q4_1;
-}
-
 /* A device copy of a matrix's GGUF rows. */
 static int gpu_matrix(llama_gpu *gp, const kmat *src, kmat *dst, const char *what, char *err,
                       size_t errlen)
 {
-    if (!gpu_type_ok(src->type)) {
+    if (!kcuda_type_ok(src->type)) {
         snprintf(err, errlen,
                  "%s is %s: the GPU worker takes F32, F16, BF16, Q8_0, Q4_0 and Q4_1 matrices "
                  "(orochi quantize converts a model)",

@@ -397,11 +397,8 @@ __global__ void k_embed_kernel(uint32_t type, const uint8_t *table, size_t row_b
 int kcuda_embed(kcuda *g, const kmat *table, const int32_t *ids, int n, float *out, int64_t ldo,
                 int64_t c0, int64_t c1, char *err, size_t errlen)
 {
-    if (!kcuda_type_ok(table->type)) {
-        snprintf(err, errlen, "embedding of type %u: the GPU reads F32, F16, BF16, Q8_0, Q4_0, Q4_1",
-                 table->type);
+    if (kcuda_check_embed(table, err, errlen))
         return -1;
-    }
     if (n > 0 && c1 > c0)
         k_embed_kernel<<<n, 128, 0, g->stream>>>(table->type, (const uint8_t *)table->data,
                                                   table->row_bytes, ids, out, ldo, c0, c1);

@@ -85,8 +85,8 @@ void kcuda_graph_destroy(kcuda_graph **graph);
 int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
                  int64_t ldy, char *err, size_t errlen);
 /* kcuda_matmul over input columns [c0, c1) only (kmat_mul_cols): y[t * ldy + r] = W[r][c0:c1] .
- * x[t], x holding n rows of c1 - c0 values — a partial sum. c0 and c1 multiples of 32. 0, or -1
- * with err. */
+ * x[t], x holding n rows of c1 - c0 values — a partial sum. For Q8_0, Q4_0 and Q4_1, c0 and c1
+ * multiples of 32 (whole blocks); any range of F32, F16, BF16. 0, or -1 with err. */
 int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen);
 /* out[t] = rmsnorm(x[t]) * weight for n rows of dim (k_rmsnorm). */

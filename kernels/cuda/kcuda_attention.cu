@@ -101,17 +101,8 @@ int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int6
                     int n, int h0, int h1, float *out, int64_t out_stride, int64_t rec_stride,
                     char *err, size_t errlen)
 {
-    if (a->head_dim % 32 || a->head_dim > KCUDA_MAX_HEAD_DIM || a->head_dim <= 0 ||
-        a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads) {
-        snprintf(err, errlen,
-                 "attention: head_dim %d (a multiple of 32 up to %d), %d heads over %d KV heads",
-                 a->head_dim, KCUDA_MAX_HEAD_DIM, a->n_heads, a->n_kv_heads);
+    if (kcuda_check_attention(a, mode, err, errlen))
         return -1;
-    }
-    if (mode != KCUDA_ATT_FULL && mode != KCUDA_ATT_DENSE && mode != KCUDA_ATT_SPARSE) {
-        snprintf(err, errlen, "attention: mode %d", mode);
-        return -1;
-    }
     if (n <= 0 || h1 <= h0)
         return 0;
     dim3 grid(n, h1 - h0);

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/kcuda.h"
+#include "kernels/cuda/kcuda_check.h"
 
 struct kcuda {
     int device;
@@ -27,12 +28,6 @@ struct kcuda {
 int kcuda_fail(cudaError_t e, const char *what, char *err, size_t errlen);
 /* The context's scratch, at least `bytes` (NULL when that cannot be had). */
 void *kcuda_scratch(kcuda *g, size_t bytes);
-
-static inline bool kcuda_type_ok(uint32_t t)
-{
-    return t == KT_F32 || t == KT_F16 || t == KT_BF16 || t == KT_Q8_0 || t == KT_Q4_0 ||
-           t == KT_Q4_1;
-}
 
 __device__ static inline float kcuda_warp_sum(float v)
 {

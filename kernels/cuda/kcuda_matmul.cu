@@ -119,18 +119,8 @@ int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c
 {
     if (n <= 0 || hi <= lo)
         return 0;
-    if (!kcuda_type_ok(w->type) || w->cols % 32) {
-        snprintf(err, errlen,
-                 "matmul of type %u, %lld columns: the GPU takes F32, F16, BF16, Q8_0, Q4_0, "
-                 "Q4_1 with columns a multiple of 32",
-                 w->type, (long long)w->cols);
+    if (kcuda_check_matmul(w, c0, c1, err, errlen))
         return -1;
-    }
-    if (c0 < 0 || c1 > w->cols || c1 <= c0 || c0 % 32 || c1 % 32) {
-        snprintf(err, errlen, "matmul over input columns [%lld, %lld) of %lld: not 32-aligned",
-                 (long long)c0, (long long)c1, (long long)w->cols);
-        return -1;
-    }
     int64_t k = c1 - c0;
     const uint8_t *wd = (const uint8_t *)w->data;
     unsigned blocks = (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);

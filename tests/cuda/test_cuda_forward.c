@@ -19,7 +19,10 @@
  *   - the first pair under the Megatron plan (wo and down by input columns, partial sums reduced
  *     through the block), in both memory modes, against one CPU part;
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
- *     f16 K/V.
+ *     f16 K/V (relative L2 5e-5 at the least).
+ * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
+ * against the GPU op set (unit_cuda_forward, on a GPU) and against its CPU stand-in
+ * kernels/cuda/kcuda_fake.c (unit_gpu_host, everywhere: what runs around the kernels).
  * The shared block and the logits live in one page-aligned host block that the GPU maps, as the
  * arena is. Without a usable GPU it prints why and exits 77 (ctest: skipped).
  */
@@ -64,14 +67,20 @@ typedef struct {
     part_arg *a;
 } part_run_ctx;
 
+/* One forward, then the parts meet: a step's LM head reads the residual that the next step's
+ * embeddings overwrite, so steps are apart, as the runtime keeps them (the coordinator's step
+ * boundary, the free run's barrier). */
 static int fwd(part_run_ctx *r, const llama_batch *b, int slot)
 {
     part_arg *a = r->a;
     float *logits = slot < 0 ? NULL
                              : (float *)((char *)a->block + a->shared_bytes) +
                                    (size_t)slot * N_TOK * a->m->cfg.vocab;
-    return r->gpu ? llama_gpu_forward(r->gpu, b, logits, a->err, sizeof a->err)
-                  : llama_forward(r->ctx, b, logits, a->err, sizeof a->err);
+    int rc = r->gpu ? llama_gpu_forward(r->gpu, b, logits, a->err, sizeof a->err)
+                    : llama_forward(r->ctx, b, logits, a->err, sizeof a->err);
+    if (a->n_parts > 1)
+        pthread_barrier_wait(a->barrier);
+    return rc;
 }
 
 /* The steps of the header comment; the commits and the copy move this part's K/V rows on the
@@ -201,6 +210,13 @@ int main(void)
                why);
         return 77;
     }
+    char dev[160];
+    kcuda *probe = kcuda_new(0, dev, sizeof dev);
+    if (probe) {
+        kcuda_describe(probe, dev, sizeof dev);
+        kcuda_destroy(&probe);
+    }
+    printf("device: %s\n", dev);
     static const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"};
     static const double tol[] = {1e-5, 3e-3, 1.5e-2, 3e-3, 3e-3, 3e-3};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -273,10 +289,11 @@ int main(void)
             llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = true};
             snprintf(what, sizeof what, "f16 K/V: %s", parts == 1 ? "one part on the GPU, mirror"
                                                                   : "GPU 0.7 (mirror) + CPU 0.3");
+            /* f16 rows summed in another order than the CPU's: 5e-5 at the least */
             if (run(m, KV_F16, parts, 1, &gp, parts == 1 ? NULL : &plan, got, NULL))
                 failures++;
             else
-                compare(what, got, ref, m->cfg.vocab, tol[t]);
+                compare(what, got, ref, m->cfg.vocab, tol[t] > 5e-5 ? tol[t] : 5e-5);
         }
         free(ref);
         free(got);

@@ -232,9 +232,11 @@ def test_supervision_both_speculators_and_a_worker():
 @t.case
 def test_supervision_attach_speculator_mid_request():
     # one single-threaded worker and a long answer: the request runs for a few seconds, long
-    # enough for the speculator to start and join while it is being generated
-    model = slow_model()
-    n_long = 460
+    # enough for the speculator to start and join while it is being generated (the slow model's
+    # layers with a context of 2048: 460 tokens took half a second on a fast machine)
+    model = G.mkmodel(layers=8, dim=512, ffn=1024, heads=8, kv_heads=2, vocab=300, ctx=2048, type="f32",
+                      seed=7)
+    n_long = 1800
     want_long = G.run_ids(model, PROMPT, n_long)
     want = want_long[:N]
     G.check(len(want_long) == n_long, "the reference stops after %d tokens", len(want_long))

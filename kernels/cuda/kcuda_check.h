@@ -1,0 +1,70 @@
+/*
+ * kernels/cuda/kcuda_check.h — the argument checks of the GPU op set (kcuda.h), shared by the CUDA
+ * implementation and its CPU stand-in (kcuda_fake.c) so that both refuse the same inputs with the
+ * same words. Plain C, included by .cu and .c files alike.
+ */
+#ifndef OROCHI_KCUDA_CHECK_H
+#define OROCHI_KCUDA_CHECK_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "kernels/cuda/kcuda.h"
+
+/* The weight types the GPU op set takes. */
+static inline bool kcuda_type_ok(uint32_t t)
+{
+    return t == KT_F32 || t == KT_F16 || t == KT_BF16 || t == KT_Q8_0 || t == KT_Q4_0 ||
+           t == KT_Q4_1;
+}
+
+/* kcuda_matmul_cols's: a GPU type with columns on 32-blocks; input columns [c0, c1) inside the
+ * row, on 32-blocks for the 8- and 4-bit types (cuBLAS takes any range of a float type). */
+static inline int kcuda_check_matmul(const kmat *w, int64_t c0, int64_t c1, char *err,
+                                     size_t errlen)
+{
+    if (!kcuda_type_ok(w->type) || w->cols % 32) {
+        snprintf(err, errlen,
+                 "matmul of type %u, %lld columns: the GPU takes F32, F16, BF16, Q8_0, Q4_0, "
+                 "Q4_1 with columns a multiple of 32",
+                 w->type, (long long)w->cols);
+        return -1;
+    }
+    bool whole = w->type == KT_Q8_0 || w->type == KT_Q4_0 || w->type == KT_Q4_1;
+    if (c0 < 0 || c1 > w->cols || c1 <= c0 || (whole && (c0 % 32 || c1 % 32))) {
+        snprintf(err, errlen, "matmul over input columns [%lld, %lld) of %lld: %s",
+                 (long long)c0, (long long)c1, (long long)w->cols,
+                 c1 <= c0 || c0 < 0 || c1 > w->cols ? "out of range" : "not on 32-blocks");
+        return -1;
+    }
+    return 0;
+}
+
+/* kcuda_attention's: a head size the kernel takes, whole groups of query heads, a known mode. */
+static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err, size_t errlen)
+{
+    if (a->head_dim % 32 || a->head_dim > KCUDA_MAX_HEAD_DIM || a->head_dim <= 0 ||
+        a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads) {
+        snprintf(err, errlen,
+                 "attention: head_dim %d (a multiple of 32 up to %d), %d heads over %d KV heads",
+                 a->head_dim, KCUDA_MAX_HEAD_DIM, a->n_heads, a->n_kv_heads);
+        return -1;
+    }
+    if (mode != KCUDA_ATT_FULL && mode != KCUDA_ATT_DENSE && mode != KCUDA_ATT_SPARSE) {
+        snprintf(err, errlen, "attention: mode %d", mode);
+        return -1;
+    }
+    return 0;
+}
+
+/* kcuda_embed's: a table type with a GPU dequantizer. */
+static inline int kcuda_check_embed(const kmat *table, char *err, size_t errlen)
+{
+    if (kcuda_type_ok(table->type))
+        return 0;
+    snprintf(err, errlen, "embedding of type %u: the GPU reads F32, F16, BF16, Q8_0, Q4_0, Q4_1",
+             table->type);
+    return -1;
+}
+
+#endif

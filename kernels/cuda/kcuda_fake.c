@@ -1,0 +1,531 @@
+/*
+ * kernels/cuda/kcuda_fake.c — the GPU op set's interface (kcuda.h) carried out on the CPU, so that
+ * what runs around the kernels — model/llama_cuda.c's memory modes, its exchanges at the
+ * synchronisation points, the K/V mirror and its epochs, the Megatron partial sums, the graph
+ * recordings and their keys — is checked on machines without a GPU (ctest unit_gpu_host: the GPU
+ * forward test linked against this file).
+ *
+ * Each op is done by its CPU twin (kernels/cpu: kmat_mul, k_rmsnorm, katt_dense/katt_sparse, ...);
+ * "device memory" is host memory, filled with 0xff bytes (NaN as floats) when allocated so that a
+ * read of memory nothing wrote shows in the logits; copies are memcpy. Ops run when they are
+ * queued, except while a capture is open: then they are recorded, and kcuda_graph_launch runs the
+ * recording again with the arguments it was recorded with, as a CUDA graph does. What this cannot
+ * check is the kernels' own arithmetic and anything that depends on the stream running behind
+ * the host (test_cuda_kernels and test_cuda_forward on a GPU do).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/kcuda.h"
+#include "kernels/cuda/kcuda_check.h"
+
+#define FAKE_ARGS 256 /* bytes of the largest op's arguments */
+
+typedef struct {
+    void (*run)(const void *args);
+    _Alignas(16) unsigned char args[FAKE_ARGS];
+} fake_op;
+
+struct kcuda {
+    int capturing;
+    fake_op *rec;
+    int n_rec, cap_rec;
+    int failed; /* an op could not be recorded */
+};
+
+struct kcuda_graph {
+    fake_op *ops;
+    int n;
+};
+
+/* Run the op now, or record it while a capture is open. */
+static void fake_queue(kcuda *g, void (*run)(const void *), const void *args, size_t bytes)
+{
+    if (!g->capturing) {
+        run(args);
+        return;
+    }
+    if (g->n_rec == g->cap_rec) {
+        int cap = g->cap_rec ? 2 * g->cap_rec : 256;
+        fake_op *r = realloc(g->rec, (size_t)cap * sizeof *r);
+        if (!r) {
+            g->failed = 1;
+            return;
+        }
+        g->rec = r;
+        g->cap_rec = cap;
+    }
+    fake_op *op = &g->rec[g->n_rec++];
+    op->run = run;
+    memcpy(op->args, args, bytes);
+}
+
+#define FAKE_QUEUE(g, fn, a)                                                                       \
+    do {                                                                                           \
+        _Static_assert(sizeof(a) <= FAKE_ARGS, "op arguments too large");                          \
+        fake_queue(g, fn, &(a), sizeof(a));                                                        \
+    } while (0)
+
+int kcuda_devices(char *why, size_t whylen)
+{
+    if (whylen)
+        why[0] = '\0';
+    return 1;
+}
+
+kcuda *kcuda_new(int device, char *err, size_t errlen)
+{
+    (void)device;
+    kcuda *g = calloc(1, sizeof *g);
+    if (!g)
+        snprintf(err, errlen, "out of memory");
+    return g;
+}
+
+void kcuda_destroy(kcuda **gp)
+{
+    if (!*gp)
+        return;
+    free((*gp)->rec);
+    free(*gp);
+    *gp = NULL;
+}
+
+void kcuda_describe(const kcuda *g, char *out, size_t len)
+{
+    (void)g;
+    snprintf(out, len, "the CPU standing in for a GPU (kernels/cuda/kcuda_fake.c)");
+}
+
+int kcuda_integrated(const kcuda *g)
+{
+    (void)g;
+    return 0;
+}
+
+int kcuda_sync(kcuda *g, char *err, size_t errlen)
+{
+    (void)g;
+    (void)err;
+    (void)errlen;
+    return 0;
+}
+
+void *kcuda_alloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (p)
+        memset(p, 0xff, bytes); /* NaN floats: what nothing wrote shows */
+    return p;
+}
+
+void kcuda_free(void *p)
+{
+    free(p);
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t dpitch, spitch, width, rows;
+} copy2d_args;
+
+static void copy2d_run(const void *p)
+{
+    const copy2d_args *a = p;
+    for (size_t r = 0; r < a->rows; r++)
+        memmove((char *)a->dst + r * a->dpitch, (const char *)a->src + r * a->spitch, a->width);
+}
+
+int kcuda_copy2d(kcuda *g, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                 size_t rows, char *err, size_t errlen)
+{
+    if (width > dpitch || width > spitch) {
+        snprintf(err, errlen, "2-D copy: width %zu over a pitch (%zu, %zu)", width, dpitch, spitch);
+        return -1;
+    }
+    copy2d_args a = {dst, src, dpitch, spitch, width, rows};
+    FAKE_QUEUE(g, copy2d_run, a);
+    return 0;
+}
+
+int kcuda_upload(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+{
+    return kcuda_copy2d(g, dst, bytes, src, bytes, bytes, 1, err, errlen);
+}
+
+int kcuda_download(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+{
+    return kcuda_copy2d(g, dst, bytes, src, bytes, bytes, 1, err, errlen);
+}
+
+int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen)
+{
+    (void)bytes;
+    (void)err;
+    (void)errlen;
+    *dev = host;
+    return 0;
+}
+
+void kcuda_unregister(void *host)
+{
+    (void)host;
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t width, height, pitch_y, depth, pitch_z;
+} copy3d_args;
+
+static void copy3d_run(const void *p)
+{
+    const copy3d_args *a = p;
+    for (size_t z = 0; z < a->depth; z++)
+        for (size_t y = 0; y < a->height; y++) {
+            size_t off = z * a->pitch_z + y * a->pitch_y;
+            memmove((char *)a->dst + off, (const char *)a->src + off, a->width);
+        }
+}
+
+void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
+                  size_t pitch_y, size_t depth, size_t pitch_z)
+{
+    copy3d_args a = {dst, src, width, height, pitch_y, depth, pitch_z};
+    FAKE_QUEUE(g, copy3d_run, a);
+}
+
+int kcuda_reserve(kcuda *g, size_t bytes, char *err, size_t errlen)
+{
+    (void)g;
+    (void)bytes;
+    (void)err;
+    (void)errlen;
+    return 0;
+}
+
+int kcuda_capture_begin(kcuda *g, char *err, size_t errlen)
+{
+    if (g->capturing) {
+        snprintf(err, errlen, "a capture is already open");
+        return -1;
+    }
+    g->capturing = 1;
+    g->n_rec = 0;
+    g->failed = 0;
+    return 0;
+}
+
+kcuda_graph *kcuda_capture_end(kcuda *g, char *err, size_t errlen)
+{
+    g->capturing = 0;
+    kcuda_graph *kg = g->failed ? NULL : calloc(1, sizeof *kg);
+    if (kg && g->n_rec && !(kg->ops = malloc((size_t)g->n_rec * sizeof *kg->ops))) {
+        free(kg);
+        kg = NULL;
+    }
+    if (!kg) {
+        snprintf(err, errlen, "out of memory recording a graph");
+        return NULL;
+    }
+    if (g->n_rec)
+        memcpy(kg->ops, g->rec, (size_t)g->n_rec * sizeof *kg->ops);
+    kg->n = g->n_rec;
+    return kg;
+}
+
+int kcuda_graph_launch(kcuda *g, kcuda_graph *graph, char *err, size_t errlen)
+{
+    if (g->capturing) {
+        snprintf(err, errlen, "a graph launched inside a capture");
+        return -1;
+    }
+    for (int i = 0; i < graph->n; i++)
+        graph->ops[i].run(graph->ops[i].args);
+    return 0;
+}
+
+void kcuda_graph_destroy(kcuda_graph **graph)
+{
+    if (!*graph)
+        return;
+    free((*graph)->ops);
+    free(*graph);
+    *graph = NULL;
+}
+
+/* ===== the ops, each its CPU twin ===== */
+
+typedef struct {
+    kmat w;
+    int64_t lo, hi, c0, c1, ldy;
+    const float *x;
+    float *y;
+    int n;
+} matmul_args;
+
+static void matmul_run(const void *p)
+{
+    const matmul_args *a = p;
+    if (a->c0 == 0 && a->c1 == a->w.cols)
+        kmat_mul(NULL, &a->w, a->lo, a->hi, a->x, a->n, a->y, a->ldy, NULL);
+    else
+        kmat_mul_cols(NULL, &a->w, a->lo, a->hi, a->c0, a->c1, a->x, a->n, a->y, a->ldy, NULL);
+}
+
+int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
+                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
+{
+    if (n <= 0 || hi <= lo)
+        return 0;
+    if (kcuda_check_matmul(w, c0, c1, err, errlen))
+        return -1;
+    matmul_args a = {*w, lo, hi, c0, c1, ldy, x, y, n};
+    a.w.packed = NULL; /* the GGUF rows at w->data */
+    FAKE_QUEUE(g, matmul_run, a);
+    return 0;
+}
+
+int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
+                 int64_t ldy, char *err, size_t errlen)
+{
+    return kcuda_matmul_cols(g, w, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
+}
+
+typedef struct {
+    float *out, *x;
+    const float *cs, *sn, *w, *d;
+    int64_t stride, lo, hi, dim;
+    int n, n_heads, head_dim, half;
+    float eps;
+} rows_args;
+
+static void rmsnorm_run(const void *p)
+{
+    const rows_args *a = p;
+    for (int t = 0; t < a->n; t++)
+        k_rmsnorm(a->out + (int64_t)t * a->dim, a->x + (int64_t)t * a->dim, a->w, (int)a->dim,
+                  a->eps);
+}
+
+void kcuda_rmsnorm(kcuda *g, float *out, const float *x, const float *weight, int dim, int n,
+                   float eps)
+{
+    rows_args a = {.out = out, .x = (float *)x, .w = weight, .dim = dim, .n = n, .eps = eps};
+    FAKE_QUEUE(g, rmsnorm_run, a);
+}
+
+static void rope_run(const void *p)
+{
+    const rows_args *a = p;
+    for (int t = 0; t < a->n; t++)
+        k_rope_apply(a->x + (int64_t)t * a->stride, a->n_heads, a->head_dim, a->half,
+                     a->cs + (int64_t)t * a->half, a->sn + (int64_t)t * a->half);
+}
+
+void kcuda_rope(kcuda *g, float *x, int n, int64_t stride, int n_heads, int head_dim, int half,
+                const float *cs, const float *sn)
+{
+    if (n <= 0 || n_heads <= 0 || half <= 0)
+        return;
+    rows_args a = {.x = x, .n = n, .stride = stride, .n_heads = n_heads, .head_dim = head_dim,
+                   .half = half, .cs = cs, .sn = sn};
+    FAKE_QUEUE(g, rope_run, a);
+}
+
+static void silu_run(const void *p)
+{
+    const rows_args *a = p;
+    for (int t = 0; t < a->n; t++)
+        k_silu_mul(a->x + (int64_t)t * a->stride, a->d + (int64_t)t * a->stride, (int)a->dim);
+}
+
+void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t stride, int64_t count)
+{
+    rows_args a = {.x = gate, .d = up, .n = n, .stride = stride, .dim = count};
+    FAKE_QUEUE(g, silu_run, a);
+}
+
+static void add_cols_run(const void *p)
+{
+    const rows_args *a = p;
+    for (int t = 0; t < a->n; t++)
+        for (int64_t c = a->lo; c < a->hi; c++)
+            a->x[t * a->dim + c] += a->d[t * a->dim + c];
+}
+
+void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo,
+                    int64_t hi)
+{
+    rows_args a = {.x = x, .d = d, .n = n, .dim = dim, .lo = lo, .hi = hi};
+    FAKE_QUEUE(g, add_cols_run, a);
+}
+
+typedef struct {
+    kmat table;
+    const int32_t *ids;
+    float *out;
+    int64_t ldo, c0, c1;
+    int n;
+} embed_args;
+
+static void embed_run(const void *p)
+{
+    const embed_args *a = p;
+    float *row = malloc((size_t)a->table.cols * sizeof *row);
+    if (!row)
+        abort();
+    for (int t = 0; t < a->n; t++) {
+        kmat_row(&a->table, a->ids[t], row);
+        memcpy(a->out + (int64_t)t * a->ldo, row + a->c0, (size_t)(a->c1 - a->c0) * sizeof *row);
+    }
+    free(row);
+}
+
+int kcuda_embed(kcuda *g, const kmat *table, const int32_t *ids, int n, float *out, int64_t ldo,
+                int64_t c0, int64_t c1, char *err, size_t errlen)
+{
+    if (kcuda_check_embed(table, err, errlen))
+        return -1;
+    if (n <= 0 || c1 <= c0)
+        return 0;
+    embed_args a = {*table, ids, out, ldo, c0, c1, n};
+    a.table.packed = NULL;
+    FAKE_QUEUE(g, embed_run, a);
+    return 0;
+}
+
+typedef struct {
+    kv_type type;
+    void *dst;
+    const float *src;
+    int64_t head_rows, r0, src_stride;
+    int h0, h1, head_dim, n;
+} kv_store_args;
+
+static void kv_store_run(const void *p)
+{
+    const kv_store_args *a = p;
+    for (int h = a->h0; h < a->h1; h++)
+        for (int t = 0; t < a->n; t++) {
+            const float *s = a->src + (int64_t)t * a->src_stride + (int64_t)h * a->head_dim;
+            int64_t at = ((int64_t)h * a->head_rows + a->r0 + t) * a->head_dim;
+            for (int e = 0; e < a->head_dim; e++) {
+                if (a->type == KV_F16)
+                    ((uint16_t *)a->dst)[at + e] = kt_f32_to_f16(s[e]);
+                else
+                    ((float *)a->dst)[at + e] = s[e];
+            }
+        }
+}
+
+void kcuda_kv_store(kcuda *g, kv_type type, void *dst, int64_t head_rows, int64_t r0,
+                    const float *src, int64_t src_stride, int h0, int h1, int head_dim, int n)
+{
+    kv_store_args a = {type, dst, src, head_rows, r0, src_stride, h0, h1, head_dim, n};
+    FAKE_QUEUE(g, kv_store_run, a);
+}
+
+typedef struct {
+    kcuda_att att;
+    const float *q;
+    float *out;
+    int64_t q_stride, out_stride, rec_stride;
+    int mode, n, h0, h1;
+} att_args;
+
+static void att_run(const void *p)
+{
+    const att_args *a = p;
+    const kcuda_att *s = &a->att;
+    int hd = s->head_dim;
+    size_t esz = s->type == KV_F16 ? 2 : 4;
+    float *o = malloc((size_t)hd * sizeof *o);
+    if (!o)
+        abort();
+    for (int i = 0; i < a->n; i++)
+        for (int h = a->h0; h < a->h1; h++) {
+            int kvh = h / (s->n_heads / s->n_kv_heads);
+            const float *q = a->q + (int64_t)i * a->q_stride + (int64_t)h * hd;
+            size_t head = (size_t)kvh * (size_t)s->head_rows * (size_t)hd * esz;
+            katt_kv pre = {.type = s->type, .stride = hd,
+                           .k = (const char *)s->k + head + (size_t)s->seq_row[i] * hd * esz,
+                           .v = (const char *)s->v + head + (size_t)s->seq_row[i] * hd * esz};
+            katt_kv tree = {.type = s->type, .stride = hd,
+                            .k = (const char *)s->k + head + (size_t)s->tree_row * hd * esz,
+                            .v = (const char *)s->v + head + (size_t)s->tree_row * hd * esz};
+            const int32_t *anc = s->anc + (int64_t)i * s->anc_stride;
+            katt_stat st;
+            if (a->mode == KCUDA_ATT_SPARSE)
+                katt_sparse(q, &tree, anc, s->n_anc[i], hd, s->scale, &st, o);
+            else
+                katt_dense(q, &pre, a->mode & KCUDA_ATT_DENSE ? s->n_prefix[i] : 0, hd, s->scale,
+                           &st, o);
+            if (a->mode == KCUDA_ATT_FULL) {
+                katt_extend(q, &tree, anc, s->n_anc[i], hd, s->scale, &st, o);
+                katt_finish(&st, o, hd);
+                memcpy(a->out + (int64_t)i * a->out_stride + (int64_t)h * hd, o,
+                       (size_t)hd * sizeof *o);
+            } else {
+                float *rec = a->out + (int64_t)i * a->out_stride + (int64_t)h * a->rec_stride;
+                memcpy(rec, o, (size_t)hd * sizeof *o);
+                rec[hd] = st.max;
+                rec[hd + 1] = st.sum;
+            }
+        }
+    free(o);
+}
+
+int kcuda_attention(kcuda *g, const kcuda_att *s, int mode, const float *q, int64_t q_stride,
+                    int n, int h0, int h1, float *out, int64_t out_stride, int64_t rec_stride,
+                    char *err, size_t errlen)
+{
+    if (kcuda_check_attention(s, mode, err, errlen))
+        return -1;
+    if (n <= 0 || h1 <= h0)
+        return 0;
+    att_args a = {*s, q, out, q_stride, out_stride, rec_stride, mode, n, h0, h1};
+    FAKE_QUEUE(g, att_run, a);
+    return 0;
+}
+
+typedef struct {
+    const float *pd, *ps;
+    const int32_t *heads;
+    float *out;
+    int64_t rec_tok, rec_head, out_stride;
+    int n_heads_list, n, head_dim;
+} merge_args;
+
+static void merge_run(const void *p)
+{
+    const merge_args *a = p;
+    int hd = a->head_dim;
+    float *o = malloc((size_t)hd * sizeof *o);
+    if (!o)
+        abort();
+    for (int i = 0; i < a->n; i++)
+        for (int j = 0; j < a->n_heads_list; j++) {
+            int h = a->heads[j];
+            const float *d = a->pd + (int64_t)i * a->rec_tok + (int64_t)h * a->rec_head;
+            const float *s = a->ps + (int64_t)i * a->rec_tok + (int64_t)h * a->rec_head;
+            katt_stat sd = {d[hd], d[hd + 1]}, ss = {s[hd], s[hd + 1]};
+            memcpy(o, d, (size_t)hd * sizeof *o);
+            katt_merge(&sd, o, &ss, s, hd);
+            katt_finish(&sd, o, hd);
+            memcpy(a->out + (int64_t)i * a->out_stride + (int64_t)h * hd, o,
+                   (size_t)hd * sizeof *o);
+        }
+    free(o);
+}
+
+void kcuda_att_merge(kcuda *g, const float *pd, const float *ps, int64_t rec_tok, int64_t rec_head,
+                     const int32_t *heads, int n_heads_list, int n, int head_dim, float *out,
+                     int64_t out_stride)
+{
+    merge_args a = {pd, ps, heads, out, rec_tok, rec_head, out_stride, n_heads_list, n, head_dim};
+    FAKE_QUEUE(g, merge_run, a);
+}
