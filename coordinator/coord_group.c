@@ -234,6 +234,11 @@ int coord_group_spawn_all(coord *c)
         snprintf(idx, sizeof idx, "%d", i);
         snprintf(thr, sizeof thr, "%d", c->threads_per_worker);
         snprintf(bin, sizeof bin, "%s/orochi-worker", c->bin_dir);
+        /* $OROCHI_GPU_WORKER_BIN: the executable a GPU worker is instead (the tests' worker over
+         * the CPU stand-in for the GPU op set, orochi-worker-gpuhost; docs/gpu.md) */
+        const char *gpu_bin = getenv("OROCHI_GPU_WORKER_BIN");
+        if (!strcmp(c->worker_device[i], "gpu") && gpu_bin && *gpu_bin)
+            snprintf(bin, sizeof bin, "%s", gpu_bin);
         coord_peer *p = group_slot(c, name);
         memset(p, 0, sizeof *p);
         p->role = PEER_WORKER;

@@ -437,6 +437,9 @@ typedef struct {
     int mode, n, h0, h1;
 } att_args;
 
+/* As the CPU forward attends (model/llama.c att_run): the key stream of prefix rows then tree
+ * ancestors, walked by katt_causal_group — the prefix alone for DENSE, the ancestors alone for
+ * SPARSE — so a part here computes the CPU part's bits. */
 static void att_run(const void *p)
 {
     const att_args *a = p;
@@ -450,22 +453,19 @@ static void att_run(const void *p)
         for (int h = a->h0; h < a->h1; h++) {
             int kvh = h / (s->n_heads / s->n_kv_heads);
             const float *q = a->q + (int64_t)i * a->q_stride + (int64_t)h * hd;
-            size_t head = (size_t)kvh * (size_t)s->head_rows * (size_t)hd * esz;
-            katt_kv pre = {.type = s->type, .stride = hd,
-                           .k = (const char *)s->k + head + (size_t)s->seq_row[i] * hd * esz,
-                           .v = (const char *)s->v + head + (size_t)s->seq_row[i] * hd * esz};
-            katt_kv tree = {.type = s->type, .stride = hd,
-                            .k = (const char *)s->k + head + (size_t)s->tree_row * hd * esz,
-                            .v = (const char *)s->v + head + (size_t)s->tree_row * hd * esz};
-            const int32_t *anc = s->anc + (int64_t)i * s->anc_stride;
+            const char *kh = (const char *)s->k + (size_t)kvh * (size_t)s->head_rows * hd * esz;
+            const char *vh = (const char *)s->v + (size_t)kvh * (size_t)s->head_rows * hd * esz;
+            int np = a->mode & KCUDA_ATT_DENSE ? s->n_prefix[i] : 0;
+            int na = a->mode & KCUDA_ATT_SPARSE ? s->n_anc[i] : 0;
+            katt_keys keys = {.type = s->type, .stride = hd, .n_prefix = np,
+                              .k = kh + (size_t)s->seq_row[i] * hd * esz,
+                              .v = vh + (size_t)s->seq_row[i] * hd * esz,
+                              .tree_k = kh + (size_t)s->tree_row * hd * esz,
+                              .tree_v = vh + (size_t)s->tree_row * hd * esz,
+                              .tree_slot = s->anc + (int64_t)i * s->anc_stride};
             katt_stat st;
-            if (a->mode == KCUDA_ATT_SPARSE)
-                katt_sparse(q, &tree, anc, s->n_anc[i], hd, s->scale, &st, o);
-            else
-                katt_dense(q, &pre, a->mode & KCUDA_ATT_DENSE ? s->n_prefix[i] : 0, hd, s->scale,
-                           &st, o);
+            katt_causal_group(q, 0, 1, &keys, np + na, hd, s->scale, &st, o, 0);
             if (a->mode == KCUDA_ATT_FULL) {
-                katt_extend(q, &tree, anc, s->n_anc[i], hd, s->scale, &st, o);
                 katt_finish(&st, o, hd);
                 memcpy(a->out + (int64_t)i * a->out_stride + (int64_t)h * hd, o,
                        (size_t)hd * sizeof *o);

@@ -46,6 +46,14 @@ static const int32_t OTHER[N_TOK] = {11, 250, 4, 88, 19, 300, 2, 64};
 static const int32_t PARENT[N_TOK] = {-1, 0, 1, 1, 3, -1, 5, 2};
 static const int32_t ON_SLOT1[N_TOK] = {1, 1, 1, 1, 1, 1, 1, 1};
 static int failures;
+/* unit_gpu_host (OROCHI_GPU_HOST): the CPU stand-in computes the CPU part's bits, so where a plan
+ * gives one process's bits (no head split into dense and sparse parts, no Megatron sums) the
+ * logits must be equal, not merely close */
+#ifdef OROCHI_GPU_HOST
+#define EXACT(tol) 0.0
+#else
+#define EXACT(tol) (tol)
+#endif
 
 typedef struct {
     llama_model *m;
@@ -245,7 +253,7 @@ int main(void)
                     failures++;
                     continue;
                 }
-                compare(what, got, ref, m->cfg.vocab, tol[t]);
+                compare(what, got, ref, m->cfg.vocab, EXACT(tol[t]));
                 /* the three decode steps share one shape: the last two at least are replays */
                 if (graphs && replayed < 2) {
                     printf("    graphs on but %ld steps replayed (want >= 2) FAILED\n", replayed);
@@ -280,7 +288,7 @@ int main(void)
             if (run(m, KV_F32, 2, 1, &gp, plans[k / 2], got, NULL))
                 failures++;
             else
-                compare(what, got, ref, m->cfg.vocab, tol[t]);
+                compare(what, got, ref, m->cfg.vocab, k / 2 == 1 ? EXACT(tol[t]) : tol[t]);
         }
         /* f16 K/V: the GPU rounds the rows it stores as the CPU does, and reads them back */
         if (run(m, KV_F16, 1, 0, NULL, NULL, ref, NULL))

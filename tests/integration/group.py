@@ -265,7 +265,8 @@ class Group:
     """
 
     def __init__(self, name, target, workers=2, speculators=(), threads=1, max_width=None,
-                 max_draft=None, extra=(), wait_speculators=True, guard=False, launch_args=()):
+                 max_draft=None, extra=(), wait_speculators=True, guard=False, launch_args=(),
+                 devices=None):
         e = env()
         self.env = e
         _SEQ[0] += 1
@@ -277,7 +278,9 @@ class Group:
         if os.path.isdir(self.run_dir):  # left over from an earlier run with the same pid
             subprocess.run(["rm", "-rf", self.run_dir], check=False)
         self.target = target
-        self.workers = workers
+        # devices: the --workers list as DEVICE:N,... (e.g. "cpu:1,gpu:1"); workers counts them
+        self.devices = devices or "cpu:%d" % workers
+        self.workers = sum(int(d.split(":")[1]) for d in self.devices.split(","))
         self.speculators = list(speculators)
         self.threads = threads
         self.max_width = max_width
@@ -308,7 +311,7 @@ class Group:
 
     def up_args(self):
         args = ["up", "--port", str(self.port), "--target", self.target,
-                "--workers", "cpu:%d" % self.workers, "--threads-per-worker", str(self.threads)]
+                "--workers", self.devices, "--threads-per-worker", str(self.threads)]
         for s in self.speculators:
             args += ["--speculator", s]
         if self.max_width:

@@ -1,0 +1,120 @@
+"""A group with a GPU worker, on any machine.
+
+The GPU worker is orochi-worker-gpuhost: orochi-worker whose `--device gpu` runs the GPU forward
+(model/llama_cuda.c) over the CPU stand-in for the GPU op set (kernels/cuda/kcuda_fake.c, which
+computes the CPU part's bits), spawned by the coordinator through $OROCHI_GPU_WORKER_BIN. Each
+worker takes whole KV heads, so the group's logits are one process's bits and every answer must
+equal `orochi run --temp 0` token for token:
+
+- cpu:1,gpu:1 in each memory mode (mapped: the arena read in place; mirror: device copies, the
+  columns exchanged at every synchronisation point); the GPU worker's log names the stand-in and
+  the mode;
+- gpu:1 alone (its steps recorded as graphs and replayed: the count is in its log when it stops);
+  with the ngram speculator (the workers' free run drafting by prompt lookup); and a second request
+  that begins with the first's prompt (a copied prefix: the mirror must read the slot again,
+  through the slot's epoch);
+- f16 K/V with a GPU worker equals `orochi run --kv f16`;
+- kill -9 of the GPU worker mid-request: the answer is exact, and the replacement mirrors the
+  arena from scratch.
+"""
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import group as G  # noqa: E402
+
+t = G.Tests()
+
+PROMPTS = ["one two three four five", "the cat sat on the mat and the cat"]
+N = 40
+
+
+def gpu_worker_bin():
+    path = os.path.join(G.env()["bin_dir"], "orochi-worker-gpuhost")
+    if not os.access(path, os.X_OK):
+        raise G.Skip("orochi-worker-gpuhost is not built in %s" % G.env()["bin_dir"])
+    os.environ["OROCHI_GPU_WORKER_BIN"] = path
+    return path
+
+
+def tiny(type_name="q4_1"):
+    return G.mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=512, type=type_name,
+                     seed=11)
+
+
+@t.case
+def gpu_group_memory_modes_equal_orochi_run():
+    gpu_worker_bin()
+    model = tiny()
+    want = {p: G.run_ids(model, p, N) for p in PROMPTS}
+    for mode in ("mapped", "mirror"):
+        with G.Group("gpu-" + mode, model, devices="cpu:1,gpu:1", extra=["--gpu-memory", mode]) as g:
+            for p in PROMPTS:
+                G.check_eq(g.ids(p, N), want[p], "cpu:1,gpu:1 (%s), prompt %r" % (mode, p))
+            wlog = g.log("worker-1")
+            G.check("CPU standing in for a GPU" in wlog and "memory %s" % mode in wlog,
+                    "the GPU worker's log does not name the stand-in and mode %s:\n%s", mode, wlog[-1500:])
+
+
+@t.case
+def gpu_alone_with_graphs_lookup_and_a_reused_prefix():
+    gpu_worker_bin()
+    model = tiny()
+    long_prompt = "the cat sat on the mat and the cat sat on the mat and the"
+    want = {p: G.run_ids(model, p, N) for p in PROMPTS + [long_prompt, long_prompt + " cat"]}
+    with G.Group("gpu-alone", model, devices="gpu:1", extra=["--gpu-memory", "mirror"]) as g:
+        for p in PROMPTS:
+            G.check_eq(g.ids(p, N), want[p], "gpu:1, prompt %r" % p)
+        # the second prompt begins with the first: its prefix is copied from the first's slot
+        G.check_eq(g.ids(long_prompt, N), want[long_prompt], "gpu:1, the first of two prompts")
+        r = g.complete(long_prompt + " cat", N)
+        G.check_eq(r["orochi"]["token_ids"], want[long_prompt + " cat"], "gpu:1, the prompt that reuses a prefix")
+        cached = r.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        G.check(cached > 0, "the second prompt reused no prefix (usage %r)", r.get("usage"))
+        G.log("  the second prompt started from %d cached tokens" % cached)
+        wlog_before = g.log("worker-0")
+    G.check("memory mirror, graphs on" in wlog_before, "the GPU worker did not say graphs on:\n%s",
+            wlog_before[-1500:])
+    with G.Group("gpu-lookup", model, devices="gpu:1", speculators=["ngram"]) as g:
+        r = g.complete(long_prompt, N)
+        G.check_eq(r["orochi"]["token_ids"], want[long_prompt], "gpu:1 with ngram")
+        G.log("  gpu:1 with ngram: mean accepted %.2f" % r["orochi"]["mean_accepted"])
+        g.down()  # the worker says how many steps it replayed when it stops
+        wlog = g.log("worker-0")
+    G.check("steps replayed from" in wlog, "the GPU worker's log has no graph count:\n%s", wlog[-1500:])
+    line = [x for x in wlog.splitlines() if "steps replayed from" in x][-1]
+    G.log("  %s" % line.split("worker-0: ")[-1])
+    G.check(not line.split("GPU: ")[1].startswith("0 steps"), "no step was replayed: %s", line)
+
+
+@t.case
+def gpu_group_f16_kv_equals_orochi_run_f16():
+    gpu_worker_bin()
+    model = tiny()
+    want = {p: G.run_ids(model, p, N, extra=["--kv", "f16"]) for p in PROMPTS}
+    with G.Group("gpu-f16", model, devices="cpu:1,gpu:1", extra=["--kv", "f16"]) as g:
+        for p in PROMPTS:
+            G.check_eq(g.ids(p, N), want[p], "cpu:1,gpu:1 with f16 K/V, prompt %r" % p)
+
+
+@t.case
+def gpu_worker_sigkill_mid_request():
+    gpu_worker_bin()
+    model = tiny()
+    n = 200
+    want = G.run_ids(model, PROMPTS[1], n)
+    with G.Group("gpu-kill", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mirror"]) as g:
+        st = g.wait_status(lambda s: s.get("worker-1", {}).get("connected"), 30, "worker-1 connected")
+        pid = st["worker-1"]["pid"]
+        bg = G.Background(g, PROMPTS[1], n)
+        bg.wait_started()
+        os.kill(pid, signal.SIGKILL)
+        G.check_eq(bg.result(), want, "the request that lost the GPU worker")
+        g.wait_status(lambda s: s.get("worker-1", {}).get("connected") and s["worker-1"]["pid"] != pid, 60,
+                      "worker-1 back")
+        G.check_eq(g.ids(PROMPTS[1], n), want, "a request after the GPU worker's restart")
+
+
+if __name__ == "__main__":
+    t.main()
