@@ -593,13 +593,11 @@ int bench_plans(int argc, char **argv)
     for (int p = 0; p < o.n_plans; p++)
         printf(" | %-22s", o.names[p]);
     printf("\n");
-    double *v = malloc((size_t)o.reps * sizeof *v), first = 0;
+    double first = 0;
     for (int wi = 0; wi < o.n_widths; wi++) {
         printf("%4d", o.widths[wi]);
         for (int p = 0; p < o.n_plans; p++) {
-            for (int k = 0; k < o.reps; k++)
-                v[k] = r.ms[((size_t)k * o.n_plans + p) * o.n_widths + wi];
-            double med = cli_median(v, o.reps);
+            double med = pb_median(&r, p, wi);
             first = p ? first : med;
             printf(" | %7.3f %6.1f %6.2fx", med, gb / (med / 1e3), first / med);
             if (js)
@@ -617,7 +615,6 @@ int bench_plans(int argc, char **argv)
     if (js)
         fclose(js);
     fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
-    free(v);
     free(r.ms);
     free(r.block);
     llama_model_destroy(&r.m);

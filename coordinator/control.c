@@ -667,6 +667,18 @@ int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost)
 
 /* ===== the split ratios ===== */
 
+/* Move up to `amount` of group k's share from part a to part b (no more than a has); returns
+ * what moved. */
+static float split_move(float *c, int P, int k, int a, int b, float amount)
+{
+    float t = c[k * P + a] < amount ? c[k * P + a] : amount;
+    if (t <= 0)
+        return 0;
+    c[k * P + a] -= t;
+    c[k * P + b] += t;
+    return t;
+}
+
 int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_eval eval,
                      void *arg, float *best, double *best_ms, int *rounds)
 {
@@ -711,14 +723,8 @@ int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_e
                     float *c = cand + (size_t)n * one;
                     memcpy(c, best, one * sizeof *c);
                     bool moved = false;
-                    for (int k = g == G ? 0 : g; k < (g == G ? G : g + 1); k++) {
-                        float take = c[k * P + a] < delta ? c[k * P + a] : (float)delta;
-                        if (take <= 0)
-                            continue;
-                        c[k * P + a] -= take;
-                        c[k * P + b] += take;
-                        moved = true;
-                    }
+                    for (int k = g == G ? 0 : g; k < (g == G ? G : g + 1); k++)
+                        moved |= split_move(c, P, k, a, b, (float)delta) > 0;
                     n += moved;
                 }
         for (int g = 0; G > 1 && g < G; g++)
@@ -728,15 +734,10 @@ int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_e
                     if (a == b || best[g * P + a] <= 0)
                         continue;
                     memcpy(c, best, one * sizeof *c);
-                    float t = c[g * P + a] < delta ? c[g * P + a] : (float)delta;
-                    c[g * P + a] -= t;
-                    c[g * P + b] += t;
-                    for (int h = 0; h < G; h++) { /* the others give back t in all */
-                        float back = t / (float)(G - 1);
-                        back = h == g ? 0 : c[h * P + b] < back ? c[h * P + b] : back;
-                        c[h * P + b] -= back;
-                        c[h * P + a] += back;
-                    }
+                    float t = split_move(c, P, g, a, b, (float)delta);
+                    for (int h = 0; h < G; h++) /* the others give back t in all */
+                        if (h != g)
+                            split_move(c, P, h, b, a, t / (float)(G - 1));
                     n++;
                 }
         if (n == 1)

@@ -1064,9 +1064,7 @@ int llama_part_sync(llama_ctx *x, char *err, size_t errlen)
  * position-major layout made decode attention ~3x slower than the same math on cached rows). */
 static void *kv_head_row(const llama_ctx *x, uint8_t *base, int kvh, int64_t p)
 {
-    int64_t rows = x->tree_row + x->p.max_width;
-    return base +
-           ((size_t)kvh * (size_t)rows + (size_t)p) * (size_t)x->m->cfg.head_dim * x->kv_elem;
+    return base + llama_kv_offset(x, kvh, p);
 }
 
 /* The first prefix row of KV head kvh in layer rows `base` of the prefix source (its layout:

@@ -212,6 +212,11 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
                               "screening head");
         return NULL;
     }
+    if (c->n_kv_heads > LLAMA_MAX_KV_HEADS_GPU) {
+        snprintf(err, errlen, "the GPU forward takes at most %d KV heads (the model has %d)",
+                 LLAMA_MAX_KV_HEADS_GPU, c->n_kv_heads);
+        return NULL;
+    }
     if (x->p.kv_dup) {
         snprintf(err, errlen, "the GPU forward reads every tree row from the shared block: a "
                               "context with kv_dup (query heads split across parts) cannot run it");
@@ -423,21 +428,13 @@ static int gpu_meet(llama_gpu *gp, float *dev, float *sh, int n, int64_t ld, int
               : 0;
 }
 
-/* Byte offset of KV head kvh's row r in a layer's K (or V) block. */
-static size_t gpu_kv_off(const llama_gpu *gp, int kvh, int64_t r)
-{
-    const llama_ctx *x = gp->x;
-    int64_t head_rows = x->tree_row + x->p.max_width;
-    return ((size_t)kvh * (size_t)head_rows + (size_t)r) * (size_t)x->m->cfg.head_dim * x->kv_elem;
-}
-
 /* Rows [r, r + count) of the KV heads `want` marks, from the shared block to the mirror: layer l
  * (K and V), or every layer when l < 0. One copy per run of consecutive heads. */
 static void gpu_mirror_rows(llama_gpu *gp, const uint8_t *want, int l, int64_t r, int count)
 {
     const llama_ctx *x = gp->x;
     const llama_config *c = &x->m->cfg;
-    size_t lkv = x->sh.layer_kv_bytes, pitch = gpu_kv_off(gp, 1, 0);
+    size_t lkv = x->sh.layer_kv_bytes, pitch = llama_kv_offset(x, 1, 0);
     size_t first = l < 0 ? 0 : (size_t)(2 * l) * lkv, depth = l < 0 ? 2 * (size_t)c->n_layers : 2;
     for (int h = 0; h < c->n_kv_heads;) {
         if (!want[h]) {
@@ -447,7 +444,7 @@ static void gpu_mirror_rows(llama_gpu *gp, const uint8_t *want, int l, int64_t r
         int h1 = h;
         while (h1 < c->n_kv_heads && want[h1])
             h1++;
-        size_t off = first + gpu_kv_off(gp, h, r);
+        size_t off = first + llama_kv_offset(x, h, r);
         kcuda_copy3d(gp->g, gp->dev.kv + off, gp->shb.kv + off,
                      (size_t)count * (size_t)c->head_dim * x->kv_elem, (size_t)(h1 - h), pitch,
                      depth, lkv);
@@ -601,7 +598,7 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
     /* the tree rows of heads another part projects, which a mirror reads after they are stored */
     uint8_t foreign[LLAMA_MAX_KV_HEADS_GPU];
     bool any_foreign = false;
-    for (int h = 0; h < c->n_kv_heads && h < LLAMA_MAX_KV_HEADS_GPU; h++) {
+    for (int h = 0; h < c->n_kv_heads; h++) { /* at most LLAMA_MAX_KV_HEADS_GPU (llama_gpu_new) */
         foreign[h] = mirror && gp->need_t[h] && (h < x->kvh0 || h >= x->kvh1);
         any_foreign |= foreign[h];
     }
@@ -771,11 +768,6 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     kcuda *g = gp->g;
     const llama_config *c = &x->m->cfg;
     int n = b->n, W = x->p.max_width;
-    if (c->n_kv_heads > LLAMA_MAX_KV_HEADS_GPU) {
-        snprintf(err, errlen, "the GPU forward takes at most %d KV heads (the model has %d)",
-                 LLAMA_MAX_KV_HEADS_GPU, c->n_kv_heads);
-        return -1;
-    }
     if (llama_batch_prepare(x, b, err, errlen))
         return -1;
     if (logits && !gpu_in_map(gp, logits, (size_t)n * (size_t)c->vocab * 4)) {

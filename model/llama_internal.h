@@ -73,6 +73,14 @@ typedef struct {
 } llama_part_cols;
 void llama_part_cols_of(const llama_ctx *x, llama_part_cols *r);
 
+/* Byte offset of KV head kvh's row p within one layer's K (or V) block (head-major: per KV head,
+ * the n_seq * n_ctx prefix rows, then the max_width tree rows). */
+static inline size_t llama_kv_offset(const llama_ctx *x, int kvh, int64_t p)
+{
+    int64_t rows = x->tree_row + x->p.max_width;
+    return ((size_t)kvh * (size_t)rows + (size_t)p) * (size_t)x->m->cfg.head_dim * x->kv_elem;
+}
+
 /* Meet the other parts at a synchronisation point (the sync callback): 0, or -1 with err when a
  * peer was lost (the tree can then no longer grow). */
 int llama_part_sync(llama_ctx *x, char *err, size_t errlen);
