@@ -26,7 +26,8 @@ echo "== the card"
 (nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true) |
     tee "$out/gpu.txt"
 echo "== build (core only, CUDA on)"
-cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DOROCHI_CUDA_EMU=OFF \
+    -DCMAKE_BUILD_TYPE=Release \
     >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
 cmake --build build-gpu -j "$jobs" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 echo "== cuda tests"

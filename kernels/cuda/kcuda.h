@@ -10,7 +10,8 @@
  * and write it in place). Data layouts are exactly those of the CPU twins (kernels/cpu/kernels.h,
  * model/llama.c), so a worker can hand the same arena offsets to either. Errors of a launch are
  * reported by the next kcuda_sync. Built only when CMake finds nvcc (OROCHI_CUDA); each op's
- * agreement with its CPU twin is checked by ctest unit_cuda_kernels on a machine with a GPU.
+ * agreement with its CPU twin is checked by ctest unit_cuda_kernels on a machine with a GPU, and
+ * by unit_cuda_kernels_emu everywhere, the same kernels run by the CUDA emulation (tests/cuda_emu).
  */
 #ifndef OROCHI_KCUDA_H
 #define OROCHI_KCUDA_H

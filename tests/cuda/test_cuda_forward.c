@@ -9,7 +9,10 @@
  *   - one part on the GPU, in each memory mode (mapped, mirror) with graphs off and on, against
  *     one part on the CPU: relative L2 within 1e-5 (F32), 3e-3 (the 8- and 4-bit types, whose
  *     CPU kernels round activations to 16 bits; F16), 1.5e-2 (BF16), and every row's greedy token
- *     the same; with graphs on, the decode steps must have been replayed;
+ *     the same unless the reference's logits of the two tokens lie within the tolerance times
+ *     the row's largest logit (a near tie: the GPU rounds BF16 activations to 16 bits, and one
+ *     such tie flips on the BF16 model); with graphs on, the decode steps must have been
+ *     replayed;
  *   - a mixed group of two parts, part 0 on the GPU and part 1 on the CPU (threads meeting at a
  *     barrier, as worker processes meet in the arena), under an uneven plan whose heads have their
  *     dense part on the GPU and their sparse part on the CPU, in both memory modes: the same
@@ -26,6 +29,7 @@
  * The shared block and the logits live in one page-aligned host block that the GPU maps, as the
  * arena is. Without a usable GPU it prints why and exits 77 (ctest: skipped).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,18 +190,35 @@ static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
 static const char *const slot_names[N_OUT] = {"tree", "append", "decode", "tree on slot 1",
                                               "after the copied prefix"};
 
-/* Every slot's logits within tol, every row's greedy token the same. */
+/* Row r's greedy tokens agree, or differ on a near tie: the reference's logits of the two tokens
+ * are within tol times the row's largest magnitude (the error the tolerance allows one logit). */
+static bool same_greedy(const float *got, const float *ref, int vocab, double tol, int *ties)
+{
+    int a = k_argmax(got, vocab), b = k_argmax(ref, vocab);
+    if (a == b)
+        return true;
+    double big = 0;
+    for (int i = 0; i < vocab; i++)
+        big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+    if ((double)ref[b] - ref[a] > tol * big)
+        return false;
+    (*ties)++;
+    return true;
+}
+
+/* Every slot's logits within tol, every row's greedy token the same but for near ties. */
 static void compare(const char *what, const float *got, const float *ref, int vocab, double tol)
 {
     bool ok = true;
     double worst = 0;
+    int ties = 0;
     for (int s = 0; s < N_OUT; s++) {
         size_t off = (size_t)s * N_TOK * vocab;
         double e = tu_rel_l2(got + off, ref + off, (size_t)N_TOK * vocab);
         int same = 0;
         for (int r = 0; r < N_TOK; r++)
-            same += k_argmax(got + off + (size_t)r * vocab, vocab) ==
-                    k_argmax(ref + off + (size_t)r * vocab, vocab);
+            same += same_greedy(got + off + (size_t)r * vocab, ref + off + (size_t)r * vocab,
+                                vocab, tol, &ties);
         if (e > tol || same != N_TOK) {
             printf("    %s: relative L2 %.3g, greedy tokens %d/%d\n", slot_names[s], e, same,
                    N_TOK);
@@ -205,6 +226,8 @@ static void compare(const char *what, const float *got, const float *ref, int vo
         }
         worst = e > worst ? e : worst;
     }
+    if (ties)
+        printf("    %d greedy token(s) differ on a near tie\n", ties);
     printf("  %-52s worst relative L2 %.3g (tolerance %.3g) %s\n", what, worst, tol,
            ok ? "ok" : "FAILED");
     failures += !ok;

@@ -1,0 +1,215 @@
+/*
+ * tests/cuda_emu/test_kemu.cu — the CUDA emulation (kemu.h) against what CUDA specifies, so that
+ * the GPU op set's tests run on it mean something (ctest unit_cuda_emu_self):
+ *   - thread and block coordinates over 3-D grids and blocks; a launch without arguments;
+ *   - __syncthreads and __shared__ in a block reduction, and warp shuffles (exact sums);
+ *   - faults a GPU raises, each in a child process: a shuffle whose lane has returned, a read
+ *     past the end of device memory; a block of 2048 threads refused at launch;
+ *   - the capture rules: an allocation while recording invalidates the capture, a captured copy
+ *     of pageable memory is refused, a graph runs its kernels only when launched, and each launch
+ *     runs them again;
+ *   - cuBLAS: SGEMM with a transposed A against a plain loop, and a leading dimension too small
+ *     refused.
+ * Compiled through unchevron.py as the GPU op set is; it exits 1 on the first disagreement.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures;
+
+static void expect(bool ok, const char *what)
+{
+    printf("  %-64s %s\n", what, ok ? "ok" : "FAILED");
+    failures += !ok;
+}
+
+__global__ void k_coords(int *out)
+{
+    int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    int t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    out[b * blockDim.x * blockDim.y * blockDim.z + t] = b * 1000 + t;
+}
+
+static int noargs_ran;
+__global__ void k_noargs()
+{
+    noargs_ran++;
+}
+
+/* The sum of in[0..n) by one block: strided partial sums, warp shuffles, shared memory. */
+__global__ void k_block_sum(const int *in, int n, long long *out)
+{
+    __shared__ long long part[32];
+    long long s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        s += in[i];
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long t = 0;
+        for (unsigned w = 0; w < blockDim.x / 32; w++)
+            t += part[w];
+        *out = t;
+    }
+}
+
+__global__ void k_early_return(float *x)
+{
+    if (threadIdx.x == 7)
+        return;
+    float v = x[threadIdx.x];
+    x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 1);
+}
+
+__global__ void k_read(const float *x, int i, float *out)
+{
+    *out = x[i];
+}
+
+__global__ void k_add_one(int *x)
+{
+    x[threadIdx.x] += 1;
+}
+
+/* Run fn in a child process; true when it died by a signal having printed `needle` (or any
+ * message, when needle is NULL) on stderr. */
+static bool faults(void (*fn)(), const char *needle)
+{
+    int fds[2];
+    if (pipe(fds))
+        return false;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[1024] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf - 1 && (r = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)r;
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFSIGNALED(st) && (!needle || strstr(buf, needle));
+}
+
+static void early_return()
+{
+    float *x;
+    cudaMalloc(&x, 32 * sizeof *x);
+    k_early_return<<<1, 32>>>(x);
+}
+
+static void overrun()
+{
+    float *x, *out;
+    cudaMalloc(&x, 1024 * sizeof *x);
+    cudaMalloc(&out, sizeof *out);
+    k_read<<<1, 1>>>(x, 1024 + 64, out);
+}
+
+int main()
+{
+    printf("the CUDA emulation against CUDA's rules:\n");
+    int *coords;
+    const int n_coords = 12 * 16;
+    cudaMalloc(&coords, n_coords * sizeof *coords);
+    k_coords<<<dim3(3, 2, 2), dim3(4, 2, 2)>>>(coords);
+    bool ok = true;
+    for (int i = 0; i < n_coords; i++)
+        ok &= coords[i] == (i / 16) * 1000 + i % 16;
+    expect(ok, "3-D grid and block coordinates");
+    k_noargs<<<2, 3>>>();
+    expect(noargs_ran == 6, "a launch without arguments runs every thread");
+
+    const int n = 10000;
+    int *in;
+    long long *sum;
+    cudaMalloc(&in, n * sizeof *in);
+    cudaMalloc(&sum, sizeof *sum);
+    for (int i = 0; i < n; i++)
+        in[i] = i * 7 - 3000;
+    k_block_sum<<<1, 256>>>(in, n, sum);
+    long long want = 0;
+    for (int i = 0; i < n; i++)
+        want += in[i];
+    expect(*sum == want, "block sum through shuffles, __shared__ and __syncthreads");
+
+    expect(faults(early_return, "has returned"), "a shuffle whose lane returned faults");
+    expect(faults(overrun, NULL), "a read past the end of device memory faults");
+    cudaGetLastError();
+    k_noargs<<<1, 2048>>>();
+    expect(cudaGetLastError() == cudaErrorInvalidConfiguration && noargs_ran == 6,
+           "a block of 2048 threads is refused");
+
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaGraph_t graph;
+    void *p;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    bool refused = cudaMalloc(&p, 64) == cudaErrorStreamCaptureUnsupported;
+    expect(refused && cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated,
+           "an allocation while recording invalidates the capture");
+    int host[4] = {0};
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    refused = cudaMemcpyAsync(coords, host, sizeof host, cudaMemcpyHostToDevice, s) ==
+              cudaErrorStreamCaptureUnsupported;
+    expect(refused && cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated,
+           "a captured copy of pageable memory is refused");
+    int *x;
+    cudaMalloc(&x, 4 * sizeof *x);
+    cudaMemcpyAsync(x, host, sizeof host, cudaMemcpyHostToDevice, s);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    k_add_one<<<1, 4, 0, s>>>(x);
+    k_add_one<<<1, 4, 0, s>>>(x);
+    bool idle = x[0] == 0;
+    cudaGraphExec_t exec;
+    ok = cudaStreamEndCapture(s, &graph) == cudaSuccess &&
+         cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    cudaGraphLaunch(exec, s);
+    cudaGraphLaunch(exec, s);
+    cudaStreamSynchronize(s);
+    expect(ok && idle && x[0] == 4 && x[3] == 4, "a graph runs its kernels at each launch only");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+
+    /* C (m x n) = A^T B with A stored k x m (lda = k + 1) and B k x n, column-major */
+    const int m = 5, nn = 3, k = 7, lda = k + 1;
+    float A[lda * m], Bm[k * nn], C[m * nn], ref[m * nn];
+    for (int i = 0; i < lda * m; i++)
+        A[i] = (float)((i * 37) % 11) - 5.0f;
+    for (int i = 0; i < k * nn; i++)
+        Bm[i] = (float)((i * 13) % 7) - 3.0f;
+    for (int j = 0; j < nn; j++)
+        for (int i = 0; i < m; i++) {
+            float acc = 0;
+            for (int q = 0; q < k; q++)
+                acc += A[q + i * lda] * Bm[q + j * k];
+            ref[i + j * m] = acc;
+        }
+    cublasHandle_t h;
+    cublasCreate(&h);
+    const float one = 1.0f, zero = 0.0f;
+    ok = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, A, lda, Bm, k, &zero, C, m) ==
+         CUBLAS_STATUS_SUCCESS;
+    expect(ok && !memcmp(C, ref, sizeof C), "SGEMM with a transposed A");
+    expect(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, A, k - 1, Bm, k, &zero, C,
+                       m) == CUBLAS_STATUS_INVALID_VALUE,
+           "SGEMM with a leading dimension below k is refused");
+    cublasDestroy(h);
+    cudaStreamDestroy(s);
+    printf("%s\n", failures ? "unit_cuda_emu_self: FAILED" : "unit_cuda_emu_self: all agree");
+    return failures ? 1 : 0;
+}
