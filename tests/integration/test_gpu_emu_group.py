@@ -1,0 +1,108 @@
+"""A group whose GPU worker runs the GPU op set's own kernels, in the CUDA emulation, on any machine.
+
+The GPU worker is orochi-worker-gpuemu: orochi-worker linked against kernels/cuda's kernels as the
+CUDA emulation runs them on the CPU (tests/cuda_emu; docs/gpu.md), spawned by the coordinator
+through $OROCHI_GPU_WORKER_BIN. Its numbers are the GPU kernels' (f32 activations into the
+quantized matmuls, warp reductions, the per-warp online softmax), not the CPU's bits, so what must
+hold is losslessness within each group, token for token:
+
+- cpu:1,gpu:1 (mirror): the answer with the ngram speculator (prompt lookup in the workers' free
+  run, verified as trees, some accepted) equals the same group's answer without it;
+- gpu:1 alone (mirror, its steps replayed as CUDA graphs): the same, and the worker says it
+  replayed steps;
+- cpu:1,gpu:1 (mapped) equals the mirror group's answer.
+
+The agreement with `orochi run --temp 0` (the CPU's numbers) is reported, not required: the
+length of the common prefix of each answer and the matching tokens.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import group as G  # noqa: E402
+
+t = G.Tests()
+
+# the tiny model's answers fall into loops that prompt lookup drafts from
+PROMPTS = ["one two three four five six seven", "the cat sat on the mat and the cat sat on the mat and the"]
+N = 120
+
+
+def gpu_worker_bin():
+    path = os.path.join(G.env()["bin_dir"], "orochi-worker-gpuemu")
+    if not os.access(path, os.X_OK):
+        raise G.Skip("orochi-worker-gpuemu is not built in %s (the CUDA emulation is left out of "
+                     "sanitizer builds)" % G.env()["bin_dir"])
+    os.environ["OROCHI_GPU_WORKER_BIN"] = path
+    return path
+
+
+def tiny():
+    return G.mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=512, type="q4_1",
+                     seed=11)
+
+
+def flat_plan():
+    """The emulated GPU's steps cost in proportion to their width, so prompt lookup would rightly
+    decline to draft: a plan whose step-time curve is flat (as a GPU's is at these widths) makes it
+    draft, so that trees are verified."""
+    return G.write_plan(os.path.join(G.env()["tmp"], "gpu-emu-flat-plan.json"), [1.0, 1.01, 1.02, 1.04, 1.08])
+
+
+def agreement(got, want):
+    common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    same = sum(a == b for a, b in zip(got, want))
+    return "common prefix %d of %d, %d tokens equal" % (common, len(want), same)
+
+
+@t.case
+def gpu_emu_group_speculation_is_lossless():
+    gpu_worker_bin()
+    model = tiny()
+    cpu = {p: G.run_ids(model, p, N) for p in PROMPTS}
+    plain = {}
+    with G.Group("emu-mirror", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mirror"]) as g:
+        for p in PROMPTS:
+            plain[p] = g.ids(p, N)
+            G.log("  cpu:1,gpu:1 against orochi run, prompt %r: %s" % (p, agreement(plain[p], cpu[p])))
+        wlog = g.log("worker-1")
+    G.check("CUDA emulator" in wlog, "the GPU worker's log does not name the emulation:\n%s", wlog[-1500:])
+    with G.Group("emu-mapped", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mapped"]) as g:
+        for p in PROMPTS:
+            G.check_eq(g.ids(p, N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
+    accepted = []
+    with G.Group("emu-lookup", model, devices="cpu:1,gpu:1", speculators=["ngram"],
+                 extra=["--gpu-memory", "mirror", "--plan", flat_plan()]) as g:
+        for p in PROMPTS:
+            r = g.complete(p, N)
+            G.check_eq(r["orochi"]["token_ids"], plain[p], "cpu:1,gpu:1 with ngram, prompt %r" % p)
+            G.log("  cpu:1,gpu:1 with ngram, prompt %r: mean accepted %.2f" % (p, r["orochi"]["mean_accepted"]))
+            accepted.append(r["orochi"]["mean_accepted"])
+    G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
+
+
+@t.case
+def gpu_emu_alone_with_graphs_is_lossless():
+    gpu_worker_bin()
+    model = tiny()
+    with G.Group("emu-alone", model, devices="gpu:1", extra=["--gpu-memory", "mirror"]) as g:
+        plain = {p: g.ids(p, N) for p in PROMPTS}
+    accepted = []
+    with G.Group("emu-alone-lookup", model, devices="gpu:1", speculators=["ngram"],
+                 extra=["--gpu-memory", "mirror", "--plan", flat_plan()]) as g:
+        for p in PROMPTS:
+            r = g.complete(p, N)
+            G.check_eq(r["orochi"]["token_ids"], plain[p], "gpu:1 with ngram, prompt %r" % p)
+            G.log("  gpu:1 with ngram, prompt %r: mean accepted %.2f" % (p, r["orochi"]["mean_accepted"]))
+            accepted.append(r["orochi"]["mean_accepted"])
+        g.down()  # the worker says how many steps it replayed when it stops
+        wlog = g.log("worker-0")
+    G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
+    lines = [x for x in wlog.splitlines() if "steps replayed from" in x]
+    G.check(lines and not lines[-1].split("GPU: ")[1].startswith("0 steps"),
+            "the GPU worker replayed no step:\n%s", wlog[-1500:])
+    G.log("  %s" % lines[-1].split("worker-0: ")[-1])
+
+
+if __name__ == "__main__":
+    t.main()
