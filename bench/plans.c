@@ -27,10 +27,8 @@
 #include "cli/util.h"
 #include "coordinator/control.h"
 #include "model/llama.h"
-#include "shm/arena.h"
-#ifdef OROCHI_HAVE_CUDA
 #include "model/llama_cuda.h"
-#endif
+#include "shm/arena.h"
 
 #define PB_MAX_PLANS 64 /* --plan at most 8; a search round times up to 64 candidates at once */
 #define PB_MAX_USER_PLANS 8
@@ -251,7 +249,7 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--search")) {
             o->search = val;
         } else if (!strcmp(a, "--gpu-memory")) {
-            if (strcmp(val, "auto") && strcmp(val, "mapped") && strcmp(val, "mirror")) {
+            if (llama_gpu_memory_parse(val) < 0) {
                 fprintf(stderr, "orochi bench: --gpu-memory %s: auto, mapped or mirror\n", val);
                 return 2;
             }
@@ -419,18 +417,7 @@ static void pb_partition_json(FILE *f, const pb_opts *o, const float *shares, co
 static int pb_merge_partition(const char *path, const pb_opts *o, const float *shares, char *err,
                               size_t errlen)
 {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = fopen(path, "r");
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        long sz = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = calloc(1, (size_t)(sz > 0 ? sz : 0) + 1);
-        len = text ? fread(text, 1, (size_t)(sz > 0 ? sz : 0), f) : 0;
-        fclose(f);
-    }
-    (void)len;
+    char *text = cli_read_file(path, NULL); /* none yet: a new plan */
     cJSON *plan = text ? cJSON_Parse(text) : cJSON_CreateObject();
     free(text);
     if (!plan || !cJSON_IsObject(plan)) {
@@ -453,7 +440,7 @@ static int pb_merge_partition(const char *path, const pb_opts *o, const float *s
     cJSON_Delete(plan);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    f = out ? fopen(tmp, "w") : NULL;
+    FILE *f = out ? fopen(tmp, "w") : NULL;
     bool ok = f && fputs(out, f) >= 0 && fputc('\n', f) != EOF;
     ok = f && !fclose(f) && ok && !rename(tmp, path);
     free(out);

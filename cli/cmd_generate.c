@@ -156,28 +156,6 @@ static int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o)
     return 0;
 }
 
-static char *gen_read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-        }
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
-    return buf;
-}
-
 /* ==== one exchange ============================================================================ */
 
 static void gen_add_text(gen_result *r, const char *s, size_t n)
@@ -420,7 +398,7 @@ int cmd_generate(int argc, char **argv)
     int rc = gen_parse("generate", argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
-    char *prompt = o.prompt_file ? gen_read_file(o.prompt_file) : strdup(o.prompt);
+    char *prompt = o.prompt_file ? cli_read_file(o.prompt_file, NULL) : strdup(o.prompt);
     if (!prompt) {
         fprintf(stderr, "orochi generate: cannot read prompt file '%s'\n", o.prompt_file);
         return 2;

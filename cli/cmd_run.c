@@ -122,35 +122,10 @@ static int run_parse(int argc, char **argv, run_opts *o)
     return 0;
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-            }
-            buf = nb;
-        }
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
-    return buf;
-}
-
 /* Tokenize the prompt (chat-wrapped if asked); returns the count or -1. */
 static int run_encode_prompt(const tokenizer *tok, const run_opts *o, int32_t **ids)
 {
-    char *text = o->prompt_file ? read_file(o->prompt_file) : strdup(o->prompt);
+    char *text = o->prompt_file ? cli_read_file(o->prompt_file, NULL) : strdup(o->prompt);
     if (!text) {
         fprintf(stderr, "orochi run: cannot read prompt file '%s'\n", o->prompt_file);
         return -1;

@@ -26,6 +26,9 @@ uint64_t cli_peak_rss(void);
 int cli_online_cores(void);
 /* The median of v[0..n) (sorts v in place; the mean of the middle two when n is even). */
 double cli_median(double *v, int n);
+/* The whole file at path, NUL-terminated (its byte count in *len when len is not NULL); NULL when
+ * it cannot be opened or read, or memory runs out. The caller frees it. */
+char *cli_read_file(const char *path, size_t *len);
 /* Open path for appending (a benchmark's JSON lines), creating its directories; NULL on failure. */
 FILE *cli_open_append(const char *path);
 /* The 1-minute load average (-1 when unknown), reported beside every benchmark figure. */

@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "coordinator/coord.h"
+#include "model/llama_cuda.h"
 
 volatile int coord_stop_flag;
 static volatile sig_atomic_t coord_drain_flag;
@@ -376,7 +377,7 @@ static int coord_parse(coord *c, int argc, char **argv)
             bad |= strcmp(optarg, "f32") && strcmp(optarg, "f16");
             break;
         case 23:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "mapped") && strcmp(optarg, "mirror")) {
+            if (llama_gpu_memory_parse(optarg) < 0) {
                 fprintf(stderr, "orochi-coordinator: --gpu-memory takes auto, mapped or mirror, "
                                 "got '%s'\n", optarg);
                 return 2;

@@ -4,7 +4,8 @@
 # the actor system's libraries), the `cuda` tests, the copy bandwidth of the device, and the step
 # time against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models
 # of the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its
-# time in GB/s; on the 1B shape, the partition search for GPU + CPU. HCMP is compared with the Megatron baseline both on two CPU parts and on GPU + CPU.
+# time in GB/s; on the 1B shape, the partition search for GPU + CPU; and the GPU forward's greedy
+# agreement with the CPU's on the bench prompts (orochi-gpu-agreement). HCMP is compared with the Megatron baseline both on two CPU parts and on GPU + CPU.
 # The GPU runs are made in both memory modes (--gpu-memory mapped: the arena read in
 # place; mirror: device copies) and, for the GPU alone, with CUDA graphs off and on.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
@@ -76,6 +77,14 @@ models+=(/tmp/gc-1b.gguf)
 [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && models+=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
 
 : >"$out/plans.txt"
+# GPU against CPU numbers on the bench prompts: the trained model where it was carried here,
+# else the random one of its shape
+am=/tmp/gc-135m.gguf
+[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && am=models/SmolLM2-135M-Instruct.Q4_1.gguf
+echo "== $am: the GPU forward's greedy agreement with the CPU's (teacher-forced)" |
+    tee -a "$out/plans.txt"
+build-gpu/bin/orochi-gpu-agreement --model "$am" --tokens 32 --json "$out/plans.jsonl" 2>&1 |
+    tee -a "$out/plans.txt" || status=1
 for m in "${models[@]}"; do
     common=(--model "$m" --widths "$widths" --reps "$reps" --ctx 256 --json "$out/plans.jsonl")
     for mode in "mapped off" "mirror off" "mirror on" "mapped on"; do

@@ -145,19 +145,6 @@ static bool gpu_in_map(const llama_gpu *gp, const void *p, size_t bytes)
     return b >= gp->host_base && b + bytes <= gp->host_base + gp->map_bytes;
 }
 
-int llama_gpu_memory_parse(const char *s)
-{
-    return !strcmp(s, "auto") ? LLAMA_GPU_AUTO
-           : !strcmp(s, "mapped") ? LLAMA_GPU_MAPPED
-           : !strcmp(s, "mirror") ? LLAMA_GPU_MIRROR
-                                  : -1;
-}
-
-const char *llama_gpu_memory_name(llama_gpu_memory m)
-{
-    return m == LLAMA_GPU_MAPPED ? "mapped" : m == LLAMA_GPU_MIRROR ? "mirror" : "auto";
-}
-
 /* The mirror's device buffers, each the shape of its shared-block twin. */
 static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
 {
@@ -770,7 +757,8 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     int n = b->n, W = x->p.max_width;
     if (llama_batch_prepare(x, b, err, errlen))
         return -1;
-    if (logits && !gpu_in_map(gp, logits, (size_t)n * (size_t)c->vocab * 4)) {
+    int from = b->logits_from < 0 ? 0 : b->logits_from;
+    if (logits && from < n && !gpu_in_map(gp, logits, (size_t)(n - from) * (size_t)c->vocab * 4)) {
         snprintf(err, errlen, "the logits lie outside the GPU's mapped memory");
         return -1;
     }
@@ -803,7 +791,6 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
         if (x->p.n_parts <= 1)
             gpu_mirror_prefix(gp, n);
     }
-    int from = b->logits_from < 0 ? 0 : b->logits_from;
     float *dlog = logits ? gpu_dev(gp, logits) : NULL;
     long recorded = gp->recorded;
     kcuda_graph *kg = gp->graphs && x->p.n_parts <= 1 ? gpu_graph_for(gp, n, from, dlog) : NULL;

@@ -1,6 +1,7 @@
 /*
  * model/llama_cuda — one part of the Llama forward on a GPU (the GPU worker: orochi-worker
- * --device gpu). Built only with CUDA (CMake OROCHI_CUDA).
+ * --device gpu). Built only with CUDA (CMake OROCHI_CUDA); this header's inline parts serve
+ * every build.
  *
  * The part is an ordinary llama_ctx (its partition, tree lists, prefix lengths and shared block
  * are the CPU's), and llama_gpu_forward runs exactly the steps llama_forward runs, meeting the
@@ -22,6 +23,8 @@
 #ifndef OROCHI_LLAMA_CUDA_H
 #define OROCHI_LLAMA_CUDA_H
 
+#include <string.h>
+
 #include "model/llama.h"
 
 typedef struct llama_gpu llama_gpu;
@@ -38,9 +41,20 @@ typedef struct {
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
 } llama_gpu_params;
 
-/* "auto", "mapped", "mirror" to the mode; -1 for another word. */
-int llama_gpu_memory_parse(const char *s);
-const char *llama_gpu_memory_name(llama_gpu_memory m);
+/* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
+ * only pass the word on (the coordinator, `orochi bench` without CUDA) check it the same way. */
+static inline int llama_gpu_memory_parse(const char *s)
+{
+    return !strcmp(s, "auto")     ? LLAMA_GPU_AUTO
+           : !strcmp(s, "mapped") ? LLAMA_GPU_MAPPED
+           : !strcmp(s, "mirror") ? LLAMA_GPU_MIRROR
+                                  : -1;
+}
+
+static inline const char *llama_gpu_memory_name(llama_gpu_memory m)
+{
+    return m == LLAMA_GPU_MAPPED ? "mapped" : m == LLAMA_GPU_MIRROR ? "mirror" : "auto";
+}
 
 /* Put ctx's forward on CUDA device p->device. [map_base, map_base + map_bytes) is host memory
  * that holds the context's shared block and the logits the forward writes (the arena): it is

@@ -25,16 +25,38 @@ enum { F_READY, F_BARRIER, F_SHFL, F_DONE };
 #define KEMU_STACK ((size_t)64 << 10) /* bytes per thread's stack, below a guard page */
 #define KEMU_MAX_THREADS 1024
 
+/* Switching between the scheduler and a fiber. On x86-64, six callee-saved registers and the
+ * stack pointer (kemu_switch below: a few nanoseconds); elsewhere, a ucontext for the first
+ * start and _setjmp/_longjmp after it. */
+#if defined(__x86_64__)
+#define KEMU_ASM_SWITCH 1
+/* Save the callee-saved registers on this stack, store its pointer at *save, continue on `to`. */
+extern "C" void kemu_switch(void **save, void *to);
+asm(".text\n"
+    ".globl kemu_switch\n"
+    ".type kemu_switch,@function\n"
+    "kemu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size kemu_switch,.-kemu_switch\n");
+#endif
+
 struct kemu_fiber {
+#if KEMU_ASM_SWITCH
+    void *sp;
+#else
     ucontext_t uc; /* the first start only; every switch after it is _setjmp/_longjmp */
     jmp_buf jb;
+#endif
     bool started;
     int state;
     uint3 tid;
-    unsigned char val[8]; /* a shuffle's operand, then its result */
-    size_t bytes;
+    uint64_t val; /* a shuffle's operand, then its result (4 or 8 bytes) */
+    unsigned bytes, mask;
     int xr;
-    unsigned mask;
 };
 
 struct kemu_block {
@@ -42,8 +64,12 @@ struct kemu_block {
     uint3 bidx;
     kemu_fiber *f;
     int n, cur;
+#if KEMU_ASM_SWITCH
+    void *sched_sp;
+#else
     jmp_buf sched;
     ucontext_t sched_uc;
+#endif
     const std::function<void()> *body;
 };
 
@@ -90,12 +116,16 @@ static void kemu_yield(int state)
 {
     kemu_fiber *f = &B->f[B->cur];
     f->state = state;
+#if KEMU_ASM_SWITCH
+    kemu_switch(&f->sp, B->sched_sp);
+#else
     if (!_setjmp(f->jb))
         _longjmp(B->sched, 1);
+#endif
 }
 
 /* A fiber runs one thread of a block, then waits to run the same thread slot of the next block
- * (of this launch or a later one): only its first start pays for a context. */
+ * (of this launch or a later one): only its first start sets a stack up. */
 static void kemu_fiber_main()
 {
     for (;;) {
@@ -112,16 +142,23 @@ void kemu_syncthreads()
 void kemu_shfl_xor(unsigned mask, void *v, size_t bytes, int xor_mask)
 {
     kemu_fiber *f = &B->f[B->cur];
-    if (bytes > sizeof f->val)
-        kemu_fault("a shuffle of more than 8 bytes");
+    if (bytes != 4 && bytes != 8)
+        kemu_fault("a shuffle of other than 4 or 8 bytes");
     if (xor_mask < 0 || xor_mask > 31)
         kemu_fault("a shuffle's lane mask is outside 0..31");
-    memcpy(f->val, v, bytes);
-    f->bytes = bytes;
+    f->val = 0;
+    if (bytes == 4)
+        memcpy(&f->val, v, 4);
+    else
+        memcpy(&f->val, v, 8);
+    f->bytes = (unsigned)bytes;
     f->xr = xor_mask;
     f->mask = mask;
     kemu_yield(F_SHFL);
-    memcpy(v, f->val, bytes);
+    if (bytes == 4)
+        memcpy(v, &f->val, 4);
+    else
+        memcpy(v, &f->val, 8);
 }
 
 static char *kemu_stack(int i)
@@ -145,6 +182,21 @@ static void kemu_resume(int i)
 {
     kemu_fiber *f = &B->f[i];
     B->cur = i;
+#if KEMU_ASM_SWITCH
+    if (!f->started) {
+        /* a stack that kemu_switch "returns" into kemu_fiber_main from: six zero registers, the
+         * entry, and a null return address where a call would have left one */
+        f->started = true;
+        void **top = (void **)(kemu_stack(i) + KEMU_STACK);
+        void **sp = top - 8;
+        for (int r = 0; r < 6; r++)
+            sp[r] = nullptr;
+        sp[6] = (void *)kemu_fiber_main;
+        sp[7] = nullptr;
+        f->sp = sp;
+    }
+    kemu_switch(&B->sched_sp, f->sp);
+#else
     if (_setjmp(B->sched))
         return;
     if (f->started)
@@ -157,9 +209,11 @@ static void kemu_resume(int i)
     makecontext(&f->uc, kemu_fiber_main, 0);
     swapcontext(&B->sched_uc, &f->uc);
     abort(); /* fibers come back through _longjmp only */
+#endif
 }
 
-/* The warp's shuffle, once all its lanes wait at it: false when some cannot take part. */
+/* Warp w's shuffle once its lanes have all stopped: false when none waits at one, a fault when
+ * some lane cannot take part. */
 static bool kemu_shuffle(int w)
 {
     kemu_fiber *lane = &B->f[32 * w];
@@ -172,31 +226,34 @@ static bool kemu_shuffle(int w)
         B->cur = 32 * w;
         kemu_fault("a full-warp shuffle in a warp of fewer than 32 threads");
     }
-    for (int i = 0; i < n; i++)
-        if (lane[i].state != F_SHFL) {
-            for (int j = 0; j < n; j++)
-                if (lane[j].state == F_SHFL)
-                    B->cur = 32 * w + j;
-            kemu_fault(lane[i].state == F_DONE
-                           ? "a shuffle waits for a lane of its warp that has returned"
-                           : "a shuffle waits for a lane of its warp that waits at a barrier");
-        }
-    unsigned char got[32][8];
+    if (waiting < 32)
+        for (int i = 0; i < 32; i++)
+            if (lane[i].state != F_SHFL) {
+                for (int j = 0; j < 32; j++)
+                    if (lane[j].state == F_SHFL)
+                        B->cur = 32 * w + j;
+                kemu_fault(lane[i].state == F_DONE
+                               ? "a shuffle waits for a lane of its warp that has returned"
+                               : "a shuffle waits for a lane of its warp that waits at a barrier");
+            }
+    uint64_t got[32];
     for (int i = 0; i < 32; i++) {
         if (lane[i].mask != 0xffffffffu || lane[i].xr != lane[0].xr ||
             lane[i].bytes != lane[0].bytes) {
             B->cur = 32 * w + i;
             kemu_fault("the lanes of a warp shuffle differently (mask, lane mask or size)");
         }
-        memcpy(got[i], lane[i ^ lane[i].xr].val, lane[i].bytes);
+        got[i] = lane[i ^ lane[i].xr].val;
     }
     for (int i = 0; i < 32; i++) {
-        memcpy(lane[i].val, got[i], lane[i].bytes);
+        lane[i].val = got[i];
         lane[i].state = F_READY;
     }
     return true;
 }
 
+/* One block: each warp in turn runs until its lanes all wait at a barrier or have returned
+ * (its shuffles exchanged as they come); then the barrier opens, until every thread returns. */
 static void kemu_run_block()
 {
     int n = B->n;
@@ -207,14 +264,14 @@ static void kemu_run_block()
                        (unsigned)i / (B->block.x * B->block.y)};
     }
     for (;;) {
-        for (int i = 0; i < n; i++)
-            if (B->f[i].state == F_READY)
-                kemu_resume(i);
-        bool moved = false;
-        for (int w = 0; w * 32 < n; w++)
-            moved |= kemu_shuffle(w);
-        if (moved)
-            continue;
+        for (int w = 0; w * 32 < n; w++) {
+            int end = 32 * w + 32 < n ? 32 * w + 32 : n;
+            do {
+                for (int i = 32 * w; i < end; i++)
+                    if (B->f[i].state == F_READY)
+                        kemu_resume(i);
+            } while (kemu_shuffle(w));
+        }
         int at_barrier = 0;
         for (int i = 0; i < n; i++)
             at_barrier += B->f[i].state == F_BARRIER;
