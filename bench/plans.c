@@ -425,14 +425,19 @@ static int pb_merge_partition(const char *path, const pb_opts *o, const float *s
         cJSON_Delete(plan);
         return -1;
     }
-    cJSON *part = cJSON_CreateObject();
-    cJSON_AddNumberToObject(part, "parts", o->parts);
-    cJSON_AddStringToObject(part, "style", "hcmp");
-    for (int k = 0; k < LP_N; k++) {
-        double v[LLAMA_MAX_PARTS];
-        for (int i = 0; i < o->parts; i++)
-            v[i] = (double)(int)(shares[k * o->parts + i] * 10000.0f + 0.5f) / 10000.0;
-        cJSON_AddItemToObject(part, llama_part_kind_names[k], cJSON_CreateDoubleArray(v, o->parts));
+    char *printed = NULL; /* the object as stdout shows it, parsed: one writer of the format */
+    size_t printed_len = 0;
+    FILE *mf = open_memstream(&printed, &printed_len);
+    if (mf) {
+        pb_partition_json(mf, o, shares, "");
+        fclose(mf);
+    }
+    cJSON *part = printed ? cJSON_Parse(printed) : NULL;
+    free(printed);
+    if (!part) {
+        snprintf(err, errlen, "out of memory writing the partition");
+        cJSON_Delete(plan);
+        return -1;
     }
     cJSON_DeleteItemFromObject(plan, "partition");
     cJSON_AddItemToObject(plan, "partition", part);
