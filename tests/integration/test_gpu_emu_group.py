@@ -14,7 +14,13 @@ hold is losslessness within each group, token for token:
 
 The agreement with `orochi run --temp 0` (the CPU's numbers) is reported, not required: the
 length of the common prefix of each answer and the matching tokens.
+
+orochi-gpu-agreement-emu on the tiny model and two bench prompts: its JSON lines count the steps,
+the logits stay within the Q4_1 tolerance of the GPU forward test (relative L2 3e-3), and every
+greedy token agrees or is a near tie; a bad option is refused with status 2, naming it.
 """
+import json
+import subprocess
 import os
 import sys
 
@@ -102,6 +108,36 @@ def gpu_emu_alone_with_graphs_is_lossless():
     G.check(lines and not lines[-1].split("GPU: ")[1].startswith("0 steps"),
             "the GPU worker replayed no step:\n%s", wlog[-1500:])
     G.log("  %s" % lines[-1].split("worker-0: ")[-1])
+
+
+@t.case
+def gpu_agreement_tool_reports_steps_and_differences():
+    tool = os.path.join(G.env()["bin_dir"], "orochi-gpu-agreement-emu")
+    if not os.access(tool, os.X_OK):
+        raise G.Skip("orochi-gpu-agreement-emu is not built in %s" % G.env()["bin_dir"])
+    prompts = os.path.join(G.env()["tmp"], "gpu-agreement-prompts.jsonl")
+    with open(os.path.join(G.env()["source"], "bench", "prompts.jsonl")) as f, open(prompts, "w") as out:
+        out.writelines(f.readlines()[:2])
+    js = os.path.join(G.env()["tmp"], "gpu-agreement.jsonl")
+    if os.path.exists(js):
+        os.remove(js)
+    r = subprocess.run([tool, "--model", tiny(), "--prompts", prompts, "--tokens", "8", "--json", js],
+                       capture_output=True, text=True, timeout=300)
+    G.check(r.returncode == 0, "orochi-gpu-agreement-emu failed (%d): %s", r.returncode, r.stderr)
+    G.log("  " + r.stdout.strip().splitlines()[-1])
+    with open(js) as f:
+        rows = [json.loads(x) for x in f]
+    G.check(len(rows) == 3 and [x["steps"] for x in rows] == [8, 8, 16],
+            "the JSON lines do not count 8 steps a prompt: %r", rows)
+    for x in rows:
+        G.check(x["worst_rel_l2"] < 3e-3, "%s: relative L2 %g over the Q4_1 tolerance", x["prompt"],
+                x["worst_rel_l2"])
+        G.check(x["agree"] + x["near_ties"] == x["steps"], "%s: greedy tokens differ beyond near ties: %r",
+                x["prompt"], x)
+    bad = subprocess.run([tool, "--model", tiny(), "--gpu-memory", "bogus"], capture_output=True, text=True,
+                         timeout=60)
+    G.check(bad.returncode == 2 and "--gpu-memory bogus" in bad.stderr,
+            "a bad --gpu-memory was not refused with status 2 (%d): %s", bad.returncode, bad.stderr)
 
 
 if __name__ == "__main__":
