@@ -18,6 +18,11 @@ length of the common prefix of each answer and the matching tokens.
 orochi-gpu-agreement-emu on the tiny model and two bench prompts: its JSON lines count the steps,
 the logits stay within the Q4_1 tolerance of the GPU forward test (relative L2 3e-3), and every
 greedy token agrees or is a near tie; a bad option is refused with status 2, naming it.
+
+orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
+commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
+with graphs off and on, GPU + CPU under HCMP, the dense/sparse split and Megatron in each memory
+mode, and the partition search, which must write a two-part partition.
 """
 import json
 import subprocess
@@ -138,6 +143,46 @@ def gpu_agreement_tool_reports_steps_and_differences():
                          timeout=60)
     G.check(bad.returncode == 2 and "--gpu-memory bogus" in bad.stderr,
             "a bad --gpu-memory was not refused with status 2 (%d): %s", bad.returncode, bad.stderr)
+
+
+@t.case
+def gpu_check_bench_commands_run_over_the_emulation():
+    cli = os.path.join(G.env()["bin_dir"], "orochi-emu")
+    if not os.access(cli, os.X_OK):
+        raise G.Skip("orochi-emu is not built in %s" % G.env()["bin_dir"])
+    model = tiny()
+    js = os.path.join(G.env()["tmp"], "gpu-emu-plans.jsonl")
+    if os.path.exists(js):
+        os.remove(js)
+    common = ["bench", "--plans", "--model", model, "--widths", "1,8", "--reps", "1", "--ctx", "64", "--json", js]
+    runs = []
+    for mem, graphs in (("mapped", "off"), ("mirror", "off"), ("mirror", "on"), ("mapped", "on")):
+        runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
+                              "--gpu-graphs", graphs])
+    for mem in ("mapped", "mirror"):
+        runs.append(common + ["--parts", "2", "--devices", "gpu,cpu", "--threads-per-part", "1", "--gpu-memory",
+                              mem, "--plan", "hcmp:0.9/0.1", "--plan", "split:0.9/0.1", "--plan",
+                              "megatron:0.9/0.1"])
+    for args in runs:
+        r = subprocess.run([cli] + args, capture_output=True, text=True, timeout=300)
+        G.check(r.returncode == 0, "orochi-emu %s failed (%d): %s", " ".join(args[5:]), r.returncode,
+                r.stderr[-1500:])
+    with open(js) as f:
+        rows = [json.loads(x) for x in f]
+    G.check(len(rows) == 4 * 2 + 2 * 3 * 2, "%d JSON rows, not 20", len(rows))
+    G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
+    plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
+    if os.path.exists(plan):
+        os.remove(plan)
+    r = subprocess.run([cli, "bench", "--plans", "--model", model, "--parts", "2", "--devices", "gpu,cpu",
+                        "--threads-per-part", "1", "--widths", "1", "--reps", "1", "--ctx", "64", "--search", plan],
+                       capture_output=True, text=True, timeout=300)
+    G.check(r.returncode == 0, "the partition search failed (%d): %s", r.returncode, r.stderr[-1500:])
+    with open(plan) as f:
+        part = json.load(f)["partition"]
+    G.check(part["parts"] == 2 and all(abs(sum(part[k]) - 1) < 1e-3 for k in ("qkv", "wo", "lm_head")),
+            "the search wrote no two-part partition: %r", part)
+    G.log("  partition found for GPU + CPU over the emulation: qkv %r, ffn_up %r" % (part["qkv"], part["ffn_up"]))
 
 
 if __name__ == "__main__":
