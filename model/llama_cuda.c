@@ -311,11 +311,6 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     } else {
         gp->dev = gp->shb;
     }
-    /* the widest 16-bit activations a cuBLAS matmul rounds: no allocation inside a capture */
-    int64_t widest = c->dim > c->ffn ? c->dim : c->ffn;
-    widest = widest > (int64_t)qd ? widest : (int64_t)qd;
-    if (kcuda_reserve(gp->g, W * (size_t)widest * 2, err, errlen))
-        goto fail;
     char dev_name[160];
     kcuda_describe(gp->g, dev_name, sizeof dev_name);
     snprintf(gp->describe, sizeof gp->describe, "%s; memory %s, graphs %s", dev_name,

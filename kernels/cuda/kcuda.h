@@ -1,7 +1,8 @@
 /*
  * kernels/cuda — the GPU op set of orochi (CUDA + cuBLAS), the twin of kernels/cpu for a GPU
- * worker: batched matmul over an output-row range for F32/F16/BF16 (cuBLAS) and Q8_0/Q4_0/Q4_1
- * (own kernels that dequantize in registers), rmsnorm, rope, silu*mul, embedding rows, residual
+ * worker: batched matmul over an output-row range for F32/F16/BF16 and Q8_0/Q4_0/Q4_1 (own
+ * kernels that dequantize in registers, the same sums whatever the batch; cuBLAS beside them for
+ * the float types), rmsnorm, rope, silu*mul, embedding rows, residual
  * add, and attention as partials — dense (a query against the committed prefix), sparse (against
  * its tree ancestors, a COO list), both in one pass — and their online-softmax merge.
  *
@@ -80,8 +81,9 @@ int kcuda_graph_launch(kcuda *g, kcuda_graph *graph, char *err, size_t errlen);
 void kcuda_graph_destroy(kcuda_graph **graph);
 
 /* y[t * ldy + r] = W[r] . x[t * w->cols ...] for rows r in [lo, hi) and tokens t < n; w->data is
- * a device address of GGUF rows (w->packed is ignored). Types: F32, F16, BF16 (cuBLAS; the
- * activations are rounded to the weight's 16-bit type first), Q8_0, Q4_0, Q4_1. 0, or -1 with
+ * a device address of GGUF rows (w->packed is ignored). Types: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * all by the op set's own kernels, whose result for a token does not depend on the other tokens
+ * of the batch (a tree's verification gives the bits sequential decoding gives). 0, or -1 with
  * err for another type. */
 int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
                  int64_t ldy, char *err, size_t errlen);
@@ -90,6 +92,12 @@ int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x
  * multiples of 32 (whole blocks); any range of F32, F16, BF16. 0, or -1 with err. */
 int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen);
+/* kcuda_matmul through cuBLAS for F32 (SGEMM) and F16, BF16 (the activations rounded to the
+ * weight's type, cublasGemmEx with f32 accumulation); the 8- and 4-bit types as kcuda_matmul.
+ * cuBLAS picks its algorithm by shape, so a token's result may change with the batch's width:
+ * the forward does not use it (docs/gpu.md). 0, or -1 with err. */
+int kcuda_matmul_blas(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
+                      float *y, int64_t ldy, char *err, size_t errlen);
 /* out[t] = rmsnorm(x[t]) * weight for n rows of dim (k_rmsnorm). */
 void kcuda_rmsnorm(kcuda *g, float *out, const float *x, const float *weight, int dim, int n,
                    float eps);

@@ -295,6 +295,12 @@ int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x
     return kcuda_matmul_cols(g, w, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
 }
 
+int kcuda_matmul_blas(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
+                      float *y, int64_t ldy, char *err, size_t errlen)
+{
+    return kcuda_matmul(g, w, lo, hi, x, n, y, ldy, err, errlen);
+}
+
 typedef struct {
     float *out, *x;
     const float *cs, *sn, *w, *d;

@@ -1,13 +1,19 @@
 /*
  * kernels/cuda/kcuda_matmul.cu — y[t][r] = W[r] . x[t] over an output-row range on the GPU.
  *
- * F32: cuBLAS SGEMM. F16 and BF16: the activations are rounded to the weight's type into the
- * context's scratch, then cublasGemmEx with f32 accumulation. Q8_0, Q4_0, Q4_1 (decode and
- * verification widths): one warp per output row; each lane dequantizes whole 32-element blocks
- * into registers and multiplies them with up to KQ_TOK tokens at once, so a weight block is read
- * from memory once per KQ_TOK tokens; the lanes' sums meet in a warp reduction. Over a range of
- * input columns only (kcuda_matmul_cols, the Megatron plan's partial sums), every type starts its
- * rows at the range's first block.
+ * kcuda_matmul / kcuda_matmul_cols, every type (k_matmul): one warp per output row; each lane takes whole
+ * 32-element blocks of the row (Q8_0, Q4_0, Q4_1 dequantized into registers; F32, F16, BF16
+ * converted, the row's last block possibly short) and multiplies them with up to KQ_TOK tokens
+ * at once, so a weight block is read from memory once per KQ_TOK tokens; the lanes' sums meet in a
+ * warp reduction. Each token's sum is taken in the same order whatever the batch, so a token's
+ * result does not depend on the width of the batch it came in: a tree's verification computes
+ * the bits sequential decoding computes (docs/gpu.md, "Why the forward does not use cuBLAS").
+ * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
+ * every type starts its rows at the range's first column.
+ *
+ * kcuda_matmul_blas, F32: cuBLAS SGEMM; F16 and BF16: the activations are rounded to the weight's
+ * type into the context's scratch, then cublasGemmEx with f32 accumulation. cuBLAS chooses its
+ * algorithm by shape, so a token's result may depend on the batch: not used by the forward.
  */
 #include <stdio.h>
 
@@ -16,39 +22,58 @@
 #define KQ_TOK 8      /* tokens per pass over a weight row */
 #define KQ_WARPS 4    /* rows per block */
 
+/* Block b (32 elements) of a row of TYPE into w, its first element at column 32 * b of the row
+ * (whose columns number `cols`); the element count: 32, or fewer for the last block of a float
+ * row whose count is not a multiple of 32. */
 template <uint32_t TYPE>
-__device__ static inline void kq_block(const uint8_t *b, float w[32])
+__device__ static inline int k_block(const uint8_t *row, int64_t b, int64_t cols, float w[32])
 {
     if (TYPE == KT_Q8_0) {
-        float d = kcuda_half(b);
+        const uint8_t *q = row + (size_t)b * 34;
+        float d = kcuda_half(q);
         for (int i = 0; i < 32; i++)
-            w[i] = d * (float)(int8_t)b[2 + i];
-    } else if (TYPE == KT_Q4_0) {
-        float d = kcuda_half(b);
-        for (int j = 0; j < 16; j++) {
-            w[j] = d * (float)((b[2 + j] & 0xf) - 8);
-            w[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-        }
-    } else {
-        float d = kcuda_half(b), m = kcuda_half(b + 2);
-        for (int j = 0; j < 16; j++) {
-            w[j] = d * (float)(b[4 + j] & 0xf) + m;
-            w[j + 16] = d * (float)(b[4 + j] >> 4) + m;
-        }
+            w[i] = d * (float)(int8_t)q[2 + i];
+        return 32;
     }
+    if (TYPE == KT_Q4_0) {
+        const uint8_t *q = row + (size_t)b * 18;
+        float d = kcuda_half(q);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)((q[2 + j] & 0xf) - 8);
+            w[j + 16] = d * (float)((q[2 + j] >> 4) - 8);
+        }
+        return 32;
+    }
+    if (TYPE == KT_Q4_1) {
+        const uint8_t *q = row + (size_t)b * 20;
+        float d = kcuda_half(q), m = kcuda_half(q + 2);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)(q[4 + j] & 0xf) + m;
+            w[j + 16] = d * (float)(q[4 + j] >> 4) + m;
+        }
+        return 32;
+    }
+    int m = cols - b * 32 < 32 ? (int)(cols - b * 32) : 32;
+    for (int i = 0; i < m; i++) {
+        int64_t c = b * 32 + i;
+        w[i] = TYPE == KT_F32   ? ((const float *)row)[c]
+               : TYPE == KT_F16 ? __half2float(((const __half *)row)[c])
+                                : __bfloat162float(((const __nv_bfloat16 *)row)[c]);
+    }
+    return m;
 }
 
 /* cols: the input columns multiplied (x's row length); w's rows start at the first of them */
-template <uint32_t TYPE, int BLOCK_BYTES>
-__global__ void kq_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int64_t lo, int64_t hi,
-                          const float *x, int n, float *y, int64_t ldy)
+template <uint32_t TYPE>
+__global__ void k_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int64_t lo, int64_t hi,
+                         const float *x, int n, float *y, int64_t ldy)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t r = lo + (int64_t)blockIdx.x * KQ_WARPS + warp;
     if (r >= hi)
         return;
     const uint8_t *row = w + (size_t)r * row_bytes;
-    int64_t nb = cols / 32;
+    int64_t nb = (cols + 31) / 32;
     for (int t0 = 0; t0 < n; t0 += KQ_TOK) {
         int nt = n - t0 < KQ_TOK ? n - t0 : KQ_TOK;
         float acc[KQ_TOK];
@@ -56,14 +81,20 @@ __global__ void kq_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int6
             acc[t] = 0.0f;
         for (int64_t b = lane; b < nb; b += 32) {
             float wv[32];
-            kq_block<TYPE>(row + (size_t)b * BLOCK_BYTES, wv);
+            int m = k_block<TYPE>(row, b, cols, wv);
             for (int t = 0; t < nt; t++) {
-                const float4 *xp = (const float4 *)(x + (int64_t)(t0 + t) * cols + b * 32);
+                const float *xr = x + (int64_t)(t0 + t) * cols + b * 32;
                 float s = 0.0f;
-                for (int i = 0; i < 8; i++) {
-                    float4 v = xp[i];
-                    s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z +
-                         wv[4 * i + 3] * v.w;
+                if (m == 32) {
+                    const float4 *xp = (const float4 *)xr;
+                    for (int i = 0; i < 8; i++) {
+                        float4 v = xp[i];
+                        s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z +
+                             wv[4 * i + 3] * v.w;
+                    }
+                } else {
+                    for (int i = 0; i < m; i++)
+                        s += wv[i] * xr[i];
                 }
                 acc[t] += s;
             }
@@ -114,6 +145,19 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
     return 0;
 }
 
+/* The bytes before column c of a row (c on a 32-block for the 8- and 4-bit types). */
+static size_t k_col_bytes(uint32_t type, int64_t c)
+{
+    switch (type) {
+    case KT_F32: return (size_t)c * 4;
+    case KT_F16:
+    case KT_BF16: return (size_t)c * 2;
+    case KT_Q8_0: return (size_t)(c / 32) * 34;
+    case KT_Q4_0: return (size_t)(c / 32) * 18;
+    default: return (size_t)(c / 32) * 20;
+    }
+}
+
 int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
 {
@@ -124,31 +168,26 @@ int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c
     int64_t k = c1 - c0;
     const uint8_t *wd = (const uint8_t *)w->data;
     unsigned blocks = (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);
+    const uint8_t *w0 = wd + k_col_bytes(w->type, c0); /* the rows from column c0 */
+    dim3 grid(blocks), block(32 * KQ_WARPS);
     switch (w->type) {
-    case KT_F32: {
-        const float one = 1.0f, zero = 0.0f;
-        cublasStatus_t s = cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n, (int)k,
-                                       &one, (const float *)wd + lo * w->cols + c0,
-                                       (int)(w->row_bytes / 4), x, (int)k, &zero, y + lo, (int)ldy);
-        if (s != CUBLAS_STATUS_SUCCESS) {
-            snprintf(err, errlen, "matmul: cublasSgemm failed (status %d)", (int)s);
-            return -1;
-        }
+    case KT_F32:
+        k_matmul<KT_F32><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
-    }
     case KT_F16:
-    case KT_BF16: return kcuda_gemm16(g, w, lo, hi, c0, k, x, n, y, ldy, err, errlen);
+        k_matmul<KT_F16><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
+        return 0;
+    case KT_BF16:
+        k_matmul<KT_BF16><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
+        return 0;
     case KT_Q8_0:
-        kq_matmul<KT_Q8_0, 34><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(
-            wd + (c0 / 32) * 34, w->row_bytes, k, lo, hi, x, n, y, ldy);
+        k_matmul<KT_Q8_0><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
     case KT_Q4_0:
-        kq_matmul<KT_Q4_0, 18><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(
-            wd + (c0 / 32) * 18, w->row_bytes, k, lo, hi, x, n, y, ldy);
+        k_matmul<KT_Q4_0><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
     default:
-        kq_matmul<KT_Q4_1, 20><<<blocks, 32 * KQ_WARPS, 0, g->stream>>>(
-            wd + (c0 / 32) * 20, w->row_bytes, k, lo, hi, x, n, y, ldy);
+        k_matmul<KT_Q4_1><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
         return 0;
     }
 }
@@ -157,4 +196,27 @@ int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x
                  int64_t ldy, char *err, size_t errlen)
 {
     return kcuda_matmul_cols(g, w, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
+}
+
+int kcuda_matmul_blas(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
+                      float *y, int64_t ldy, char *err, size_t errlen)
+{
+    if (n <= 0 || hi <= lo)
+        return 0;
+    if (kcuda_check_matmul(w, 0, w->cols, err, errlen))
+        return -1;
+    if (w->type == KT_F16 || w->type == KT_BF16)
+        return kcuda_gemm16(g, w, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
+    if (w->type != KT_F32)
+        return kcuda_matmul(g, w, lo, hi, x, n, y, ldy, err, errlen);
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n,
+                                   (int)w->cols, &one, (const float *)w->data + lo * w->cols,
+                                   (int)(w->row_bytes / 4), x, (int)w->cols, &zero, y + lo,
+                                   (int)ldy);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "matmul: cublasSgemm failed (status %d)", (int)s);
+        return -1;
+    }
+    return 0;
 }

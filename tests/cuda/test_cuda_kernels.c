@@ -3,17 +3,20 @@
  * CPU twin (kernels/cpu) on fresh random inputs (the seed is printed; OROCHI_SEED=N repeats a run),
  * within the tolerances stated per op below:
  *   matmul      rows [13, 90) of 97 x 256, widths 1, 3, 8, 17, 64, every GPU type; rows outside
- *               the range untouched. Relative L2 against kmat_mul: F32 1e-5; Q8_0/Q4_0/Q4_1
- *               2e-3 (the CPU rounds activations to 16 bits for its integer dot products);
- *               F16 3e-3 and BF16 1.5e-2 (the GPU rounds activations to the weight's type).
+ *               the range untouched. Relative L2 against kmat_mul: F32, F16, BF16 1e-5;
+ *               Q8_0/Q4_0/Q4_1 2e-3 (the CPU rounds activations to 16 bits for its integer dot
+ *               products). Every token's result bit for bit the same token's computed alone
+ *               (the sums do not depend on the batch). kcuda_matmul_blas (cuBLAS) for the float
+ *               types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations to the weight's
+ *               type).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
  *   attention   FULL, DENSE, SPARSE over prefixes of 0..150 rows and tree ancestors, f32 and f16
  *               K/V: finished outputs 1e-5 relative L2 against katt_causal_group; partial records
  *               compared normalised, and their log-sum-exp (max + log sum) within 1e-4.
  *   merge       the GPU's merge of the CPU's partial records against katt_merge + katt_finish,
  *               1e-6.
- *   matmul over input columns [64, 192) (the Megatron partial) against kmat_mul_cols, the same
- *               tolerances.
+ *   matmul over input columns [64, 192) (the Megatron partial; [48, 192) for the float types,
+ *               a short last block) against kmat_mul_cols, the same tolerances.
  *   kv_store    f32 rows copied and f16 rows rounded bit for bit as kt_f32_to_f16; copy3d copies
  *               exactly its blocks; a captured graph replays an op on new input (1e-5).
  *   mapped host memory (kcuda_register, the arena's path): an op writes into registered host
@@ -94,11 +97,13 @@ static void from_dev(void *host, const void *dev, size_t bytes)
 static void test_matmul(void)
 {
     const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
-    const double tol[] = {1e-5, 3e-3, 1.5e-2, 2e-3, 2e-3, 2e-3};
+    const double tol[] = {1e-5, 1e-5, 1e-5, 2e-3, 2e-3, 2e-3};
+    const double tol_blas[] = {1e-5, 3e-3, 1.5e-2};
     const int widths[] = {1, 3, 8, 17, 64};
     int64_t rows = 97, cols = 256, lo = 13, hi = 90;
     float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(64 * cols) * 4);
     float *ref = malloc((size_t)(64 * rows) * 4), *got = malloc((size_t)(64 * rows) * 4);
+    float *alone = malloc((size_t)(64 * rows) * 4);
     fill(wf, (size_t)(rows * cols), 1.0f);
     fill(x, (size_t)(64 * cols), 1.0f);
     float *dx = to_dev(x, (size_t)(64 * cols) * 4);
@@ -111,6 +116,15 @@ static void test_matmul(void)
         kmat w = {.type = types[t], .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
         kmat dw = w;
         dw.data = to_dev(wq, rb * (size_t)rows);
+        /* every token alone: the batched results must be these bits */
+        for (size_t i = 0; i < (size_t)(64 * rows); i++)
+            alone[i] = 12345.0f;
+        must(kcuda_upload(g, dy, alone, (size_t)(64 * rows) * 4, err, sizeof err), "upload");
+        for (int i = 0; i < 64; i++)
+            must(kcuda_matmul(g, &dw, lo, hi, dx + i * cols, 1, dy + i * rows, rows, err,
+                              sizeof err),
+                 "matmul");
+        from_dev(alone, dy, (size_t)(64 * rows) * 4);
         for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
             int n = widths[wi];
             for (size_t i = 0; i < (size_t)(n * rows); i++)
@@ -136,9 +150,29 @@ static void test_matmul(void)
                        (long long)hi);
                 failures++;
             }
+            if (memcmp(got, alone, (size_t)(n * rows) * 4)) {
+                printf("  %s: a token's result differs from the same token alone\n", what);
+                failures++;
+            }
+            if (types[t] == KT_F32 || types[t] == KT_F16 || types[t] == KT_BF16) {
+                must(kcuda_matmul_blas(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err),
+                     "matmul_blas");
+                from_dev(got, dy, (size_t)(n * rows) * 4);
+                e = 0;
+                for (int i = 0; i < n; i++) {
+                    double ei =
+                        tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+                    e = ei > e ? ei : e;
+                }
+                snprintf(what, sizeof what, "matmul %s width %d, cuBLAS",
+                         kt_traits_of(types[t])->name, n);
+                check(what, e, tol_blas[t]);
+            }
         }
-        /* input columns [64, 192) only (the Megatron partial), x holding that slice */
-        int64_t c0 = 64, c1 = 192, k = c1 - c0;
+        /* input columns [64, 192) only (the Megatron partial), x holding that slice; for the
+         * float types [48, 192), whose last block of 32 is short */
+        bool flt = types[t] == KT_F32 || types[t] == KT_F16 || types[t] == KT_BF16;
+        int64_t c0 = flt ? 48 : 64, c1 = 192, k = c1 - c0;
         float *xs = malloc((size_t)(17 * k) * 4);
         for (int t2 = 0; t2 < 17; t2++)
             memcpy(xs + t2 * k, x + t2 * cols + c0, (size_t)k * 4);
@@ -155,8 +189,8 @@ static void test_matmul(void)
                 e = ei > e ? ei : e;
             }
             char what[96];
-            snprintf(what, sizeof what, "matmul %s columns [64, 192) width %d",
-                     kt_traits_of(types[t])->name, n);
+            snprintf(what, sizeof what, "matmul %s columns [%lld, 192) width %d",
+                     kt_traits_of(types[t])->name, (long long)c0, n);
             check(what, e, tol[t]);
         }
         kcuda_free(dxs);
@@ -170,6 +204,7 @@ static void test_matmul(void)
     free(x);
     free(ref);
     free(got);
+    free(alone);
 }
 
 static void test_elementwise(void)
