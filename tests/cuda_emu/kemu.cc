@@ -1,8 +1,8 @@
 /*
  * tests/cuda_emu/kemu.cc — the CUDA emulation's runtime (kemu.h): launches as fibers, device
  * memory with guard pages, streams that record while capturing, graphs, and a reference cuBLAS
- * GEMM. A fault that would be a device error (a shuffle a lane cannot reach, a barrier some
- * thread never reaches) stops the process with a message naming the kernel's block and thread.
+ * GEMM. A fault that would be a device error or undefined on one (a shuffle a lane cannot reach,
+ * lanes shuffling differently) stops the process with a message naming the block and thread.
  */
 #include "tests/cuda_emu/kemu.h"
 

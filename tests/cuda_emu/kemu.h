@@ -5,12 +5,12 @@
  * The kernel sources are compiled unchanged as C++ against this header (the headers in
  * tests/cuda_emu/include name it), after tests/cuda_emu/unchevron.py has rewritten each launch
  * `k<<<grid, block, shared, stream>>>(args)` into `kemu_launch(kemu_cfg(grid, block, shared,
- * stream), k, args)`. A launch runs every block in turn; a block's threads are fibers (ucontext)
- * on the calling thread, switched at __syncthreads and at warp shuffles, so barriers and
- * shuffles have CUDA's semantics: a barrier waits for every live thread of the block, a shuffle
- * exchanges among the 32 lanes of a warp, and a shuffle some lane of the warp cannot reach (it
- * returned, or waits at a barrier) is reported as the fault it is on a GPU. `__shared__` arrays
- * are per block (the blocks run one after another on one thread).
+ * stream), k, args)`. A launch runs every block in turn; a block's threads are fibers on the
+ * calling thread (stacks of their own, switched at __syncthreads and at warp shuffles), so
+ * barriers and shuffles have CUDA's semantics: a barrier waits for every live thread of the
+ * block, a shuffle exchanges among the 32 lanes of a warp, and a shuffle some lane of the warp
+ * cannot reach (it returned, or waits at a barrier) is reported as the fault it is on a GPU.
+ * `__shared__` arrays are per block (the blocks run one after another on one thread).
  *
  * What it checks beyond the results: launch limits (threads per block, grid y/z), device memory
  * from cudaMalloc bounded by a guard page (an overrun faults) and filled with NaN bytes (a read
