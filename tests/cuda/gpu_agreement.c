@@ -153,32 +153,43 @@ static int usage(void)
     return 2;
 }
 
+/* A whole number in [1, 1 << 20] from s, or 0. */
+static int count(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *s && !*end && v >= 1 && v <= 1 << 20 ? (int)v : 0;
+}
+
 static int parse(int argc, char **argv, options *o)
 {
-    *o = (options){.prompts = "bench/prompts.jsonl", .tokens = 32, .limit = 1 << 30};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            return usage();
-        i++;
+    *o = (options){.prompts = "bench/prompts.jsonl", .tokens = 32, .limit = 1 << 20};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        bool ok = true;
         if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--prompts"))
             o->prompts = v;
         else if (!strcmp(a, "--json"))
             o->json = v;
-        else if (!strcmp(a, "--tokens") && (o->tokens = atoi(v)) >= 1)
-            continue;
-        else if (!strcmp(a, "--limit") && (o->limit = atoi(v)) >= 1)
-            continue;
-        else if (!strcmp(a, "--gpu-memory") && llama_gpu_memory_parse(v) >= 0)
-            o->memory = (llama_gpu_memory)llama_gpu_memory_parse(v);
-        else {
+        else if (!strcmp(a, "--tokens"))
+            ok = (o->tokens = count(v)) > 0;
+        else if (!strcmp(a, "--limit"))
+            ok = (o->limit = count(v)) > 0;
+        else if (!strcmp(a, "--gpu-memory")) {
+            int mode = llama_gpu_memory_parse(v);
+            ok = mode >= 0;
+            o->memory = ok ? (llama_gpu_memory)mode : LLAMA_GPU_AUTO;
+        }
+        else
+            ok = false;
+        if (!ok) {
             fprintf(stderr, "orochi-gpu-agreement: bad option %s %s\n", a, v);
             return usage();
         }
     }
-    return o->model ? 0 : usage();
+    return o->model && argc % 2 ? 0 : usage();
 }
 
 int main(int argc, char **argv)
