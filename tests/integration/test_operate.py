@@ -173,7 +173,9 @@ def test_trace_has_a_track_per_process_and_consistent_steps():
         G.check(r.returncode != 0 and "--out" in r.stderr, "trace without --out: %r", r.stderr)
         load = Load(g)
         time.sleep(0.5)
-        launch(g, "trace", "--seconds", "3", "--out", out)
+        # long enough for 10 steps of each worker also in the sanitizer build on a loaded machine
+        # (375 ms a step seen there)
+        launch(g, "trace", "--seconds", "8" if G.asan_build() else "3", "--out", out)
         load.end()
         G.check(load.done >= 1, "no request finished during the trace")
         with open(out) as f:

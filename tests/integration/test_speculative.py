@@ -302,7 +302,10 @@ def test_speculative_eos_inside_a_draft():
     q = "Say hello."  # a 30-token answer whose end lies inside a 6-token draft
     want = G.run_ids(model, q, 48, chat=True)
     G.check(len(want) < 48, "the reference answer never ends (%d tokens): no eos to test", len(want))
-    with G.Group("eos-draft", model, speculators=["model:draft=%s" % model], max_draft=6) as g:
+    # every step waits for the draft: on a loaded machine (the sanitizer build) the drafter's
+    # reply can take longer than the measured wait allows, and the step would go on without it
+    with G.Group("eos-draft", model, speculators=["model:draft=%s" % model], max_draft=6,
+                 extra=["--draft-wait", "fixed", "--draft-wait-ms", "5000"]) as g:
         r = g.http("/v1/chat/completions", "POST",
                    {"messages": [{"role": "user", "content": q}], "max_tokens": 48, "temperature": 0})
         G.check(r.status == 200, "chat completion: %r", r)
