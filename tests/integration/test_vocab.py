@@ -103,7 +103,9 @@ def test_vocab_attached_refused_and_good_speculator_still_used():
     draft = G.mkmodel(layers=2, dim=64, ffn=128, heads=2, kv_heads=2, vocab=400, ctx=256, type="f32", seed=12)
     want = G.run_ids(model, PROMPT, N)
     # a good draft: the target itself, so its drafts are accepted and visibly used
-    with G.Group("vocab-attach", model, workers=2, speculators=["model:draft=%s" % model]) as g:
+    # (every step waits for its draft: a loaded sanitizer run could otherwise go on without it)
+    with G.Group("vocab-attach", model, workers=2, speculators=["model:draft=%s" % model],
+                 extra=["--draft-wait", "fixed", "--draft-wait-ms", "5000"]) as g:
         r = g.launch("attach-speculator", "--kind", "model", "--id", "bad-draft", "--draft", draft,
                      timeout=60, check=False)
         G.check(r.returncode != 0, "attach-speculator of a draft with another vocabulary succeeded: %s", r.stdout)
