@@ -81,16 +81,6 @@ static bool json_string(const char *line, const char *key, char *out, size_t cap
     return *p == '"';
 }
 
-/* Greedy: the lowest index among the maxima. */
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
 /* One row's comparison into t. */
 static void compare_row(tally *t, const float *gpu, const float *cpu, int vocab)
 {
@@ -103,7 +93,7 @@ static void compare_row(tally *t, const float *gpu, const float *cpu, int vocab)
         diff = fabs(d) > diff ? fabs(d) : diff;
     }
     double l2 = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
-    int a = argmax(gpu, vocab), b = argmax(cpu, vocab);
+    int a = k_argmax(gpu, vocab), b = k_argmax(cpu, vocab);
     t->steps++;
     t->agree += a == b;
     t->ties += a != b && (double)cpu[b] - cpu[a] <= NEAR_TIE * big;
@@ -135,7 +125,7 @@ static int play(llama_ctx *ctx, llama_gpu *gpu, const int32_t *ids, int n, int w
     }
     for (int k = 0; k + 1 < steps; k++) {
         if (!gpu)
-            next[k] = argmax(logits + (size_t)k * vocab, vocab);
+            next[k] = k_argmax(logits + (size_t)k * vocab, vocab);
         llama_batch b = {.n = 1, .tokens = &next[k]};
         float *out = logits + (size_t)(k + 1) * vocab;
         int rc = gpu ? llama_gpu_forward(gpu, &b, out, err, errlen)

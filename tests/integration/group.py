@@ -121,6 +121,22 @@ def write_plan(path, step_ms, width=4):
     return path
 
 
+def built(name, why=""):
+    """The path of program `name` in the build's bin directory; Skip (saying why it may be absent)
+    when it was not built."""
+    path = os.path.join(env()["bin_dir"], name)
+    if not os.access(path, os.X_OK):
+        raise Skip("%s is not built in %s%s" % (name, env()["bin_dir"], why))
+    return path
+
+
+def use_gpu_worker(name, why=""):
+    """Make groups spawn program `name` for their GPU workers ($OROCHI_GPU_WORKER_BIN); its path."""
+    path = built(name, why)
+    os.environ["OROCHI_GPU_WORKER_BIN"] = path
+    return path
+
+
 def asan_build():
     """Whether the binaries under test are built with AddressSanitizer (make asan): several times
     slower, and their RSS grows by design (the quarantine keeps freed memory)."""

@@ -39,13 +39,11 @@ PROMPTS = ["one two three four five six seven", "the cat sat on the mat and the 
 N = 120
 
 
+LEFT_OUT = " (the CUDA emulation is left out of sanitizer builds)"
+
+
 def gpu_worker_bin():
-    path = os.path.join(G.env()["bin_dir"], "orochi-worker-gpuemu")
-    if not os.access(path, os.X_OK):
-        raise G.Skip("orochi-worker-gpuemu is not built in %s (the CUDA emulation is left out of "
-                     "sanitizer builds)" % G.env()["bin_dir"])
-    os.environ["OROCHI_GPU_WORKER_BIN"] = path
-    return path
+    return G.use_gpu_worker("orochi-worker-gpuemu", LEFT_OUT)
 
 
 def tiny():
@@ -117,9 +115,7 @@ def gpu_emu_alone_with_graphs_is_lossless():
 
 @t.case
 def gpu_agreement_tool_reports_steps_and_differences():
-    tool = os.path.join(G.env()["bin_dir"], "orochi-gpu-agreement-emu")
-    if not os.access(tool, os.X_OK):
-        raise G.Skip("orochi-gpu-agreement-emu is not built in %s" % G.env()["bin_dir"])
+    tool = G.built("orochi-gpu-agreement-emu", LEFT_OUT)
     prompts = os.path.join(G.env()["tmp"], "gpu-agreement-prompts.jsonl")
     with open(os.path.join(G.env()["source"], "bench", "prompts.jsonl")) as f, open(prompts, "w") as out:
         out.writelines(f.readlines()[:2])
@@ -147,9 +143,7 @@ def gpu_agreement_tool_reports_steps_and_differences():
 
 @t.case
 def gpu_check_bench_commands_run_over_the_emulation():
-    cli = os.path.join(G.env()["bin_dir"], "orochi-emu")
-    if not os.access(cli, os.X_OK):
-        raise G.Skip("orochi-emu is not built in %s" % G.env()["bin_dir"])
+    cli = G.built("orochi-emu", LEFT_OUT)
     model = tiny()
     js = os.path.join(G.env()["tmp"], "gpu-emu-plans.jsonl")
     if os.path.exists(js):

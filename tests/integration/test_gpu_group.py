@@ -31,11 +31,7 @@ N = 40
 
 
 def gpu_worker_bin():
-    path = os.path.join(G.env()["bin_dir"], "orochi-worker-gpuhost")
-    if not os.access(path, os.X_OK):
-        raise G.Skip("orochi-worker-gpuhost is not built in %s" % G.env()["bin_dir"])
-    os.environ["OROCHI_GPU_WORKER_BIN"] = path
-    return path
+    return G.use_gpu_worker("orochi-worker-gpuhost")
 
 
 def tiny(type_name="q4_1"):
