@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # The GPU half's checks in one run, for a machine with an NVIDIA GPU (docs/gpu.md, "Checking it on
 # a GPU"): a core-only build with CUDA (it needs CMake, a C compiler and the CUDA toolkit, none of
-# the actor system's libraries), the `cuda` tests, the copy bandwidth of the device, and the step
-# time against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models
-# of the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its
-# time in GB/s; on the 1B shape, the partition search for GPU + CPU; and the GPU forward's greedy
-# agreement with the CPU's on the bench prompts (orochi-gpu-agreement). HCMP is compared with the Megatron baseline both on two CPU parts and on GPU + CPU.
-# The GPU runs are made in both memory modes (--gpu-memory mapped: the arena read in
-# place; mirror: device copies) and, for the GPU alone, with CUDA graphs off and on.
+# the actor system's libraries), the `cuda` tests, the GPU forward's greedy agreement with the CPU's
+# on the bench prompts (orochi-gpu-agreement), whole groups with a GPU worker where a full build is
+# at hand (integration_gpu_device_group), the copy bandwidth of the device, and the step time
+# against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models of
+# the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its time
+# in GB/s; on the 1B shape, the partition search for GPU + CPU. HCMP is compared with the Megatron
+# baseline both on two CPU parts and on GPU + CPU. The GPU runs are made in both memory modes
+# (--gpu-memory mapped: the arena read in place; mirror: device copies) and, for the GPU alone,
+# with CUDA graphs off and on. Last, the GPU forward test under compute-sanitizer memcheck.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
-#   GPU_CHECK_QUICK=1: widths 1,8,64 and 2 repetitions (a first look in about a minute)
-# Writes OUT_DIR/gpu.txt (the card), cmake.log, build.log, ctest.log, sanitizer.log (the GPU
-# forward test under compute-sanitizer), bandwidth.txt, plans.jsonl (bench --plans) and plans.txt
-# (its tables): 8 files, what the device tool brings back; exits non-zero when the build, a cuda
-# test or the sanitizer fails.
+#   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
+#   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
+#                          it was skipped (for a lent machine's fixed time)
+#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,groups,bandwidth,plans,sanitizer
+#   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
+#                          models/SmolLM2-135M-Instruct.Q4_1.gguf where it is; else the random
+#                          model of its shape)
+#   GPU_CHECK_TRAINED_ONLY=1  the trained model's agreement, groups and plans alone (a second
+#                          call that brought it)
+#   GPU_CHECK_GROUP_BIN=D  a full build's bin directory for the groups (default build/bin);
+#   GPU_CHECK_GROUP_LIBS=D its shared libraries, where the machine lacks them (the groups only)
+# Writes OUT_DIR/gpu.txt (the card), build.log, ctest.log, plans.txt (the agreement and bench
+# tables), plans.jsonl (their JSON lines), group.log, bandwidth.txt and sanitizer.log: 8 files,
+# what the device tool brings back; exits non-zero when the build, a test, a run or the sanitizer
+# fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-${OUT:-/tmp/gpu-check}}"
@@ -22,33 +34,98 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
+stages=",${GPU_CHECK_STAGES:-tests,agreement,groups,bandwidth,plans,sanitizer},"
+start=$SECONDS
+deadline=${GPU_CHECK_DEADLINE:-100000}
+status=0
+
+left() { echo $(( deadline - (SECONDS - start) )); }
+# stage NAME NEEDED_S: whether to run stage NAME (asked for, and NEEDED_S seconds left); says why not
+stage() {
+    [[ $stages == *",$1,"* ]] || return 1
+    if [ "$(left)" -lt "$2" ]; then
+        echo "== $1: skipped, $(left) s left of GPU_CHECK_DEADLINE (it needs about $2)" | tee -a "$out/plans.txt"
+        return 1
+    fi
+    echo "== $1 ($(( SECONDS - start )) s in)"
+}
+# bounded CMD...: CMD under a timeout of what is left (at most 300 s); its status, and says so when
+# it fails (77 is a test's skip)
+bounded() {
+    local t; t=$(left); [ "$t" -gt 300 ] && t=300; [ "$t" -lt 5 ] && t=5
+    local rc=0
+    timeout "$t" "$@" || rc=$?
+    [ $rc = 0 ] || [ $rc = 77 ] || echo "   failed (status $rc; 124: out of its ${t} s): $*"
+    return $rc
+}
 
 echo "== the card"
-(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true) |
-    tee "$out/gpu.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $jobs CPUs, $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"; } 2>&1 | tee "$out/gpu.txt"
 echo "== build (core only, CUDA on)"
-cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DOROCHI_CUDA_EMU=OFF \
-    -DCMAKE_BUILD_TYPE=Release \
-    >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-cmake --build build-gpu -j "$jobs" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-echo "== cuda tests"
-status=0
-(cd build-gpu && ctest -R cuda --output-on-failure) 2>&1 | tee "$out/ctest.log" || status=1
+{ cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DOROCHI_CUDA_EMU=OFF \
+    -DCMAKE_BUILD_TYPE=Release && cmake --build build-gpu -j "$jobs"; } >"$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; exit 1; }
+: >"$out/plans.txt"
+: >"$out/group.log"
+bin=build-gpu/bin/orochi
 
-echo "== the GPU forward under compute-sanitizer memcheck (out-of-bounds and misaligned accesses)"
-san="$(command -v compute-sanitizer || true)"
-[ -z "$san" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && san=/usr/local/cuda/bin/compute-sanitizer
-if [ -n "$san" ]; then
-    timeout 300 "$san" --tool memcheck --error-exitcode 3 build-gpu/bin/unit_cuda_forward \
-        >"$out/sanitizer.log" 2>&1 || { status=1; tail -30 "$out/sanitizer.log"; }
-    tail -3 "$out/sanitizer.log"
-else
-    echo "no compute-sanitizer here: not run" | tee "$out/sanitizer.log"
+if stage tests 30; then
+    (cd build-gpu && bounded ctest -R cuda --output-on-failure) 2>&1 | tee "$out/ctest.log" || status=1
 fi
 
-echo "== device copy bandwidth (device to device, bytes read + written)"
-if python3 -c 'import torch' 2>/dev/null; then
-    python3 - <<'PY' | tee "$out/bandwidth.txt"
+trained="${GPU_CHECK_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+[ -f "$trained" ] || trained=""
+only=${GPU_CHECK_TRAINED_ONLY:-0}
+models=()
+if [ "$only" = 1 ]; then
+    [ -n "$trained" ] || { echo "GPU_CHECK_TRAINED_ONLY=1 but no trained model here"; exit 1; }
+else
+    "$bin" mkmodel --out /tmp/gc-1b.gguf --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 \
+        --vocab 32000 --ctx 8192 --type q4_1 --seed 1 >/dev/null
+    "$bin" mkmodel --out /tmp/gc-135m.gguf --layers 30 --dim 576 --ffn 1536 --heads 9 \
+        --kv-heads 3 --vocab 49152 --ctx 8192 --type q4_1 --seed 1 --tied >/dev/null
+    models+=(/tmp/gc-1b.gguf /tmp/gc-135m.gguf)
+fi
+[ -n "$trained" ] && models+=("$trained")
+
+# GPU against CPU numbers on the bench prompts: the trained model where it is here, else the
+# random one of its shape
+if stage agreement 20; then
+    am=${trained:-/tmp/gc-135m.gguf}
+    echo "== $am: the GPU forward's greedy agreement with the CPU's (teacher-forced)" |
+        tee -a "$out/plans.txt"
+    bounded build-gpu/bin/orochi-gpu-agreement --model "$am" --tokens 32 --json "$out/plans.jsonl" 2>&1 |
+        tee -a "$out/plans.txt" || status=1
+fi
+
+# whole groups (coordinator, workers, speculators) with a real GPU worker: they need a full build
+gbin="${GPU_CHECK_GROUP_BIN:-build/bin}"
+if stage groups 60; then
+    if [ -x "$gbin/orochi-coordinator" ] && [ -x "$gbin/orochi-gpu-agreement" ]; then
+        gmodels="/tmp/gc-1b.gguf${trained:+:$trained}"
+        cases=()
+        if [ "$only" = 1 ]; then gmodels=$trained; cases=(named_models_groups_are_lossless); fi
+        (
+            lib=$(find /usr/local -name 'libcublas.so.13' 2>/dev/null | head -1 || true)
+            [ -n "$lib" ] || lib=$(find /opt -name 'libcublas.so.13' 2>/dev/null | head -1 || true)
+            cuda_libs=${lib%/*}
+            export LD_LIBRARY_PATH="${GPU_CHECK_GROUP_LIBS:+$GPU_CHECK_GROUP_LIBS:}${cuda_libs:+$cuda_libs:}${LD_LIBRARY_PATH:-}"
+            export OROCHI_BIN="$(cd "$gbin" && pwd)/orochi" OROCHI_SOURCE="$PWD" OROCHI_TMP=/tmp/gc-integration
+            export OROCHI_GPU_MODELS="$gmodels" PYTHONUNBUFFERED=1
+            bounded python3 -u tests/integration/test_gpu_device_group.py "${cases[@]}" || [ $? = 77 ]  # 77: skipped
+        ) 2>&1 | tee "$out/group.log" || status=1
+    else
+        echo "no full build at $gbin (the groups need the actor system's libraries): not run" |
+            tee "$out/group.log"
+    fi
+fi
+
+if stage bandwidth 20; then
+    echo "== device copy bandwidth (device to device, bytes read + written)"
+    if python3 -c 'import torch' 2>/dev/null; then
+        python3 - <<'PY' | tee "$out/bandwidth.txt"
 import torch
 n = 1 << 30
 a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
@@ -60,59 +137,60 @@ for _ in range(10): b.copy_(a)
 e.record(); torch.cuda.synchronize()
 print("copy: %.0f GB/s (read + write)" % (2 * 10 * n / (s.elapsed_time(e) / 1e3) / 1e9))
 PY
-else
-    echo "no torch here: copy bandwidth not measured" | tee "$out/bandwidth.txt"
+    else
+        echo "no torch here: copy bandwidth not measured" | tee "$out/bandwidth.txt"
+    fi
 fi
 
-bin=build-gpu/bin/orochi
 cores="$jobs"
 half=$(( cores / 2 > 0 ? cores / 2 : 1 ))
-models=()
-"$bin" mkmodel --out /tmp/gc-135m.gguf --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 \
-    --vocab 49152 --ctx 8192 --type q4_1 --seed 1 --tied >/dev/null
-models+=(/tmp/gc-135m.gguf)
-"$bin" mkmodel --out /tmp/gc-1b.gguf --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 \
-    --vocab 32000 --ctx 8192 --type q4_1 --seed 1 >/dev/null
-models+=(/tmp/gc-1b.gguf)
-[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && models+=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
+# plan RUN_TITLE ARGS...: one `orochi bench --plans` run, its table into plans.txt
+plan() {
+    local title=$1; shift
+    stage plans 15 >/dev/null || return 0
+    echo "== $title" | tee -a "$out/plans.txt"
+    bounded "$bin" bench --plans "$@" 2>&1 | tee -a "$out/plans.txt" || status=1
+}
+if stage plans 30; then
+    for m in "${models[@]}"; do
+        common=(--model "$m" --widths "$widths" --reps "$reps" --ctx 256 --json "$out/plans.jsonl")
+        for mode in "mapped off" "mirror off" "mirror on" "mapped on"; do
+            set -- $mode
+            [ "${GPU_CHECK_QUICK:-0}" = 1 ] && [ "$1 $2" = "mapped on" ] && continue
+            plan "$m: GPU only, memory $1, graphs $2" "${common[@]}" --parts 1 --devices gpu \
+                --plan hcmp:even --gpu-memory "$1" --gpu-graphs "$2"
+        done
+        plan "$m: CPU only, $cores threads" "${common[@]}" --parts 1 --devices cpu \
+            --threads-per-part "$cores" --plan hcmp:even
+        for mem in mapped mirror; do
+            plan "$m: GPU ($mem) + CPU ($half threads each part)" "${common[@]}" --parts 2 \
+                --devices gpu,cpu --threads-per-part "$half" --gpu-memory "$mem" --plan hcmp:0.9/0.1 \
+                --plan split:0.9/0.1 --plan hcmp:0.7/0.3 --plan megatron:0.9/0.1
+        done
+        if [ "$m" = /tmp/gc-1b.gguf ]; then
+            rm -f /tmp/gc-search.json
+            plan "$m: the partition search for GPU + CPU (ARCA's split)" --model "$m" --parts 2 \
+                --devices gpu,cpu --threads-per-part "$half" --widths 1,8 --reps 2 --ctx 256 \
+                --search /tmp/gc-search.json
+        fi
+        plan "$m: two CPU parts, HCMP against Megatron ($half threads each)" "${common[@]}" \
+            --parts 2 --devices cpu,cpu --threads-per-part "$half" --plan hcmp:even --plan megatron:even
+    done
+fi
 
-: >"$out/plans.txt"
-# GPU against CPU numbers on the bench prompts: the trained model where it was carried here,
-# else the random one of its shape
-am=/tmp/gc-135m.gguf
-[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && am=models/SmolLM2-135M-Instruct.Q4_1.gguf
-echo "== $am: the GPU forward's greedy agreement with the CPU's (teacher-forced)" |
-    tee -a "$out/plans.txt"
-build-gpu/bin/orochi-gpu-agreement --model "$am" --tokens 32 --json "$out/plans.jsonl" 2>&1 |
-    tee -a "$out/plans.txt" || status=1
-for m in "${models[@]}"; do
-    common=(--model "$m" --widths "$widths" --reps "$reps" --ctx 256 --json "$out/plans.jsonl")
-    for mode in "mapped off" "mirror off" "mirror on" "mapped on"; do
-        set -- $mode
-        [ "${GPU_CHECK_QUICK:-0}" = 1 ] && [ "$1 $2" = "mapped on" ] && continue
-        echo "== $m: GPU only, memory $1, graphs $2" | tee -a "$out/plans.txt"
-        "$bin" bench --plans "${common[@]}" --parts 1 --devices gpu --plan hcmp:even \
-            --gpu-memory "$1" --gpu-graphs "$2" 2>&1 | tee -a "$out/plans.txt" || status=1
-    done
-    echo "== $m: CPU only, $cores threads" | tee -a "$out/plans.txt"
-    "$bin" bench --plans "${common[@]}" --parts 1 --devices cpu --threads-per-part "$cores" \
-        --plan hcmp:even 2>&1 | tee -a "$out/plans.txt" || status=1
-    for mem in mapped mirror; do
-        echo "== $m: GPU ($mem) + CPU ($half threads each part)" | tee -a "$out/plans.txt"
-        "$bin" bench --plans "${common[@]}" --parts 2 --devices gpu,cpu --threads-per-part \
-            "$half" --gpu-memory "$mem" --plan hcmp:0.9/0.1 --plan split:0.9/0.1 \
-            --plan hcmp:0.7/0.3 --plan megatron:0.9/0.1 2>&1 | tee -a "$out/plans.txt" || status=1
-    done
-    if [ "$m" = /tmp/gc-1b.gguf ]; then
-        echo "== $m: the partition search for GPU + CPU (ARCA's split)" | tee -a "$out/plans.txt"
-        rm -f /tmp/gc-search.json
-        "$bin" bench --plans --model "$m" --parts 2 --devices gpu,cpu --threads-per-part "$half" \
-            --widths 1,8 --reps 2 --ctx 256 --search /tmp/gc-search.json 2>&1 |
-            tee -a "$out/plans.txt" || status=1
+if stage sanitizer 40; then
+    echo "== the GPU forward under compute-sanitizer memcheck (out-of-bounds and misaligned accesses)"
+    san="$(command -v compute-sanitizer || true)"
+    [ -z "$san" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && san=/usr/local/cuda/bin/compute-sanitizer
+    if [ -n "$san" ]; then
+        mkdir -p /tmp/gc-unit  # the test makes its models with orochi mkmodel (ctest sets these)
+        OROCHI_BIN="$PWD/$bin" OROCHI_TMP=/tmp/gc-unit \
+            bounded "$san" --tool memcheck --error-exitcode 3 build-gpu/bin/unit_cuda_forward \
+            >"$out/sanitizer.log" 2>&1 || { status=1; tail -30 "$out/sanitizer.log"; }
+        tail -3 "$out/sanitizer.log"
+    else
+        echo "no compute-sanitizer here: not run" | tee "$out/sanitizer.log"
     fi
-    echo "== $m: two CPU parts, HCMP against Megatron ($half threads each)" | tee -a "$out/plans.txt"
-    "$bin" bench --plans "${common[@]}" --parts 2 --devices cpu,cpu --threads-per-part "$half" \
-        --plan hcmp:even --plan megatron:even 2>&1 | tee -a "$out/plans.txt" || status=1
-done
-echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) (results in $out)"
+fi
+echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) after $(( SECONDS - start )) s (results in $out)"
 exit $status

@@ -627,15 +627,21 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
                        .anc = gp->d_anc,
                        .n_anc = gp->d_n_anc,
                        .anc_stride = W};
-        for (int u = 0; u < x->n_units; u++) {
+        /* one launch per run of units of one mode over consecutive query heads */
+        for (int u = 0, u1; u < x->n_units; u = u1) {
             const struct att_unit *un = &x->units[u];
+            int h1 = un->h0 + un->nh;
+            for (u1 = u + 1; u1 < x->n_units && x->units[u1].mode == un->mode &&
+                             x->units[u1].h0 == h1;
+                 u1++)
+                h1 += x->units[u1].nh;
             int rc = un->mode == ATT_FULL
-                         ? kcuda_attention(g, &a, KCUDA_ATT_FULL, D->q, qd, n, un->h0,
-                                           un->h0 + un->nh, D->att, qd, 0, err, errlen)
+                         ? kcuda_attention(g, &a, KCUDA_ATT_FULL, D->q, qd, n, un->h0, h1, D->att,
+                                           qd, 0, err, errlen)
                          : kcuda_attention(g, &a,
                                            un->mode == ATT_DENSE ? KCUDA_ATT_DENSE
                                                                  : KCUDA_ATT_SPARSE,
-                                           D->q, qd, n, un->h0, un->h0 + un->nh,
+                                           D->q, qd, n, un->h0, h1,
                                            D->ap + (un->mode == ATT_SPARSE ? rec : 0), rec_tok,
                                            2 * rec, err, errlen);
             if (rc)

@@ -1,11 +1,12 @@
 /*
  * kernels/cuda/kcuda_matmul.cu — y[t][r] = W[r] . x[t] over an output-row range on the GPU.
  *
- * kcuda_matmul / kcuda_matmul_cols, every type (k_matmul): one warp per output row; each lane takes whole
- * 32-element blocks of the row (Q8_0, Q4_0, Q4_1 dequantized into registers; F32, F16, BF16
- * converted, the row's last block possibly short) and multiplies them with up to KQ_TOK tokens
- * at once, so a weight block is read from memory once per KQ_TOK tokens; the lanes' sums meet in a
- * warp reduction. Each token's sum is taken in the same order whatever the batch, so a token's
+ * kcuda_matmul / kcuda_matmul_cols, every type (k_matmul): one warp per output row, taking
+ * 256 columns per iteration so that its loads of weights and inputs fall on consecutive
+ * addresses (k_group: four lanes to a quantized block, each dequantizing 8 weights in registers;
+ * float rows: lane l takes every 32nd column from l, the row's end possibly short). Each weight is
+ * multiplied with up to KQ_TOK tokens at once, so it is read from memory once per KQ_TOK tokens;
+ * the lanes' sums meet in a warp reduction. Each token's sum is taken in the same order whatever the batch, so a token's
  * result does not depend on the width of the batch it came in: a tree's verification computes
  * the bits sequential decoding computes (docs/gpu.md, "Why the forward does not use cuBLAS").
  * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
@@ -19,87 +20,125 @@
 
 #include "kernels/cuda/kcuda_internal.h"
 
-#define KQ_TOK 8      /* tokens per pass over a weight row */
-#define KQ_WARPS 4    /* rows per block */
+#define KQ_TOK 8    /* tokens per pass over a weight row */
+#define KQ_WARPS 4  /* rows per block */
+#define KQ_SPAN 256 /* a warp's columns per iteration: 8 quantized blocks, 4 lanes each */
 
-/* Block b (32 elements) of a row of TYPE into w, its first element at column 32 * b of the row
- * (whose columns number `cols`); the element count: 32, or fewer for the last block of a float
- * row whose count is not a multiple of 32. */
+/* The 8 weights lane `sub` (0..3) of a quantized block takes, and where their inputs lie: w[0..3]
+ * multiply the 4 inputs from column *a of the block, w[4..7] the 4 from *b. Q4_0 / Q4_1: the 4
+ * quant bytes 4*sub.. (their low nibbles are columns 4*sub.., their high ones 16 + 4*sub..);
+ * Q8_0: the 8 quants 8*sub... So the 4 lanes of a block read its quants as one run of bytes and
+ * their inputs as one run of floats, and a warp's loads fall on consecutive addresses. */
 template <uint32_t TYPE>
-__device__ static inline int k_block(const uint8_t *row, int64_t b, int64_t cols, float w[32])
+__device__ static inline void k_group(const uint8_t *row, int64_t b, int sub, float w[8], int *a,
+                                      int *bo)
 {
-    if (TYPE == KT_Q8_0) {
-        const uint8_t *q = row + (size_t)b * 34;
-        float d = kcuda_half(q);
-        for (int i = 0; i < 32; i++)
-            w[i] = d * (float)(int8_t)q[2 + i];
-        return 32;
-    }
-    if (TYPE == KT_Q4_0) {
-        const uint8_t *q = row + (size_t)b * 18;
-        float d = kcuda_half(q);
-        for (int j = 0; j < 16; j++) {
-            w[j] = d * (float)((q[2 + j] & 0xf) - 8);
-            w[j + 16] = d * (float)((q[2 + j] >> 4) - 8);
-        }
-        return 32;
-    }
     if (TYPE == KT_Q4_1) {
         const uint8_t *q = row + (size_t)b * 20;
         float d = kcuda_half(q), m = kcuda_half(q + 2);
-        for (int j = 0; j < 16; j++) {
-            w[j] = d * (float)(q[4 + j] & 0xf) + m;
-            w[j + 16] = d * (float)(q[4 + j] >> 4) + m;
+        uint32_t v = *(const uint32_t *)(q + 4 + 4 * sub); /* 20-byte blocks: 4-aligned */
+        for (int i = 0; i < 4; i++) {
+            w[i] = d * (float)((v >> (8 * i)) & 0xf) + m;
+            w[4 + i] = d * (float)((v >> (8 * i + 4)) & 0xf) + m;
         }
-        return 32;
+        *a = 4 * sub;
+        *bo = 16 + 4 * sub;
+    } else if (TYPE == KT_Q4_0) {
+        const uint8_t *q = row + (size_t)b * 18;
+        float d = kcuda_half(q);
+        const uint16_t *h = (const uint16_t *)(q + 2 + 4 * sub); /* 18-byte blocks: 2-aligned */
+        uint32_t v = (uint32_t)h[0] | (uint32_t)h[1] << 16;
+        for (int i = 0; i < 4; i++) {
+            w[i] = d * (float)((int)((v >> (8 * i)) & 0xf) - 8);
+            w[4 + i] = d * (float)((int)((v >> (8 * i + 4)) & 0xf) - 8);
+        }
+        *a = 4 * sub;
+        *bo = 16 + 4 * sub;
+    } else { /* Q8_0 */
+        const uint8_t *q = row + (size_t)b * 34;
+        float d = kcuda_half(q);
+        const uint16_t *h = (const uint16_t *)(q + 2 + 8 * sub); /* 34-byte blocks: 2-aligned */
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = d * (float)(int8_t)(h[i] & 0xff);
+            w[2 * i + 1] = d * (float)(int8_t)(h[i] >> 8);
+        }
+        *a = 8 * sub;
+        *bo = 8 * sub + 4;
     }
-    int m = cols - b * 32 < 32 ? (int)(cols - b * 32) : 32;
-    for (int i = 0; i < m; i++) {
-        int64_t c = b * 32 + i;
-        w[i] = TYPE == KT_F32   ? ((const float *)row)[c]
-               : TYPE == KT_F16 ? __half2float(((const __half *)row)[c])
-                                : __bfloat162float(((const __nv_bfloat16 *)row)[c]);
-    }
-    return m;
 }
 
-/* cols: the input columns multiplied (x's row length); w's rows start at the first of them */
+template <uint32_t TYPE> __device__ static inline float k_elem(const uint8_t *row, int64_t c)
+{
+    return TYPE == KT_F32   ? ((const float *)row)[c]
+           : TYPE == KT_F16 ? __half2float(((const __half *)row)[c])
+                            : __bfloat162float(((const __nv_bfloat16 *)row)[c]);
+}
+
+/* cols: the input columns multiplied (x's row length); w's rows start at the first of them.
+ * Quantized rows: lane l takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...); float rows:
+ * lane l takes columns l + 32 j. Each lane's sum per token runs over its columns in one order,
+ * whatever n, and the warp reduction adds the lanes in one order. */
 template <uint32_t TYPE>
 __global__ void k_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int64_t lo, int64_t hi,
                          const float *x, int n, float *y, int64_t ldy)
 {
+    const bool quant = TYPE == KT_Q8_0 || TYPE == KT_Q4_0 || TYPE == KT_Q4_1;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t r = lo + (int64_t)blockIdx.x * KQ_WARPS + warp;
     if (r >= hi)
         return;
     const uint8_t *row = w + (size_t)r * row_bytes;
-    int64_t nb = (cols + 31) / 32;
     for (int t0 = 0; t0 < n; t0 += KQ_TOK) {
         int nt = n - t0 < KQ_TOK ? n - t0 : KQ_TOK;
+        const float *xt = x + (int64_t)t0 * cols;
         float acc[KQ_TOK];
+#pragma unroll
         for (int t = 0; t < KQ_TOK; t++)
             acc[t] = 0.0f;
-        for (int64_t b = lane; b < nb; b += 32) {
-            float wv[32];
-            int m = k_block<TYPE>(row, b, cols, wv);
-            for (int t = 0; t < nt; t++) {
-                const float *xr = x + (int64_t)(t0 + t) * cols + b * 32;
-                float s = 0.0f;
-                if (m == 32) {
-                    const float4 *xp = (const float4 *)xr;
-                    for (int i = 0; i < 8; i++) {
-                        float4 v = xp[i];
-                        s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z +
-                             wv[4 * i + 3] * v.w;
-                    }
-                } else {
-                    for (int i = 0; i < m; i++)
-                        s += wv[i] * xr[i];
+        if (quant) {
+            int sub = lane & 3;
+            for (int64_t b = lane >> 2; b < cols / 32; b += KQ_SPAN / 32) {
+                float wv[8];
+                int a, bo;
+                k_group<TYPE>(row, b, sub, wv, &a, &bo);
+#pragma unroll
+                for (int t = 0; t < KQ_TOK; t++) {
+                    if (t >= nt)
+                        break;
+                    const float *xr = xt + (int64_t)t * cols + b * 32;
+                    float4 u = *(const float4 *)(xr + a), v = *(const float4 *)(xr + bo);
+                    acc[t] += wv[0] * u.x + wv[1] * u.y + wv[2] * u.z + wv[3] * u.w +
+                              wv[4] * v.x + wv[5] * v.y + wv[6] * v.z + wv[7] * v.w;
                 }
-                acc[t] += s;
+            }
+        } else {
+            for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
+                float wv[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    int64_t c = c0 + lane + 32 * i;
+                    wv[i] = c < cols ? k_elem<TYPE>(row, c) : 0.0f;
+                }
+#pragma unroll
+                for (int t = 0; t < KQ_TOK; t++) {
+                    if (t >= nt)
+                        break;
+                    const float *xr = xt + (int64_t)t * cols;
+                    float s = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        int64_t c = c0 + lane + 32 * i;
+                        if (c < cols)
+                            s += wv[i] * xr[c];
+                    }
+                    acc[t] += s;
+                }
             }
         }
-        for (int t = 0; t < nt; t++) {
+#pragma unroll
+        for (int t = 0; t < KQ_TOK; t++) {
+            if (t >= nt)
+                break;
             float s = kcuda_warp_sum(acc[t]);
             if (lane == 0)
                 y[(int64_t)(t0 + t) * ldy + r] = s;

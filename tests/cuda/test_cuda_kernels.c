@@ -448,8 +448,11 @@ static void test_attention(kv_type kt)
             double e = max_rel(got + ((size_t)i * A_H + h) * A_HD, o, A_HD);
             worst = e > worst ? e : worst;
         }
+    /* 1e-5, as the partials themselves: the GPU fuses d·fd + s·fs into one multiply-add and its
+     * expf is within 2 ulp, not the host's; an output that is the difference of two larger terms
+     * carries their rounding relative to its own size (seen on an H100: 5.6e-6) */
     check(kt == KV_F16 ? "merge of partials (f16 K/V)" : "merge of partials (f32 K/V)", worst,
-          1e-6);
+          1e-5);
     void *ptrs[] = {(void *)a.k, (void *)a.v, (void *)a.seq_row, (void *)a.n_prefix,
                     (void *)a.anc, (void *)a.n_anc, dq, dout, dpd, dps, dheads};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)

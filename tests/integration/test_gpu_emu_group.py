@@ -31,6 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import group as G  # noqa: E402
+import gpu_groups as GG  # noqa: E402
 
 t = G.Tests()
 
@@ -51,19 +52,6 @@ def tiny():
                      seed=11)
 
 
-def flat_plan():
-    """The emulated GPU's steps cost in proportion to their width, so prompt lookup would rightly
-    decline to draft: a plan whose step-time curve is flat (as a GPU's is at these widths) makes it
-    draft, so that trees are verified."""
-    return G.write_plan(os.path.join(G.env()["tmp"], "gpu-emu-flat-plan.json"), [1.0, 1.01, 1.02, 1.04, 1.08])
-
-
-def agreement(got, want):
-    common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    same = sum(a == b for a, b in zip(got, want))
-    return "common prefix %d of %d, %d tokens equal" % (common, len(want), same)
-
-
 @t.case
 def gpu_emu_group_speculation_is_lossless():
     gpu_worker_bin()
@@ -73,44 +61,22 @@ def gpu_emu_group_speculation_is_lossless():
     with G.Group("emu-mirror", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mirror"]) as g:
         for p in PROMPTS:
             plain[p] = g.ids(p, N)
-            G.log("  cpu:1,gpu:1 against orochi run, prompt %r: %s" % (p, agreement(plain[p], cpu[p])))
+            G.log("  cpu:1,gpu:1 against orochi run, prompt %r: %s" % (p, GG.agreement(plain[p], cpu[p])))
         wlog = g.log("worker-1")
     G.check("CUDA emulator" in wlog, "the GPU worker's log does not name the emulation:\n%s", wlog[-1500:])
     with G.Group("emu-mapped", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mapped"]) as g:
         for p in PROMPTS:
             G.check_eq(g.ids(p, N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
-    accepted = []
-    with G.Group("emu-lookup", model, devices="cpu:1,gpu:1", speculators=["ngram"],
-                 extra=["--gpu-memory", "mirror", "--plan", flat_plan()]) as g:
-        for p in PROMPTS:
-            r = g.complete(p, N)
-            G.check_eq(r["orochi"]["token_ids"], plain[p], "cpu:1,gpu:1 with ngram, prompt %r" % p)
-            G.log("  cpu:1,gpu:1 with ngram, prompt %r: mean accepted %.2f" % (p, r["orochi"]["mean_accepted"]))
-            accepted.append(r["orochi"]["mean_accepted"])
+    _, accepted, _ = GG.lookup_equals_plain("emu", model, "cpu:1,gpu:1", "mirror", PROMPTS, N, plain)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
 
 
 @t.case
 def gpu_emu_alone_with_graphs_is_lossless():
     gpu_worker_bin()
-    model = tiny()
-    with G.Group("emu-alone", model, devices="gpu:1", extra=["--gpu-memory", "mirror"]) as g:
-        plain = {p: g.ids(p, N) for p in PROMPTS}
-    accepted = []
-    with G.Group("emu-alone-lookup", model, devices="gpu:1", speculators=["ngram"],
-                 extra=["--gpu-memory", "mirror", "--plan", flat_plan()]) as g:
-        for p in PROMPTS:
-            r = g.complete(p, N)
-            G.check_eq(r["orochi"]["token_ids"], plain[p], "gpu:1 with ngram, prompt %r" % p)
-            G.log("  gpu:1 with ngram, prompt %r: mean accepted %.2f" % (p, r["orochi"]["mean_accepted"]))
-            accepted.append(r["orochi"]["mean_accepted"])
-        g.down()  # the worker says how many steps it replayed when it stops
-        wlog = g.log("worker-0")
+    _, accepted, logs = GG.lookup_equals_plain("emu-alone", tiny(), "gpu:1", "mirror", PROMPTS, N)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
-    lines = [x for x in wlog.splitlines() if "steps replayed from" in x]
-    G.check(lines and not lines[-1].split("GPU: ")[1].startswith("0 steps"),
-            "the GPU worker replayed no step:\n%s", wlog[-1500:])
-    G.log("  %s" % lines[-1].split("worker-0: ")[-1])
+    GG.check_replayed(logs[0])
 
 
 @t.case

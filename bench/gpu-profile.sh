@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Where a GPU forward step's time goes, kernel by kernel, on a machine with an NVIDIA GPU and
+# Nsight Compute (docs/gpu.md, "Profiling the GPU forward"): `orochi bench --plans` on the GPU alone
+# (mirror memory, graphs off, so each kernel is its own launch) under
+# `ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum`, at width 1 and width 16, on a
+# random-weight model (default: the 1B shape of deploy/gpu-check.sh), summarised by
+# bench/gpu_profile.py: per kernel and launch shape the device time, its share and the DRAM
+# bytes read over it (GB/s).
+#   usage: bench/gpu-profile.sh [OUT_DIR]      (default $OUT, else /tmp/gpu-profile)
+#   GPU_PROFILE_MODEL=PATH  another model; GPU_PROFILE_WIDTHS="1 16" the widths profiled
+# Writes OUT_DIR/profile.txt and profile-wN.csv per width; needs the core-only CUDA build that
+# deploy/gpu-check.sh makes (build-gpu), and makes it when it is missing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${1:-${OUT:-/tmp/gpu-profile}}"
+mkdir -p "$out"
+if [ ! -x build-gpu/bin/orochi ]; then
+    cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DOROCHI_CUDA_EMU=OFF \
+        -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-gpu -j "$(nproc)" >/dev/null
+fi
+ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
+[ -n "$ncu" ] || { echo "no Nsight Compute (ncu) here"; exit 1; }
+model="${GPU_PROFILE_MODEL:-/tmp/gc-1b.gguf}"
+[ -f "$model" ] || build-gpu/bin/orochi mkmodel --out "$model" --layers 16 --dim 2048 --ffn 8192 \
+    --heads 32 --kv-heads 8 --vocab 32000 --ctx 8192 --type q4_1 --seed 1 >/dev/null
+: >"$out/profile.txt"
+for w in ${GPU_PROFILE_WIDTHS:-1 16}; do
+    # a context of 2 steps of the width: few prefill launches beside the timed ones
+    "$ncu" --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        build-gpu/bin/orochi bench --plans --model "$model" --widths "$w" --reps 2 --ctx $(( 2 * w )) \
+        --parts 1 --devices gpu --plan hcmp:even --gpu-memory mirror --gpu-graphs off \
+        >"$out/profile-w$w.csv" 2>"$out/profile-w$w.log" || { tail -20 "$out/profile-w$w.log"; exit 1; }
+    python3 bench/gpu_profile.py "$out/profile-w$w.csv" --title "$(basename "$model"), width $w" |
+        tee -a "$out/profile.txt"
+    rm -f "$out/profile-w$w.log"
+done

@@ -1,0 +1,74 @@
+"""The losslessness checks of a group with a GPU worker, shared by the tests whose GPU worker is the
+CUDA emulation (test_gpu_emu_group.py) and a real GPU (test_gpu_device_group.py).
+
+A GPU worker's numbers are not the CPU's bits, so what must hold is losslessness within each group,
+token for token: the same group's answer with a speculator equals its answer without one. Each
+function takes the model, the prompts and the answer length, runs its groups and returns what it
+measured (for the caller's log); `flat_plan()` gives prompt lookup a step-time curve that makes it
+draft.
+"""
+import os
+import time
+
+import group as G
+
+
+def flat_plan():
+    """A plan whose step-time curve is flat (as a GPU's is at these widths): prompt lookup then
+    drafts, so that trees are verified. (An emulated GPU's steps cost in proportion to their width,
+    and its coordinator would rightly decline to draft.)"""
+    return G.write_plan(os.path.join(G.env()["tmp"], "gpu-flat-plan.json"), [1.0, 1.01, 1.02, 1.04, 1.08])
+
+
+def agreement(got, want):
+    """How far two answers agree: their common prefix and the count of equal positions."""
+    common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    same = sum(a == b for a, b in zip(got, want))
+    return "common prefix %d of %d, %d tokens equal" % (common, len(want), same)
+
+
+def timed(g, prompt, n):
+    """One completion and its wall time in seconds (prefill, decode and HTTP together)."""
+    t0 = time.monotonic()
+    r = g.complete(prompt, n, timeout=600)
+    return r, time.monotonic() - t0
+
+
+def lookup_equals_plain(name, model, devices, mode, prompts, n, plain=None, extra=()):
+    """The group `devices` (GPU memory `mode`) answers each prompt with the ngram speculator exactly
+    as without it (its plain answers are computed first unless given). Returns (plain answers,
+    mean accepted per prompt, the speculating group's worker logs); logs tokens/s of both."""
+    args = ["--gpu-memory", mode] + list(extra)
+    if plain is None:
+        plain = {}
+        with G.Group(name, model, devices=devices, extra=args) as g:
+            for p in prompts:
+                r, s = timed(g, p, n)
+                plain[p] = r["orochi"]["token_ids"]
+                G.log("  %s (%s), prompt %r: %d tokens in %.2f s plain" % (devices, mode, p[:30], len(plain[p]), s))
+    accepted = []
+    with G.Group(name + "-lookup", model, devices=devices, speculators=["ngram"],
+                 extra=args + ["--plan", flat_plan()]) as g:
+        for p in prompts:
+            r, s = timed(g, p, n)
+            G.check_eq(r["orochi"]["token_ids"], plain[p], "%s (%s) with ngram, prompt %r" % (devices, mode, p))
+            accepted.append(r["orochi"]["mean_accepted"])
+            G.log("  %s (%s) with ngram, prompt %r: %.2f s, mean accepted %.2f" % (devices, mode, p[:30], s,
+                                                                                  accepted[-1]))
+        g.down()  # a GPU worker says how many steps it replayed from graphs when it stops
+        logs = [g.log("worker-%d" % i) for i in range(len(devices.split(",")))]
+    return plain, accepted, logs
+
+
+def replayed(wlog):
+    """The GPU worker's last 'steps replayed from' line, or None."""
+    lines = [x for x in wlog.splitlines() if "steps replayed from" in x]
+    return lines[-1].split("worker-")[-1] if lines else None
+
+
+def check_replayed(wlog):
+    """The GPU worker replayed at least one step from a CUDA graph; logs its count."""
+    line = replayed(wlog)
+    G.check(line and not line.split("GPU: ")[1].startswith("0 steps"), "the GPU worker replayed no step:\n%s",
+            wlog[-1500:])
+    G.log("  worker-%s" % line)
