@@ -7,7 +7,7 @@ Losslessness within each group, token for token (the GPU's numbers are not the C
   it, and mapped mode equals mirror; gpu:1 alone (mapped, steps replayed from CUDA graphs) with the
   ngram speculator equals its plain answers, and the worker says it replayed steps;
 - each model named in $OROCHI_GPU_MODELS (colon-separated paths: the default model, a 1B mkmodel
-  shape), on the bench prompt: cpu:1,gpu:1 (mirror) and gpu:1 (mapped), each with and without the
+  shape), on one longer prompt ($OROCHI_GPU_PROMPT; an instruct model wants its chat format there): cpu:1,gpu:1 (mirror) and gpu:1 (mapped), each with and without the
   ngram speculator; the wall time of each answer is logged.
 The agreement of each plain answer with `orochi run --temp 0` (the CPU's numbers) is logged, not
 required.
@@ -25,8 +25,8 @@ t = G.Tests()
 PROMPTS = ["one two three four five six seven", "the cat sat on the mat and the cat sat on the mat and the"]
 N = 120
 # the bench's kind of request for the larger models: an instruction whose answer repeats its words
-BIG_PROMPT = ("Repeat this list three times, separated by commas: apple, river, stone, lantern, "
-              "garden, copper, violin, harbour.")
+BIG_PROMPT = os.environ.get("OROCHI_GPU_PROMPT", "Repeat this list three times, separated by commas: apple, "
+                            "river, stone, lantern, garden, copper, violin, harbour.")
 BIG_N = 96
 
 
