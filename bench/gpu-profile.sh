@@ -12,17 +12,14 @@
 # deploy/gpu-check.sh makes (build-gpu), and makes it when it is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. deploy/gpu-common.sh
 out="${1:-${OUT:-/tmp/gpu-profile}}"
 mkdir -p "$out"
-if [ ! -x build-gpu/bin/orochi ]; then
-    cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DOROCHI_CUDA_EMU=OFF \
-        -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-gpu -j "$(nproc)" >/dev/null
-fi
+[ -x build-gpu/bin/orochi ] || gpu_build /dev/null
 ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
 [ -n "$ncu" ] || { echo "no Nsight Compute (ncu) here"; exit 1; }
 model="${GPU_PROFILE_MODEL:-/tmp/gc-1b.gguf}"
-[ -f "$model" ] || build-gpu/bin/orochi mkmodel --out "$model" --layers 16 --dim 2048 --ffn 8192 \
-    --heads 32 --kv-heads 8 --vocab 32000 --ctx 8192 --type q4_1 --seed 1 >/dev/null
+[ -f "$model" ] || gpu_model_1b "$model"
 : >"$out/profile.txt"
 for w in ${GPU_PROFILE_WIDTHS:-1 16}; do
     # a context of 2 steps of the width: few prefill launches beside the timed ones

@@ -28,6 +28,7 @@
 # fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. deploy/gpu-common.sh
 out="${1:-${OUT:-/tmp/gpu-check}}"
 mkdir -p "$out"
 jobs="$(nproc)"
@@ -64,9 +65,7 @@ echo "== the card"
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $jobs CPUs, $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"; } 2>&1 | tee "$out/gpu.txt"
 echo "== build (core only, CUDA on)"
-{ cmake -S . -B build-gpu -DOROCHI_CORE_ONLY=ON -DOROCHI_CUDA=ON -DOROCHI_CUDA_EMU=OFF \
-    -DCMAKE_BUILD_TYPE=Release && cmake --build build-gpu -j "$jobs"; } >"$out/build.log" 2>&1 ||
-    { tail -40 "$out/build.log"; exit 1; }
+gpu_build "$out/build.log" || { tail -40 "$out/build.log"; exit 1; }
 : >"$out/plans.txt"
 : >"$out/group.log"
 bin=build-gpu/bin/orochi
@@ -82,8 +81,7 @@ models=()
 if [ "$only" = 1 ]; then
     [ -n "$trained" ] || { echo "GPU_CHECK_TRAINED_ONLY=1 but no trained model here"; exit 1; }
 else
-    "$bin" mkmodel --out /tmp/gc-1b.gguf --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 \
-        --vocab 32000 --ctx 8192 --type q4_1 --seed 1 >/dev/null
+    gpu_model_1b /tmp/gc-1b.gguf
     "$bin" mkmodel --out /tmp/gc-135m.gguf --layers 30 --dim 576 --ffn 1536 --heads 9 \
         --kv-heads 3 --vocab 49152 --ctx 8192 --type q4_1 --seed 1 --tied >/dev/null
     models+=(/tmp/gc-1b.gguf /tmp/gc-135m.gguf)

@@ -21,6 +21,10 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#ifdef __cplusplus /* the GPU op set's sources (C++) call the type helpers */
+extern "C" {
+#endif
+
 /* ===== tensor types (ggml numbering, as stored in GGUF) ===== */
 
 typedef enum {
@@ -260,5 +264,9 @@ void katt_causal_tokens(int n_tok, const float *const *q, int64_t q_stride, int 
                         float *const *out, int64_t out_stride);
 /* Finish: out /= sum. */
 void katt_finish(const katt_stat *s, float *out, int head_dim);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

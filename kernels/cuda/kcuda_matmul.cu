@@ -6,9 +6,10 @@
  * addresses (k_group: four lanes to a quantized block, each dequantizing 8 weights in registers;
  * float rows: lane l takes every 32nd column from l, the row's end possibly short). Each weight is
  * multiplied with up to KQ_TOK tokens at once, so it is read from memory once per KQ_TOK tokens;
- * the lanes' sums meet in a warp reduction. Each token's sum is taken in the same order whatever the batch, so a token's
- * result does not depend on the width of the batch it came in: a tree's verification computes
- * the bits sequential decoding computes (docs/gpu.md, "Why the forward does not use cuBLAS").
+ * the lanes' sums meet in a warp reduction. Each token's sum is taken in the same order
+ * whatever the batch, so a token's result does not depend on the width of the batch it came in:
+ * a tree's verification computes the bits sequential decoding computes (docs/gpu.md, "Why the
+ * forward does not use cuBLAS").
  * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
  * every type starts its rows at the range's first column.
  *
@@ -67,13 +68,6 @@ __device__ static inline void k_group(const uint8_t *row, int64_t b, int sub, fl
     }
 }
 
-template <uint32_t TYPE> __device__ static inline float k_elem(const uint8_t *row, int64_t c)
-{
-    return TYPE == KT_F32   ? ((const float *)row)[c]
-           : TYPE == KT_F16 ? __half2float(((const __half *)row)[c])
-                            : __bfloat162float(((const __nv_bfloat16 *)row)[c]);
-}
-
 /* cols: the input columns multiplied (x's row length); w's rows start at the first of them.
  * Quantized rows: lane l takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...); float rows:
  * lane l takes columns l + 32 j. Each lane's sum per token runs over its columns in one order,
@@ -117,7 +111,7 @@ __global__ void k_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int64
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     int64_t c = c0 + lane + 32 * i;
-                    wv[i] = c < cols ? k_elem<TYPE>(row, c) : 0.0f;
+                    wv[i] = c < cols ? kcuda_dequant(TYPE, row, c) : 0.0f;
                 }
 #pragma unroll
                 for (int t = 0; t < KQ_TOK; t++) {
@@ -184,19 +178,6 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
     return 0;
 }
 
-/* The bytes before column c of a row (c on a 32-block for the 8- and 4-bit types). */
-static size_t k_col_bytes(uint32_t type, int64_t c)
-{
-    switch (type) {
-    case KT_F32: return (size_t)c * 4;
-    case KT_F16:
-    case KT_BF16: return (size_t)c * 2;
-    case KT_Q8_0: return (size_t)(c / 32) * 34;
-    case KT_Q4_0: return (size_t)(c / 32) * 18;
-    default: return (size_t)(c / 32) * 20;
-    }
-}
-
 int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
 {
@@ -207,7 +188,8 @@ int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c
     int64_t k = c1 - c0;
     const uint8_t *wd = (const uint8_t *)w->data;
     unsigned blocks = (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);
-    const uint8_t *w0 = wd + k_col_bytes(w->type, c0); /* the rows from column c0 */
+    /* the rows from column c0 (on a block of the 8- and 4-bit types: kcuda_check_matmul) */
+    const uint8_t *w0 = wd + kt_row_bytes(w->type, (uint64_t)c0);
     dim3 grid(blocks), block(32 * KQ_WARPS);
     switch (w->type) {
     case KT_F32:

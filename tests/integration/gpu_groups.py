@@ -5,12 +5,23 @@ A GPU worker's numbers are not the CPU's bits, so what must hold is losslessness
 token for token: the same group's answer with a speculator equals its answer without one. Each
 function takes the model, the prompts and the answer length, runs its groups and returns what it
 measured (for the caller's log); `flat_plan()` gives prompt lookup a step-time curve that makes it
-draft.
+draft; `tiny()`, PROMPTS and N are the small case both tests run.
 """
 import os
 import time
 
 import group as G
+
+
+# the tiny model's answers fall into loops that prompt lookup drafts from
+PROMPTS = ["one two three four five six seven", "the cat sat on the mat and the cat sat on the mat and the"]
+N = 120
+
+
+def tiny():
+    """The tiny Q4_1 model both GPU group tests run (two KV heads: one for each of two workers)."""
+    return G.mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=512, type="q4_1",
+                     seed=11)
 
 
 def flat_plan():

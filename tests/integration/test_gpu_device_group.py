@@ -22,17 +22,10 @@ import gpu_groups as GG  # noqa: E402
 
 t = G.Tests()
 
-PROMPTS = ["one two three four five six seven", "the cat sat on the mat and the cat sat on the mat and the"]
-N = 120
 # the bench's kind of request for the larger models: an instruction whose answer repeats its words
 BIG_PROMPT = os.environ.get("OROCHI_GPU_PROMPT", "Repeat this list three times, separated by commas: apple, "
                             "river, stone, lantern, garden, copper, violin, harbour.")
 BIG_N = 96
-
-
-def tiny():
-    return G.mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=512, type="q4_1",
-                     seed=11)
 
 
 # $OROCHI_GPU_DEVICE_STANDIN=orochi-worker-gpuemu checks this file itself without a GPU: the groups'
@@ -48,7 +41,7 @@ def need_device():
         return
     tool = G.built("orochi-gpu-agreement", " (this build has no CUDA)")
     prompts = os.path.join(G.env()["source"], "bench", "prompts.jsonl")
-    r = subprocess.run([tool, "--model", tiny(), "--prompts", prompts, "--tokens", "1", "--limit", "1"],
+    r = subprocess.run([tool, "--model", GG.tiny(), "--prompts", prompts, "--tokens", "1", "--limit", "1"],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0 and "CUDA device" in r.stderr:
         G.skip("no usable CUDA device here: " + r.stderr.strip().splitlines()[-1])
@@ -59,18 +52,18 @@ def need_device():
 @t.case
 def tiny_model_groups_are_lossless():
     need_device()
-    model = tiny()
-    cpu = {p: G.run_ids(model, p, N) for p in PROMPTS}
-    plain, accepted, logs = GG.lookup_equals_plain("dev", model, "cpu:1,gpu:1", "mirror", PROMPTS, N)
+    model = GG.tiny()
+    cpu = {p: G.run_ids(model, p, GG.N) for p in GG.PROMPTS}
+    plain, accepted, logs = GG.lookup_equals_plain("dev", model, "cpu:1,gpu:1", "mirror", GG.PROMPTS, GG.N)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
     G.check("memory mirror" in logs[1] and (STANDIN or ("stand" not in logs[1] and "emulat" not in logs[1])),
             "the GPU worker's log does not say it runs a device in mirror mode:\n%s", logs[1][-1500:])
-    for p in PROMPTS:
+    for p in GG.PROMPTS:
         G.log("  cpu:1,gpu:1 against orochi run, prompt %r: %s" % (p, GG.agreement(plain[p], cpu[p])))
     with G.Group("dev-mapped", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mapped"]) as g:
-        for p in PROMPTS:
-            G.check_eq(g.ids(p, N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
-    _, accepted, logs = GG.lookup_equals_plain("dev-alone", model, "gpu:1", "mapped", PROMPTS, N)
+        for p in GG.PROMPTS:
+            G.check_eq(g.ids(p, GG.N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
+    _, accepted, logs = GG.lookup_equals_plain("dev-alone", model, "gpu:1", "mapped", GG.PROMPTS, GG.N)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
     GG.check_replayed(logs[0])
 

@@ -35,10 +35,6 @@ import gpu_groups as GG  # noqa: E402
 
 t = G.Tests()
 
-# the tiny model's answers fall into loops that prompt lookup drafts from
-PROMPTS = ["one two three four five six seven", "the cat sat on the mat and the cat sat on the mat and the"]
-N = 120
-
 
 LEFT_OUT = " (the CUDA emulation is left out of sanitizer builds)"
 
@@ -47,34 +43,29 @@ def gpu_worker_bin():
     return G.use_gpu_worker("orochi-worker-gpuemu", LEFT_OUT)
 
 
-def tiny():
-    return G.mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=512, type="q4_1",
-                     seed=11)
-
-
 @t.case
 def gpu_emu_group_speculation_is_lossless():
     gpu_worker_bin()
-    model = tiny()
-    cpu = {p: G.run_ids(model, p, N) for p in PROMPTS}
+    model = GG.tiny()
+    cpu = {p: G.run_ids(model, p, GG.N) for p in GG.PROMPTS}
     plain = {}
     with G.Group("emu-mirror", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mirror"]) as g:
-        for p in PROMPTS:
-            plain[p] = g.ids(p, N)
+        for p in GG.PROMPTS:
+            plain[p] = g.ids(p, GG.N)
             G.log("  cpu:1,gpu:1 against orochi run, prompt %r: %s" % (p, GG.agreement(plain[p], cpu[p])))
         wlog = g.log("worker-1")
     G.check("CUDA emulator" in wlog, "the GPU worker's log does not name the emulation:\n%s", wlog[-1500:])
     with G.Group("emu-mapped", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mapped"]) as g:
-        for p in PROMPTS:
-            G.check_eq(g.ids(p, N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
-    _, accepted, _ = GG.lookup_equals_plain("emu", model, "cpu:1,gpu:1", "mirror", PROMPTS, N, plain)
+        for p in GG.PROMPTS:
+            G.check_eq(g.ids(p, GG.N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
+    _, accepted, _ = GG.lookup_equals_plain("emu", model, "cpu:1,gpu:1", "mirror", GG.PROMPTS, GG.N, plain)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
 
 
 @t.case
 def gpu_emu_alone_with_graphs_is_lossless():
     gpu_worker_bin()
-    _, accepted, logs = GG.lookup_equals_plain("emu-alone", tiny(), "gpu:1", "mirror", PROMPTS, N)
+    _, accepted, logs = GG.lookup_equals_plain("emu-alone", GG.tiny(), "gpu:1", "mirror", GG.PROMPTS, GG.N)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
     GG.check_replayed(logs[0])
 
@@ -88,7 +79,7 @@ def gpu_agreement_tool_reports_steps_and_differences():
     js = os.path.join(G.env()["tmp"], "gpu-agreement.jsonl")
     if os.path.exists(js):
         os.remove(js)
-    r = subprocess.run([tool, "--model", tiny(), "--prompts", prompts, "--tokens", "8", "--json", js],
+    r = subprocess.run([tool, "--model", GG.tiny(), "--prompts", prompts, "--tokens", "8", "--json", js],
                        capture_output=True, text=True, timeout=300)
     G.check(r.returncode == 0, "orochi-gpu-agreement-emu failed (%d): %s", r.returncode, r.stderr)
     G.log("  " + r.stdout.strip().splitlines()[-1])
@@ -101,7 +92,7 @@ def gpu_agreement_tool_reports_steps_and_differences():
                 x["worst_rel_l2"])
         G.check(x["agree"] + x["near_ties"] == x["steps"], "%s: greedy tokens differ beyond near ties: %r",
                 x["prompt"], x)
-    bad = subprocess.run([tool, "--model", tiny(), "--gpu-memory", "bogus"], capture_output=True, text=True,
+    bad = subprocess.run([tool, "--model", GG.tiny(), "--gpu-memory", "bogus"], capture_output=True, text=True,
                          timeout=60)
     G.check(bad.returncode == 2 and "--gpu-memory bogus" in bad.stderr,
             "a bad --gpu-memory was not refused with status 2 (%d): %s", bad.returncode, bad.stderr)
@@ -110,7 +101,7 @@ def gpu_agreement_tool_reports_steps_and_differences():
 @t.case
 def gpu_check_bench_commands_run_over_the_emulation():
     cli = G.built("orochi-emu", LEFT_OUT)
-    model = tiny()
+    model = GG.tiny()
     js = os.path.join(G.env()["tmp"], "gpu-emu-plans.jsonl")
     if os.path.exists(js):
         os.remove(js)
