@@ -44,7 +44,7 @@ typedef struct {
     int n_plans;
     bool gpu[LLAMA_MAX_PARTS];
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
-    bool gpu_graphs;
+    bool gpu_graphs, gpu_fuse;
     const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
@@ -78,15 +78,16 @@ static void pb_usage(FILE *out)
             "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-            "                    [--search PLAN]\n"
+            "                    [--gpu-fuse on|off] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
             "  dense attention on part 0, sparse on the last part) or megatron:S (the baseline:\n"
             "  the second linear of each pair by input columns, partial sums reduced). Default:\n"
             "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
-            "  build with CUDA; --gpu-memory and --gpu-graphs as orochi-worker takes them,\n"
-            "  docs/gpu.md). JSON lines go to --json FILE (bench/results/plans.jsonl).\n"
+            "  build with CUDA; --gpu-memory, --gpu-graphs and --gpu-fuse as orochi-worker\n"
+            "  takes them, docs/gpu.md). JSON lines go to --json FILE\n"
+            "  (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
             "  by kind while the step time summed over --widths falls (coordinator/control.h,\n"
@@ -173,7 +174,8 @@ static void *pb_part_main(void *argp)
 #ifdef OROCHI_HAVE_CUDA
     llama_gpu *gpu = NULL;
     llama_gpu_params gprm = {.memory = (llama_gpu_memory)llama_gpu_memory_parse(o->gpu_memory),
-                             .graphs = o->gpu_graphs};
+                             .graphs = o->gpu_graphs,
+                             .unfused = !o->gpu_fuse};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
@@ -260,6 +262,12 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_graphs = !strcmp(val, "on");
+        } else if (!strcmp(a, "--gpu-fuse")) {
+            if (strcmp(val, "on") && strcmp(val, "off")) {
+                fprintf(stderr, "orochi bench: --gpu-fuse %s: on or off\n", val);
+                return 2;
+            }
+            o->gpu_fuse = !strcmp(val, "on");
         } else if (!strcmp(a, "--plan")) {
             if (n_plans == PB_MAX_USER_PLANS) {
                 fprintf(stderr, "orochi bench: at most %d plans\n", PB_MAX_USER_PLANS);
@@ -529,7 +537,8 @@ int bench_plans(int argc, char **argv)
                  .ctx = 256,
                  .reps = 5,
                  .gpu_memory = "auto",
-                 .gpu_graphs = true};
+                 .gpu_graphs = true,
+                 .gpu_fuse = true};
     o.n_widths = cli_int_list("bench", "--widths", "1,2,4,8,16,32,64", 1, 64, o.widths,
                               PB_MAX_WIDTHS);
     int rc = pb_parse(&o, argc, argv);
@@ -597,10 +606,10 @@ int bench_plans(int argc, char **argv)
                         "{\"bench\":\"plans\",\"plan\":\"%s\",\"width\":%d,\"ms\":%.4f,"
                         "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
-                        "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s}\n",
+                        "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
-                        o.gpu_graphs ? "true" : "false");
+                        o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false");
         }
         printf("\n");
     }

@@ -255,6 +255,10 @@ int coord_group_spawn_all(coord *c)
                 group_argv_add(p, "--gpu-graphs");
                 group_argv_add(p, c->gpu_graphs);
             }
+            if (c->gpu_fuse[0]) {
+                group_argv_add(p, "--gpu-fuse");
+                group_argv_add(p, c->gpu_fuse);
+            }
         }
     }
     for (int i = 0; i < c->n_spec_specs; i++)

@@ -156,7 +156,7 @@ static void coord_usage(FILE *out)
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
-        "         [--gpu-graphs on|off] [--trace]\n"
+        "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -189,11 +189,12 @@ static void coord_usage(FILE *out)
         "  --kv f16: the K/V cache in the arena in f16 instead of f32 (half the bytes every\n"
         "  step's attention reads: faster batches and long contexts; `orochi run --kv f16`\n"
         "  gives the same tokens).\n"
-        "  --gpu-memory (auto) and --gpu-graphs (on) go to the GPU workers: where a GPU part\n"
-        "  keeps its activations and K/V rows (mapped: read in place in the arena, for a GPU\n"
-        "  that shares the host's memory; mirror: device copies, for a discrete card; auto\n"
-        "  picks by the device), and whether a sole GPU part replays steps as CUDA graphs\n"
-        "  (docs/gpu.md).\n"
+        "  --gpu-memory (auto), --gpu-graphs (on) and --gpu-fuse (on) go to the GPU workers:\n"
+        "  where a GPU part keeps its activations and K/V rows (mapped: read in place in the\n"
+        "  arena, for a GPU that shares the host's memory; mirror: device copies, for a\n"
+        "  discrete card; auto picks by the device), whether a sole GPU part replays steps as\n"
+        "  CUDA graphs, and whether it runs the fused launches or one launch per op (the same\n"
+        "  bits; docs/gpu.md).\n"
         "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
         "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
@@ -294,6 +295,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"kv", required_argument, 0, 22},
                                          {"gpu-memory", required_argument, 0, 23},
                                          {"gpu-graphs", required_argument, 0, 24},
+                                         {"gpu-fuse", required_argument, 0, 25},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -385,12 +387,14 @@ static int coord_parse(coord *c, int argc, char **argv)
             snprintf(c->gpu_memory, sizeof c->gpu_memory, "%s", optarg);
             break;
         case 24:
+        case 25:
             if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-                fprintf(stderr, "orochi-coordinator: --gpu-graphs takes on or off, got '%s'\n",
-                        optarg);
+                fprintf(stderr, "orochi-coordinator: --%s takes on or off, got '%s'\n",
+                        o == 24 ? "gpu-graphs" : "gpu-fuse", optarg);
                 return 2;
             }
-            snprintf(c->gpu_graphs, sizeof c->gpu_graphs, "%s", optarg);
+            /* both fields hold "on" or "off" */
+            snprintf(o == 24 ? c->gpu_graphs : c->gpu_fuse, sizeof c->gpu_fuse, "%s", optarg);
             break;
         case 19:
             c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;

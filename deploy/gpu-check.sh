@@ -9,7 +9,8 @@
 # in GB/s; on the 1B shape, the partition search for GPU + CPU. HCMP is compared with the Megatron
 # baseline both on two CPU parts and on GPU + CPU. The GPU runs are made in both memory modes
 # (--gpu-memory mapped: the arena read in place; mirror: device copies) and, for the GPU alone,
-# with CUDA graphs off and on. Last, the GPU forward test under compute-sanitizer memcheck.
+# with CUDA graphs off and on, and (mirror, graphs on) with one launch per op against the fused
+# launches. Last, the GPU forward test under compute-sanitizer memcheck.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
@@ -152,11 +153,11 @@ plan() {
 if stage plans 30; then
     for m in "${models[@]}"; do
         common=(--model "$m" --widths "$widths" --reps "$reps" --ctx 256 --json "$out/plans.jsonl")
-        for mode in "mapped off" "mirror off" "mirror on" "mapped on"; do
+        for mode in "mapped off on" "mirror off on" "mirror on on" "mirror on off" "mapped on on"; do
             set -- $mode
             [ "${GPU_CHECK_QUICK:-0}" = 1 ] && [ "$1 $2" = "mapped on" ] && continue
-            plan "$m: GPU only, memory $1, graphs $2" "${common[@]}" --parts 1 --devices gpu \
-                --plan hcmp:even --gpu-memory "$1" --gpu-graphs "$2"
+            plan "$m: GPU only, memory $1, graphs $2, fused launches $3" "${common[@]}" --parts 1 \
+                --devices gpu --plan hcmp:even --gpu-memory "$1" --gpu-graphs "$2" --gpu-fuse "$3"
         done
         plan "$m: CPU only, $cores threads" "${common[@]}" --parts 1 --devices cpu \
             --threads-per-part "$cores" --plan hcmp:even

@@ -7,7 +7,10 @@
  * the tree area, attention for the part's units (full, dense or sparse), the merge of split heads,
  * the output projection and residual, rmsnorm, gate/up, SiLU, down and residual — each result
  * where the CPU part would have written it in the shared block, so the other parts (CPU or GPU)
- * read it there.
+ * read it there. By default these run as fused launches (kcuda.h): q/k/v as one matmul, RoPE with
+ * the K/V stores, each residual add inside its matmul, gate/up with SiLU: a sole part's layer
+ * is 8 launches where one per op (llama_gpu_params.unfused, for comparison) takes 17, or 19 in
+ * mirror mode; the bits are the same either way.
  *
  * Mapped mode works in the shared block itself. Mirror mode works in device buffers of the same
  * shapes (gpu_bufs) and meets the others through the block: before a synchronisation point its
@@ -32,6 +35,7 @@
 typedef struct {
     kmat wq, wk, wv, wo, w_gate, w_up, w_down;
     float *attn_norm, *ffn_norm;
+    bool qkv_alike, ffn_alike; /* q, k, v (gate, up) of one type and width: one fused launch */
 } gpu_layer;
 
 /* Where a step's activations and K/V are, as device addresses: the mapped shared block, or the
@@ -75,6 +79,7 @@ struct llama_gpu {
     long steps;
     /* graphs (a sole part): the recordings, and the partition they were recorded under */
     bool graphs;
+    bool fuse; /* the fused launches (kcuda.h) where a layer's matrices allow them */
     gpu_graph *rec;
     int n_rec;
     int64_t rec_bnd[LP_N][LLAMA_MAX_PARTS + 1];
@@ -239,6 +244,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
                  : kcuda_integrated(gp->g)   ? LLAMA_GPU_MAPPED
                                              : LLAMA_GPU_MIRROR;
     gp->graphs = prm->graphs;
+    gp->fuse = !prm->unfused;
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -260,6 +266,8 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
             if (gpu_matrix(gp, src[k], dst[k], what, err, errlen))
                 goto fail;
         }
+        G->qkv_alike = G->wq.type == G->wk.type && G->wq.type == G->wv.type;
+        G->ffn_alike = G->w_gate.type == G->w_up.type;
         if (!(G->attn_norm = gpu_floats(gp, L->attn_norm, (size_t)c->dim, err, errlen)) ||
             !(G->ffn_norm = gpu_floats(gp, L->ffn_norm, (size_t)c->dim, err, errlen)))
             goto fail;
@@ -313,9 +321,10 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     }
     char dev_name[160];
     kcuda_describe(gp->g, dev_name, sizeof dev_name);
-    snprintf(gp->describe, sizeof gp->describe, "%s; memory %s, graphs %s", dev_name,
+    snprintf(gp->describe, sizeof gp->describe, "%s; memory %s, graphs %s, launches %s", dev_name,
              llama_gpu_memory_name(gp->memory),
-             !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on");
+             !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
+             gp->fuse ? "fused" : "one per op");
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;
@@ -366,6 +375,11 @@ void llama_gpu_graph_counts(const llama_gpu *gp, long *replayed, long *recorded)
 {
     *replayed = gp->replayed;
     *recorded = gp->recorded;
+}
+
+long llama_gpu_launches(const llama_gpu *gp)
+{
+    return kcuda_launches(gp->g);
 }
 
 /* Drain the stream, then meet the other parts. */
@@ -557,6 +571,77 @@ static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *in, int64_t l
     return gpu_meet(gp, D->x, S->x, n, dim, r0, r1, err, errlen);
 }
 
+/* A layer's q, k and v rows of the part, RoPE, and its K/V rows into the tree area of the layer's
+ * blocks (kl, vl: their offsets) — the shared block's, which commits move, and a mirror's own.
+ * Fused: one matmul launch and one RoPE-and-store launch. */
+static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t vl,
+                   const llama_part_cols *pc, char *err, size_t errlen)
+{
+    llama_ctx *x = gp->x;
+    kcuda *g = gp->g;
+    const llama_config *c = &x->m->cfg;
+    const gpu_bufs *D = &gp->dev, *S = &gp->shb;
+    bool mirror = gp->memory == LLAMA_GPU_MIRROR;
+    int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
+    int half = c->rot_dim / 2, qh = (int)((pc->q1 - pc->q0) / hd);
+    if (!gp->fuse || !L->qkv_alike) {
+        if (kcuda_matmul(g, &L->wq, pc->q0, pc->q1, gp->xb, n, D->q, qd, err, errlen) ||
+            kcuda_matmul(g, &L->wk, pc->k0, pc->k1, gp->xb, n, D->kk, kvd, err, errlen) ||
+            kcuda_matmul(g, &L->wv, pc->k0, pc->k1, gp->xb, n, D->vv, kvd, err, errlen))
+            return -1;
+        kcuda_rope(g, D->q + pc->q0, n, qd, qh, (int)hd, half, gp->d_cs, gp->d_sn);
+        kcuda_rope(g, D->kk + pc->k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d_cs,
+                   gp->d_sn);
+        gpu_kv_store(gp, S->kv + kl, D->kk, n);
+        gpu_kv_store(gp, S->kv + vl, D->vv, n);
+        if (mirror) {
+            gpu_kv_store(gp, D->kv + kl, D->kk, n);
+            gpu_kv_store(gp, D->kv + vl, D->vv, n);
+        }
+        return 0;
+    }
+    kcuda_mm mm[3] = {{&L->wq, pc->q0, pc->q1, D->q, qd},
+                      {&L->wk, pc->k0, pc->k1, D->kk, kvd},
+                      {&L->wv, pc->k0, pc->k1, D->vv, kvd}};
+    if (kcuda_matmul_multi(g, mm, 3, gp->xb, n, err, errlen))
+        return -1;
+    kcuda_rope_kv a = {.q = D->q + pc->q0,
+                       .q_stride = qd,
+                       .q_heads = half > 0 ? qh : 0,
+                       .k = D->kk,
+                       .v = D->vv,
+                       .kv_stride = kvd,
+                       .kv_h0 = x->kvh0,
+                       .kv_h1 = x->kvh1,
+                       .head_dim = (int)hd,
+                       .half = half,
+                       .cs = gp->d_cs,
+                       .sn = gp->d_sn,
+                       .type = x->p.kv,
+                       .head_rows = x->tree_row + x->p.max_width,
+                       .r0 = x->tree_row + x->batch_base,
+                       .k_dst = {S->kv + kl, D->kv + kl},
+                       .v_dst = {S->kv + vl, D->kv + vl},
+                       .n_dst = mirror ? 2 : 1};
+    kcuda_rope_store(g, &a, n);
+    return 0;
+}
+
+/* x's rows [r0, r1) += W . in (the output projection or down, and the residual): one launch fused,
+ * else the product into xb2 and an add. */
+static int gpu_residual(llama_gpu *gp, const kmat *w, int64_t r0, int64_t r1, const float *in,
+                        int n, char *err, size_t errlen)
+{
+    const gpu_bufs *D = &gp->dev;
+    int64_t dim = gp->x->m->cfg.dim;
+    if (gp->fuse)
+        return kcuda_matmul_add(gp->g, w, r0, r1, in, n, D->x, dim, err, errlen);
+    if (kcuda_matmul(gp->g, w, r0, r1, in, n, D->xb2, dim, err, errlen))
+        return -1;
+    kcuda_add_cols(gp->g, D->x, D->xb2, n, dim, r0, r1);
+    return 0;
+}
+
 /* Queue one step (after the batch's arrays are on the device): every layer, then the logits of
  * rows [from, n) into `logits` (a device address of the mapped block, or NULL). A sole part
  * queues it without waiting anywhere, so that it can be recorded as a graph. */
@@ -568,13 +653,11 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
     const gpu_bufs *D = &gp->dev, *S = &gp->shb;
     bool mirror = gp->memory == LLAMA_GPU_MIRROR;
     int W = x->p.max_width;
-    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row,
-            hd = c->head_dim, ffn = c->ffn;
+    int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, hd = c->head_dim, ffn = c->ffn;
     llama_part_cols pc;
     llama_part_cols_of(x, &pc);
     int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
-    int64_t q0 = pc.q0, q1 = pc.q1, k0 = pc.k0, k1 = pc.k1, v0 = pc.v0, v1 = pc.v1;
-    int half = c->rot_dim / 2;
+    int64_t q0 = pc.q0, q1 = pc.q1, v0 = pc.v0, v1 = pc.v1;
     int64_t rec = hd + 2, rec_tok = (int64_t)c->n_heads * 2 * rec;
     size_t lkv = x->sh.layer_kv_bytes;
     /* the tree rows of heads another part projects, which a mirror reads after they are stored */
@@ -596,19 +679,8 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
         const gpu_layer *L = &gp->layers[l];
         size_t kl = (size_t)(2 * l) * lkv, vl = kl + lkv;
         kcuda_rmsnorm(g, gp->xb, D->x, L->attn_norm, (int)dim, n, c->norm_eps);
-        if (kcuda_matmul(g, &L->wq, q0, q1, gp->xb, n, D->q, qd, err, errlen) ||
-            kcuda_matmul(g, &L->wk, k0, k1, gp->xb, n, D->kk, kvd, err, errlen) ||
-            kcuda_matmul(g, &L->wv, k0, k1, gp->xb, n, D->vv, kvd, err, errlen))
+        if (gpu_qkv(gp, L, n, kl, vl, &pc, err, errlen))
             return -1;
-        kcuda_rope(g, D->q + q0, n, qd, (int)((q1 - q0) / hd), (int)hd, half, gp->d_cs, gp->d_sn);
-        kcuda_rope(g, D->kk + k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d_cs, gp->d_sn);
-        /* the shared block's tree rows are the ones commits move; the mirror reads its own */
-        gpu_kv_store(gp, S->kv + kl, D->kk, n);
-        gpu_kv_store(gp, S->kv + vl, D->vv, n);
-        if (mirror) {
-            gpu_kv_store(gp, D->kv + kl, D->kk, n);
-            gpu_kv_store(gp, D->kv + vl, D->vv, n);
-        }
         if (x->att_sync && gpu_meet(gp, D->q, S->q, n, qd, q0, q1, err, errlen))
             return -1;
         if (any_foreign)
@@ -662,17 +734,21 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
                                 (int)hd, gp->attp, qd);
                 att_in = gp->attp;
             }
-            if (kcuda_matmul(g, &L->wo, d0, d1, att_in, n, D->xb2, dim, err, errlen))
-                return -1;
-            kcuda_add_cols(g, D->x, D->xb2, n, dim, d0, d1);
-            if (gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
+            if (gpu_residual(gp, &L->wo, d0, d1, att_in, n, err, errlen) ||
+                gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
                 return -1;
         }
         kcuda_rmsnorm(g, gp->xb, D->x, L->ffn_norm, (int)dim, n, c->norm_eps);
-        if (kcuda_matmul(g, &L->w_gate, f0, f1, gp->xb, n, D->hg, ffn, err, errlen) ||
-            kcuda_matmul(g, &L->w_up, f0, f1, gp->xb, n, D->hu, ffn, err, errlen))
-            return -1;
-        kcuda_silu_mul(g, D->hg + f0, D->hu + f0, n, ffn, f1 - f0);
+        if (gp->fuse && L->ffn_alike) {
+            if (kcuda_matmul_silu(g, &L->w_gate, &L->w_up, f0, f1, gp->xb, n, D->hg, ffn, err,
+                                  errlen))
+                return -1;
+        } else {
+            if (kcuda_matmul(g, &L->w_gate, f0, f1, gp->xb, n, D->hg, ffn, err, errlen) ||
+                kcuda_matmul(g, &L->w_up, f0, f1, gp->xb, n, D->hu, ffn, err, errlen))
+                return -1;
+            kcuda_silu_mul(g, D->hg + f0, D->hu + f0, n, ffn, f1 - f0);
+        }
         if (x->megatron) { /* its own gate/up columns are its input columns of down */
             if (gpu_megatron(gp, &L->w_down, D->hg, ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1, err,
                              errlen))
@@ -681,10 +757,8 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
         }
         if (gpu_meet(gp, D->hg, S->hg, n, ffn, f0, f1, err, errlen))
             return -1;
-        if (kcuda_matmul(g, &L->w_down, e0, e1, D->hg, n, D->xb2, dim, err, errlen))
-            return -1;
-        kcuda_add_cols(g, D->x, D->xb2, n, dim, e0, e1);
-        if (gpu_meet(gp, D->x, S->x, n, dim, e0, e1, err, errlen))
+        if (gpu_residual(gp, &L->w_down, e0, e1, D->hg, n, err, errlen) ||
+            gpu_meet(gp, D->x, S->x, n, dim, e0, e1, err, errlen))
             return -1;
     }
     /* the hidden states stay readable in the shared block (a Medusa head reads them there);

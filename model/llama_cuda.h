@@ -39,6 +39,7 @@ typedef struct {
     int device;              /* CUDA device index */
     llama_gpu_memory memory; /* where the activations and the K/V rows live */
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
+    bool unfused;            /* one launch per op, not the fused launches (for comparison) */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
@@ -74,5 +75,7 @@ const char *llama_gpu_describe(const llama_gpu *gpu);
 /* Steps replayed from an earlier recording, and graphs recorded (each then launched once), since
  * the start (0 without graphs). */
 void llama_gpu_graph_counts(const llama_gpu *gpu, long *replayed, long *recorded);
+/* Ops queued on the device since the start (kcuda_launches: kernels, copies, graph launches). */
+long llama_gpu_launches(const llama_gpu *gpu);
 
 #endif

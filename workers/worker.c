@@ -74,6 +74,7 @@ typedef struct {
     const char *run_dir, *device;
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs;        /* --gpu-graphs on|off */
+    bool gpu_fuse;          /* --gpu-fuse on|off */
     int index, threads, orphan_ms, stall_ms;
     bool trace;
     char role[32];
@@ -119,13 +120,16 @@ static void worker_usage(FILE *out)
 {
     fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu|gpu]\n"
                  "                     [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-                 "                     [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
+                 "                     [--gpu-fuse on|off] [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
                  "  column part I of the target model for every verification step.\n"
                  "  --gpu-memory (auto): with --device gpu, where the activations and K/V rows\n"
                  "  live: mapped (read in place in the arena; a GPU sharing the host's memory),\n"
                  "  mirror (device copies, the arena the source; a discrete card); auto picks by\n"
                  "  the device. --gpu-graphs (on): a sole GPU part replays steps as CUDA graphs.\n"
+                 "  --gpu-fuse (on): the GPU's fused launches (q/k/v as one matmul, RoPE with the\n"
+                 "  K/V stores, gate/up with SiLU, the residual adds in their matmuls); off runs\n"
+                 "  one launch per op, the same bits, for comparison.\n"
                  "  --orphan-ms (10000): exit when the coordinator has been silent this long.\n"
                  "  --stall-ms (30000): stop heartbeating when the compute thread has been inside\n"
                  "  one op this long (so the coordinator replaces a wedged worker).\n");
@@ -388,7 +392,8 @@ static int worker_join(worker *w)
     if (!strcmp(w->device, "gpu")) {
         llama_gpu_params gp = {.device = 0,
                                .memory = (llama_gpu_memory)llama_gpu_memory_parse(w->gpu_memory),
-                               .graphs = w->gpu_graphs};
+                               .graphs = w->gpu_graphs,
+                               .unfused = !w->gpu_fuse};
         w->gpu = llama_gpu_new(w->ctx, &gp, arena_base(w->arena), (size_t)arena_size(w->arena),
                                err, sizeof err);
         if (!w->gpu) {
@@ -690,6 +695,7 @@ static int worker_parse(worker *w, int argc, char **argv)
                                          {"device", required_argument, 0, 'd'},
                                          {"gpu-memory", required_argument, 0, 'm'},
                                          {"gpu-graphs", required_argument, 0, 'g'},
+                                         {"gpu-fuse", required_argument, 0, 'f'},
                                          {"orphan-ms", required_argument, 0, 'o'},
                                          {"stall-ms", required_argument, 0, 's'},
                                          {"trace", no_argument, 0, 'v'},
@@ -704,11 +710,13 @@ static int worker_parse(worker *w, int argc, char **argv)
         case 'd': w->device = optarg; break;
         case 'm': w->gpu_memory = optarg; break;
         case 'g':
+        case 'f':
             if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-                fprintf(stderr, "orochi-worker: --gpu-graphs %s: must be on or off\n", optarg);
+                fprintf(stderr, "orochi-worker: --%s %s: must be on or off\n",
+                        c == 'g' ? "gpu-graphs" : "gpu-fuse", optarg);
                 return 2;
             }
-            w->gpu_graphs = !strcmp(optarg, "on");
+            *(c == 'g' ? &w->gpu_graphs : &w->gpu_fuse) = !strcmp(optarg, "on");
             break;
         case 'o': w->orphan_ms = atoi(optarg); break;
         case 's': w->stall_ms = atoi(optarg); break;
@@ -745,7 +753,7 @@ static int worker_parse(worker *w, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    worker w = {.device = "cpu", .gpu_memory = "auto", .gpu_graphs = true, .threads = 1,
+    worker w = {.device = "cpu", .gpu_memory = "auto", .gpu_graphs = true, .gpu_fuse = true, .threads = 1,
                 .orphan_ms = 10000, .stall_ms = STALL_MS_DEFAULT};
     int rc = worker_parse(&w, argc, argv);
     if (rc)

@@ -138,12 +138,14 @@ void kcuda_free(void *p)
 
 int kcuda_upload(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
 {
+    g->launches++;
     return kcuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->stream),
                       "upload", err, errlen);
 }
 
 int kcuda_download(kcuda *g, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
 {
+    g->launches++;
     return kcuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g->stream),
                       "download", err, errlen);
 }
@@ -153,6 +155,7 @@ int kcuda_copy2d(kcuda *g, void *dst, size_t dpitch, const void *src, size_t spi
 {
     if (!rows || !width)
         return 0;
+    g->launches++;
     return kcuda_fail(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
                                         g->stream),
                       "2-D copy", err, errlen);
@@ -200,6 +203,7 @@ void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t hei
     size_t unit = wide ? 16 : 4, units = width / unit;
     unsigned bx = (unsigned)((units + 255) / 256);
     dim3 grid(bx < 32 ? bx : 32, (unsigned)height, (unsigned)depth);
+    g->launches++;
     if (wide)
         k_copy3d_kernel<uint4><<<grid, 256, 0, g->stream>>>((uint8_t *)dst, (const uint8_t *)src,
                                                             units, pitch_y, pitch_z);
@@ -226,6 +230,7 @@ void kcuda_kv_store(kcuda *g, kv_type type, void *dst, int64_t head_rows, int64_
     if (n <= 0 || h1 <= h0)
         return;
     dim3 grid(n, h1 - h0);
+    g->launches++;
     if (type == KV_F16) /* the conversion rounds to nearest even */
         k_kv_store_kernel<__half><<<grid, 64, 0, g->stream>>>((__half *)dst, head_rows, r0, src,
                                                               src_stride, h0, head_dim);
@@ -279,6 +284,7 @@ kcuda_graph *kcuda_capture_end(kcuda *g, char *err, size_t errlen)
 
 int kcuda_graph_launch(kcuda *g, kcuda_graph *graph, char *err, size_t errlen)
 {
+    g->launches++;
     return kcuda_fail(cudaGraphLaunch(graph->exec, g->stream), "cudaGraphLaunch", err, errlen);
 }
 
@@ -321,8 +327,10 @@ __global__ void k_rmsnorm_kernel(float *out, const float *x, const float *w, int
 void kcuda_rmsnorm(kcuda *g, float *out, const float *x, const float *weight, int dim, int n,
                    float eps)
 {
-    if (n > 0)
-        k_rmsnorm_kernel<<<n, 256, 0, g->stream>>>(out, x, weight, dim, eps);
+    if (n <= 0)
+        return;
+    g->launches++;
+    k_rmsnorm_kernel<<<n, 256, 0, g->stream>>>(out, x, weight, dim, eps);
 }
 
 __global__ void k_rope_kernel(float *x, int64_t stride, int n_heads, int head_dim, int half,
@@ -343,8 +351,57 @@ __global__ void k_rope_kernel(float *x, int64_t stride, int n_heads, int head_di
 void kcuda_rope(kcuda *g, float *x, int n, int64_t stride, int n_heads, int head_dim, int half,
                 const float *cs, const float *sn)
 {
-    if (n > 0 && n_heads > 0 && half > 0)
-        k_rope_kernel<<<n, 128, 0, g->stream>>>(x, stride, n_heads, head_dim, half, cs, sn);
+    if (n <= 0 || n_heads <= 0 || half <= 0)
+        return;
+    g->launches++;
+    k_rope_kernel<<<n, 128, 0, g->stream>>>(x, stride, n_heads, head_dim, half, cs, sn);
+}
+
+/* One block per token: RoPE of its query heads and of its key heads [kv_h0, kv_h1) (as
+ * k_rope_kernel), then, once the block has rotated them, its key and value heads stored into
+ * every destination (as k_kv_store_kernel). */
+template <typename T>
+__global__ void k_rope_store_kernel(kcuda_rope_kv a)
+{
+    int t = blockIdx.x, half = a.half, hd = a.head_dim;
+    const float *c = a.cs + t * half, *sn = a.sn + t * half;
+    float *qr = a.q + (int64_t)t * a.q_stride, *kr = a.k + (int64_t)t * a.kv_stride;
+    int nq = a.q_heads * half, nk = (a.kv_h1 - a.kv_h0) * half;
+    for (int e = threadIdx.x; e < nq + nk; e += blockDim.x) {
+        bool key = e >= nq;
+        int f = key ? e - nq : e, h = f / half, i = f % half;
+        float *p = key ? kr + (int64_t)(a.kv_h0 + h) * hd : qr + (int64_t)h * hd;
+        float x0 = p[2 * i], x1 = p[2 * i + 1];
+        p[2 * i] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, sn[i]));
+        p[2 * i + 1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, c[i]));
+    }
+    __syncthreads();
+    const float *vr = a.v + (int64_t)t * a.kv_stride;
+    int count = (a.kv_h1 - a.kv_h0) * hd;
+    for (int e = threadIdx.x; e < count; e += blockDim.x) {
+        int h = a.kv_h0 + e / hd, i = e % hd;
+        int64_t src = (int64_t)h * hd + i, at = ((int64_t)h * a.head_rows + a.r0 + t) * hd + i;
+        for (int d = 0; d < a.n_dst; d++) {
+            ((T *)a.k_dst[d])[at] = (T)kr[src];
+            ((T *)a.v_dst[d])[at] = (T)vr[src];
+        }
+    }
+}
+
+void kcuda_rope_store(kcuda *g, const kcuda_rope_kv *a, int n)
+{
+    if (n <= 0)
+        return;
+    g->launches++;
+    if (a->type == KV_F16) /* the conversion rounds to nearest even */
+        k_rope_store_kernel<__half><<<n, 128, 0, g->stream>>>(*a);
+    else
+        k_rope_store_kernel<float><<<n, 128, 0, g->stream>>>(*a);
+}
+
+long kcuda_launches(const kcuda *g)
+{
+    return g->launches;
 }
 
 __global__ void k_silu_mul_kernel(float *gate, const float *up, int64_t stride, int64_t count)
@@ -353,8 +410,7 @@ __global__ void k_silu_mul_kernel(float *gate, const float *up, int64_t stride, 
     const float *ur = up + (int64_t)blockIdx.y * stride;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float v = gr[i];
-        gr[i] = v / (1.0f + expf(-v)) * ur[i];
+        gr[i] = kcuda_silu_mul1(gr[i], ur[i]);
     }
 }
 
@@ -364,6 +420,7 @@ void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t strid
         return;
     int blocks = (int)((count + 255) / 256);
     dim3 grid(blocks < 64 ? blocks : 64, n);
+    g->launches++;
     k_silu_mul_kernel<<<grid, 256, 0, g->stream>>>(gate, up, stride, count);
 }
 
@@ -381,6 +438,7 @@ void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int6
         return;
     int blocks = (int)((hi - lo + 255) / 256);
     dim3 grid(blocks < 64 ? blocks : 64, n);
+    g->launches++;
     k_add_cols_kernel<<<grid, 256, 0, g->stream>>>(x, d, dim, lo, hi);
 }
 
@@ -399,8 +457,10 @@ int kcuda_embed(kcuda *g, const kmat *table, const int32_t *ids, int n, float *o
 {
     if (kcuda_check_embed(table, err, errlen))
         return -1;
-    if (n > 0 && c1 > c0)
-        k_embed_kernel<<<n, 128, 0, g->stream>>>(table->type, (const uint8_t *)table->data,
-                                                  table->row_bytes, ids, out, ldo, c0, c1);
+    if (n <= 0 || c1 <= c0)
+        return 0;
+    g->launches++;
+    k_embed_kernel<<<n, 128, 0, g->stream>>>(table->type, (const uint8_t *)table->data,
+                                              table->row_bytes, ids, out, ldo, c0, c1);
     return 0;
 }

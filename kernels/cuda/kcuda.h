@@ -87,6 +87,55 @@ void kcuda_graph_destroy(kcuda_graph **graph);
  * err for another type. */
 int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
                  int64_t ldy, char *err, size_t errlen);
+/* The fused forms of the forward (docs/gpu.md, "Fused launches"): each is one launch where the
+ * unfused ops are several, and gives every output the bits those ops give it — each row's sums
+ * are kcuda_matmul's, taken in its order. */
+#define KCUDA_MM_MAX 3
+/* One output of kcuda_matmul_multi: rows [lo, hi) of w into y (token t's row at y + t * ldy). */
+typedef struct {
+    const kmat *w;
+    int64_t lo, hi;
+    float *y;
+    int64_t ldy;
+} kcuda_mm;
+/* kcuda_matmul of `count` (1..KCUDA_MM_MAX) matrices over the same n input rows x — the q, k and v
+ * projections. 0, or -1 with err when the matrices differ in type or column count (the caller
+ * then calls kcuda_matmul for each) or one is refused as kcuda_matmul refuses it. */
+int kcuda_matmul_multi(kcuda *g, const kcuda_mm *mm, int count, const float *x, int n, char *err,
+                       size_t errlen);
+/* y[t * ldy + r] += W[r] . x[t] for rows [lo, hi): kcuda_matmul then kcuda_add_cols (the residual
+ * add), in one launch. 0, or -1 with err. */
+int kcuda_matmul_add(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
+                     float *y, int64_t ldy, char *err, size_t errlen);
+/* y[t * ldy + r] = silu(G[r] . x[t]) * (U[r] . x[t]) for rows [lo, hi): the gate and up matmuls and
+ * kcuda_silu_mul in one launch (the up projection is never stored). 0, or -1 with err when gate
+ * and up differ in type or column count. */
+int kcuda_matmul_silu(kcuda *g, const kmat *gate, const kmat *up, int64_t lo, int64_t hi,
+                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen);
+/* After the q/k/v projections of n tokens: RoPE of q_heads query heads (row t at q + t *
+ * q_stride) and of KV heads [kv_h0, kv_h1) of the key rows (row t at k + t * kv_stride, head h at
+ * + h * head_dim), then the key and value heads [kv_h0, kv_h1) stored into rows r0.. of each of
+ * n_dst (1 or 2) K/V block pairs, as kcuda_kv_store stores them — kcuda_rope twice and
+ * kcuda_kv_store 2 * n_dst times, in one launch. */
+typedef struct {
+    float *q;
+    int64_t q_stride;
+    int q_heads;
+    float *k;
+    const float *v;
+    int64_t kv_stride;
+    int kv_h0, kv_h1;
+    int head_dim, half;
+    const float *cs, *sn;
+    kv_type type;
+    int64_t head_rows, r0;
+    void *k_dst[2], *v_dst[2];
+    int n_dst;
+} kcuda_rope_kv;
+void kcuda_rope_store(kcuda *g, const kcuda_rope_kv *a, int n);
+/* Ops queued on the context's stream since it was made: each kernel launch, copy and graph launch
+ * counts one (a step's launch count, for tests and profiles). */
+long kcuda_launches(const kcuda *g);
 /* kcuda_matmul over input columns [c0, c1) only (kmat_mul_cols): y[t * ldy + r] = W[r][c0:c1] .
  * x[t], x holding n rows of c1 - c0 values — a partial sum. For Q8_0, Q4_0 and Q4_1, c0 and c1
  * multiples of 32 (whole blocks); any range of F32, F16, BF16. 0, or -1 with err. */

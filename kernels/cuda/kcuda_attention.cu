@@ -106,6 +106,7 @@ int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int6
     if (n <= 0 || h1 <= h0)
         return 0;
     dim3 grid(n, h1 - h0);
+    g->launches++;
     if (a->type == KV_F16)
         att_kernel<__half><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*a, mode, q, q_stride, h0, out,
                                                                   out_stride, rec_stride);
@@ -138,6 +139,7 @@ void kcuda_att_merge(kcuda *g, const float *pd, const float *ps, int64_t rec_tok
     if (n <= 0 || n_heads_list <= 0)
         return;
     dim3 grid(n, n_heads_list);
+    g->launches++;
     att_merge_kernel<<<grid, 64, 0, g->stream>>>(pd, ps, rec_tok, rec_head, heads, head_dim, out,
                                                  out_stride);
 }

@@ -40,6 +40,34 @@ static inline int kcuda_check_matmul(const kmat *w, int64_t c0, int64_t c1, char
     return 0;
 }
 
+/* Two matrices one fused launch multiplies with the same input: one type, one column count. */
+static inline int kcuda_check_same(const kmat *a, const kmat *b, const char *what, char *err,
+                                   size_t errlen)
+{
+    if (a->type == b->type && a->cols == b->cols)
+        return 0;
+    const kt_traits *ta = kt_traits_of(a->type), *tb = kt_traits_of(b->type);
+    snprintf(err, errlen,
+             "fused matmul of %s: %s and %s, %lld and %lld columns (one type and column count)",
+             what, ta ? ta->name : "unknown", tb ? tb->name : "unknown", (long long)a->cols,
+             (long long)b->cols);
+    return -1;
+}
+
+/* kcuda_matmul_multi's: 1..KCUDA_MM_MAX matrices, each one kcuda_matmul takes, all alike. */
+static inline int kcuda_check_multi(const kcuda_mm *mm, int count, char *err, size_t errlen)
+{
+    if (count < 1 || count > KCUDA_MM_MAX) {
+        snprintf(err, errlen, "fused matmul of %d matrices (1 to %d)", count, KCUDA_MM_MAX);
+        return -1;
+    }
+    for (int i = 0; i < count; i++)
+        if (kcuda_check_matmul(mm[i].w, 0, mm[i].w->cols, err, errlen) ||
+            (i && kcuda_check_same(mm[0].w, mm[i].w, "several matrices", err, errlen)))
+            return -1;
+    return 0;
+}
+
 /* kcuda_attention's: a head size the kernel takes, whole groups of query heads, a known mode. */
 static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err, size_t errlen)
 {

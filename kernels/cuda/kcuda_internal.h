@@ -22,6 +22,7 @@ struct kcuda {
     size_t scratch_bytes;
     void *blas_ws; /* cuBLAS's workspace, set once so that a captured matmul allocates nothing */
     bool capturing;
+    long launches; /* ops queued (kcuda_launches) */
 };
 
 /* -1 with "what: cuda's reason" in err unless e is cudaSuccess. */
@@ -46,6 +47,12 @@ __device__ static inline double kcuda_warp_sum_d(double v)
 __device__ static inline float kcuda_half(const uint8_t *p)
 {
     return __half2float(*(const __half *)p);
+}
+
+/* silu(g) * u, as k_silu_mul computes it: the silu*mul op and the fused gate/up matmul share it. */
+__device__ static inline float kcuda_silu_mul1(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
 }
 
 /* Element c of a GGUF row of `type` (the types kcuda_type_ok accepts). */

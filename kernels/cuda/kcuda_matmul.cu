@@ -13,6 +13,11 @@
  * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
  * every type starts its rows at the range's first column.
  *
+ * The fused forms run the same kernel (k_matmul<TYPE, OP>), so a row's sums are the same bits
+ * in all of them: kcuda_matmul_multi gives one launch up to three matrices (the block's index
+ * picks the matrix and row), kcuda_matmul_add adds each sum to y (the residual), and
+ * kcuda_matmul_silu has each warp take the gate row and the up row and write silu(gate) * up.
+ *
  * kcuda_matmul_blas, F32: cuBLAS SGEMM; F16 and BF16: the activations are rounded to the weight's
  * type into the context's scratch, then cublasGemmEx with f32 accumulation. cuBLAS chooses its
  * algorithm by shape, so a token's result may depend on the batch: not used by the forward.
@@ -68,74 +73,128 @@ __device__ static inline void k_group(const uint8_t *row, int64_t b, int sub, fl
     }
 }
 
-/* cols: the input columns multiplied (x's row length); w's rows start at the first of them.
- * Quantized rows: lane l takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...); float rows:
- * lane l takes columns l + 32 j. Each lane's sum per token runs over its columns in one order,
- * whatever n, and the warp reduction adds the lanes in one order. */
+/* The sums of one weight row (its columns from the first multiplied) with tokens [t0, t0 + nt)
+ * of x (rows of `cols` values), this lane's share of them into acc[0..nt). Quantized rows: lane l
+ * takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...); float rows: lane l takes columns
+ * l + 32 j. Each lane's sum per token runs over its columns in one order, whatever n. */
 template <uint32_t TYPE>
-__global__ void k_matmul(const uint8_t *w, size_t row_bytes, int64_t cols, int64_t lo, int64_t hi,
-                         const float *x, int n, float *y, int64_t ldy)
+__device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const float *xt, int nt,
+                                         int lane, float acc[KQ_TOK])
 {
     const bool quant = TYPE == KT_Q8_0 || TYPE == KT_Q4_0 || TYPE == KT_Q4_1;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t r = lo + (int64_t)blockIdx.x * KQ_WARPS + warp;
-    if (r >= hi)
-        return;
-    const uint8_t *row = w + (size_t)r * row_bytes;
-    for (int t0 = 0; t0 < n; t0 += KQ_TOK) {
-        int nt = n - t0 < KQ_TOK ? n - t0 : KQ_TOK;
-        const float *xt = x + (int64_t)t0 * cols;
-        float acc[KQ_TOK];
 #pragma unroll
-        for (int t = 0; t < KQ_TOK; t++)
-            acc[t] = 0.0f;
-        if (quant) {
-            int sub = lane & 3;
-            for (int64_t b = lane >> 2; b < cols / 32; b += KQ_SPAN / 32) {
-                float wv[8];
-                int a, bo;
-                k_group<TYPE>(row, b, sub, wv, &a, &bo);
+    for (int t = 0; t < KQ_TOK; t++)
+        acc[t] = 0.0f;
+    if (quant) {
+        int sub = lane & 3;
+        for (int64_t b = lane >> 2; b < cols / 32; b += KQ_SPAN / 32) {
+            float wv[8];
+            int a, bo;
+            k_group<TYPE>(row, b, sub, wv, &a, &bo);
 #pragma unroll
-                for (int t = 0; t < KQ_TOK; t++) {
-                    if (t >= nt)
-                        break;
-                    const float *xr = xt + (int64_t)t * cols + b * 32;
-                    float4 u = *(const float4 *)(xr + a), v = *(const float4 *)(xr + bo);
-                    acc[t] += wv[0] * u.x + wv[1] * u.y + wv[2] * u.z + wv[3] * u.w +
-                              wv[4] * v.x + wv[5] * v.y + wv[6] * v.z + wv[7] * v.w;
-                }
+            for (int t = 0; t < KQ_TOK; t++) {
+                if (t >= nt)
+                    break;
+                const float *xr = xt + (int64_t)t * cols + b * 32;
+                float4 u = *(const float4 *)(xr + a), v = *(const float4 *)(xr + bo);
+                acc[t] += wv[0] * u.x + wv[1] * u.y + wv[2] * u.z + wv[3] * u.w + wv[4] * v.x +
+                          wv[5] * v.y + wv[6] * v.z + wv[7] * v.w;
             }
-        } else {
-            for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
-                float wv[8];
+        }
+    } else {
+        for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
+            float wv[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int64_t c = c0 + lane + 32 * i;
+                wv[i] = c < cols ? kcuda_dequant(TYPE, row, c) : 0.0f;
+            }
+#pragma unroll
+            for (int t = 0; t < KQ_TOK; t++) {
+                if (t >= nt)
+                    break;
+                const float *xr = xt + (int64_t)t * cols;
+                float s = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     int64_t c = c0 + lane + 32 * i;
-                    wv[i] = c < cols ? kcuda_dequant(TYPE, row, c) : 0.0f;
+                    if (c < cols)
+                        s += wv[i] * xr[c];
                 }
-#pragma unroll
-                for (int t = 0; t < KQ_TOK; t++) {
-                    if (t >= nt)
-                        break;
-                    const float *xr = xt + (int64_t)t * cols;
-                    float s = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        int64_t c = c0 + lane + 32 * i;
-                        if (c < cols)
-                            s += wv[i] * xr[c];
-                    }
-                    acc[t] += s;
-                }
+                acc[t] += s;
             }
         }
+    }
+}
+
+/* What a launch writes: the sums (KQ_STORE), the sums added to y (KQ_ADD, the residual), or
+ * silu(gate sums) * up sums (KQ_SILU). */
+enum { KQ_STORE, KQ_ADD, KQ_SILU };
+
+/* One matrix of a launch: its rows (from the first input column multiplied; w2 the up matrix of
+ * KQ_SILU) [lo, hi) into y, over the launch's blocks [previous b1, b1). */
+struct kq_seg {
+    const uint8_t *w, *w2;
+    size_t row_bytes;
+    int64_t lo, hi;
+    float *y;
+    int64_t ldy;
+    unsigned b1;
+};
+
+struct kq_job {
+    kq_seg s[KCUDA_MM_MAX];
+    int n_seg;
+    int64_t cols; /* the input columns multiplied: x's row length */
+    const float *x;
+    int n;
+};
+
+/* One warp per output row of one of the job's matrices (the block's index picks which); the
+ * lanes' sums meet in a warp reduction, in one order, so a row's result is the same bits for
+ * every OP and every batch width. */
+template <uint32_t TYPE, int OP>
+__global__ void k_matmul(kq_job j)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* the block's matrix, by constant indices (the job stays in the parameter bank) */
+    static_assert(KCUDA_MM_MAX == 3, "k_matmul picks among three matrices");
+    kq_seg s = j.s[0];
+    unsigned b0 = 0;
+    if (j.n_seg > 1 && blockIdx.x >= j.s[0].b1) {
+        s = j.s[1];
+        b0 = j.s[0].b1;
+    }
+    if (j.n_seg > 2 && blockIdx.x >= j.s[1].b1) {
+        s = j.s[2];
+        b0 = j.s[1].b1;
+    }
+    int64_t r = s.lo + (int64_t)(blockIdx.x - b0) * KQ_WARPS + warp;
+    if (r >= s.hi)
+        return;
+    const uint8_t *row = s.w + (size_t)r * s.row_bytes;
+    for (int t0 = 0; t0 < j.n; t0 += KQ_TOK) {
+        int nt = j.n - t0 < KQ_TOK ? j.n - t0 : KQ_TOK;
+        const float *xt = j.x + (int64_t)t0 * j.cols;
+        float acc[KQ_TOK], up[KQ_TOK];
+        k_row_sums<TYPE>(row, j.cols, xt, nt, lane, acc);
+        if (OP == KQ_SILU)
+            k_row_sums<TYPE>(s.w2 + (size_t)r * s.row_bytes, j.cols, xt, nt, lane, up);
 #pragma unroll
         for (int t = 0; t < KQ_TOK; t++) {
             if (t >= nt)
                 break;
-            float s = kcuda_warp_sum(acc[t]);
-            if (lane == 0)
-                y[(int64_t)(t0 + t) * ldy + r] = s;
+            float v = kcuda_warp_sum(acc[t]);
+            float u = OP == KQ_SILU ? kcuda_warp_sum(up[t]) : 0.0f;
+            if (lane == 0) {
+                float *o = s.y + (int64_t)(t0 + t) * s.ldy + r;
+                if (OP == KQ_STORE)
+                    *o = v;
+                else if (OP == KQ_ADD)
+                    *o = *o + v;
+                else
+                    *o = kcuda_silu_mul1(v, u);
+            }
         }
     }
 }
@@ -161,6 +220,7 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
     int blocks = (int)((count + 255) / 256);
     blocks = blocks < 1024 ? blocks : 1024;
     cudaDataType_t t16 = w->type == KT_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    g->launches += 2; /* the rounding and the GEMM */
     if (w->type == KT_F16)
         k_round_kernel<__half><<<blocks, 256, 0, g->stream>>>(x, (__half *)xs, count);
     else
@@ -178,39 +238,92 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
     return 0;
 }
 
-int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
-                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
+/* Queue a job: its blocks are the sum of its matrices'. */
+template <int OP>
+static void kq_launch(kcuda *g, uint32_t type, const kq_job &j)
+{
+    dim3 grid(j.s[j.n_seg - 1].b1), block(32 * KQ_WARPS);
+    g->launches++;
+    switch (type) {
+    case KT_F32: k_matmul<KT_F32, OP><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_F16: k_matmul<KT_F16, OP><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_BF16: k_matmul<KT_BF16, OP><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_Q8_0: k_matmul<KT_Q8_0, OP><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_Q4_0: k_matmul<KT_Q4_0, OP><<<grid, block, 0, g->stream>>>(j); return;
+    default: k_matmul<KT_Q4_1, OP><<<grid, block, 0, g->stream>>>(j); return;
+    }
+}
+
+/* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */
+static void kq_add(kq_job *j, const kmat *w, const kmat *w2, int64_t lo, int64_t hi, int64_t c0,
+                   float *y, int64_t ldy)
+{
+    size_t at = kt_row_bytes(w->type, (uint64_t)c0); /* on a block: kcuda_check_matmul */
+    unsigned b0 = j->n_seg ? j->s[j->n_seg - 1].b1 : 0;
+    kq_seg *s = &j->s[j->n_seg++];
+    s->w = (const uint8_t *)w->data + at;
+    s->w2 = w2 ? (const uint8_t *)w2->data + at : NULL;
+    s->row_bytes = w->row_bytes;
+    s->lo = lo;
+    s->hi = hi;
+    s->y = y;
+    s->ldy = ldy;
+    s->b1 = b0 + (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);
+}
+
+/* One matrix (two under KQ_SILU) over input columns [c0, c1). */
+template <int OP>
+static int kq_one(kcuda *g, const kmat *w, const kmat *w2, int64_t lo, int64_t hi, int64_t c0,
+                  int64_t c1, const float *x, int n, float *y, int64_t ldy, char *err,
+                  size_t errlen)
 {
     if (n <= 0 || hi <= lo)
         return 0;
-    if (kcuda_check_matmul(w, c0, c1, err, errlen))
+    if (kcuda_check_matmul(w, c0, c1, err, errlen) ||
+        (w2 && kcuda_check_same(w, w2, "gate and up", err, errlen)))
         return -1;
-    int64_t k = c1 - c0;
-    const uint8_t *wd = (const uint8_t *)w->data;
-    unsigned blocks = (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);
-    /* the rows from column c0 (on a block of the 8- and 4-bit types: kcuda_check_matmul) */
-    const uint8_t *w0 = wd + kt_row_bytes(w->type, (uint64_t)c0);
-    dim3 grid(blocks), block(32 * KQ_WARPS);
-    switch (w->type) {
-    case KT_F32:
-        k_matmul<KT_F32><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
-        return 0;
-    case KT_F16:
-        k_matmul<KT_F16><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
-        return 0;
-    case KT_BF16:
-        k_matmul<KT_BF16><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
-        return 0;
-    case KT_Q8_0:
-        k_matmul<KT_Q8_0><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
-        return 0;
-    case KT_Q4_0:
-        k_matmul<KT_Q4_0><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
-        return 0;
-    default:
-        k_matmul<KT_Q4_1><<<grid, block, 0, g->stream>>>(w0, w->row_bytes, k, lo, hi, x, n, y, ldy);
-        return 0;
-    }
+    kq_job j = {};
+    j.cols = c1 - c0;
+    j.x = x;
+    j.n = n;
+    kq_add(&j, w, w2, lo, hi, c0, y, ldy);
+    kq_launch<OP>(g, w->type, j);
+    return 0;
+}
+
+int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
+                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
+{
+    return kq_one<KQ_STORE>(g, w, NULL, lo, hi, c0, c1, x, n, y, ldy, err, errlen);
+}
+
+int kcuda_matmul_add(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
+                     float *y, int64_t ldy, char *err, size_t errlen)
+{
+    return kq_one<KQ_ADD>(g, w, NULL, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
+}
+
+int kcuda_matmul_silu(kcuda *g, const kmat *gate, const kmat *up, int64_t lo, int64_t hi,
+                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
+{
+    return kq_one<KQ_SILU>(g, gate, up, lo, hi, 0, gate->cols, x, n, y, ldy, err, errlen);
+}
+
+int kcuda_matmul_multi(kcuda *g, const kcuda_mm *mm, int count, const float *x, int n, char *err,
+                       size_t errlen)
+{
+    if (kcuda_check_multi(mm, count, err, errlen))
+        return -1;
+    kq_job j = {};
+    j.cols = mm[0].w->cols;
+    j.x = x;
+    j.n = n;
+    for (int i = 0; i < count; i++)
+        if (mm[i].hi > mm[i].lo)
+            kq_add(&j, mm[i].w, NULL, mm[i].lo, mm[i].hi, 0, mm[i].y, mm[i].ldy);
+    if (n > 0 && j.n_seg)
+        kq_launch<KQ_STORE>(g, mm[0].w->type, j);
+    return 0;
 }
 
 int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
@@ -231,6 +344,7 @@ int kcuda_matmul_blas(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const flo
     if (w->type != KT_F32)
         return kcuda_matmul(g, w, lo, hi, x, n, y, ldy, err, errlen);
     const float one = 1.0f, zero = 0.0f;
+    g->launches++;
     cublasStatus_t s = cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(hi - lo), n,
                                    (int)w->cols, &one, (const float *)w->data + lo * w->cols,
                                    (int)(w->row_bytes / 4), x, (int)w->cols, &zero, y + lo,

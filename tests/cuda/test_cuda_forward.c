@@ -20,6 +20,8 @@
  *     GPU's attention reads another part's tree and prefix rows), in both memory modes;
  *   - the first pair under the Megatron plan (wo and down by input columns, partial sums reduced
  *     through the block), in both memory modes, against one CPU part;
+ *   - one GPU part in each memory mode with one launch per op (llama_gpu_params.unfused) against
+ *     the fused launches: the same bits, and exactly the launches fusion saves a layer fewer;
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V (relative L2 5e-5 at the least).
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
@@ -44,6 +46,7 @@
 #define N_SEQ 2
 #define MAXW (N_TOK + 2) /* the tree and the two tokens appended to it */
 #define N_OUT 5 /* logits slots: tree, append, decode, tree on slot 1, the same after the copy */
+#define N_FORWARDS 9 /* two prompts, the tree, the append, three decodes, the tree on slot 1 twice */
 static const int32_t IDS[N_TOK] = {3, 50, 201, 7, 7, 9, 120, 33};
 static const int32_t OTHER[N_TOK] = {11, 250, 4, 88, 19, 300, 2, 64};
 static const int32_t PARENT[N_TOK] = {-1, 0, 1, 1, 3, -1, 5, 2};
@@ -67,7 +70,7 @@ typedef struct {
     void *block; /* shared block, then N_OUT logits slots */
     size_t block_bytes, shared_bytes;
     pthread_barrier_t *barrier;
-    long replayed;
+    long replayed, launches;
     int rc;
     char err[512];
 } part_arg;
@@ -140,12 +143,16 @@ static void *part_run(void *argp)
     if (r.gpu) {
         long recorded;
         llama_gpu_graph_counts(r.gpu, &a->replayed, &recorded);
+        a->launches = llama_gpu_launches(r.gpu);
     }
 out:
     llama_gpu_destroy(&r.gpu);
     llama_ctx_destroy(&r.ctx);
     return NULL;
 }
+
+/* The device ops part 0 queued in the last run (llama_gpu_launches). */
+static long run_launches;
 
 /* Run the parts (gpu_mask: which run on the GPU, with gp); the logits slots are copied to out.
  * *replayed (may be NULL): the graph replays of part 0. */
@@ -180,6 +187,7 @@ static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
     }
     if (replayed)
         *replayed = args[0].replayed;
+    run_launches = args[0].launches;
     memcpy(out, (char *)block + shared, lbytes);
     pthread_barrier_destroy(&barrier);
     free(block);
@@ -260,7 +268,7 @@ int main(void)
             return 1;
         }
         size_t n = (size_t)N_OUT * N_TOK * m->cfg.vocab;
-        float *ref = calloc(n, 4), *got = calloc(n, 4);
+        float *ref = calloc(n, 4), *got = calloc(n, 4), *ref2 = calloc(n, 4);
         printf("%s:\n", types[t]);
         if (run(m, KV_F32, 1, 0, NULL, NULL, ref, NULL))
             return 1;
@@ -282,6 +290,30 @@ int main(void)
                     failures++;
                 }
             }
+        /* one launch per op against the fused launches: the same bits, and per layer of each
+         * forward 9 launches fewer (mapped: q/k/v 3 -> 1, RoPE and 2 stores -> 1, wo + add -> 1,
+         * gate + up + silu -> 1, down + add -> 1) or 11 (mirror: 2 more stores) */
+        for (int mode = LLAMA_GPU_MAPPED; mode <= LLAMA_GPU_MIRROR; mode++) {
+            llama_gpu_params fu = {.memory = (llama_gpu_memory)mode}, un = fu;
+            un.unfused = true;
+            if (run(m, KV_F32, 1, 1, &un, NULL, ref2, NULL)) {
+                failures++;
+                continue;
+            }
+            long lu = run_launches;
+            if (run(m, KV_F32, 1, 1, &fu, NULL, got, NULL)) {
+                failures++;
+                continue;
+            }
+            long lf = run_launches, want = (mode == LLAMA_GPU_MIRROR ? 11 : 9) *
+                                           (long)m->cfg.n_layers * N_FORWARDS;
+            bool same = !memcmp(got, ref2, n * 4);
+            printf("  %-52s %s; launches %ld fused, %ld one per op (want %ld fewer) %s\n",
+                   mode == LLAMA_GPU_MIRROR ? "fused launches (mirror)" : "fused launches (mapped)",
+                   same ? "same bits" : "DIFFERENT BITS", lf, lu, want,
+                   same && lu - lf == want ? "ok" : "FAILED");
+            failures += !same || lu - lf != want;
+        }
         llama_partition plan;
         llama_partition_even(&plan, 2);
         for (int k = 0; k < LP_N; k++) {
@@ -327,6 +359,7 @@ int main(void)
         }
         free(ref);
         free(got);
+        free(ref2);
         llama_model_destroy(&m);
     }
     printf("unit_cuda_forward: %s\n", failures ? "FAILED" : "all agree");

@@ -19,6 +19,9 @@
  *               a short last block) against kmat_mul_cols, the same tolerances.
  *   kv_store    f32 rows copied and f16 rows rounded bit for bit as kt_f32_to_f16; copy3d copies
  *               exactly its blocks; a captured graph replays an op on new input (1e-5).
+ *   fused      kcuda_matmul_multi, kcuda_matmul_add, kcuda_matmul_silu (every type, widths 1, 17)
+ *               and kcuda_rope_store (f32, f16 K/V) bit for bit the ops each replaces; matrices
+ *               of two types refused with the reason.
  *   mapped host memory (kcuda_register, the arena's path): an op writes into registered host
  *               memory and the host reads the result.
  * Without a usable GPU it prints why and exits 77, which ctest reports as skipped.
@@ -560,6 +563,175 @@ static void test_copies(void)
     free(out);
 }
 
+/* A device buffer of `count` floats, each `v`. */
+static float *dev_const(size_t count, float v)
+{
+    float *h = malloc(count * 4);
+    for (size_t i = 0; i < count; i++)
+        h[i] = v;
+    float *d = to_dev(h, count * 4);
+    free(h);
+    return d;
+}
+
+/* Two device buffers of `count` floats hold the same bits (downloaded into a and b). */
+static bool dev_same(const float *da, const float *db, float *a, float *b, size_t count)
+{
+    from_dev(a, da, count * 4);
+    from_dev(b, db, count * 4);
+    return !memcmp(a, b, count * 4);
+}
+
+static void report_same(const char *what, bool same)
+{
+    printf("  %-48s %s\n", what, same ? "same bits ok" : "DIFFERENT BITS FAILED");
+    failures += !same;
+}
+
+/* The fused launches against the ops each replaces, bit for bit, every type, widths 1 and 17:
+ * kcuda_matmul_multi (three matrices of different row counts and ranges, into three outputs),
+ * kcuda_matmul_add (matmul, then the residual add), kcuda_matmul_silu (gate and up matmuls, then
+ * silu*mul); kcuda_rope_store (RoPE of query and key heads, key and value heads stored into two
+ * block pairs) for f32 and f16 K/V. Matrices of two types are refused, naming what differs. */
+static void test_fused(void)
+{
+    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
+    const int64_t rows[3] = {97, 40, 40}, lo[3] = {13, 0, 5}, hi[3] = {90, 40, 37};
+    int64_t cols = 256;
+    size_t big = (size_t)17 * 97;
+    float *x = malloc((size_t)(17 * cols) * 4), *a = malloc(big * 4), *b = malloc(big * 4);
+    fill(x, (size_t)(17 * cols), 1.0f);
+    float *dx = to_dev(x, (size_t)(17 * cols) * 4);
+    uint8_t *hw[4] = {0};
+    kmat w[4] = {{0}};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t rb = kt_row_bytes(types[t], (uint64_t)cols);
+        for (int m = 0; m < 4; m++) { /* q, k, v (rows[0..2]); a second 97-row one: up */
+            int64_t r = m < 3 ? rows[m] : rows[0];
+            float *wf = malloc((size_t)(r * cols) * 4);
+            fill(wf, (size_t)(r * cols), 1.0f);
+            hw[m] = malloc(rb * (size_t)r);
+            for (int64_t i = 0; i < r; i++)
+                kt_quantize_row(types[t], wf + i * cols, hw[m] + (size_t)i * rb, cols);
+            w[m] = (kmat){.type = types[t], .rows = r, .cols = cols, .row_bytes = rb};
+            w[m].data = to_dev(hw[m], rb * (size_t)r);
+            free(wf);
+        }
+        const char *tn = kt_traits_of(types[t])->name;
+        for (int n = 1; n <= 17; n += 16) {
+            char what[96];
+            /* three matrices in one launch */
+            float *y1[3], *y2[3];
+            kcuda_mm mm[3];
+            for (int m = 0; m < 3; m++) {
+                y1[m] = dev_const((size_t)n * rows[m], 7.0f);
+                y2[m] = dev_const((size_t)n * rows[m], 7.0f);
+                must(kcuda_matmul(g, &w[m], lo[m], hi[m], dx, n, y1[m], rows[m], err, sizeof err),
+                     "matmul");
+                mm[m] = (kcuda_mm){&w[m], lo[m], hi[m], y2[m], rows[m]};
+            }
+            must(kcuda_matmul_multi(g, mm, 3, dx, n, err, sizeof err), "matmul_multi");
+            bool same = true;
+            for (int m = 0; m < 3; m++)
+                same &= dev_same(y1[m], y2[m], a, b, (size_t)n * rows[m]);
+            snprintf(what, sizeof what, "fused q/k/v matmul %s width %d", tn, n);
+            report_same(what, same);
+            /* matmul + residual add */
+            float *res = malloc((size_t)n * 97 * 4);
+            fill(res, (size_t)n * 97, 2.0f);
+            float *r1 = to_dev(res, (size_t)n * 97 * 4), *r2 = to_dev(res, (size_t)n * 97 * 4);
+            must(kcuda_matmul(g, &w[0], 13, 90, dx, n, y1[0], 97, err, sizeof err), "matmul");
+            kcuda_add_cols(g, r1, y1[0], n, 97, 13, 90);
+            must(kcuda_matmul_add(g, &w[0], 13, 90, dx, n, r2, 97, err, sizeof err),
+                 "matmul_add");
+            snprintf(what, sizeof what, "fused matmul + residual add %s width %d", tn, n);
+            report_same(what, dev_same(r1, r2, a, b, (size_t)n * 97));
+            /* gate and up, silu*mul */
+            float *up = dev_const((size_t)n * 97, 7.0f), *f2 = dev_const((size_t)n * 97, 7.0f);
+            must(kcuda_matmul(g, &w[3], 13, 90, dx, n, up, 97, err, sizeof err), "matmul");
+            kcuda_silu_mul(g, y1[0] + 13, up + 13, n, 97, 77);
+            must(kcuda_matmul_silu(g, &w[0], &w[3], 13, 90, dx, n, f2, 97, err, sizeof err),
+                 "matmul_silu");
+            snprintf(what, sizeof what, "fused gate/up + silu*mul %s width %d", tn, n);
+            report_same(what, dev_same(y1[0], f2, a, b, (size_t)n * 97));
+            for (int m = 0; m < 3; m++) {
+                kcuda_free(y1[m]);
+                kcuda_free(y2[m]);
+            }
+            kcuda_free(r1), kcuda_free(r2), kcuda_free(up), kcuda_free(f2);
+            free(res);
+        }
+        for (int m = 0; m < 4; m++) {
+            kcuda_free((void *)w[m].data);
+            free(hw[m]);
+        }
+    }
+    /* refusals: one type and one column count */
+    kmat q8 = {.type = KT_Q8_0, .rows = 32, .cols = 64, .row_bytes = 68, .data = dx};
+    kmat q4 = {.type = KT_Q4_0, .rows = 32, .cols = 64, .row_bytes = 36, .data = dx};
+    kcuda_mm two[2] = {{&q8, 0, 32, a, 32}, {&q4, 0, 32, b, 32}};
+    bool refused = kcuda_matmul_multi(g, two, 2, dx, 1, err, sizeof err) &&
+                   strstr(err, "one type and column count");
+    printf("  fused matmul of Q8_0 and Q4_0 refused: %s (%s)\n", refused ? "ok" : "FAILED", err);
+    failures += !refused;
+    refused = kcuda_matmul_silu(g, &q8, &q4, 0, 32, dx, 1, a, 32, err, sizeof err) &&
+              strstr(err, "gate and up");
+    printf("  fused gate/up of Q8_0 and Q4_0 refused: %s (%s)\n", refused ? "ok" : "FAILED", err);
+    failures += !refused;
+    kcuda_free(dx);
+
+    /* RoPE of 9 query heads and KV heads [1, 3) of 4, stores into two block pairs */
+    int n = 5, hd = 64, half = 24, qh = 9, kvh = 4;
+    int64_t head_rows = 20, r0 = 7, qs = qh * hd + 16, ks = kvh * hd + 32;
+    double inv[32];
+    float *cs = malloc((size_t)n * half * 4), *sn = malloc((size_t)n * half * 4);
+    k_rope_freqs(inv, 2 * half, 10000.0f);
+    for (int t = 0; t < n; t++)
+        k_rope_angles(cs + t * half, sn + t * half, inv, half, 11 * t + 2);
+    float *dcs = to_dev(cs, (size_t)n * half * 4), *dsn = to_dev(sn, (size_t)n * half * 4);
+    size_t nq = (size_t)(n * qs), nk = (size_t)(n * ks);
+    float *hq = malloc(nq * 4), *hk = malloc(nk * 4), *hv = malloc(nk * 4);
+    fill(hq, nq, 2.0f), fill(hk, nk, 2.0f), fill(hv, nk, 2.0f);
+    for (int kt = KV_F32; kt <= KV_F16; kt++) {
+        size_t esz = kt == KV_F16 ? 2 : 4, blk = (size_t)(kvh * head_rows * hd) * esz / 4;
+        float *q[2], *k[2], *v[2], *dst[2][4]; /* [unfused, fused]; K, V of pair 0, 1 */
+        for (int f = 0; f < 2; f++) {
+            q[f] = to_dev(hq, nq * 4), k[f] = to_dev(hk, nk * 4), v[f] = to_dev(hv, nk * 4);
+            for (int d = 0; d < 4; d++)
+                dst[f][d] = dev_const(blk, 3.0f);
+        }
+        kcuda_rope(g, q[0], n, qs, qh, hd, half, dcs, dsn);
+        kcuda_rope(g, k[0] + hd, n, ks, 2, hd, half, dcs, dsn);
+        for (int d = 0; d < 4; d++)
+            kcuda_kv_store(g, (kv_type)kt, dst[0][d], head_rows, r0, d % 2 ? v[0] : k[0], ks, 1,
+                           3, hd, n);
+        kcuda_rope_kv rk = {.q = q[1], .q_stride = qs, .q_heads = qh, .k = k[1], .v = v[1],
+                            .kv_stride = ks, .kv_h0 = 1, .kv_h1 = 3, .head_dim = hd,
+                            .half = half, .cs = dcs, .sn = dsn, .type = (kv_type)kt,
+                            .head_rows = head_rows, .r0 = r0,
+                            .k_dst = {dst[1][0], dst[1][2]}, .v_dst = {dst[1][1], dst[1][3]},
+                            .n_dst = 2};
+        kcuda_rope_store(g, &rk, n);
+        size_t most = nq > nk ? nq : nk;
+        most = most > blk ? most : blk;
+        float *ha = malloc(most * 4), *hb = malloc(most * 4);
+        bool same = dev_same(q[0], q[1], ha, hb, nq) && dev_same(k[0], k[1], ha, hb, nk) &&
+                    dev_same(v[0], v[1], ha, hb, nk);
+        for (int d = 0; d < 4; d++)
+            same &= dev_same(dst[0][d], dst[1][d], ha, hb, blk);
+        report_same(kt == KV_F16 ? "fused RoPE + K/V stores, f16" : "fused RoPE + K/V stores, f32",
+                    same);
+        for (int f = 0; f < 2; f++) {
+            kcuda_free(q[f]), kcuda_free(k[f]), kcuda_free(v[f]);
+            for (int d = 0; d < 4; d++)
+                kcuda_free(dst[f][d]);
+        }
+        free(ha), free(hb);
+    }
+    kcuda_free(dcs), kcuda_free(dsn);
+    free(cs), free(sn), free(hq), free(hk), free(hv), free(x), free(a), free(b);
+}
+
 static void test_mapped(void)
 {
     int dim = 256, n = 3;
@@ -602,6 +774,7 @@ int main(void)
     test_attention(KV_F32);
     test_attention(KV_F16);
     test_copies();
+    test_fused();
     test_mapped();
     kcuda_destroy(&g);
     printf("unit_cuda_kernels: %s\n", failures ? "FAILED" : "all agree");

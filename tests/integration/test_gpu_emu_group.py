@@ -10,7 +10,8 @@ hold is losslessness within each group, token for token:
   run, verified as trees, some accepted) equals the same group's answer without it;
 - gpu:1 alone (mirror, its steps replayed as CUDA graphs): the same, and the worker says it
   replayed steps;
-- cpu:1,gpu:1 (mapped) equals the mirror group's answer.
+- cpu:1,gpu:1 (mapped) equals the mirror group's answer, and so does cpu:1,gpu:1 (mirror) with one
+  launch per op (--gpu-fuse off) instead of the fused launches.
 
 The agreement with `orochi run --temp 0` (the CPU's numbers) is reported, not required: the
 length of the common prefix of each answer and the matching tokens.
@@ -21,7 +22,7 @@ greedy token agrees or is a near tie; a bad option is refused with status 2, nam
 
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
-with graphs off and on, GPU + CPU under HCMP, the dense/sparse split and Megatron in each memory
+with graphs off and on, and with one launch per op, GPU + CPU under HCMP, the dense/sparse split and Megatron in each memory
 mode, and the partition search, which must write a two-part partition.
 """
 import json
@@ -58,6 +59,12 @@ def gpu_emu_group_speculation_is_lossless():
     with G.Group("emu-mapped", model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mapped"]) as g:
         for p in GG.PROMPTS:
             G.check_eq(g.ids(p, GG.N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
+    with G.Group("emu-unfused", model, devices="cpu:1,gpu:1",
+                 extra=["--gpu-memory", "mirror", "--gpu-fuse", "off"]) as g:
+        for p in GG.PROMPTS:
+            G.check_eq(g.ids(p, GG.N), plain[p], "cpu:1,gpu:1 one launch per op against fused, prompt %r" % p)
+        wlog = g.log("worker-1")
+    G.check("launches one per op" in wlog, "the GPU worker's log does not say it runs unfused:\n%s", wlog[-1500:])
     _, accepted, _ = GG.lookup_equals_plain("emu", model, "cpu:1,gpu:1", "mirror", GG.PROMPTS, GG.N, plain)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
 
@@ -107,9 +114,10 @@ def gpu_check_bench_commands_run_over_the_emulation():
         os.remove(js)
     common = ["bench", "--plans", "--model", model, "--widths", "1,8", "--reps", "1", "--ctx", "64", "--json", js]
     runs = []
-    for mem, graphs in (("mapped", "off"), ("mirror", "off"), ("mirror", "on"), ("mapped", "on")):
+    for mem, graphs, fuse in (("mapped", "off", "on"), ("mirror", "off", "on"), ("mirror", "on", "on"),
+                              ("mapped", "on", "on"), ("mirror", "on", "off")):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
-                              "--gpu-graphs", graphs])
+                              "--gpu-graphs", graphs, "--gpu-fuse", fuse])
     for mem in ("mapped", "mirror"):
         runs.append(common + ["--parts", "2", "--devices", "gpu,cpu", "--threads-per-part", "1", "--gpu-memory",
                               mem, "--plan", "hcmp:0.9/0.1", "--plan", "split:0.9/0.1", "--plan",
@@ -120,7 +128,9 @@ def gpu_check_bench_commands_run_over_the_emulation():
                 r.stderr[-1500:])
     with open(js) as f:
         rows = [json.loads(x) for x in f]
-    G.check(len(rows) == 4 * 2 + 2 * 3 * 2, "%d JSON rows, not 20", len(rows))
+    G.check(len(rows) == 5 * 2 + 2 * 3 * 2, "%d JSON rows, not 22", len(rows))
+    G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2,
+            "the rows do not say which launches ran: %r", rows[:10])
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
     plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
     if os.path.exists(plan):

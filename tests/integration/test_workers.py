@@ -8,7 +8,7 @@ tensor types (f32 and the block-quantized q4_1, whose rows are sharded block-ali
 tiny models, and on the default model (3 KV heads) when it is present, as distributed and
 re-quantized to K-quant mixes (Q4_K_M, Q5_K_M, Q6_K, Q5_1, Q3_K). A GPU worker that cannot start
 (no usable device here) is reported with its reason and restarted ever more slowly, and it is
-spawned with the coordinator's --gpu-memory and --gpu-graphs.
+spawned with the coordinator's --gpu-memory, --gpu-graphs and --gpu-fuse.
 """
 import os
 import signal
@@ -124,14 +124,15 @@ def test_workers_gpu_without_device():
     # --workers gpu:1 where no GPU can be used: the worker's reason reaches the coordinator's log
     # (a build with CUDA: the driver's answer) or the worker's own (a build without: refused at
     # its command line), each failed start waits longer than the last, and the spawned command
-    # line carries --gpu-memory and --gpu-graphs
+    # line carries --gpu-memory, --gpu-graphs and --gpu-fuse
     e = G.env()
     run_dir = os.path.join("/tmp", "orochi-it-%d" % os.getuid(), "gpu-%d" % os.getpid())
     subprocess.run(["rm", "-rf", run_dir], check=False)
     os.makedirs(run_dir)
     coord = os.path.join(e["bin_dir"], "orochi-coordinator")
     proc = subprocess.Popen([coord, "--run-dir", run_dir, "--target", G.mkmodel(), "--workers", "gpu:1",
-                             "--port", str(G.free_port()), "--gpu-memory", "mirror", "--gpu-graphs", "off"],
+                             "--port", str(G.free_port()), "--gpu-memory", "mirror", "--gpu-graphs", "off",
+                             "--gpu-fuse", "off"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(6)
@@ -145,7 +146,8 @@ def test_workers_gpu_without_device():
     with open(os.path.join(run_dir, "cmd", "worker-0")) as f:
         argv = f.read().split("\n")
     G.check("--gpu-memory" in argv and argv[argv.index("--gpu-memory") + 1] == "mirror" and
-            "--gpu-graphs" in argv and argv[argv.index("--gpu-graphs") + 1] == "off",
+            "--gpu-graphs" in argv and argv[argv.index("--gpu-graphs") + 1] == "off" and
+            "--gpu-fuse" in argv and argv[argv.index("--gpu-fuse") + 1] == "off",
             "the GPU worker's command line lacks the GPU flags: %s", argv)
     with open(os.path.join(run_dir, "logs", "worker-0.log")) as f:
         wlog = f.read()
