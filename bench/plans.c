@@ -57,6 +57,7 @@ typedef struct {
     float *logits;
     arena_barrier barrier;
     double *ms; /* [rep][plan][width] step times of part 0 */
+    long *ops;  /* [plan][width] device ops part 0 queued for its last such step (a GPU part) */
     int failed;
     char err[512];
 } pb_run;
@@ -210,10 +211,17 @@ static void *pb_part_main(void *argp)
                 if (pb_sync(&r->barrier)) /* start together */
                     break;
                 double t0 = cli_now();
+#ifdef OROCHI_HAVE_CUDA
+                long ops0 = gpu ? llama_gpu_launches(gpu) : 0;
+#endif
                 if (PB_FORWARD(&b, r->logits)) {
                     pb_fail(r, me, err);
                     break;
                 }
+#ifdef OROCHI_HAVE_CUDA
+                if (me == 0 && gpu)
+                    r->ops[(size_t)pl * o->n_widths + wi] = llama_gpu_launches(gpu) - ops0;
+#endif
                 if (pb_sync(&r->barrier)) /* the step ends when its last part ends */
                     break;
                 if (me == 0 && rep >= 0)
@@ -331,8 +339,10 @@ static int pb_measure(pb_run *r)
 {
     const pb_opts *o = r->o;
     free(r->ms);
+    free(r->ops);
     r->ms = calloc((size_t)o->reps * (size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ms);
-    if (!r->ms) {
+    r->ops = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ops);
+    if (!r->ms || !r->ops) {
         snprintf(r->err, sizeof r->err, "out of memory");
         return -1;
     }
@@ -572,6 +582,7 @@ int bench_plans(int argc, char **argv)
                 o.parts, devs, o.threads, o.ctx, o.reps);
         rc = pb_search_run(&o, &r);
         free(r.ms);
+        free(r.ops);
         free(r.block);
         llama_model_destroy(&r.m);
         return rc;
@@ -606,17 +617,28 @@ int bench_plans(int argc, char **argv)
                         "{\"bench\":\"plans\",\"plan\":\"%s\",\"width\":%d,\"ms\":%.4f,"
                         "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
-                        "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s}\n",
+                        "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
+                        "\"gpu_ops\":%ld}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
-                        o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false");
+                        o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
+                        r.ops[(size_t)p * o.n_widths + wi]);
         }
+        printf("\n");
+    }
+    if (o.gpu[0]) { /* what the GPU part queued a step: kernels, copies (a graph: one launch) */
+        printf("device ops a step of part 0 (GPU, %s, graphs %s, launches %s), %s:",
+               o.gpu_memory, o.gpu_graphs ? "on" : "off", o.gpu_fuse ? "fused" : "one per op",
+               o.names[0]);
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %ld", o.widths[wi], r.ops[wi]);
         printf("\n");
     }
     if (js)
         fclose(js);
     fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
     free(r.ms);
+    free(r.ops);
     free(r.block);
     llama_model_destroy(&r.m);
     return 0;

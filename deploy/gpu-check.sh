@@ -2,7 +2,8 @@
 # The GPU half's checks in one run, for a machine with an NVIDIA GPU (docs/gpu.md, "Checking it on
 # a GPU"): a core-only build with CUDA (it needs CMake, a C compiler and the CUDA toolkit, none of
 # the actor system's libraries), the `cuda` tests, the GPU forward's greedy agreement with the CPU's
-# on the bench prompts (orochi-gpu-agreement), whole groups with a GPU worker where a full build is
+# on the bench prompts (orochi-gpu-agreement), the fused launches' step time against one launch per
+# op (the GPU alone, two alternating rounds), whole groups with a GPU worker where a full build is
 # at hand (integration_gpu_device_group), the copy bandwidth of the device, and the step time
 # against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models of
 # the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its time
@@ -15,7 +16,7 @@
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
-#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,groups,bandwidth,plans,sanitizer
+#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,fusion,groups,bandwidth,plans,sanitizer
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
 #                          models/SmolLM2-135M-Instruct.Q4_1.gguf where it is; else the random
 #                          model of its shape)
@@ -36,7 +37,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,groups,bandwidth,plans,sanitizer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,fusion,groups,bandwidth,plans,sanitizer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -97,6 +98,24 @@ if stage agreement 20; then
         tee -a "$out/plans.txt"
     bounded build-gpu/bin/orochi-gpu-agreement --model "$am" --tokens 32 --json "$out/plans.jsonl" 2>&1 |
         tee -a "$out/plans.txt" || status=1
+fi
+
+# the fused launches against one launch per op: the GPU alone (mirror, graphs on) on the random
+# 1B and 135M shapes, the two alternating over two rounds so that neither has the card warmer
+if stage fusion 30; then
+    for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
+        [ -f "$m" ] || continue
+        for round in 1 2; do
+            for fuse in on off; do
+                echo "== $m: GPU only, mirror, graphs on, fused launches $fuse (round $round)" |
+                    tee -a "$out/plans.txt"
+                bounded "$bin" bench --plans --model "$m" --widths 1,4,16,64 --reps 3 --ctx 256 \
+                    --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
+                    --gpu-memory mirror --gpu-graphs on --gpu-fuse "$fuse" 2>&1 |
+                    tee -a "$out/plans.txt" || status=1
+            done
+        done
+    done
 fi
 
 # whole groups (coordinator, workers, speculators) with a real GPU worker: they need a full build

@@ -45,6 +45,35 @@ typedef struct {
     uint8_t *kv;
 } gpu_bufs;
 
+/* What a step's kernels read besides activations: each token's id, first prefix row, prefix
+ * length and ancestor count, its RoPE angles and ancestor list (W apart), and the split heads. */
+typedef struct {
+    int32_t *tokens, *seq_row, *n_prefix, *n_anc, *split, *anc;
+    float *cs, *sn;
+} gpu_stage;
+
+static void *gpu_stage_take(uint8_t *base, size_t *off, size_t count)
+{
+    void *p = base ? base + *off : NULL;
+    *off += count * 4;
+    return p;
+}
+
+/* The arrays' places from base for width W (NULL base: only the size); the bytes they take. */
+static size_t gpu_stage_at(gpu_stage *s, uint8_t *base, size_t W, size_t heads, size_t half)
+{
+    size_t off = 0;
+    s->tokens = gpu_stage_take(base, &off, W);
+    s->seq_row = gpu_stage_take(base, &off, W);
+    s->n_prefix = gpu_stage_take(base, &off, W);
+    s->n_anc = gpu_stage_take(base, &off, W);
+    s->split = gpu_stage_take(base, &off, heads);
+    s->cs = gpu_stage_take(base, &off, W * half);
+    s->sn = gpu_stage_take(base, &off, W * half);
+    s->anc = gpu_stage_take(base, &off, W * W);
+    return off;
+}
+
 #define GPU_MAX_GRAPHS 256
 
 typedef struct {
@@ -65,9 +94,12 @@ struct llama_gpu {
     void **allocs; /* device blocks owned */
     int n_allocs, cap_allocs;
     float *xb, *attp, *xs; /* normed x; merged attention; a Megatron linear's input slice */
-    int32_t *d_tokens, *d_seq_row, *d_n_prefix, *d_anc, *d_n_anc, *d_split;
-    float *d_cs, *d_sn;
-    int32_t *h_seq_row, *h_n_prefix, *h_n_anc, *h_anc;
+    /* the step's small arrays (gpu_stage_at): filled on the host in a registered (page-locked)
+     * block, sent to the device's twin in one copy */
+    uint8_t *h_block, *d_block;
+    size_t stage_bytes;
+    bool stage_registered;
+    gpu_stage h, d;
     llama_gpu_memory memory; /* MAPPED or MIRROR once resolved */
     gpu_bufs shb, dev;       /* the shared block's addresses; where the step works */
     size_t kv_bytes;
@@ -285,22 +317,20 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->xb = gpu_alloc(gp, W * (size_t)c->dim * 4);
     gp->attp = gpu_alloc(gp, W * qd * 4);
     gp->xs = gpu_alloc(gp, W * (qd > (size_t)c->ffn ? qd : (size_t)c->ffn) * 4);
-    gp->d_tokens = gpu_alloc(gp, W * 4);
-    gp->d_seq_row = gpu_alloc(gp, W * 4);
-    gp->d_n_prefix = gpu_alloc(gp, W * 4);
-    gp->d_n_anc = gpu_alloc(gp, W * 4);
-    gp->d_anc = gpu_alloc(gp, W * W * 4);
-    gp->d_split = gpu_alloc(gp, (size_t)c->n_heads * 4);
-    gp->d_cs = gpu_alloc(gp, W * half * 4);
-    gp->d_sn = gpu_alloc(gp, W * half * 4);
-    gp->h_seq_row = malloc(W * 4);
-    gp->h_n_prefix = malloc(W * 4);
-    gp->h_n_anc = malloc(W * 4);
-    gp->h_anc = calloc(W * W, 4);
-    if (!gp->xb || !gp->attp || !gp->xs || !gp->d_tokens || !gp->d_seq_row || !gp->d_n_prefix ||
-        !gp->d_n_anc || !gp->d_anc || !gp->d_split || !gp->d_cs || !gp->d_sn || !gp->h_seq_row ||
-        !gp->h_n_prefix || !gp->h_n_anc || !gp->h_anc)
+    gpu_stage none;
+    size_t heads = (size_t)c->n_heads, sb = gpu_stage_at(&none, NULL, W, heads, half);
+    gp->stage_bytes = (sb + 4095) & ~(size_t)4095;
+    gp->d_block = gpu_alloc(gp, gp->stage_bytes);
+    gp->h_block = aligned_alloc(4096, gp->stage_bytes);
+    if (!gp->xb || !gp->attp || !gp->xs || !gp->d_block || !gp->h_block)
         goto oom;
+    memset(gp->h_block, 0, gp->stage_bytes);
+    gpu_stage_at(&gp->h, gp->h_block, W, heads, half);
+    gpu_stage_at(&gp->d, gp->d_block, W, heads, half);
+    void *stage_dev;
+    if (kcuda_register(gp->h_block, gp->stage_bytes, &stage_dev, err, errlen))
+        goto fail;
+    gp->stage_registered = true;
     const llama_shared *sh = &x->sh;
     gp->shb = (gpu_bufs){.x = gpu_dev(gp, sh->x),
                          .q = gpu_dev(gp, sh->q),
@@ -352,12 +382,11 @@ void llama_gpu_destroy(llama_gpu **gpp)
     free(gp->allocs);
     if (gp->registered)
         kcuda_unregister(gp->host_base);
+    if (gp->stage_registered)
+        kcuda_unregister(gp->h_block);
     kcuda_destroy(&gp->g);
     free(gp->layers);
-    free(gp->h_seq_row);
-    free(gp->h_n_prefix);
-    free(gp->h_n_anc);
-    free(gp->h_anc);
+    free(gp->h_block);
     free(gp->mir_len);
     free(gp->mir_stamp);
     free(gp->mir_epoch);
@@ -589,9 +618,9 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
             kcuda_matmul(g, &L->wk, pc->k0, pc->k1, gp->xb, n, D->kk, kvd, err, errlen) ||
             kcuda_matmul(g, &L->wv, pc->k0, pc->k1, gp->xb, n, D->vv, kvd, err, errlen))
             return -1;
-        kcuda_rope(g, D->q + pc->q0, n, qd, qh, (int)hd, half, gp->d_cs, gp->d_sn);
-        kcuda_rope(g, D->kk + pc->k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d_cs,
-                   gp->d_sn);
+        kcuda_rope(g, D->q + pc->q0, n, qd, qh, (int)hd, half, gp->d.cs, gp->d.sn);
+        kcuda_rope(g, D->kk + pc->k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d.cs,
+                   gp->d.sn);
         gpu_kv_store(gp, S->kv + kl, D->kk, n);
         gpu_kv_store(gp, S->kv + vl, D->vv, n);
         if (mirror) {
@@ -615,8 +644,8 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
                        .kv_h1 = x->kvh1,
                        .head_dim = (int)hd,
                        .half = half,
-                       .cs = gp->d_cs,
-                       .sn = gp->d_sn,
+                       .cs = gp->d.cs,
+                       .sn = gp->d.sn,
                        .type = x->p.kv,
                        .head_rows = x->tree_row + x->p.max_width,
                        .r0 = x->tree_row + x->batch_base,
@@ -668,7 +697,7 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
         any_foreign |= foreign[h];
     }
 
-    if (kcuda_embed(g, &gp->tok_embd, gp->d_tokens, n, D->x + d0, dim, d0, d1, err, errlen) ||
+    if (kcuda_embed(g, &gp->tok_embd, gp->d.tokens, n, D->x + d0, dim, d0, d1, err, errlen) ||
         gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
         return -1;
     /* beside other parts, their commits of the last step (each part moves its own heads' rows)
@@ -694,10 +723,10 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
                        .n_heads = c->n_heads,
                        .n_kv_heads = c->n_kv_heads,
                        .scale = 1.0f / sqrtf((float)hd),
-                       .seq_row = gp->d_seq_row,
-                       .n_prefix = gp->d_n_prefix,
-                       .anc = gp->d_anc,
-                       .n_anc = gp->d_n_anc,
+                       .seq_row = gp->d.seq_row,
+                       .n_prefix = gp->d.n_prefix,
+                       .anc = gp->d.anc,
+                       .n_anc = gp->d.n_anc,
                        .anc_stride = W};
         /* one launch per run of units of one mode over consecutive query heads */
         for (int u = 0, u1; u < x->n_units; u = u1) {
@@ -730,7 +759,7 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
                 if (kcuda_copy2d(g, gp->attp, (size_t)qd * 4, D->att, (size_t)qd * 4,
                                  (size_t)qd * 4, (size_t)n, err, errlen))
                     return -1;
-                kcuda_att_merge(g, D->ap, D->ap + rec, rec_tok, 2 * rec, gp->d_split, x->n_split, n,
+                kcuda_att_merge(g, D->ap, D->ap + rec, rec_tok, 2 * rec, gp->d.split, x->n_split, n,
                                 (int)hd, gp->attp, qd);
                 att_in = gp->attp;
             }
@@ -839,27 +868,25 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     }
     int half = c->rot_dim / 2;
 
-    /* the step's small arrays: RoPE angles, and what attention needs per token */
+    /* the step's small arrays: RoPE angles, and what attention needs per token; the last step's
+     * copy of the block is done (it ended with a sync) */
+    const gpu_stage *h = &gp->h;
+    memcpy(h->tokens, b->tokens, (size_t)n * sizeof *h->tokens);
     for (int i = 0; i < n; i++) {
         int slot = x->batch_base + i, seq = x->seq[slot];
-        k_rope_angles(x->rope_cs + (size_t)i * half, x->rope_sn + (size_t)i * half, x->rope_inv,
-                      half, x->pos[slot]);
-        gp->h_seq_row[i] = seq * x->p.n_ctx;
-        gp->h_n_prefix[i] = x->prefix[seq];
-        gp->h_n_anc[i] = x->n_anc[slot];
-        memcpy(gp->h_anc + (size_t)i * W, x->anc + (size_t)slot * W,
-               (size_t)x->n_anc[slot] * sizeof *gp->h_anc);
+        k_rope_angles(h->cs + (size_t)i * half, h->sn + (size_t)i * half, x->rope_inv, half,
+                      x->pos[slot]);
+        h->seq_row[i] = seq * x->p.n_ctx;
+        h->n_prefix[i] = x->prefix[seq];
+        h->n_anc[i] = x->n_anc[slot];
+        memcpy(h->anc + (size_t)i * W, x->anc + (size_t)slot * W,
+               (size_t)x->n_anc[slot] * sizeof *h->anc);
     }
-    size_t nb = (size_t)n * 4, rb = (size_t)n * (size_t)half * 4;
-    if (kcuda_upload(g, gp->d_tokens, b->tokens, nb, err, errlen) ||
-        kcuda_upload(g, gp->d_cs, x->rope_cs, rb, err, errlen) ||
-        kcuda_upload(g, gp->d_sn, x->rope_sn, rb, err, errlen) ||
-        kcuda_upload(g, gp->d_seq_row, gp->h_seq_row, nb, err, errlen) ||
-        kcuda_upload(g, gp->d_n_prefix, gp->h_n_prefix, nb, err, errlen) ||
-        kcuda_upload(g, gp->d_n_anc, gp->h_n_anc, nb, err, errlen) ||
-        kcuda_upload(g, gp->d_anc, gp->h_anc, (size_t)n * (size_t)W * 4, err, errlen) ||
-        (x->n_split && kcuda_upload(g, gp->d_split, x->split_heads, (size_t)x->n_split * 4, err,
-                                    errlen)))
+    if (x->n_split)
+        memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
+    /* up to the last ancestor list this step uses (the arrays before it are whole) */
+    size_t used = (size_t)((uint8_t *)(h->anc + (size_t)n * W) - gp->h_block);
+    if (kcuda_upload(g, gp->d_block, gp->h_block, used, err, errlen))
         return -1;
     if (gp->memory == LLAMA_GPU_MIRROR) {
         gpu_mirror_needs(gp);

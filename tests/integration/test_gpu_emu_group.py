@@ -22,7 +22,7 @@ greedy token agrees or is a near tie; a bad option is refused with status 2, nam
 
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
-with graphs off and on, and with one launch per op, GPU + CPU under HCMP, the dense/sparse split and Megatron in each memory
+with graphs off and on, and with one launch per op (whose steps queue 11 more ops a layer), GPU + CPU under HCMP, the dense/sparse split and Megatron in each memory
 mode, and the partition search, which must write a two-part partition.
 """
 import json
@@ -115,7 +115,7 @@ def gpu_check_bench_commands_run_over_the_emulation():
     common = ["bench", "--plans", "--model", model, "--widths", "1,8", "--reps", "1", "--ctx", "64", "--json", js]
     runs = []
     for mem, graphs, fuse in (("mapped", "off", "on"), ("mirror", "off", "on"), ("mirror", "on", "on"),
-                              ("mapped", "on", "on"), ("mirror", "on", "off")):
+                              ("mapped", "on", "on"), ("mirror", "off", "off")):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
                               "--gpu-graphs", graphs, "--gpu-fuse", fuse])
     for mem in ("mapped", "mirror"):
@@ -131,6 +131,10 @@ def gpu_check_bench_commands_run_over_the_emulation():
     G.check(len(rows) == 5 * 2 + 2 * 3 * 2, "%d JSON rows, not 22", len(rows))
     G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2,
             "the rows do not say which launches ran: %r", rows[:10])
+    # one launch per op queues 11 more ops a layer (mirror) than the fused launches, at each width
+    saved = [rows[8 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
+    G.check(saved == [11 * 4, 11 * 4], "ops a step saved by the fused launches over 4 layers: %r (want 44)",
+            saved)
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
     plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
     if os.path.exists(plan):
