@@ -45,6 +45,7 @@ typedef struct {
     bool gpu[LLAMA_MAX_PARTS];
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs, gpu_fuse;
+    int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: the default) */
     const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
@@ -79,7 +80,7 @@ static void pb_usage(FILE *out)
             "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-            "                    [--gpu-fuse on|off] [--search PLAN]\n"
+            "                    [--gpu-fuse on|off] [--gpu-unroll 1|2|4] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -87,8 +88,9 @@ static void pb_usage(FILE *out)
             "  the second linear of each pair by input columns, partial sums reduced). Default:\n"
             "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
             "  build with CUDA; --gpu-memory, --gpu-graphs and --gpu-fuse as orochi-worker\n"
-            "  takes them, docs/gpu.md). JSON lines go to --json FILE\n"
-            "  (bench/results/plans.jsonl).\n"
+            "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
+            "  matmul loads before it adds them (the same bits; a tuning knob). JSON lines go to\n"
+            "  --json FILE (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
             "  by kind while the step time summed over --widths falls (coordinator/control.h,\n"
@@ -176,7 +178,8 @@ static void *pb_part_main(void *argp)
     llama_gpu *gpu = NULL;
     llama_gpu_params gprm = {.memory = (llama_gpu_memory)llama_gpu_memory_parse(o->gpu_memory),
                              .graphs = o->gpu_graphs,
-                             .unfused = !o->gpu_fuse};
+                             .unfused = !o->gpu_fuse,
+                             .matmul_unroll = o->gpu_unroll};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
@@ -270,6 +273,12 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_graphs = !strcmp(val, "on");
+        } else if (!strcmp(a, "--gpu-unroll")) {
+            if (strcmp(val, "1") && strcmp(val, "2") && strcmp(val, "4")) {
+                fprintf(stderr, "orochi bench: --gpu-unroll %s: 1, 2 or 4\n", val);
+                return 2;
+            }
+            o->gpu_unroll = atoi(val);
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (strcmp(val, "on") && strcmp(val, "off")) {
                 fprintf(stderr, "orochi bench: --gpu-fuse %s: on or off\n", val);
@@ -618,11 +627,11 @@ int bench_plans(int argc, char **argv)
                         "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
                         "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
-                        "\"gpu_ops\":%ld}\n",
+                        "\"gpu_ops\":%ld,\"gpu_unroll\":%d}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
-                        r.ops[(size_t)p * o.n_widths + wi]);
+                        r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll ? o.gpu_unroll : 1);
         }
         printf("\n");
     }

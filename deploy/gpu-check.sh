@@ -3,7 +3,7 @@
 # a GPU"): a core-only build with CUDA (it needs CMake, a C compiler and the CUDA toolkit, none of
 # the actor system's libraries), the `cuda` tests, the GPU forward's greedy agreement with the CPU's
 # on the bench prompts (orochi-gpu-agreement), the fused launches' step time against one launch per
-# op (the GPU alone, two alternating rounds), whole groups with a GPU worker where a full build is
+# op and the quantized matmul's loads in flight (the GPU alone, alternating rounds), whole groups with a GPU worker where a full build is
 # at hand (integration_gpu_device_group), the copy bandwidth of the device, and the step time
 # against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models of
 # the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its time
@@ -100,18 +100,20 @@ if stage agreement 20; then
         tee -a "$out/plans.txt" || status=1
 fi
 
-# the fused launches against one launch per op: the GPU alone (mirror, graphs on) on the random
-# 1B and 135M shapes, the two alternating over two rounds so that neither has the card warmer
+# the fused launches against one launch per op, and the quantized matmul with 1, 2 and 4 groups
+# in flight per lane: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes, the
+# variants alternating over two rounds so that none has the card warmer
 if stage fusion 30; then
     for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
         [ -f "$m" ] || continue
         for round in 1 2; do
-            for fuse in on off; do
-                echo "== $m: GPU only, mirror, graphs on, fused launches $fuse (round $round)" |
-                    tee -a "$out/plans.txt"
+            for variant in "on 1" "off 1" "on 2" "on 4"; do
+                set -- $variant
+                echo "== $m: GPU only, mirror, graphs on, fused launches $1, groups in flight $2" \
+                    "(round $round)" | tee -a "$out/plans.txt"
                 bounded "$bin" bench --plans --model "$m" --widths 1,4,16,64 --reps 3 --ctx 256 \
                     --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
-                    --gpu-memory mirror --gpu-graphs on --gpu-fuse "$fuse" 2>&1 |
+                    --gpu-memory mirror --gpu-graphs on --gpu-fuse "$1" --gpu-unroll "$2" 2>&1 |
                     tee -a "$out/plans.txt" || status=1
             done
         done

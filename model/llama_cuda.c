@@ -277,6 +277,8 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
                                              : LLAMA_GPU_MIRROR;
     gp->graphs = prm->graphs;
     gp->fuse = !prm->unfused;
+    if (prm->matmul_unroll)
+        kcuda_set_matmul_unroll(gp->g, prm->matmul_unroll);
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;

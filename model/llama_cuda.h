@@ -40,6 +40,7 @@ typedef struct {
     llama_gpu_memory memory; /* where the activations and the K/V rows live */
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
     bool unfused;            /* one launch per op, not the fused launches (for comparison) */
+    int matmul_unroll;       /* kcuda_set_matmul_unroll's groups (0: its default) */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that

@@ -42,6 +42,7 @@ kcuda *kcuda_new(int device, char *err, size_t errlen)
         return NULL;
     }
     g->device = device;
+    g->unroll = 1;
     if (kcuda_fail(cudaSetDevice(device), "cudaSetDevice", err, errlen) ||
         kcuda_fail(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking),
                    "cudaStreamCreate", err, errlen)) {

@@ -133,6 +133,11 @@ typedef struct {
     int n_dst;
 } kcuda_rope_kv;
 void kcuda_rope_store(kcuda *g, const kcuda_rope_kv *a, int n);
+/* The quantized matmuls' loads in flight: each lane loads `groups` (1, 2 or 4; another value
+ * means 1) of its 8-weight groups before it adds any, the additions in the same order — the same
+ * bits whatever the setting, a different speed (a tuning knob, measured by deploy/gpu-check.sh).
+ * 1 until set. */
+void kcuda_set_matmul_unroll(kcuda *g, int groups);
 /* Ops queued on the context's stream since it was made: each kernel launch, copy and graph launch
  * counts one (a step's launch count, for tests and profiles). */
 long kcuda_launches(const kcuda *g);

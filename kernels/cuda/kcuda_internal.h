@@ -23,6 +23,7 @@ struct kcuda {
     void *blas_ws; /* cuBLAS's workspace, set once so that a captured matmul allocates nothing */
     bool capturing;
     long launches; /* ops queued (kcuda_launches) */
+    int unroll;    /* quantized matmul: groups a lane loads before adding (kcuda_set_matmul_unroll) */
 };
 
 /* -1 with "what: cuda's reason" in err unless e is cudaSuccess. */

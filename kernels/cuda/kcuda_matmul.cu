@@ -13,7 +13,10 @@
  * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
  * every type starts its rows at the range's first column.
  *
- * The fused forms run the same kernel (k_matmul<TYPE, OP>), so a row's sums are the same bits
+ * A quantized row's lanes may load U = 1, 2 or 4 of their groups before adding any
+ * (kcuda_set_matmul_unroll: more loads in flight, the same order of additions, the same bits).
+ *
+ * The fused forms run the same kernel (k_matmul<TYPE, OP, U>), so a row's sums are the same bits
  * in all of them: kcuda_matmul_multi gives one launch up to three matrices (the block's index
  * picks the matrix and row), kcuda_matmul_add adds each sum to y (the residual), and
  * kcuda_matmul_silu has each warp take the gate row and the up row and write silu(gate) * up.
@@ -73,33 +76,54 @@ __device__ static inline void k_group(const uint8_t *row, int64_t b, int sub, fl
     }
 }
 
+/* acc[t] += the 8 weights of one group times their inputs, for tokens t < nt (xb: token 0's
+ * inputs of the group's block; a, bo: k_group's offsets). One expression wherever it is used, so
+ * that every caller sums alike. */
+__device__ static inline void k_group_acc(const float w[8], int a, int bo, const float *xb,
+                                          int64_t cols, int nt, float acc[KQ_TOK])
+{
+#pragma unroll
+    for (int t = 0; t < KQ_TOK; t++) {
+        if (t >= nt)
+            break;
+        const float *xr = xb + (int64_t)t * cols;
+        float4 u = *(const float4 *)(xr + a), v = *(const float4 *)(xr + bo);
+        acc[t] += w[0] * u.x + w[1] * u.y + w[2] * u.z + w[3] * u.w + w[4] * v.x + w[5] * v.y +
+                  w[6] * v.z + w[7] * v.w;
+    }
+}
+
 /* The sums of one weight row (its columns from the first multiplied) with tokens [t0, t0 + nt)
  * of x (rows of `cols` values), this lane's share of them into acc[0..nt). Quantized rows: lane l
- * takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...); float rows: lane l takes columns
- * l + 32 j. Each lane's sum per token runs over its columns in one order, whatever n. */
-template <uint32_t TYPE>
+ * takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...), loading U groups before it adds
+ * any of them (U loads in flight; the additions in the same order, so every U gives the same
+ * bits); float rows: lane l takes columns l + 32 j. Each lane's sum per token runs over its
+ * columns in one order, whatever n. */
+template <uint32_t TYPE, int U>
 __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const float *xt, int nt,
                                          int lane, float acc[KQ_TOK])
 {
     const bool quant = TYPE == KT_Q8_0 || TYPE == KT_Q4_0 || TYPE == KT_Q4_1;
+    const int step = KQ_SPAN / 32; /* blocks a warp iteration covers */
 #pragma unroll
     for (int t = 0; t < KQ_TOK; t++)
         acc[t] = 0.0f;
     if (quant) {
-        int sub = lane & 3;
-        for (int64_t b = lane >> 2; b < cols / 32; b += KQ_SPAN / 32) {
-            float wv[8];
-            int a, bo;
-            k_group<TYPE>(row, b, sub, wv, &a, &bo);
+        int sub = lane & 3, a = 0, bo = 0;
+        int64_t b = lane >> 2, nb = cols / 32;
+        for (; b + (U - 1) * step < nb; b += U * step) {
+            float wv[U][8];
 #pragma unroll
-            for (int t = 0; t < KQ_TOK; t++) {
-                if (t >= nt)
-                    break;
-                const float *xr = xt + (int64_t)t * cols + b * 32;
-                float4 u = *(const float4 *)(xr + a), v = *(const float4 *)(xr + bo);
-                acc[t] += wv[0] * u.x + wv[1] * u.y + wv[2] * u.z + wv[3] * u.w + wv[4] * v.x +
-                          wv[5] * v.y + wv[6] * v.z + wv[7] * v.w;
-            }
+            for (int u = 0; u < U; u++)
+                k_group<TYPE>(row, b + u * step, sub, wv[u], &a, &bo);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                k_group_acc(wv[u], a, bo, xt + (b + u * step) * 32, cols, nt, acc);
+        }
+        for (; b < nb; b += step) { /* the row's last blocks, fewer than U groups */
+            float wv[8];
+            k_group<TYPE>(row, b, sub, wv, &a, &bo);
+            k_group_acc(wv, a, bo, xt + b * 32, cols, nt, acc);
         }
     } else {
         for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
@@ -153,7 +177,7 @@ struct kq_job {
 /* One warp per output row of one of the job's matrices (the block's index picks which); the
  * lanes' sums meet in a warp reduction, in one order, so a row's result is the same bits for
  * every OP and every batch width. */
-template <uint32_t TYPE, int OP>
+template <uint32_t TYPE, int OP, int U>
 __global__ void k_matmul(kq_job j)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -177,9 +201,9 @@ __global__ void k_matmul(kq_job j)
         int nt = j.n - t0 < KQ_TOK ? j.n - t0 : KQ_TOK;
         const float *xt = j.x + (int64_t)t0 * j.cols;
         float acc[KQ_TOK], up[KQ_TOK];
-        k_row_sums<TYPE>(row, j.cols, xt, nt, lane, acc);
+        k_row_sums<TYPE, U>(row, j.cols, xt, nt, lane, acc);
         if (OP == KQ_SILU)
-            k_row_sums<TYPE>(s.w2 + (size_t)r * s.row_bytes, j.cols, xt, nt, lane, up);
+            k_row_sums<TYPE, U>(s.w2 + (size_t)r * s.row_bytes, j.cols, xt, nt, lane, up);
 #pragma unroll
         for (int t = 0; t < KQ_TOK; t++) {
             if (t >= nt)
@@ -238,6 +262,17 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
     return 0;
 }
 
+/* A quantized type's kernel, U groups in flight per lane. */
+template <uint32_t TYPE, int OP>
+static void kq_launch_quant(kcuda *g, dim3 grid, dim3 block, const kq_job &j)
+{
+    switch (g->unroll) {
+    case 4: k_matmul<TYPE, OP, 4><<<grid, block, 0, g->stream>>>(j); return;
+    case 2: k_matmul<TYPE, OP, 2><<<grid, block, 0, g->stream>>>(j); return;
+    default: k_matmul<TYPE, OP, 1><<<grid, block, 0, g->stream>>>(j); return;
+    }
+}
+
 /* Queue a job: its blocks are the sum of its matrices'. */
 template <int OP>
 static void kq_launch(kcuda *g, uint32_t type, const kq_job &j)
@@ -245,13 +280,18 @@ static void kq_launch(kcuda *g, uint32_t type, const kq_job &j)
     dim3 grid(j.s[j.n_seg - 1].b1), block(32 * KQ_WARPS);
     g->launches++;
     switch (type) {
-    case KT_F32: k_matmul<KT_F32, OP><<<grid, block, 0, g->stream>>>(j); return;
-    case KT_F16: k_matmul<KT_F16, OP><<<grid, block, 0, g->stream>>>(j); return;
-    case KT_BF16: k_matmul<KT_BF16, OP><<<grid, block, 0, g->stream>>>(j); return;
-    case KT_Q8_0: k_matmul<KT_Q8_0, OP><<<grid, block, 0, g->stream>>>(j); return;
-    case KT_Q4_0: k_matmul<KT_Q4_0, OP><<<grid, block, 0, g->stream>>>(j); return;
-    default: k_matmul<KT_Q4_1, OP><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_F32: k_matmul<KT_F32, OP, 1><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_F16: k_matmul<KT_F16, OP, 1><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_BF16: k_matmul<KT_BF16, OP, 1><<<grid, block, 0, g->stream>>>(j); return;
+    case KT_Q8_0: kq_launch_quant<KT_Q8_0, OP>(g, grid, block, j); return;
+    case KT_Q4_0: kq_launch_quant<KT_Q4_0, OP>(g, grid, block, j); return;
+    default: kq_launch_quant<KT_Q4_1, OP>(g, grid, block, j); return;
     }
+}
+
+void kcuda_set_matmul_unroll(kcuda *g, int groups)
+{
+    g->unroll = groups == 2 || groups == 4 ? groups : 1;
 }
 
 /* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */

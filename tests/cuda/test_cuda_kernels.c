@@ -21,7 +21,8 @@
  *               exactly its blocks; a captured graph replays an op on new input (1e-5).
  *   fused      kcuda_matmul_multi, kcuda_matmul_add, kcuda_matmul_silu (every type, widths 1, 17)
  *               and kcuda_rope_store (f32, f16 K/V) bit for bit the ops each replaces; matrices
- *               of two types refused with the reason.
+ *               of two types refused with the reason. The quantized matmul with 2 and 4 groups
+ *               in flight per lane (kcuda_set_matmul_unroll) bit for bit the matmul with 1.
  *   mapped host memory (kcuda_register, the arena's path): an op writes into registered host
  *               memory and the host reads the result.
  * Without a usable GPU it prints why and exits 77, which ctest reports as skipped.
@@ -666,6 +667,47 @@ static void test_fused(void)
             free(hw[m]);
         }
     }
+    /* the quantized matmul with 2 and 4 groups in flight per lane: the bits of 1, on rows of 43
+     * blocks (each lane 5 or 6 groups: whole rounds of U and a remainder), widths 1 and 17 */
+    int64_t wide = 43 * 32;
+    float *xw = malloc((size_t)(17 * wide) * 4), *wf = malloc((size_t)(61 * wide) * 4);
+    fill(xw, (size_t)(17 * wide), 1.0f);
+    fill(wf, (size_t)(61 * wide), 1.0f);
+    float *dxw = to_dev(xw, (size_t)(17 * wide) * 4);
+    float *y1 = kcuda_alloc((size_t)17 * 61 * 4), *yu = kcuda_alloc((size_t)17 * 61 * 4);
+    float *s1 = kcuda_alloc((size_t)17 * 61 * 4), *su = kcuda_alloc((size_t)17 * 61 * 4);
+    float *ha = malloc((size_t)17 * 61 * 4), *hb = malloc((size_t)17 * 61 * 4);
+    for (size_t t = 3; t < sizeof types / sizeof types[0]; t++) { /* Q8_0, Q4_0, Q4_1 */
+        size_t rb = kt_row_bytes(types[t], (uint64_t)wide);
+        uint8_t *q = malloc(rb * 61);
+        for (int64_t i = 0; i < 61; i++)
+            kt_quantize_row(types[t], wf + i * wide, q + (size_t)i * rb, wide);
+        kmat m = {.type = types[t], .rows = 61, .cols = wide, .row_bytes = rb};
+        m.data = to_dev(q, rb * 61);
+        for (int n = 1; n <= 17; n += 16) {
+            kcuda_set_matmul_unroll(g, 1);
+            must(kcuda_matmul(g, &m, 0, 61, dxw, n, y1, 61, err, sizeof err) ||
+                     kcuda_matmul_silu(g, &m, &m, 0, 61, dxw, n, s1, 61, err, sizeof err),
+                 "matmul");
+            for (int u = 2; u <= 4; u *= 2) {
+                kcuda_set_matmul_unroll(g, u);
+                must(kcuda_matmul(g, &m, 0, 61, dxw, n, yu, 61, err, sizeof err) ||
+                         kcuda_matmul_silu(g, &m, &m, 0, 61, dxw, n, su, 61, err, sizeof err),
+                     "matmul");
+                char what[96];
+                snprintf(what, sizeof what, "matmul (and gate/up) %s, %d groups in flight, W=%d",
+                         kt_traits_of(types[t])->name, u, n);
+                report_same(what, dev_same(y1, yu, ha, hb, (size_t)n * 61) &&
+                                      dev_same(s1, su, ha, hb, (size_t)n * 61));
+            }
+        }
+        kcuda_set_matmul_unroll(g, 1);
+        kcuda_free((void *)m.data);
+        free(q);
+    }
+    kcuda_free(dxw), kcuda_free(y1), kcuda_free(yu), kcuda_free(s1), kcuda_free(su);
+    free(xw), free(wf), free(ha), free(hb);
+
     /* refusals: one type and one column count */
     kmat q8 = {.type = KT_Q8_0, .rows = 32, .cols = 64, .row_bytes = 68, .data = dx};
     kmat q4 = {.type = KT_Q4_0, .rows = 32, .cols = 64, .row_bytes = 36, .data = dx};

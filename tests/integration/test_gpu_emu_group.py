@@ -22,8 +22,9 @@ greedy token agrees or is a near tie; a bad option is refused with status 2, nam
 
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
-with graphs off and on, and with one launch per op (whose steps queue 11 more ops a layer), GPU + CPU under HCMP, the dense/sparse split and Megatron in each memory
-mode, and the partition search, which must write a two-part partition.
+with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer) and with
+the quantized matmul's other loads in flight; GPU + CPU under HCMP, the dense/sparse split and
+Megatron in each memory mode; and the partition search, which must write a two-part partition.
 """
 import json
 import subprocess
@@ -114,10 +115,11 @@ def gpu_check_bench_commands_run_over_the_emulation():
         os.remove(js)
     common = ["bench", "--plans", "--model", model, "--widths", "1,8", "--reps", "1", "--ctx", "64", "--json", js]
     runs = []
-    for mem, graphs, fuse in (("mapped", "off", "on"), ("mirror", "off", "on"), ("mirror", "on", "on"),
-                              ("mapped", "on", "on"), ("mirror", "off", "off")):
+    for mem, graphs, fuse, unroll in (("mapped", "off", "on", "1"), ("mirror", "off", "on", "1"),
+                                      ("mirror", "on", "on", "4"), ("mapped", "on", "on", "1"),
+                                      ("mirror", "off", "off", "2")):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
-                              "--gpu-graphs", graphs, "--gpu-fuse", fuse])
+                              "--gpu-graphs", graphs, "--gpu-fuse", fuse, "--gpu-unroll", unroll])
     for mem in ("mapped", "mirror"):
         runs.append(common + ["--parts", "2", "--devices", "gpu,cpu", "--threads-per-part", "1", "--gpu-memory",
                               mem, "--plan", "hcmp:0.9/0.1", "--plan", "split:0.9/0.1", "--plan",
@@ -129,7 +131,8 @@ def gpu_check_bench_commands_run_over_the_emulation():
     with open(js) as f:
         rows = [json.loads(x) for x in f]
     G.check(len(rows) == 5 * 2 + 2 * 3 * 2, "%d JSON rows, not 22", len(rows))
-    G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2,
+    G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2 and
+            [x["gpu_unroll"] for x in rows[:10]] == [1] * 4 + [4] * 2 + [1] * 2 + [2] * 2,
             "the rows do not say which launches ran: %r", rows[:10])
     # one launch per op queues 11 more ops a layer (mirror) than the fused launches, at each width
     saved = [rows[8 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
