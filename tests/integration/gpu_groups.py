@@ -83,3 +83,13 @@ def check_replayed(wlog):
     G.check(line and not line.split("GPU: ")[1].startswith("0 steps"), "the GPU worker replayed no step:\n%s",
             wlog[-1500:])
     G.log("  worker-%s" % line)
+
+
+def unfused_equals(name, model, prompts, n, plain):
+    """cpu:1,gpu:1 (mirror) with one launch per op (--gpu-fuse off) answers each prompt exactly as
+    the fused group did (`plain`), and its GPU worker says it ran unfused."""
+    with G.Group(name, model, devices="cpu:1,gpu:1", extra=["--gpu-memory", "mirror", "--gpu-fuse", "off"]) as g:
+        for p in prompts:
+            G.check_eq(g.ids(p, n), plain[p], "cpu:1,gpu:1 one launch per op against fused, prompt %r" % p)
+        wlog = g.log("worker-1")
+    G.check("launches one per op" in wlog, "the GPU worker's log does not say it runs unfused:\n%s", wlog[-1500:])
