@@ -638,7 +638,7 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
         return -1;
     kcuda_rope_kv a = {.q = D->q + pc->q0,
                        .q_stride = qd,
-                       .q_heads = half > 0 ? qh : 0,
+                       .q_heads = qh,
                        .k = D->kk,
                        .v = D->vv,
                        .kv_stride = kvd,

@@ -334,6 +334,15 @@ void kcuda_rmsnorm(kcuda *g, float *out, const float *x, const float *weight, in
     k_rmsnorm_kernel<<<n, 256, 0, g->stream>>>(out, x, weight, dim, eps);
 }
 
+/* The pair (p[0], p[1]) rotated by cos c, sin s, rounded as k_rope_apply rounds it (no fused
+ * multiply-add): the RoPE op and the fused RoPE-and-store share it. */
+__device__ static inline void k_rope_pair(float *p, float c, float s)
+{
+    float a = p[0], b = p[1];
+    p[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
 __global__ void k_rope_kernel(float *x, int64_t stride, int n_heads, int head_dim, int half,
                               const float *cs, const float *sn)
 {
@@ -341,11 +350,7 @@ __global__ void k_rope_kernel(float *x, int64_t stride, int n_heads, int head_di
     float *row = x + (int64_t)t * stride;
     for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
         int h = e / half, i = e % half;
-        float *p = row + (int64_t)h * head_dim;
-        float c = cs[t * half + i], s = sn[t * half + i];
-        float a = p[2 * i], b = p[2 * i + 1];
-        p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        k_rope_pair(row + (int64_t)h * head_dim + 2 * i, cs[t * half + i], sn[t * half + i]);
     }
 }
 
@@ -372,9 +377,7 @@ __global__ void k_rope_store_kernel(kcuda_rope_kv a)
         bool key = e >= nq;
         int f = key ? e - nq : e, h = f / half, i = f % half;
         float *p = key ? kr + (int64_t)(a.kv_h0 + h) * hd : qr + (int64_t)h * hd;
-        float x0 = p[2 * i], x1 = p[2 * i + 1];
-        p[2 * i] = __fsub_rn(__fmul_rn(x0, c[i]), __fmul_rn(x1, sn[i]));
-        p[2 * i + 1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, c[i]));
+        k_rope_pair(p + 2 * i, c[i], sn[i]);
     }
     __syncthreads();
     const float *vr = a.v + (int64_t)t * a.kv_stride;

@@ -298,96 +298,6 @@ int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x
     return kcuda_matmul_cols(g, w, lo, hi, 0, w->cols, x, n, y, ldy, err, errlen);
 }
 
-/* The fused forms: one queued op each, computing what the unfused ops compute (so their bits). */
-typedef struct {
-    matmul_args m;
-    kmat up;  /* fused_silu's */
-    int op;   /* 0: add into y; 1: silu(gate) * up */
-} fused_args;
-
-static void fused_run(const void *p)
-{
-    const fused_args *a = p;
-    const matmul_args *m = &a->m;
-    size_t count = (size_t)m->n * (size_t)m->ldy;
-    float *tmp = malloc(count * sizeof *tmp);
-    if (!tmp)
-        abort();
-    kmat_mul(NULL, a->op ? &a->up : &m->w, m->lo, m->hi, m->x, m->n, tmp, m->ldy, NULL);
-    if (a->op)
-        kmat_mul(NULL, &m->w, m->lo, m->hi, m->x, m->n, m->y, m->ldy, NULL);
-    for (int t = 0; t < m->n; t++) {
-        float *y = m->y + (int64_t)t * m->ldy + m->lo;
-        const float *d = tmp + (int64_t)t * m->ldy + m->lo;
-        if (a->op)
-            k_silu_mul(y, d, (int)(m->hi - m->lo));
-        else
-            for (int64_t r = 0; r < m->hi - m->lo; r++)
-                y[r] += d[r];
-    }
-    free(tmp);
-}
-
-static int fused_queue(kcuda *g, const kmat *w, const kmat *up, int64_t lo, int64_t hi,
-                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
-{
-    if (n <= 0 || hi <= lo)
-        return 0;
-    if (kcuda_check_matmul(w, 0, w->cols, err, errlen) ||
-        (up && kcuda_check_same(w, up, "gate and up", err, errlen)))
-        return -1;
-    fused_args a = {.m = {*w, lo, hi, 0, w->cols, ldy, x, y, n}, .op = up != NULL};
-    a.m.w.packed = NULL;
-    if (up) {
-        a.up = *up;
-        a.up.packed = NULL;
-    }
-    FAKE_QUEUE(g, fused_run, a);
-    return 0;
-}
-
-int kcuda_matmul_add(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
-                     float *y, int64_t ldy, char *err, size_t errlen)
-{
-    return fused_queue(g, w, NULL, lo, hi, x, n, y, ldy, err, errlen);
-}
-
-int kcuda_matmul_silu(kcuda *g, const kmat *gate, const kmat *up, int64_t lo, int64_t hi,
-                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
-{
-    return fused_queue(g, gate, up, lo, hi, x, n, y, ldy, err, errlen);
-}
-
-typedef struct {
-    matmul_args m[KCUDA_MM_MAX];
-    int count;
-} multi_args;
-
-static void multi_run(const void *p)
-{
-    const multi_args *a = p;
-    for (int i = 0; i < a->count; i++)
-        matmul_run(&a->m[i]);
-}
-
-int kcuda_matmul_multi(kcuda *g, const kcuda_mm *mm, int count, const float *x, int n, char *err,
-                       size_t errlen)
-{
-    if (kcuda_check_multi(mm, count, err, errlen))
-        return -1;
-    multi_args a = {.count = 0};
-    for (int i = 0; i < count; i++)
-        if (mm[i].hi > mm[i].lo) {
-            matmul_args *m = &a.m[a.count++];
-            *m = (matmul_args){*mm[i].w, mm[i].lo, mm[i].hi, 0, mm[i].w->cols, mm[i].ldy, x,
-                               mm[i].y, n};
-            m->w.packed = NULL;
-        }
-    if (n > 0 && a.count)
-        FAKE_QUEUE(g, multi_run, a);
-    return 0;
-}
-
 int kcuda_matmul_blas(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
                       float *y, int64_t ldy, char *err, size_t errlen)
 {
@@ -463,6 +373,95 @@ void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int6
     FAKE_QUEUE(g, add_cols_run, a);
 }
 
+/* The fused forms: one queued op each, computing what the unfused ops compute (so their bits). */
+typedef struct {
+    matmul_args m;
+    kmat up;  /* fused_silu's */
+    int op;   /* 0: add into y; 1: silu(gate) * up */
+} fused_args;
+
+/* The product (the up projection's under silu) into a scratch block laid out as y, then the
+ * residual add's or silu*mul's own run over it. */
+static void fused_run(const void *p)
+{
+    const fused_args *a = p;
+    const matmul_args *m = &a->m;
+    float *tmp = malloc((size_t)m->n * (size_t)m->ldy * sizeof *tmp);
+    if (!tmp)
+        abort();
+    kmat_mul(NULL, a->op ? &a->up : &m->w, m->lo, m->hi, m->x, m->n, tmp, m->ldy, NULL);
+    if (a->op) {
+        kmat_mul(NULL, &m->w, m->lo, m->hi, m->x, m->n, m->y, m->ldy, NULL);
+        rows_args r = {.x = m->y + m->lo, .d = tmp + m->lo, .n = m->n, .stride = m->ldy,
+                       .dim = m->hi - m->lo};
+        silu_run(&r);
+    } else {
+        rows_args r = {.x = m->y, .d = tmp, .n = m->n, .dim = m->ldy, .lo = m->lo, .hi = m->hi};
+        add_cols_run(&r);
+    }
+    free(tmp);
+}
+
+static int fused_queue(kcuda *g, const kmat *w, const kmat *up, int64_t lo, int64_t hi,
+                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
+{
+    if (n <= 0 || hi <= lo)
+        return 0;
+    if (kcuda_check_matmul(w, 0, w->cols, err, errlen) ||
+        (up && kcuda_check_same(w, up, "gate and up", err, errlen)))
+        return -1;
+    fused_args a = {.m = {*w, lo, hi, 0, w->cols, ldy, x, y, n}, .op = up != NULL};
+    a.m.w.packed = NULL;
+    if (up) {
+        a.up = *up;
+        a.up.packed = NULL;
+    }
+    FAKE_QUEUE(g, fused_run, a);
+    return 0;
+}
+
+int kcuda_matmul_add(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n,
+                     float *y, int64_t ldy, char *err, size_t errlen)
+{
+    return fused_queue(g, w, NULL, lo, hi, x, n, y, ldy, err, errlen);
+}
+
+int kcuda_matmul_silu(kcuda *g, const kmat *gate, const kmat *up, int64_t lo, int64_t hi,
+                      const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen)
+{
+    return fused_queue(g, gate, up, lo, hi, x, n, y, ldy, err, errlen);
+}
+
+typedef struct {
+    matmul_args m[KCUDA_MM_MAX];
+    int count;
+} multi_args;
+
+static void multi_run(const void *p)
+{
+    const multi_args *a = p;
+    for (int i = 0; i < a->count; i++)
+        matmul_run(&a->m[i]);
+}
+
+int kcuda_matmul_multi(kcuda *g, const kcuda_mm *mm, int count, const float *x, int n, char *err,
+                       size_t errlen)
+{
+    if (kcuda_check_multi(mm, count, err, errlen))
+        return -1;
+    multi_args a = {.count = 0};
+    for (int i = 0; i < count; i++)
+        if (mm[i].hi > mm[i].lo) {
+            matmul_args *m = &a.m[a.count++];
+            *m = (matmul_args){*mm[i].w, mm[i].lo, mm[i].hi, 0, mm[i].w->cols, mm[i].ldy, x,
+                               mm[i].y, n};
+            m->w.packed = NULL;
+        }
+    if (n > 0 && a.count)
+        FAKE_QUEUE(g, multi_run, a);
+    return 0;
+}
+
 typedef struct {
     kmat table;
     const int32_t *ids;
@@ -536,12 +535,14 @@ static void rope_store_run(const void *p)
     } *r = p;
     const kcuda_rope_kv *a = &r->a;
     int hd = a->head_dim;
-    for (int t = 0; t < r->n; t++) {
-        const float *c = a->cs + (int64_t)t * a->half, *sn = a->sn + (int64_t)t * a->half;
-        k_rope_apply(a->q + (int64_t)t * a->q_stride, a->q_heads, hd, a->half, c, sn);
-        k_rope_apply(a->k + (int64_t)t * a->kv_stride + (int64_t)a->kv_h0 * hd,
-                     a->kv_h1 - a->kv_h0, hd, a->half, c, sn);
-    }
+    rows_args rq = {.x = a->q, .n = r->n, .stride = a->q_stride, .n_heads = a->q_heads,
+                    .head_dim = hd, .half = a->half, .cs = a->cs, .sn = a->sn};
+    rows_args rk = rq;
+    rk.x = a->k + (int64_t)a->kv_h0 * hd;
+    rk.stride = a->kv_stride;
+    rk.n_heads = a->kv_h1 - a->kv_h0;
+    rope_run(&rq);
+    rope_run(&rk);
     for (int d = 0; d < a->n_dst; d++)
         for (int kv = 0; kv < 2; kv++) {
             kv_store_args s = {a->type,     kv ? a->v_dst[d] : a->k_dst[d],
