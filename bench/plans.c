@@ -46,6 +46,7 @@ typedef struct {
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs, gpu_fuse;
     int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: the default) */
+    int gpu_att_parts; /* --gpu-att-parts: attention's key streams cut into N (0: by length) */
     const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
@@ -59,6 +60,7 @@ typedef struct {
     arena_barrier barrier;
     double *ms; /* [rep][plan][width] step times of part 0 */
     long *ops;  /* [plan][width] device ops part 0 queued for its last such step (a GPU part) */
+    int *att;   /* [plan][width] the parts its attention cut each key stream into then */
     int failed;
     char err[512];
 } pb_run;
@@ -80,7 +82,8 @@ static void pb_usage(FILE *out)
             "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-            "                    [--gpu-fuse on|off] [--gpu-unroll 1|2|4] [--search PLAN]\n"
+            "                    [--gpu-fuse on|off] [--gpu-unroll 1|2|4]\n"
+            "                    [--gpu-att-parts auto|N] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -89,8 +92,10 @@ static void pb_usage(FILE *out)
             "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
             "  build with CUDA; --gpu-memory, --gpu-graphs and --gpu-fuse as orochi-worker\n"
             "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
-            "  matmul loads before it adds them (the same bits; a tuning knob). JSON lines go to\n"
-            "  --json FILE (bench/results/plans.jsonl).\n"
+            "  matmul loads before it adds them (the same bits; a tuning knob); --gpu-att-parts:\n"
+            "  the parts GPU attention cuts each key stream into (auto: by length and width; 1:\n"
+            "  never; the same answer within rounding). JSON lines go to --json FILE\n"
+            "  (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
             "  by kind while the step time summed over --widths falls (coordinator/control.h,\n"
@@ -179,7 +184,8 @@ static void *pb_part_main(void *argp)
     llama_gpu_params gprm = {.memory = (llama_gpu_memory)llama_gpu_memory_parse(o->gpu_memory),
                              .graphs = o->gpu_graphs,
                              .unfused = !o->gpu_fuse,
-                             .matmul_unroll = o->gpu_unroll};
+                             .matmul_unroll = o->gpu_unroll,
+                             .att_parts = o->gpu_att_parts};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
@@ -222,8 +228,10 @@ static void *pb_part_main(void *argp)
                     break;
                 }
 #ifdef OROCHI_HAVE_CUDA
-                if (me == 0 && gpu)
+                if (me == 0 && gpu) {
                     r->ops[(size_t)pl * o->n_widths + wi] = llama_gpu_launches(gpu) - ops0;
+                    r->att[(size_t)pl * o->n_widths + wi] = llama_gpu_att_parts(gpu);
+                }
 #endif
                 if (pb_sync(&r->barrier)) /* the step ends when its last part ends */
                     break;
@@ -279,6 +287,14 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_unroll = atoi(val);
+        } else if (!strcmp(a, "--gpu-att-parts")) {
+            char *end;
+            long v = strtol(val, &end, 10);
+            if (strcmp(val, "auto") && (*end || v < 1 || v > 256)) { /* KCUDA_ATT_MAX_PARTS */
+                fprintf(stderr, "orochi bench: --gpu-att-parts %s: auto or 1..256\n", val);
+                return 2;
+            }
+            o->gpu_att_parts = strcmp(val, "auto") ? (int)v : 0;
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (strcmp(val, "on") && strcmp(val, "off")) {
                 fprintf(stderr, "orochi bench: --gpu-fuse %s: on or off\n", val);
@@ -349,9 +365,11 @@ static int pb_measure(pb_run *r)
     const pb_opts *o = r->o;
     free(r->ms);
     free(r->ops);
+    free(r->att);
     r->ms = calloc((size_t)o->reps * (size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ms);
     r->ops = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ops);
-    if (!r->ms || !r->ops) {
+    r->att = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->att);
+    if (!r->ms || !r->ops || !r->att) {
         snprintf(r->err, sizeof r->err, "out of memory");
         return -1;
     }
@@ -592,6 +610,7 @@ int bench_plans(int argc, char **argv)
         rc = pb_search_run(&o, &r);
         free(r.ms);
         free(r.ops);
+    free(r.att);
         free(r.block);
         llama_model_destroy(&r.m);
         return rc;
@@ -627,11 +646,13 @@ int bench_plans(int argc, char **argv)
                         "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
                         "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
-                        "\"gpu_ops\":%ld,\"gpu_unroll\":%d}\n",
+                        "\"gpu_ops\":%ld,\"gpu_unroll\":%d,\"gpu_att_ask\":%d,"
+                        "\"gpu_att_parts\":%d}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
-                        r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll ? o.gpu_unroll : 1);
+                        r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll ? o.gpu_unroll : 1,
+                        o.gpu_att_parts, r.att[(size_t)p * o.n_widths + wi]);
         }
         printf("\n");
     }
@@ -641,6 +662,9 @@ int bench_plans(int argc, char **argv)
                o.names[0]);
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" W=%d %ld", o.widths[wi], r.ops[wi]);
+        printf("\nattention parts a key stream (%s):", o.gpu_att_parts ? "asked" : "by length");
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %d", o.widths[wi], r.att[wi]);
         printf("\n");
     }
     if (js)
@@ -648,6 +672,7 @@ int bench_plans(int argc, char **argv)
     fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
     free(r.ms);
     free(r.ops);
+    free(r.att);
     free(r.block);
     llama_model_destroy(&r.m);
     return 0;

@@ -19,8 +19,8 @@
  * slot's committed length at the start of a step (gpu_mirror_prefix), and the tree rows of the
  * step (its own heads' stored on both sides, another part's read after the projections' sync).
  * A sole part has no synchronisation points: the step is queued whole and, with graphs on,
- * recorded once per shape (width, logits start, appended-batch offset, logits address) and
- * replayed; a new partition drops the recordings.
+ * recorded once per shape (width, logits start, appended-batch offset, logits address, the parts
+ * attention cuts its key streams into) and replayed; a new partition drops the recordings.
  */
 #include <math.h>
 #include <stdio.h>
@@ -77,7 +77,7 @@ static size_t gpu_stage_at(gpu_stage *s, uint8_t *base, size_t W, size_t heads, 
 #define GPU_MAX_GRAPHS 256
 
 typedef struct {
-    int n, from, base;
+    int n, from, base, att_parts;
     float *logits;
     kcuda_graph *graph;
 } gpu_graph;
@@ -112,11 +112,14 @@ struct llama_gpu {
     /* graphs (a sole part): the recordings, and the partition they were recorded under */
     bool graphs;
     bool fuse; /* the fused launches (kcuda.h) where a layer's matrices allow them */
+    /* attention: the parts asked (llama_gpu_params.att_parts); this step's longest key stream
+     * and the parts it is cut into (kcuda_att_parts), a recording's key */
+    int att_ask, att_keys, att_parts;
     gpu_graph *rec;
     int n_rec;
     int64_t rec_bnd[LP_N][LLAMA_MAX_PARTS + 1];
     long replayed, recorded;
-    char describe[240];
+    char describe[320];
 };
 
 static void *gpu_alloc(llama_gpu *gp, size_t bytes)
@@ -279,6 +282,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->fuse = !prm->unfused;
     if (prm->matmul_unroll)
         kcuda_set_matmul_unroll(gp->g, prm->matmul_unroll);
+    gp->att_ask = prm->att_parts > 0 ? prm->att_parts : 0;
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -353,10 +357,14 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     }
     char dev_name[160];
     kcuda_describe(gp->g, dev_name, sizeof dev_name);
-    snprintf(gp->describe, sizeof gp->describe, "%s; memory %s, graphs %s, launches %s", dev_name,
+    char parts[32] = "by length";
+    if (gp->att_ask)
+        snprintf(parts, sizeof parts, "%d", gp->att_ask);
+    snprintf(gp->describe, sizeof gp->describe,
+             "%s; memory %s, graphs %s, launches %s, attention parts %s", dev_name,
              llama_gpu_memory_name(gp->memory),
              !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
-             gp->fuse ? "fused" : "one per op");
+             gp->fuse ? "fused" : "one per op", parts);
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;
@@ -411,6 +419,34 @@ void llama_gpu_graph_counts(const llama_gpu *gp, long *replayed, long *recorded)
 long llama_gpu_launches(const llama_gpu *gp)
 {
     return kcuda_launches(gp->g);
+}
+
+int llama_gpu_att_parts(const llama_gpu *gp)
+{
+    return gp->att_parts;
+}
+
+/* The attention arguments of layer l (K/V blocks at offsets kl, vl of the step's K/V). */
+static kcuda_att gpu_att_of(const llama_gpu *gp, size_t kl, size_t vl)
+{
+    const llama_ctx *x = gp->x;
+    const llama_config *c = &x->m->cfg;
+    return (kcuda_att){.type = x->p.kv,
+                       .k = gp->dev.kv ? gp->dev.kv + kl : NULL,
+                       .v = gp->dev.kv ? gp->dev.kv + vl : NULL,
+                       .head_rows = x->tree_row + x->p.max_width,
+                       .tree_row = x->tree_row,
+                       .head_dim = c->head_dim,
+                       .n_heads = c->n_heads,
+                       .n_kv_heads = c->n_kv_heads,
+                       .scale = 1.0f / sqrtf((float)c->head_dim),
+                       .seq_row = gp->d.seq_row,
+                       .n_prefix = gp->d.n_prefix,
+                       .anc = gp->d.anc,
+                       .n_anc = gp->d.n_anc,
+                       .anc_stride = x->p.max_width,
+                       .max_keys = gp->att_keys,
+                       .parts = gp->att_ask};
 }
 
 /* Drain the stream, then meet the other parts. */
@@ -683,7 +719,6 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
     const llama_config *c = &x->m->cfg;
     const gpu_bufs *D = &gp->dev, *S = &gp->shb;
     bool mirror = gp->memory == LLAMA_GPU_MIRROR;
-    int W = x->p.max_width;
     int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim, hd = c->head_dim, ffn = c->ffn;
     llama_part_cols pc;
     llama_part_cols_of(x, &pc);
@@ -716,20 +751,7 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
             return -1;
         if (any_foreign)
             gpu_mirror_rows(gp, foreign, l, x->tree_row + x->batch_base, n);
-        kcuda_att a = {.type = x->p.kv,
-                       .k = D->kv + kl,
-                       .v = D->kv + vl,
-                       .head_rows = x->tree_row + W,
-                       .tree_row = x->tree_row,
-                       .head_dim = (int)hd,
-                       .n_heads = c->n_heads,
-                       .n_kv_heads = c->n_kv_heads,
-                       .scale = 1.0f / sqrtf((float)hd),
-                       .seq_row = gp->d.seq_row,
-                       .n_prefix = gp->d.n_prefix,
-                       .anc = gp->d.anc,
-                       .n_anc = gp->d.n_anc,
-                       .anc_stride = W};
+        kcuda_att a = gpu_att_of(gp, kl, vl);
         /* one launch per run of units of one mode over consecutive query heads */
         for (int u = 0, u1; u < x->n_units; u = u1) {
             const struct att_unit *un = &x->units[u];
@@ -826,7 +848,8 @@ static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
     }
     for (int i = 0; i < gp->n_rec; i++) {
         gpu_graph *r = &gp->rec[i];
-        if (r->n == n && r->from == from && r->base == x->batch_base && r->logits == logits)
+        if (r->n == n && r->from == from && r->base == x->batch_base && r->logits == logits &&
+            r->att_parts == gp->att_parts)
             return r->graph;
     }
     if (!gp->rec && !(gp->rec = calloc(GPU_MAX_GRAPHS, sizeof *gp->rec)))
@@ -849,7 +872,7 @@ static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
         gp->graphs = false;
         return NULL;
     }
-    gp->rec[gp->n_rec++] = (gpu_graph){n, from, x->batch_base, logits, kg};
+    gp->rec[gp->n_rec++] = (gpu_graph){n, from, x->batch_base, gp->att_parts, logits, kg};
     gp->recorded++;
     return kg;
 }
@@ -874,6 +897,7 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
      * copy of the block is done (it ended with a sync) */
     const gpu_stage *h = &gp->h;
     memcpy(h->tokens, b->tokens, (size_t)n * sizeof *h->tokens);
+    gp->att_keys = 0;
     for (int i = 0; i < n; i++) {
         int slot = x->batch_base + i, seq = x->seq[slot];
         k_rope_angles(h->cs + (size_t)i * half, h->sn + (size_t)i * half, x->rope_inv, half,
@@ -883,7 +907,11 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
         h->n_anc[i] = x->n_anc[slot];
         memcpy(h->anc + (size_t)i * W, x->anc + (size_t)slot * W,
                (size_t)x->n_anc[slot] * sizeof *h->anc);
+        if (h->n_prefix[i] + h->n_anc[i] > gp->att_keys)
+            gp->att_keys = h->n_prefix[i] + h->n_anc[i];
     }
+    kcuda_att a = gpu_att_of(gp, 0, 0);
+    gp->att_parts = kcuda_att_parts(g, &a, n);
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
     /* up to the last ancestor list this step uses (the arrays before it are whole) */

@@ -19,6 +19,8 @@
  *     whose rows change other than by growing is read again, llama_shared.epoch).
  * A part that is the only one has no synchronisation points to meet: its whole step is queued at
  * once, and (graphs on) recorded as a CUDA graph per batch shape and replayed as one launch.
+ * Attention cuts a long key stream into parts that run side by side when the batch has too few
+ * (token, head) pairs to fill the device (kcuda_att_parts): the longer the context, the more.
  */
 #ifndef OROCHI_LLAMA_CUDA_H
 #define OROCHI_LLAMA_CUDA_H
@@ -41,6 +43,8 @@ typedef struct {
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
     bool unfused;            /* one launch per op, not the fused launches (for comparison) */
     int matmul_unroll;       /* kcuda_set_matmul_unroll's groups (0: its default) */
+    int att_parts;           /* attention's key streams cut into this many parts (0: by length,
+                                kcuda_att_parts; 1: never cut) */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
@@ -78,5 +82,7 @@ const char *llama_gpu_describe(const llama_gpu *gpu);
 void llama_gpu_graph_counts(const llama_gpu *gpu, long *replayed, long *recorded);
 /* Ops queued on the device since the start (kcuda_launches: kernels, copies, graph launches). */
 long llama_gpu_launches(const llama_gpu *gpu);
+/* The parts attention cut each token's key stream into at the last step (kcuda_att_parts). */
+int llama_gpu_att_parts(const llama_gpu *gpu);
 
 #endif

@@ -61,6 +61,12 @@ kcuda *kcuda_new(int device, char *err, size_t errlen)
         cublasSetWorkspace(g->blas, g->blas_ws, KCUDA_BLAS_WS);
     else
         g->blas_ws = NULL;
+    /* attention cuts long key streams into parts only with somewhere to put their records */
+    if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        g->sms < 1)
+        g->sms = 1;
+    if (cudaMalloc((void **)&g->att_part, KCUDA_ATT_PART_FLOATS * sizeof(float)) != cudaSuccess)
+        g->att_part = NULL;
     return g;
 }
 
@@ -71,6 +77,7 @@ void kcuda_destroy(kcuda **gp)
         return;
     cudaStreamSynchronize(g->stream);
     cudaFree(g->scratch);
+    cudaFree(g->att_part);
     cublasDestroy(g->blas);
     cudaFree(g->blas_ws);
     cudaStreamDestroy(g->stream);

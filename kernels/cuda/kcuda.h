@@ -27,6 +27,10 @@ extern "C" {
 #endif
 
 #define KCUDA_MAX_HEAD_DIM 256 /* attention: head_dim a multiple of 32, at most this */
+#define KCUDA_ATT_MIN_KEYS 64  /* attention: keys a part of a cut stream takes at least */
+#define KCUDA_ATT_MAX_PARTS 256
+/* attention: the context's buffer of part records (head_dim + 2 floats each) */
+#define KCUDA_ATT_PART_FLOATS ((size_t)4096 * (KCUDA_MAX_HEAD_DIM + 2))
 
 /* How many CUDA devices this process can use; 0 with the reason in why (no driver, no device). */
 int kcuda_devices(char *why, size_t whylen);
@@ -180,7 +184,12 @@ void kcuda_kv_store(kcuda *g, kv_type type, void *dst, int64_t head_rows, int64_
  * KV head kvh's row r at k + (kvh * head_rows + r) * head_dim elements (f32 or f16). Token i's
  * prefix is rows seq_row[i] .. seq_row[i] + n_prefix[i] - 1, its tree ancestors rows tree_row +
  * anc[i * anc_stride + j] for j < n_anc[i]. q of token i, head h at q + i * q_stride + h *
- * head_dim. All index arrays are device addresses. */
+ * head_dim. All index arrays are device addresses.
+ *
+ * A (token, head)'s key stream may be cut into parts, one block each, whose partials a second
+ * launch joins (long prefixes beside few tokens: more blocks, more loads in flight). parts = 0
+ * lets kcuda_att_parts choose from max_keys; parts = N asks for N (tests, benches). Any cut gives
+ * the same answer within rounding. */
 typedef struct {
     kv_type type;
     const void *k, *v;
@@ -189,7 +198,16 @@ typedef struct {
     float scale;
     const int32_t *seq_row, *n_prefix, *anc, *n_anc;
     int anc_stride;
+    int max_keys; /* no token's key stream longer (0: not known; the stream is then not cut) */
+    int parts;    /* 0: kcuda_att_parts's choice; N: N parts (bounded as kcuda_att_parts says) */
 } kcuda_att;
+
+/* The parts kcuda_attention cuts each of n tokens' key streams into: a->parts when set, else the
+ * largest power of two that keeps every part at KCUDA_ATT_MIN_KEYS of max_keys or more and the
+ * blocks of all n_heads heads within 8 per multiprocessor; either way at most KCUDA_ATT_MAX_PARTS
+ * and what the context's partial buffer holds (KCUDA_ATT_PART_FLOATS), and at least 1. It depends
+ * on n, n_heads, head_dim, max_keys and parts only (a recorded graph keeps it). */
+int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n);
 
 enum { KCUDA_ATT_FULL = 3, KCUDA_ATT_DENSE = 1, KCUDA_ATT_SPARSE = 2 };
 

@@ -85,6 +85,24 @@ static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err,
     return 0;
 }
 
+/* kcuda_att_parts for a device of `sms` multiprocessors (the CUDA op set and its stand-in share
+ * the rule, so both count the same launches). */
+static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms)
+{
+    if (n <= 0 || a->n_heads <= 0 || a->head_dim <= 0)
+        return 1;
+    long pairs = (long)n * a->n_heads, p = a->parts;
+    if (p <= 0) {
+        p = 1;
+        while (2 * p * pairs <= 8L * sms && 2 * p * KCUDA_ATT_MIN_KEYS <= a->max_keys)
+            p *= 2;
+    }
+    long fit = (long)(KCUDA_ATT_PART_FLOATS / (size_t)(a->head_dim + 2)) / pairs;
+    p = p > fit ? fit : p;
+    p = p > KCUDA_ATT_MAX_PARTS ? KCUDA_ATT_MAX_PARTS : p;
+    return p < 1 ? 1 : (int)p;
+}
+
 /* kcuda_embed's: a table type with a GPU dequantizer. */
 static inline int kcuda_check_embed(const kmat *table, char *err, size_t errlen)
 {

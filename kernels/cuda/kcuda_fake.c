@@ -633,7 +633,15 @@ int kcuda_attention(kcuda *g, const kcuda_att *s, int mode, const float *q, int6
         return 0;
     att_args a = {*s, q, out, q_stride, out_stride, rec_stride, mode, n, h0, h1};
     FAKE_QUEUE(g, att_run, a);
+    if (kcuda_att_parts(g, s, n) > 1)
+        g->launches++; /* the GPU's join of the parts: the CPU twins need none */
     return 0;
+}
+
+int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n)
+{
+    (void)g;
+    return kcuda_att_parts_rule(a, n, 1); /* as a device of one multiprocessor */
 }
 
 typedef struct {

@@ -24,6 +24,8 @@ struct kcuda {
     bool capturing;
     long launches; /* ops queued (kcuda_launches) */
     int unroll;    /* quantized matmul: groups a lane loads before adding (kcuda_set_matmul_unroll) */
+    int sms;         /* the device's multiprocessors (kcuda_att_parts) */
+    float *att_part; /* attention's part records, KCUDA_ATT_PART_FLOATS (NULL: streams not cut) */
 };
 
 /* -1 with "what: cuda's reason" in err unless e is cudaSuccess. */

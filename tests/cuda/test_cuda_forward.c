@@ -22,6 +22,9 @@
  *     through the block), in both memory modes, against one CPU part;
  *   - one GPU part in each memory mode with one launch per op (llama_gpu_params.unfused) against
  *     the fused launches: the same bits, and exactly the launches fusion saves a layer fewer;
+ *   - attention's key streams cut into 3 parts (llama_gpu_params.att_parts): one GPU part (graphs
+ *     off, then on) and the mixed pair, against one CPU part, with exactly one launch more per
+ *     layer of each forward (the parts' join);
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V (relative L2 5e-5 at the least).
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
@@ -343,6 +346,41 @@ int main(void)
                 failures++;
             else
                 compare(what, got, ref, m->cfg.vocab, k / 2 == 1 ? EXACT(tol[t]) : tol[t]);
+        }
+        /* attention's key streams cut into 3 parts (llama_gpu_params.att_parts): one GPU part,
+         * graphs off and on, and the mixed pair whose dense parts the GPU cuts, against one CPU
+         * part; each attention launch of a forward has its join, one launch more per layer */
+        for (int k = 0; k < 3; k++) {
+            llama_gpu_params whole = {.memory = LLAMA_GPU_MIRROR, .graphs = k == 1, .att_parts = 1};
+            llama_gpu_params cut = whole;
+            cut.att_parts = 3;
+            long replayed = 0, lw = 0;
+            if (k == 0) {
+                if (run(m, KV_F32, 1, 1, &whole, NULL, ref2, NULL)) {
+                    failures++;
+                    continue;
+                }
+                lw = run_launches;
+            }
+            snprintf(what, sizeof what, "attention cut in 3: %s",
+                     k == 0   ? "one part on the GPU, mirror"
+                     : k == 1 ? "one part on the GPU, mirror, graphs"
+                              : "GPU 0.7 (mirror) + CPU 0.3");
+            if (run(m, KV_F32, k == 2 ? 2 : 1, 1, &cut, k == 2 ? &plan : NULL, got, &replayed)) {
+                failures++;
+                continue;
+            }
+            compare(what, got, ref, m->cfg.vocab, k == 2 ? tol[t] : EXACT(tol[t]));
+            long want = (long)m->cfg.n_layers * N_FORWARDS;
+            if (k == 0 && run_launches - lw != want) {
+                printf("    launches %ld cut, %ld whole (want %ld more) FAILED\n", run_launches, lw,
+                       want);
+                failures++;
+            }
+            if (k == 1 && replayed < 2) {
+                printf("    graphs on but %ld steps replayed (want >= 2) FAILED\n", replayed);
+                failures++;
+            }
         }
         /* f16 K/V: the GPU rounds the rows it stores as the CPU does, and reads them back */
         if (run(m, KV_F16, 1, 0, NULL, NULL, ref, NULL))

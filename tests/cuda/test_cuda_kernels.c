@@ -35,6 +35,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kcuda.h"
+#include "kernels/cuda/kcuda_check.h"
 #include "tests/unit/testutil.h"
 
 static unsigned long long rng;
@@ -66,6 +67,14 @@ static void check(const char *what, double err, double tol)
 {
     bool ok = err <= tol && !isnan(err);
     printf("  %-48s error %.3g (tolerance %.3g) %s\n", what, err, tol, ok ? "ok" : "FAILED");
+    if (!ok)
+        failures++;
+}
+
+static void check_int(const char *what, long got, long want)
+{
+    bool ok = got == want;
+    printf("  %-48s %ld (want %ld) %s\n", what, got, want, ok ? "ok" : "FAILED");
     if (!ok)
         failures++;
 }
@@ -303,7 +312,7 @@ static void test_elementwise(void)
 #define A_H 9
 #define A_KV 3
 #define A_HD 64
-#define A_CTX 160
+#define A_CTX 1100
 #define A_W 8
 
 static void test_attention(kv_type kt)
@@ -324,7 +333,7 @@ static void test_attention(kv_type kt)
         }
     }
     int32_t seq_row[A_N] = {0, 0, 0, A_CTX, A_CTX, A_CTX};
-    int32_t n_prefix[A_N] = {0, 5, 37, 150, 150, 1};
+    int32_t n_prefix[A_N] = {0, 5, 37, 1030, 1030, 150};
     int32_t anc[A_N * A_W] = {0}, n_anc[A_N] = {1, 2, 3, 1, 2, 3};
     const int32_t lists[A_N][3] = {{0}, {0, 1}, {0, 1, 2}, {3}, {3, 4}, {3, 4, 5}};
     for (int i = 0; i < A_N; i++)
@@ -353,9 +362,12 @@ static void test_attention(kv_type kt)
     const int modes[] = {KCUDA_ATT_FULL, KCUDA_ATT_DENSE, KCUDA_ATT_SPARSE};
     const char *names[] = {"full", "dense", "sparse"};
     float *cpu_rec[2] = {malloc((size_t)A_N * rec_tok * 4), malloc((size_t)A_N * rec_tok * 4)};
+    /* each stream whole and cut into parts: 3 (uneven parts), 16 (parts shorter than ATT_KEYS
+     * groups), 300 (bounded to KCUDA_ATT_MAX_PARTS: most parts of the short streams empty) */
+    const int part_asks[] = {1, 3, 16, 300}, part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS};
+    float *fin = malloc((size_t)rec * 4);
     for (int mi = 0; mi < 3; mi++) {
         int mode = modes[mi];
-        double worst = 0, lse = 0;
         for (int i = 0; i < A_N; i++)
             for (int h = 0; h < A_H; h++) {
                 int kvh = h / (A_H / A_KV);
@@ -385,51 +397,61 @@ static void test_attention(kv_type kt)
                 if (mode != KCUDA_ATT_FULL)
                     memcpy(cpu_rec[mi - 1] + (size_t)i * rec_tok + (size_t)h * rec, o, rec * 4);
             }
-        if (mode == KCUDA_ATT_FULL) {
-            must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, A_H * A_HD, 0,
-                                 err, sizeof err),
-                 "attention");
-            from_dev(got, dout, (size_t)A_N * A_H * A_HD * 4);
-            for (int i = 0; i < A_N; i++)
-                for (int h = 0; h < A_H; h++) {
-                    float *o = ref + (size_t)i * rec_tok + (size_t)h * rec;
-                    katt_stat st = {o[A_HD], o[A_HD + 1]};
-                    katt_finish(&st, o, A_HD);
-                    double e = tu_rel_l2(got + ((size_t)i * A_H + h) * A_HD, o, A_HD);
-                    worst = e > worst ? e : worst;
-                }
-        } else {
-            must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, rec_tok, rec, err,
-                                 sizeof err),
-                 "attention");
-            from_dev(got, dout, (size_t)A_N * rec_tok * 4);
-            for (int i = 0; i < A_N; i++)
-                for (int h = 0; h < A_H; h++) {
-                    float *o = ref + (size_t)i * rec_tok + (size_t)h * rec;
-                    float *p = got + (size_t)i * rec_tok + (size_t)h * rec;
-                    if (o[A_HD + 1] == 0 || p[A_HD + 1] == 0) { /* an empty key set */
-                        if (o[A_HD + 1] != p[A_HD + 1])
-                            lse = INFINITY;
-                        continue;
+        for (size_t pi = 0; pi < sizeof part_asks / sizeof part_asks[0]; pi++) {
+            a.parts = part_asks[pi];
+            char what[96];
+            snprintf(what, sizeof what, "attention parts asked %d", part_asks[pi]);
+            check_int(what, kcuda_att_parts(g, &a, A_N), part_gets[pi]);
+            double worst = 0, lse = 0;
+            if (mode == KCUDA_ATT_FULL) {
+                must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, A_H * A_HD,
+                                     0, err, sizeof err),
+                     "attention");
+                from_dev(got, dout, (size_t)A_N * A_H * A_HD * 4);
+                for (int i = 0; i < A_N; i++)
+                    for (int h = 0; h < A_H; h++) {
+                        memcpy(fin, ref + (size_t)i * rec_tok + (size_t)h * rec, (size_t)rec * 4);
+                        katt_stat st = {fin[A_HD], fin[A_HD + 1]};
+                        katt_finish(&st, fin, A_HD);
+                        double e = tu_rel_l2(got + ((size_t)i * A_H + h) * A_HD, fin, A_HD);
+                        worst = e > worst ? e : worst;
                     }
-                    double dl = fabs((o[A_HD] + log(o[A_HD + 1])) - (p[A_HD] + log(p[A_HD + 1])));
-                    lse = dl > lse ? dl : lse;
-                    katt_stat so = {o[A_HD], o[A_HD + 1]}, sp = {p[A_HD], p[A_HD + 1]};
-                    katt_finish(&so, o, A_HD);
-                    katt_finish(&sp, p, A_HD);
-                    double e = tu_rel_l2(p, o, A_HD);
-                    worst = e > worst ? e : worst;
-                }
-        }
-        char what[96];
-        snprintf(what, sizeof what, "attention %s, KV %s", names[mi], kt == KV_F16 ? "f16" : "f32");
-        check(what, worst, 1e-5);
-        if (mode != KCUDA_ATT_FULL) {
-            snprintf(what, sizeof what, "attention %s log-sum-exp, KV %s", names[mi],
-                     kt == KV_F16 ? "f16" : "f32");
-            check(what, lse, 1e-4);
+            } else {
+                must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, rec_tok, rec,
+                                     err, sizeof err),
+                     "attention");
+                from_dev(got, dout, (size_t)A_N * rec_tok * 4);
+                for (int i = 0; i < A_N; i++)
+                    for (int h = 0; h < A_H; h++) {
+                        memcpy(fin, ref + (size_t)i * rec_tok + (size_t)h * rec, (size_t)rec * 4);
+                        float *o = fin, *p = got + (size_t)i * rec_tok + (size_t)h * rec;
+                        if (o[A_HD + 1] == 0 || p[A_HD + 1] == 0) { /* an empty key set */
+                            if (o[A_HD + 1] != p[A_HD + 1])
+                                lse = INFINITY;
+                            continue;
+                        }
+                        double dl =
+                            fabs((o[A_HD] + log(o[A_HD + 1])) - (p[A_HD] + log(p[A_HD + 1])));
+                        lse = dl > lse ? dl : lse;
+                        katt_stat so = {o[A_HD], o[A_HD + 1]}, sp = {p[A_HD], p[A_HD + 1]};
+                        katt_finish(&so, o, A_HD);
+                        katt_finish(&sp, p, A_HD);
+                        double e = tu_rel_l2(p, o, A_HD);
+                        worst = e > worst ? e : worst;
+                    }
+            }
+            snprintf(what, sizeof what, "attention %s, KV %s, %d part%s", names[mi],
+                     kt == KV_F16 ? "f16" : "f32", part_gets[pi], part_gets[pi] > 1 ? "s" : "");
+            check(what, worst, 1e-5);
+            if (mode != KCUDA_ATT_FULL) {
+                snprintf(what, sizeof what, "attention %s log-sum-exp, KV %s, %d part%s",
+                         names[mi], kt == KV_F16 ? "f16" : "f32", part_gets[pi],
+                         part_gets[pi] > 1 ? "s" : "");
+                check(what, lse, 1e-4);
+            }
         }
     }
+    free(fin);
     /* the merge of the CPU's own dense and sparse records */
     int32_t heads[A_H];
     for (int h = 0; h < A_H; h++)
@@ -474,6 +496,40 @@ static void test_attention(kv_type kt)
         kcuda_free(ptrs[i]);
     free(kf), free(vf), free(kb), free(vb), free(ref), free(got), free(cpu_rec[0]),
         free(cpu_rec[1]);
+}
+
+/* kcuda_att_parts's choice (kcuda_att_parts_rule) on fixtures: an H100's 132 multiprocessors
+ * and 32 heads of 64 (the 1B shape), the default model's 9, a head of 256. */
+static void test_att_parts_rule(void)
+{
+    static const struct {
+        int n, heads, head_dim, max_keys, parts, sms, want;
+        const char *why;
+    } f[] = {
+        {1, 32, 64, 4096, 0, 132, 32, "W=1, 4096 keys: 32 x 32 blocks within 8 per SM"},
+        {1, 32, 64, 1024, 0, 132, 16, "W=1, 1024 keys: parts of 64 keys"},
+        {1, 32, 64, 127, 0, 132, 1, "W=1, 127 keys: two parts would be under 64"},
+        {1, 32, 64, 128, 0, 132, 2, "W=1, 128 keys: two parts of 64"},
+        {16, 32, 64, 4096, 0, 132, 2, "W=16: 512 pairs, 2 parts fill 8 per SM"},
+        {64, 32, 64, 4096, 0, 132, 1, "W=64: 2048 pairs fill the device uncut"},
+        {1, 9, 64, 8192, 0, 132, 64, "the 135M shape, W=1: 9 x 64 blocks"},
+        {1, 9, 64, 8192, 0, 1, 1, "one multiprocessor: never cut"},
+        {1, 9, 64, 0, 0, 132, 1, "max_keys unknown: never cut"},
+        {6, 9, 64, 0, 300, 1, 256, "asked 300: at most 256"},
+        {16, 64, 256, 0, 16, 1, 4, "asked 16, room for 4096 records of 258: 4 a pair"},
+        {64, 64, 256, 0, 16, 1, 1, "asked 16, room for one a pair: uncut"},
+        {64, 64, 64, 0, 0, 132, 1, "asked nothing at W=64"},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        kcuda_att a = {.head_dim = f[i].head_dim,
+                       .n_heads = f[i].heads,
+                       .n_kv_heads = 1,
+                       .max_keys = f[i].max_keys,
+                       .parts = f[i].parts};
+        char what[96];
+        snprintf(what, sizeof what, "attention parts: %s", f[i].why);
+        check_int(what, kcuda_att_parts_rule(&a, f[i].n, f[i].sms), f[i].want);
+    }
 }
 
 /* The unified-memory path: kernels write host memory registered for the device. */
@@ -813,6 +869,7 @@ int main(void)
     }
     test_matmul();
     test_elementwise();
+    test_att_parts_rule();
     test_attention(KV_F32);
     test_attention(KV_F16);
     test_copies();

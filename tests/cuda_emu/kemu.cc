@@ -336,6 +336,15 @@ cudaError_t cudaSetDevice(int device)
     return device == 0 ? cudaSuccess : kemu_err(cudaErrorInvalidDevice);
 }
 
+/* The multiprocessors the emulated device reports: 1, or OROCHI_KEMU_SMS (1..1024) to play a
+ * larger card's launch-shape choices (attention's parts, kcuda_att_parts). */
+static int kemu_sms()
+{
+    const char *e = getenv("OROCHI_KEMU_SMS");
+    int v = e ? atoi(e) : 1;
+    return v >= 1 && v <= 1024 ? v : 1;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
     if (device != 0)
@@ -344,7 +353,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     snprintf(p->name, sizeof p->name, "CUDA emulator on the CPU");
     p->totalGlobalMem = (size_t)8 << 30;
     p->major = 9;
-    p->multiProcessorCount = 1;
+    p->multiProcessorCount = kemu_sms();
     return cudaSuccess;
 }
 
@@ -352,6 +361,10 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int device)
 {
     if (device != 0)
         return kemu_err(cudaErrorInvalidDevice);
+    if (attr == cudaDevAttrMultiProcessorCount) {
+        *v = kemu_sms();
+        return cudaSuccess;
+    }
     /* discrete unless OROCHI_KEMU_INTEGRATED=1 says to play a unified-memory machine */
     const char *e = getenv("OROCHI_KEMU_INTEGRATED");
     *v = attr == cudaDevAttrIntegrated && e && *e == '1';

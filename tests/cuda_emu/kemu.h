@@ -158,7 +158,7 @@ enum cudaStreamCaptureMode {
     cudaStreamCaptureModeThreadLocal = 1,
     cudaStreamCaptureModeRelaxed = 2
 };
-enum cudaDeviceAttr { cudaDevAttrIntegrated = 18 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrIntegrated = 18 };
 #define cudaStreamNonBlocking 0x01
 #define cudaHostRegisterMapped 0x02
 
