@@ -47,6 +47,7 @@ typedef struct {
     bool gpu_graphs, gpu_fuse;
     int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: the default) */
     int gpu_att_parts; /* --gpu-att-parts: attention's key streams cut into N (0: by length) */
+    int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
     const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
@@ -83,7 +84,7 @@ static void pb_usage(FILE *out)
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "                    [--gpu-fuse on|off] [--gpu-unroll 1|2|4]\n"
-            "                    [--gpu-att-parts auto|N] [--search PLAN]\n"
+            "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -94,7 +95,8 @@ static void pb_usage(FILE *out)
             "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
             "  matmul loads before it adds them (the same bits; a tuning knob); --gpu-att-parts:\n"
             "  the parts GPU attention cuts each key stream into (auto: by length and width; 1:\n"
-            "  never; the same answer within rounding). JSON lines go to --json FILE\n"
+            "  never; the same answer within rounding); --gpu-att-keys: the keys a warp of it\n"
+            "  scores at once (4; 1 to compare). JSON lines go to --json FILE\n"
             "  (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
@@ -185,7 +187,8 @@ static void *pb_part_main(void *argp)
                              .graphs = o->gpu_graphs,
                              .unfused = !o->gpu_fuse,
                              .matmul_unroll = o->gpu_unroll,
-                             .att_parts = o->gpu_att_parts};
+                             .att_parts = o->gpu_att_parts,
+                             .att_keys = o->gpu_att_keys};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
@@ -295,6 +298,12 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_att_parts = strcmp(val, "auto") ? (int)v : 0;
+        } else if (!strcmp(a, "--gpu-att-keys")) {
+            if (strcmp(val, "1") && strcmp(val, "4")) {
+                fprintf(stderr, "orochi bench: --gpu-att-keys %s: 1 or 4\n", val);
+                return 2;
+            }
+            o->gpu_att_keys = atoi(val);
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (strcmp(val, "on") && strcmp(val, "off")) {
                 fprintf(stderr, "orochi bench: --gpu-fuse %s: on or off\n", val);
@@ -647,12 +656,13 @@ int bench_plans(int argc, char **argv)
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
                         "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
                         "\"gpu_ops\":%ld,\"gpu_unroll\":%d,\"gpu_att_ask\":%d,"
-                        "\"gpu_att_parts\":%d}\n",
+                        "\"gpu_att_parts\":%d,\"gpu_att_keys\":%d}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
                         r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll ? o.gpu_unroll : 1,
-                        o.gpu_att_parts, r.att[(size_t)p * o.n_widths + wi]);
+                        o.gpu_att_parts, r.att[(size_t)p * o.n_widths + wi],
+                        o.gpu_att_keys ? o.gpu_att_keys : 4);
         }
         printf("\n");
     }

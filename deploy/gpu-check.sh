@@ -3,11 +3,12 @@
 # a GPU"): a core-only build with CUDA (it needs CMake, a C compiler and the CUDA toolkit, none of
 # the actor system's libraries), the `cuda` tests, the GPU forward's greedy agreement with the CPU's
 # on the bench prompts (orochi-gpu-agreement), the fused launches' step time against one launch per
-# op and the quantized matmul's loads in flight (the GPU alone, alternating rounds), whole groups with a GPU worker where a full build is
-# at hand (integration_gpu_device_group), the copy bandwidth of the device, and the step time
-# against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans on random-weight models of
-# the 135M default shape and of a 1B shape (orochi mkmodel), each step's weight bytes over its time
-# in GB/s; on the 1B shape, the partition search for GPU + CPU. HCMP is compared with the Megatron
+# op and the quantized matmul's loads in flight (the GPU alone, alternating rounds), attention
+# over long prefixes with its key streams cut into parts and without, whole groups with a GPU
+# worker where a full build is at hand (integration_gpu_device_group), the copy bandwidth of the
+# device, and the step time against width (1..64) of CPU-only, GPU-only and mixed CPU+GPU plans
+# on random-weight models of the 135M default shape and of a 1B shape (orochi mkmodel), each
+# step's weight bytes over its time in GB/s; on the 1B shape, the partition search for GPU + CPU. HCMP is compared with the Megatron
 # baseline both on two CPU parts and on GPU + CPU. The GPU runs are made in both memory modes
 # (--gpu-memory mapped: the arena read in place; mirror: device copies) and, for the GPU alone,
 # with CUDA graphs off and on, and (mirror, graphs on) with one launch per op against the fused
@@ -16,7 +17,8 @@
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
-#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,fusion,groups,bandwidth,plans,sanitizer
+#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,fusion,attention,groups,bandwidth,
+#                          plans,sanitizer
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
 #                          models/SmolLM2-135M-Instruct.Q4_1.gguf where it is; else the random
 #                          model of its shape)
@@ -37,7 +39,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,fusion,groups,bandwidth,plans,sanitizer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,fusion,attention,groups,bandwidth,plans,sanitizer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -115,6 +117,27 @@ if stage fusion 30; then
                     --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
                     --gpu-memory mirror --gpu-graphs on --gpu-fuse "$1" --gpu-unroll "$2" 2>&1 |
                     tee -a "$out/plans.txt" || status=1
+            done
+        done
+    done
+fi
+
+# attention over long prefixes: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes
+# at contexts 256, 2048 and 8000, each key stream cut by length (auto) against whole (1), a warp
+# scoring 4 keys at a time against 1 (1 key, whole: the kernel as it was before either); the
+# variants alternate, widths 1, 4 and 16 (at 64 the pairs fill the card uncut)
+if stage attention 40; then
+    for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
+        [ -f "$m" ] || continue
+        for ctx in 256 2048 8000; do
+            for variant in "auto 4" "1 4" "1 1" "auto 1"; do
+                set -- $variant
+                echo "== $m: GPU only, mirror, graphs on, context $ctx, attention parts $1," \
+                    "keys a warp $2" | tee -a "$out/plans.txt"
+                bounded "$bin" bench --plans --model "$m" --widths 1,4,16 --reps 3 --ctx "$ctx" \
+                    --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
+                    --gpu-memory mirror --gpu-graphs on --gpu-att-parts "$1" --gpu-att-keys "$2" \
+                    2>&1 | tee -a "$out/plans.txt" || status=1
             done
         done
     done

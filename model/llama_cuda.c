@@ -283,6 +283,8 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     if (prm->matmul_unroll)
         kcuda_set_matmul_unroll(gp->g, prm->matmul_unroll);
     gp->att_ask = prm->att_parts > 0 ? prm->att_parts : 0;
+    if (prm->att_keys)
+        kcuda_set_att_keys(gp->g, prm->att_keys);
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;

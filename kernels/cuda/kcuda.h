@@ -208,6 +208,9 @@ typedef struct {
  * and what the context's partial buffer holds (KCUDA_ATT_PART_FLOATS), and at least 1. It depends
  * on n, n_heads, head_dim, max_keys and parts only (a recorded graph keeps it). */
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n);
+/* The keys an attention warp scores before it updates its softmax: 4 (until set), or 1 (one key
+ * at a time; another value means 4) — the same answer within rounding, a tuning knob. */
+void kcuda_set_att_keys(kcuda *g, int keys);
 
 enum { KCUDA_ATT_FULL = 3, KCUDA_ATT_DENSE = 1, KCUDA_ATT_SPARSE = 2 };
 

@@ -5,15 +5,15 @@
  * One block of ATT_WARPS warps per (token, query head, part of its key stream). The head's query
  * is spread over the lanes (head_dim / 32 elements each, in registers); a token's key stream is
  * the prefix rows, then the tree ancestors (the stream katt_causal reads), and part z of P takes
- * positions [len * z / P, len * (z + 1) / P). Warp w takes ATT_KEYS consecutive keys of the part
- * at a time (w * ATT_KEYS, then ATT_WARPS * ATT_KEYS further on, ...): it loads their K slices
- * together, sums the ATT_KEYS scores with interleaved warp reductions, and updates its own
- * online-softmax partial (max, sum, its lanes' slice of the output) once per group, so that
- * ATT_KEYS rows of K and of V are in flight per warp instead of one. The warps' partials are then
- * merged in shared memory exactly as katt_merge does, and the block writes the finished output
- * (FULL), the unnormalised record the engine's merge reads (DENSE, SPARSE), or — for a cut stream
- * — the part's record into the context's buffer, which att_join_kernel merges part by part into
- * one of the first two.
+ * positions [len * z / P, len * (z + 1) / P). Warp w takes ATT_KEYS (4; 1 by kcuda_set_att_keys,
+ * for comparison) consecutive keys of the part at a time (w * ATT_KEYS, then ATT_WARPS * ATT_KEYS
+ * further on, ...): it loads their K slices together, sums the scores with interleaved warp
+ * reductions, and updates its own online-softmax partial (max, sum, its lanes' slice of the
+ * output) once per group, so that ATT_KEYS rows of K and of V are in flight per warp. The warps'
+ * partials are then merged in shared memory exactly as katt_merge does, and the block writes the
+ * finished output (FULL), the unnormalised record the engine's merge reads (DENSE, SPARSE), or —
+ * for a cut stream — the part's record into the context's buffer, which att_join_kernel merges
+ * part by part into one of the first two.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +21,6 @@
 #include "kernels/cuda/kcuda_internal.h"
 
 #define ATT_WARPS 4
-#define ATT_KEYS 4
 #define ATT_PER_LANE (KCUDA_MAX_HEAD_DIM / 32)
 
 template <typename T> __device__ static inline float att_load(const T *p, int i);
@@ -40,7 +39,7 @@ __device__ static inline void att_put(float *dst, int e, float acc, float L, boo
     dst[e] = full ? (L > 0 ? acc / L : 0.0f) : acc;
 }
 
-template <typename T>
+template <typename T, int ATT_KEYS>
 __global__ void att_kernel(kcuda_att a, int mode, const float *q, int64_t q_stride, int h0,
                            float *out, int64_t out_stride, int64_t rec_stride, float *part)
 {
@@ -188,6 +187,11 @@ __global__ void att_join_kernel(const float *part, int parts, int hd, int mode, 
     }
 }
 
+void kcuda_set_att_keys(kcuda *g, int keys)
+{
+    g->att_keys = keys == 1 ? 1 : 4;
+}
+
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n)
 {
     return g->att_part ? kcuda_att_parts_rule(a, n, g->sms) : 1;
@@ -204,11 +208,18 @@ int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int6
     int parts = kcuda_att_parts(g, a, n);
     dim3 grid(n, h1 - h0, parts);
     g->launches++;
-    if (a->type == KV_F16)
-        att_kernel<__half><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
+    bool f16 = a->type == KV_F16;
+    if (f16 && g->att_keys == 1)
+        att_kernel<__half, 1><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
+            *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
+    else if (f16)
+        att_kernel<__half, 4><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
+            *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
+    else if (g->att_keys == 1)
+        att_kernel<float, 1><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
             *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
     else
-        att_kernel<float><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
+        att_kernel<float, 4><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
             *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
     if (parts > 1) {
         g->launches++;

@@ -25,6 +25,7 @@ struct kcuda {
     long launches; /* ops queued (kcuda_launches) */
     int unroll;    /* quantized matmul: groups a lane loads before adding (kcuda_set_matmul_unroll) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
+    int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
     float *att_part; /* attention's part records, KCUDA_ATT_PART_FLOATS (NULL: streams not cut) */
 };
 

@@ -10,9 +10,11 @@
  *               types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations to the weight's
  *               type).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
- *   attention   FULL, DENSE, SPARSE over prefixes of 0..150 rows and tree ancestors, f32 and f16
- *               K/V: finished outputs 1e-5 relative L2 against katt_causal_group; partial records
- *               compared normalised, and their log-sum-exp (max + log sum) within 1e-4.
+ *   attention   FULL, DENSE, SPARSE over prefixes of 0..1030 rows and tree ancestors, f32 and f16
+ *               K/V, each stream whole and cut into 3, 16 and 256 parts (kcuda_att_parts), a warp
+ *               scoring 4 keys at a time and 1: finished outputs 1e-5 relative L2 against
+ *               katt_causal_group; partial records compared normalised, and their log-sum-exp
+ *               (max + log sum) within 1e-4. The rule choosing the parts on fixtures.
  *   merge       the GPU's merge of the CPU's partial records against katt_merge + katt_finish:
  *               each output within 5e-6 of the size of the two terms it sums.
  *   matmul over input columns [64, 192) (the Megatron partial; [48, 192) for the float types,
@@ -362,9 +364,12 @@ static void test_attention(kv_type kt)
     const int modes[] = {KCUDA_ATT_FULL, KCUDA_ATT_DENSE, KCUDA_ATT_SPARSE};
     const char *names[] = {"full", "dense", "sparse"};
     float *cpu_rec[2] = {malloc((size_t)A_N * rec_tok * 4), malloc((size_t)A_N * rec_tok * 4)};
-    /* each stream whole and cut into parts: 3 (uneven parts), 16 (parts shorter than ATT_KEYS
-     * groups), 300 (bounded to KCUDA_ATT_MAX_PARTS: most parts of the short streams empty) */
-    const int part_asks[] = {1, 3, 16, 300}, part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS};
+    /* each stream whole and cut into parts: 3 (uneven parts), 16 (parts shorter than a warp's
+     * group of keys), 300 (bounded to KCUDA_ATT_MAX_PARTS: most parts of the short streams
+     * empty); a warp scoring 4 keys at a time, then 1 (kcuda_set_att_keys) */
+    const int part_asks[] = {1, 3, 16, 300, 1, 3}, part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS,
+                                                                  1, 3};
+    const int keys_at[] = {4, 4, 4, 4, 1, 1};
     float *fin = malloc((size_t)rec * 4);
     for (int mi = 0; mi < 3; mi++) {
         int mode = modes[mi];
@@ -399,6 +404,7 @@ static void test_attention(kv_type kt)
             }
         for (size_t pi = 0; pi < sizeof part_asks / sizeof part_asks[0]; pi++) {
             a.parts = part_asks[pi];
+            kcuda_set_att_keys(g, keys_at[pi]);
             char what[96];
             snprintf(what, sizeof what, "attention parts asked %d", part_asks[pi]);
             check_int(what, kcuda_att_parts(g, &a, A_N), part_gets[pi]);
@@ -440,18 +446,18 @@ static void test_attention(kv_type kt)
                         worst = e > worst ? e : worst;
                     }
             }
-            snprintf(what, sizeof what, "attention %s, KV %s, %d part%s", names[mi],
-                     kt == KV_F16 ? "f16" : "f32", part_gets[pi], part_gets[pi] > 1 ? "s" : "");
+            snprintf(what, sizeof what, "attention %s, KV %s, %d part%s, %d key%s", names[mi],
+                     kt == KV_F16 ? "f16" : "f32", part_gets[pi], part_gets[pi] > 1 ? "s" : "",
+                     keys_at[pi], keys_at[pi] > 1 ? "s" : "");
             check(what, worst, 1e-5);
             if (mode != KCUDA_ATT_FULL) {
-                snprintf(what, sizeof what, "attention %s log-sum-exp, KV %s, %d part%s",
-                         names[mi], kt == KV_F16 ? "f16" : "f32", part_gets[pi],
-                         part_gets[pi] > 1 ? "s" : "");
+                snprintf(what, sizeof what, "  log-sum-exp");
                 check(what, lse, 1e-4);
             }
         }
     }
     free(fin);
+    kcuda_set_att_keys(g, 4);
     /* the merge of the CPU's own dense and sparse records */
     int32_t heads[A_H];
     for (int h = 0; h < A_H; h++)

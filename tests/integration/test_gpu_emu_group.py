@@ -110,11 +110,13 @@ def gpu_check_bench_commands_run_over_the_emulation():
         os.remove(js)
     common = ["bench", "--plans", "--model", model, "--widths", "1,8", "--reps", "1", "--ctx", "64", "--json", js]
     runs = []
-    for mem, graphs, fuse, unroll in (("mapped", "off", "on", "1"), ("mirror", "off", "on", "1"),
-                                      ("mirror", "on", "on", "4"), ("mapped", "on", "on", "1"),
-                                      ("mirror", "off", "off", "2")):
+    for mem, graphs, fuse, unroll, cut in (("mapped", "off", "on", "1", []), ("mirror", "off", "on", "1", []),
+                                           ("mirror", "on", "on", "4", []), ("mapped", "on", "on", "1", []),
+                                           ("mirror", "off", "off", "2", []),
+                                           ("mirror", "off", "on", "1", ["--gpu-att-parts", "3",
+                                                                         "--gpu-att-keys", "1"])):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
-                              "--gpu-graphs", graphs, "--gpu-fuse", fuse, "--gpu-unroll", unroll])
+                              "--gpu-graphs", graphs, "--gpu-fuse", fuse, "--gpu-unroll", unroll] + cut)
     for mem in ("mapped", "mirror"):
         runs.append(common + ["--parts", "2", "--devices", "gpu,cpu", "--threads-per-part", "1", "--gpu-memory",
                               mem, "--plan", "hcmp:0.9/0.1", "--plan", "split:0.9/0.1", "--plan",
@@ -125,7 +127,7 @@ def gpu_check_bench_commands_run_over_the_emulation():
                 r.stderr[-1500:])
     with open(js) as f:
         rows = [json.loads(x) for x in f]
-    G.check(len(rows) == 5 * 2 + 2 * 3 * 2, "%d JSON rows, not 22", len(rows))
+    G.check(len(rows) == 6 * 2 + 2 * 3 * 2, "%d JSON rows, not 24", len(rows))
     G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2 and
             [x["gpu_unroll"] for x in rows[:10]] == [1] * 4 + [4] * 2 + [1] * 2 + [2] * 2,
             "the rows do not say which launches ran: %r", rows[:10])
@@ -133,7 +135,18 @@ def gpu_check_bench_commands_run_over_the_emulation():
     saved = [rows[8 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
     G.check(saved == [11 * 4, 11 * 4], "ops a step saved by the fused launches over 4 layers: %r (want 44)",
             saved)
+    # attention cut into 3 parts: one join launch more a layer; the emulation's one multiprocessor
+    # never cuts by length
+    G.check([(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"]) for x in rows[10:12]] == [(3, 3, 1)] * 2
+            and [(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"]) for x in rows[2:4]] == [(0, 1, 4)] * 2,
+            "the rows do not say how attention ran: %r", rows[:12])
+    joins = [rows[10 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
+    G.check(joins == [4, 4], "ops a step the parts' joins add over 4 layers: %r (want 4)", joins)
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
+    for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4")):
+        r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
+        G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
+                "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
     plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
     if os.path.exists(plan):
         os.remove(plan)
