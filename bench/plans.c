@@ -291,13 +291,10 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_unroll = atoi(val);
         } else if (!strcmp(a, "--gpu-att-parts")) {
-            char *end;
-            long v = strtol(val, &end, 10);
-            if (strcmp(val, "auto") && (*end || v < 1 || v > 256)) { /* KCUDA_ATT_MAX_PARTS */
+            if ((o->gpu_att_parts = llama_gpu_att_parts_parse(val)) < 0) {
                 fprintf(stderr, "orochi bench: --gpu-att-parts %s: auto or 1..256\n", val);
                 return 2;
             }
-            o->gpu_att_parts = strcmp(val, "auto") ? (int)v : 0;
         } else if (!strcmp(a, "--gpu-att-keys")) {
             if (strcmp(val, "1") && strcmp(val, "4")) {
                 fprintf(stderr, "orochi bench: --gpu-att-keys %s: 1 or 4\n", val);

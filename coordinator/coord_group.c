@@ -259,6 +259,10 @@ int coord_group_spawn_all(coord *c)
                 group_argv_add(p, "--gpu-fuse");
                 group_argv_add(p, c->gpu_fuse);
             }
+            if (c->gpu_att_parts[0]) {
+                group_argv_add(p, "--gpu-att-parts");
+                group_argv_add(p, c->gpu_att_parts);
+            }
         }
     }
     for (int i = 0; i < c->n_spec_specs; i++)

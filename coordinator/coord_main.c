@@ -156,7 +156,8 @@ static void coord_usage(FILE *out)
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
-        "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--trace]\n"
+        "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
+        "         [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -189,12 +190,13 @@ static void coord_usage(FILE *out)
         "  --kv f16: the K/V cache in the arena in f16 instead of f32 (half the bytes every\n"
         "  step's attention reads: faster batches and long contexts; `orochi run --kv f16`\n"
         "  gives the same tokens).\n"
-        "  --gpu-memory (auto), --gpu-graphs (on) and --gpu-fuse (on) go to the GPU workers:\n"
-        "  where a GPU part keeps its activations and K/V rows (mapped: read in place in the\n"
-        "  arena, for a GPU that shares the host's memory; mirror: device copies, for a\n"
-        "  discrete card; auto picks by the device), whether a sole GPU part replays steps as\n"
-        "  CUDA graphs, and whether it runs the fused launches or one launch per op (the same\n"
-        "  bits; docs/gpu.md).\n"
+        "  --gpu-memory (auto), --gpu-graphs (on), --gpu-fuse (on) and --gpu-att-parts (auto)\n"
+        "  go to the GPU workers: where a GPU part keeps its activations and K/V rows (mapped:\n"
+        "  read in place in the arena, for a GPU that shares the host's memory; mirror: device\n"
+        "  copies, for a discrete card; auto picks by the device), whether a sole GPU part\n"
+        "  replays steps as CUDA graphs, whether it runs the fused launches or one launch per\n"
+        "  op (the same bits), and how many parts its attention cuts a long key stream into\n"
+        "  (auto: by length and width; 1: never; docs/gpu.md).\n"
         "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
         "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
@@ -296,6 +298,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-memory", required_argument, 0, 23},
                                          {"gpu-graphs", required_argument, 0, 24},
                                          {"gpu-fuse", required_argument, 0, 25},
+                                         {"gpu-att-parts", required_argument, 0, 26},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -385,6 +388,14 @@ static int coord_parse(coord *c, int argc, char **argv)
                 return 2;
             }
             snprintf(c->gpu_memory, sizeof c->gpu_memory, "%s", optarg);
+            break;
+        case 26:
+            if (llama_gpu_att_parts_parse(optarg) < 0) {
+                fprintf(stderr, "orochi-coordinator: --gpu-att-parts takes auto or 1..256, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            snprintf(c->gpu_att_parts, sizeof c->gpu_att_parts, "%s", optarg);
             break;
         case 24:
         case 25:

@@ -58,6 +58,21 @@ static inline int llama_gpu_memory_parse(const char *s)
                                   : -1;
 }
 
+/* "auto" to 0, "1".."256" to that number of parts (llama_gpu_params.att_parts); -1 for another
+ * word. Inline, as llama_gpu_memory_parse. */
+static inline int llama_gpu_att_parts_parse(const char *s)
+{
+    if (!strcmp(s, "auto"))
+        return 0;
+    int v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || v > 256)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return *s && v >= 1 && v <= 256 ? v : -1; /* 256: KCUDA_ATT_MAX_PARTS */
+}
+
 static inline const char *llama_gpu_memory_name(llama_gpu_memory m)
 {
     return m == LLAMA_GPU_MAPPED ? "mapped" : m == LLAMA_GPU_MIRROR ? "mirror" : "auto";

@@ -43,10 +43,8 @@
 
 #include "model/llama.h"
 #include "model/ngram.h"
-#include "workers/runtime.h"
-#ifdef OROCHI_HAVE_CUDA
 #include "model/llama_cuda.h"
-#endif
+#include "workers/runtime.h"
 
 #define HEARTBEAT_MS 200
 #define CONTROL_TICK_MS 20   /* the control thread's period: socket reads, heartbeat, orphan */
@@ -75,6 +73,7 @@ typedef struct {
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs;        /* --gpu-graphs on|off */
     bool gpu_fuse;          /* --gpu-fuse on|off */
+    int gpu_att_parts;      /* --gpu-att-parts auto|N (0: auto) */
     int index, threads, orphan_ms, stall_ms;
     bool trace;
     char role[32];
@@ -120,7 +119,8 @@ static void worker_usage(FILE *out)
 {
     fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu|gpu]\n"
                  "                     [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-                 "                     [--gpu-fuse on|off] [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
+                 "                     [--gpu-fuse on|off] [--gpu-att-parts auto|N] [--orphan-ms MS]\n"
+                 "                     [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
                  "  column part I of the target model for every verification step.\n"
                  "  --gpu-memory (auto): with --device gpu, where the activations and K/V rows\n"
@@ -130,6 +130,9 @@ static void worker_usage(FILE *out)
                  "  --gpu-fuse (on): the GPU's fused launches (q/k/v as one matmul, RoPE with the\n"
                  "  K/V stores, gate/up with SiLU, the residual adds in their matmuls); off runs\n"
                  "  one launch per op, the same bits, for comparison.\n"
+                 "  --gpu-att-parts (auto): the parts the GPU's attention cuts each token's key\n"
+                 "  stream into, side by side (auto: by the context's length and the batch's\n"
+                 "  width; 1: never; up to 256; the same answer within rounding).\n"
                  "  --orphan-ms (10000): exit when the coordinator has been silent this long.\n"
                  "  --stall-ms (30000): stop heartbeating when the compute thread has been inside\n"
                  "  one op this long (so the coordinator replaces a wedged worker).\n");
@@ -393,7 +396,8 @@ static int worker_join(worker *w)
         llama_gpu_params gp = {.device = 0,
                                .memory = (llama_gpu_memory)llama_gpu_memory_parse(w->gpu_memory),
                                .graphs = w->gpu_graphs,
-                               .unfused = !w->gpu_fuse};
+                               .unfused = !w->gpu_fuse,
+                               .att_parts = w->gpu_att_parts};
         w->gpu = llama_gpu_new(w->ctx, &gp, arena_base(w->arena), (size_t)arena_size(w->arena),
                                err, sizeof err);
         if (!w->gpu) {
@@ -696,6 +700,7 @@ static int worker_parse(worker *w, int argc, char **argv)
                                          {"gpu-memory", required_argument, 0, 'm'},
                                          {"gpu-graphs", required_argument, 0, 'g'},
                                          {"gpu-fuse", required_argument, 0, 'f'},
+                                         {"gpu-att-parts", required_argument, 0, 'a'},
                                          {"orphan-ms", required_argument, 0, 'o'},
                                          {"stall-ms", required_argument, 0, 's'},
                                          {"trace", no_argument, 0, 'v'},
@@ -717,6 +722,12 @@ static int worker_parse(worker *w, int argc, char **argv)
                 return 2;
             }
             *(c == 'g' ? &w->gpu_graphs : &w->gpu_fuse) = !strcmp(optarg, "on");
+            break;
+        case 'a':
+            if ((w->gpu_att_parts = llama_gpu_att_parts_parse(optarg)) < 0) {
+                fprintf(stderr, "orochi-worker: --gpu-att-parts %s: auto or 1..256\n", optarg);
+                return 2;
+            }
             break;
         case 'o': w->orphan_ms = atoi(optarg); break;
         case 's': w->stall_ms = atoi(optarg); break;

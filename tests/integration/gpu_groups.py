@@ -71,6 +71,19 @@ def lookup_equals_plain(name, model, devices, mode, prompts, n, plain=None, extr
     return plain, accepted, logs
 
 
+def cut_is_lossless(name, model, prompts, n, plain):
+    """cpu:1,gpu:1 (mirror) with the GPU's attention cutting every key stream into 3 parts
+    (--gpu-att-parts 3) answers each prompt with the ngram speculator exactly as without it, and
+    its GPU worker says it cuts; logs how far its answers follow the uncut group's (`plain`: the
+    same within rounding, so a near tie may differ)."""
+    cut, _, logs = lookup_equals_plain(name, model, "cpu:1,gpu:1", "mirror", prompts, n,
+                                       extra=["--gpu-att-parts", "3"])
+    G.check("attention parts 3" in logs[1], "the GPU worker's log does not say it cuts attention:\n%s",
+            logs[1][-1500:])
+    for p in prompts:
+        G.log("  attention cut in 3 against uncut, prompt %r: %s" % (p, agreement(cut[p], plain[p])))
+
+
 def replayed(wlog):
     """The GPU worker's last 'steps replayed from' line, or None."""
     lines = [x for x in wlog.splitlines() if "steps replayed from" in x]

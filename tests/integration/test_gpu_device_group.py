@@ -4,8 +4,10 @@ usable device (CI's machines); deploy/gpu-check.sh runs it on a lent GPU.
 
 Losslessness within each group, token for token (the GPU's numbers are not the CPU's bits):
 - the tiny model: cpu:1,gpu:1 in mirror mode with the ngram speculator equals the same group without
-  it, mapped mode equals mirror, and so does mirror with one launch per op (--gpu-fuse off); gpu:1 alone (mapped, steps replayed from CUDA graphs) with the
-  ngram speculator equals its plain answers, and the worker says it replayed steps;
+  it, mapped mode equals mirror, and so does mirror with one launch per op (--gpu-fuse off);
+  mirror with attention cut into 3 parts (--gpu-att-parts 3) with the ngram speculator equals
+  its own plain answers; gpu:1 alone (mapped, steps replayed from CUDA graphs) with the ngram
+  speculator equals its plain answers, and the worker says it replayed steps;
 - each model named in $OROCHI_GPU_MODELS (colon-separated paths: the default model, a 1B mkmodel
   shape), on one longer prompt ($OROCHI_GPU_PROMPT; an instruct model wants its chat format there): cpu:1,gpu:1 (mirror) and gpu:1 (mapped), each with and without the
   ngram speculator; the wall time of each answer is logged.
@@ -64,6 +66,7 @@ def tiny_model_groups_are_lossless():
         for p in GG.PROMPTS:
             G.check_eq(g.ids(p, GG.N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
     GG.unfused_equals("dev-unfused", model, GG.PROMPTS, GG.N, plain)
+    GG.cut_is_lossless("dev-cut", model, GG.PROMPTS, GG.N, plain)
     _, accepted, logs = GG.lookup_equals_plain("dev-alone", model, "gpu:1", "mapped", GG.PROMPTS, GG.N)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
     GG.check_replayed(logs[0])

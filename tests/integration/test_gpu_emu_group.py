@@ -11,7 +11,10 @@ hold is losslessness within each group, token for token:
 - gpu:1 alone (mirror, its steps replayed as CUDA graphs): the same, and the worker says it
   replayed steps;
 - cpu:1,gpu:1 (mapped) equals the mirror group's answer, and so does cpu:1,gpu:1 (mirror) with one
-  launch per op (--gpu-fuse off) instead of the fused launches.
+  launch per op (--gpu-fuse off) instead of the fused launches;
+- cpu:1,gpu:1 (mirror) with attention cutting every key stream into 3 parts (--gpu-att-parts 3):
+  the answer with the ngram speculator equals its own without it (the cut changes the rounding,
+  so its agreement with the uncut group is reported).
 
 The agreement with `orochi run --temp 0` (the CPU's numbers) is reported, not required: the
 length of the common prefix of each answer and the matching tokens.
@@ -22,8 +25,9 @@ greedy token agrees or is a near tie; a bad option is refused with status 2, nam
 
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
-with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer) and with
-the quantized matmul's other loads in flight; GPU + CPU under HCMP, the dense/sparse split and
+with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer), with
+the quantized matmul's other loads in flight and with attention cut into 3 parts (one join launch
+more a layer) and one key a warp; bad --gpu-att-parts and --gpu-att-keys values refused; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 """
 import json
@@ -61,6 +65,7 @@ def gpu_emu_group_speculation_is_lossless():
         for p in GG.PROMPTS:
             G.check_eq(g.ids(p, GG.N), plain[p], "cpu:1,gpu:1 mapped against mirror, prompt %r" % p)
     GG.unfused_equals("emu-unfused", model, GG.PROMPTS, GG.N, plain)
+    GG.cut_is_lossless("emu-cut", model, GG.PROMPTS, GG.N, plain)
     _, accepted, _ = GG.lookup_equals_plain("emu", model, "cpu:1,gpu:1", "mirror", GG.PROMPTS, GG.N, plain)
     G.check(max(accepted) > 1.0, "prompt lookup drafted nothing that was accepted: %r", accepted)
 

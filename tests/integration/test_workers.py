@@ -8,7 +8,7 @@ tensor types (f32 and the block-quantized q4_1, whose rows are sharded block-ali
 tiny models, and on the default model (3 KV heads) when it is present, as distributed and
 re-quantized to K-quant mixes (Q4_K_M, Q5_K_M, Q6_K, Q5_1, Q3_K). A GPU worker that cannot start
 (no usable device here) is reported with its reason and restarted ever more slowly, and it is
-spawned with the coordinator's --gpu-memory, --gpu-graphs and --gpu-fuse.
+spawned with the coordinator's --gpu-memory, --gpu-graphs, --gpu-fuse and --gpu-att-parts.
 """
 import os
 import signal
@@ -124,7 +124,8 @@ def test_workers_gpu_without_device():
     # --workers gpu:1 where no GPU can be used: the worker's reason reaches the coordinator's log
     # (a build with CUDA: the driver's answer) or the worker's own (a build without: refused at
     # its command line), each failed start waits longer than the last, and the spawned command
-    # line carries --gpu-memory, --gpu-graphs and --gpu-fuse
+    # line carries --gpu-memory, --gpu-graphs, --gpu-fuse and --gpu-att-parts; bad values of the
+    # last are refused
     e = G.env()
     run_dir = os.path.join("/tmp", "orochi-it-%d" % os.getuid(), "gpu-%d" % os.getpid())
     subprocess.run(["rm", "-rf", run_dir], check=False)
@@ -132,7 +133,7 @@ def test_workers_gpu_without_device():
     coord = os.path.join(e["bin_dir"], "orochi-coordinator")
     proc = subprocess.Popen([coord, "--run-dir", run_dir, "--target", G.mkmodel(), "--workers", "gpu:1",
                              "--port", str(G.free_port()), "--gpu-memory", "mirror", "--gpu-graphs", "off",
-                             "--gpu-fuse", "off"],
+                             "--gpu-fuse", "off", "--gpu-att-parts", "3"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(6)
@@ -147,7 +148,8 @@ def test_workers_gpu_without_device():
         argv = f.read().split("\n")
     G.check("--gpu-memory" in argv and argv[argv.index("--gpu-memory") + 1] == "mirror" and
             "--gpu-graphs" in argv and argv[argv.index("--gpu-graphs") + 1] == "off" and
-            "--gpu-fuse" in argv and argv[argv.index("--gpu-fuse") + 1] == "off",
+            "--gpu-fuse" in argv and argv[argv.index("--gpu-fuse") + 1] == "off" and
+            "--gpu-att-parts" in argv and argv[argv.index("--gpu-att-parts") + 1] == "3",
             "the GPU worker's command line lacks the GPU flags: %s", argv)
     with open(os.path.join(run_dir, "logs", "worker-0.log")) as f:
         wlog = f.read()
@@ -158,6 +160,13 @@ def test_workers_gpu_without_device():
     spawns = out.count("spawned worker-0")
     G.check(1 <= spawns <= 5, "worker-0 spawned %d times in 6 s:\n%s", spawns, out[-1500:])
     subprocess.run(["rm", "-rf", run_dir], check=False)
+    # a bad number of attention parts is refused at either command line, saying what it takes
+    for binary, val in (("orochi-coordinator", "0"), ("orochi-worker", "257"), ("orochi-worker", "x")):
+        r = subprocess.run([os.path.join(e["bin_dir"], binary), "--gpu-att-parts", val, "--run-dir", run_dir],
+                           capture_output=True, text=True, timeout=30)
+        G.check(r.returncode == 2 and "--gpu-att-parts" in r.stderr and "auto or 1..256" in r.stderr,
+                "%s --gpu-att-parts %s was not refused with status 2 (%d): %s", binary, val, r.returncode,
+                r.stderr[-600:])
 
 
 if __name__ == "__main__":
