@@ -48,6 +48,7 @@ typedef struct {
     int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: the default) */
     int gpu_att_parts; /* --gpu-att-parts: attention's key streams cut into N (0: by length) */
     int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
+    bool gpu_att_tile; /* --gpu-att-tile: attention by tiles */
     const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
@@ -84,7 +85,8 @@ static void pb_usage(FILE *out)
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "                    [--gpu-fuse on|off] [--gpu-unroll 1|2|4]\n"
-            "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4] [--search PLAN]\n"
+            "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
+            "                    [--gpu-att-tile on|off] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -96,8 +98,9 @@ static void pb_usage(FILE *out)
             "  matmul loads before it adds them (the same bits; a tuning knob); --gpu-att-parts:\n"
             "  the parts GPU attention cuts each key stream into (auto: by length and width; 1:\n"
             "  never; the same answer within rounding); --gpu-att-keys: the keys a warp of it\n"
-            "  scores at once (4; 1 to compare). JSON lines go to --json FILE\n"
-            "  (bench/results/plans.jsonl).\n"
+            "  scores at once (4; 1 to compare); --gpu-att-tile on: the tiled attention kernel\n"
+            "  (the queries of a KV head and a sequence share each K/V load). JSON lines go to\n"
+            "  --json FILE (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
             "  by kind while the step time summed over --widths falls (coordinator/control.h,\n"
@@ -188,7 +191,8 @@ static void *pb_part_main(void *argp)
                              .unfused = !o->gpu_fuse,
                              .matmul_unroll = o->gpu_unroll,
                              .att_parts = o->gpu_att_parts,
-                             .att_keys = o->gpu_att_keys};
+                             .att_keys = o->gpu_att_keys,
+                             .att_tile = o->gpu_att_tile};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
@@ -301,6 +305,12 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_att_keys = atoi(val);
+        } else if (!strcmp(a, "--gpu-att-tile")) {
+            if (strcmp(val, "on") && strcmp(val, "off")) {
+                fprintf(stderr, "orochi bench: --gpu-att-tile %s: on or off\n", val);
+                return 2;
+            }
+            o->gpu_att_tile = !strcmp(val, "on");
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (strcmp(val, "on") && strcmp(val, "off")) {
                 fprintf(stderr, "orochi bench: --gpu-fuse %s: on or off\n", val);
@@ -653,13 +663,13 @@ int bench_plans(int argc, char **argv)
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
                         "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
                         "\"gpu_ops\":%ld,\"gpu_unroll\":%d,\"gpu_att_ask\":%d,"
-                        "\"gpu_att_parts\":%d,\"gpu_att_keys\":%d}\n",
+                        "\"gpu_att_parts\":%d,\"gpu_att_keys\":%d,\"gpu_att_tile\":%s}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
                         r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll ? o.gpu_unroll : 1,
                         o.gpu_att_parts, r.att[(size_t)p * o.n_widths + wi],
-                        o.gpu_att_keys ? o.gpu_att_keys : 4);
+                        o.gpu_att_keys ? o.gpu_att_keys : 4, o.gpu_att_tile ? "true" : "false");
         }
         printf("\n");
     }

@@ -123,21 +123,22 @@ if stage fusion 30; then
 fi
 
 # attention over long prefixes: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes
-# at contexts 256, 2048 and 8000, each key stream cut by length (auto) against whole (1), a warp
-# scoring 4 keys at a time against 1 (1 key, whole: the kernel as it was before either); the
-# variants alternate, widths 1, 4 and 16 (at 64 the pairs fill the card uncut)
+# at contexts 2048 and 8000, widths 1, 4 and 16, alternating: the default (each key stream cut by
+# length, 4 keys a warp), the kernel as it was before both (whole, 1 key), cut but whole (1, 4
+# keys), and the tiled kernel cut by length (--gpu-att-tile on: the queries of a KV head and a
+# sequence share each K/V load)
 if stage attention 40; then
     for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
         [ -f "$m" ] || continue
-        for ctx in 256 2048 8000; do
-            for variant in "auto 4" "1 4" "1 1" "auto 1"; do
+        for ctx in 2048 8000; do
+            for variant in "auto 4 off" "1 1 off" "1 4 off" "auto 4 on"; do
                 set -- $variant
                 echo "== $m: GPU only, mirror, graphs on, context $ctx, attention parts $1," \
-                    "keys a warp $2" | tee -a "$out/plans.txt"
+                    "keys a warp $2, tiles $3" | tee -a "$out/plans.txt"
                 bounded "$bin" bench --plans --model "$m" --widths 1,4,16 --reps 3 --ctx "$ctx" \
                     --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
                     --gpu-memory mirror --gpu-graphs on --gpu-att-parts "$1" --gpu-att-keys "$2" \
-                    2>&1 | tee -a "$out/plans.txt" || status=1
+                    --gpu-att-tile "$3" 2>&1 | tee -a "$out/plans.txt" || status=1
             done
         done
     done

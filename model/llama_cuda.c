@@ -285,6 +285,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->att_ask = prm->att_parts > 0 ? prm->att_parts : 0;
     if (prm->att_keys)
         kcuda_set_att_keys(gp->g, prm->att_keys);
+    kcuda_set_att_tile(gp->g, prm->att_tile);
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -363,10 +364,10 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     if (gp->att_ask)
         snprintf(parts, sizeof parts, "%d", gp->att_ask);
     snprintf(gp->describe, sizeof gp->describe,
-             "%s; memory %s, graphs %s, launches %s, attention parts %s", dev_name,
+             "%s; memory %s, graphs %s, launches %s, attention parts %s%s", dev_name,
              llama_gpu_memory_name(gp->memory),
              !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
-             gp->fuse ? "fused" : "one per op", parts);
+             gp->fuse ? "fused" : "one per op", parts, prm->att_tile ? ", by tiles" : "");
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;

@@ -29,6 +29,9 @@ extern "C" {
 #define KCUDA_MAX_HEAD_DIM 256 /* attention: head_dim a multiple of 32, at most this */
 #define KCUDA_ATT_MIN_KEYS 64  /* attention: keys a part of a cut stream takes at least */
 #define KCUDA_ATT_MAX_PARTS 256
+/* attention's tiled kernel (kcuda_set_att_tile): queries a block takes, the largest head */
+#define KCUDA_ATT_TILE_Q 16
+#define KCUDA_ATT_TILE_HD 128
 /* attention: the context's buffer of part records (head_dim + 2 floats each) */
 #define KCUDA_ATT_PART_FLOATS ((size_t)4096 * (KCUDA_MAX_HEAD_DIM + 2))
 
@@ -204,13 +207,20 @@ typedef struct {
 
 /* The parts kcuda_attention cuts each of n tokens' key streams into: a->parts when set, else the
  * largest power of two that keeps every part at KCUDA_ATT_MIN_KEYS of max_keys or more and the
- * blocks of all n_heads heads within 8 per multiprocessor; either way at most KCUDA_ATT_MAX_PARTS
+ * blocks of all n_heads heads (tiled: of the token groups and KV heads) within 8 per
+ * multiprocessor; either way at most KCUDA_ATT_MAX_PARTS
  * and what the context's partial buffer holds (KCUDA_ATT_PART_FLOATS), and at least 1. It depends
  * on n, n_heads, head_dim, max_keys and parts only (a recorded graph keeps it). */
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n);
 /* The keys an attention warp scores before it updates its softmax: 4 (until set), or 1 (one key
  * at a time; another value means 4) — the same answer within rounding, a tuning knob. */
 void kcuda_set_att_keys(kcuda *g, int keys);
+/* Attention by tiles (on != 0; off until set): the queries of a run of tokens of one sequence
+ * that share a KV head (at most KCUDA_ATT_TILE_Q) take their common prefix together, each tile of
+ * 32 K and V rows loaded once into shared memory for all of them — one load where the plain kernel
+ * makes one per query. Head sizes up to KCUDA_ATT_TILE_HD and at most KCUDA_ATT_TILE_Q query heads
+ * per KV head; others take the plain kernel. The same answer within rounding. */
+void kcuda_set_att_tile(kcuda *g, int on);
 
 enum { KCUDA_ATT_FULL = 3, KCUDA_ATT_DENSE = 1, KCUDA_ATT_SPARSE = 2 };
 

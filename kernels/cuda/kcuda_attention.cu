@@ -149,6 +149,151 @@ __global__ void att_kernel(kcuda_att a, int mode, const float *q, int64_t q_stri
     }
 }
 
+/* ===== the tiled kernel (kcuda_set_att_tile): queries that share a key stream share its loads =====
+ *
+ * One block of ATT_WARPS warps per (group of tokens, KV head, part of the prefix). A group is a run
+ * of at most ATT_TILE_Q / (query heads per KV head) consecutive tokens with the same sequence and
+ * prefix length (a tree's tokens, a prompt's chunk; a token whose neighbour differs starts its own
+ * group, and so does every token whose index is a multiple of that count); its queries are each
+ * token's query heads of the KV head within [h0, h1), at most ATT_TILE_Q, warp w taking queries
+ * w, w + ATT_WARPS, ... The block walks its
+ * part of the common prefix in tiles of 32 keys: the K and V rows of a tile are loaded once into
+ * shared memory (as floats), then for each of its queries a warp forms the tile's 32 scores one key
+ * a lane, one max and one sum over the warp per tile, and adds the tile's V rows, each weighted by
+ * its lane's weight, into the query's output slice (lane l holds elements l, l + 32, ...). The last part then takes each
+ * query's tree ancestors key by key. Each query's result is written as att_kernel writes it. */
+#define ATT_TILE 32
+#define ATT_TILE_Q KCUDA_ATT_TILE_Q
+#define ATT_TILE_HD KCUDA_ATT_TILE_HD /* head sizes up to this (the shared tiles' size) */
+#define ATT_TILE_QW ((ATT_TILE_Q + ATT_WARPS - 1) / ATT_WARPS)
+
+/* Whether token i starts a group of att_tile_kernel (groups of at most tg tokens). */
+__device__ static inline bool att_group_start(const kcuda_att &a, int mode, int i, int tg)
+{
+    if (i == 0 || i % tg == 0 || a.seq_row[i] != a.seq_row[i - 1])
+        return true;
+    return (mode & KCUDA_ATT_DENSE) && a.n_prefix[i] != a.n_prefix[i - 1];
+}
+
+template <typename T>
+__global__ void att_tile_kernel(kcuda_att a, int mode, const float *q, int64_t q_stride, int h0,
+                                int h1, int n, float *out, int64_t out_stride, int64_t rec_stride,
+                                float *part)
+{
+    int i0 = blockIdx.x, z = blockIdx.z, parts = gridDim.z;
+    int gs = a.n_heads / a.n_kv_heads, kvh = h0 / gs + blockIdx.y, tg = ATT_TILE_Q / gs;
+    if (!att_group_start(a, mode, i0, tg))
+        return; /* the whole block: no barrier is waited on */
+    int nt = 1;
+    while (i0 + nt < n && !att_group_start(a, mode, i0 + nt, tg))
+        nt++;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.head_dim, per = hd / 32;
+    int qh0 = h0 > kvh * gs ? h0 : kvh * gs;
+    int nqh = (h1 < (kvh + 1) * gs ? h1 : (kvh + 1) * gs) - qh0;
+    int nq = nt * nqh; /* query k: token i0 + k / nqh, head qh0 + k % nqh */
+    __shared__ float sq[ATT_TILE_Q][ATT_TILE_HD];
+    __shared__ float sk[ATT_TILE][ATT_TILE_HD + 1];
+    __shared__ float sv[ATT_TILE][ATT_TILE_HD];
+    for (int e = threadIdx.x; e < nq * hd; e += blockDim.x) {
+        int k = e / hd, c = e % hd;
+        sq[k][c] = q[(int64_t)(i0 + k / nqh) * q_stride + (int64_t)(qh0 + k % nqh) * hd + c];
+    }
+    __syncthreads();
+    const T *kb = (const T *)a.k + (int64_t)kvh * a.head_rows * hd;
+    const T *vb = (const T *)a.v + (int64_t)kvh * a.head_rows * hd;
+    float m[ATT_TILE_QW], l[ATT_TILE_QW], o[ATT_TILE_QW][ATT_TILE_HD / 32];
+#pragma unroll
+    for (int u = 0; u < ATT_TILE_QW; u++) {
+        m[u] = -INFINITY;
+        l[u] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ATT_TILE_HD / 32; c++)
+            o[u][c] = 0.0f;
+    }
+    int np = (mode & KCUDA_ATT_DENSE) ? a.n_prefix[i0] : 0;
+    int p0 = (int)((int64_t)np * z / parts), p1 = (int)((int64_t)np * (z + 1) / parts);
+    int64_t first = a.seq_row[i0];
+    for (int t0 = p0; t0 < p1; t0 += ATT_TILE) {
+        int cnt = p1 - t0 < ATT_TILE ? p1 - t0 : ATT_TILE;
+        __syncthreads(); /* the last tile's readers are done (and sq is written) */
+        for (int e = threadIdx.x; e < cnt * hd; e += blockDim.x) {
+            int j = e / hd, c = e % hd;
+            int64_t r = (first + t0 + j) * hd + c;
+            sk[j][c] = att_load(kb + r, 0);
+            sv[j][c] = att_load(vb + r, 0);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < ATT_TILE_QW; u++) {
+            int k = warp + u * ATT_WARPS;
+            if (k >= nq)
+                break;
+            float s = -INFINITY;
+            if (lane < cnt) {
+                float d = 0.0f;
+                for (int c = 0; c < hd; c++)
+                    d += sq[k][c] * sk[lane][c];
+                s = d * a.scale;
+            }
+            float mx = s;
+            for (int sh = 16; sh > 0; sh >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+            float mn = fmaxf(m[u], mx), cold = expf(m[u] - mn);
+            float pj = lane < cnt ? expf(s - mn) : 0.0f;
+            l[u] = l[u] * cold + kcuda_warp_sum(pj);
+            m[u] = mn;
+#pragma unroll
+            for (int c = 0; c < ATT_TILE_HD / 32; c++)
+                o[u][c] *= cold;
+            for (int j = 0; j < cnt; j++) {
+                float w = __shfl_sync(0xffffffffu, pj, j); /* key j's weight, from its lane */
+#pragma unroll
+                for (int c = 0; c < ATT_TILE_HD / 32; c++)
+                    if (c < per)
+                        o[u][c] += w * sv[j][lane + 32 * c];
+            }
+        }
+    }
+    /* the tree ancestors (the last part), key by key as att_kernel takes them */
+#pragma unroll
+    for (int u = 0; u < ATT_TILE_QW; u++) {
+        int k = warp + u * ATT_WARPS;
+        if (k >= nq)
+            break;
+        int i = i0 + k / nqh, h = qh0 + k % nqh;
+        int na = (mode & KCUDA_ATT_SPARSE) && z == parts - 1 ? a.n_anc[i] : 0;
+        const int32_t *anc = a.anc + (int64_t)i * a.anc_stride;
+        for (int j = 0; j < na; j++) {
+            int64_t r = a.tree_row + anc[j];
+            float d = 0.0f;
+#pragma unroll
+            for (int c = 0; c < ATT_TILE_HD / 32; c++)
+                if (c < per)
+                    d += sq[k][lane + 32 * c] * att_load(kb + r * hd, lane + 32 * c);
+            float sc = kcuda_warp_sum(d) * a.scale;
+            float mn = fmaxf(m[u], sc), cold = expf(m[u] - mn), e = expf(sc - mn);
+            l[u] = l[u] * cold + e;
+#pragma unroll
+            for (int c = 0; c < ATT_TILE_HD / 32; c++)
+                if (c < per)
+                    o[u][c] = o[u][c] * cold + e * att_load(vb + r * hd, lane + 32 * c);
+            m[u] = mn;
+        }
+        bool full = mode == KCUDA_ATT_FULL && parts == 1;
+        float *dst = parts > 1 ? part + (((int64_t)i * (h1 - h0) + (h - h0)) * parts + z) * (hd + 2)
+                     : full    ? out + (int64_t)i * out_stride + (int64_t)h * hd
+                               : out + (int64_t)i * out_stride + (int64_t)h * rec_stride;
+#pragma unroll
+        for (int c = 0; c < ATT_TILE_HD / 32; c++)
+            if (c < per)
+                att_put(dst, lane + 32 * c, o[u][c], l[u], full);
+        if (!full && lane == 0) {
+            dst[hd] = m[u];
+            dst[hd + 1] = l[u];
+        }
+    }
+}
+
 /* The parts of each (token, head) (records of hd + 2 floats, part after part) merged in order as
  * katt_merge does, into the finished output (FULL) or the record. */
 __global__ void att_join_kernel(const float *part, int parts, int hd, int mode, int h0,
@@ -192,9 +337,14 @@ void kcuda_set_att_keys(kcuda *g, int keys)
     g->att_keys = keys == 1 ? 1 : 4;
 }
 
+void kcuda_set_att_tile(kcuda *g, int on)
+{
+    g->att_tile = on != 0;
+}
+
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n)
 {
-    return g->att_part ? kcuda_att_parts_rule(a, n, g->sms) : 1;
+    return g->att_part ? kcuda_att_parts_rule(a, n, g->sms, g->att_tile) : 1;
 }
 
 int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int64_t q_stride,
@@ -209,7 +359,16 @@ int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int6
     dim3 grid(n, h1 - h0, parts);
     g->launches++;
     bool f16 = a->type == KV_F16;
-    if (f16 && g->att_keys == 1)
+    if (kcuda_att_tiled(a, g->att_tile)) {
+        int gs = a->n_heads / a->n_kv_heads;
+        dim3 tgrid(n, (h1 - 1) / gs - h0 / gs + 1, parts);
+        if (f16)
+            att_tile_kernel<__half><<<tgrid, 32 * ATT_WARPS, 0, g->stream>>>(
+                *a, mode, q, q_stride, h0, h1, n, out, out_stride, rec_stride, g->att_part);
+        else
+            att_tile_kernel<float><<<tgrid, 32 * ATT_WARPS, 0, g->stream>>>(
+                *a, mode, q, q_stride, h0, h1, n, out, out_stride, rec_stride, g->att_part);
+    } else if (f16 && g->att_keys == 1)
         att_kernel<__half, 1><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
             *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
     else if (f16)

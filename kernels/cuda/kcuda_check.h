@@ -85,16 +85,28 @@ static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err,
     return 0;
 }
 
-/* kcuda_att_parts for a device of `sms` multiprocessors (the CUDA op set and its stand-in share
- * the rule, so both count the same launches). */
-static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms)
+/* Whether attention runs the tiled kernel for a (kcuda_set_att_tile on: `tile`). */
+static inline bool kcuda_att_tiled(const kcuda_att *a, int tile)
 {
-    if (n <= 0 || a->n_heads <= 0 || a->head_dim <= 0)
+    return tile && a->head_dim <= KCUDA_ATT_TILE_HD && a->n_kv_heads > 0 &&
+           a->n_heads / a->n_kv_heads <= KCUDA_ATT_TILE_Q;
+}
+
+/* kcuda_att_parts for a device of `sms` multiprocessors, `tile` as kcuda_att_tiled takes it (the
+ * CUDA op set and its stand-in share the rule, so both count the same launches). */
+static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int tile)
+{
+    if (n <= 0 || a->n_heads <= 0 || a->head_dim <= 0 || a->n_kv_heads <= 0)
         return 1;
     long pairs = (long)n * a->n_heads, p = a->parts;
     if (p <= 0) {
+        long blocks = pairs; /* a part's blocks: one per (token, head), tiled per (group, KV head) */
+        if (kcuda_att_tiled(a, tile)) {
+            long tg = KCUDA_ATT_TILE_Q / (a->n_heads / a->n_kv_heads);
+            blocks = (n + tg - 1) / tg * a->n_kv_heads;
+        }
         p = 1;
-        while (2 * p * pairs <= 8L * sms && 2 * p * KCUDA_ATT_MIN_KEYS <= a->max_keys)
+        while (2 * p * blocks <= 8L * sms && 2 * p * KCUDA_ATT_MIN_KEYS <= a->max_keys)
             p *= 2;
     }
     long fit = (long)(KCUDA_ATT_PART_FLOATS / (size_t)(a->head_dim + 2)) / pairs;

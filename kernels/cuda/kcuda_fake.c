@@ -570,7 +570,12 @@ void kcuda_set_matmul_unroll(kcuda *g, int groups)
 
 void kcuda_set_att_keys(kcuda *g, int keys)
 {
-    (void)g, (void)keys; /* nor this one */
+    (void)g, (void)keys; /* nor these */
+}
+
+void kcuda_set_att_tile(kcuda *g, int on)
+{
+    (void)g, (void)on;
 }
 
 long kcuda_launches(const kcuda *g)
@@ -646,7 +651,7 @@ int kcuda_attention(kcuda *g, const kcuda_att *s, int mode, const float *q, int6
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n)
 {
     (void)g;
-    return kcuda_att_parts_rule(a, n, 1); /* as a device of one multiprocessor */
+    return kcuda_att_parts_rule(a, n, 1, 0); /* as a device of one multiprocessor */
 }
 
 typedef struct {

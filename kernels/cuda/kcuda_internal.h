@@ -26,6 +26,7 @@ struct kcuda {
     int unroll;    /* quantized matmul: groups a lane loads before adding (kcuda_set_matmul_unroll) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
     int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
+    int att_tile;    /* attention by tiles (kcuda_set_att_tile) */
     float *att_part; /* attention's part records, KCUDA_ATT_PART_FLOATS (NULL: streams not cut) */
 };
 

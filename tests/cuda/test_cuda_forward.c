@@ -24,7 +24,8 @@
  *     the fused launches: the same bits, and exactly the launches fusion saves a layer fewer;
  *   - attention's key streams cut into 3 parts (llama_gpu_params.att_parts): one GPU part (graphs
  *     off, then on) and the mixed pair, against one CPU part, with exactly one launch more per
- *     layer of each forward (the parts' join);
+ *     layer of each forward (the parts' join); attention by tiles (att_tile) on one GPU part and,
+ *     cut in 3, on the mixed pair;
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V (relative L2 5e-5 at the least).
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
@@ -350,10 +351,11 @@ int main(void)
         /* attention's key streams cut into 3 parts (llama_gpu_params.att_parts): one GPU part,
          * graphs off and on, and the mixed pair whose dense parts the GPU cuts, against one CPU
          * part; each attention launch of a forward has its join, one launch more per layer */
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 5; k++) {
             llama_gpu_params whole = {.memory = LLAMA_GPU_MIRROR, .graphs = k == 1, .att_parts = 1};
             llama_gpu_params cut = whole;
-            cut.att_parts = 3;
+            cut.att_parts = k == 3 ? 1 : 3;
+            cut.att_tile = k >= 3;
             long replayed = 0, lw = 0;
             if (k == 0) {
                 if (run(m, KV_F32, 1, 1, &whole, NULL, ref2, NULL)) {
@@ -362,15 +364,17 @@ int main(void)
                 }
                 lw = run_launches;
             }
-            snprintf(what, sizeof what, "attention cut in 3: %s",
-                     k == 0   ? "one part on the GPU, mirror"
-                     : k == 1 ? "one part on the GPU, mirror, graphs"
-                              : "GPU 0.7 (mirror) + CPU 0.3");
-            if (run(m, KV_F32, k == 2 ? 2 : 1, 1, &cut, k == 2 ? &plan : NULL, got, &replayed)) {
+            static const char *const cases[5] = {
+                "cut in 3: one part on the GPU, mirror", "cut in 3: one part on the GPU, graphs",
+                "cut in 3: GPU 0.7 (mirror) + CPU 0.3", "by tiles: one part on the GPU, mirror",
+                "by tiles, cut in 3: GPU 0.7 + CPU 0.3"};
+            snprintf(what, sizeof what, "attention %s", cases[k]);
+            bool pair = k == 2 || k == 4;
+            if (run(m, KV_F32, pair ? 2 : 1, 1, &cut, pair ? &plan : NULL, got, &replayed)) {
                 failures++;
                 continue;
             }
-            compare(what, got, ref, m->cfg.vocab, k == 2 ? tol[t] : EXACT(tol[t]));
+            compare(what, got, ref, m->cfg.vocab, pair ? tol[t] : EXACT(tol[t]));
             long want = (long)m->cfg.n_layers * N_FORWARDS;
             if (k == 0 && run_launches - lw != want) {
                 printf("    launches %ld cut, %ld whole (want %ld more) FAILED\n", run_launches, lw,

@@ -12,7 +12,8 @@
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
  *   attention   FULL, DENSE, SPARSE over prefixes of 0..1030 rows and tree ancestors, f32 and f16
  *               K/V, each stream whole and cut into 3, 16 and 256 parts (kcuda_att_parts), a warp
- *               scoring 4 keys at a time and 1: finished outputs 1e-5 relative L2 against
+ *               scoring 4 keys at a time and 1, the tiled kernel (kcuda_set_att_tile), query
+ *               heads [2, 7) alone: finished outputs 1e-5 relative L2 against
  *               katt_causal_group; partial records compared normalised, and their log-sum-exp
  *               (max + log sum) within 1e-4. The rule choosing the parts on fixtures.
  *   merge       the GPU's merge of the CPU's partial records against katt_merge + katt_finish:
@@ -366,10 +367,15 @@ static void test_attention(kv_type kt)
     float *cpu_rec[2] = {malloc((size_t)A_N * rec_tok * 4), malloc((size_t)A_N * rec_tok * 4)};
     /* each stream whole and cut into parts: 3 (uneven parts), 16 (parts shorter than a warp's
      * group of keys), 300 (bounded to KCUDA_ATT_MAX_PARTS: most parts of the short streams
-     * empty); a warp scoring 4 keys at a time, then 1 (kcuda_set_att_keys) */
-    const int part_asks[] = {1, 3, 16, 300, 1, 3}, part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS,
-                                                                  1, 3};
-    const int keys_at[] = {4, 4, 4, 4, 1, 1};
+     * empty); a warp scoring 4 keys at a time, then 1 (kcuda_set_att_keys); the tiled kernel
+     * (kcuda_set_att_tile: tokens 3 and 4 share a sequence and a prefix, one group); query heads
+     * [2, 7), which cover two KV heads in part */
+    const int part_asks[] = {1, 3, 16, 300, 1, 3, 1, 3, 300, 3, 1};
+    const int part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS, 1, 3, 1, 3, KCUDA_ATT_MAX_PARTS, 3, 1};
+    const int keys_at[] = {4, 4, 4, 4, 1, 1, 4, 4, 4, 4, 4};
+    const int tile_at[] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0};
+    const int h_lo[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2}, h_hi[] = {A_H, A_H, A_H, A_H, A_H, A_H,
+                                                                   A_H, A_H, A_H, 7, 7};
     float *fin = malloc((size_t)rec * 4);
     for (int mi = 0; mi < 3; mi++) {
         int mode = modes[mi];
@@ -405,17 +411,19 @@ static void test_attention(kv_type kt)
         for (size_t pi = 0; pi < sizeof part_asks / sizeof part_asks[0]; pi++) {
             a.parts = part_asks[pi];
             kcuda_set_att_keys(g, keys_at[pi]);
+            kcuda_set_att_tile(g, tile_at[pi]);
+            int h0 = h_lo[pi], h1 = h_hi[pi];
             char what[96];
             snprintf(what, sizeof what, "attention parts asked %d", part_asks[pi]);
             check_int(what, kcuda_att_parts(g, &a, A_N), part_gets[pi]);
             double worst = 0, lse = 0;
             if (mode == KCUDA_ATT_FULL) {
-                must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, A_H * A_HD,
+                must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, h0, h1, dout, A_H * A_HD,
                                      0, err, sizeof err),
                      "attention");
                 from_dev(got, dout, (size_t)A_N * A_H * A_HD * 4);
                 for (int i = 0; i < A_N; i++)
-                    for (int h = 0; h < A_H; h++) {
+                    for (int h = h0; h < h1; h++) {
                         memcpy(fin, ref + (size_t)i * rec_tok + (size_t)h * rec, (size_t)rec * 4);
                         katt_stat st = {fin[A_HD], fin[A_HD + 1]};
                         katt_finish(&st, fin, A_HD);
@@ -423,12 +431,12 @@ static void test_attention(kv_type kt)
                         worst = e > worst ? e : worst;
                     }
             } else {
-                must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, 0, A_H, dout, rec_tok, rec,
+                must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, h0, h1, dout, rec_tok, rec,
                                      err, sizeof err),
                      "attention");
                 from_dev(got, dout, (size_t)A_N * rec_tok * 4);
                 for (int i = 0; i < A_N; i++)
-                    for (int h = 0; h < A_H; h++) {
+                    for (int h = h0; h < h1; h++) {
                         memcpy(fin, ref + (size_t)i * rec_tok + (size_t)h * rec, (size_t)rec * 4);
                         float *o = fin, *p = got + (size_t)i * rec_tok + (size_t)h * rec;
                         if (o[A_HD + 1] == 0 || p[A_HD + 1] == 0) { /* an empty key set */
@@ -446,9 +454,10 @@ static void test_attention(kv_type kt)
                         worst = e > worst ? e : worst;
                     }
             }
-            snprintf(what, sizeof what, "attention %s, KV %s, %d part%s, %d key%s", names[mi],
-                     kt == KV_F16 ? "f16" : "f32", part_gets[pi], part_gets[pi] > 1 ? "s" : "",
-                     keys_at[pi], keys_at[pi] > 1 ? "s" : "");
+            snprintf(what, sizeof what, "attention %s, KV %s, %d part%s, %s, heads %d-%d",
+                     names[mi], kt == KV_F16 ? "f16" : "f32", part_gets[pi],
+                     part_gets[pi] > 1 ? "s" : "",
+                     tile_at[pi] ? "tiles" : keys_at[pi] > 1 ? "4 keys" : "1 key", h0, h1 - 1);
             check(what, worst, 1e-5);
             if (mode != KCUDA_ATT_FULL) {
                 snprintf(what, sizeof what, "  log-sum-exp");
@@ -458,6 +467,7 @@ static void test_attention(kv_type kt)
     }
     free(fin);
     kcuda_set_att_keys(g, 4);
+    kcuda_set_att_tile(g, 0);
     /* the merge of the CPU's own dense and sparse records */
     int32_t heads[A_H];
     for (int h = 0; h < A_H; h++)
@@ -534,7 +544,7 @@ static void test_att_parts_rule(void)
                        .parts = f[i].parts};
         char what[96];
         snprintf(what, sizeof what, "attention parts: %s", f[i].why);
-        check_int(what, kcuda_att_parts_rule(&a, f[i].n, f[i].sms), f[i].want);
+        check_int(what, kcuda_att_parts_rule(&a, f[i].n, f[i].sms, 0), f[i].want);
     }
 }
 

@@ -56,7 +56,8 @@ struct kemu_fiber {
     uint3 tid;
     uint64_t val; /* a shuffle's operand, then its result (4 or 8 bytes) */
     unsigned bytes, mask;
-    int xr;
+    int xr;      /* the lane mask of an xor shuffle, or the source lane of an indexed one */
+    bool direct; /* an indexed shuffle (__shfl_sync) */
 };
 
 struct kemu_block {
@@ -74,8 +75,20 @@ struct kemu_block {
 };
 
 static thread_local kemu_block *B;
-static thread_local std::vector<char *> stacks; /* this thread's fiber stacks, kept */
-static thread_local kemu_fiber *fibers;
+/* This thread's fiber stacks and fibers, kept for its later launches and given back when it ends
+ * (a test that runs many short-lived host threads would otherwise run out of mappings). */
+struct kemu_thread_mem {
+    std::vector<char *> stacks;
+    kemu_fiber *fibers = nullptr;
+    ~kemu_thread_mem()
+    {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        for (char *s : stacks)
+            munmap(s - page, KEMU_STACK + page);
+        delete[] fibers;
+    }
+};
+static thread_local kemu_thread_mem mem;
 static std::atomic<long> n_launches{0};
 
 const uint3 &kemu_thread_idx()
@@ -139,13 +152,16 @@ void kemu_syncthreads()
     kemu_yield(F_BARRIER);
 }
 
-void kemu_shfl_xor(unsigned mask, void *v, size_t bytes, int xor_mask)
+/* kemu_shfl_xor and kemu_shfl: lane is the xor mask, or (direct) the lane read. */
+static void kemu_shfl_any(unsigned mask, void *v, size_t bytes, int xor_mask, bool direct)
 {
     kemu_fiber *f = &B->f[B->cur];
     if (bytes != 4 && bytes != 8)
         kemu_fault("a shuffle of other than 4 or 8 bytes");
     if (xor_mask < 0 || xor_mask > 31)
-        kemu_fault("a shuffle's lane mask is outside 0..31");
+        kemu_fault(direct ? "a shuffle's source lane is outside 0..31"
+                          : "a shuffle's lane mask is outside 0..31");
+    f->direct = direct;
     f->val = 0;
     if (bytes == 4)
         memcpy(&f->val, v, 4);
@@ -161,9 +177,19 @@ void kemu_shfl_xor(unsigned mask, void *v, size_t bytes, int xor_mask)
         memcpy(v, &f->val, 8);
 }
 
+void kemu_shfl_xor(unsigned mask, void *v, size_t bytes, int xor_mask)
+{
+    kemu_shfl_any(mask, v, bytes, xor_mask, false);
+}
+
+void kemu_shfl(unsigned mask, void *v, size_t bytes, int src_lane)
+{
+    kemu_shfl_any(mask, v, bytes, src_lane, true);
+}
+
 static char *kemu_stack(int i)
 {
-    while ((int)stacks.size() <= i) {
+    while ((int)mem.stacks.size() <= i) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         char *s = (char *)mmap(nullptr, KEMU_STACK + page, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -172,9 +198,9 @@ static char *kemu_stack(int i)
             abort();
         }
         mprotect(s, page, PROT_NONE); /* a stack overflow faults */
-        stacks.push_back(s + page);
+        mem.stacks.push_back(s + page);
     }
-    return stacks[(size_t)i];
+    return mem.stacks[(size_t)i];
 }
 
 /* Resume fiber i until it next yields. */
@@ -238,12 +264,12 @@ static bool kemu_shuffle(int w)
             }
     uint64_t got[32];
     for (int i = 0; i < 32; i++) {
-        if (lane[i].mask != 0xffffffffu || lane[i].xr != lane[0].xr ||
-            lane[i].bytes != lane[0].bytes) {
+        if (lane[i].mask != 0xffffffffu || lane[i].direct != lane[0].direct ||
+            (!lane[i].direct && lane[i].xr != lane[0].xr) || lane[i].bytes != lane[0].bytes) {
             B->cur = 32 * w + i;
-            kemu_fault("the lanes of a warp shuffle differently (mask, lane mask or size)");
+            kemu_fault("the lanes of a warp shuffle differently (mask, kind, lane mask or size)");
         }
-        got[i] = lane[i ^ lane[i].xr].val;
+        got[i] = lane[lane[i].direct ? lane[i].xr : i ^ lane[i].xr].val;
     }
     for (int i = 0; i < 32; i++) {
         lane[i].val = got[i];
@@ -658,12 +684,12 @@ static const char *kemu_config_fault(const kemu_cfg_t &c)
 static void kemu_execute(const kemu_cfg_t &c, const std::function<void()> &body)
 {
     int n = (int)(c.block.x * c.block.y * c.block.z);
-    if (!fibers)
-        fibers = new kemu_fiber[KEMU_MAX_THREADS](); /* zeroed: none started */
+    if (!mem.fibers)
+        mem.fibers = new kemu_fiber[KEMU_MAX_THREADS](); /* zeroed: none started */
     kemu_block blk;
     blk.grid = c.grid;
     blk.block = c.block;
-    blk.f = fibers;
+    blk.f = mem.fibers;
     blk.n = n;
     blk.cur = 0;
     blk.body = &body;

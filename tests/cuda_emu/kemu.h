@@ -71,6 +71,13 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int la
     kemu_shfl_xor(mask, &v, sizeof v, lane_mask);
     return v;
 }
+/* The value of `bytes` at v as lane src_lane of the warp holds it (each lane may name its own). */
+void kemu_shfl(unsigned mask, void *v, size_t bytes, int src_lane);
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src_lane)
+{
+    kemu_shfl(mask, &v, sizeof v, src_lane);
+    return v;
+}
 
 static inline float __fadd_rn(float a, float b)
 {

@@ -61,6 +61,12 @@ __global__ void k_block_sum(const int *in, int n, long long *out)
     }
 }
 
+/* Each lane reads the lane 31 - lane (an indexed shuffle, every lane its own source). */
+__global__ void k_reverse(int *x)
+{
+    x[threadIdx.x] = __shfl_sync(0xffffffffu, x[threadIdx.x], 31 - (int)(threadIdx.x & 31));
+}
+
 __global__ void k_early_return(float *x)
 {
     if (threadIdx.x == 7)
@@ -147,6 +153,15 @@ int main()
         want += in[i];
     expect(*sum == want, "block sum through shuffles, __shared__ and __syncthreads");
 
+    int *rev;
+    cudaMalloc(&rev, 64 * sizeof *rev);
+    for (int i = 0; i < 64; i++)
+        rev[i] = i * 3;
+    k_reverse<<<1, 64>>>(rev);
+    ok = true;
+    for (int i = 0; i < 64; i++)
+        ok &= rev[i] == (i / 32 * 32 + 31 - i % 32) * 3;
+    expect(ok, "an indexed shuffle reads the lane each lane names, within its warp");
     expect(faults(early_return, "has returned"), "a shuffle whose lane returned faults");
     expect(faults(overrun, NULL), "a read past the end of device memory faults");
     cudaGetLastError();

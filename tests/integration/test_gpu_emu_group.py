@@ -26,8 +26,9 @@ greedy token agrees or is a near tie; a bad option is refused with status 2, nam
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
 with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer), with
-the quantized matmul's other loads in flight and with attention cut into 3 parts (one join launch
-more a layer) and one key a warp; bad --gpu-att-parts and --gpu-att-keys values refused; GPU + CPU under HCMP, the dense/sparse split and
+the quantized matmul's other loads in flight, with attention cut into 3 parts (one join launch
+more a layer) and one key a warp, and with the tiled attention cut into 2; bad --gpu-att-parts,
+--gpu-att-keys and --gpu-att-tile values refused; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 """
 import json
@@ -119,7 +120,9 @@ def gpu_check_bench_commands_run_over_the_emulation():
                                            ("mirror", "on", "on", "4", []), ("mapped", "on", "on", "1", []),
                                            ("mirror", "off", "off", "2", []),
                                            ("mirror", "off", "on", "1", ["--gpu-att-parts", "3",
-                                                                         "--gpu-att-keys", "1"])):
+                                                                         "--gpu-att-keys", "1"]),
+                                           ("mirror", "off", "on", "1", ["--gpu-att-parts", "2",
+                                                                         "--gpu-att-tile", "on"])):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
                               "--gpu-graphs", graphs, "--gpu-fuse", fuse, "--gpu-unroll", unroll] + cut)
     for mem in ("mapped", "mirror"):
@@ -132,7 +135,7 @@ def gpu_check_bench_commands_run_over_the_emulation():
                 r.stderr[-1500:])
     with open(js) as f:
         rows = [json.loads(x) for x in f]
-    G.check(len(rows) == 6 * 2 + 2 * 3 * 2, "%d JSON rows, not 24", len(rows))
+    G.check(len(rows) == 7 * 2 + 2 * 3 * 2, "%d JSON rows, not 26", len(rows))
     G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2 and
             [x["gpu_unroll"] for x in rows[:10]] == [1] * 4 + [4] * 2 + [1] * 2 + [2] * 2,
             "the rows do not say which launches ran: %r", rows[:10])
@@ -142,13 +145,14 @@ def gpu_check_bench_commands_run_over_the_emulation():
             saved)
     # attention cut into 3 parts: one join launch more a layer; the emulation's one multiprocessor
     # never cuts by length
-    G.check([(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"]) for x in rows[10:12]] == [(3, 3, 1)] * 2
-            and [(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"]) for x in rows[2:4]] == [(0, 1, 4)] * 2,
-            "the rows do not say how attention ran: %r", rows[:12])
-    joins = [rows[10 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
-    G.check(joins == [4, 4], "ops a step the parts' joins add over 4 layers: %r (want 4)", joins)
+    how = [(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"], x["gpu_att_tile"]) for x in rows[:14]]
+    G.check(how[10:14] == [(3, 3, 1, False)] * 2 + [(2, 2, 4, True)] * 2 and how[2:4] == [(0, 1, 4, False)] * 2,
+            "the rows do not say how attention ran: %r", how)
+    joins = [rows[k + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for k in (10, 12) for i in range(2)]
+    G.check(joins == [4] * 4, "ops a step the parts' joins add over 4 layers: %r (want 4)", joins)
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
-    for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4")):
+    for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4"),
+                            ("--gpu-att-tile", "yes", "on or off")):
         r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
                 "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
