@@ -12,7 +12,8 @@
 # baseline both on two CPU parts and on GPU + CPU. The GPU runs are made in both memory modes
 # (--gpu-memory mapped: the arena read in place; mirror: device copies) and, for the GPU alone,
 # with CUDA graphs off and on, and (mirror, graphs on) with one launch per op against the fused
-# launches. Last, the GPU forward test under compute-sanitizer memcheck.
+# launches. Right after the tests: the GPU forward test under compute-sanitizer memcheck and the op
+# set's test under racecheck.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
@@ -78,6 +79,29 @@ if stage tests 30; then
     (cd build-gpu && bounded ctest -R cuda --output-on-failure) 2>&1 | tee "$out/ctest.log" || status=1
 fi
 
+# correctness before timing: the sanitizers right after the tests
+if stage sanitizer 40; then
+    echo "== the GPU forward under compute-sanitizer memcheck (out-of-bounds and misaligned accesses)"
+    san="$(command -v compute-sanitizer || true)"
+    [ -z "$san" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && san=/usr/local/cuda/bin/compute-sanitizer
+    if [ -n "$san" ]; then
+        mkdir -p /tmp/gc-unit  # the test makes its models with orochi mkmodel (ctest sets these)
+        OROCHI_BIN="$PWD/$bin" OROCHI_TMP=/tmp/gc-unit \
+            bounded "$san" --tool memcheck --error-exitcode 3 build-gpu/bin/unit_cuda_forward \
+            >"$out/sanitizer.log" 2>&1 || { status=1; tail -30 "$out/sanitizer.log"; }
+        tail -3 "$out/sanitizer.log"
+        # the kernels that share memory between warps (rmsnorm, attention, its tiles and joins)
+        echo "== every op under compute-sanitizer racecheck (shared-memory hazards)" |
+            tee -a "$out/sanitizer.log"
+        OROCHI_BIN="$PWD/$bin" OROCHI_TMP=/tmp/gc-unit \
+            bounded "$san" --tool racecheck --error-exitcode 3 build-gpu/bin/unit_cuda_kernels \
+            >>"$out/sanitizer.log" 2>&1 || { status=1; tail -30 "$out/sanitizer.log"; }
+        tail -3 "$out/sanitizer.log"
+    else
+        echo "no compute-sanitizer here: not run" | tee "$out/sanitizer.log"
+    fi
+fi
+
 trained="${GPU_CHECK_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 [ -f "$trained" ] || trained=""
 only=${GPU_CHECK_TRAINED_ONLY:-0}
@@ -124,8 +148,8 @@ fi
 
 # attention over long prefixes: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes
 # at contexts 2048 and 8000, widths 1, 4 and 16, alternating: the default (each key stream cut by
-# length, 4 keys a warp), the kernel as it was before both (whole, 1 key), cut but whole (1, 4
-# keys), and the tiled kernel cut by length (--gpu-att-tile on: the queries of a KV head and a
+# length, 4 keys a warp), the kernel as it was before both (uncut, 1 key), 4 keys a warp uncut,
+# and the tiled kernel cut by length (--gpu-att-tile on: the queries of a KV head and a
 # sequence share each K/V load)
 if stage attention 40; then
     for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
@@ -222,19 +246,5 @@ if stage plans 30; then
     done
 fi
 
-if stage sanitizer 40; then
-    echo "== the GPU forward under compute-sanitizer memcheck (out-of-bounds and misaligned accesses)"
-    san="$(command -v compute-sanitizer || true)"
-    [ -z "$san" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && san=/usr/local/cuda/bin/compute-sanitizer
-    if [ -n "$san" ]; then
-        mkdir -p /tmp/gc-unit  # the test makes its models with orochi mkmodel (ctest sets these)
-        OROCHI_BIN="$PWD/$bin" OROCHI_TMP=/tmp/gc-unit \
-            bounded "$san" --tool memcheck --error-exitcode 3 build-gpu/bin/unit_cuda_forward \
-            >"$out/sanitizer.log" 2>&1 || { status=1; tail -30 "$out/sanitizer.log"; }
-        tail -3 "$out/sanitizer.log"
-    else
-        echo "no compute-sanitizer here: not run" | tee "$out/sanitizer.log"
-    fi
-fi
 echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) after $(( SECONDS - start )) s (results in $out)"
 exit $status
