@@ -255,6 +255,17 @@ static void *pb_part_main(void *argp)
     return NULL;
 }
 
+/* An on|off option's value into *on; false (said) for another word. */
+static bool pb_on_off(const char *opt, const char *val, bool *on)
+{
+    if (strcmp(val, "on") && strcmp(val, "off")) {
+        fprintf(stderr, "orochi bench: %s %s: on or off\n", opt, val);
+        return false;
+    }
+    *on = !strcmp(val, "on");
+    return true;
+}
+
 static int pb_parse(pb_opts *o, int argc, char **argv)
 {
     const char *plans[PB_MAX_USER_PLANS], *devices = NULL;
@@ -283,11 +294,8 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_memory = val;
         } else if (!strcmp(a, "--gpu-graphs")) {
-            if (strcmp(val, "on") && strcmp(val, "off")) {
-                fprintf(stderr, "orochi bench: --gpu-graphs %s: on or off\n", val);
+            if (!pb_on_off(a, val, &o->gpu_graphs))
                 return 2;
-            }
-            o->gpu_graphs = !strcmp(val, "on");
         } else if (!strcmp(a, "--gpu-unroll")) {
             if (strcmp(val, "1") && strcmp(val, "2") && strcmp(val, "4")) {
                 fprintf(stderr, "orochi bench: --gpu-unroll %s: 1, 2 or 4\n", val);
@@ -306,17 +314,11 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_att_keys = atoi(val);
         } else if (!strcmp(a, "--gpu-att-tile")) {
-            if (strcmp(val, "on") && strcmp(val, "off")) {
-                fprintf(stderr, "orochi bench: --gpu-att-tile %s: on or off\n", val);
+            if (!pb_on_off(a, val, &o->gpu_att_tile))
                 return 2;
-            }
-            o->gpu_att_tile = !strcmp(val, "on");
         } else if (!strcmp(a, "--gpu-fuse")) {
-            if (strcmp(val, "on") && strcmp(val, "off")) {
-                fprintf(stderr, "orochi bench: --gpu-fuse %s: on or off\n", val);
+            if (!pb_on_off(a, val, &o->gpu_fuse))
                 return 2;
-            }
-            o->gpu_fuse = !strcmp(val, "on");
         } else if (!strcmp(a, "--plan")) {
             if (n_plans == PB_MAX_USER_PLANS) {
                 fprintf(stderr, "orochi bench: at most %d plans\n", PB_MAX_USER_PLANS);

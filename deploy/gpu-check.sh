@@ -126,6 +126,17 @@ if stage agreement 20; then
         tee -a "$out/plans.txt" || status=1
 fi
 
+# gpu_alone MODEL TITLE BENCH_OPTION...: `orochi bench --plans` of the GPU alone (mirror, graphs
+# on) on MODEL, its title and table into plans.txt, its JSON lines into plans.jsonl
+gpu_alone() {
+    local m=$1 title=$2
+    shift 2
+    echo "== $m: GPU only, mirror, graphs on, $title" | tee -a "$out/plans.txt"
+    bounded "$bin" bench --plans --model "$m" --reps 3 --json "$out/plans.jsonl" --parts 1 \
+        --devices gpu --plan hcmp:even --gpu-memory mirror --gpu-graphs on "$@" 2>&1 |
+        tee -a "$out/plans.txt" || status=1
+}
+
 # the fused launches against one launch per op, and the quantized matmul with 1, 2 and 4 groups
 # in flight per lane: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes, the
 # variants alternating over two rounds so that none has the card warmer
@@ -135,12 +146,8 @@ if stage fusion 30; then
         for round in 1 2; do
             for variant in "on 1" "off 1" "on 2" "on 4"; do
                 set -- $variant
-                echo "== $m: GPU only, mirror, graphs on, fused launches $1, groups in flight $2" \
-                    "(round $round)" | tee -a "$out/plans.txt"
-                bounded "$bin" bench --plans --model "$m" --widths 1,4,16,64 --reps 3 --ctx 256 \
-                    --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
-                    --gpu-memory mirror --gpu-graphs on --gpu-fuse "$1" --gpu-unroll "$2" 2>&1 |
-                    tee -a "$out/plans.txt" || status=1
+                gpu_alone "$m" "fused launches $1, groups in flight $2 (round $round)" \
+                    --widths 1,4,16,64 --ctx 256 --gpu-fuse "$1" --gpu-unroll "$2"
             done
         done
     done
@@ -157,12 +164,9 @@ if stage attention 40; then
         for ctx in 2048 8000; do
             for variant in "auto 4 off" "1 1 off" "1 4 off" "auto 4 on"; do
                 set -- $variant
-                echo "== $m: GPU only, mirror, graphs on, context $ctx, attention parts $1," \
-                    "keys a warp $2, tiles $3" | tee -a "$out/plans.txt"
-                bounded "$bin" bench --plans --model "$m" --widths 1,4,16 --reps 3 --ctx "$ctx" \
-                    --json "$out/plans.jsonl" --parts 1 --devices gpu --plan hcmp:even \
-                    --gpu-memory mirror --gpu-graphs on --gpu-att-parts "$1" --gpu-att-keys "$2" \
-                    --gpu-att-tile "$3" 2>&1 | tee -a "$out/plans.txt" || status=1
+                gpu_alone "$m" "context $ctx, attention parts $1, keys a warp $2, tiles $3" \
+                    --widths 1,4,16 --ctx "$ctx" --gpu-att-parts "$1" --gpu-att-keys "$2" \
+                    --gpu-att-tile "$3"
             done
         done
     done

@@ -33,10 +33,30 @@ template <> __device__ inline float att_load<__half>(const __half *p, int i)
     return __half2float(p[i]);
 }
 
+/* Where token i's head h writes (heads [h0, h0 + nh) in the launch): part z's record of a stream
+ * cut into parts, else the finished output (full) or the record (outputs, max, sum). */
+__device__ static inline float *att_dst(float *out, int64_t out_stride, int64_t rec_stride,
+                                        float *part, int i, int h, int h0, int nh, int parts,
+                                        int z, int hd, bool full)
+{
+    if (parts > 1)
+        return part + (((int64_t)i * nh + (h - h0)) * parts + z) * (hd + 2);
+    return out + (int64_t)i * out_stride + (int64_t)h * (full ? hd : rec_stride);
+}
+
 /* One finished (token, head): the output normalised (FULL) or the record (outputs, max, sum). */
 __device__ static inline void att_put(float *dst, int e, float acc, float L, bool full)
 {
     dst[e] = full ? (L > 0 ? acc / L : 0.0f) : acc;
+}
+
+/* A record's max and sum after its outputs (lane or thread 0 of the writer). */
+__device__ static inline void att_put_stats(float *dst, int hd, float M, float L, bool full)
+{
+    if (!full) {
+        dst[hd] = M;
+        dst[hd + 1] = L;
+    }
 }
 
 template <typename T, int ATT_KEYS>
@@ -133,9 +153,7 @@ __global__ void att_kernel(kcuda_att a, int mode, const float *q, int64_t q_stri
     }
     /* where this block's result goes: a part record, the finished output, or the record */
     bool full = mode == KCUDA_ATT_FULL && parts == 1;
-    float *dst = parts > 1 ? part + (((int64_t)i * gridDim.y + blockIdx.y) * parts + z) * (hd + 2)
-                 : full    ? out + (int64_t)i * out_stride + (int64_t)h * hd
-                           : out + (int64_t)i * out_stride + (int64_t)h * rec_stride;
+    float *dst = att_dst(out, out_stride, rec_stride, part, i, h, h0, gridDim.y, parts, z, hd, full);
     for (int c = 0; c < per; c++) {
         int e = lane + 32 * c;
         float acc = 0.0f;
@@ -143,10 +161,8 @@ __global__ void att_kernel(kcuda_att a, int mode, const float *q, int64_t q_stri
             acc += so[w][e] * f[w];
         att_put(dst, e, acc, L, full);
     }
-    if (!full && lane == 0) {
-        dst[hd] = M;
-        dst[hd + 1] = L;
-    }
+    if (lane == 0)
+        att_put_stats(dst, hd, M, L, full);
 }
 
 /* ===== the tiled kernel (kcuda_set_att_tile): queries that share a key stream share its loads =====
@@ -280,17 +296,14 @@ __global__ void att_tile_kernel(kcuda_att a, int mode, const float *q, int64_t q
             m[u] = mn;
         }
         bool full = mode == KCUDA_ATT_FULL && parts == 1;
-        float *dst = parts > 1 ? part + (((int64_t)i * (h1 - h0) + (h - h0)) * parts + z) * (hd + 2)
-                     : full    ? out + (int64_t)i * out_stride + (int64_t)h * hd
-                               : out + (int64_t)i * out_stride + (int64_t)h * rec_stride;
+        float *dst =
+            att_dst(out, out_stride, rec_stride, part, i, h, h0, h1 - h0, parts, z, hd, full);
 #pragma unroll
         for (int c = 0; c < ATT_TILE_HD / 32; c++)
             if (c < per)
                 att_put(dst, lane + 32 * c, o[u][c], l[u], full);
-        if (!full && lane == 0) {
-            dst[hd] = m[u];
-            dst[hd + 1] = l[u];
-        }
+        if (lane == 0)
+            att_put_stats(dst, hd, m[u], l[u], full);
     }
 }
 
@@ -318,18 +331,15 @@ __global__ void att_join_kernel(const float *part, int parts, int hd, int mode, 
     }
     __syncthreads();
     bool full = mode == KCUDA_ATT_FULL;
-    float *dst = full ? out + (int64_t)i * out_stride + (int64_t)h * hd
-                      : out + (int64_t)i * out_stride + (int64_t)h * rec_stride;
+    float *dst = att_dst(out, out_stride, rec_stride, NULL, i, h, h0, gridDim.y, 1, 0, hd, full);
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float acc = 0.0f;
         for (int z = 0; z < parts; z++)
             acc += p[z * (hd + 2) + e] * f[z];
         att_put(dst, e, acc, L, full);
     }
-    if (!full && threadIdx.x == 0) {
-        dst[hd] = M;
-        dst[hd + 1] = L;
-    }
+    if (threadIdx.x == 0)
+        att_put_stats(dst, hd, M, L, full);
 }
 
 void kcuda_set_att_keys(kcuda *g, int keys)
@@ -362,24 +372,15 @@ int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int6
     if (kcuda_att_tiled(a, g->att_tile)) {
         int gs = a->n_heads / a->n_kv_heads;
         dim3 tgrid(n, (h1 - 1) / gs - h0 / gs + 1, parts);
-        if (f16)
-            att_tile_kernel<__half><<<tgrid, 32 * ATT_WARPS, 0, g->stream>>>(
-                *a, mode, q, q_stride, h0, h1, n, out, out_stride, rec_stride, g->att_part);
-        else
-            att_tile_kernel<float><<<tgrid, 32 * ATT_WARPS, 0, g->stream>>>(
-                *a, mode, q, q_stride, h0, h1, n, out, out_stride, rec_stride, g->att_part);
-    } else if (f16 && g->att_keys == 1)
-        att_kernel<__half, 1><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
-            *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
-    else if (f16)
-        att_kernel<__half, 4><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
-            *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
-    else if (g->att_keys == 1)
-        att_kernel<float, 1><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
-            *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
-    else
-        att_kernel<float, 4><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(
-            *a, mode, q, q_stride, h0, out, out_stride, rec_stride, g->att_part);
+        auto tk = f16 ? att_tile_kernel<__half> : att_tile_kernel<float>;
+        tk<<<tgrid, 32 * ATT_WARPS, 0, g->stream>>>(*a, mode, q, q_stride, h0, h1, n, out,
+                                                     out_stride, rec_stride, g->att_part);
+    } else {
+        auto k = f16 ? (g->att_keys == 1 ? att_kernel<__half, 1> : att_kernel<__half, 4>)
+                     : (g->att_keys == 1 ? att_kernel<float, 1> : att_kernel<float, 4>);
+        k<<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*a, mode, q, q_stride, h0, out, out_stride,
+                                                   rec_stride, g->att_part);
+    }
     if (parts > 1) {
         g->launches++;
         att_join_kernel<<<dim3(n, h1 - h0), 64, 0, g->stream>>>(g->att_part, parts, a->head_dim,
