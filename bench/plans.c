@@ -45,10 +45,10 @@ typedef struct {
     bool gpu[LLAMA_MAX_PARTS];
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs, gpu_fuse;
-    int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: the default) */
+    int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: by width) */
     int gpu_att_parts; /* --gpu-att-parts: attention's key streams cut into N (0: by length) */
     int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
-    bool gpu_att_tile; /* --gpu-att-tile: attention by tiles */
+    int gpu_att_tile;  /* --gpu-att-tile: attention by tiles, llama_gpu_params.att_tile */
     const char *search; /* --search FILE: find the partition, write it there */
 } pb_opts;
 
@@ -62,7 +62,8 @@ typedef struct {
     arena_barrier barrier;
     double *ms; /* [rep][plan][width] step times of part 0 */
     long *ops;  /* [plan][width] device ops part 0 queued for its last such step (a GPU part) */
-    int *att;   /* [plan][width] the parts its attention cut each key stream into then */
+    llama_gpu_how *how; /* [plan][width] how its kernels ran then (attention's parts, tiles,
+                           the matmul's groups in flight) */
     int failed;
     char err[512];
 } pb_run;
@@ -84,9 +85,9 @@ static void pb_usage(FILE *out)
             "                    [--devices cpu,...] [--widths 1,2,4,8,16,32,64] [--ctx 256]\n"
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-            "                    [--gpu-fuse on|off] [--gpu-unroll 1|2|4]\n"
+            "                    [--gpu-fuse on|off] [--gpu-unroll auto|1|2|4]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
-            "                    [--gpu-att-tile on|off] [--search PLAN]\n"
+            "                    [--gpu-att-tile auto|on|off] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -95,11 +96,12 @@ static void pb_usage(FILE *out)
             "  hcmp:even, split:even, megatron:even. --devices: cpu or gpu per part (gpu needs a\n"
             "  build with CUDA; --gpu-memory, --gpu-graphs and --gpu-fuse as orochi-worker\n"
             "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
-            "  matmul loads before it adds them (the same bits; a tuning knob); --gpu-att-parts:\n"
-            "  the parts GPU attention cuts each key stream into (auto: by length and width; 1:\n"
-            "  never; the same answer within rounding); --gpu-att-keys: the keys a warp of it\n"
-            "  scores at once (4; 1 to compare); --gpu-att-tile on: the tiled attention kernel\n"
-            "  (the queries of a KV head and a sequence share each K/V load). JSON lines go to\n"
+            "  matmul loads before it adds them (the same bits; auto: 2 up to width 4, else 1);\n"
+            "  --gpu-att-parts: the parts GPU attention cuts each key stream into (auto: by\n"
+            "  length and width; 1: never; the same answer within rounding); --gpu-att-keys: the\n"
+            "  keys a warp of it scores at once (4; 1 to compare); --gpu-att-tile: the tiled\n"
+            "  attention kernel, where the queries of a KV head and a sequence share each K/V\n"
+            "  load (auto: from width 4; on; off). JSON lines go to\n"
             "  --json FILE (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
@@ -237,7 +239,7 @@ static void *pb_part_main(void *argp)
 #ifdef OROCHI_HAVE_CUDA
                 if (me == 0 && gpu) {
                     r->ops[(size_t)pl * o->n_widths + wi] = llama_gpu_launches(gpu) - ops0;
-                    r->att[(size_t)pl * o->n_widths + wi] = llama_gpu_att_parts(gpu);
+                    r->how[(size_t)pl * o->n_widths + wi] = llama_gpu_last_step(gpu);
                 }
 #endif
                 if (pb_sync(&r->barrier)) /* the step ends when its last part ends */
@@ -256,6 +258,9 @@ static void *pb_part_main(void *argp)
 }
 
 /* An on|off option's value into *on; false (said) for another word. */
+/* --gpu-att-tile's words by pb_opts.gpu_att_tile */
+static const char *const pb_tile_word[] = {"auto", "on", "off"};
+
 static bool pb_on_off(const char *opt, const char *val, bool *on)
 {
     if (strcmp(val, "on") && strcmp(val, "off")) {
@@ -297,11 +302,11 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             if (!pb_on_off(a, val, &o->gpu_graphs))
                 return 2;
         } else if (!strcmp(a, "--gpu-unroll")) {
-            if (strcmp(val, "1") && strcmp(val, "2") && strcmp(val, "4")) {
-                fprintf(stderr, "orochi bench: --gpu-unroll %s: 1, 2 or 4\n", val);
+            if (strcmp(val, "auto") && strcmp(val, "1") && strcmp(val, "2") && strcmp(val, "4")) {
+                fprintf(stderr, "orochi bench: --gpu-unroll %s: auto, 1, 2 or 4\n", val);
                 return 2;
             }
-            o->gpu_unroll = atoi(val);
+            o->gpu_unroll = atoi(val); /* auto: 0 */
         } else if (!strcmp(a, "--gpu-att-parts")) {
             if ((o->gpu_att_parts = llama_gpu_att_parts_parse(val)) < 0) {
                 fprintf(stderr, "orochi bench: --gpu-att-parts %s: auto or 1..256\n", val);
@@ -314,8 +319,13 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_att_keys = atoi(val);
         } else if (!strcmp(a, "--gpu-att-tile")) {
-            if (!pb_on_off(a, val, &o->gpu_att_tile))
+            o->gpu_att_tile = !strcmp(val, "auto") ? 0 : !strcmp(val, "on") ? 1
+                              : !strcmp(val, "off")                ? 2
+                                                                   : -1;
+            if (o->gpu_att_tile < 0) {
+                fprintf(stderr, "orochi bench: --gpu-att-tile %s: auto, on or off\n", val);
                 return 2;
+            }
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (!pb_on_off(a, val, &o->gpu_fuse))
                 return 2;
@@ -383,11 +393,11 @@ static int pb_measure(pb_run *r)
     const pb_opts *o = r->o;
     free(r->ms);
     free(r->ops);
-    free(r->att);
+    free(r->how);
     r->ms = calloc((size_t)o->reps * (size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ms);
     r->ops = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ops);
-    r->att = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->att);
-    if (!r->ms || !r->ops || !r->att) {
+    r->how = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->how);
+    if (!r->ms || !r->ops || !r->how) {
         snprintf(r->err, sizeof r->err, "out of memory");
         return -1;
     }
@@ -628,7 +638,7 @@ int bench_plans(int argc, char **argv)
         rc = pb_search_run(&o, &r);
         free(r.ms);
         free(r.ops);
-    free(r.att);
+        free(r.how);
         free(r.block);
         llama_model_destroy(&r.m);
         return rc;
@@ -656,6 +666,7 @@ int bench_plans(int argc, char **argv)
         printf("%4d", o.widths[wi]);
         for (int p = 0; p < o.n_plans; p++) {
             double med = pb_median(&r, p, wi);
+            llama_gpu_how how = r.how[(size_t)p * o.n_widths + wi];
             first = p ? first : med;
             printf(" | %7.3f %6.1f %6.2fx", med, gb / (med / 1e3), first / med);
             if (js)
@@ -664,14 +675,15 @@ int bench_plans(int argc, char **argv)
                         "\"gbps\":%.3f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
                         "\"ctx\":%d,\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,"
                         "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
-                        "\"gpu_ops\":%ld,\"gpu_unroll\":%d,\"gpu_att_ask\":%d,"
-                        "\"gpu_att_parts\":%d,\"gpu_att_keys\":%d,\"gpu_att_tile\":%s}\n",
+                        "\"gpu_ops\":%ld,\"gpu_unroll_ask\":%d,\"gpu_unroll\":%d,"
+                        "\"gpu_att_ask\":%d,\"gpu_att_parts\":%d,\"gpu_att_keys\":%d,"
+                        "\"gpu_att_tile_ask\":\"%s\",\"gpu_att_tile\":%s}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
-                        r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll ? o.gpu_unroll : 1,
-                        o.gpu_att_parts, r.att[(size_t)p * o.n_widths + wi],
-                        o.gpu_att_keys ? o.gpu_att_keys : 4, o.gpu_att_tile ? "true" : "false");
+                        r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll, how.unroll,
+                        o.gpu_att_parts, how.att_parts, o.gpu_att_keys ? o.gpu_att_keys : 4,
+                        pb_tile_word[o.gpu_att_tile], how.att_tiles ? "true" : "false");
         }
         printf("\n");
     }
@@ -683,7 +695,13 @@ int bench_plans(int argc, char **argv)
             printf(" W=%d %ld", o.widths[wi], r.ops[wi]);
         printf("\nattention parts a key stream (%s):", o.gpu_att_parts ? "asked" : "by length");
         for (int wi = 0; wi < o.n_widths; wi++)
-            printf(" W=%d %d", o.widths[wi], r.att[wi]);
+            printf(" W=%d %d", o.widths[wi], r.how[wi].att_parts);
+        printf("\nattention by tiles (%s):", pb_tile_word[o.gpu_att_tile]);
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %s", o.widths[wi], r.how[wi].att_tiles ? "yes" : "no");
+        printf("\nquantized matmul groups in flight (%s):", o.gpu_unroll ? "asked" : "by width");
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %d", o.widths[wi], r.how[wi].unroll);
         printf("\n");
     }
     if (js)
@@ -691,7 +709,7 @@ int bench_plans(int argc, char **argv)
     fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
     free(r.ms);
     free(r.ops);
-    free(r.att);
+    free(r.how);
     free(r.block);
     llama_model_destroy(&r.m);
     return 0;

@@ -139,35 +139,36 @@ gpu_alone() {
         tee -a "$out/plans.txt" || status=1
 }
 
-# the fused launches against one launch per op, and the quantized matmul with 1, 2 and 4 groups
-# in flight per lane: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes, the
-# variants alternating over two rounds so that none has the card warmer
+# the fused launches against one launch per op, and the quantized matmul by default (2 groups in
+# flight per lane up to width 4, else 1) against 1, 2 and 4 always: the GPU alone (mirror, graphs
+# on) on the random 1B and 135M shapes, the variants alternating over two rounds so that none has
+# the card warmer
 if stage fusion 30; then
     for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
         [ -f "$m" ] || continue
         for round in 1 2; do
-            for variant in "on 1" "off 1" "on 2" "on 4"; do
+            for variant in "on auto" "off auto" "on 1" "on 2" "on 4"; do
                 set -- $variant
                 gpu_alone "$m" "fused launches $1, groups in flight $2 (round $round)" \
-                    --widths 1,4,16,64 --ctx 256 --gpu-fuse "$1" --gpu-unroll "$2"
+                    --widths 1,2,4,8,16,64 --ctx 256 --gpu-fuse "$1" --gpu-unroll "$2"
             done
         done
     done
 fi
 
 # attention over long prefixes: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes
-# at contexts 2048 and 8000, widths 1, 4 and 16, alternating: the default (each key stream cut by
-# length, 4 keys a warp), the kernel as it was before both (uncut, 1 key), 4 keys a warp uncut,
-# and the tiled kernel cut by length (--gpu-att-tile on: the queries of a KV head and a
-# sequence share each K/V load)
+# at contexts 2048 and 8000, widths 1 to 16, alternating: the default (each key stream cut by
+# length, 4 keys a warp, the tiled kernel from width 4: the queries of a KV head and a sequence
+# share each K/V load), the kernel as it was before all three (uncut, 1 key, no tiles), the
+# plain kernel cut by length, and the tiles at every width
 if stage attention 40; then
     for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
         [ -f "$m" ] || continue
         for ctx in 2048 8000; do
-            for variant in "auto 4 off" "1 1 off" "1 4 off" "auto 4 on"; do
+            for variant in "auto 4 auto" "1 1 off" "auto 4 off" "auto 4 on"; do
                 set -- $variant
                 gpu_alone "$m" "context $ctx, attention parts $1, keys a warp $2, tiles $3" \
-                    --widths 1,4,16 --ctx "$ctx" --gpu-att-parts "$1" --gpu-att-keys "$2" \
+                    --widths 1,2,4,8,16 --ctx "$ctx" --gpu-att-parts "$1" --gpu-att-keys "$2" \
                     --gpu-att-tile "$3"
             done
         done

@@ -113,8 +113,9 @@ struct llama_gpu {
     bool graphs;
     bool fuse; /* the fused launches (kcuda.h) where a layer's matrices allow them */
     /* attention: the parts asked (llama_gpu_params.att_parts); this step's longest key stream
-     * and the parts it is cut into (kcuda_att_parts), a recording's key */
+     * and the parts it is cut into (kcuda_att_parts), a recording's key; how the step ran */
     int att_ask, att_keys, att_parts;
+    llama_gpu_how how;
     gpu_graph *rec;
     int n_rec;
     int64_t rec_bnd[LP_N][LLAMA_MAX_PARTS + 1];
@@ -280,8 +281,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
                                              : LLAMA_GPU_MIRROR;
     gp->graphs = prm->graphs;
     gp->fuse = !prm->unfused;
-    if (prm->matmul_unroll)
-        kcuda_set_matmul_unroll(gp->g, prm->matmul_unroll);
+    kcuda_set_matmul_unroll(gp->g, prm->matmul_unroll);
     gp->att_ask = prm->att_parts > 0 ? prm->att_parts : 0;
     if (prm->att_keys)
         kcuda_set_att_keys(gp->g, prm->att_keys);
@@ -364,10 +364,11 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     if (gp->att_ask)
         snprintf(parts, sizeof parts, "%d", gp->att_ask);
     snprintf(gp->describe, sizeof gp->describe,
-             "%s; memory %s, graphs %s, launches %s, attention parts %s%s", dev_name,
+             "%s; memory %s, graphs %s, launches %s, attention parts %s, tiles %s", dev_name,
              llama_gpu_memory_name(gp->memory),
              !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
-             gp->fuse ? "fused" : "one per op", parts, prm->att_tile ? ", by tiles" : "");
+             gp->fuse ? "fused" : "one per op", parts,
+             prm->att_tile == 1 ? "on" : prm->att_tile == 2 ? "off" : "by width");
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;
@@ -424,9 +425,9 @@ long llama_gpu_launches(const llama_gpu *gp)
     return kcuda_launches(gp->g);
 }
 
-int llama_gpu_att_parts(const llama_gpu *gp)
+llama_gpu_how llama_gpu_last_step(const llama_gpu *gp)
 {
-    return gp->att_parts;
+    return gp->how;
 }
 
 /* The attention arguments of layer l (K/V blocks at offsets kl, vl of the step's K/V). */
@@ -915,6 +916,8 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     }
     kcuda_att a = gpu_att_of(gp, 0, 0);
     gp->att_parts = kcuda_att_parts(g, &a, n);
+    gp->how = (llama_gpu_how){gp->att_parts, kcuda_att_tiles(g, &a, n) != 0,
+                              kcuda_matmul_unroll(g, n)};
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
     /* up to the last ancestor list this step uses (the arrays before it are whole) */

@@ -42,11 +42,12 @@ typedef struct {
     llama_gpu_memory memory; /* where the activations and the K/V rows live */
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
     bool unfused;            /* one launch per op, not the fused launches (for comparison) */
-    int matmul_unroll;       /* kcuda_set_matmul_unroll's groups (0: its default) */
+    int matmul_unroll;       /* kcuda_set_matmul_unroll's groups (0: by the step's width) */
     int att_parts;           /* attention's key streams cut into this many parts (0: by length,
                                 kcuda_att_parts; 1: never cut) */
     int att_keys;            /* kcuda_set_att_keys's keys an attention warp scores at once (0: 4) */
-    bool att_tile;           /* attention by tiles (kcuda_set_att_tile; off: the plain kernel) */
+    int att_tile;            /* attention by tiles: kcuda_set_att_tile's 0 (by the step's width),
+                                1 (always) or 2 (never: the plain kernel) */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
@@ -99,7 +100,14 @@ const char *llama_gpu_describe(const llama_gpu *gpu);
 void llama_gpu_graph_counts(const llama_gpu *gpu, long *replayed, long *recorded);
 /* Ops queued on the device since the start (kcuda_launches: kernels, copies, graph launches). */
 long llama_gpu_launches(const llama_gpu *gpu);
-/* The parts attention cut each token's key stream into at the last step (kcuda_att_parts). */
-int llama_gpu_att_parts(const llama_gpu *gpu);
+/* How the last step's kernels ran: the parts attention cut each token's key stream into
+ * (kcuda_att_parts), whether attention ran by tiles (kcuda_att_tiles), the quantized matmul's
+ * groups in flight (kcuda_matmul_unroll). */
+typedef struct {
+    int att_parts;
+    bool att_tiles;
+    int unroll;
+} llama_gpu_how;
+llama_gpu_how llama_gpu_last_step(const llama_gpu *gpu);
 
 #endif

@@ -42,7 +42,6 @@ kcuda *kcuda_new(int device, char *err, size_t errlen)
         return NULL;
     }
     g->device = device;
-    g->unroll = 1;
     g->att_keys = 4;
     if (kcuda_fail(cudaSetDevice(device), "cudaSetDevice", err, errlen) ||
         kcuda_fail(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking),

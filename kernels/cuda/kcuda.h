@@ -29,9 +29,14 @@ extern "C" {
 #define KCUDA_MAX_HEAD_DIM 256 /* attention: head_dim a multiple of 32, at most this */
 #define KCUDA_ATT_MIN_KEYS 64  /* attention: keys a part of a cut stream takes at least */
 #define KCUDA_ATT_MAX_PARTS 256
-/* attention's tiled kernel (kcuda_set_att_tile): queries a block takes, the largest head */
+/* attention's tiled kernel (kcuda_set_att_tile): queries a block takes, the largest head, and
+ * the fewest tokens of a step it takes by default (KCUDA_TILE_AUTO) */
 #define KCUDA_ATT_TILE_Q 16
 #define KCUDA_ATT_TILE_HD 128
+#define KCUDA_ATT_TILE_MIN_N 4
+/* the quantized matmul by default (kcuda_set_matmul_unroll 0): 2 groups in flight a lane for
+ * steps of at most this many columns, 1 for wider ones */
+#define KCUDA_UNROLL_AUTO_N 4
 /* attention: the context's buffer of part records (head_dim + 2 floats each) */
 #define KCUDA_ATT_PART_FLOATS ((size_t)4096 * (KCUDA_MAX_HEAD_DIM + 2))
 
@@ -140,11 +145,15 @@ typedef struct {
     int n_dst;
 } kcuda_rope_kv;
 void kcuda_rope_store(kcuda *g, const kcuda_rope_kv *a, int n);
-/* The quantized matmuls' loads in flight: each lane loads `groups` (1, 2 or 4; another value
- * means 1) of its 8-weight groups before it adds any, the additions in the same order — the same
- * bits whatever the setting, a different speed (a tuning knob, measured by deploy/gpu-check.sh).
- * 1 until set. */
+/* The quantized matmuls' loads in flight: each lane loads `groups` (1, 2 or 4) of its 8-weight
+ * groups before it adds any, the additions in the same order — the same bits whatever the
+ * setting, a different speed (measured by deploy/gpu-check.sh). 0 (until set; another value too):
+ * by the step, 2 for at most KCUDA_UNROLL_AUTO_N columns, else 1 — on an H100, 2 groups saved 5-10%
+ * of a 1-token step and 1 group was fastest at 16 and 64 on the 1B shape (docs/gpu.md). */
 void kcuda_set_matmul_unroll(kcuda *g, int groups);
+/* The groups in flight the quantized matmul uses for n input columns (1 where it has no such
+ * knob: the CPU stand-in). */
+int kcuda_matmul_unroll(const kcuda *g, int n);
 /* Ops queued on the context's stream since it was made: each kernel launch, copy and graph launch
  * counts one (a step's launch count, for tests and profiles). */
 long kcuda_launches(const kcuda *g);
@@ -215,12 +224,17 @@ int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n);
 /* The keys an attention warp scores before it updates its softmax: 4 (until set), or 1 (one key
  * at a time; another value means 4) — the same answer within rounding, a tuning knob. */
 void kcuda_set_att_keys(kcuda *g, int keys);
-/* Attention by tiles (on != 0; off until set): the queries of a run of tokens of one sequence
- * that share a KV head (at most KCUDA_ATT_TILE_Q) take their common prefix together, each tile of
- * 32 K and V rows loaded once into shared memory for all of them — one load where the plain kernel
- * makes one per query. Head sizes up to KCUDA_ATT_TILE_HD and at most KCUDA_ATT_TILE_Q query heads
- * per KV head; others take the plain kernel. The same answer within rounding. */
-void kcuda_set_att_tile(kcuda *g, int on);
+/* Attention by tiles: the queries of a run of tokens of one sequence that share a KV head (at
+ * most KCUDA_ATT_TILE_Q) take their common prefix together, each tile of 32 K and V rows loaded
+ * once into shared memory for all of them — one load where the plain kernel makes one per query.
+ * Head sizes up to KCUDA_ATT_TILE_HD and at most KCUDA_ATT_TILE_Q query heads per KV head; others
+ * take the plain kernel. The same answer within rounding. `how`: KCUDA_TILE_AUTO (until set; any
+ * other value too) tiles steps of KCUDA_ATT_TILE_MIN_N tokens or more — on an H100 the tiles won
+ * at 4 and 16 tokens and lost or tied at 1 (docs/gpu.md, "Long prefixes") — ON always, OFF never. */
+enum { KCUDA_TILE_AUTO = 0, KCUDA_TILE_ON = 1, KCUDA_TILE_OFF = 2 };
+void kcuda_set_att_tile(kcuda *g, int how);
+/* Whether attention over a step of n tokens with a's shape runs by tiles (1) or not (0). */
+int kcuda_att_tiles(const kcuda *g, const kcuda_att *a, int n);
 
 enum { KCUDA_ATT_FULL = 3, KCUDA_ATT_DENSE = 1, KCUDA_ATT_SPARSE = 2 };
 

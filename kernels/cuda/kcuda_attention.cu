@@ -347,9 +347,14 @@ void kcuda_set_att_keys(kcuda *g, int keys)
     g->att_keys = keys == 1 ? 1 : 4;
 }
 
-void kcuda_set_att_tile(kcuda *g, int on)
+void kcuda_set_att_tile(kcuda *g, int how)
 {
-    g->att_tile = on != 0;
+    g->att_tile = how == KCUDA_TILE_ON || how == KCUDA_TILE_OFF ? how : KCUDA_TILE_AUTO;
+}
+
+int kcuda_att_tiles(const kcuda *g, const kcuda_att *a, int n)
+{
+    return kcuda_att_tiled(a, n, g->att_tile);
 }
 
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n)
@@ -369,7 +374,7 @@ int kcuda_attention(kcuda *g, const kcuda_att *a, int mode, const float *q, int6
     dim3 grid(n, h1 - h0, parts);
     g->launches++;
     bool f16 = a->type == KV_F16;
-    if (kcuda_att_tiled(a, g->att_tile)) {
+    if (kcuda_att_tiled(a, n, g->att_tile)) {
         int gs = a->n_heads / a->n_kv_heads;
         dim3 tgrid(n, (h1 - 1) / gs - h0 / gs + 1, parts);
         auto tk = f16 ? att_tile_kernel<__half> : att_tile_kernel<float>;

@@ -85,11 +85,20 @@ static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err,
     return 0;
 }
 
-/* Whether attention runs the tiled kernel for a (kcuda_set_att_tile on: `tile`). */
-static inline bool kcuda_att_tiled(const kcuda_att *a, int tile)
+/* Whether attention over n tokens runs the tiled kernel for a (kcuda_set_att_tile's `tile`). */
+static inline bool kcuda_att_tiled(const kcuda_att *a, int n, int tile)
 {
-    return tile && a->head_dim <= KCUDA_ATT_TILE_HD && a->n_kv_heads > 0 &&
+    bool want = tile == KCUDA_TILE_ON || (tile != KCUDA_TILE_OFF && n >= KCUDA_ATT_TILE_MIN_N);
+    return want && a->head_dim <= KCUDA_ATT_TILE_HD && a->n_kv_heads > 0 &&
            a->n_heads / a->n_kv_heads <= KCUDA_ATT_TILE_Q;
+}
+
+/* The quantized matmul's groups in flight for n columns (kcuda_set_matmul_unroll's `set`). */
+static inline int kcuda_unroll_rule(int set, int n)
+{
+    if (set == 1 || set == 2 || set == 4)
+        return set;
+    return n <= KCUDA_UNROLL_AUTO_N ? 2 : 1;
 }
 
 /* kcuda_att_parts for a device of `sms` multiprocessors, `tile` as kcuda_att_tiled takes it (the
@@ -101,7 +110,7 @@ static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int t
     long pairs = (long)n * a->n_heads, p = a->parts;
     if (p <= 0) {
         long blocks = pairs; /* a part's blocks: one per (token, head), tiled per (group, KV head) */
-        if (kcuda_att_tiled(a, tile)) {
+        if (kcuda_att_tiled(a, n, tile)) {
             long tg = KCUDA_ATT_TILE_Q / (a->n_heads / a->n_kv_heads);
             blocks = (n + tg - 1) / tg * a->n_kv_heads;
         }

@@ -573,9 +573,21 @@ void kcuda_set_att_keys(kcuda *g, int keys)
     (void)g, (void)keys; /* nor these */
 }
 
-void kcuda_set_att_tile(kcuda *g, int on)
+void kcuda_set_att_tile(kcuda *g, int how)
 {
-    (void)g, (void)on;
+    (void)g, (void)how;
+}
+
+int kcuda_matmul_unroll(const kcuda *g, int n)
+{
+    (void)g, (void)n;
+    return 1; /* the CPU twins' loop */
+}
+
+int kcuda_att_tiles(const kcuda *g, const kcuda_att *a, int n)
+{
+    (void)g, (void)a, (void)n;
+    return 0; /* the CPU twins have no tiles */
 }
 
 long kcuda_launches(const kcuda *g)
@@ -651,7 +663,7 @@ int kcuda_attention(kcuda *g, const kcuda_att *s, int mode, const float *q, int6
 int kcuda_att_parts(const kcuda *g, const kcuda_att *a, int n)
 {
     (void)g;
-    return kcuda_att_parts_rule(a, n, 1, 0); /* as a device of one multiprocessor */
+    return kcuda_att_parts_rule(a, n, 1, KCUDA_TILE_OFF); /* as a device of one multiprocessor */
 }
 
 typedef struct {

@@ -23,10 +23,11 @@ struct kcuda {
     void *blas_ws; /* cuBLAS's workspace, set once so that a captured matmul allocates nothing */
     bool capturing;
     long launches; /* ops queued (kcuda_launches) */
-    int unroll;    /* quantized matmul: groups a lane loads before adding (kcuda_set_matmul_unroll) */
+    int unroll;    /* quantized matmul: groups a lane loads before adding, 0 by the step
+                      (kcuda_set_matmul_unroll) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
     int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
-    int att_tile;    /* attention by tiles (kcuda_set_att_tile) */
+    int att_tile;    /* attention by tiles: KCUDA_TILE_* (kcuda_set_att_tile) */
     float *att_part; /* attention's part records, KCUDA_ATT_PART_FLOATS (NULL: streams not cut) */
 };
 

@@ -266,7 +266,7 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
 template <uint32_t TYPE, int OP>
 static void kq_launch_quant(kcuda *g, dim3 grid, dim3 block, const kq_job &j)
 {
-    switch (g->unroll) {
+    switch (kcuda_unroll_rule(g->unroll, j.n)) {
     case 4: k_matmul<TYPE, OP, 4><<<grid, block, 0, g->stream>>>(j); return;
     case 2: k_matmul<TYPE, OP, 2><<<grid, block, 0, g->stream>>>(j); return;
     default: k_matmul<TYPE, OP, 1><<<grid, block, 0, g->stream>>>(j); return;
@@ -291,7 +291,12 @@ static void kq_launch(kcuda *g, uint32_t type, const kq_job &j)
 
 void kcuda_set_matmul_unroll(kcuda *g, int groups)
 {
-    g->unroll = groups == 2 || groups == 4 ? groups : 1;
+    g->unroll = groups == 1 || groups == 2 || groups == 4 ? groups : 0;
+}
+
+int kcuda_matmul_unroll(const kcuda *g, int n)
+{
+    return kcuda_unroll_rule(g->unroll, n);
 }
 
 /* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */

@@ -24,8 +24,9 @@
  *     the fused launches: the same bits, and exactly the launches fusion saves a layer fewer;
  *   - attention's key streams cut into 3 parts (llama_gpu_params.att_parts): one GPU part (graphs
  *     off, then on) and the mixed pair, against one CPU part, with exactly one launch more per
- *     layer of each forward (the parts' join); attention by tiles (att_tile) on one GPU part and,
- *     cut in 3, on the mixed pair;
+ *     layer of each forward (the parts' join), these with the tiles off; attention by tiles
+ *     (att_tile on) on one GPU part and, cut in 3, on the mixed pair; every other case runs the
+ *     defaults (tiles from 4 tokens, 2 groups in flight up to 4 columns);
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V (relative L2 5e-5 at the least).
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
@@ -352,10 +353,11 @@ int main(void)
          * graphs off and on, and the mixed pair whose dense parts the GPU cuts, against one CPU
          * part; each attention launch of a forward has its join, one launch more per layer */
         for (int k = 0; k < 5; k++) {
-            llama_gpu_params whole = {.memory = LLAMA_GPU_MIRROR, .graphs = k == 1, .att_parts = 1};
+            llama_gpu_params whole = {.memory = LLAMA_GPU_MIRROR, .graphs = k == 1, .att_parts = 1,
+                                      .att_tile = KCUDA_TILE_OFF};
             llama_gpu_params cut = whole;
             cut.att_parts = k == 3 ? 1 : 3;
-            cut.att_tile = k >= 3;
+            cut.att_tile = k >= 3 ? KCUDA_TILE_ON : KCUDA_TILE_OFF;
             long replayed = 0, lw = 0;
             if (k == 0) {
                 if (run(m, KV_F32, 1, 1, &whole, NULL, ref2, NULL)) {

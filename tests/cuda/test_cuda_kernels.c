@@ -368,14 +368,16 @@ static void test_attention(kv_type kt)
     /* each stream whole and cut into parts: 3 (uneven parts), 16 (parts shorter than a warp's
      * group of keys), 300 (bounded to KCUDA_ATT_MAX_PARTS: most parts of the short streams
      * empty); a warp scoring 4 keys at a time, then 1 (kcuda_set_att_keys); the tiled kernel
-     * (kcuda_set_att_tile: tokens 3 and 4 share a sequence and a prefix, one group); query heads
-     * [2, 7), which cover two KV heads in part */
-    const int part_asks[] = {1, 3, 16, 300, 1, 3, 1, 3, 300, 3, 1};
-    const int part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS, 1, 3, 1, 3, KCUDA_ATT_MAX_PARTS, 3, 1};
-    const int keys_at[] = {4, 4, 4, 4, 1, 1, 4, 4, 4, 4, 4};
-    const int tile_at[] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0};
-    const int h_lo[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2}, h_hi[] = {A_H, A_H, A_H, A_H, A_H, A_H,
-                                                                   A_H, A_H, A_H, 7, 7};
+     * (kcuda_set_att_tile: tokens 3 and 4 share a sequence and a prefix, one group), and by
+     * default (6 tokens: tiles); query heads [2, 7), which cover two KV heads in part */
+    enum { OFF = KCUDA_TILE_OFF, ON = KCUDA_TILE_ON, AUTO = KCUDA_TILE_AUTO };
+    const int part_asks[] = {1, 3, 16, 300, 1, 3, 1, 3, 300, 3, 1, 3};
+    const int part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS, 1, 3, 1, 3, KCUDA_ATT_MAX_PARTS, 3, 1,
+                             3};
+    const int keys_at[] = {4, 4, 4, 4, 1, 1, 4, 4, 4, 4, 4, 4};
+    const int tile_at[] = {OFF, OFF, OFF, OFF, OFF, OFF, ON, ON, ON, ON, OFF, AUTO};
+    const int h_lo[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0},
+              h_hi[] = {A_H, A_H, A_H, A_H, A_H, A_H, A_H, A_H, A_H, 7, 7, A_H};
     float *fin = malloc((size_t)rec * 4);
     for (int mi = 0; mi < 3; mi++) {
         int mode = modes[mi];
@@ -416,6 +418,9 @@ static void test_attention(kv_type kt)
             char what[96];
             snprintf(what, sizeof what, "attention parts asked %d", part_asks[pi]);
             check_int(what, kcuda_att_parts(g, &a, A_N), part_gets[pi]);
+            bool tiles = tile_at[pi] != OFF;
+            snprintf(what, sizeof what, "attention by tiles at %d tokens, set %d", A_N, tile_at[pi]);
+            check_int(what, kcuda_att_tiles(g, &a, A_N), tiles);
             double worst = 0, lse = 0;
             if (mode == KCUDA_ATT_FULL) {
                 must(kcuda_attention(g, &a, mode, dq, A_H * A_HD, A_N, h0, h1, dout, A_H * A_HD,
@@ -457,7 +462,10 @@ static void test_attention(kv_type kt)
             snprintf(what, sizeof what, "attention %s, KV %s, %d part%s, %s, heads %d-%d",
                      names[mi], kt == KV_F16 ? "f16" : "f32", part_gets[pi],
                      part_gets[pi] > 1 ? "s" : "",
-                     tile_at[pi] ? "tiles" : keys_at[pi] > 1 ? "4 keys" : "1 key", h0, h1 - 1);
+                     tiles ? (tile_at[pi] == AUTO ? "tiles by default" : "tiles")
+                     : keys_at[pi] > 1 ? "4 keys"
+                                       : "1 key",
+                     h0, h1 - 1);
             check(what, worst, 1e-5);
             if (mode != KCUDA_ATT_FULL) {
                 snprintf(what, sizeof what, "  log-sum-exp");
@@ -467,7 +475,7 @@ static void test_attention(kv_type kt)
     }
     free(fin);
     kcuda_set_att_keys(g, 4);
-    kcuda_set_att_tile(g, 0);
+    kcuda_set_att_tile(g, KCUDA_TILE_AUTO);
     /* the merge of the CPU's own dense and sparse records */
     int32_t heads[A_H];
     for (int h = 0; h < A_H; h++)
@@ -515,7 +523,9 @@ static void test_attention(kv_type kt)
 }
 
 /* kcuda_att_parts's choice (kcuda_att_parts_rule) on fixtures: an H100's 132 multiprocessors
- * and 32 heads of 64 (the 1B shape), the default model's 9, a head of 256. */
+ * and 32 heads of 64 (the 1B shape), the default model's 9, a head of 256; the plain kernel's
+ * blocks, then the tiled kernel's. When the tiles run by default (kcuda_att_tiled) and the
+ * quantized matmul's groups in flight by default (kcuda_unroll_rule). */
 static void test_att_parts_rule(void)
 {
     static const struct {
@@ -544,7 +554,40 @@ static void test_att_parts_rule(void)
                        .parts = f[i].parts};
         char what[96];
         snprintf(what, sizeof what, "attention parts: %s", f[i].why);
-        check_int(what, kcuda_att_parts_rule(&a, f[i].n, f[i].sms, 0), f[i].want);
+        check_int(what, kcuda_att_parts_rule(&a, f[i].n, f[i].sms, KCUDA_TILE_OFF), f[i].want);
+    }
+    static const struct {
+        int n, heads, kv_heads, head_dim, tile, tiled, parts;
+        const char *why;
+    } t[] = {
+        {1, 32, 8, 64, KCUDA_TILE_AUTO, 0, 32, "the 1B shape, W=1, by default: plain"},
+        {3, 32, 8, 64, KCUDA_TILE_AUTO, 0, 8, "W=3, by default: plain (96 blocks)"},
+        {4, 32, 8, 64, KCUDA_TILE_AUTO, 1, 64, "W=4, by default: tiles, 8 blocks of 16 queries"},
+        {16, 32, 8, 64, KCUDA_TILE_AUTO, 1, 31, "W=16: tiles, 32 blocks, records for 31 parts"},
+        {1, 32, 8, 64, KCUDA_TILE_ON, 1, 64, "W=1, asked on: tiles, 8 blocks"},
+        {16, 32, 8, 64, KCUDA_TILE_OFF, 0, 2, "W=16, asked off: plain"},
+        {16, 9, 3, 64, KCUDA_TILE_AUTO, 1, 64, "the 135M shape, W=16: 12 blocks of <= 15 queries"},
+        {16, 32, 8, 256, KCUDA_TILE_AUTO, 0, 2, "a head of 256: plain, whatever asked"},
+        {16, 64, 2, 64, KCUDA_TILE_ON, 0, 1, "32 query heads a KV head: plain, whatever asked"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        kcuda_att a = {.head_dim = t[i].head_dim,
+                       .n_heads = t[i].heads,
+                       .n_kv_heads = t[i].kv_heads,
+                       .max_keys = 8000};
+        char what[128];
+        snprintf(what, sizeof what, "attention by tiles: %s", t[i].why);
+        check_int(what, kcuda_att_tiled(&a, t[i].n, t[i].tile), t[i].tiled);
+        snprintf(what, sizeof what, "attention parts: %s", t[i].why);
+        check_int(what, kcuda_att_parts_rule(&a, t[i].n, 132, t[i].tile), t[i].parts);
+    }
+    static const struct {
+        int set, n, want;
+    } u[] = {{0, 1, 2}, {0, 4, 2}, {0, 5, 1}, {0, 64, 1}, {1, 1, 1}, {4, 64, 4}, {2, 16, 2}, {3, 1, 2}};
+    for (size_t i = 0; i < sizeof u / sizeof u[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "matmul groups in flight, set %d, %d columns", u[i].set, u[i].n);
+        check_int(what, kcuda_unroll_rule(u[i].set, u[i].n), u[i].want);
     }
 }
 
@@ -773,7 +816,7 @@ static void test_fused(void)
                                       dev_same(s1, su, ha, hb, (size_t)n * 61));
             }
         }
-        kcuda_set_matmul_unroll(g, 1);
+        kcuda_set_matmul_unroll(g, 0);
         kcuda_free((void *)m.data);
         free(q);
     }

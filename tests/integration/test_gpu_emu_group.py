@@ -26,9 +26,10 @@ greedy token agrees or is a near tie; a bad option is refused with status 2, nam
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
 with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer), with
-the quantized matmul's other loads in flight, with attention cut into 3 parts (one join launch
-more a layer) and one key a warp, and with the tiled attention cut into 2; bad --gpu-att-parts,
---gpu-att-keys and --gpu-att-tile values refused; GPU + CPU under HCMP, the dense/sparse split and
+the quantized matmul's other loads in flight and its default (2 at width 1, 1 at 8), with
+attention cut into 3 parts (one join launch more a layer) and one key a warp, tiles off, with the
+tiled attention cut into 2, and tiles by default (at width 8, not 1); bad --gpu-att-parts,
+--gpu-att-keys, --gpu-att-tile and --gpu-unroll values refused; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 """
 import json
@@ -116,11 +117,12 @@ def gpu_check_bench_commands_run_over_the_emulation():
         os.remove(js)
     common = ["bench", "--plans", "--model", model, "--widths", "1,8", "--reps", "1", "--ctx", "64", "--json", js]
     runs = []
-    for mem, graphs, fuse, unroll, cut in (("mapped", "off", "on", "1", []), ("mirror", "off", "on", "1", []),
+    for mem, graphs, fuse, unroll, cut in (("mapped", "off", "on", "1", []), ("mirror", "off", "on", "auto", []),
                                            ("mirror", "on", "on", "4", []), ("mapped", "on", "on", "1", []),
                                            ("mirror", "off", "off", "2", []),
                                            ("mirror", "off", "on", "1", ["--gpu-att-parts", "3",
-                                                                         "--gpu-att-keys", "1"]),
+                                                                         "--gpu-att-keys", "1",
+                                                                         "--gpu-att-tile", "off"]),
                                            ("mirror", "off", "on", "1", ["--gpu-att-parts", "2",
                                                                          "--gpu-att-tile", "on"])):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
@@ -137,22 +139,26 @@ def gpu_check_bench_commands_run_over_the_emulation():
         rows = [json.loads(x) for x in f]
     G.check(len(rows) == 7 * 2 + 2 * 3 * 2, "%d JSON rows, not 26", len(rows))
     G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2 and
-            [x["gpu_unroll"] for x in rows[:10]] == [1] * 4 + [4] * 2 + [1] * 2 + [2] * 2,
-            "the rows do not say which launches ran: %r", rows[:10])
+            [x["gpu_unroll"] for x in rows[:10]] == [1] * 2 + [2, 1] + [4] * 2 + [1] * 2 + [2] * 2 and
+            [x["gpu_unroll_ask"] for x in rows[:4]] == [1, 1, 0, 0],
+            "the rows do not say which launches ran (by default 2 groups in flight at W=1, 1 at W=8): %r",
+            rows[:10])
     # one launch per op queues 11 more ops a layer (mirror) than the fused launches, at each width
     saved = [rows[8 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
     G.check(saved == [11 * 4, 11 * 4], "ops a step saved by the fused launches over 4 layers: %r (want 44)",
             saved)
     # attention cut into 3 parts: one join launch more a layer; the emulation's one multiprocessor
-    # never cuts by length
-    how = [(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"], x["gpu_att_tile"]) for x in rows[:14]]
-    G.check(how[10:14] == [(3, 3, 1, False)] * 2 + [(2, 2, 4, True)] * 2 and how[2:4] == [(0, 1, 4, False)] * 2,
+    # never cuts by length; by default the tiles from 4 tokens (W=8, not W=1)
+    how = [(x["gpu_att_ask"], x["gpu_att_parts"], x["gpu_att_keys"], x["gpu_att_tile_ask"], x["gpu_att_tile"])
+           for x in rows[:14]]
+    G.check(how[10:14] == [(3, 3, 1, "off", False)] * 2 + [(2, 2, 4, "on", True)] * 2 and
+            how[2:4] == [(0, 1, 4, "auto", False), (0, 1, 4, "auto", True)],
             "the rows do not say how attention ran: %r", how)
     joins = [rows[k + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for k in (10, 12) for i in range(2)]
     G.check(joins == [4] * 4, "ops a step the parts' joins add over 4 layers: %r (want 4)", joins)
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
     for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4"),
-                            ("--gpu-att-tile", "yes", "on or off")):
+                            ("--gpu-att-tile", "yes", "auto, on or off"), ("--gpu-unroll", "3", "auto, 1, 2 or 4")):
         r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
                 "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
