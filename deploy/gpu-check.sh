@@ -158,9 +158,9 @@ fi
 
 # attention over long prefixes: the GPU alone (mirror, graphs on) on the random 1B and 135M shapes
 # at contexts 2048 and 8000, widths 1 to 16, alternating: the default (each key stream cut by
-# length, 4 keys a warp, the tiled kernel from width 4: the queries of a KV head and a sequence
-# share each K/V load), the kernel as it was before all three (uncut, 1 key, no tiles), the
-# plain kernel cut by length, and the tiles at every width
+# length, 4 keys a warp, the tiled kernel where tokens x keys reach KCUDA_ATT_TILE_MIN_WORK: the
+# queries of a KV head and a sequence share each K/V load), the kernel as it was before all three
+# (uncut, 1 key, no tiles), the plain kernel cut by length, and the tiles at every width
 if stage attention 40; then
     for m in /tmp/gc-1b.gguf /tmp/gc-135m.gguf; do
         [ -f "$m" ] || continue

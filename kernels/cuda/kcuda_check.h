@@ -88,7 +88,9 @@ static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err,
 /* Whether attention over n tokens runs the tiled kernel for a (kcuda_set_att_tile's `tile`). */
 static inline bool kcuda_att_tiled(const kcuda_att *a, int n, int tile)
 {
-    bool want = tile == KCUDA_TILE_ON || (tile != KCUDA_TILE_OFF && n >= KCUDA_ATT_TILE_MIN_N);
+    bool want = tile == KCUDA_TILE_ON ||
+                (tile != KCUDA_TILE_OFF && n >= 2 &&
+                 (long)n * a->max_keys >= KCUDA_ATT_TILE_MIN_WORK);
     return want && a->head_dim <= KCUDA_ATT_TILE_HD && a->n_kv_heads > 0 &&
            a->n_heads / a->n_kv_heads <= KCUDA_ATT_TILE_Q;
 }

@@ -26,7 +26,7 @@
  *     off, then on) and the mixed pair, against one CPU part, with exactly one launch more per
  *     layer of each forward (the parts' join), these with the tiles off; attention by tiles
  *     (att_tile on) on one GPU part and, cut in 3, on the mixed pair; every other case runs the
- *     defaults (tiles from 4 tokens, 2 groups in flight up to 4 columns);
+ *     defaults (no tiles at these short contexts, 2 groups in flight up to 4 columns);
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V (relative L2 5e-5 at the least).
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:

@@ -369,7 +369,8 @@ static void test_attention(kv_type kt)
      * group of keys), 300 (bounded to KCUDA_ATT_MAX_PARTS: most parts of the short streams
      * empty); a warp scoring 4 keys at a time, then 1 (kcuda_set_att_keys); the tiled kernel
      * (kcuda_set_att_tile: tokens 3 and 4 share a sequence and a prefix, one group), and by
-     * default (6 tokens: tiles); query heads [2, 7), which cover two KV heads in part */
+     * default (plain: the longest stream unset); query heads [2, 7), which cover two KV heads in
+     * part */
     enum { OFF = KCUDA_TILE_OFF, ON = KCUDA_TILE_ON, AUTO = KCUDA_TILE_AUTO };
     const int part_asks[] = {1, 3, 16, 300, 1, 3, 1, 3, 300, 3, 1, 3};
     const int part_gets[] = {1, 3, 16, KCUDA_ATT_MAX_PARTS, 1, 3, 1, 3, KCUDA_ATT_MAX_PARTS, 3, 1,
@@ -418,7 +419,7 @@ static void test_attention(kv_type kt)
             char what[96];
             snprintf(what, sizeof what, "attention parts asked %d", part_asks[pi]);
             check_int(what, kcuda_att_parts(g, &a, A_N), part_gets[pi]);
-            bool tiles = tile_at[pi] != OFF;
+            bool tiles = tile_at[pi] == ON; /* by default: max_keys unset (0), so plain */
             snprintf(what, sizeof what, "attention by tiles at %d tokens, set %d", A_N, tile_at[pi]);
             check_int(what, kcuda_att_tiles(g, &a, A_N), tiles);
             double worst = 0, lse = 0;
@@ -462,9 +463,8 @@ static void test_attention(kv_type kt)
             snprintf(what, sizeof what, "attention %s, KV %s, %d part%s, %s, heads %d-%d",
                      names[mi], kt == KV_F16 ? "f16" : "f32", part_gets[pi],
                      part_gets[pi] > 1 ? "s" : "",
-                     tiles ? (tile_at[pi] == AUTO ? "tiles by default" : "tiles")
-                     : keys_at[pi] > 1 ? "4 keys"
-                                       : "1 key",
+                     tiles ? "tiles" : tile_at[pi] == AUTO ? "by default" : keys_at[pi] > 1 ? "4 keys"
+                                                                                     : "1 key",
                      h0, h1 - 1);
             check(what, worst, 1e-5);
             if (mode != KCUDA_ATT_FULL) {
@@ -557,24 +557,27 @@ static void test_att_parts_rule(void)
         check_int(what, kcuda_att_parts_rule(&a, f[i].n, f[i].sms, KCUDA_TILE_OFF), f[i].want);
     }
     static const struct {
-        int n, heads, kv_heads, head_dim, tile, tiled, parts;
+        int n, heads, kv_heads, head_dim, keys, tile, tiled, parts;
         const char *why;
     } t[] = {
-        {1, 32, 8, 64, KCUDA_TILE_AUTO, 0, 32, "the 1B shape, W=1, by default: plain"},
-        {3, 32, 8, 64, KCUDA_TILE_AUTO, 0, 8, "W=3, by default: plain (96 blocks)"},
-        {4, 32, 8, 64, KCUDA_TILE_AUTO, 1, 64, "W=4, by default: tiles, 8 blocks of 16 queries"},
-        {16, 32, 8, 64, KCUDA_TILE_AUTO, 1, 31, "W=16: tiles, 32 blocks, records for 31 parts"},
-        {1, 32, 8, 64, KCUDA_TILE_ON, 1, 64, "W=1, asked on: tiles, 8 blocks"},
-        {16, 32, 8, 64, KCUDA_TILE_OFF, 0, 2, "W=16, asked off: plain"},
-        {16, 9, 3, 64, KCUDA_TILE_AUTO, 1, 64, "the 135M shape, W=16: 12 blocks of <= 15 queries"},
-        {16, 32, 8, 256, KCUDA_TILE_AUTO, 0, 2, "a head of 256: plain, whatever asked"},
-        {16, 64, 2, 64, KCUDA_TILE_ON, 0, 1, "32 query heads a KV head: plain, whatever asked"},
+        {1, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 0, 32, "the 1B shape, W=1, 8000 keys: plain"},
+        {2, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 0, 16, "W=2, 2048 keys: plain"},
+        {2, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 1, 64, "W=2, 8000 keys: tiles, 8 blocks"},
+        {4, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 0, 8, "W=4, 2048 keys: plain, 128 blocks"},
+        {8, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 1, 32, "W=8, 2048 keys: tiles, parts of 64 keys"},
+        {16, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 1, 31, "W=16: tiles, records for 31 parts"},
+        {1, 32, 8, 64, 8000, KCUDA_TILE_ON, 1, 64, "W=1, asked on: tiles, 8 blocks"},
+        {16, 32, 8, 64, 8000, KCUDA_TILE_OFF, 0, 2, "W=16, asked off: plain"},
+        {16, 9, 3, 64, 8000, KCUDA_TILE_AUTO, 1, 64, "the 135M shape, W=16: 12 blocks"},
+        {16, 32, 8, 256, 8000, KCUDA_TILE_AUTO, 0, 2, "a head of 256: plain, whatever asked"},
+        {16, 64, 2, 64, 8000, KCUDA_TILE_ON, 0, 1, "32 query heads a KV head: plain, always"},
+        {64, 32, 8, 64, 0, KCUDA_TILE_AUTO, 0, 1, "keys unknown: plain, uncut"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         kcuda_att a = {.head_dim = t[i].head_dim,
                        .n_heads = t[i].heads,
                        .n_kv_heads = t[i].kv_heads,
-                       .max_keys = 8000};
+                       .max_keys = t[i].keys};
         char what[128];
         snprintf(what, sizeof what, "attention by tiles: %s", t[i].why);
         check_int(what, kcuda_att_tiled(&a, t[i].n, t[i].tile), t[i].tiled);
