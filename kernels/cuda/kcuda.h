@@ -29,11 +29,13 @@ extern "C" {
 #define KCUDA_MAX_HEAD_DIM 256 /* attention: head_dim a multiple of 32, at most this */
 #define KCUDA_ATT_MIN_KEYS 64  /* attention: keys a part of a cut stream takes at least */
 #define KCUDA_ATT_MAX_PARTS 256
-/* attention's tiled kernel (kcuda_set_att_tile): queries a block takes, the largest head, and
- * the least tokens x longest key stream of a step it takes by default (KCUDA_TILE_AUTO) */
+/* attention's tiled kernel (kcuda_set_att_tile): queries a block takes, the largest head; by
+ * default (KCUDA_TILE_AUTO) the shortest longest key stream of a step it takes and the least
+ * queries a KV head serves times that stream */
 #define KCUDA_ATT_TILE_Q 16
 #define KCUDA_ATT_TILE_HD 128
-#define KCUDA_ATT_TILE_MIN_WORK 12288
+#define KCUDA_ATT_TILE_MIN_KEYS 1024
+#define KCUDA_ATT_TILE_MIN_WORK 28672
 /* the quantized matmul by default (kcuda_set_matmul_unroll 0): 2 groups in flight a lane for
  * steps of at most this many columns, 1 for wider ones */
 #define KCUDA_UNROLL_AUTO_N 4
@@ -229,10 +231,11 @@ void kcuda_set_att_keys(kcuda *g, int keys);
  * once into shared memory for all of them — one load where the plain kernel makes one per query.
  * Head sizes up to KCUDA_ATT_TILE_HD and at most KCUDA_ATT_TILE_Q query heads per KV head; others
  * take the plain kernel. The same answer within rounding. `how`: KCUDA_TILE_AUTO (until set; any
- * other value too) tiles steps of 2 tokens or more whose tokens times longest key stream
- * (kcuda_att.max_keys) reach KCUDA_ATT_TILE_MIN_WORK — on an H100 the tiles won from 2 tokens at
- * 8000 keys and from 8 at 2048, and lost at 1 token on the default model's shape (docs/gpu.md,
- * "Long prefixes") — ON always, OFF never. */
+ * other value too) tiles steps whose longest key stream (kcuda_att.max_keys) reaches
+ * KCUDA_ATT_TILE_MIN_KEYS and whose tokens x query heads per KV head x that stream reach
+ * KCUDA_ATT_TILE_MIN_WORK — the H100's timings of 42 (shape, keys, width) cells (docs/gpu.md,
+ * "Long prefixes"): the tiles lost at 256 keys however wide, won from 2 tokens at 4096 keys on the
+ * 1B shape, 4 on the default one — ON always, OFF never. */
 enum { KCUDA_TILE_AUTO = 0, KCUDA_TILE_ON = 1, KCUDA_TILE_OFF = 2 };
 void kcuda_set_att_tile(kcuda *g, int how);
 /* Whether attention over a step of n tokens with a's shape runs by tiles (1) or not (0). */

@@ -85,14 +85,18 @@ static inline int kcuda_check_attention(const kcuda_att *a, int mode, char *err,
     return 0;
 }
 
-/* Whether attention over n tokens runs the tiled kernel for a (kcuda_set_att_tile's `tile`). */
+/* Whether attention over n tokens runs the tiled kernel for a (kcuda_set_att_tile's `tile`). By
+ * default: the queries a KV head serves (n x query heads per KV head) times the longest stream —
+ * the key reads tiles share — reach KCUDA_ATT_TILE_MIN_WORK, on a stream long enough
+ * (KCUDA_ATT_TILE_MIN_KEYS) to repay the tiles' staging. */
 static inline bool kcuda_att_tiled(const kcuda_att *a, int n, int tile)
 {
-    bool want = tile == KCUDA_TILE_ON ||
-                (tile != KCUDA_TILE_OFF && n >= 2 &&
-                 (long)n * a->max_keys >= KCUDA_ATT_TILE_MIN_WORK);
-    return want && a->head_dim <= KCUDA_ATT_TILE_HD && a->n_kv_heads > 0 &&
-           a->n_heads / a->n_kv_heads <= KCUDA_ATT_TILE_Q;
+    if (a->head_dim > KCUDA_ATT_TILE_HD || a->n_kv_heads <= 0 ||
+        a->n_heads / a->n_kv_heads > KCUDA_ATT_TILE_Q || tile == KCUDA_TILE_OFF)
+        return false;
+    long queries = (long)n * (a->n_heads / a->n_kv_heads);
+    return tile == KCUDA_TILE_ON || (a->max_keys >= KCUDA_ATT_TILE_MIN_KEYS &&
+                                     queries * a->max_keys >= KCUDA_ATT_TILE_MIN_WORK);
 }
 
 /* The quantized matmul's groups in flight for n columns (kcuda_set_matmul_unroll's `set`). */

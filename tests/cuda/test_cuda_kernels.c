@@ -560,10 +560,12 @@ static void test_att_parts_rule(void)
         int n, heads, kv_heads, head_dim, keys, tile, tiled, parts;
         const char *why;
     } t[] = {
-        {1, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 0, 32, "the 1B shape, W=1, 8000 keys: plain"},
-        {2, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 0, 16, "W=2, 2048 keys: plain"},
+        {1, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 1, 64, "the 1B shape, W=1, 8000 keys: tiles (32000)"},
+        {1, 9, 3, 64, 8000, KCUDA_TILE_AUTO, 0, 64, "the 135M shape, W=1, 8000 keys: plain (24000)"},
+        {1, 32, 8, 64, 4096, KCUDA_TILE_AUTO, 0, 32, "the 1B shape, W=1, 4096 keys: plain (16384)"},
+        {2, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 0, 16, "W=2, 2048 keys: plain (16384)"},
         {2, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 1, 64, "W=2, 8000 keys: tiles, 8 blocks"},
-        {4, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 0, 8, "W=4, 2048 keys: plain, 128 blocks"},
+        {4, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 1, 32, "W=4, 2048 keys: tiles, 8 blocks (32768)"},
         {8, 32, 8, 64, 2048, KCUDA_TILE_AUTO, 1, 32, "W=8, 2048 keys: tiles, parts of 64 keys"},
         {16, 32, 8, 64, 8000, KCUDA_TILE_AUTO, 1, 31, "W=16: tiles, records for 31 parts"},
         {1, 32, 8, 64, 8000, KCUDA_TILE_ON, 1, 64, "W=1, asked on: tiles, 8 blocks"},
@@ -572,6 +574,9 @@ static void test_att_parts_rule(void)
         {16, 32, 8, 256, 8000, KCUDA_TILE_AUTO, 0, 2, "a head of 256: plain, whatever asked"},
         {16, 64, 2, 64, 8000, KCUDA_TILE_ON, 0, 1, "32 query heads a KV head: plain, always"},
         {64, 32, 8, 64, 0, KCUDA_TILE_AUTO, 0, 1, "keys unknown: plain, uncut"},
+        {64, 9, 3, 64, 256, KCUDA_TILE_AUTO, 0, 1, "W=64, 256 keys: plain (tiles lost there)"},
+        {10, 9, 3, 64, 1024, KCUDA_TILE_AUTO, 1, 16, "W=10, 1024 keys: tiles, 6 blocks (30720)"},
+        {9, 9, 3, 64, 1024, KCUDA_TILE_AUTO, 0, 8, "W=9, 1024 keys: plain, 81 blocks (27648)"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         kcuda_att a = {.head_dim = t[i].head_dim,
