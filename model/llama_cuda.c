@@ -368,7 +368,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
              llama_gpu_memory_name(gp->memory),
              !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
              gp->fuse ? "fused" : "one per op", parts,
-             prm->att_tile == 1 ? "on" : prm->att_tile == 2 ? "off" : "by width");
+             prm->att_tile == 1 ? "on" : prm->att_tile == 2 ? "off" : "by width and length");
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;

@@ -46,8 +46,9 @@ typedef struct {
     int att_parts;           /* attention's key streams cut into this many parts (0: by length,
                                 kcuda_att_parts; 1: never cut) */
     int att_keys;            /* kcuda_set_att_keys's keys an attention warp scores at once (0: 4) */
-    int att_tile;            /* attention by tiles: kcuda_set_att_tile's 0 (by the step's width),
-                                1 (always) or 2 (never: the plain kernel) */
+    int att_tile;            /* attention by tiles: kcuda_set_att_tile's 0 (by the step's width
+                                and longest key stream), 1 (always) or 2 (never: the plain
+                                kernel) */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
