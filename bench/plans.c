@@ -257,10 +257,10 @@ static void *pb_part_main(void *argp)
     return NULL;
 }
 
-/* An on|off option's value into *on; false (said) for another word. */
 /* --gpu-att-tile's words by pb_opts.gpu_att_tile */
 static const char *const pb_tile_word[] = {"auto", "on", "off"};
 
+/* An on|off option's value into *on; false (said) for another word. */
 static bool pb_on_off(const char *opt, const char *val, bool *on)
 {
     if (strcmp(val, "on") && strcmp(val, "off")) {

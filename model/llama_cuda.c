@@ -78,6 +78,7 @@ static size_t gpu_stage_at(gpu_stage *s, uint8_t *base, size_t W, size_t heads, 
 
 typedef struct {
     int n, from, base, att_parts;
+    bool att_tiles;
     float *logits;
     kcuda_graph *graph;
 } gpu_graph;
@@ -113,7 +114,8 @@ struct llama_gpu {
     bool graphs;
     bool fuse; /* the fused launches (kcuda.h) where a layer's matrices allow them */
     /* attention: the parts asked (llama_gpu_params.att_parts); this step's longest key stream
-     * and the parts it is cut into (kcuda_att_parts), a recording's key; how the step ran */
+     * and the parts it is cut into (kcuda_att_parts); how the step runs (the parts and the
+     * kernel, whether by tiles, are a recording's key) */
     int att_ask, att_keys, att_parts;
     llama_gpu_how how;
     gpu_graph *rec;
@@ -853,7 +855,7 @@ static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
     for (int i = 0; i < gp->n_rec; i++) {
         gpu_graph *r = &gp->rec[i];
         if (r->n == n && r->from == from && r->base == x->batch_base && r->logits == logits &&
-            r->att_parts == gp->att_parts)
+            r->att_parts == gp->att_parts && r->att_tiles == gp->how.att_tiles)
             return r->graph;
     }
     if (!gp->rec && !(gp->rec = calloc(GPU_MAX_GRAPHS, sizeof *gp->rec)))
@@ -876,7 +878,8 @@ static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
         gp->graphs = false;
         return NULL;
     }
-    gp->rec[gp->n_rec++] = (gpu_graph){n, from, x->batch_base, gp->att_parts, logits, kg};
+    gp->rec[gp->n_rec++] =
+        (gpu_graph){n, from, x->batch_base, gp->att_parts, gp->how.att_tiles, logits, kg};
     gp->recorded++;
     return kg;
 }

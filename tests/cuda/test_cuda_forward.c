@@ -28,7 +28,9 @@
  *     (att_tile on) on one GPU part and, cut in 3, on the mixed pair; every other case runs the
  *     defaults (no tiles at these short contexts, 2 groups in flight up to 4 columns);
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
- *     f16 K/V (relative L2 5e-5 at the least).
+ *     f16 K/V (relative L2 5e-5 at the least);
+ *   - a prefix growing past the tiles' threshold under graphs (test_tiles_by_default): a new
+ *     recording at the crossing, the last step against the CPU.
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
  * against the GPU op set (unit_cuda_forward, on a GPU) and against its CPU stand-in
  * kernels/cuda/kcuda_fake.c (unit_gpu_host, everywhere: what runs around the kernels).
@@ -154,6 +156,116 @@ out:
     llama_gpu_destroy(&r.gpu);
     llama_ctx_destroy(&r.ctx);
     return NULL;
+}
+
+/* Tiles by default once the prefix is long (kcuda_att_tiled): a sole GPU part with graphs on runs
+ * two 16-token chains over a 992-token prefix (the longest stream 1008 keys: the plain kernel),
+ * then two over 1008 (1024 keys; 16 tokens x 2 query heads a KV head x 1024 reach
+ * KCUDA_ATT_TILE_MIN_WORK: tiles). Each pair's second step must replay its first's recording and
+ * the crossing must record anew (counted after the prefill's own recording) (whether a step runs by tiles is part of a recording's key:
+ * without it the plain kernel's graph would be replayed on); the last step's logits against the
+ * CPU forward with the same history. Not over the emulation: a thousand keys there take minutes
+ * (the stand-in and a GPU run it). */
+#define TK_W 16
+static void test_tiles_by_default(void)
+{
+#ifdef OROCHI_GPU_EMU
+    printf("tiles by default: SKIPPED over the emulation (a 1024-key prefix takes it minutes); the "
+           "stand-in (unit_gpu_host) and a GPU run it\n");
+#else
+    char err[512];
+    const int ctx_len = 1100, pre = 992;
+    llama_model *m = llama_model_load(
+        tu_make_model("cudatile", "f32", "--layers 2 --dim 128 --ffn 256 --heads 4 --kv-heads 2 "
+                                         "--vocab 301 --ctx 1100"),
+        err, sizeof err);
+    if (!m) {
+        printf("%s FAILED\n", err);
+        failures++;
+        return;
+    }
+    int V = m->cfg.vocab;
+    int32_t *ids = malloc((size_t)(pre + 2 * TK_W) * sizeof *ids), path[TK_W];
+    for (int i = 0; i < pre + 2 * TK_W; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % V);
+    for (int i = 0; i < TK_W; i++)
+        path[i] = i;
+    size_t shared = llama_shared_layout(&m->cfg, ctx_len, TK_W, 1, KV_F32, NULL);
+    size_t lbytes = (size_t)TK_W * V * 4, bytes = (shared + lbytes + 4095) & ~(size_t)4095;
+    float *cpu_logits = malloc(lbytes), *gpu_logits = NULL;
+    bool tiled[4] = {false};
+    long counts[4][2] = {{0}};
+    for (int side = 0; side < 2; side++) { /* 0: the CPU, 1: the GPU part */
+        void *block = aligned_alloc(4096, bytes);
+        memset(block, 0, bytes);
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, 1);
+        llama_ctx_params p = {.n_threads = 1, .max_width = TK_W, .n_ctx = ctx_len, .n_seq = 1,
+                              .kv = KV_F32, .part = 0, .n_parts = 1, .shared = block,
+                              .sync = tu_barrier_sync, .sync_arg = &barrier};
+        llama_ctx *x = llama_ctx_new(m, &p, err, sizeof err);
+        llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = true};
+        llama_gpu *gpu = x && side ? llama_gpu_new(x, &gp, block, bytes, err, sizeof err) : NULL;
+        float *logits = (float *)((char *)block + shared);
+        int rc = !x || (side && !gpu);
+#define TK_FWD(b, lg) (gpu ? llama_gpu_forward(gpu, b, lg, err, sizeof err) \
+                           : llama_forward(x, b, lg, err, sizeof err))
+        for (int at = 0; !rc && at < pre; at += TK_W) {
+            llama_batch b = {.n = TK_W, .tokens = ids + at, .logits_from = TK_W};
+            rc = TK_FWD(&b, NULL) || llama_commit(x, path, TK_W, err, sizeof err);
+        }
+        long base[2] = {0, 0}; /* the prefill's own recording and replays */
+        if (!rc && gpu)
+            llama_gpu_graph_counts(gpu, &base[0], &base[1]);
+        for (int k = 0; !rc && k < 4; k++) {
+            if (k == 2) /* the first chain committed: the prefix now 1008 tokens */
+                rc = llama_commit(x, path, TK_W, err, sizeof err);
+            llama_batch b = {.n = TK_W, .tokens = ids + pre + (k >= 2) * TK_W};
+            rc = rc || TK_FWD(&b, logits);
+            if (!rc && gpu) {
+                tiled[k] = llama_gpu_last_step(gpu).att_tiles;
+                llama_gpu_graph_counts(gpu, &counts[k][0], &counts[k][1]);
+                counts[k][0] -= base[0];
+                counts[k][1] -= base[1];
+            }
+        }
+#undef TK_FWD
+        if (rc) {
+            printf("tiles by default (%s): %s FAILED\n", side ? "GPU" : "CPU", err);
+            failures++;
+        } else if (side) {
+            gpu_logits = malloc(lbytes);
+            memcpy(gpu_logits, logits, lbytes);
+        } else {
+            memcpy(cpu_logits, logits, lbytes);
+        }
+        llama_gpu_destroy(&gpu);
+        llama_ctx_destroy(&x);
+        pthread_barrier_destroy(&barrier);
+        free(block);
+    }
+    if (gpu_logits) {
+        static const char *const step[] = {"1008 keys, recorded", "1008 keys, replayed",
+                                           "1024 keys, recorded anew", "1024 keys, replayed"};
+        static const long want[4][2] = {{0, 1}, {1, 1}, {1, 2}, {2, 2}}; /* replayed, recorded */
+        for (int k = 0; k < 4; k++) {
+            bool ok = tiled[k] == (k >= 2) && counts[k][0] == want[k][0] &&
+                      counts[k][1] == want[k][1];
+            printf("  tiles by default, %s: %s, %ld replayed, %ld recorded %s\n", step[k],
+                   tiled[k] ? "tiles" : "plain", counts[k][0], counts[k][1], ok ? "ok" : "FAILED");
+            failures += !ok;
+        }
+        double e = tu_rel_l2(gpu_logits, cpu_logits, (size_t)TK_W * V);
+        bool ok = e <= EXACT(1e-4);
+        printf("  tiles by default: the last step against the CPU, relative L2 %.2g (tolerance "
+               "%g) %s\n", e, EXACT(1e-4), ok ? "ok" : "FAILED");
+        failures += !ok;
+    }
+    free(gpu_logits);
+    free(cpu_logits);
+    free(ids);
+    llama_model_destroy(&m);
+#endif
 }
 
 /* The device ops part 0 queued in the last run (llama_gpu_launches). */
@@ -406,6 +518,7 @@ int main(void)
         free(ref2);
         llama_model_destroy(&m);
     }
+    test_tiles_by_default();
     printf("unit_cuda_forward: %s\n", failures ? "FAILED" : "all agree");
     return failures ? 1 : 0;
 }
