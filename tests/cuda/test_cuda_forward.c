@@ -68,6 +68,17 @@ static int failures;
 #define EXACT(tol) (tol)
 #endif
 
+/* This file is built three times (on a GPU, over the emulation, over the stand-in) and ctest runs
+ * them side by side: each makes its models under its own names, since a model rewritten while
+ * another test maps it kills that test (SIGBUS) */
+#if defined(OROCHI_GPU_HOST)
+#define FWD_TAG(name) name "-host"
+#elif defined(OROCHI_GPU_EMU)
+#define FWD_TAG(name) name "-emu"
+#else
+#define FWD_TAG(name) name
+#endif
+
 typedef struct {
     llama_model *m;
     int part, n_parts, gpu;
@@ -176,7 +187,7 @@ static void test_tiles_by_default(void)
     char err[512];
     const int ctx_len = 1100, pre = 992;
     llama_model *m = llama_model_load(
-        tu_make_model("cudatile", "f32", "--layers 2 --dim 128 --ffn 256 --heads 4 --kv-heads 2 "
+        tu_make_model(FWD_TAG("cudatile"), "f32", "--layers 2 --dim 128 --ffn 256 --heads 4 --kv-heads 2 "
                                          "--vocab 301 --ctx 1100"),
         err, sizeof err);
     if (!m) {
@@ -377,7 +388,7 @@ int main(void)
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         char err[256];
         llama_model *m = llama_model_load(
-            tu_make_model("cuda", types[t], "--layers 2 --dim 128 --ffn 256 --heads 4 "
+            tu_make_model(FWD_TAG("cuda"), types[t], "--layers 2 --dim 128 --ffn 256 --heads 4 "
                                             "--kv-heads 2 --vocab 301 --ctx 64"),
             err, sizeof err);
         if (!m) {
