@@ -257,7 +257,7 @@ static void *pb_part_main(void *argp)
     return NULL;
 }
 
-/* --gpu-att-tile's words by pb_opts.gpu_att_tile */
+/* --gpu-att-tile's words by pb_opts.gpu_att_tile (KCUDA_TILE_AUTO, _ON, _OFF) */
 static const char *const pb_tile_word[] = {"auto", "on", "off"};
 
 /* An on|off option's value into *on; false (said) for another word. */
@@ -319,10 +319,10 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_att_keys = atoi(val);
         } else if (!strcmp(a, "--gpu-att-tile")) {
-            o->gpu_att_tile = !strcmp(val, "auto") ? 0 : !strcmp(val, "on") ? 1
-                              : !strcmp(val, "off")                ? 2
-                                                                   : -1;
-            if (o->gpu_att_tile < 0) {
+            o->gpu_att_tile = 0; /* the word's index: llama_gpu_params.att_tile */
+            while (o->gpu_att_tile < 3 && strcmp(val, pb_tile_word[o->gpu_att_tile]))
+                o->gpu_att_tile++;
+            if (o->gpu_att_tile == 3) {
                 fprintf(stderr, "orochi bench: --gpu-att-tile %s: auto, on or off\n", val);
                 return 2;
             }

@@ -113,10 +113,9 @@ struct llama_gpu {
     /* graphs (a sole part): the recordings, and the partition they were recorded under */
     bool graphs;
     bool fuse; /* the fused launches (kcuda.h) where a layer's matrices allow them */
-    /* attention: the parts asked (llama_gpu_params.att_parts); this step's longest key stream
-     * and the parts it is cut into (kcuda_att_parts); how the step runs (the parts and the
-     * kernel, whether by tiles, are a recording's key) */
-    int att_ask, att_keys, att_parts;
+    /* attention: the parts asked (llama_gpu_params.att_parts); this step's longest key stream;
+     * how the step runs (its parts and whether by tiles are a recording's key) */
+    int att_ask, att_keys;
     llama_gpu_how how;
     gpu_graph *rec;
     int n_rec;
@@ -370,7 +369,9 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
              llama_gpu_memory_name(gp->memory),
              !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
              gp->fuse ? "fused" : "one per op", parts,
-             prm->att_tile == 1 ? "on" : prm->att_tile == 2 ? "off" : "by width and length");
+             prm->att_tile == KCUDA_TILE_ON    ? "on"
+             : prm->att_tile == KCUDA_TILE_OFF ? "off"
+                                               : "by width and length");
     if (kcuda_sync(gp->g, err, errlen))
         goto fail;
     return gp;
@@ -855,7 +856,7 @@ static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
     for (int i = 0; i < gp->n_rec; i++) {
         gpu_graph *r = &gp->rec[i];
         if (r->n == n && r->from == from && r->base == x->batch_base && r->logits == logits &&
-            r->att_parts == gp->att_parts && r->att_tiles == gp->how.att_tiles)
+            r->att_parts == gp->how.att_parts && r->att_tiles == gp->how.att_tiles)
             return r->graph;
     }
     if (!gp->rec && !(gp->rec = calloc(GPU_MAX_GRAPHS, sizeof *gp->rec)))
@@ -879,7 +880,7 @@ static kcuda_graph *gpu_graph_for(llama_gpu *gp, int n, int from, float *logits)
         return NULL;
     }
     gp->rec[gp->n_rec++] =
-        (gpu_graph){n, from, x->batch_base, gp->att_parts, gp->how.att_tiles, logits, kg};
+        (gpu_graph){n, from, x->batch_base, gp->how.att_parts, gp->how.att_tiles, logits, kg};
     gp->recorded++;
     return kg;
 }
@@ -918,8 +919,7 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
             gp->att_keys = h->n_prefix[i] + h->n_anc[i];
     }
     kcuda_att a = gpu_att_of(gp, 0, 0);
-    gp->att_parts = kcuda_att_parts(g, &a, n);
-    gp->how = (llama_gpu_how){gp->att_parts, kcuda_att_tiles(g, &a, n) != 0,
+    gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n), kcuda_att_tiles(g, &a, n) != 0,
                               kcuda_matmul_unroll(g, n)};
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
