@@ -28,6 +28,9 @@
 #include "coordinator/control.h"
 #include "model/llama.h"
 #include "model/llama_cuda.h"
+#ifdef OROCHI_HAVE_CUDA
+#include "kernels/cuda/kcuda.h"
+#endif
 #include "shm/arena.h"
 
 #define PB_MAX_PLANS 64 /* --plan at most 8; a search round times up to 64 candidates at once */
@@ -46,6 +49,7 @@ typedef struct {
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
     bool gpu_graphs, gpu_fuse;
     int gpu_unroll; /* --gpu-unroll: the quantized matmul's groups in flight (0: by width) */
+    int gpu_matmul; /* --gpu-matmul: llama_gpu_params.matmul_kind (pb_matmul_word's index) */
     int gpu_att_parts; /* --gpu-att-parts: attention's key streams cut into N (0: by length) */
     int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
     int gpu_att_tile;  /* --gpu-att-tile: attention by tiles, llama_gpu_params.att_tile */
@@ -86,6 +90,7 @@ static void pb_usage(FILE *out)
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "                    [--gpu-fuse on|off] [--gpu-unroll auto|1|2|4]\n"
+            "                    [--gpu-matmul auto|cuda|tensor]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
             "                    [--gpu-att-tile auto|on|off] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
@@ -97,6 +102,8 @@ static void pb_usage(FILE *out)
             "  build with CUDA; --gpu-memory, --gpu-graphs and --gpu-fuse as orochi-worker\n"
             "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
             "  matmul loads before it adds them (the same bits; auto: 2 up to width 4, else 1);\n"
+            "  --gpu-matmul: the quantized matmul on CUDA cores or tensor cores (f16 products;\n"
+            "  auto: CUDA cores);\n"
             "  --gpu-att-parts: the parts GPU attention cuts each key stream into (auto: by\n"
             "  length and width; 1: never; the same answer within rounding); --gpu-att-keys: the\n"
             "  keys a warp of it scores at once (4; 1 to compare); --gpu-att-tile: the tiled\n"
@@ -192,6 +199,7 @@ static void *pb_part_main(void *argp)
                              .graphs = o->gpu_graphs,
                              .unfused = !o->gpu_fuse,
                              .matmul_unroll = o->gpu_unroll,
+                             .matmul_kind = o->gpu_matmul,
                              .att_parts = o->gpu_att_parts,
                              .att_keys = o->gpu_att_keys,
                              .att_tile = o->gpu_att_tile};
@@ -259,6 +267,20 @@ static void *pb_part_main(void *argp)
 
 /* --gpu-att-tile's words by pb_opts.gpu_att_tile (KCUDA_TILE_AUTO, _ON, _OFF) */
 static const char *const pb_tile_word[] = {"auto", "on", "off"};
+/* --gpu-matmul's words by pb_opts.gpu_matmul (KCUDA_MM_AUTO, _SIMT, _TC) */
+static const char *const pb_matmul_word[] = {"auto", "cuda", "tensor"};
+
+/* A word's index in a table of n words; -1 (said, with the words) for another. */
+static int pb_word(const char *opt, const char *val, const char *const *words, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(val, words[i]))
+            return i;
+    fprintf(stderr, "orochi bench: %s %s: ", opt, val); /* "a, b or c" */
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%s%s", words[i], i + 2 < n ? ", " : i + 2 == n ? " or " : "\n");
+    return -1;
+}
 
 /* An on|off option's value into *on; false (said) for another word. */
 static bool pb_on_off(const char *opt, const char *val, bool *on)
@@ -319,13 +341,13 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             }
             o->gpu_att_keys = atoi(val);
         } else if (!strcmp(a, "--gpu-att-tile")) {
-            o->gpu_att_tile = 0; /* the word's index: llama_gpu_params.att_tile */
-            while (o->gpu_att_tile < 3 && strcmp(val, pb_tile_word[o->gpu_att_tile]))
-                o->gpu_att_tile++;
-            if (o->gpu_att_tile == 3) {
-                fprintf(stderr, "orochi bench: --gpu-att-tile %s: auto, on or off\n", val);
+            /* the word's index: llama_gpu_params.att_tile */
+            if ((o->gpu_att_tile = pb_word(a, val, pb_tile_word, 3)) < 0)
                 return 2;
-            }
+        } else if (!strcmp(a, "--gpu-matmul")) {
+            /* the word's index: llama_gpu_params.matmul_kind */
+            if ((o->gpu_matmul = pb_word(a, val, pb_matmul_word, 3)) < 0)
+                return 2;
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (!pb_on_off(a, val, &o->gpu_fuse))
                 return 2;
@@ -650,6 +672,21 @@ int bench_plans(int argc, char **argv)
         fprintf(stderr, "orochi bench: %s\n", r.err);
         return 1;
     }
+    /* the roofline: the device's copy bandwidth (read + write), where a part ran on it */
+    double copy = 0;
+#ifdef OROCHI_HAVE_CUDA
+    bool any_gpu = false;
+    for (int i = 0; i < o.parts; i++)
+        any_gpu |= o.gpu[i];
+    if (any_gpu) {
+        kcuda *kg = kcuda_new(0, err, sizeof err);
+        if (!kg || kcuda_copy_gbps(kg, (size_t)256 << 20, 20, &copy, err, sizeof err)) {
+            fprintf(stderr, "orochi bench: %s (no roofline fraction reported)\n", err);
+            copy = 0;
+        }
+        kcuda_destroy(&kg);
+    }
+#endif
     double gb = (double)llama_model_step_bytes(r.m) / 1e9, la = cli_loadavg();
     FILE *js = cli_open_append(o.json);
     const char *base = strrchr(o.model, '/');
@@ -677,13 +714,17 @@ int bench_plans(int argc, char **argv)
                         "\"gpu_memory\":\"%s\",\"gpu_graphs\":%s,\"gpu_fuse\":%s,"
                         "\"gpu_ops\":%ld,\"gpu_unroll_ask\":%d,\"gpu_unroll\":%d,"
                         "\"gpu_att_ask\":%d,\"gpu_att_parts\":%d,\"gpu_att_keys\":%d,"
-                        "\"gpu_att_tile_ask\":\"%s\",\"gpu_att_tile\":%s}\n",
+                        "\"gpu_att_tile_ask\":\"%s\",\"gpu_att_tile\":%s,"
+                        "\"gpu_matmul_ask\":\"%s\",\"gpu_matmul\":\"%s\","
+                        "\"copy_gbps\":%.1f,\"roofline\":%.4f}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
                         r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll, how.unroll,
                         o.gpu_att_parts, how.att_parts, o.gpu_att_keys ? o.gpu_att_keys : 4,
-                        pb_tile_word[o.gpu_att_tile], how.att_tiles ? "true" : "false");
+                        pb_tile_word[o.gpu_att_tile], how.att_tiles ? "true" : "false",
+                        pb_matmul_word[o.gpu_matmul], how.tensor_cores ? "tensor" : "cuda", copy,
+                        copy > 0 ? gb / (med / 1e3) / copy : 0.0);
         }
         printf("\n");
     }
@@ -702,6 +743,16 @@ int bench_plans(int argc, char **argv)
         printf("\nquantized matmul groups in flight (%s):", o.gpu_unroll ? "asked" : "by width");
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" W=%d %d", o.widths[wi], r.how[wi].unroll);
+        printf("\nquantized matmul on (%s): %s cores", pb_matmul_word[o.gpu_matmul],
+               r.how[0].tensor_cores ? "tensor" : "CUDA");
+        printf("\n");
+    }
+    if (copy > 0) { /* the weights' GB/s over the device's copy GB/s (read + write) */
+        printf("device copy bandwidth %.0f GB/s (read + write); the weights read a step over it, "
+               "%s:",
+               copy, o.names[0]);
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %.1f%%", o.widths[wi], 100.0 * gb / (pb_median(&r, 0, wi) / 1e3) / copy);
         printf("\n");
     }
     if (js)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/util.h"
@@ -257,22 +258,51 @@ static uint64_t mk_tensor_bytes(const mk_tensor *t)
     return (uint64_t)kt_row_bytes(t->type, (uint64_t)t->cols) * (uint64_t)t->rows;
 }
 
-static int mk_write_tensor(FILE *f, const mk_tensor *t, uint64_t seed, int index)
+/* Rows of one tensor quantized by the pool's threads: row r's values are the stream's calls
+ * r * cols .. (a splitmix state advances by a constant per call, so a thread starts its rows
+ * where a sequential writer would be), so the file is the same whatever the thread count. */
+typedef struct {
+    const mk_tensor *t;
+    uint64_t s0;   /* the tensor's state before its first value */
+    int64_t r0;    /* the chunk's first row */
+    uint8_t *out;  /* the chunk's quantized rows */
+    float *rows;   /* a row of floats per thread */
+} mk_chunk;
+
+static void mk_rows(void *arg, int64_t begin, int64_t end, int thread)
 {
-    uint64_t s = seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull;
-    float *row = malloc((size_t)t->cols * sizeof *row);
-    void *q = malloc(kt_row_bytes(t->type, (uint64_t)t->cols) + 64);
-    int rc = row && q ? 0 : -1;
-    for (int64_t r = 0; !rc && r < t->rows; r++) {
-        for (int64_t c = 0; c < t->cols; c++)
-            row[c] = t->norm ? 1.0f + t->scale * mk_uniform(&s) : t->scale * mk_uniform(&s);
-        kt_quantize_row(t->type, row, q, t->cols);
-        size_t nb = kt_row_bytes(t->type, (uint64_t)t->cols);
-        if (fwrite(q, 1, nb, f) != nb)
+    mk_chunk *c = arg;
+    const mk_tensor *t = c->t;
+    float *row = c->rows + (size_t)thread * (size_t)t->cols;
+    size_t nb = kt_row_bytes(t->type, (uint64_t)t->cols);
+    for (int64_t i = begin; i < end; i++) {
+        uint64_t s = c->s0 + (uint64_t)(c->r0 + i) * (uint64_t)t->cols * 0x9e3779b97f4a7c15ull;
+        for (int64_t k = 0; k < t->cols; k++)
+            row[k] = t->norm ? 1.0f + t->scale * mk_uniform(&s) : t->scale * mk_uniform(&s);
+        kt_quantize_row(t->type, row, c->out + (size_t)i * nb, t->cols);
+    }
+}
+
+#define MK_CHUNK_BYTES ((size_t)64 << 20) /* quantized rows written at a time */
+
+static int mk_write_tensor(FILE *f, kpool *pool, const mk_tensor *t, uint64_t seed, int index)
+{
+    size_t nb = kt_row_bytes(t->type, (uint64_t)t->cols);
+    int64_t per = (int64_t)(MK_CHUNK_BYTES / nb);
+    per = per < 1 ? 1 : per > t->rows ? t->rows : per;
+    int threads = pool ? kpool_threads(pool) : 1;
+    mk_chunk c = {.t = t, .s0 = seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull};
+    c.out = malloc((size_t)per * nb);
+    c.rows = malloc((size_t)threads * (size_t)t->cols * sizeof *c.rows);
+    int rc = c.out && c.rows ? 0 : -1;
+    for (c.r0 = 0; !rc && c.r0 < t->rows; c.r0 += per) {
+        int64_t n = t->rows - c.r0 < per ? t->rows - c.r0 : per;
+        kpool_run(pool, n, 1, mk_rows, &c);
+        if (fwrite(c.out, 1, (size_t)n * nb, f) != (size_t)n * nb)
             rc = -1;
     }
-    free(row);
-    free(q);
+    free(c.out);
+    free(c.rows);
     return rc;
 }
 
@@ -435,6 +465,7 @@ int cmd_mkmodel(int argc, char **argv)
     cli_buf_put(&b, zeros, (MK_ALIGN - b.n % MK_ALIGN) % MK_ALIGN);
 
     int rc = 1;
+    kpool *pool = NULL;
     FILE *f = b.oom ? NULL : fopen(out, "wb");
     if (!f) {
         fprintf(stderr, "orochi mkmodel: cannot write '%s'\n", out);
@@ -442,8 +473,10 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (fwrite(b.p, 1, b.n, f) != b.n)
         goto write_fail;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    pool = kpool_new(cores < 1 ? 1 : cores > 64 ? 64 : (int)cores);
     for (int i = 0; i < n_t; i++) {
-        if (mk_write_tensor(f, &t[i], (uint64_t)seed, i))
+        if (mk_write_tensor(f, pool, &t[i], (uint64_t)seed, i))
             goto write_fail;
         uint64_t pad = (MK_ALIGN - mk_tensor_bytes(&t[i]) % MK_ALIGN) % MK_ALIGN;
         if (fwrite(zeros, 1, pad, f) != pad)
@@ -463,6 +496,7 @@ write_fail:
 done:
     if (f)
         fclose(f);
+    kpool_destroy(&pool);
     free(b.p);
     free(t);
     mk_vocab_free(&voc);

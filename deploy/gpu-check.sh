@@ -18,8 +18,8 @@
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
-#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,fusion,attention,groups,bandwidth,
-#                          plans,sanitizer
+#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,fusion,attention,
+#                          groups,bandwidth,plans,sanitizer
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
 #                          models/SmolLM2-135M-Instruct.Q4_1.gguf where it is; else the random
 #                          model of its shape)
@@ -40,7 +40,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,fusion,attention,groups,bandwidth,plans,sanitizer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,fusion,attention,groups,bandwidth,plans,sanitizer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -138,6 +138,40 @@ gpu_alone() {
         --devices gpu --plan hcmp:even --gpu-memory mirror --gpu-graphs on "$@" 2>&1 |
         tee -a "$out/plans.txt" || status=1
 }
+
+# the K-quants (what the Q4_K_M files users run hold): the GPU forward's greedy agreement with the
+# CPU's on the 1B shape at Q4_K and Q6_K (random weights, 4 bench prompts, 16 tokens), the
+# quantized matmul on CUDA cores and on tensor cores
+if stage kquants 30; then
+    for t in q4_k q6_k; do
+        [ -f /tmp/gc-1b-$t.gguf ] || gpu_model_1b /tmp/gc-1b-$t.gguf $t
+        for mm in cuda tensor; do
+            echo "== /tmp/gc-1b-$t.gguf: the GPU forward's greedy agreement, matmul on $mm cores" |
+                tee -a "$out/plans.txt"
+            bounded build-gpu/bin/orochi-gpu-agreement --model /tmp/gc-1b-$t.gguf --tokens 16 \
+                --limit 4 --gpu-matmul $mm --json "$out/plans.jsonl" 2>&1 |
+                tail -4 | tee -a "$out/plans.txt" || status=1
+        done
+    done
+fi
+
+# the roofline at the sizes users run: the GPU alone on the Llama-3.1-8B shape at Q4_K, Q8_0 and
+# BF16 and on the 1B shape at Q4_K, widths 1..64, the quantized matmul on CUDA cores and on tensor
+# cores; bench --plans reports each step's weight bytes over its time against the device's copy
+# bandwidth (read + write). A 2048-token prompt is 32 steps of 64.
+if stage roofline 60; then
+    for spec in 1b:q4_k 8b:q4_k 8b:q8_0 8b:bf16; do
+        shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
+        [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
+        [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
+        kinds="cuda tensor"
+        [ "$t" = bf16 ] && kinds=cuda  # the float types run on CUDA cores either way
+        for mm in $kinds; do
+            gpu_alone "$m" "quantized matmul on $mm cores" --widths 1,2,4,8,16,32,64 --ctx 256 \
+                --gpu-matmul "$mm"
+        done
+    done
+fi
 
 # the fused launches against one launch per op, and the quantized matmul by default (2 groups in
 # flight per lane up to width 4, else 1) against 1, 2 and 4 always: the GPU alone (mirror, graphs

@@ -148,8 +148,8 @@ static int gpu_matrix(llama_gpu *gp, const kmat *src, kmat *dst, const char *wha
 {
     if (!kcuda_type_ok(src->type)) {
         snprintf(err, errlen,
-                 "%s is %s: the GPU worker takes F32, F16, BF16, Q8_0, Q4_0 and Q4_1 matrices "
-                 "(orochi quantize converts a model)",
+                 "%s is %s: the GPU worker takes " KT_SUPPORTED_LIST
+                 " matrices (orochi quantize converts a model)",
                  what, kt_traits_of(src->type) ? kt_traits_of(src->type)->name : "unknown");
         return -1;
     }
@@ -283,6 +283,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->graphs = prm->graphs;
     gp->fuse = !prm->unfused;
     kcuda_set_matmul_unroll(gp->g, prm->matmul_unroll);
+    kcuda_set_matmul_kind(gp->g, prm->matmul_kind);
     gp->att_ask = prm->att_parts > 0 ? prm->att_parts : 0;
     if (prm->att_keys)
         kcuda_set_att_keys(gp->g, prm->att_keys);
@@ -920,7 +921,8 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     }
     kcuda_att a = gpu_att_of(gp, 0, 0);
     gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n), kcuda_att_tiles(g, &a, n) != 0,
-                              kcuda_matmul_unroll(g, n)};
+                              kcuda_matmul_unroll(g, n),
+                              kcuda_matmul_kind(g, x->m->layers[0].wq.type) == KCUDA_MM_TC};
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
     /* up to the last ancestor list this step uses (the arrays before it are whole) */

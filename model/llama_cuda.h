@@ -43,6 +43,8 @@ typedef struct {
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
     bool unfused;            /* one launch per op, not the fused launches (for comparison) */
     int matmul_unroll;       /* kcuda_set_matmul_unroll's groups (0: by the step's width) */
+    int matmul_kind;         /* kcuda_set_matmul_kind's KCUDA_MM_AUTO (0), _SIMT (CUDA cores) or
+                                _TC (tensor cores) for the quantized matrices */
     int att_parts;           /* attention's key streams cut into this many parts (0: by length,
                                 kcuda_att_parts; 1: never cut) */
     int att_keys;            /* kcuda_set_att_keys's keys an attention warp scores at once (0: 4) */
@@ -103,11 +105,13 @@ void llama_gpu_graph_counts(const llama_gpu *gpu, long *replayed, long *recorded
 long llama_gpu_launches(const llama_gpu *gpu);
 /* How the last step's kernels ran: the parts attention cut each token's key stream into
  * (kcuda_att_parts), whether attention ran by tiles (kcuda_att_tiles), the quantized matmul's
- * groups in flight (kcuda_matmul_unroll). */
+ * groups in flight (kcuda_matmul_unroll), whether the first layer's q projection ran on tensor
+ * cores (kcuda_matmul_kind). */
 typedef struct {
     int att_parts;
     bool att_tiles;
     int unroll;
+    bool tensor_cores;
 } llama_gpu_how;
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gpu);
 

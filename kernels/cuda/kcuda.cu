@@ -7,8 +7,17 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "kernels/cuda/kcuda_internal.h"
+
+/* Seconds on the monotonic clock. */
+static double kcuda_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 #define KCUDA_BLAS_WS ((size_t)32 << 20) /* bytes of cuBLAS workspace (its Hopper guidance) */
 
@@ -83,6 +92,34 @@ void kcuda_destroy(kcuda **gp)
     cudaStreamDestroy(g->stream);
     free(g);
     *gp = NULL;
+}
+
+int kcuda_copy_gbps(kcuda *g, size_t bytes, int reps, double *gbps, char *err, size_t errlen)
+{
+    void *a = NULL, *b = NULL;
+    if (kcuda_fail(cudaMalloc(&a, bytes), "copy bandwidth: cudaMalloc", err, errlen) ||
+        kcuda_fail(cudaMalloc(&b, bytes), "copy bandwidth: cudaMalloc", err, errlen)) {
+        cudaFree(a);
+        return -1;
+    }
+    int rc = 0;
+    double t0 = 0;
+    for (int i = -1; i < reps && !rc; i++) { /* the first copy is not timed */
+        rc = kcuda_fail(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g->stream),
+                        "copy bandwidth: cudaMemcpyAsync", err, errlen);
+        if (i == -1 && !rc) {
+            rc = kcuda_sync(g, err, errlen);
+            t0 = kcuda_now();
+        }
+    }
+    if (!rc)
+        rc = kcuda_sync(g, err, errlen);
+    double dt = kcuda_now() - t0;
+    if (!rc)
+        *gbps = 2.0 * (double)bytes * reps / (dt > 0 ? dt : 1e-9) / 1e9;
+    cudaFree(a);
+    cudaFree(b);
+    return rc;
 }
 
 void kcuda_describe(const kcuda *g, char *out, size_t len)

@@ -1,8 +1,9 @@
 /*
  * kernels/cuda — the GPU op set of orochi (CUDA + cuBLAS), the twin of kernels/cpu for a GPU
- * worker: batched matmul over an output-row range for F32/F16/BF16 and Q8_0/Q4_0/Q4_1 (own
- * kernels that dequantize in registers, the same sums whatever the batch; cuBLAS beside them for
- * the float types), rmsnorm, rope, silu*mul, embedding rows, residual
+ * worker: batched matmul over an output-row range for every type the CPU computes (F32/F16/BF16,
+ * Q8_0, Q4_0/Q4_1, Q5_0/Q5_1, IQ4_NL and the K-quants Q2_K..Q6_K: own kernels that dequantize in
+ * registers, the same sums whatever the batch, on CUDA cores or, for the quantized types, on
+ * tensor cores (kcuda_set_matmul_kind); cuBLAS beside them for the float types), rmsnorm, rope, silu*mul, embedding rows, residual
  * add, and attention as partials — dense (a query against the committed prefix), sparse (against
  * its tree ancestors, a COO list), both in one pass — and their online-softmax merge.
  *
@@ -78,6 +79,10 @@ void kcuda_unregister(void *host);
  * apart). Sizes, pitches and addresses multiples of 4 bytes. */
 void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
                   size_t pitch_y, size_t depth, size_t pitch_z);
+/* The device's copy bandwidth: `reps` device-to-device copies of `bytes` (after one unmeasured),
+ * timed on the host around a sync; *gbps gets bytes read plus bytes written per second over 1e9
+ * (the roofline a step's weight reads are compared with). 0, or -1 with err. */
+int kcuda_copy_gbps(kcuda *g, size_t bytes, int reps, double *gbps, char *err, size_t errlen);
 /* Make the context's scratch (the 16-bit activations of a cuBLAS matmul) at least `bytes`, so
  * that no op allocates while a graph is being captured. 0, or -1 with err. */
 int kcuda_reserve(kcuda *g, size_t bytes, char *err, size_t errlen);
@@ -95,8 +100,8 @@ int kcuda_graph_launch(kcuda *g, kcuda_graph *graph, char *err, size_t errlen);
 void kcuda_graph_destroy(kcuda_graph **graph);
 
 /* y[t * ldy + r] = W[r] . x[t * w->cols ...] for rows r in [lo, hi) and tokens t < n; w->data is
- * a device address of GGUF rows (w->packed is ignored). Types: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * all by the op set's own kernels, whose result for a token does not depend on the other tokens
+ * a device address of GGUF rows (w->packed is ignored). Types: every one kcuda_type_ok takes
+ * (KT_SUPPORTED_LIST), all by the op set's own kernels, whose result for a token does not depend on the other tokens
  * of the batch (a tree's verification gives the bits sequential decoding gives). 0, or -1 with
  * err for another type. */
 int kcuda_matmul(kcuda *g, const kmat *w, int64_t lo, int64_t hi, const float *x, int n, float *y,
@@ -156,12 +161,24 @@ void kcuda_set_matmul_unroll(kcuda *g, int groups);
 /* The groups in flight the quantized matmul uses for n input columns (1 where it has no such
  * knob: the CPU stand-in). */
 int kcuda_matmul_unroll(const kcuda *g, int n);
+/* Where the quantized matmuls multiply (every op that runs one: kcuda_matmul, _cols, _multi, _add,
+ * _silu): KCUDA_MM_SIMT on CUDA cores, each weight dequantized to f32 and multiplied with the f32
+ * activations; KCUDA_MM_TC on tensor cores (mma m16n8k16), the weights and the activations rounded
+ * to f16 and the products summed in f32, a block of 16 rows reading each token's inputs once.
+ * Either gives a token the same bits whatever the batch (the two differ from each other in the
+ * last bits, so a process keeps one setting for all its steps). KCUDA_MM_AUTO (until set; another
+ * value too): KCUDA_MM_SIMT. The float types run on CUDA cores whatever the setting. */
+enum { KCUDA_MM_AUTO = 0, KCUDA_MM_SIMT = 1, KCUDA_MM_TC = 2 };
+void kcuda_set_matmul_kind(kcuda *g, int kind);
+/* KCUDA_MM_SIMT or KCUDA_MM_TC: what a matmul of `type` runs on under the context's setting. */
+int kcuda_matmul_kind(const kcuda *g, uint32_t type);
 /* Ops queued on the context's stream since it was made: each kernel launch, copy and graph launch
  * counts one (a step's launch count, for tests and profiles). */
 long kcuda_launches(const kcuda *g);
 /* kcuda_matmul over input columns [c0, c1) only (kmat_mul_cols): y[t * ldy + r] = W[r][c0:c1] .
- * x[t], x holding n rows of c1 - c0 values — a partial sum. For Q8_0, Q4_0 and Q4_1, c0 and c1
- * multiples of 32 (whole blocks); any range of F32, F16, BF16. 0, or -1 with err. */
+ * x[t], x holding n rows of c1 - c0 values — a partial sum. For the quantized types c0 and c1
+ * on whole blocks (32 columns, 256 for the K-quants); any range of F32, F16, BF16. 0, or -1 with
+ * err. */
 int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c0, int64_t c1,
                       const float *x, int n, float *y, int64_t ldy, char *err, size_t errlen);
 /* kcuda_matmul through cuBLAS for F32 (SGEMM) and F16, BF16 (the activations rounded to the

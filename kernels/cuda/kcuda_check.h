@@ -11,30 +11,41 @@
 
 #include "kernels/cuda/kcuda.h"
 
-/* The weight types the GPU op set takes. */
+/* The weight types the GPU op set takes: every type the CPU computes (KT_SUPPORTED_LIST). */
 static inline bool kcuda_type_ok(uint32_t t)
 {
-    return t == KT_F32 || t == KT_F16 || t == KT_BF16 || t == KT_Q8_0 || t == KT_Q4_0 ||
-           t == KT_Q4_1;
+    const kt_traits *tr = kt_traits_of(t);
+    return tr && tr->supported;
 }
 
-/* kcuda_matmul_cols's: a GPU type with columns on 32-blocks; input columns [c0, c1) inside the
- * row, on 32-blocks for the 8- and 4-bit types (cuBLAS takes any range of a float type). */
+/* The columns a quantized type's block holds (32, or 256 for the K-quants); 1 for a float type. */
+static inline int64_t kcuda_type_block(uint32_t t)
+{
+    if (t == KT_F32 || t == KT_F16 || t == KT_BF16)
+        return 1;
+    const kt_traits *tr = kt_traits_of(t);
+    return tr ? tr->block : 1;
+}
+
+/* kcuda_matmul_cols's: a GPU type with columns on 32-blocks (256 for the K-quants); input columns
+ * [c0, c1) inside the row, on the type's blocks for the quantized types (a float type takes any
+ * range). */
 static inline int kcuda_check_matmul(const kmat *w, int64_t c0, int64_t c1, char *err,
                                      size_t errlen)
 {
-    if (!kcuda_type_ok(w->type) || w->cols % 32) {
+    int64_t blk = kcuda_type_block(w->type), need = blk > 32 ? blk : 32;
+    if (!kcuda_type_ok(w->type) || w->cols % need) {
+        const kt_traits *tr = kt_traits_of(w->type);
         snprintf(err, errlen,
-                 "matmul of type %u, %lld columns: the GPU takes F32, F16, BF16, Q8_0, Q4_0, "
-                 "Q4_1 with columns a multiple of 32",
-                 w->type, (long long)w->cols);
+                 "matmul of %s, %lld columns: the GPU takes " KT_SUPPORTED_LIST
+                 " with columns a multiple of 32 (256 for the K-quants)",
+                 tr ? tr->name : "an unknown type", (long long)w->cols);
         return -1;
     }
-    bool whole = w->type == KT_Q8_0 || w->type == KT_Q4_0 || w->type == KT_Q4_1;
-    if (c0 < 0 || c1 > w->cols || c1 <= c0 || (whole && (c0 % 32 || c1 % 32))) {
+    if (c0 < 0 || c1 > w->cols || c1 <= c0 || c0 % blk || c1 % blk) {
         snprintf(err, errlen, "matmul over input columns [%lld, %lld) of %lld: %s",
                  (long long)c0, (long long)c1, (long long)w->cols,
-                 c1 <= c0 || c0 < 0 || c1 > w->cols ? "out of range" : "not on 32-blocks");
+                 c1 <= c0 || c0 < 0 || c1 > w->cols ? "out of range" : "not on the type's blocks");
         return -1;
     }
     return 0;
@@ -107,6 +118,15 @@ static inline int kcuda_unroll_rule(int set, int n)
     return n <= KCUDA_UNROLL_AUTO_N ? 2 : 1;
 }
 
+/* What a matmul of `type` runs on (kcuda_set_matmul_kind's `set`): the float types on CUDA cores
+ * always; the quantized ones as set, by default (KCUDA_MM_AUTO) on CUDA cores. */
+static inline int kcuda_mm_rule(int set, uint32_t type)
+{
+    if (type == KT_F32 || type == KT_F16 || type == KT_BF16)
+        return KCUDA_MM_SIMT;
+    return set == KCUDA_MM_TC ? KCUDA_MM_TC : KCUDA_MM_SIMT;
+}
+
 /* kcuda_att_parts for a device of `sms` multiprocessors, `tile` as kcuda_att_tiled takes it (the
  * CUDA op set and its stand-in share the rule, so both count the same launches). */
 static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int tile)
@@ -135,8 +155,7 @@ static inline int kcuda_check_embed(const kmat *table, char *err, size_t errlen)
 {
     if (kcuda_type_ok(table->type))
         return 0;
-    snprintf(err, errlen, "embedding of type %u: the GPU reads F32, F16, BF16, Q8_0, Q4_0, Q4_1",
-             table->type);
+    snprintf(err, errlen, "embedding of type %u: the GPU reads " KT_SUPPORTED_LIST, table->type);
     return -1;
 }
 

@@ -35,6 +35,7 @@ struct kcuda {
     int failed; /* an op could not be recorded */
     long launches; /* ops queued (kcuda_launches) */
     int att_tile;  /* kcuda_set_att_tile's setting: the stand-in decides as a device would */
+    int mm_kind;   /* kcuda_set_matmul_kind's, reported as a device would */
 };
 
 struct kcuda_graph {
@@ -567,6 +568,23 @@ void kcuda_rope_store(kcuda *g, const kcuda_rope_kv *a, int n)
 void kcuda_set_matmul_unroll(kcuda *g, int groups)
 {
     (void)g, (void)groups; /* the CPU twins have no such knob */
+}
+
+int kcuda_copy_gbps(kcuda *g, size_t bytes, int reps, double *gbps, char *err, size_t errlen)
+{
+    (void)g, (void)bytes, (void)reps, (void)gbps;
+    snprintf(err, errlen, "copy bandwidth: the CPU stand-in has no device memory to time");
+    return -1;
+}
+
+void kcuda_set_matmul_kind(kcuda *g, int kind)
+{
+    g->mm_kind = kind; /* the CPU twins compute the same answer either way */
+}
+
+int kcuda_matmul_kind(const kcuda *g, uint32_t type)
+{
+    return kcuda_mm_rule(g->mm_kind, type);
 }
 
 void kcuda_set_att_keys(kcuda *g, int keys)

@@ -25,6 +25,7 @@ struct kcuda {
     long launches; /* ops queued (kcuda_launches) */
     int unroll;    /* quantized matmul: groups a lane loads before adding, 0 by the step
                       (kcuda_set_matmul_unroll) */
+    int mm_kind;   /* quantized matmul: KCUDA_MM_* (kcuda_set_matmul_kind) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
     int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
     int att_tile;    /* attention by tiles: KCUDA_TILE_* (kcuda_set_att_tile) */
@@ -61,6 +62,182 @@ __device__ static inline float kcuda_silu_mul1(float g, float u)
     return g / (1.0f + expf(-g)) * u;
 }
 
+/* Two bytes, and four bytes as two 2-byte loads (the blocks of several types are only 2-aligned). */
+__device__ static inline uint32_t kcuda_u16(const uint8_t *p)
+{
+    return *(const uint16_t *)p;
+}
+__device__ static inline uint32_t kcuda_u32h(const uint8_t *p)
+{
+    return kcuda_u16(p) | kcuda_u16(p + 2) << 16;
+}
+
+/* IQ4_NL's 16 levels (KTK_IQ4NL) as the bytes of two constants: no table in memory. */
+__device__ static inline float kcuda_iq4nl(uint32_t code)
+{
+    const uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
+    return (float)(int8_t)((code < 8 ? lo : hi) >> (8 * (code & 7)));
+}
+
+/* Sub-block j (0..7) of the 6-bit scales and mins of Q4_K / Q5_K (ktk_scale_min). */
+__device__ static inline void kcuda_scale_min(const uint8_t *s, int j, float *sc, float *mn)
+{
+    if (j < 4) {
+        *sc = (float)(s[j] & 63);
+        *mn = (float)(s[j + 4] & 63);
+    } else {
+        *sc = (float)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        *mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* The quantized types: the matmul reads them by groups of 8 weights (kcuda_group). */
+__host__ __device__ static inline bool kcuda_quant(uint32_t t)
+{
+    return t != KT_F32 && t != KT_F16 && t != KT_BF16;
+}
+
+/* The 8 weights lane `sub` (0..3) of a row's 32-column block b takes, and where their inputs lie:
+ * w[0..3] multiply the 4 inputs from column *a of the block, w[4..7] the 4 from *bo (the layouts
+ * are kernels/cpu/ktypes_k.c's and types.c's).
+ *  - 32-blocks with 4-bit codes (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): the 4 quant bytes 4*sub..; their
+ *    low nibbles are columns 4*sub.., their high ones 16 + 4*sub..;
+ *  - Q8_0: the 8 quants 8*sub..;
+ *  - the K-quants: block b is sub-block b % 8 of super-block b / 8, and the lane takes its
+ *    columns 8*sub .. 8*sub + 7, wherever the format keeps their bits.
+ * So the 4 lanes of a block read its quants as one run of bytes and its inputs as one run of
+ * floats, and 32 lanes (8 blocks) cover one K super-block. */
+template <uint32_t TYPE>
+__device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub, float w[8], int *a,
+                                          int *bo)
+{
+    if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
+        TYPE == KT_IQ4_NL) {
+        const int bytes = TYPE == KT_Q4_1 ? 20 : TYPE == KT_Q5_0 ? 22 : TYPE == KT_Q5_1 ? 24 : 18;
+        const int qs = TYPE == KT_Q4_1 ? 4 : TYPE == KT_Q5_0 ? 6 : TYPE == KT_Q5_1 ? 8 : 2;
+        const uint8_t *q = row + (size_t)b * bytes;
+        float d = kcuda_half(q), m = 0.0f;
+        if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1)
+            m = kcuda_half(q + 2);
+        /* Q4_1's and Q5_1's blocks are 4-aligned: one 4-byte load */
+        const bool al = bytes % 4 == 0;
+        uint32_t v = al ? *(const uint32_t *)(q + qs + 4 * sub) : kcuda_u32h(q + qs + 4 * sub);
+        uint32_t h = 0;
+        if (TYPE == KT_Q5_0 || TYPE == KT_Q5_1)
+            h = al ? *(const uint32_t *)(q + qs - 4) : kcuda_u32h(q + qs - 4);
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo = (v >> (8 * i)) & 0xf, hi = (v >> (8 * i + 4)) & 0xf;
+            lo |= ((h >> (4 * sub + i)) & 1) << 4;
+            hi |= ((h >> (16 + 4 * sub + i)) & 1) << 4;
+            if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1) {
+                w[i] = d * (float)lo + m;
+                w[4 + i] = d * (float)hi + m;
+            } else if (TYPE == KT_IQ4_NL) {
+                w[i] = d * kcuda_iq4nl(lo);
+                w[4 + i] = d * kcuda_iq4nl(hi);
+            } else {
+                const int z = TYPE == KT_Q4_0 ? 8 : 16;
+                w[i] = d * (float)((int)lo - z);
+                w[4 + i] = d * (float)((int)hi - z);
+            }
+        }
+        *a = 4 * sub;
+        *bo = 16 + 4 * sub;
+        return;
+    }
+    if (TYPE == KT_Q8_0) {
+        const uint8_t *q = row + (size_t)b * 34;
+        float d = kcuda_half(q);
+        const uint16_t *h = (const uint16_t *)(q + 2 + 8 * sub); /* 34-byte blocks: 2-aligned */
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = d * (float)(int8_t)(h[i] & 0xff);
+            w[2 * i + 1] = d * (float)(int8_t)(h[i] >> 8);
+        }
+        *a = 8 * sub;
+        *bo = 8 * sub + 4;
+        return;
+    }
+    /* the K-quants */
+    int64_t S = b >> 3;
+    int j = (int)(b & 7), n = j >> 2, jj = j & 3;
+    *a = 8 * sub;
+    *bo = 8 * sub + 4;
+    if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
+        /* d, dmin, scales[12], (Q5_K: qh[32]), qs[128]: sub-block 2p + h is the nibble h of
+         * qs[32p + l], Q5_K's fifth bit bit j of qh[l] */
+        const uint8_t *q = row + (size_t)S * (TYPE == KT_Q4_K ? 144 : 176);
+        float sc, mn;
+        kcuda_scale_min(q + 4, j, &sc, &mn);
+        float ds = kcuda_half(q) * sc, dm = kcuda_half(q + 2) * mn;
+        const uint8_t *qs = q + (TYPE == KT_Q4_K ? 16 : 48) + 32 * (j >> 1) + 8 * sub;
+        uint32_t v[2] = {kcuda_u32h(qs), kcuda_u32h(qs + 4)}, h[2] = {0, 0};
+        if (TYPE == KT_Q5_K) {
+            h[0] = kcuda_u32h(q + 16 + 8 * sub);
+            h[1] = kcuda_u32h(q + 20 + 8 * sub);
+        }
+        int sh = 4 * (j & 1);
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 4; i++) {
+                uint32_t c = ((v[k] >> (8 * i + sh)) & 0xf) | ((h[k] >> (8 * i + j)) & 1) << 4;
+                w[4 * k + i] = ds * (float)c - dm;
+            }
+        return;
+    }
+    if (TYPE == KT_Q6_K) {
+        /* ql[128], qh[64], scales[16] (int8), d; sub-block j = 4n + jj: the low 4 bits in
+         * ql[64n + 32 (jj & 1) + l] (nibble jj >> 1), the high 2 in qh[32n + l] (bits 2 jj) */
+        const uint8_t *q = row + (size_t)S * 210;
+        float ds = kcuda_half(q + 208) * (float)(int8_t)q[192 + 8 * n + 2 * jj + (sub >> 1)];
+        const uint8_t *ql = q + 64 * n + 32 * (jj & 1) + 8 * sub, *qh = q + 128 + 32 * n + 8 * sub;
+        int sh = 4 * (jj >> 1);
+        for (int k = 0; k < 2; k++) {
+            uint32_t L = kcuda_u32h(ql + 4 * k), H = kcuda_u32h(qh + 4 * k);
+            for (int i = 0; i < 4; i++) {
+                int c = (int)(((L >> (8 * i + sh)) & 0xf) | ((H >> (8 * i + 2 * jj)) & 3) << 4);
+                w[4 * k + i] = ds * (float)(c - 32);
+            }
+        }
+        return;
+    }
+    /* Q2_K (scales[16], qs[64], d, dmin) and Q3_K (hmask[32], qs[64], scales[12], d): sub-block
+     * j = 4n + jj is bits 2 jj of qs[32n + l], its scale 8n + 2jj + l / 16; Q3_K's third bit is bit
+     * 4n + jj of hmask[l] */
+    const bool q3 = TYPE == KT_Q3_K;
+    const uint8_t *q = row + (size_t)S * (q3 ? 110 : 84);
+    int s = 8 * n + 2 * jj + (sub >> 1);
+    float ds, dm = 0.0f;
+    if (q3) {
+        const uint8_t *s12 = q + 96;
+        int lo = (s12[s % 8] >> (4 * (s / 8))) & 15, hi = (s12[8 + s % 4] >> (2 * (s / 4))) & 3;
+        ds = kcuda_half(q + 108) * (float)((lo | hi << 4) - 32);
+    } else {
+        ds = kcuda_half(q + 80) * (float)(q[s] & 15);
+        dm = kcuda_half(q + 82) * (float)(q[s] >> 4);
+    }
+    const uint8_t *qs = q + (q3 ? 32 : 16) + 32 * n + 8 * sub;
+    for (int k = 0; k < 2; k++) {
+        uint32_t v = kcuda_u32h(qs + 4 * k), H = q3 ? kcuda_u32h(q + 8 * sub + 4 * k) : 0;
+        for (int i = 0; i < 4; i++) {
+            int c = (int)((v >> (8 * i + 2 * jj)) & 3);
+            if (q3)
+                c += 4 * (int)((H >> (8 * i + 4 * n + jj)) & 1) - 4;
+            w[4 * k + i] = ds * (float)c - dm;
+        }
+    }
+}
+
+/* Element c of a quantized row, through the lane of its block that holds it. */
+template <uint32_t TYPE>
+__device__ static inline float kcuda_elem(const uint8_t *row, int64_t c)
+{
+    int e = (int)(c % 32), a, bo, sub = TYPE >= KT_Q2_K && TYPE <= KT_Q6_K ? e / 8 : (e % 16) / 4;
+    if (TYPE == KT_Q8_0)
+        sub = e / 8;
+    float w[8];
+    kcuda_group<TYPE>(row, c / 32, sub, w, &a, &bo);
+    return e - a >= 0 && e - a < 4 ? w[e - a] : w[4 + e - bo];
+}
+
 /* Element c of a GGUF row of `type` (the types kcuda_type_ok accepts). */
 __device__ static inline float kcuda_dequant(uint32_t type, const uint8_t *row, int64_t c)
 {
@@ -68,20 +245,17 @@ __device__ static inline float kcuda_dequant(uint32_t type, const uint8_t *row, 
     case KT_F32: return ((const float *)row)[c];
     case KT_F16: return __half2float(((const __half *)row)[c]);
     case KT_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
-    case KT_Q8_0: {
-        const uint8_t *b = row + (c / 32) * 34;
-        return kcuda_half(b) * (float)(int8_t)b[2 + c % 32];
-    }
-    case KT_Q4_0: {
-        const uint8_t *b = row + (c / 32) * 18;
-        int j = (int)(c % 32), q = j < 16 ? (b[2 + j] & 0xf) : (b[2 + j - 16] >> 4);
-        return kcuda_half(b) * (float)(q - 8);
-    }
-    case KT_Q4_1: {
-        const uint8_t *b = row + (c / 32) * 20;
-        int j = (int)(c % 32), q = j < 16 ? (b[4 + j] & 0xf) : (b[4 + j - 16] >> 4);
-        return kcuda_half(b) * (float)q + kcuda_half(b + 2);
-    }
+    case KT_Q8_0: return kcuda_elem<KT_Q8_0>(row, c);
+    case KT_Q4_0: return kcuda_elem<KT_Q4_0>(row, c);
+    case KT_Q4_1: return kcuda_elem<KT_Q4_1>(row, c);
+    case KT_Q5_0: return kcuda_elem<KT_Q5_0>(row, c);
+    case KT_Q5_1: return kcuda_elem<KT_Q5_1>(row, c);
+    case KT_IQ4_NL: return kcuda_elem<KT_IQ4_NL>(row, c);
+    case KT_Q2_K: return kcuda_elem<KT_Q2_K>(row, c);
+    case KT_Q3_K: return kcuda_elem<KT_Q3_K>(row, c);
+    case KT_Q4_K: return kcuda_elem<KT_Q4_K>(row, c);
+    case KT_Q5_K: return kcuda_elem<KT_Q5_K>(row, c);
+    case KT_Q6_K: return kcuda_elem<KT_Q6_K>(row, c);
     default: return 0.0f;
     }
 }

@@ -33,51 +33,8 @@
 #define KQ_WARPS 4  /* rows per block */
 #define KQ_SPAN 256 /* a warp's columns per iteration: 8 quantized blocks, 4 lanes each */
 
-/* The 8 weights lane `sub` (0..3) of a quantized block takes, and where their inputs lie: w[0..3]
- * multiply the 4 inputs from column *a of the block, w[4..7] the 4 from *b. Q4_0 / Q4_1: the 4
- * quant bytes 4*sub.. (their low nibbles are columns 4*sub.., their high ones 16 + 4*sub..);
- * Q8_0: the 8 quants 8*sub... So the 4 lanes of a block read its quants as one run of bytes and
- * their inputs as one run of floats, and a warp's loads fall on consecutive addresses. */
-template <uint32_t TYPE>
-__device__ static inline void k_group(const uint8_t *row, int64_t b, int sub, float w[8], int *a,
-                                      int *bo)
-{
-    if (TYPE == KT_Q4_1) {
-        const uint8_t *q = row + (size_t)b * 20;
-        float d = kcuda_half(q), m = kcuda_half(q + 2);
-        uint32_t v = *(const uint32_t *)(q + 4 + 4 * sub); /* 20-byte blocks: 4-aligned */
-        for (int i = 0; i < 4; i++) {
-            w[i] = d * (float)((v >> (8 * i)) & 0xf) + m;
-            w[4 + i] = d * (float)((v >> (8 * i + 4)) & 0xf) + m;
-        }
-        *a = 4 * sub;
-        *bo = 16 + 4 * sub;
-    } else if (TYPE == KT_Q4_0) {
-        const uint8_t *q = row + (size_t)b * 18;
-        float d = kcuda_half(q);
-        const uint16_t *h = (const uint16_t *)(q + 2 + 4 * sub); /* 18-byte blocks: 2-aligned */
-        uint32_t v = (uint32_t)h[0] | (uint32_t)h[1] << 16;
-        for (int i = 0; i < 4; i++) {
-            w[i] = d * (float)((int)((v >> (8 * i)) & 0xf) - 8);
-            w[4 + i] = d * (float)((int)((v >> (8 * i + 4)) & 0xf) - 8);
-        }
-        *a = 4 * sub;
-        *bo = 16 + 4 * sub;
-    } else { /* Q8_0 */
-        const uint8_t *q = row + (size_t)b * 34;
-        float d = kcuda_half(q);
-        const uint16_t *h = (const uint16_t *)(q + 2 + 8 * sub); /* 34-byte blocks: 2-aligned */
-        for (int i = 0; i < 4; i++) {
-            w[2 * i] = d * (float)(int8_t)(h[i] & 0xff);
-            w[2 * i + 1] = d * (float)(int8_t)(h[i] >> 8);
-        }
-        *a = 8 * sub;
-        *bo = 8 * sub + 4;
-    }
-}
-
 /* acc[t] += the 8 weights of one group times their inputs, for tokens t < nt (xb: token 0's
- * inputs of the group's block; a, bo: k_group's offsets). One expression wherever it is used, so
+ * inputs of the group's block; a, bo: kcuda_group's offsets). One expression wherever it is used, so
  * that every caller sums alike. */
 __device__ static inline void k_group_acc(const float w[8], int a, int bo, const float *xb,
                                           int64_t cols, int nt, float acc[KQ_TOK])
@@ -103,7 +60,7 @@ template <uint32_t TYPE, int U>
 __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const float *xt, int nt,
                                          int lane, float acc[KQ_TOK])
 {
-    const bool quant = TYPE == KT_Q8_0 || TYPE == KT_Q4_0 || TYPE == KT_Q4_1;
+    const bool quant = kcuda_quant(TYPE);
     const int step = KQ_SPAN / 32; /* blocks a warp iteration covers */
 #pragma unroll
     for (int t = 0; t < KQ_TOK; t++)
@@ -115,14 +72,14 @@ __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const
             float wv[U][8];
 #pragma unroll
             for (int u = 0; u < U; u++)
-                k_group<TYPE>(row, b + u * step, sub, wv[u], &a, &bo);
+                kcuda_group<TYPE>(row, b + u * step, sub, wv[u], &a, &bo);
 #pragma unroll
             for (int u = 0; u < U; u++)
                 k_group_acc(wv[u], a, bo, xt + (b + u * step) * 32, cols, nt, acc);
         }
         for (; b < nb; b += step) { /* the row's last blocks, fewer than U groups */
             float wv[8];
-            k_group<TYPE>(row, b, sub, wv, &a, &bo);
+            kcuda_group<TYPE>(row, b, sub, wv, &a, &bo);
             k_group_acc(wv, a, bo, xt + b * 32, cols, nt, acc);
         }
     } else {
@@ -174,15 +131,11 @@ struct kq_job {
     int n;
 };
 
-/* One warp per output row of one of the job's matrices (the block's index picks which); the
- * lanes' sums meet in a warp reduction, in one order, so a row's result is the same bits for
- * every OP and every batch width. */
-template <uint32_t TYPE, int OP, int U>
-__global__ void k_matmul(kq_job j)
+/* The matrix (segment) of a job block blockIdx.x falls in, picked by constant indices (the job
+ * stays in the parameter bank), and that block's first row. */
+__device__ static inline kq_seg kq_seg_of(const kq_job &j, int rows_per_block, int64_t *r0)
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    /* the block's matrix, by constant indices (the job stays in the parameter bank) */
-    static_assert(KCUDA_MM_MAX == 3, "k_matmul picks among three matrices");
+    static_assert(KCUDA_MM_MAX == 3, "a job holds three matrices at most");
     kq_seg s = j.s[0];
     unsigned b0 = 0;
     if (j.n_seg > 1 && blockIdx.x >= j.s[0].b1) {
@@ -193,7 +146,20 @@ __global__ void k_matmul(kq_job j)
         s = j.s[2];
         b0 = j.s[1].b1;
     }
-    int64_t r = s.lo + (int64_t)(blockIdx.x - b0) * KQ_WARPS + warp;
+    *r0 = s.lo + (int64_t)(blockIdx.x - b0) * rows_per_block;
+    return s;
+}
+
+/* One warp per output row of one of the job's matrices (the block's index picks which); the
+ * lanes' sums meet in a warp reduction, in one order, so a row's result is the same bits for
+ * every OP and every batch width. */
+template <uint32_t TYPE, int OP, int U>
+__global__ void k_matmul(kq_job j)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t r;
+    kq_seg s = kq_seg_of(j, KQ_WARPS, &r);
+    r += warp;
     if (r >= s.hi)
         return;
     const uint8_t *row = s.w + (size_t)r * s.row_bytes;
@@ -221,6 +187,195 @@ __global__ void k_matmul(kq_job j)
             }
         }
     }
+}
+
+/* ===== the quantized matmul on tensor cores (KCUDA_MM_TC) =====
+ *
+ * A block of KM_WARPS warps takes 16 output rows (one m16n8k16 A tile) of one matrix; warp w takes
+ * the row's 32-column blocks w, w + KM_WARPS, ..., and a lane (g = lane / 4, t = lane % 4) fills
+ * its A fragment with kcuda_group's 8 weights of rows g and g + 8 for sub t (the first 4 go into
+ * the first k-step's slots, the last 4 into the second's), its B fragment with the same columns
+ * of token g of the tile. A permutation of the columns inside a k-step changes nothing as long as
+ * A and B follow it, so each lane loads exactly the bytes the CUDA-core kernel's lane loads. The
+ * weights and the inputs are rounded to f16, the products summed in f32. Tokens run in tiles of
+ * 8 (NT tiles a pass); the 4 warps' sums meet in shared memory, added in warp order. Every output
+ * is one lane's accumulator over the blocks of each warp in one order, then the warps in one
+ * order: a token's result does not depend on the batch it came in, nor on which of the 8 columns
+ * of a tile it took. */
+#define KM_WARPS 4
+#define KM_ROWS 16
+#define KM_TILES 8 /* token tiles of 8 a pass at most: 64 tokens */
+
+__device__ static inline uint32_t km_h2(float lo, float hi)
+{
+#ifdef OROCHI_KEMU_H
+    __half l(lo), h(hi);
+    return (uint32_t)l.bits | (uint32_t)h.bits << 16;
+#else
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+#endif
+}
+
+#ifdef OROCHI_KEMU_H
+static inline float km_f(uint32_t v, int hi)
+{
+    __half h;
+    h.bits = (uint16_t)(hi ? v >> 16 : v & 0xffff);
+    return __half2float(h);
+}
+#endif
+
+/* d += A (16 x 16, f16, row-major fragments) B (16 x 8, f16, column-major), f32 accumulation:
+ * mma.sync m16n8k16 on the device; over the emulation the same product formed from the warp's
+ * fragments through shuffles, k in order. */
+__device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+#ifdef OROCHI_KEMU_H
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int tt = 0; tt < 4; tt++) {
+        uint32_t ar[4], bc[2][2];
+        for (int r = 0; r < 4; r++)
+            ar[r] = __shfl_sync(0xffffffffu, a[r], g * 4 + tt);
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < 2; r++)
+                bc[c][r] = __shfl_sync(0xffffffffu, b[r], (2 * t + c) * 4 + tt);
+        for (int row = 0; row < 2; row++)
+            for (int c = 0; c < 2; c++) {
+                float s = 0.0f;
+                for (int half = 0; half < 2; half++) /* k 2tt.. then 2tt + 8.. */
+                    for (int e = 0; e < 2; e++)
+                        s += km_f(ar[row + 2 * half], e) * km_f(bc[c][half], e);
+                d[2 * row + c] += s;
+            }
+    }
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* The A fragments of one 32-column block b of rows g and g + 8 (ra, rb: the two rows' bytes from
+ * the first input column multiplied): A[0..3] the first k-step's, A[4..7] the second's. *a, *bo:
+ * where the block's inputs of the lane's two k-steps lie. */
+template <uint32_t TYPE>
+__device__ static inline void km_load(const uint8_t *ra, const uint8_t *rb, int64_t b, int t,
+                                      uint32_t A[8], int *a, int *bo)
+{
+    float wa[8], wb[8];
+    kcuda_group<TYPE>(ra, b, t, wa, a, bo);
+    kcuda_group<TYPE>(rb, b, t, wb, a, bo);
+    A[0] = km_h2(wa[0], wa[1]), A[1] = km_h2(wb[0], wb[1]);
+    A[2] = km_h2(wa[2], wa[3]), A[3] = km_h2(wb[2], wb[3]);
+    A[4] = km_h2(wa[4], wa[5]), A[5] = km_h2(wb[4], wb[5]);
+    A[6] = km_h2(wa[6], wa[7]), A[7] = km_h2(wb[6], wb[7]);
+}
+
+/* Block b's fragments times the pass's tokens [t0, t0 + NT * 8) of n, into acc[NT][4]. */
+template <int NT>
+__device__ static inline void km_mul(const uint32_t A[8], int a, int bo, int64_t b, const float *x,
+                                     int64_t cols, int t0, int n, int g, float acc[NT][4])
+{
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        int tok = t0 + 8 * i + g;
+        float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (tok < n) {
+            const float *xr = x + (int64_t)tok * cols + b * 32;
+            u = *(const float4 *)(xr + a);
+            v = *(const float4 *)(xr + bo);
+        }
+        uint32_t B0[2] = {km_h2(u.x, u.y), km_h2(u.z, u.w)};
+        uint32_t B1[2] = {km_h2(v.x, v.y), km_h2(v.z, v.w)};
+        km_mma(acc[i], A, B0);
+        km_mma(acc[i], A + 4, B1);
+    }
+}
+
+template <uint32_t TYPE, int OP, int NT, int U>
+__global__ void k_mma(kq_job j)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t r0;
+    kq_seg s = kq_seg_of(j, KM_ROWS, &r0);
+    /* rows past the segment's end compute on its last row and are not written */
+    int64_t ra = r0 + g < s.hi ? r0 + g : s.hi - 1, rb = r0 + g + 8 < s.hi ? r0 + g + 8 : s.hi - 1;
+    const int NM = OP == KQ_SILU ? 2 : 1;
+    __shared__ float red[NM][KM_WARPS][NT * 4][32];
+    int64_t nb = j.cols / 32;
+    for (int t0 = 0; t0 < j.n; t0 += NT * 8) {
+        for (int m = 0; m < NM; m++) {
+            const uint8_t *w = m ? s.w2 : s.w;
+            const uint8_t *rowa = w + (size_t)ra * s.row_bytes, *rowb = w + (size_t)rb * s.row_bytes;
+            float acc[NT][4];
+#pragma unroll
+            for (int i = 0; i < NT; i++)
+                acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+            int64_t b = warp;
+            int a = 0, bo = 0;
+            /* U blocks' weights loaded before any is multiplied (loads in flight), multiplied in
+             * the order of the blocks: the same sums for every U */
+            for (; b + (U - 1) * KM_WARPS < nb; b += U * KM_WARPS) {
+                uint32_t A[U][8];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    km_load<TYPE>(rowa, rowb, b + u * KM_WARPS, t, A[u], &a, &bo);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    km_mul<NT>(A[u], a, bo, b + u * KM_WARPS, j.x, j.cols, t0, j.n, g, acc);
+            }
+            for (; b < nb; b += KM_WARPS) {
+                uint32_t A[8];
+                km_load<TYPE>(rowa, rowb, b, t, A, &a, &bo);
+                km_mul<NT>(A, a, bo, b, j.x, j.cols, t0, j.n, g, acc);
+            }
+#pragma unroll
+            for (int i = 0; i < NT; i++)
+                for (int e = 0; e < 4; e++)
+                    red[m][warp][4 * i + e][lane] = acc[i][e];
+        }
+        __syncthreads();
+        /* output (lane L, slot q): row g(L) (+8 for e >= 2), token t0 + 8 i + 2 t(L) + e % 2 */
+        for (int o = threadIdx.x; o < NT * 4 * 32; o += KM_WARPS * 32) {
+            int q = o >> 5, L = o & 31, i = q >> 2, e = q & 3;
+            int64_t r = r0 + (L >> 2) + (e >= 2 ? 8 : 0);
+            int tok = t0 + 8 * i + 2 * (L & 3) + (e & 1);
+            float v = 0.0f, u = 0.0f;
+            for (int w = 0; w < KM_WARPS; w++)
+                v += red[0][w][q][L];
+            if (OP == KQ_SILU)
+                for (int w = 0; w < KM_WARPS; w++)
+                    u += red[NM - 1][w][q][L];
+            if (r >= s.hi || tok >= j.n)
+                continue;
+            float *out = s.y + (int64_t)tok * s.ldy + r;
+            if (OP == KQ_STORE)
+                *out = v;
+            else if (OP == KQ_ADD)
+                *out = *out + v;
+            else
+                *out = kcuda_silu_mul1(v, u);
+        }
+        __syncthreads();
+    }
+}
+
+/* A quantized type on tensor cores: the token tiles a pass takes and the blocks a warp loads
+ * before it multiplies by the step's width (a token's bits depend on neither). */
+template <uint32_t TYPE, int OP>
+static void km_launch(kcuda *g, dim3 grid, const kq_job &j)
+{
+    dim3 block(32 * KM_WARPS);
+    if (j.n <= 8)
+        k_mma<TYPE, OP, 1, 4><<<grid, block, 0, g->stream>>>(j);
+    else if (j.n <= 16)
+        k_mma<TYPE, OP, 2, 4><<<grid, block, 0, g->stream>>>(j);
+    else if (j.n <= 32)
+        k_mma<TYPE, OP, 4, 2><<<grid, block, 0, g->stream>>>(j);
+    else
+        k_mma<TYPE, OP, KM_TILES, 2><<<grid, block, 0, g->stream>>>(j);
 }
 
 template <typename T>
@@ -262,10 +417,14 @@ static int kcuda_gemm16(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t
     return 0;
 }
 
-/* A quantized type's kernel, U groups in flight per lane. */
+/* A quantized type's kernel: on tensor cores, or U groups in flight per lane. */
 template <uint32_t TYPE, int OP>
 static void kq_launch_quant(kcuda *g, dim3 grid, dim3 block, const kq_job &j)
 {
+    if (kcuda_mm_rule(g->mm_kind, TYPE) == KCUDA_MM_TC) {
+        km_launch<TYPE, OP>(g, grid, j);
+        return;
+    }
     switch (kcuda_unroll_rule(g->unroll, j.n)) {
     case 4: k_matmul<TYPE, OP, 4><<<grid, block, 0, g->stream>>>(j); return;
     case 2: k_matmul<TYPE, OP, 2><<<grid, block, 0, g->stream>>>(j); return;
@@ -285,7 +444,15 @@ static void kq_launch(kcuda *g, uint32_t type, const kq_job &j)
     case KT_BF16: k_matmul<KT_BF16, OP, 1><<<grid, block, 0, g->stream>>>(j); return;
     case KT_Q8_0: kq_launch_quant<KT_Q8_0, OP>(g, grid, block, j); return;
     case KT_Q4_0: kq_launch_quant<KT_Q4_0, OP>(g, grid, block, j); return;
-    default: kq_launch_quant<KT_Q4_1, OP>(g, grid, block, j); return;
+    case KT_Q4_1: kq_launch_quant<KT_Q4_1, OP>(g, grid, block, j); return;
+    case KT_Q5_0: kq_launch_quant<KT_Q5_0, OP>(g, grid, block, j); return;
+    case KT_Q5_1: kq_launch_quant<KT_Q5_1, OP>(g, grid, block, j); return;
+    case KT_IQ4_NL: kq_launch_quant<KT_IQ4_NL, OP>(g, grid, block, j); return;
+    case KT_Q2_K: kq_launch_quant<KT_Q2_K, OP>(g, grid, block, j); return;
+    case KT_Q3_K: kq_launch_quant<KT_Q3_K, OP>(g, grid, block, j); return;
+    case KT_Q4_K: kq_launch_quant<KT_Q4_K, OP>(g, grid, block, j); return;
+    case KT_Q5_K: kq_launch_quant<KT_Q5_K, OP>(g, grid, block, j); return;
+    default: kq_launch_quant<KT_Q6_K, OP>(g, grid, block, j); return;
     }
 }
 
@@ -299,10 +466,22 @@ int kcuda_matmul_unroll(const kcuda *g, int n)
     return kcuda_unroll_rule(g->unroll, n);
 }
 
-/* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */
-static void kq_add(kq_job *j, const kmat *w, const kmat *w2, int64_t lo, int64_t hi, int64_t c0,
-                   float *y, int64_t ldy)
+void kcuda_set_matmul_kind(kcuda *g, int kind)
 {
+    g->mm_kind = kind == KCUDA_MM_SIMT || kind == KCUDA_MM_TC ? kind : KCUDA_MM_AUTO;
+}
+
+int kcuda_matmul_kind(const kcuda *g, uint32_t type)
+{
+    return kcuda_mm_rule(g->mm_kind, type);
+}
+
+/* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */
+static void kq_add(const kcuda *g, kq_job *j, const kmat *w, const kmat *w2, int64_t lo, int64_t hi,
+                   int64_t c0, float *y, int64_t ldy)
+{
+    /* a block's rows: a warp's on CUDA cores, a 16-row tile on tensor cores */
+    int64_t rpb = kcuda_mm_rule(g->mm_kind, w->type) == KCUDA_MM_TC ? KM_ROWS : KQ_WARPS;
     size_t at = kt_row_bytes(w->type, (uint64_t)c0); /* on a block: kcuda_check_matmul */
     unsigned b0 = j->n_seg ? j->s[j->n_seg - 1].b1 : 0;
     kq_seg *s = &j->s[j->n_seg++];
@@ -313,7 +492,7 @@ static void kq_add(kq_job *j, const kmat *w, const kmat *w2, int64_t lo, int64_t
     s->hi = hi;
     s->y = y;
     s->ldy = ldy;
-    s->b1 = b0 + (unsigned)((hi - lo + KQ_WARPS - 1) / KQ_WARPS);
+    s->b1 = b0 + (unsigned)((hi - lo + rpb - 1) / rpb);
 }
 
 /* One matrix (two under KQ_SILU) over input columns [c0, c1). */
@@ -331,7 +510,7 @@ static int kq_one(kcuda *g, const kmat *w, const kmat *w2, int64_t lo, int64_t h
     j.cols = c1 - c0;
     j.x = x;
     j.n = n;
-    kq_add(&j, w, w2, lo, hi, c0, y, ldy);
+    kq_add(g, &j, w, w2, lo, hi, c0, y, ldy);
     kq_launch<OP>(g, w->type, j);
     return 0;
 }
@@ -365,7 +544,7 @@ int kcuda_matmul_multi(kcuda *g, const kcuda_mm *mm, int count, const float *x, 
     j.n = n;
     for (int i = 0; i < count; i++)
         if (mm[i].hi > mm[i].lo)
-            kq_add(&j, mm[i].w, NULL, mm[i].lo, mm[i].hi, 0, mm[i].y, mm[i].ldy);
+            kq_add(g, &j, mm[i].w, NULL, mm[i].lo, mm[i].hi, 0, mm[i].y, mm[i].ldy);
     if (n > 0 && j.n_seg)
         kq_launch<KQ_STORE>(g, mm[0].w->type, j);
     return 0;

@@ -3,7 +3,8 @@
  * real prompts: the per-token greedy agreement, teacher-forced, and the logit difference.
  *
  *   orochi-gpu-agreement[-emu] --model M [--prompts FILE] [--tokens N] [--limit K]
- *                              [--gpu-memory auto|mapped|mirror] [--json FILE]
+ *                              [--gpu-memory auto|mapped|mirror]
+ *                              [--gpu-matmul auto|cuda|tensor] [--json FILE]
  *
  * Built against the GPU op set (orochi-gpu-agreement, with CUDA) and against the CUDA emulation
  * (orochi-gpu-agreement-emu: the same kernels' arithmetic, run on the CPU; slow, so --limit and
@@ -24,6 +25,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "model/llama.h"
+#include "kernels/cuda/kcuda.h"
 #include "model/llama_cuda.h"
 #include "model/tokenizer.h"
 
@@ -34,6 +36,7 @@ typedef struct {
     const char *model, *prompts, *json;
     int tokens, limit;
     llama_gpu_memory memory;
+    int matmul; /* --gpu-matmul: KCUDA_MM_* */
 } options;
 
 typedef struct {
@@ -139,7 +142,8 @@ static int play(llama_ctx *ctx, llama_gpu *gpu, const int32_t *ids, int n, int w
 static int usage(void)
 {
     fprintf(stderr, "usage: orochi-gpu-agreement --model M [--prompts FILE] [--tokens N] "
-                    "[--limit K] [--gpu-memory auto|mapped|mirror] [--json FILE]\n");
+                    "[--limit K] [--gpu-memory auto|mapped|mirror] [--gpu-matmul auto|cuda|tensor] "
+                    "[--json FILE]\n");
     return 2;
 }
 
@@ -167,7 +171,13 @@ static int parse(int argc, char **argv, options *o)
             ok = (o->tokens = count(v)) > 0;
         else if (!strcmp(a, "--limit"))
             ok = (o->limit = count(v)) > 0;
-        else if (!strcmp(a, "--gpu-memory")) {
+        else if (!strcmp(a, "--gpu-matmul")) {
+            o->matmul = !strcmp(v, "auto")   ? KCUDA_MM_AUTO
+                        : !strcmp(v, "cuda") ? KCUDA_MM_SIMT
+                        : !strcmp(v, "tensor") ? KCUDA_MM_TC
+                                               : -1;
+            ok = o->matmul >= 0;
+        } else if (!strcmp(a, "--gpu-memory")) {
             int mode = llama_gpu_memory_parse(v);
             ok = mode >= 0;
             o->memory = ok ? (llama_gpu_memory)mode : LLAMA_GPU_AUTO;
@@ -212,7 +222,8 @@ int main(int argc, char **argv)
     llama_ctx_params gp_ctx = cp;
     gp_ctx.shared = block;
     llama_ctx *gctx = block ? llama_ctx_new(m, &gp_ctx, err, sizeof err) : NULL;
-    llama_gpu_params gp = {.device = 0, .memory = o.memory, .graphs = true};
+    llama_gpu_params gp = {.device = 0, .memory = o.memory, .graphs = true,
+                           .matmul_kind = o.matmul};
     llama_gpu *gpu = gctx ? llama_gpu_new(gctx, &gp, block, bytes, err, sizeof err) : NULL;
     float *ref = malloc((size_t)T * vocab * 4);
     int32_t *ids = malloc(MAX_PROMPT * sizeof *ids), *next = malloc((size_t)T * sizeof *next);

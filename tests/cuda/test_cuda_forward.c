@@ -30,7 +30,9 @@
  *   - with an f16 KV cache, one GPU part and the mixed pair (mirror) against one CPU part with
  *     f16 K/V (relative L2 5e-5 at the least);
  *   - a prefix growing past the tiles' threshold under graphs (test_tiles_by_default): a new
- *     recording at the crossing, the last step against the CPU.
+ *     recording at the crossing, the last step against the CPU;
+ *   - the other types the CPU computes (test_more_types: Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL, dim 256):
+ *     one GPU part on CUDA cores and on tensor cores, and the mixed pair, within 3e-3.
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
  * against the GPU op set (unit_cuda_forward, on a GPU) and against its CPU stand-in
  * kernels/cuda/kcuda_fake.c (unit_gpu_host, everywhere: what runs around the kernels).
@@ -368,6 +370,54 @@ static void compare(const char *what, const float *got, const float *ref, int vo
     failures += !ok;
 }
 
+/* The other types the CPU computes (the K-quants on a shape of whole 256-column super-blocks, Q5_0,
+ * Q5_1, IQ4_NL): one GPU part (mirror, graphs on) on CUDA cores and on tensor cores
+ * (llama_gpu_params.matmul_kind; f16 products, so within the tolerance, not the CPU's bits), and
+ * the mixed pair, against one CPU part. */
+static void test_more_types(void)
+{
+    static const char *types[] = {"q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "q5_0", "q5_1", "iq4_nl"};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        char err[256];
+        llama_model *m = llama_model_load(
+            tu_make_model(FWD_TAG("cudak"), types[t], "--layers 2 --dim 256 --ffn 512 --heads 4 "
+                                         "--kv-heads 2 --vocab 301 --ctx 64"),
+            err, sizeof err);
+        if (!m) {
+            printf("%s\n", err);
+            failures++;
+            continue;
+        }
+        size_t n = (size_t)N_OUT * N_TOK * m->cfg.vocab;
+        float *ref = calloc(n, 4), *got = calloc(n, 4);
+        printf("%s:\n", types[t]);
+        if (run(m, KV_F32, 1, 0, NULL, NULL, ref, NULL)) {
+            failures++;
+            continue;
+        }
+        llama_partition plan;
+        llama_partition_even(&plan, 2);
+        for (int k = 0; k < LP_N; k++) {
+            plan.frac[k][0] = 0.7f;
+            plan.frac[k][1] = 0.3f;
+        }
+        static const char *cases[3] = {"one part on the GPU, mirror, graphs",
+                                       "one part on the GPU, tensor cores",
+                                       "GPU 0.7 (mirror) + CPU 0.3"};
+        for (int k = 0; k < 3; k++) {
+            llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = k < 2,
+                                   .matmul_kind = k == 1 ? KCUDA_MM_TC : KCUDA_MM_AUTO};
+            if (run(m, KV_F32, k == 2 ? 2 : 1, 1, &gp, k == 2 ? &plan : NULL, got, NULL))
+                failures++;
+            else /* tensor cores: f16 weights and activations, not the CPU's bits anywhere */
+                compare(cases[k], got, ref, m->cfg.vocab, k == 0 ? EXACT(3e-3) : 3e-3);
+        }
+        free(ref);
+        free(got);
+        llama_model_destroy(&m);
+    }
+}
+
 int main(void)
 {
     char why[256];
@@ -530,6 +580,7 @@ int main(void)
         llama_model_destroy(&m);
     }
     test_tiles_by_default();
+    test_more_types();
     printf("unit_cuda_forward: %s\n", failures ? "FAILED" : "all agree");
     return failures ? 1 : 0;
 }

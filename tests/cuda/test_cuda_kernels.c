@@ -110,13 +110,130 @@ static void from_dev(void *host, const void *dev, size_t bytes)
     must(kcuda_sync(g, err, sizeof err), "sync");
 }
 
+/* Every type the GPU takes, in matmul order; the float types first. */
+static const uint32_t all_types[] = {KT_F32,   KT_F16,    KT_BF16, KT_Q8_0, KT_Q4_0,
+                                     KT_Q4_1,  KT_Q5_0,   KT_Q5_1, KT_IQ4_NL, KT_Q2_K,
+                                     KT_Q3_K,  KT_Q4_K,   KT_Q5_K, KT_Q6_K};
+#define N_TYPES (sizeof all_types / sizeof all_types[0])
+#define N_FLOAT 3
+
+/* The quantized matmul of one type on kind `kind` (KCUDA_MM_SIMT or _TC) against kmat_mul: rows
+ * [lo, hi) of 97 x 512 at widths 1, 3, 8, 17, 64, every token's bits those of the token alone,
+ * and input columns [c0, c1) (the Megatron partial). */
+static void matmul_case(uint32_t type, int kind, const float *wf, const float *x, float *dx,
+                        float *dy, float *ref, float *got, float *alone)
+{
+    const int widths[] = {1, 3, 8, 17, 64};
+    int64_t rows = 97, cols = 512, lo = 13, hi = 90;
+    bool flt = type == KT_F32 || type == KT_F16 || type == KT_BF16;
+    /* the quantized types on CUDA cores 2e-3: the CPU rounds activations to 16 bits for its
+     * integer dot products; on tensor cores 1.5e-3: both weights and activations go to f16 (the
+     * emulation measures 2.5e-4 to 4e-4) */
+    double tol = flt ? 1e-5 : kind == KCUDA_MM_TC ? 1.5e-3 : 2e-3;
+    const char *kn = kind == KCUDA_MM_TC ? ", tensor cores" : "";
+    kcuda_set_matmul_kind(g, kind);
+    size_t rb = kt_row_bytes(type, (uint64_t)cols);
+    uint8_t *wq = malloc(rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++)
+        kt_quantize_row(type, wf + r * cols, wq + (size_t)r * rb, cols);
+    kmat w = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+    kmat dw = w;
+    dw.data = to_dev(wq, rb * (size_t)rows);
+    const char *tn = kt_traits_of(type)->name;
+    /* every token alone: the batched results must be these bits */
+    for (size_t i = 0; i < (size_t)(64 * rows); i++)
+        alone[i] = 12345.0f;
+    must(kcuda_upload(g, dy, alone, (size_t)(64 * rows) * 4, err, sizeof err), "upload");
+    for (int i = 0; i < 64; i++)
+        must(kcuda_matmul(g, &dw, lo, hi, dx + i * cols, 1, dy + i * rows, rows, err, sizeof err),
+             "matmul");
+    from_dev(alone, dy, (size_t)(64 * rows) * 4);
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int n = widths[wi];
+        for (size_t i = 0; i < (size_t)(n * rows); i++)
+            ref[i] = got[i] = 12345.0f; /* outside [lo, hi) stays */
+        kmat_mul(NULL, &w, lo, hi, x, n, ref, rows, NULL);
+        must(kcuda_upload(g, dy, got, (size_t)(n * rows) * 4, err, sizeof err), "upload");
+        must(kcuda_matmul(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err), "matmul");
+        from_dev(got, dy, (size_t)(n * rows) * 4);
+        double e = 0;
+        bool kept = true;
+        for (int i = 0; i < n; i++) {
+            double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+            e = ei > e ? ei : e;
+            for (int64_t r = 0; r < rows; r++)
+                if ((r < lo || r >= hi) && got[i * rows + r] != 12345.0f)
+                    kept = false;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "matmul %s width %d%s", tn, n, kn);
+        check(what, e, tol);
+        if (!kept) {
+            printf("  %s: wrote rows outside [%lld, %lld)\n", what, (long long)lo, (long long)hi);
+            failures++;
+        }
+        if (memcmp(got, alone, (size_t)(n * rows) * 4)) {
+            printf("  %s: a token's result differs from the same token alone\n", what);
+            failures++;
+        }
+        if (flt) {
+            const double tol_blas = type == KT_F32 ? 1e-5 : type == KT_F16 ? 3e-3 : 1.5e-2;
+            must(kcuda_matmul_blas(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err),
+                 "matmul_blas");
+            from_dev(got, dy, (size_t)(n * rows) * 4);
+            e = 0;
+            for (int i = 0; i < n; i++) {
+                double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+                e = ei > e ? ei : e;
+            }
+            snprintf(what, sizeof what, "matmul %s width %d, cuBLAS", tn, n);
+            check(what, e, tol_blas);
+        }
+    }
+    /* input columns [c0, c1) only (the Megatron partial), x holding that slice: [48, 192) for
+     * the float types (a short last block of 32), [64, 192) for the 32-blocks, [256, 512) for
+     * the K-quants (whole super-blocks) */
+    int64_t blk = kt_traits_of(type)->block;
+    int64_t c0 = flt ? 48 : blk == 256 ? 256 : 64, c1 = blk == 256 ? 512 : 192, k = c1 - c0;
+    float *xs = malloc((size_t)(17 * k) * 4);
+    for (int t2 = 0; t2 < 17; t2++)
+        memcpy(xs + t2 * k, x + t2 * cols + c0, (size_t)k * 4);
+    float *dxs = to_dev(xs, (size_t)(17 * k) * 4);
+    for (int n = 8; n <= 17; n += 9) {
+        if (kmat_mul_cols(NULL, &w, lo, hi, c0, c1, xs, n, ref, rows, NULL))
+            failures++;
+        must(kcuda_matmul_cols(g, &dw, lo, hi, c0, c1, dxs, n, dy, rows, err, sizeof err),
+             "matmul_cols");
+        from_dev(got, dy, (size_t)(n * rows) * 4);
+        double e = 0;
+        for (int i = 0; i < n; i++) {
+            double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
+            e = ei > e ? ei : e;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "matmul %s columns [%lld, %lld) width %d%s", tn,
+                 (long long)c0, (long long)c1, n, kn);
+        check(what, e, tol);
+    }
+    /* a range off the type's blocks is refused, saying so */
+    if (!flt) {
+        int bad = kcuda_matmul_cols(g, &dw, lo, hi, c0 + 16, c1, dxs, 1, dy, rows, err,
+                                    sizeof err);
+        bool said = bad && strstr(err, "not on the type's blocks");
+        printf("  matmul %s columns off its blocks refused: %s (%s)\n", tn, said ? "ok" : "FAILED",
+               err);
+        failures += !said;
+    }
+    kcuda_free(dxs);
+    free(xs);
+    kcuda_free((void *)dw.data);
+    free(wq);
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+}
+
 static void test_matmul(void)
 {
-    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
-    const double tol[] = {1e-5, 1e-5, 1e-5, 2e-3, 2e-3, 2e-3};
-    const double tol_blas[] = {1e-5, 3e-3, 1.5e-2};
-    const int widths[] = {1, 3, 8, 17, 64};
-    int64_t rows = 97, cols = 256, lo = 13, hi = 90;
+    int64_t rows = 97, cols = 512;
     float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(64 * cols) * 4);
     float *ref = malloc((size_t)(64 * rows) * 4), *got = malloc((size_t)(64 * rows) * 4);
     float *alone = malloc((size_t)(64 * rows) * 4);
@@ -124,96 +241,20 @@ static void test_matmul(void)
     fill(x, (size_t)(64 * cols), 1.0f);
     float *dx = to_dev(x, (size_t)(64 * cols) * 4);
     float *dy = kcuda_alloc((size_t)(64 * rows) * 4);
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        size_t rb = kt_row_bytes(types[t], (uint64_t)cols);
-        uint8_t *wq = malloc(rb * (size_t)rows);
-        for (int64_t r = 0; r < rows; r++)
-            kt_quantize_row(types[t], wf + r * cols, wq + (size_t)r * rb, cols);
-        kmat w = {.type = types[t], .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
-        kmat dw = w;
-        dw.data = to_dev(wq, rb * (size_t)rows);
-        bool flt = types[t] == KT_F32 || types[t] == KT_F16 || types[t] == KT_BF16;
-        /* every token alone: the batched results must be these bits */
-        for (size_t i = 0; i < (size_t)(64 * rows); i++)
-            alone[i] = 12345.0f;
-        must(kcuda_upload(g, dy, alone, (size_t)(64 * rows) * 4, err, sizeof err), "upload");
-        for (int i = 0; i < 64; i++)
-            must(kcuda_matmul(g, &dw, lo, hi, dx + i * cols, 1, dy + i * rows, rows, err,
-                              sizeof err),
-                 "matmul");
-        from_dev(alone, dy, (size_t)(64 * rows) * 4);
-        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
-            int n = widths[wi];
-            for (size_t i = 0; i < (size_t)(n * rows); i++)
-                ref[i] = got[i] = 12345.0f; /* outside [lo, hi) stays */
-            kmat_mul(NULL, &w, lo, hi, x, n, ref, rows, NULL);
-            must(kcuda_upload(g, dy, got, (size_t)(n * rows) * 4, err, sizeof err), "upload");
-            must(kcuda_matmul(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err), "matmul");
-            from_dev(got, dy, (size_t)(n * rows) * 4);
-            double e = 0;
-            bool kept = true;
-            for (int i = 0; i < n; i++) {
-                double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
-                e = ei > e ? ei : e;
-                for (int64_t r = 0; r < rows; r++)
-                    if ((r < lo || r >= hi) && got[i * rows + r] != 12345.0f)
-                        kept = false;
-            }
-            char what[96];
-            snprintf(what, sizeof what, "matmul %s width %d", kt_traits_of(types[t])->name, n);
-            check(what, e, tol[t]);
-            if (!kept) {
-                printf("  %s: wrote rows outside [%lld, %lld)\n", what, (long long)lo,
-                       (long long)hi);
-                failures++;
-            }
-            if (memcmp(got, alone, (size_t)(n * rows) * 4)) {
-                printf("  %s: a token's result differs from the same token alone\n", what);
-                failures++;
-            }
-            if (flt) {
-                must(kcuda_matmul_blas(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err),
-                     "matmul_blas");
-                from_dev(got, dy, (size_t)(n * rows) * 4);
-                e = 0;
-                for (int i = 0; i < n; i++) {
-                    double ei =
-                        tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
-                    e = ei > e ? ei : e;
-                }
-                snprintf(what, sizeof what, "matmul %s width %d, cuBLAS",
-                         kt_traits_of(types[t])->name, n);
-                check(what, e, tol_blas[t]);
-            }
-        }
-        /* input columns [64, 192) only (the Megatron partial), x holding that slice; for the
-         * float types [48, 192), whose last block of 32 is short */
-        int64_t c0 = flt ? 48 : 64, c1 = 192, k = c1 - c0;
-        float *xs = malloc((size_t)(17 * k) * 4);
-        for (int t2 = 0; t2 < 17; t2++)
-            memcpy(xs + t2 * k, x + t2 * cols + c0, (size_t)k * 4);
-        float *dxs = to_dev(xs, (size_t)(17 * k) * 4);
-        for (int n = 8; n <= 17; n += 9) {
-            if (kmat_mul_cols(NULL, &w, lo, hi, c0, c1, xs, n, ref, rows, NULL))
-                failures++;
-            must(kcuda_matmul_cols(g, &dw, lo, hi, c0, c1, dxs, n, dy, rows, err, sizeof err),
-                 "matmul_cols");
-            from_dev(got, dy, (size_t)(n * rows) * 4);
-            double e = 0;
-            for (int i = 0; i < n; i++) {
-                double ei = tu_rel_l2(got + i * rows + lo, ref + i * rows + lo, (size_t)(hi - lo));
-                e = ei > e ? ei : e;
-            }
-            char what[96];
-            snprintf(what, sizeof what, "matmul %s columns [%lld, 192) width %d",
-                     kt_traits_of(types[t])->name, (long long)c0, n);
-            check(what, e, tol[t]);
-        }
-        kcuda_free(dxs);
-        free(xs);
-        kcuda_free((void *)dw.data);
-        free(wq);
+    for (size_t t = 0; t < N_TYPES; t++) {
+        matmul_case(all_types[t], KCUDA_MM_SIMT, wf, x, dx, dy, ref, got, alone);
+        if (t >= N_FLOAT)
+            matmul_case(all_types[t], KCUDA_MM_TC, wf, x, dx, dy, ref, got, alone);
     }
+    /* the kind a type runs on: floats on CUDA cores whatever is asked; by default all of them */
+    kcuda_set_matmul_kind(g, KCUDA_MM_TC);
+    check_int("bf16 under KCUDA_MM_TC runs on CUDA cores", kcuda_matmul_kind(g, KT_BF16),
+              KCUDA_MM_SIMT);
+    check_int("Q4_K under KCUDA_MM_TC runs on tensor cores", kcuda_matmul_kind(g, KT_Q4_K),
+              KCUDA_MM_TC);
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+    check_int("Q4_K by default runs on CUDA cores", kcuda_matmul_kind(g, KT_Q4_K),
+              KCUDA_MM_SIMT);
     kcuda_free(dx);
     kcuda_free(dy);
     free(wf);
@@ -275,19 +316,19 @@ static void test_elementwise(void)
     kcuda_add_cols(g, dx2, dd, n, dim, 100, 333);
     from_dev(got, dx2, nx * 4);
     check("residual add", max_rel(got, ref, nx), 0);
-    /* embedding rows, every type, columns [64, 512) */
-    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
-    int vocab = 50;
+    /* embedding rows of 768 (whole K super-blocks), every type, columns [64, 512) */
+    const uint32_t *types = all_types;
+    int vocab = 50, ed = 768;
     int32_t ids[5] = {0, 49, 7, 7, 23};
-    float *tab = malloc((size_t)vocab * dim * 4), *row = malloc((size_t)dim * 4);
-    fill(tab, (size_t)vocab * dim, 1.0f);
+    float *tab = malloc((size_t)vocab * ed * 4), *row = malloc((size_t)ed * 4);
+    fill(tab, (size_t)vocab * ed, 1.0f);
     int32_t *dids = to_dev(ids, sizeof ids);
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        size_t rb = kt_row_bytes(types[t], (uint64_t)dim);
+    for (size_t t = 0; t < N_TYPES; t++) {
+        size_t rb = kt_row_bytes(types[t], (uint64_t)ed);
         uint8_t *q = malloc(rb * (size_t)vocab);
         for (int r = 0; r < vocab; r++)
-            kt_quantize_row(types[t], tab + (size_t)r * dim, q + (size_t)r * rb, dim);
-        kmat m = {.type = types[t], .rows = vocab, .cols = dim, .row_bytes = rb, .data = q};
+            kt_quantize_row(types[t], tab + (size_t)r * ed, q + (size_t)r * rb, ed);
+        kmat m = {.type = types[t], .rows = vocab, .cols = ed, .row_bytes = rb, .data = q};
         for (int i = 0; i < n; i++) {
             kmat_row(&m, ids[i], row);
             memcpy(ref + (size_t)i * 448, row + 64, 448 * 4);
@@ -719,7 +760,7 @@ static void report_same(const char *what, bool same)
  * block pairs) for f32 and f16 K/V. Matrices of two types are refused, naming what differs. */
 static void test_fused(void)
 {
-    const uint32_t types[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1};
+    const uint32_t *types = all_types;
     const int64_t rows[3] = {97, 40, 40}, lo[3] = {13, 0, 5}, hi[3] = {90, 40, 37};
     int64_t cols = 256;
     size_t big = (size_t)17 * 97;
@@ -728,7 +769,11 @@ static void test_fused(void)
     float *dx = to_dev(x, (size_t)(17 * cols) * 4);
     uint8_t *hw[4] = {0};
     kmat w[4] = {{0}};
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    /* every type on CUDA cores, then the quantized ones on tensor cores */
+    for (size_t tk = 0; tk < 2 * N_TYPES - N_FLOAT; tk++) {
+        size_t t = tk < N_TYPES ? tk : tk - N_TYPES + N_FLOAT;
+        int kind = tk < N_TYPES ? KCUDA_MM_SIMT : KCUDA_MM_TC;
+        kcuda_set_matmul_kind(g, kind);
         size_t rb = kt_row_bytes(types[t], (uint64_t)cols);
         for (int m = 0; m < 4; m++) { /* q, k, v (rows[0..2]); a second 97-row one: up */
             int64_t r = m < 3 ? rows[m] : rows[0];
@@ -741,7 +786,9 @@ static void test_fused(void)
             w[m].data = to_dev(hw[m], rb * (size_t)r);
             free(wf);
         }
-        const char *tn = kt_traits_of(types[t])->name;
+        char tn[48];
+        snprintf(tn, sizeof tn, "%s%s", kt_traits_of(types[t])->name,
+                 kind == KCUDA_MM_TC ? " (tensor cores)" : "");
         for (int n = 1; n <= 17; n += 16) {
             char what[96];
             /* three matrices in one launch */
@@ -790,17 +837,20 @@ static void test_fused(void)
             free(hw[m]);
         }
     }
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
     /* the quantized matmul with 2 and 4 groups in flight per lane: the bits of 1, on rows of 43
-     * blocks (each lane 5 or 6 groups: whole rounds of U and a remainder), widths 1 and 17 */
-    int64_t wide = 43 * 32;
-    float *xw = malloc((size_t)(17 * wide) * 4), *wf = malloc((size_t)(61 * wide) * 4);
-    fill(xw, (size_t)(17 * wide), 1.0f);
-    fill(wf, (size_t)(61 * wide), 1.0f);
-    float *dxw = to_dev(xw, (size_t)(17 * wide) * 4);
+     * blocks of 32 or 6 K super-blocks (each lane 5 or 6 groups: whole rounds of U and a
+     * remainder), widths 1 and 17 */
+    int64_t most = 6 * 256;
+    float *xw = malloc((size_t)(17 * most) * 4), *wf = malloc((size_t)(61 * most) * 4);
+    fill(xw, (size_t)(17 * most), 1.0f);
+    fill(wf, (size_t)(61 * most), 1.0f);
+    float *dxw = to_dev(xw, (size_t)(17 * most) * 4);
     float *y1 = kcuda_alloc((size_t)17 * 61 * 4), *yu = kcuda_alloc((size_t)17 * 61 * 4);
     float *s1 = kcuda_alloc((size_t)17 * 61 * 4), *su = kcuda_alloc((size_t)17 * 61 * 4);
     float *ha = malloc((size_t)17 * 61 * 4), *hb = malloc((size_t)17 * 61 * 4);
-    for (size_t t = 3; t < sizeof types / sizeof types[0]; t++) { /* Q8_0, Q4_0, Q4_1 */
+    for (size_t t = N_FLOAT; t < N_TYPES; t++) { /* the quantized types */
+        int64_t wide = kt_traits_of(types[t])->block == 256 ? most : 43 * 32;
         size_t rb = kt_row_bytes(types[t], (uint64_t)wide);
         uint8_t *q = malloc(rb * 61);
         for (int64_t i = 0; i < 61; i++)
