@@ -633,7 +633,11 @@ int bench_plans(int argc, char **argv)
         return rc;
     char err[512];
     pb_run r = {.o = &o};
-    r.m = llama_model_load(o.model, err, sizeof err);
+    bool all_gpu = true; /* then no part multiplies on the CPU: no CPU repacking */
+    for (int i = 0; i < o.parts; i++)
+        all_gpu &= o.gpu[i];
+    r.m = all_gpu ? llama_model_load_unpacked(o.model, err, sizeof err)
+                  : llama_model_load(o.model, err, sizeof err);
     if (!r.m) {
         fprintf(stderr, "orochi bench: %s\n", err);
         return 2;

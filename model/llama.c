@@ -211,7 +211,7 @@ bool llama_config_same_kv(const llama_config *a, const llama_config *b)
 
 static int llama_model_pack(llama_model *m);
 
-llama_model *llama_model_load(const char *path, char *err, size_t errlen)
+static llama_model *llama_model_open(const char *path, bool pack, char *err, size_t errlen)
 {
     gguf_file *f = gguf_open(path, err, errlen);
     if (!f)
@@ -261,7 +261,7 @@ llama_model *llama_model_load(const char *path, char *err, size_t errlen)
         LAYER_T(w_down, "ffn_down", load_mat, c->ffn, c->dim)
 #undef LAYER_T
     }
-    if (llama_model_pack(m)) {
+    if (pack && llama_model_pack(m)) {
         snprintf(err, errlen, "%s: out of memory repacking the weights", path);
         goto fail;
     }
@@ -269,6 +269,16 @@ llama_model *llama_model_load(const char *path, char *err, size_t errlen)
 fail:
     llama_model_destroy(&m);
     return NULL;
+}
+
+llama_model *llama_model_load(const char *path, char *err, size_t errlen)
+{
+    return llama_model_open(path, true, err, errlen);
+}
+
+llama_model *llama_model_load_unpacked(const char *path, char *err, size_t errlen)
+{
+    return llama_model_open(path, false, err, errlen);
 }
 
 /* Every quantized matrix repacked into the matmul's 16-row group layout (kernels/cpu/mm_isa.h).

@@ -50,6 +50,11 @@ typedef struct {
 /* Load a llama GGUF. On failure NULL and one line in err naming the file and what is wrong
  * (missing key or tensor, wrong shape, unsupported tensor type). */
 llama_model *llama_model_load(const char *path, char *err, size_t errlen);
+/* llama_model_load without the CPU's repacked copy of the matrices: for a process whose forward
+ * runs on a GPU (it copies the file's rows to the device), so that its host memory holds no second
+ * copy of the weights. A CPU matmul over such a model still computes the same bits, packing a group
+ * at a time on the fly (slower). */
+llama_model *llama_model_load_unpacked(const char *path, char *err, size_t errlen);
 void llama_model_destroy(llama_model **model);
 /* Keep only the listed layers, in that order (self-speculation: the target with layers skipped).
  * Returns 0, or -1 with err for an index out of range or an empty list. */

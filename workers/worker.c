@@ -329,7 +329,10 @@ static int worker_join(worker *w)
     /* joined: heartbeats ("joining") from now on, also while the model is mapped and repacked */
     if (worker_start_control(w))
         goto done;
-    w->model = llama_model_load(wel->target_model, err, sizeof err);
+    /* a GPU worker computes from its device copy: no CPU repacking of the weights */
+    w->model = !strcmp(w->device, "gpu")
+                   ? llama_model_load_unpacked(wel->target_model, err, sizeof err)
+                   : llama_model_load(wel->target_model, err, sizeof err);
     if (!w->model) {
         rt_log(w->role, "%s", err);
         goto done;
