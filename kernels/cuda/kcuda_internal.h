@@ -71,6 +71,11 @@ __device__ static inline uint32_t kcuda_u32h(const uint8_t *p)
 {
     return kcuda_u16(p) | kcuda_u16(p + 2) << 16;
 }
+/* Four bytes at a 4-aligned address. */
+__device__ static inline uint32_t kcuda_u32(const uint8_t *p)
+{
+    return *(const uint32_t *)p;
+}
 
 /* IQ4_NL's 16 levels (KTK_IQ4NL) as the bytes of two constants: no table in memory. */
 __device__ static inline float kcuda_iq4nl(uint32_t code)
@@ -165,15 +170,16 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
     if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
         /* d, dmin, scales[12], (Q5_K: qh[32]), qs[128]: sub-block 2p + h is the nibble h of
          * qs[32p + l], Q5_K's fifth bit bit j of qh[l] */
+        /* 144- and 176-byte super-blocks: 4-aligned words (a row starts 4-aligned) */
         const uint8_t *q = row + (size_t)S * (TYPE == KT_Q4_K ? 144 : 176);
         float sc, mn;
         kcuda_scale_min(q + 4, j, &sc, &mn);
         float ds = kcuda_half(q) * sc, dm = kcuda_half(q + 2) * mn;
         const uint8_t *qs = q + (TYPE == KT_Q4_K ? 16 : 48) + 32 * (j >> 1) + 8 * sub;
-        uint32_t v[2] = {kcuda_u32h(qs), kcuda_u32h(qs + 4)}, h[2] = {0, 0};
+        uint32_t v[2] = {kcuda_u32(qs), kcuda_u32(qs + 4)}, h[2] = {0, 0};
         if (TYPE == KT_Q5_K) {
-            h[0] = kcuda_u32h(q + 16 + 8 * sub);
-            h[1] = kcuda_u32h(q + 20 + 8 * sub);
+            h[0] = kcuda_u32(q + 16 + 8 * sub);
+            h[1] = kcuda_u32(q + 20 + 8 * sub);
         }
         int sh = 4 * (j & 1);
         for (int k = 0; k < 2; k++)
@@ -216,7 +222,9 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
     }
     const uint8_t *qs = q + (q3 ? 32 : 16) + 32 * n + 8 * sub;
     for (int k = 0; k < 2; k++) {
-        uint32_t v = kcuda_u32h(qs + 4 * k), H = q3 ? kcuda_u32h(q + 8 * sub + 4 * k) : 0;
+        /* Q2_K's 84-byte super-blocks are 4-aligned, Q3_K's 110-byte ones 2-aligned */
+        uint32_t v = q3 ? kcuda_u32h(qs + 4 * k) : kcuda_u32(qs + 4 * k);
+        uint32_t H = q3 ? kcuda_u32h(q + 8 * sub + 4 * k) : 0;
         for (int i = 0; i < 4; i++) {
             int c = (int)((v >> (8 * i + 2 * jj)) & 3);
             if (q3)

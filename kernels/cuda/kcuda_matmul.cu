@@ -191,20 +191,28 @@ __global__ void k_matmul(kq_job j)
 
 /* ===== the quantized matmul on tensor cores (KCUDA_MM_TC) =====
  *
- * A block of KM_WARPS warps takes 16 output rows (one m16n8k16 A tile) of one matrix; warp w takes
- * the row's 32-column blocks w, w + KM_WARPS, ..., and a lane (g = lane / 4, t = lane % 4) fills
- * its A fragment with kcuda_group's 8 weights of rows g and g + 8 for sub t (the first 4 go into
- * the first k-step's slots, the last 4 into the second's), its B fragment with the same columns
- * of token g of the tile. A permutation of the columns inside a k-step changes nothing as long as
- * A and B follow it, so each lane loads exactly the bytes the CUDA-core kernel's lane loads. The
- * weights and the inputs are rounded to f16, the products summed in f32. Tokens run in tiles of
- * 8 (NT tiles a pass); the 4 warps' sums meet in shared memory, added in warp order. Every output
- * is one lane's accumulator over the blocks of each warp in one order, then the warps in one
- * order: a token's result does not depend on the batch it came in, nor on which of the 8 columns
- * of a tile it took. */
-#define KM_WARPS 4
+ * A block takes R row tiles of 16 output rows (one m16n8k16 A tile each) of one matrix, with
+ * KM_SPLIT warps a tile: warp s of a tile takes the row's 32-column blocks s, s + KM_SPLIT, ...,
+ * and a lane (g = lane / 4, t = lane % 4) fills its A fragment with kcuda_group's 8 weights of
+ * rows g and g + 8 for sub t (the first 4 go into the first k-step's slots, the last 4 into the
+ * second's), its B fragment with the same columns of token g of the tile. A permutation of the
+ * columns inside a k-step changes nothing as long as A and B follow it, so each lane loads exactly
+ * the bytes the CUDA-core kernel's lane loads. The weights and the inputs are rounded to f16, the
+ * products summed in f32. Tokens run in tiles of 8 (NT tiles a pass); a tile's KM_SPLIT partial
+ * sums are added in warp order through shared memory. Every output is one lane's accumulator
+ * over its warp's blocks in one order, then the warps in one order: a token's result depends
+ * neither on the batch it came in, nor on which of the 8 columns of a tile it took, nor on R and
+ * NT (chosen by the step's width: R = 2 tiles a block from 17 tokens, whose warps of one k-slice
+ * read the same inputs, once from L2 for both). KM_SPLIT is fixed: the order of the sums. */
+#define KM_SPLIT 8
 #define KM_ROWS 16
 #define KM_TILES 8 /* token tiles of 8 a pass at most: 64 tokens */
+
+/* The row tiles a block of a step of n tokens takes. */
+static inline int km_tiles_per_block(int n)
+{
+    return n > 16 ? 2 : 1;
+}
 
 __device__ static inline uint32_t km_h2(float lo, float hi)
 {
@@ -294,16 +302,18 @@ __device__ static inline void km_mul(const uint32_t A[8], int a, int bo, int64_t
     }
 }
 
-template <uint32_t TYPE, int OP, int NT, int U>
-__global__ void k_mma(kq_job j)
+template <uint32_t TYPE, int OP, int NT, int U, int R>
+__global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int tile = warp / KM_SPLIT, ks = warp % KM_SPLIT;
     int64_t r0;
-    kq_seg s = kq_seg_of(j, KM_ROWS, &r0);
+    kq_seg s = kq_seg_of(j, KM_ROWS * R, &r0);
+    r0 += (int64_t)tile * KM_ROWS;
     /* rows past the segment's end compute on its last row and are not written */
     int64_t ra = r0 + g < s.hi ? r0 + g : s.hi - 1, rb = r0 + g + 8 < s.hi ? r0 + g + 8 : s.hi - 1;
     const int NM = OP == KQ_SILU ? 2 : 1;
-    __shared__ float red[NM][KM_WARPS][NT * 4][32];
+    __shared__ float red[NM][R][NT * 4][32];
     int64_t nb = j.cols / 32;
     for (int t0 = 0; t0 < j.n; t0 += NT * 8) {
         for (int m = 0; m < NM; m++) {
@@ -313,50 +323,52 @@ __global__ void k_mma(kq_job j)
 #pragma unroll
             for (int i = 0; i < NT; i++)
                 acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-            int64_t b = warp;
+            int64_t b = ks;
             int a = 0, bo = 0;
             /* U blocks' weights loaded before any is multiplied (loads in flight), multiplied in
              * the order of the blocks: the same sums for every U */
-            for (; b + (U - 1) * KM_WARPS < nb; b += U * KM_WARPS) {
+            for (; b + (U - 1) * KM_SPLIT < nb; b += U * KM_SPLIT) {
                 uint32_t A[U][8];
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    km_load<TYPE>(rowa, rowb, b + u * KM_WARPS, t, A[u], &a, &bo);
+                    km_load<TYPE>(rowa, rowb, b + u * KM_SPLIT, t, A[u], &a, &bo);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    km_mul<NT>(A[u], a, bo, b + u * KM_WARPS, j.x, j.cols, t0, j.n, g, acc);
+                    km_mul<NT>(A[u], a, bo, b + u * KM_SPLIT, j.x, j.cols, t0, j.n, g, acc);
             }
-            for (; b < nb; b += KM_WARPS) {
+            for (; b < nb; b += KM_SPLIT) {
                 uint32_t A[8];
                 km_load<TYPE>(rowa, rowb, b, t, A, &a, &bo);
                 km_mul<NT>(A, a, bo, b, j.x, j.cols, t0, j.n, g, acc);
             }
+            /* the tile's partial sums added in warp order: warp 0 writes, then 1, 2, ... add */
+            for (int k = 0; k < KM_SPLIT; k++) {
+                if (ks == k)
 #pragma unroll
-            for (int i = 0; i < NT; i++)
-                for (int e = 0; e < 4; e++)
-                    red[m][warp][4 * i + e][lane] = acc[i][e];
+                    for (int i = 0; i < NT; i++)
+                        for (int e = 0; e < 4; e++) {
+                            float *r = &red[m][tile][4 * i + e][lane];
+                            *r = k ? *r + acc[i][e] : acc[i][e];
+                        }
+                __syncthreads();
+            }
         }
-        __syncthreads();
-        /* output (lane L, slot q): row g(L) (+8 for e >= 2), token t0 + 8 i + 2 t(L) + e % 2 */
-        for (int o = threadIdx.x; o < NT * 4 * 32; o += KM_WARPS * 32) {
-            int q = o >> 5, L = o & 31, i = q >> 2, e = q & 3;
-            int64_t r = r0 + (L >> 2) + (e >= 2 ? 8 : 0);
+        /* output (tile, lane L, slot q): row g(L) (+8 for e >= 2), token t0 + 8 i + 2 t(L) +
+         * e % 2; the block's threads take them in turn */
+        int64_t rt0 = r0 - (int64_t)tile * KM_ROWS; /* the block's first row */
+        for (int o = threadIdx.x; o < R * NT * 4 * 32; o += KM_SPLIT * R * 32) {
+            int tl = o / (NT * 4 * 32), q = (o >> 5) % (NT * 4), L = o & 31, i = q >> 2, e = q & 3;
+            int64_t r = rt0 + tl * KM_ROWS + (L >> 2) + (e >= 2 ? 8 : 0);
             int tok = t0 + 8 * i + 2 * (L & 3) + (e & 1);
-            float v = 0.0f, u = 0.0f;
-            for (int w = 0; w < KM_WARPS; w++)
-                v += red[0][w][q][L];
-            if (OP == KQ_SILU)
-                for (int w = 0; w < KM_WARPS; w++)
-                    u += red[NM - 1][w][q][L];
             if (r >= s.hi || tok >= j.n)
                 continue;
-            float *out = s.y + (int64_t)tok * s.ldy + r;
+            float v = red[0][tl][q][L], *out = s.y + (int64_t)tok * s.ldy + r;
             if (OP == KQ_STORE)
                 *out = v;
             else if (OP == KQ_ADD)
                 *out = *out + v;
             else
-                *out = kcuda_silu_mul1(v, u);
+                *out = kcuda_silu_mul1(v, red[NM - 1][tl][q][L]);
         }
         __syncthreads();
     }
@@ -367,15 +379,16 @@ __global__ void k_mma(kq_job j)
 template <uint32_t TYPE, int OP>
 static void km_launch(kcuda *g, dim3 grid, const kq_job &j)
 {
-    dim3 block(32 * KM_WARPS);
+    dim3 one(32 * KM_SPLIT), two(32 * KM_SPLIT * 2);
+    static_assert(KM_TILES == 8, "km_launch takes 1, 2, 4 or 8 token tiles a pass");
     if (j.n <= 8)
-        k_mma<TYPE, OP, 1, 4><<<grid, block, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 1, 4, 1><<<grid, one, 0, g->stream>>>(j);
     else if (j.n <= 16)
-        k_mma<TYPE, OP, 2, 4><<<grid, block, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 2, 4, 1><<<grid, one, 0, g->stream>>>(j);
     else if (j.n <= 32)
-        k_mma<TYPE, OP, 4, 2><<<grid, block, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 4, 2, 2><<<grid, two, 0, g->stream>>>(j);
     else
-        k_mma<TYPE, OP, KM_TILES, 2><<<grid, block, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 8, 2, 2><<<grid, two, 0, g->stream>>>(j);
 }
 
 template <typename T>
@@ -480,8 +493,10 @@ int kcuda_matmul_kind(const kcuda *g, uint32_t type)
 static void kq_add(const kcuda *g, kq_job *j, const kmat *w, const kmat *w2, int64_t lo, int64_t hi,
                    int64_t c0, float *y, int64_t ldy)
 {
-    /* a block's rows: a warp's on CUDA cores, a 16-row tile on tensor cores */
-    int64_t rpb = kcuda_mm_rule(g->mm_kind, w->type) == KCUDA_MM_TC ? KM_ROWS : KQ_WARPS;
+    /* a block's rows: a warp's on CUDA cores, its 16-row tiles on tensor cores */
+    int64_t rpb = kcuda_mm_rule(g->mm_kind, w->type) == KCUDA_MM_TC
+                      ? KM_ROWS * km_tiles_per_block(j->n)
+                      : KQ_WARPS;
     size_t at = kt_row_bytes(w->type, (uint64_t)c0); /* on a block: kcuda_check_matmul */
     unsigned b0 = j->n_seg ? j->s[j->n_seg - 1].b1 : 0;
     kq_seg *s = &j->s[j->n_seg++];

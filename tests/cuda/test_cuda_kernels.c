@@ -875,6 +875,24 @@ static void test_fused(void)
             }
         }
         kcuda_set_matmul_unroll(g, 0);
+        /* on tensor cores the loads in flight, the token tiles a pass and the row tiles a block
+         * follow the width: 17 tokens at once (2 blocks in flight, 2 row tiles) must be the bits
+         * of each alone (4 in flight, 1 tile), over whole rounds of loads and a remainder */
+        kcuda_set_matmul_kind(g, KCUDA_MM_TC);
+        for (int i = 0; i < 17; i++)
+            must(kcuda_matmul(g, &m, 0, 61, dxw + i * wide, 1, y1 + i * 61, 61, err, sizeof err) ||
+                     kcuda_matmul_silu(g, &m, &m, 0, 61, dxw + i * wide, 1, s1 + i * 61, 61, err,
+                                       sizeof err),
+                 "matmul");
+        must(kcuda_matmul(g, &m, 0, 61, dxw, 17, yu, 61, err, sizeof err) ||
+                 kcuda_matmul_silu(g, &m, &m, 0, 61, dxw, 17, su, 61, err, sizeof err),
+             "matmul");
+        char what[96];
+        snprintf(what, sizeof what, "matmul (and gate/up) %s, tensor cores, W=17 as alone",
+                 kt_traits_of(types[t])->name);
+        report_same(what, dev_same(y1, yu, ha, hb, (size_t)17 * 61) &&
+                              dev_same(s1, su, ha, hb, (size_t)17 * 61));
+        kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
         kcuda_free((void *)m.data);
         free(q);
     }

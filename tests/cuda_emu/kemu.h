@@ -36,6 +36,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static /* one block at a time per thread: a static is the block's memory */
 
 struct dim3 {
