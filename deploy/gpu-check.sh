@@ -20,6 +20,8 @@
 #                          it was skipped (for a lent machine's fixed time)
 #   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,fusion,attention,
 #                          groups,bandwidth,plans,sanitizer
+#   GPU_CHECK_ROOFLINE="SHAPE:TYPE ..."  the roofline stage's models (default "1b:q4_k 8b:q4_k
+#                          8b:q8_0 8b:bf16"; shapes 1b and 8b, any orochi mkmodel type)
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
 #                          models/SmolLM2-135M-Instruct.Q4_1.gguf where it is; else the random
 #                          model of its shape)
@@ -160,7 +162,7 @@ fi
 # cores; bench --plans reports each step's weight bytes over its time against the device's copy
 # bandwidth (read + write). A 2048-token prompt is 32 steps of 64.
 if stage roofline 60; then
-    for spec in 1b:q4_k 8b:q4_k 8b:q8_0 8b:bf16; do
+    for spec in ${GPU_CHECK_ROOFLINE:-1b:q4_k 8b:q4_k 8b:q8_0 8b:bf16}; do
         shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
         [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
         [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
