@@ -103,7 +103,7 @@ static void pb_usage(FILE *out)
             "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
             "  matmul loads before it adds them (the same bits; auto: 2 up to width 4, else 1);\n"
             "  --gpu-matmul: the quantized matmul on CUDA cores or tensor cores (f16 products;\n"
-            "  auto: CUDA cores);\n"
+            "  auto: tensor cores);\n"
             "  --gpu-att-parts: the parts GPU attention cuts each key stream into (auto: by\n"
             "  length and width; 1: never; the same answer within rounding); --gpu-att-keys: the\n"
             "  keys a warp of it scores at once (4; 1 to compare); --gpu-att-tile: the tiled\n"

@@ -110,9 +110,9 @@ typedef struct {
     int kv_dup_opt;        /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     char worker_device[RT_MAX_WORKERS][4]; /* "cpu" or "gpu" per worker (--workers cpu:N,gpu:M) */
-    /* --gpu-memory, --gpu-graphs, --gpu-fuse, --gpu-att-parts for GPU workers ("": the worker's
+    /* --gpu-memory, --gpu-graphs, --gpu-fuse, --gpu-att-parts, --gpu-matmul for GPU workers ("": the worker's
      * default) */
-    char gpu_memory[8], gpu_graphs[4], gpu_fuse[4], gpu_att_parts[8];
+    char gpu_memory[8], gpu_graphs[4], gpu_fuse[4], gpu_att_parts[8], gpu_matmul[8];
     bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
     double step_ema_us;    /* a verification cycle but its draft wait, EMA: a token's price */
     int n_seq;             /* requests verified together (sequence slots) */

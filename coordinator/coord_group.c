@@ -263,6 +263,10 @@ int coord_group_spawn_all(coord *c)
                 group_argv_add(p, "--gpu-att-parts");
                 group_argv_add(p, c->gpu_att_parts);
             }
+            if (c->gpu_matmul[0]) {
+                group_argv_add(p, "--gpu-matmul");
+                group_argv_add(p, c->gpu_matmul);
+            }
         }
     }
     for (int i = 0; i < c->n_spec_specs; i++)

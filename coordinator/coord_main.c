@@ -157,7 +157,7 @@ static void coord_usage(FILE *out)
         "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
         "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
-        "         [--trace]\n"
+        "         [--gpu-matmul auto|cuda|tensor] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -196,7 +196,8 @@ static void coord_usage(FILE *out)
         "  copies, for a discrete card; auto picks by the device), whether a sole GPU part\n"
         "  replays steps as CUDA graphs, whether it runs the fused launches or one launch per\n"
         "  op (the same bits), and how many parts its attention cuts a long key stream into\n"
-        "  (auto: by length and width; 1: never; docs/gpu.md).\n"
+        "  (auto: by length and width; 1: never; docs/gpu.md); --gpu-matmul (auto): the\n"
+        "  quantized matrices on tensor cores (auto, tensor) or CUDA cores (cuda).\n"
         "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
         "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
@@ -299,6 +300,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-graphs", required_argument, 0, 24},
                                          {"gpu-fuse", required_argument, 0, 25},
                                          {"gpu-att-parts", required_argument, 0, 26},
+                                         {"gpu-matmul", required_argument, 0, 27},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -388,6 +390,14 @@ static int coord_parse(coord *c, int argc, char **argv)
                 return 2;
             }
             snprintf(c->gpu_memory, sizeof c->gpu_memory, "%s", optarg);
+            break;
+        case 27:
+            if (llama_gpu_matmul_parse(optarg) < 0) {
+                fprintf(stderr, "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
+                                "got '%s'\n", optarg);
+                return 2;
+            }
+            snprintf(c->gpu_matmul, sizeof c->gpu_matmul, "%s", optarg);
             break;
         case 26:
             if (llama_gpu_att_parts_parse(optarg) < 0) {

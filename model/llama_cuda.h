@@ -63,6 +63,13 @@ static inline int llama_gpu_memory_parse(const char *s)
                                   : -1;
 }
 
+/* "auto", "cuda", "tensor" to llama_gpu_params.matmul_kind (KCUDA_MM_AUTO, _SIMT, _TC: 0, 1, 2);
+ * -1 for another word. Inline, as llama_gpu_memory_parse. */
+static inline int llama_gpu_matmul_parse(const char *s)
+{
+    return !strcmp(s, "auto") ? 0 : !strcmp(s, "cuda") ? 1 : !strcmp(s, "tensor") ? 2 : -1;
+}
+
 /* "auto" to 0, "1".."256" to that number of parts (llama_gpu_params.att_parts); -1 for another
  * word. Inline, as llama_gpu_memory_parse. */
 static inline int llama_gpu_att_parts_parse(const char *s)

@@ -74,6 +74,7 @@ typedef struct {
     bool gpu_graphs;        /* --gpu-graphs on|off */
     bool gpu_fuse;          /* --gpu-fuse on|off */
     int gpu_att_parts;      /* --gpu-att-parts auto|N (0: auto) */
+    int gpu_matmul;         /* --gpu-matmul auto|cuda|tensor (llama_gpu_matmul_parse) */
     int index, threads, orphan_ms, stall_ms;
     bool trace;
     char role[32];
@@ -119,7 +120,8 @@ static void worker_usage(FILE *out)
 {
     fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu|gpu]\n"
                  "                     [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
-                 "                     [--gpu-fuse on|off] [--gpu-att-parts auto|N] [--orphan-ms MS]\n"
+                 "                     [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
+                 "                     [--gpu-matmul auto|cuda|tensor] [--orphan-ms MS]\n"
                  "                     [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
                  "  column part I of the target model for every verification step.\n"
@@ -133,6 +135,9 @@ static void worker_usage(FILE *out)
                  "  --gpu-att-parts (auto): the parts the GPU's attention cuts each token's key\n"
                  "  stream into, side by side (auto: by the context's length and the batch's\n"
                  "  width; 1: never; up to 256; the same answer within rounding).\n"
+                 "  --gpu-matmul (auto): the quantized matrices on tensor cores (f16 products,\n"
+                 "  every step width-invariant; auto) or on CUDA cores (cuda: f32, faster for\n"
+                 "  one-token steps, 4-6x slower for trees of 16-64; docs/gpu.md).\n"
                  "  --orphan-ms (10000): exit when the coordinator has been silent this long.\n"
                  "  --stall-ms (30000): stop heartbeating when the compute thread has been inside\n"
                  "  one op this long (so the coordinator replaces a wedged worker).\n");
@@ -400,7 +405,8 @@ static int worker_join(worker *w)
                                .memory = (llama_gpu_memory)llama_gpu_memory_parse(w->gpu_memory),
                                .graphs = w->gpu_graphs,
                                .unfused = !w->gpu_fuse,
-                               .att_parts = w->gpu_att_parts};
+                               .att_parts = w->gpu_att_parts,
+                               .matmul_kind = w->gpu_matmul};
         w->gpu = llama_gpu_new(w->ctx, &gp, arena_base(w->arena), (size_t)arena_size(w->arena),
                                err, sizeof err);
         if (!w->gpu) {
@@ -704,6 +710,7 @@ static int worker_parse(worker *w, int argc, char **argv)
                                          {"gpu-graphs", required_argument, 0, 'g'},
                                          {"gpu-fuse", required_argument, 0, 'f'},
                                          {"gpu-att-parts", required_argument, 0, 'a'},
+                                         {"gpu-matmul", required_argument, 0, 'k'},
                                          {"orphan-ms", required_argument, 0, 'o'},
                                          {"stall-ms", required_argument, 0, 's'},
                                          {"trace", no_argument, 0, 'v'},
@@ -729,6 +736,12 @@ static int worker_parse(worker *w, int argc, char **argv)
         case 'a':
             if ((w->gpu_att_parts = llama_gpu_att_parts_parse(optarg)) < 0) {
                 fprintf(stderr, "orochi-worker: --gpu-att-parts %s: auto or 1..256\n", optarg);
+                return 2;
+            }
+            break;
+        case 'k':
+            if ((w->gpu_matmul = llama_gpu_matmul_parse(optarg)) < 0) {
+                fprintf(stderr, "orochi-worker: --gpu-matmul %s: auto, cuda or tensor\n", optarg);
                 return 2;
             }
             break;

@@ -401,12 +401,14 @@ static void test_more_types(void)
             plan.frac[k][0] = 0.7f;
             plan.frac[k][1] = 0.3f;
         }
-        static const char *cases[3] = {"one part on the GPU, mirror, graphs",
+        static const char *cases[3] = {"one part on the GPU, CUDA cores",
                                        "one part on the GPU, tensor cores",
                                        "GPU 0.7 (mirror) + CPU 0.3"};
         for (int k = 0; k < 3; k++) {
             llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = k < 2,
-                                   .matmul_kind = k == 1 ? KCUDA_MM_TC : KCUDA_MM_AUTO};
+                                   .matmul_kind = k == 0   ? KCUDA_MM_SIMT
+                                                  : k == 1 ? KCUDA_MM_TC
+                                                           : KCUDA_MM_AUTO};
             if (run(m, KV_F32, k == 2 ? 2 : 1, 1, &gp, k == 2 ? &plan : NULL, got, NULL))
                 failures++;
             else /* tensor cores: f16 weights and activations, not the CPU's bits anywhere */

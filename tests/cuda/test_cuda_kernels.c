@@ -252,9 +252,12 @@ static void test_matmul(void)
               KCUDA_MM_SIMT);
     check_int("Q4_K under KCUDA_MM_TC runs on tensor cores", kcuda_matmul_kind(g, KT_Q4_K),
               KCUDA_MM_TC);
-    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
-    check_int("Q4_K by default runs on CUDA cores", kcuda_matmul_kind(g, KT_Q4_K),
+    kcuda_set_matmul_kind(g, KCUDA_MM_SIMT);
+    check_int("Q4_K under KCUDA_MM_SIMT runs on CUDA cores", kcuda_matmul_kind(g, KT_Q4_K),
               KCUDA_MM_SIMT);
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+    check_int("Q4_K by default runs on tensor cores", kcuda_matmul_kind(g, KT_Q4_K), KCUDA_MM_TC);
+    check_int("F16 by default runs on CUDA cores", kcuda_matmul_kind(g, KT_F16), KCUDA_MM_SIMT);
     kcuda_free(dx);
     kcuda_free(dy);
     free(wf);
@@ -837,10 +840,10 @@ static void test_fused(void)
             free(hw[m]);
         }
     }
-    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
-    /* the quantized matmul with 2 and 4 groups in flight per lane: the bits of 1, on rows of 43
-     * blocks of 32 or 6 K super-blocks (each lane 5 or 6 groups: whole rounds of U and a
-     * remainder), widths 1 and 17 */
+    /* on CUDA cores, the quantized matmul with 2 and 4 groups in flight per lane: the bits of 1,
+     * on rows of 43 blocks of 32 or 6 K super-blocks (each lane 5 or 6 groups: whole rounds of U
+     * and a remainder), widths 1 and 17 */
+    kcuda_set_matmul_kind(g, KCUDA_MM_SIMT);
     int64_t most = 6 * 256;
     float *xw = malloc((size_t)(17 * most) * 4), *wf = malloc((size_t)(61 * most) * 4);
     fill(xw, (size_t)(17 * most), 1.0f);
@@ -892,10 +895,11 @@ static void test_fused(void)
                  kt_traits_of(types[t])->name);
         report_same(what, dev_same(y1, yu, ha, hb, (size_t)17 * 61) &&
                               dev_same(s1, su, ha, hb, (size_t)17 * 61));
-        kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+        kcuda_set_matmul_kind(g, KCUDA_MM_SIMT);
         kcuda_free((void *)m.data);
         free(q);
     }
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
     kcuda_free(dxw), kcuda_free(y1), kcuda_free(yu), kcuda_free(s1), kcuda_free(su);
     free(xw), free(wf), free(ha), free(hb);
 
