@@ -222,10 +222,27 @@ typedef struct {
     uint32_t type;
     int64_t cols, rows; /* ne[0], ne[1] (rows == 1 and n_dims == 1 for norms) */
     int n_dims;
-    float scale; /* weights uniform in [-scale, scale]; norms 1 +- scale */
-    bool norm;
+    float scale; /* weights and biases uniform in [-scale, scale]; norms 1 +- scale */
+    bool norm;   /* a 1-D F32 vector (a norm, a bias, the rope factors) */
+    bool bias;   /* centred on 0, not 1 */
+    int factors; /* > 0: Llama 3.1's RoPE factors for this many rotary dimensions */
     uint64_t offset;
 } mk_tensor;
+
+/* Llama 3.1's RoPE factor of pair i of rot dimensions (base 500000, factor 8, low/high frequency
+ * factors 1 and 4, original context 8192): 1 for pairs that turn fast, 8 for slow ones, smoothly
+ * between — the values the Llama-3.1 files carry in rope_freqs.weight. */
+static float mk_llama3_factor(int i, int rot)
+{
+    const double two_pi = 6.283185307179586, orig = 8192, lo = 1, hi = 4, f = 8;
+    double inv = pow(500000.0, -2.0 * i / rot), wavelen = two_pi / inv;
+    if (wavelen < orig / hi)
+        return 1.0f;
+    if (wavelen > orig / lo)
+        return (float)f;
+    double smooth = (orig / wavelen - lo) / (hi - lo);
+    return (float)(1.0 / ((1 - smooth) / f + smooth));
+}
 
 static uint64_t mk_splitmix(uint64_t *s)
 {
@@ -278,7 +295,9 @@ static void mk_rows(void *arg, int64_t begin, int64_t end, int thread)
     for (int64_t i = begin; i < end; i++) {
         uint64_t s = c->s0 + (uint64_t)(c->r0 + i) * (uint64_t)t->cols * 0x9e3779b97f4a7c15ull;
         for (int64_t k = 0; k < t->cols; k++)
-            row[k] = t->norm ? 1.0f + t->scale * mk_uniform(&s) : t->scale * mk_uniform(&s);
+            row[k] = t->factors ? mk_llama3_factor((int)k, t->factors)
+                     : t->norm && !t->bias ? 1.0f + t->scale * mk_uniform(&s)
+                                           : t->scale * mk_uniform(&s);
         kt_quantize_row(t->type, row, c->out + (size_t)i * nb, t->cols);
     }
 }
@@ -323,6 +342,13 @@ static void mk_usage(FILE *out)
 {
     fprintf(out, "usage: orochi mkmodel --out F --layers L --dim D --ffn F --heads H --kv-heads K\n"
                  "                      --vocab V --ctx C --type T --seed S [--tied]\n"
+                 "                      [--arch llama|llama31|qwen2|qwen3] [--head-dim HD]\n"
+                 "                      [--bias] [--rope-scaling linear:F|yarn:F:ORIG]\n"
+                 "  --arch: llama (default); llama31 (llama with Llama 3.1's rope_freqs.weight,\n"
+                 "  rope base 500000); qwen2 (q/k/v biases, NEOX RoPE, base 1000000); qwen3\n"
+                 "  (per-head q/k norms, NEOX RoPE, base 1000000). --head-dim: the head size when\n"
+                 "  it is not dim / heads (attention.key_length). --bias: q/k/v and output biases\n"
+                 "  on a llama. --rope-scaling: rope.scaling.* keys (docs/models.md).\n"
                  "  T: any type orochi computes with (f32 f16 bf16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1\n"
                  "  q4_0 iq4_nl q3_k q2_k; K-types need dim and ffn multiples of 256; norms are\n"
                  "  always f32). --tied omits output.weight (the lm_head is then the embedding\n"
@@ -331,9 +357,10 @@ static void mk_usage(FILE *out)
 
 int cmd_mkmodel(int argc, char **argv)
 {
-    const char *out = NULL, *type_s = "f32";
+    const char *out = NULL, *type_s = "f32", *arch_s = "llama", *scaling = NULL;
     long layers = 2, dim = 64, ffn = 128, heads = 4, kv_heads = 4, vocab = 512, ctx = 256, seed = 1;
-    bool tied = false;
+    long head_dim = 0;
+    bool tied = false, bias = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long *target = NULL, lo = 1, hi = 1L << 20;
@@ -341,14 +368,17 @@ int cmd_mkmodel(int argc, char **argv)
             mk_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--tied")) {
-            tied = true;
+        if (!strcmp(a, "--tied") || !strcmp(a, "--bias")) {
+            *(a[2] == 't' ? &tied : &bias) = true;
             continue;
         }
         if (!(v = cli_value("mkmodel", argc, argv, &i)))
             return 2;
         if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--type")) type_s = v;
+        else if (!strcmp(a, "--arch")) arch_s = v;
+        else if (!strcmp(a, "--rope-scaling")) scaling = v;
+        else if (!strcmp(a, "--head-dim")) target = &head_dim, hi = 512;
         else if (!strcmp(a, "--layers")) target = &layers, hi = 1024;
         else if (!strcmp(a, "--dim")) target = &dim;
         else if (!strcmp(a, "--ffn")) target = &ffn;
@@ -381,12 +411,39 @@ int cmd_mkmodel(int argc, char **argv)
                 kt_traits_of(type)->name, block);
         return 2;
     }
-    if (dim % heads || heads % kv_heads || (dim / heads) % 2 || dim % 32 || ffn % 32) {
-        fprintf(stderr, "orochi mkmodel: need dim %% heads == 0, heads %% kv-heads == 0, even head "
-                        "size, dim and ffn multiples of 32\n");
+    bool llama31 = !strcmp(arch_s, "llama31"), qwen2 = !strcmp(arch_s, "qwen2"),
+         qwen3 = !strcmp(arch_s, "qwen3");
+    if (!llama31 && !qwen2 && !qwen3 && strcmp(arch_s, "llama")) {
+        fprintf(stderr, "orochi mkmodel: --arch %s: llama, llama31, qwen2 or qwen3\n", arch_s);
         return 2;
     }
-    long hd = dim / heads, qd = heads * hd, kvd = kv_heads * hd;
+    const char *arch = qwen2 ? "qwen2" : qwen3 ? "qwen3" : "llama";
+    if ((!head_dim && dim % heads) || heads % kv_heads || dim % 32 || ffn % 32) {
+        fprintf(stderr, "orochi mkmodel: need dim %% heads == 0 (or --head-dim), heads %% kv-heads "
+                        "== 0, dim and ffn multiples of 32\n");
+        return 2;
+    }
+    long hd = head_dim ? head_dim : dim / heads, qd = heads * hd, kvd = kv_heads * hd;
+    if (hd % 2 || (qd % block && block > 32) || qd % 32) {
+        fprintf(stderr, "orochi mkmodel: the head size %ld must be even and heads x head size a "
+                        "multiple of 32 (of %d for --type %s)\n", hd, block > 32 ? block : 32,
+                kt_traits_of(type)->name);
+        return 2;
+    }
+    float scale_factor = 0;
+    long scale_orig = 0;
+    char scale_kind[16] = "";
+    if (scaling && (sscanf(scaling, "linear:%f", &scale_factor) == 1
+                        ? (strcpy(scale_kind, "linear"), scale_factor <= 0)
+                        : sscanf(scaling, "yarn:%f:%ld", &scale_factor, &scale_orig) == 2
+                              ? (strcpy(scale_kind, "yarn"), scale_factor <= 0 || scale_orig < 1)
+                              : true)) {
+        fprintf(stderr, "orochi mkmodel: --rope-scaling %s: linear:FACTOR or yarn:FACTOR:ORIG_CTX\n",
+                scaling);
+        return 2;
+    }
+    bool biases = bias || qwen2;
+    float rope_base = llama31 ? 500000.0f : qwen2 || qwen3 ? 1000000.0f : 10000.0f;
 
     mk_vocab voc = {0};
     if (mk_vocab_build((int)vocab, &voc)) {
@@ -394,7 +451,7 @@ int cmd_mkmodel(int argc, char **argv)
         mk_vocab_free(&voc);
         return 1;
     }
-    int n_t = 0, cap = 3 + 9 * (int)layers;
+    int n_t = 0, cap = 4 + 15 * (int)layers;
     mk_tensor *t = calloc((size_t)cap, sizeof *t);
     if (!t) {
         mk_vocab_free(&voc);
@@ -417,6 +474,28 @@ int cmd_mkmodel(int argc, char **argv)
         MK_LAYER("ffn_up", dim, ffn, false)
         MK_LAYER("ffn_down", ffn, dim, false)
 #undef MK_LAYER
+#define MK_VEC(suffix, n, is_bias)                                         \
+        do {                                                               \
+            snprintf(name, sizeof name, "blk.%ld.%s", l, suffix);          \
+            mk_add(t, &n_t, name, type, n, 1, true);                       \
+            t[n_t - 1].bias = is_bias;                                     \
+        } while (0);
+        if (biases) {
+            MK_VEC("attn_q.bias", qd, true)
+            MK_VEC("attn_k.bias", kvd, true)
+            MK_VEC("attn_v.bias", kvd, true)
+        }
+        if (bias)
+            MK_VEC("attn_output.bias", dim, true)
+        if (qwen3) {
+            MK_VEC("attn_q_norm.weight", hd, false)
+            MK_VEC("attn_k_norm.weight", hd, false)
+        }
+#undef MK_VEC
+    }
+    if (llama31) {
+        mk_add(t, &n_t, "rope_freqs.weight", type, hd / 2, 1, true);
+        t[n_t - 1].factors = (int)hd;
     }
     mk_add(t, &n_t, "output_norm.weight", type, dim, 1, true);
     if (!tied)
@@ -426,18 +505,32 @@ int cmd_mkmodel(int argc, char **argv)
     cli_buf_put(&b, "GGUF", 4);
     cli_buf_u32(&b, 3);
     cli_buf_u64(&b, (uint64_t)n_t);
-    cli_buf_u64(&b, 19);
-    mk_kv_str(&b, "general.architecture", "llama");
+    int n_kv = 19 + (head_dim ? 2 : 0) + (scale_kind[0] ? 2 : 0) + (scale_orig ? 1 : 0);
+    cli_buf_u64(&b, (uint64_t)n_kv);
+    char key[96];
+#define MK_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    mk_kv_str(&b, "general.architecture", arch);
     mk_kv_str(&b, "general.name", "orochi-mkmodel");
     mk_kv_u32(&b, "general.alignment", MK_ALIGN);
-    mk_kv_u32(&b, "llama.block_count", (uint32_t)layers);
-    mk_kv_u32(&b, "llama.context_length", (uint32_t)ctx);
-    mk_kv_u32(&b, "llama.embedding_length", (uint32_t)dim);
-    mk_kv_u32(&b, "llama.feed_forward_length", (uint32_t)ffn);
-    mk_kv_u32(&b, "llama.attention.head_count", (uint32_t)heads);
-    mk_kv_u32(&b, "llama.attention.head_count_kv", (uint32_t)kv_heads);
-    mk_kv_f32(&b, "llama.rope.freq_base", 10000.0f);
-    mk_kv_f32(&b, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    mk_kv_u32(&b, MK_KEY("block_count"), (uint32_t)layers);
+    mk_kv_u32(&b, MK_KEY("context_length"), (uint32_t)ctx);
+    mk_kv_u32(&b, MK_KEY("embedding_length"), (uint32_t)dim);
+    mk_kv_u32(&b, MK_KEY("feed_forward_length"), (uint32_t)ffn);
+    mk_kv_u32(&b, MK_KEY("attention.head_count"), (uint32_t)heads);
+    mk_kv_u32(&b, MK_KEY("attention.head_count_kv"), (uint32_t)kv_heads);
+    mk_kv_f32(&b, MK_KEY("rope.freq_base"), rope_base);
+    mk_kv_f32(&b, MK_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    if (head_dim) {
+        mk_kv_u32(&b, MK_KEY("attention.key_length"), (uint32_t)hd);
+        mk_kv_u32(&b, MK_KEY("attention.value_length"), (uint32_t)hd);
+    }
+    if (scale_kind[0]) {
+        mk_kv_str(&b, MK_KEY("rope.scaling.type"), scale_kind);
+        mk_kv_f32(&b, MK_KEY("rope.scaling.factor"), scale_factor);
+    }
+    if (scale_orig)
+        mk_kv_u32(&b, MK_KEY("rope.scaling.original_context_length"), (uint32_t)scale_orig);
+#undef MK_KEY
     mk_kv_str(&b, "tokenizer.ggml.model", "gpt2");
     mk_kv_str(&b, "tokenizer.ggml.pre", "smollm");
     mk_kv_strs(&b, "tokenizer.ggml.tokens", voc.tokens, (uint64_t)voc.n_tokens);

@@ -126,6 +126,34 @@ static int load_norm(llama_loader *ld, const char *name, int64_t n, const float 
     return 0;
 }
 
+/* Metadata keys (after "ARCH.") that change the computation in ways orochi does not implement:
+ * a file carrying one is refused, naming it, rather than run with a different result. */
+static const struct {
+    const char *suffix, *what;
+} llama_refused_keys[] = {
+    {"attention.sliding_window", "sliding-window attention"},
+    {"attn_logit_softcapping", "attention logit soft-capping"},
+    {"final_logit_softcapping", "final logit soft-capping"},
+    {"attention.clamp_kqv", "clamped q/k/v"},
+    {"attention.layer_norm_epsilon", "LayerNorm (orochi computes RMSNorm)"},
+    {"attention.scale", "a custom attention scale"},
+    {"logit_scale", "scaled logits"},
+    {"embedding_scale", "a scaled embedding"},
+    {"residual_scale", "scaled residuals"},
+    {"expert_count", "mixture of experts"},
+    {"rope.scaling.yarn_log_multiplier", "YaRN's log multiplier"},
+    {"attention.value_length_mla", "multi-head latent attention"},
+};
+
+/* A float key ARCH.suffix, or dflt. */
+static float load_f32(llama_loader *ld, const char *arch, const char *suffix, float dflt)
+{
+    char key[128];
+    float v;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_f32(ld->f, key, &v) ? v : dflt;
+}
+
 static int load_config(llama_loader *ld, llama_config *c)
 {
     gguf_str arch_s;
@@ -137,12 +165,31 @@ static int load_config(llama_loader *ld, llama_config *c)
     }
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = 0;
-    if (strcmp(arch, "llama")) {
+    if (!strcmp(arch, "llama"))
+        c->arch = LLAMA_ARCH_LLAMA;
+    else if (!strcmp(arch, "qwen2"))
+        c->arch = LLAMA_ARCH_QWEN2;
+    else if (!strcmp(arch, "qwen3"))
+        c->arch = LLAMA_ARCH_QWEN3;
+    else {
         snprintf(ld->err, ld->errlen,
-                 "%s: architecture '%s' is not supported (orochi runs 'llama')", ld->f->path, arch);
+                 "%s: architecture '%s' is not supported (orochi runs llama, qwen2 and qwen3)",
+                 ld->f->path, arch);
         return -1;
     }
-    uint32_t layers, dim, ffn, heads, kv_heads, ctx, rot, vocab = 0;
+    for (size_t i = 0; i < sizeof llama_refused_keys / sizeof llama_refused_keys[0]; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s.%s", arch, llama_refused_keys[i].suffix);
+        const gguf_kv *kv = gguf_find(ld->f, key);
+        uint32_t u;
+        /* a zero expert count or sliding window is the plain model */
+        if (kv && !(gguf_get_u32(ld->f, key, &u) && u == 0)) {
+            snprintf(ld->err, ld->errlen, "%s: metadata key '%s' asks for %s, which orochi does not "
+                     "compute", ld->f->path, key, llama_refused_keys[i].what);
+            return -1;
+        }
+    }
+    uint32_t layers, dim, ffn, heads, kv_heads, ctx, rot, vocab = 0, klen, vlen;
     if (load_u32(ld, arch, "block_count", &layers, true, 0) ||
         load_u32(ld, arch, "embedding_length", &dim, true, 0) ||
         load_u32(ld, arch, "feed_forward_length", &ffn, true, 0) ||
@@ -151,14 +198,26 @@ static int load_config(llama_loader *ld, llama_config *c)
         load_u32(ld, arch, "context_length", &ctx, false, 2048))
         return -1;
     if (!layers || !dim || !ffn || !heads || !kv_heads || layers > 4096 || dim > 65536 ||
-        ffn > 1048576 || heads > 1024 || dim % heads || heads % kv_heads) {
+        ffn > 1048576 || heads > 1024 || heads % kv_heads) {
         snprintf(ld->err, ld->errlen,
                  "%s: inconsistent shape: layers %u dim %u ffn %u heads %u "
                  "kv_heads %u",
                  ld->f->path, layers, dim, ffn, heads, kv_heads);
         return -1;
     }
-    if (load_u32(ld, arch, "rope.dimension_count", &rot, false, dim / heads))
+    /* the head size: attention.key_length where the file gives it (Qwen3, Mistral Nemo), else
+     * dim / heads; the values' must be the keys' */
+    if (load_u32(ld, arch, "attention.key_length", &klen, false, dim % heads ? 0 : dim / heads) ||
+        load_u32(ld, arch, "attention.value_length", &vlen, false, klen))
+        return -1;
+    if (!klen || klen != vlen) {
+        snprintf(ld->err, ld->errlen,
+                 "%s: head size: key_length %u, value_length %u, dim %u over %u heads (orochi "
+                 "needs one head size for keys and values)",
+                 ld->f->path, klen, vlen, dim, heads);
+        return -1;
+    }
+    if (load_u32(ld, arch, "rope.dimension_count", &rot, false, klen))
         return -1;
     const gguf_tensor *emb = gguf_tensor_find(ld->f, "token_embd.weight");
     if (!emb || emb->n_dims != 2 || emb->ne[1] == 0 || emb->ne[1] > (1u << 24)) {
@@ -172,23 +231,107 @@ static int load_config(llama_loader *ld, llama_config *c)
     c->ffn = (int)ffn;
     c->n_heads = (int)heads;
     c->n_kv_heads = (int)kv_heads;
-    c->head_dim = (int)(dim / heads);
+    c->head_dim = (int)klen;
     c->rot_dim = (int)rot;
     c->vocab = (int)vocab;
     c->ctx = (int)ctx;
-    if (c->head_dim > 512 || rot > (uint32_t)c->head_dim || rot % 2) {
-        snprintf(ld->err, ld->errlen, "%s: head_dim %d / rope dims %u not supported", ld->f->path,
-                 c->head_dim, rot);
+    if (c->head_dim > 512 || rot > (uint32_t)c->head_dim || rot % 2 || rot == 0) {
+        snprintf(ld->err, ld->errlen, "%s: head size %d with %u rotary dimensions not supported "
+                 "(at most 512, rotary dimensions even and at most the head size)",
+                 ld->f->path, c->head_dim, rot);
         return -1;
     }
+    c->rope_base = load_f32(ld, arch, "rope.freq_base", 10000.0f);
+    c->norm_eps = load_f32(ld, arch, "attention.layer_norm_rms_epsilon", 1e-5f);
+    c->rope_neox = c->arch != LLAMA_ARCH_LLAMA;
+    /* rope scaling: rope.scaling.type (none, linear, yarn) with its factor, or the older
+     * rope.scale_linear; Llama 3.1's per-pair factors come as the tensor rope_freqs.weight */
     char key[128];
-    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
-    if (!gguf_get_f32(ld->f, key, &c->rope_base))
-        c->rope_base = 10000.0f;
-    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
-    if (!gguf_get_f32(ld->f, key, &c->norm_eps))
-        c->norm_eps = 1e-5f;
+    gguf_str st;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    c->rope_scaling = LLAMA_ROPE_NONE;
+    c->rope_factor = load_f32(ld, arch, "rope.scaling.factor", 1.0f);
+    if (gguf_get_str(ld->f, key, &st)) {
+        if (st.len == 4 && !memcmp(st.ptr, "none", 4))
+            c->rope_scaling = LLAMA_ROPE_NONE;
+        else if (st.len == 6 && !memcmp(st.ptr, "linear", 6))
+            c->rope_scaling = LLAMA_ROPE_LINEAR;
+        else if (st.len == 4 && !memcmp(st.ptr, "yarn", 4))
+            c->rope_scaling = LLAMA_ROPE_YARN;
+        else {
+            snprintf(ld->err, ld->errlen,
+                     "%s: rope scaling type '%.*s' is not supported (none, linear, yarn)",
+                     ld->f->path, (int)(st.len > 32 ? 32 : st.len), st.ptr);
+            return -1;
+        }
+    } else if (load_f32(ld, arch, "rope.scale_linear", 1.0f) != 1.0f) {
+        c->rope_scaling = LLAMA_ROPE_LINEAR;
+        c->rope_factor = load_f32(ld, arch, "rope.scale_linear", 1.0f);
+    }
+    if (c->rope_scaling != LLAMA_ROPE_NONE && !(c->rope_factor > 0.0f)) {
+        snprintf(ld->err, ld->errlen, "%s: rope scaling factor %g", ld->f->path,
+                 (double)c->rope_factor);
+        return -1;
+    }
+    c->yarn_attn = load_f32(ld, arch, "rope.scaling.attn_factor", 1.0f);
+    uint32_t orig;
+    if (load_u32(ld, arch, "rope.scaling.original_context_length", &orig, false, ctx))
+        return -1;
+    c->yarn_orig_ctx = (int)orig;
+    if (gguf_tensor_find(ld->f, "rope_freqs.weight")) {
+        if (c->rope_scaling != LLAMA_ROPE_NONE) {
+            snprintf(ld->err, ld->errlen, "%s: both rope_freqs.weight and a rope scaling type",
+                     ld->f->path);
+            return -1;
+        }
+        c->rope_scaling = LLAMA_ROPE_LLAMA3;
+    }
     return 0;
+}
+
+/* Every tensor of the file is one the model reads: a block's tensor orochi would not apply (a
+ * bias of the FFN, a norm it does not compute) fails the load, naming it. */
+static int check_tensor_names(llama_loader *ld, const llama_config *c)
+{
+    static const char *const top[] = {"token_embd.weight", "output_norm.weight", "output.weight",
+                                      "rope_freqs.weight"};
+    static const char *const blk[] = {
+        "attn_norm.weight",   "ffn_norm.weight",   "attn_q.weight",     "attn_k.weight",
+        "attn_v.weight",      "attn_output.weight", "ffn_gate.weight",  "ffn_up.weight",
+        "ffn_down.weight",    "attn_q.bias",       "attn_k.bias",       "attn_v.bias",
+        "attn_output.bias",   "attn_q_norm.weight", "attn_k_norm.weight", "attn_rot_embd"};
+    for (uint64_t i = 0; i < ld->f->n_tensors; i++) {
+        const gguf_str *n = &ld->f->tensors[i].name;
+        char name[96];
+        snprintf(name, sizeof name, "%.*s", (int)(n->len > 90 ? 90 : n->len), n->ptr);
+        bool ok = false;
+        for (size_t k = 0; k < sizeof top / sizeof top[0] && !ok; k++)
+            ok = !strcmp(name, top[k]);
+        int layer = -1, at = 0;
+        if (!ok && sscanf(name, "blk.%d.%n", &layer, &at) == 1 && at > 0 && layer >= 0 &&
+            layer < c->n_layers)
+            for (size_t k = 0; k < sizeof blk / sizeof blk[0] && !ok; k++)
+                ok = !strcmp(name + at, blk[k]);
+        /* the per-head q/k norms belong to qwen3 */
+        if (ok && c->arch != LLAMA_ARCH_QWEN3 && strstr(name, "_norm.weight") &&
+            (strstr(name, "attn_q_norm") || strstr(name, "attn_k_norm")))
+            ok = false;
+        if (!ok) {
+            snprintf(ld->err, ld->errlen, "%s: tensor '%s' is not part of the %s model orochi "
+                     "computes (it would be ignored, changing the result)", ld->f->path, name,
+                     c->arch == LLAMA_ARCH_QWEN3 ? "qwen3" : c->arch == LLAMA_ARCH_QWEN2 ? "qwen2"
+                                                                                         : "llama");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* An optional F32 vector of n (a bias, a norm weight): *out NULL when absent. */
+static int load_opt_vec(llama_loader *ld, const char *name, int64_t n, const float **out)
+{
+    *out = NULL;
+    return gguf_tensor_find(ld->f, name) ? load_norm(ld, name, n, out) : 0;
 }
 
 int llama_read_config(const char *path, llama_config *c, char *err, size_t errlen)
@@ -206,7 +349,9 @@ bool llama_config_same_kv(const llama_config *a, const llama_config *b)
 {
     return a->n_layers == b->n_layers && a->dim == b->dim && a->n_heads == b->n_heads &&
            a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
-           a->rot_dim == b->rot_dim && a->rope_base == b->rope_base;
+           a->rot_dim == b->rot_dim && a->rope_base == b->rope_base &&
+           a->rope_neox == b->rope_neox && a->rope_scaling == b->rope_scaling &&
+           a->rope_factor == b->rope_factor;
 }
 
 static int llama_model_pack(llama_model *m);
@@ -260,7 +405,28 @@ static llama_model *llama_model_open(const char *path, bool pack, char *err, siz
         LAYER_T(w_up, "ffn_up", load_mat, c->dim, c->ffn)
         LAYER_T(w_down, "ffn_down", load_mat, c->ffn, c->dim)
 #undef LAYER_T
+#define LAYER_V(field, suffix, n)                                                                  \
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                           \
+    if (load_opt_vec(&ld, name, n, &L->field))                                                     \
+        goto fail;
+        LAYER_V(bq, "attn_q.bias", qd)
+        LAYER_V(bk, "attn_k.bias", kvd)
+        LAYER_V(bv, "attn_v.bias", kvd)
+        LAYER_V(bo, "attn_output.bias", c->dim)
+        LAYER_V(q_norm, "attn_q_norm.weight", c->head_dim)
+        LAYER_V(k_norm, "attn_k_norm.weight", c->head_dim)
+#undef LAYER_V
+        if (c->arch == LLAMA_ARCH_QWEN3 && (!L->q_norm || !L->k_norm)) {
+            snprintf(err, errlen, "%s: qwen3 layer %d lacks its attn_q_norm / attn_k_norm",
+                     path, l);
+            goto fail;
+        }
     }
+    if (c->rope_scaling == LLAMA_ROPE_LLAMA3 &&
+        load_norm(&ld, "rope_freqs.weight", c->rot_dim / 2, &m->rope_factors))
+        goto fail;
+    if (check_tensor_names(&ld, c))
+        goto fail;
     if (pack && llama_model_pack(m)) {
         snprintf(err, errlen, "%s: out of memory repacking the weights", path);
         goto fail;
@@ -901,7 +1067,7 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->rope_cs = malloc(W * half * sizeof *x->rope_cs);
     x->rope_sn = malloc(W * half * sizeof *x->rope_sn);
     if (x->rope_inv)
-        k_rope_freqs(x->rope_inv, c->rot_dim, c->rope_base);
+        x->rope_mscale = llama_rope_inv(m, x->rope_inv);
     x->seq = malloc(W * sizeof *x->seq);
     x->prefix = calloc((size_t)x->p.n_seq, sizeof *x->prefix);
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
@@ -1389,9 +1555,9 @@ static void screened_logits(llama_ctx *x, int n, float *logits)
  * of `ld`), into its slot of the partial buffer; then, after the parts meet, the reduction of
  * every part's partial into x's columns [r0, r1) (parts in order, so every column is summed the
  * same way), and the parts meet again. ranges: each part's input column boundaries. */
-static int megatron_linear(llama_ctx *x, const kmat *w, const float *in, int64_t ld, int n,
-                           const int64_t *ranges, int64_t scale, int64_t r0, int64_t r1,
-                           char *err, size_t errlen)
+static int megatron_linear(llama_ctx *x, const kmat *w, const float *bias, const float *in,
+                           int64_t ld, int n, const int64_t *ranges, int64_t scale, int64_t r0,
+                           int64_t r1, char *err, size_t errlen)
 {
     int64_t dim = x->m->cfg.dim, W = x->p.max_width;
     int me = x->p.part;
@@ -1417,7 +1583,76 @@ static int megatron_linear(llama_ctx *x, const kmat *w, const float *in, int64_t
             for (int64_t i = r0; i < r1; i++)
                 x->sh.x[t * dim + i] += part[t * dim + i];
     }
+    if (bias) /* the output bias once, after the parts' sums */
+        for (int t = 0; t < n; t++)
+            for (int64_t i = r0; i < r1; i++)
+                x->sh.x[t * dim + i] += bias[i];
     return llama_part_sync(x, err, errlen);
+}
+
+double llama_rope_inv(const llama_model *m, double *inv)
+{
+    const llama_config *c = &m->cfg;
+    int half = c->rot_dim / 2;
+    k_rope_freqs(inv, c->rot_dim, c->rope_base);
+    switch (c->rope_scaling) {
+    case LLAMA_ROPE_LLAMA3: /* Llama 3.1: each pair's frequency divided by its factor */
+        for (int i = 0; i < half; i++)
+            inv[i] /= m->rope_factors[i];
+        return 1.0;
+    case LLAMA_ROPE_LINEAR: /* positions divided by the factor */
+        for (int i = 0; i < half; i++)
+            inv[i] /= c->rope_factor;
+        return 1.0;
+    case LLAMA_ROPE_YARN: {
+        /* YaRN: the pairs that turn fewer than beta_slow (1) times over the original context are
+         * interpolated (divided by the factor), those that turn more than beta_fast (32) times
+         * kept, a linear ramp between; cos and sin scaled by attn_factor (1 + 0.1 ln factor).
+         * theta = pos * inv either way, so the mix is folded into the frequencies. */
+        const double two_pi = 6.283185307179586;
+        double lb = log(c->rope_base), n = c->rot_dim;
+        double lo = floor(n * log(c->yarn_orig_ctx / (32.0 * two_pi)) / (2 * lb));
+        double hi = ceil(n * log(c->yarn_orig_ctx / (1.0 * two_pi)) / (2 * lb));
+        lo = lo < 0 ? 0 : lo;
+        hi = hi > n - 1 ? n - 1 : hi;
+        for (int i = 0; i < half; i++) {
+            double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+            double keep = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y); /* 1: extrapolate (keep) */
+            inv[i] *= (1.0 - keep) / c->rope_factor + keep;
+        }
+        return c->yarn_attn * (1.0 + 0.1 * log(c->rope_factor));
+    }
+    default: return 1.0;
+    }
+}
+
+void llama_rope_angles(const llama_ctx *x, int pos, float *cs, float *sn)
+{
+    int half = x->m->cfg.rot_dim / 2;
+    k_rope_angles(cs, sn, x->rope_inv, half, pos);
+    if (x->rope_mscale != 1.0)
+        for (int i = 0; i < half; i++) {
+            cs[i] = (float)(cs[i] * x->rope_mscale);
+            sn[i] = (float)(sn[i] * x->rope_mscale);
+        }
+}
+
+/* Before RoPE: the biases of the part's q (columns [c0, c0 + n_heads * hd)) or k columns, then
+ * qwen3's per-head RMS norm, then the rotation in the model's layout. */
+static void qk_prepare(const llama_config *c, float *p, const float *bias, const float *norm,
+                       int64_t c0, int n_heads, const float *cs, const float *sn)
+{
+    int hd = c->head_dim, half = c->rot_dim / 2;
+    if (bias)
+        for (int64_t e = 0; e < (int64_t)n_heads * hd; e++)
+            p[e] += bias[c0 + e];
+    if (norm)
+        for (int h = 0; h < n_heads; h++)
+            k_rmsnorm(p + (int64_t)h * hd, p + (int64_t)h * hd, norm, hd, c->norm_eps);
+    if (c->rope_neox)
+        k_rope_apply_neox(p, n_heads, hd, half, cs, sn);
+    else
+        k_rope_apply(p, n_heads, hd, half, cs, sn);
 }
 
 /* A step's per-token work between its matmuls (norms, RoPE and the K/V store, silu * up): each
@@ -1457,9 +1692,13 @@ static void tok_run(void *argp, int64_t begin, int64_t end, int thread)
         case TOK_ROPE_STORE: {
             int slot = x->batch_base + (int)i;
             const float *cs = x->rope_cs + (size_t)i * half, *sn = x->rope_sn + (size_t)i * half;
-            k_rope_apply(sh->q + i * qd + pc->q0, (int)((pc->q1 - pc->q0) / c->head_dim),
-                         c->head_dim, half, cs, sn);
-            k_rope_apply(j->kk + i * kvd + pc->k0, x->kvh1 - x->kvh0, c->head_dim, half, cs, sn);
+            qk_prepare(c, sh->q + i * qd + pc->q0, L->bq, L->q_norm, pc->q0,
+                       (int)((pc->q1 - pc->q0) / c->head_dim), cs, sn);
+            qk_prepare(c, j->kk + i * kvd + pc->k0, L->bk, L->k_norm, pc->k0,
+                       x->kvh1 - x->kvh0, cs, sn);
+            if (L->bv)
+                for (int64_t e = pc->k0; e < pc->k1; e++)
+                    j->vv[i * kvd + e] += L->bv[e];
             kv_store(x, j->layer, 0, slot, j->kk + i * kvd);
             kv_store(x, j->layer, 1, slot, j->vv + i * kvd);
             break;
@@ -1502,8 +1741,8 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
 
     int half = c->rot_dim / 2; /* RoPE: every layer rotates at the same positions */
     for (int i = 0; i < n; i++)
-        k_rope_angles(x->rope_cs + (size_t)i * half, x->rope_sn + (size_t)i * half, x->rope_inv,
-                      half, x->pos[x->batch_base + i]);
+        llama_rope_angles(x, x->pos[x->batch_base + i], x->rope_cs + (size_t)i * half,
+                          x->rope_sn + (size_t)i * half);
     for (int i = 0; i < n; i++) {
         kmat_row(&m->tok_embd, b->tokens[i], x->row);
         memcpy(sh->x + i * dim + d0, x->row + d0, (size_t)(d1 - d0) * 4);
@@ -1535,13 +1774,17 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
             kpool_run(x->pool, (int64_t)aj.n_blocks * aj.n_units, 1, att_run, &aj);
         }
         if (x->megatron) {
-            if (megatron_linear(x, &L->wo, sh->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err,
+            if (megatron_linear(x, &L->wo, L->bo, sh->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err,
                                 errlen))
                 return -1;
         } else {
             if (llama_part_sync(x, err, errlen))
                 return -1;
             llama_linear(x, &L->wo, d0, d1, x->n_split ? att_merged(x, n) : sh->att, n, sh->xb2);
+            if (L->bo)
+                for (int i = 0; i < n; i++)
+                    for (int64_t e = d0; e < d1; e++)
+                        sh->xb2[i * dim + e] += L->bo[e];
             add_cols(sh->x, sh->xb2, n, dim, d0, d1);
             if (llama_part_sync(x, err, errlen))
                 return -1;
@@ -1557,7 +1800,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         }
         per_token(x, &pc, n, TOK_SILU, l, NULL, NULL);
         if (x->megatron) {
-            if (megatron_linear(x, &L->w_down, sh->hg, c->ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1,
+            if (megatron_linear(x, &L->w_down, NULL, sh->hg, c->ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1,
                                 err, errlen))
                 return -1;
             continue;

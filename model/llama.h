@@ -23,14 +23,29 @@
 #include "kernels/cpu/kernels.h"
 #include "model/gguf.h"
 
+/* The families orochi runs (general.architecture): llama (Llama 2/3/3.1-3.3, Mistral, SmolLM),
+ * qwen2 (q/k/v biases, NEOX RoPE), qwen3 (per-head q/k RMS norms, NEOX RoPE). docs/models.md. */
+typedef enum { LLAMA_ARCH_LLAMA, LLAMA_ARCH_QWEN2, LLAMA_ARCH_QWEN3 } llama_arch;
+/* RoPE's frequency scaling (rope.scaling.type; LLAMA3: the per-pair factors of rope_freqs.weight) */
+typedef enum { LLAMA_ROPE_NONE, LLAMA_ROPE_LINEAR, LLAMA_ROPE_YARN, LLAMA_ROPE_LLAMA3 } llama_rope_scaling;
+
 typedef struct {
     int n_layers, dim, ffn, n_heads, n_kv_heads, head_dim, rot_dim, vocab, ctx;
     float rope_base, norm_eps;
+    llama_arch arch;
+    bool rope_neox; /* RoPE rotates pairs (i, i + rot_dim / 2) (qwen2, qwen3), else (2i, 2i + 1) */
+    llama_rope_scaling rope_scaling;
+    float rope_factor;   /* linear, yarn: rope.scaling.factor (positions are divided by it) */
+    float yarn_attn;     /* yarn: rope.scaling.attn_factor (1) */
+    int yarn_orig_ctx;   /* yarn: rope.scaling.original_context_length */
 } llama_config;
 
 typedef struct {
     const float *attn_norm, *ffn_norm;
     kmat wq, wk, wv, wo, w_gate, w_up, w_down;
+    /* optional: q/k/v and output biases (attn_*.bias; qwen2 has q/k/v), per-head q and k RMS norm
+     * weights of head_dim (attn_q_norm, attn_k_norm; qwen3); NULL when absent */
+    const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
 } llama_layer;
 
 typedef struct {
@@ -38,6 +53,7 @@ typedef struct {
     gguf_file *file; /* owns the mapping every weight points into */
     kmat tok_embd, lm_head;
     const float *out_norm;
+    const float *rope_factors; /* rope_freqs.weight (rot_dim / 2; Llama 3.1-3.3), NULL if absent */
     llama_layer *layers;
     int tied; /* lm_head is the embedding matrix */
     void *pack_block; /* every matrix's packed rows, in step order (owned) */

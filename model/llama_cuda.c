@@ -272,6 +272,17 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
         free(gp);
         return NULL;
     }
+    /* what the GPU forward computes: the llama layer with any RoPE scaling (its angles come from
+     * the host); qwen2's and qwen3's pieces run on the CPU only, for now */
+    const llama_layer *L0 = &x->m->layers[0];
+    if (c->rope_neox || L0->bq || L0->bk || L0->bv || L0->bo || L0->q_norm || L0->k_norm) {
+        snprintf(err, errlen,
+                 "the GPU worker does not compute this model yet (%s): run it on CPU workers",
+                 c->rope_neox ? "NEOX RoPE of qwen2/qwen3" : L0->q_norm ? "per-head q/k norms"
+                                                                      : "attention biases");
+        free(gp);
+        return NULL;
+    }
     gp->g = kcuda_new(device, err, errlen);
     if (!gp->g) {
         free(gp);
@@ -909,8 +920,7 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     gp->att_keys = 0;
     for (int i = 0; i < n; i++) {
         int slot = x->batch_base + i, seq = x->seq[slot];
-        k_rope_angles(h->cs + (size_t)i * half, h->sn + (size_t)i * half, x->rope_inv, half,
-                      x->pos[slot]);
+        llama_rope_angles(x, x->pos[slot], h->cs + (size_t)i * half, h->sn + (size_t)i * half);
         h->seq_row[i] = seq * x->p.n_ctx;
         h->n_prefix[i] = x->prefix[seq];
         h->n_anc[i] = x->n_anc[slot];

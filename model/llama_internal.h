@@ -52,7 +52,8 @@ struct llama_ctx {
     int32_t *anc; /* max_width x max_width ancestor lists */
     int32_t *n_anc;
     int32_t *pos; /* positions of the tree's tokens */
-    double *rope_inv;        /* RoPE inverse frequencies (rot_dim / 2) */
+    double *rope_inv;        /* RoPE inverse frequencies (rot_dim / 2), scaled (llama_rope_inv) */
+    double rope_mscale;      /* YaRN: cos and sin scaled by this (1 otherwise) */
     float *rope_cs, *rope_sn; /* their cos and sin at each batch token's position (W x rot_dim / 2) */
     int32_t *seq; /* sequence slot of each tree token */
     int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
@@ -61,6 +62,13 @@ struct llama_ctx {
     int src_seq;    /* the slot of params.prefix_src the prefix is read from */
     void *scratch;  /* matmul scratch */
 };
+
+/* The model's RoPE inverse frequencies (rot_dim / 2) into inv, with its scaling applied (Llama
+ * 3.1's per-pair factors, linear, YaRN); returns the magnitude cos and sin are scaled by (YaRN's,
+ * else 1). */
+double llama_rope_inv(const llama_model *m, double *inv);
+/* cos and sin of each RoPE pair at position pos, as every backend rotates with them. */
+void llama_rope_angles(const llama_ctx *x, int pos, float *cs, float *sn);
 
 /* Validate a batch and build its ancestor lists, positions and sequence slots (llama_forward's
  * first step, for any backend). */

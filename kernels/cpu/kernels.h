@@ -185,6 +185,9 @@ void k_rmsnorm(float *out, const float *x, const float *weight, int n, float eps
 void k_rope_freqs(double *inv, int rot_dim, float base);
 void k_rope_angles(float *cs, float *sn, const double *inv, int half, int pos);
 void k_rope_apply(float *x, int n_heads, int head_dim, int half, const float *cs, const float *sn);
+/* k_rope_apply in the NEOX layout (qwen2, qwen3): pairs (i, i + half) of each head. */
+void k_rope_apply_neox(float *x, int n_heads, int head_dim, int half, const float *cs,
+                       const float *sn);
 void k_silu_mul(float *gate, const float *up, int n); /* gate = silu(gate) * up */
 void k_softmax(float *x, int n);
 /* sum of e^(x[i] - mx) over n values (vectorised; mx at least the largest x keeps it finite) */

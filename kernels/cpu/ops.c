@@ -99,6 +99,19 @@ void k_rope_apply(float *x, int n_heads, int head_dim, int half, const float *cs
     }
 }
 
+void k_rope_apply_neox(float *x, int n_heads, int head_dim, int half, const float *cs,
+                       const float *sn)
+{
+    for (int h = 0; h < n_heads; h++) {
+        float *p = x + (int64_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = p[i], b = p[i + half];
+            p[i] = a * cs[i] - b * sn[i];
+            p[i + half] = a * sn[i] + b * cs[i];
+        }
+    }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 /* silu(g) * u for eight lanes (e^x clamped at 88: beyond it silu(g) is 0 to float precision) */
 static inline __m256 k_silu8(__m256 g, __m256 u)

@@ -8,10 +8,16 @@ transformer below is written directly from the architecture description:
   x = token_embd[token]
   per layer:
     h = rmsnorm(x) * attn_norm
-    q, k, v = Wq h, Wk h, Wv h          (RoPE on q and k, adjacent-pair layout)
+    q, k, v = Wq h + bq, Wk h + bk, Wv h + bv   (biases where the file has them: qwen2)
+    qwen3: q, k = rmsnorm(each head) * attn_q_norm / attn_k_norm
+    RoPE on q and k: adjacent pairs (2i, 2i+1) for llama, pairs (i, i + rot/2)
+      ("NEOX") for qwen2 and qwen3; frequencies base^(-2i/rot) divided by
+      rope_freqs.weight[i] (Llama 3.1), by the linear factor, or mixed by YaRN
+      (interpolated below the beta_slow = 1 turn, kept above beta_fast = 32,
+      a linear ramp between; cos and sin times attn_factor (1 + 0.1 ln s))
     attention over cached positions 0..p, query head h reads kv head
       h // (n_heads / n_kv_heads), scores scaled by 1/sqrt(head_dim)
-    x += Wo attn
+    x += Wo attn + bo
     h = rmsnorm(x) * ffn_norm
     x += Wdown (silu(Wgate h) * (Wup h))
   logits = lm_head (rmsnorm(x) * output_norm)   (lm_head = token_embd if tied)
@@ -68,6 +74,11 @@ class LlamaConfig:
         self.n_kv_heads = int(key("attention.head_count_kv", self.n_heads))
         self.eps = float(key("attention.layer_norm_rms_epsilon"))
         self.rope_base = float(key("rope.freq_base", 10000.0))
+        self.arch = arch
+        self.neox = arch in ("qwen2", "qwen3")
+        self.scaling = kv.get(arch + ".rope.scaling.type", "none")
+        self.scale_factor = float(kv.get(arch + ".rope.scaling.factor", 1.0))
+        self.yarn_attn = float(kv.get(arch + ".rope.scaling.attn_factor", 1.0))
         self.ctx = int(key("context_length"))
         q_rows = int(tensors["blk.0.attn_q.weight"].ne[1])
         self.head_dim = int(key("attention.key_length", q_rows // self.n_heads))
@@ -78,6 +89,7 @@ class LlamaConfig:
                              % (self.n_heads, self.n_kv_heads))
         if self.rot_dim % 2 or self.rot_dim > self.head_dim:
             raise ValueError("bad rope dimension %d" % self.rot_dim)
+        self.orig_ctx = int(kv.get(arch + ".rope.scaling.original_context_length", self.ctx))
 
     def __repr__(self):
         return ("LlamaConfig(layers=%d dim=%d ffn=%d heads=%d kv_heads=%d "
@@ -155,6 +167,9 @@ class LlamaRef:
         def vector(name):
             return load(name).reshape(-1)
 
+        def optional(name):
+            return vector(name) if name in gguf.tensors else None
+
         qdim = cfg.n_heads * cfg.head_dim
         kvdim = cfg.n_kv_heads * cfg.head_dim
         embd = matrix("token_embd.weight", (cfg.vocab, cfg.dim))
@@ -172,6 +187,12 @@ class LlamaRef:
                 "w_gate": matrix(p + "ffn_gate.weight", (cfg.ffn, cfg.dim)),
                 "w_up": matrix(p + "ffn_up.weight", (cfg.ffn, cfg.dim)),
                 "w_down": matrix(p + "ffn_down.weight", (cfg.dim, cfg.ffn)),
+                "bq": optional(p + "attn_q.bias"),
+                "bk": optional(p + "attn_k.bias"),
+                "bv": optional(p + "attn_v.bias"),
+                "bo": optional(p + "attn_output.bias"),
+                "q_norm": optional(p + "attn_q_norm.weight"),
+                "k_norm": optional(p + "attn_k_norm.weight"),
             })
         self.output_norm = vector("output_norm.weight")
         self.tied = "output.weight" not in gguf.tensors
@@ -182,6 +203,23 @@ class LlamaRef:
         # inverse frequencies of the rotated pairs: base^(-2i/rot_dim)
         pair = np.arange(cfg.rot_dim // 2, dtype=np.float64)
         self.inv_freq = cfg.rope_base ** (-2.0 * pair / cfg.rot_dim)
+        self.mscale = 1.0
+        if "rope_freqs.weight" in gguf.tensors:          # Llama 3.1's factors
+            self.inv_freq = self.inv_freq / vector("rope_freqs.weight").astype(np.float64)
+        elif cfg.scaling == "linear":
+            self.inv_freq = self.inv_freq / cfg.scale_factor
+        elif cfg.scaling == "yarn":
+            s, n = cfg.scale_factor, float(cfg.rot_dim)
+
+            def turns_dim(turns):   # the pair index that turns `turns` times over orig_ctx
+                return n * np.log(cfg.orig_ctx / (turns * 2 * np.pi)) / (2 * np.log(cfg.rope_base))
+
+            lo = max(0.0, np.floor(turns_dim(32.0)))
+            hi = min(n - 1, np.ceil(turns_dim(1.0)))
+            ramp = np.clip((pair - lo) / max(hi - lo, 0.001), 0.0, 1.0)
+            keep = 1.0 - ramp
+            self.inv_freq = self.inv_freq / s * (1.0 - keep) + self.inv_freq * keep
+            self.mscale = cfg.yarn_attn * (1.0 + 0.1 * np.log(s))
         self.reset()
 
     # -- state -------------------------------------------------------------
@@ -238,8 +276,14 @@ class LlamaRef:
         """
         half = self.cfg.rot_dim // 2
         angle = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
-        cos = np.cos(angle)[:, None, :].astype(self.dtype)  # (T, 1, half)
-        sin = np.sin(angle)[:, None, :].astype(self.dtype)
+        cos = (np.cos(angle) * self.mscale)[:, None, :].astype(self.dtype)  # (T, 1, half)
+        sin = (np.sin(angle) * self.mscale)[:, None, :].astype(self.dtype)
+        if self.cfg.neox:   # pairs (i, i + half)
+            first = x[:, :, 0:half].copy()
+            second = x[:, :, half:2 * half].copy()
+            x[:, :, 0:half] = first * cos - second * sin
+            x[:, :, half:2 * half] = first * sin + second * cos
+            return x
         even = x[:, :, 0:2 * half:2].copy()
         odd = x[:, :, 1:2 * half:2].copy()
         x[:, :, 0:2 * half:2] = even * cos - odd * sin
@@ -290,13 +334,20 @@ class LlamaRef:
         x = self.token_embd[tokens].copy()                    # (T, dim)
         for i, L in enumerate(self.layers):
             h = self._rmsnorm(x, L["attn_norm"])
-            q = self._matmul(h, L["wq"]).reshape(T, cfg.n_heads, cfg.head_dim)
-            k = self._matmul(h, L["wk"]).reshape(T, cfg.n_kv_heads, cfg.head_dim)
-            v = self._matmul(h, L["wv"]).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            q, k, v = (self._matmul(h, L[w]) for w in ("wq", "wk", "wv"))
+            for y, b in ((q, "bq"), (k, "bk"), (v, "bv")):
+                if L[b] is not None:
+                    y += L[b]
+            q = q.reshape(T, cfg.n_heads, cfg.head_dim)
+            k = k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            v = v.reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            if L["q_norm"] is not None:                        # qwen3
+                q = self._rmsnorm(q, L["q_norm"])
+                k = self._rmsnorm(k, L["k_norm"])
             self._rope(q, positions)
             self._rope(k, positions)
             attn = self._attention(i, q, k, v, positions)
-            x = x + self._matmul(attn, L["wo"])
+            x = x + self._matmul(attn, L["wo"]) + (0 if L["bo"] is None else L["bo"])
             h = self._rmsnorm(x, L["ffn_norm"])
             gate = self._matmul(h, L["w_gate"])
             up = self._matmul(h, L["w_up"])

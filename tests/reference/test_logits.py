@@ -32,7 +32,15 @@ Parts:
   d. `--act-bits 8` (8-bit activations for quantized matmuls): tiny Q8_0 / Q4_0
      models against the reference rounding the same way (1e-3), tiny Q4_1 and
      the default model against the exact reference in mean relative L2 and
-     argmax agreement (check_act8 says why not tighter).
+     argmax agreement (check_act8 says why not tighter);
+  e. the families (`mkmodel --arch`): llama31 (rope_freqs.weight), qwen2
+     (q/k/v biases, NEOX RoPE), qwen3 (per-head q/k norms), llama with q/k/v
+     and output biases, a head size other than dim / heads, linear and YaRN
+     RoPE scaling — at F16, Q8_0 and Q4_K, 48 positions, batch 1 and 8; each
+     family's file with its distinguishing piece left out must miss the
+     bound (the check can fail); and files written here with each metadata
+     key orochi does not compute, an unknown architecture and a stray block
+     tensor must be refused naming it.
 
 The measure is the relative L2 error per position, ||c - r|| / ||r||, against
 the exact (float64, unquantised-activation) reference.  Bounds: 1e-4 for
@@ -686,6 +694,129 @@ def check_act8(report):
         loose(case, c, exact)
 
 
+# ---------------------------------------------------------------------------
+# Part e: the families
+# ---------------------------------------------------------------------------
+
+FAMILY_IDS = (TINY_IDS * 2)[:48]
+FAMILY_BASE = dict(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, vocab=300, ctx=4096, seed=5)
+FAMILIES = [  # label, mkmodel options
+    ("llama31", ["--arch", "llama31"]),
+    ("qwen2", ["--arch", "qwen2"]),
+    ("qwen3", ["--arch", "qwen3"]),
+    ("llama-bias", ["--bias"]),
+    ("llama-head96", ["--head-dim", "96"]),
+    ("qwen3-head96", ["--arch", "qwen3", "--head-dim", "96"]),
+    ("llama-linear", ["--rope-scaling", "linear:4"]),
+    ("qwen2-yarn", ["--arch", "qwen2", "--rope-scaling", "yarn:4:256"]),
+]
+
+
+def family_model(path, type_name, options):
+    p = FAMILY_BASE
+    args = ["mkmodel", "--out", path, "--layers", p["layers"], "--dim", p["dim"],
+            "--ffn", p["ffn"], "--heads", p["heads"], "--kv-heads", p["kv_heads"],
+            "--vocab", p["vocab"], "--ctx", p["ctx"], "--type", type_name, "--seed", p["seed"]]
+    run_orochi(args + options, "mkmodel " + os.path.basename(path))
+
+
+def check_families(report):
+    print("part e: the families vs reference", flush=True)
+    for label, options in FAMILIES:
+        for type_name in ("f16", "q8_0", "q4_k"):
+            if type_name != "f16" and label not in ("llama31", "qwen2", "qwen3"):
+                continue  # the other variants at F16 only
+            path = os.path.join(WORKDIR, "fam_%s_%s.gguf" % (label, type_name))
+            try:
+                family_model(path, type_name, options)
+            except RuntimeError as exc:
+                report.fail("family %s %s: %s" % (label, type_name, exc))
+                continue
+            ref = LlamaRef(path).teacher_forced(FAMILY_IDS)
+            bound = BOUND_FLOAT if type_name == "f16" else BOUND_QUANT
+            for batch in (1, 8):
+                case = "family %s %s batch%d" % (label, type_name, batch)
+                try:
+                    c = c_eval(path, FAMILY_IDS, FAMILY_BASE["vocab"],
+                               "fam_%s_%s_%d" % (label, type_name, batch), batch=batch)
+                except RuntimeError as exc:
+                    report.fail("%s: %s" % (case, exc))
+                    continue
+                report.compare(case, c, ref, bound)
+            if type_name == "f16":
+                # the reference without the family's piece must miss the bound: the comparison
+                # can tell (a forward that ignored it would fail)
+                model = LlamaRef(path)
+                if label == "llama31" or label.endswith(("linear", "yarn")):
+                    pair = np.arange(model.cfg.rot_dim // 2, dtype=np.float64)
+                    model.inv_freq = model.cfg.rope_base ** (-2.0 * pair / model.cfg.rot_dim)
+                    model.mscale = 1.0
+                elif label.startswith("qwen"):
+                    model.cfg.neox = False
+                else:
+                    for L in model.layers:
+                        L["bq"] = L["bk"] = L["bv"] = L["bo"] = None
+                if label.startswith("llama-head"):
+                    continue  # a head size is not something to leave out
+                plain = model.teacher_forced(FAMILY_IDS)
+                err = np.max(np.linalg.norm(plain - ref, axis=1) / np.linalg.norm(ref, axis=1))
+                if not err > bound:
+                    report.fail("family %s: the reference without its piece differs only by "
+                                "%.2e (the check could not fail)" % (label, err))
+                else:
+                    print("  family %s: without its piece the reference moves by %.2e (> %.0e)"
+                          % (label, err, bound), flush=True)
+            os.unlink(path)
+    check_refusals(report)
+
+
+# every metadata key orochi refuses (model/llama.c, llama_refused_keys), with a value that asks
+# for the feature
+REFUSED_KEYS = [("attention.sliding_window", 4096), ("attn_logit_softcapping", 50.0),
+                ("final_logit_softcapping", 30.0), ("attention.clamp_kqv", 8.0),
+                ("attention.layer_norm_epsilon", 1e-5), ("attention.scale", 0.125),
+                ("logit_scale", 0.5), ("embedding_scale", 12.0), ("residual_scale", 0.2),
+                ("expert_count", 8), ("rope.scaling.yarn_log_multiplier", 0.1), ("attention.value_length_mla", 128)]
+
+
+def check_refusals(report):
+    rng = np.random.default_rng(5)
+    cases = [("llama." + k, {"llama." + k: v}, None, k) for k, v in REFUSED_KEYS]
+    cases.append(("architecture gemma2", {"general.architecture": "gemma2"}, None, "gemma2"))
+    cases.append(("rope scaling type longrope", {"llama.rope.scaling.type": "longrope"}, None,
+                  "longrope"))
+    cases.append(("a stray block tensor", {}, "blk.0.ffn_up.bias", "blk.0.ffn_up.bias"))
+    cases.append(("q/k norms on a llama", {}, "blk.1.attn_q_norm.weight",
+                  "blk.1.attn_q_norm.weight"))
+    for what, extra_kv, extra_tensor, needle in cases:
+        path = os.path.join(WORKDIR, "refuse.gguf")
+        write_python_tiny_model(path, rng)
+        if extra_kv or extra_tensor:
+            meta = gguf_ref.GGUFRef(path)
+            kv = dict(meta.kv)
+            kv.update(extra_kv)
+            if kv["general.architecture"] != "llama":  # the keys under the new name
+                kv = {k.replace("llama.", kv["general.architecture"] + ".", 1): v
+                      for k, v in kv.items()}
+            tensors = [(n, t.type, tuple(t.ne), bytes(meta.tensor_bytes(n)))
+                       for n, t in meta.tensors.items()]
+            if extra_tensor:
+                tensors.append((extra_tensor, dq.GGML_F32, (8,), np.ones(8, "<f4").tobytes()))
+            gguf_ref.write_gguf(path, kv, tensors)
+        proc = subprocess.run([OROCHI_BIN, "eval", "--model", path, "--ids", "1 2", "--out",
+                               os.path.join(WORKDIR, "refuse.logits")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=SUBPROCESS_TIMEOUT)
+        err = proc.stderr.decode(errors="replace")
+        report.ran += 1
+        if proc.returncode == 0 or needle not in err:
+            report.fail("refusal of %s: exit %d, stderr %r (want it to name %r)"
+                        % (what, proc.returncode, err.strip()[-300:], needle))
+        else:
+            print("  refused %s: %s" % (what, err.strip().splitlines()[-1][:150]), flush=True)
+        os.unlink(path)
+
+
 def main():
     os.makedirs(WORKDIR, exist_ok=True)
     report = Report()
@@ -700,6 +831,7 @@ def main():
             check_default_model(report)
             check_requantized(report)
             check_act8(report)
+            check_families(report)
     finally:
         for name in os.listdir(WORKDIR):
             os.unlink(os.path.join(WORKDIR, name))
