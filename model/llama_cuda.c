@@ -35,6 +35,7 @@
 typedef struct {
     kmat wq, wk, wv, wo, w_gate, w_up, w_down;
     float *attn_norm, *ffn_norm;
+    float *bq, *bk, *bv, *bo, *q_norm, *k_norm; /* device copies of the layer's, or NULL */
     bool qkv_alike, ffn_alike; /* q, k, v (gate, up) of one type and width: one fused launch */
 } gpu_layer;
 
@@ -272,17 +273,6 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
         free(gp);
         return NULL;
     }
-    /* what the GPU forward computes: the llama layer with any RoPE scaling (its angles come from
-     * the host); qwen2's and qwen3's pieces run on the CPU only, for now */
-    const llama_layer *L0 = &x->m->layers[0];
-    if (c->rope_neox || L0->bq || L0->bk || L0->bv || L0->bo || L0->q_norm || L0->k_norm) {
-        snprintf(err, errlen,
-                 "the GPU worker does not compute this model yet (%s): run it on CPU workers",
-                 c->rope_neox ? "NEOX RoPE of qwen2/qwen3" : L0->q_norm ? "per-head q/k norms"
-                                                                      : "attention biases");
-        free(gp);
-        return NULL;
-    }
     gp->g = kcuda_new(device, err, errlen);
     if (!gp->g) {
         free(gp);
@@ -325,6 +315,14 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
         if (!(G->attn_norm = gpu_floats(gp, L->attn_norm, (size_t)c->dim, err, errlen)) ||
             !(G->ffn_norm = gpu_floats(gp, L->ffn_norm, (size_t)c->dim, err, errlen)))
             goto fail;
+        /* the optional pieces: biases (qwen2, some llamas), per-head q/k norms (qwen3) */
+        size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+        const float *vs[6] = {L->bq, L->bk, L->bv, L->bo, L->q_norm, L->k_norm};
+        float **vd[6] = {&G->bq, &G->bk, &G->bv, &G->bo, &G->q_norm, &G->k_norm};
+        size_t vn[6] = {qd, kvd, kvd, (size_t)c->dim, (size_t)c->head_dim, (size_t)c->head_dim};
+        for (int k = 0; k < 6; k++)
+            if (vs[k] && !(*vd[k] = gpu_floats(gp, vs[k], vn[k], err, errlen)))
+                goto fail;
     }
     if (gpu_matrix(gp, &m->tok_embd, &gp->tok_embd, "token_embd", err, errlen))
         goto fail;
@@ -623,9 +621,9 @@ static int gpu_meet_attention(llama_gpu *gp, int n, char *err, size_t errlen)
  * columns (ranges[part] * scale ..) of `in` (n rows of ld), into its slot of the partial buffer;
  * after the parts meet, every part's partial added into x's columns [r0, r1) (parts in order, as
  * the CPU adds them), and the parts meet again. */
-static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *in, int64_t ld, int n,
-                        const int64_t *ranges, int64_t scale, int64_t r0, int64_t r1, char *err,
-                        size_t errlen)
+static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *bias, const float *in,
+                        int64_t ld, int n, const int64_t *ranges, int64_t scale, int64_t r0,
+                        int64_t r1, char *err, size_t errlen)
 {
     llama_ctx *x = gp->x;
     const gpu_bufs *D = &gp->dev, *S = &gp->shb;
@@ -654,6 +652,8 @@ static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *in, int64_t l
             return -1;
         kcuda_add_cols(gp->g, D->x, D->mp + (size_t)p * slot, n, dim, r0, r1);
     }
+    if (bias) /* the output bias once, after the parts' sums (as the CPU) */
+        kcuda_add_bias(gp->g, D->x, bias, n, dim, r0, r1);
     return gpu_meet(gp, D->x, S->x, n, dim, r0, r1, err, errlen);
 }
 
@@ -670,11 +670,21 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
     bool mirror = gp->memory == LLAMA_GPU_MIRROR;
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
     int half = c->rot_dim / 2, qh = (int)((pc->q1 - pc->q0) / hd);
+    /* biases, q/k norms or NEOX RoPE: the RoPE-and-store launch applies them (fused or not) */
+    bool extras = L->bq || L->bk || L->bv || L->q_norm || c->rope_neox;
     if (!gp->fuse || !L->qkv_alike) {
         if (kcuda_matmul(g, &L->wq, pc->q0, pc->q1, gp->xb, n, D->q, qd, err, errlen) ||
             kcuda_matmul(g, &L->wk, pc->k0, pc->k1, gp->xb, n, D->kk, kvd, err, errlen) ||
             kcuda_matmul(g, &L->wv, pc->k0, pc->k1, gp->xb, n, D->vv, kvd, err, errlen))
             return -1;
+    } else {
+        kcuda_mm mm[3] = {{&L->wq, pc->q0, pc->q1, D->q, qd},
+                          {&L->wk, pc->k0, pc->k1, D->kk, kvd},
+                          {&L->wv, pc->k0, pc->k1, D->vv, kvd}};
+        if (kcuda_matmul_multi(g, mm, 3, gp->xb, n, err, errlen))
+            return -1;
+    }
+    if (!gp->fuse && !extras) {
         kcuda_rope(g, D->q + pc->q0, n, qd, qh, (int)hd, half, gp->d.cs, gp->d.sn);
         kcuda_rope(g, D->kk + pc->k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d.cs,
                    gp->d.sn);
@@ -686,11 +696,6 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
         }
         return 0;
     }
-    kcuda_mm mm[3] = {{&L->wq, pc->q0, pc->q1, D->q, qd},
-                      {&L->wk, pc->k0, pc->k1, D->kk, kvd},
-                      {&L->wv, pc->k0, pc->k1, D->vv, kvd}};
-    if (kcuda_matmul_multi(g, mm, 3, gp->xb, n, err, errlen))
-        return -1;
     kcuda_rope_kv a = {.q = D->q + pc->q0,
                        .q_stride = qd,
                        .q_heads = qh,
@@ -708,22 +713,32 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
                        .r0 = x->tree_row + x->batch_base,
                        .k_dst = {S->kv + kl, D->kv + kl},
                        .v_dst = {S->kv + vl, D->kv + vl},
-                       .n_dst = mirror ? 2 : 1};
+                       .n_dst = mirror ? 2 : 1,
+                       .neox = c->rope_neox,
+                       .bq = L->bq ? L->bq + pc->q0 : NULL,
+                       .bk = L->bk,
+                       .bv = L->bv,
+                       .q_norm = L->q_norm,
+                       .k_norm = L->k_norm,
+                       .eps = c->norm_eps};
     kcuda_rope_store(g, &a, n);
     return 0;
 }
 
-/* x's rows [r0, r1) += W . in (the output projection or down, and the residual): one launch fused,
- * else the product into xb2 and an add. */
-static int gpu_residual(llama_gpu *gp, const kmat *w, int64_t r0, int64_t r1, const float *in,
-                        int n, char *err, size_t errlen)
+/* x's rows [r0, r1) += W . in (+ bias) (the output projection or down, and the residual): one
+ * launch fused, else (or with a bias, added to the product first, as the CPU adds it) the product
+ * into xb2 and an add. */
+static int gpu_residual(llama_gpu *gp, const kmat *w, const float *bias, int64_t r0, int64_t r1,
+                        const float *in, int n, char *err, size_t errlen)
 {
     const gpu_bufs *D = &gp->dev;
     int64_t dim = gp->x->m->cfg.dim;
-    if (gp->fuse)
+    if (gp->fuse && !bias)
         return kcuda_matmul_add(gp->g, w, r0, r1, in, n, D->x, dim, err, errlen);
     if (kcuda_matmul(gp->g, w, r0, r1, in, n, D->xb2, dim, err, errlen))
         return -1;
+    if (bias)
+        kcuda_add_bias(gp->g, D->xb2, bias, n, dim, r0, r1);
     kcuda_add_cols(gp->g, D->x, D->xb2, n, dim, r0, r1);
     return 0;
 }
@@ -792,7 +807,8 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
                 return -1;
         }
         if (x->megatron) {
-            if (gpu_megatron(gp, &L->wo, D->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err, errlen))
+            if (gpu_megatron(gp, &L->wo, L->bo, D->att, qd, n, x->bnd[LP_QKV], hd, d0, d1, err,
+                             errlen))
                 return -1;
         } else {
             if (gpu_meet_attention(gp, n, err, errlen))
@@ -806,7 +822,7 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
                                 (int)hd, gp->attp, qd);
                 att_in = gp->attp;
             }
-            if (gpu_residual(gp, &L->wo, d0, d1, att_in, n, err, errlen) ||
+            if (gpu_residual(gp, &L->wo, L->bo, d0, d1, att_in, n, err, errlen) ||
                 gpu_meet(gp, D->x, S->x, n, dim, d0, d1, err, errlen))
                 return -1;
         }
@@ -822,14 +838,14 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
             kcuda_silu_mul(g, D->hg + f0, D->hu + f0, n, ffn, f1 - f0);
         }
         if (x->megatron) { /* its own gate/up columns are its input columns of down */
-            if (gpu_megatron(gp, &L->w_down, D->hg, ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1, err,
-                             errlen))
+            if (gpu_megatron(gp, &L->w_down, NULL, D->hg, ffn, n, x->bnd[LP_FFN_UP], 1, e0, e1,
+                             err, errlen))
                 return -1;
             continue;
         }
         if (gpu_meet(gp, D->hg, S->hg, n, ffn, f0, f1, err, errlen))
             return -1;
-        if (gpu_residual(gp, &L->w_down, e0, e1, D->hg, n, err, errlen) ||
+        if (gpu_residual(gp, &L->w_down, NULL, e0, e1, D->hg, n, err, errlen) ||
             gpu_meet(gp, D->x, S->x, n, dim, e0, e1, err, errlen))
             return -1;
     }

@@ -416,12 +416,51 @@ __global__ void k_rope_store_kernel(kcuda_rope_kv a)
     int t = blockIdx.x, half = a.half, hd = a.head_dim;
     const float *c = a.cs + t * half, *sn = a.sn + t * half;
     float *qr = a.q + (int64_t)t * a.q_stride, *kr = a.k + (int64_t)t * a.kv_stride;
-    int nq = a.q_heads * half, nk = (a.kv_h1 - a.kv_h0) * half;
+    float *vw = (float *)a.v + (int64_t)t * a.kv_stride;
+    int nkh = a.kv_h1 - a.kv_h0;
+    if (a.bq || a.bk || a.bv) { /* the biases (qwen2) */
+        int64_t nq = (int64_t)a.q_heads * hd, nk = (int64_t)nkh * hd, k0 = (int64_t)a.kv_h0 * hd;
+        for (int64_t e = threadIdx.x; e < nq + 2 * nk; e += blockDim.x) {
+            if (e < nq) {
+                if (a.bq)
+                    qr[e] += a.bq[e];
+            } else if (e < nq + nk) {
+                if (a.bk)
+                    kr[k0 + e - nq] += a.bk[k0 + e - nq];
+            } else if (a.bv) {
+                vw[k0 + e - nq - nk] += a.bv[k0 + e - nq - nk];
+            }
+        }
+        __syncthreads();
+    }
+    if (a.q_norm) { /* each query and key head RMS-normalised (qwen3): a warp a head */
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+        for (int h = warp; h < a.q_heads + nkh; h += warps) {
+            bool key = h >= a.q_heads;
+            float *p = key ? kr + (int64_t)(a.kv_h0 + h - a.q_heads) * hd : qr + (int64_t)h * hd;
+            const float *w = key ? a.k_norm : a.q_norm;
+            double ss = 0;
+            for (int i = lane; i < hd; i += 32)
+                ss += (double)p[i] * p[i];
+            ss = kcuda_warp_sum_d(ss);
+            float scale = (float)(1.0 / sqrt(ss / hd + (double)a.eps));
+            for (int i = lane; i < hd; i += 32)
+                p[i] = p[i] * scale * w[i];
+        }
+        __syncthreads();
+    }
+    int nq = a.q_heads * half, nk = nkh * half;
     for (int e = threadIdx.x; e < nq + nk; e += blockDim.x) {
         bool key = e >= nq;
         int f = key ? e - nq : e, h = f / half, i = f % half;
         float *p = key ? kr + (int64_t)(a.kv_h0 + h) * hd : qr + (int64_t)h * hd;
-        k_rope_pair(p + 2 * i, c[i], sn[i]);
+        if (a.neox) { /* pairs (i, i + half) */
+            float x0 = p[i], x1 = p[i + half];
+            p[i] = x0 * c[i] - x1 * sn[i];
+            p[i + half] = x0 * sn[i] + x1 * c[i];
+        } else {
+            k_rope_pair(p + 2 * i, c[i], sn[i]);
+        }
     }
     __syncthreads();
     const float *vr = a.v + (int64_t)t * a.kv_stride;
@@ -470,6 +509,25 @@ void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t strid
     dim3 grid(blocks < 64 ? blocks : 64, n);
     g->launches++;
     k_silu_mul_kernel<<<grid, 256, 0, g->stream>>>(gate, up, stride, count);
+}
+
+__global__ void k_add_bias_kernel(float *x, const float *bias, int64_t dim, int64_t lo, int64_t hi)
+{
+    int64_t t = blockIdx.y;
+    for (int64_t c = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < hi;
+         c += (int64_t)gridDim.x * blockDim.x)
+        x[t * dim + c] += bias[c];
+}
+
+void kcuda_add_bias(kcuda *g, float *x, const float *bias, int n, int64_t dim, int64_t lo,
+                    int64_t hi)
+{
+    if (n <= 0 || hi <= lo)
+        return;
+    int blocks = (int)((hi - lo + 255) / 256);
+    dim3 grid(blocks < 64 ? blocks : 64, n);
+    g->launches++;
+    k_add_bias_kernel<<<grid, 256, 0, g->stream>>>(x, bias, dim, lo, hi);
 }
 
 __global__ void k_add_cols_kernel(float *x, const float *d, int64_t dim, int64_t lo, int64_t hi)

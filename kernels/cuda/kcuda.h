@@ -135,7 +135,10 @@ int kcuda_matmul_silu(kcuda *g, const kmat *gate, const kmat *up, int64_t lo, in
  * q_stride) and of KV heads [kv_h0, kv_h1) of the key rows (row t at k + t * kv_stride, head h at
  * + h * head_dim), then the key and value heads [kv_h0, kv_h1) stored into rows r0.. of each of
  * n_dst (1 or 2) K/V block pairs, as kcuda_kv_store stores them — kcuda_rope twice and
- * kcuda_kv_store 2 * n_dst times, in one launch. */
+ * kcuda_kv_store 2 * n_dst times, in one launch. Before RoPE, where set: the biases added (bq
+ * indexed as q's rows, bk and bv as k's and v's), each query and key head RMS-normalised with
+ * q_norm / k_norm (head_dim weights; the sum of squares in double, as k_rmsnorm); neox rotates
+ * pairs (i, i + half) instead of (2i, 2i + 1) — the qwen2 / qwen3 pieces of model/llama.c. */
 typedef struct {
     float *q;
     int64_t q_stride;
@@ -150,6 +153,9 @@ typedef struct {
     int64_t head_rows, r0;
     void *k_dst[2], *v_dst[2];
     int n_dst;
+    int neox;
+    const float *bq, *bk, *bv, *q_norm, *k_norm;
+    float eps;
 } kcuda_rope_kv;
 void kcuda_rope_store(kcuda *g, const kcuda_rope_kv *a, int n);
 /* The quantized matmuls' loads in flight: each lane loads `groups` (1, 2 or 4) of its 8-weight
@@ -198,6 +204,9 @@ void kcuda_rope(kcuda *g, float *x, int n, int64_t stride, int n_heads, int head
                 const float *cs, const float *sn);
 /* gate = silu(gate) * up over `count` values of n rows, each at t * stride (k_silu_mul). */
 void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t stride, int64_t count);
+/* x[t * dim + c] += bias[c] for c in [lo, hi), t < n (an output projection's bias). */
+void kcuda_add_bias(kcuda *g, float *x, const float *bias, int n, int64_t dim, int64_t lo,
+                    int64_t hi);
 /* x[t * dim + c] += d[t * dim + c] for c in [lo, hi), t < n. */
 void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo,
                     int64_t hi);

@@ -360,6 +360,30 @@ void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t strid
     FAKE_QUEUE(g, silu_run, a);
 }
 
+typedef struct {
+    float *x;
+    const float *bias;
+    int n;
+    int64_t dim, lo, hi;
+} bias_args;
+
+static void add_bias_run(const void *p)
+{
+    const bias_args *a = p;
+    for (int t = 0; t < a->n; t++)
+        for (int64_t c = a->lo; c < a->hi; c++)
+            a->x[t * a->dim + c] += a->bias[c];
+}
+
+void kcuda_add_bias(kcuda *g, float *x, const float *bias, int n, int64_t dim, int64_t lo,
+                    int64_t hi)
+{
+    if (n <= 0 || hi <= lo)
+        return;
+    bias_args a = {x, bias, n, dim, lo, hi};
+    FAKE_QUEUE(g, add_bias_run, a);
+}
+
 static void add_cols_run(const void *p)
 {
     const rows_args *a = p;
@@ -536,15 +560,32 @@ static void rope_store_run(const void *p)
         int n;
     } *r = p;
     const kcuda_rope_kv *a = &r->a;
-    int hd = a->head_dim;
-    rows_args rq = {.x = a->q, .n = r->n, .stride = a->q_stride, .n_heads = a->q_heads,
-                    .head_dim = hd, .half = a->half, .cs = a->cs, .sn = a->sn};
-    rows_args rk = rq;
-    rk.x = a->k + (int64_t)a->kv_h0 * hd;
-    rk.stride = a->kv_stride;
-    rk.n_heads = a->kv_h1 - a->kv_h0;
-    rope_run(&rq);
-    rope_run(&rk);
+    int hd = a->head_dim, nkh = a->kv_h1 - a->kv_h0;
+    int64_t k0 = (int64_t)a->kv_h0 * hd;
+    for (int t = 0; t < r->n; t++) { /* as model/llama.c's qk_prepare: biases, norms, rotation */
+        float *q = a->q + (int64_t)t * a->q_stride, *k = a->k + (int64_t)t * a->kv_stride + k0;
+        float *v = (float *)a->v + (int64_t)t * a->kv_stride + k0;
+        for (int64_t e = 0; e < (int64_t)a->q_heads * hd && a->bq; e++)
+            q[e] += a->bq[e];
+        for (int64_t e = 0; e < (int64_t)nkh * hd; e++) {
+            if (a->bk)
+                k[e] += a->bk[k0 + e];
+            if (a->bv)
+                v[e] += a->bv[k0 + e];
+        }
+        for (int h = 0; a->q_norm && h < a->q_heads; h++)
+            k_rmsnorm(q + (int64_t)h * hd, q + (int64_t)h * hd, a->q_norm, hd, a->eps);
+        for (int h = 0; a->k_norm && h < nkh; h++)
+            k_rmsnorm(k + (int64_t)h * hd, k + (int64_t)h * hd, a->k_norm, hd, a->eps);
+        const float *cs = a->cs + (int64_t)t * a->half, *sn = a->sn + (int64_t)t * a->half;
+        if (a->neox) {
+            k_rope_apply_neox(q, a->q_heads, hd, a->half, cs, sn);
+            k_rope_apply_neox(k, nkh, hd, a->half, cs, sn);
+        } else {
+            k_rope_apply(q, a->q_heads, hd, a->half, cs, sn);
+            k_rope_apply(k, nkh, hd, a->half, cs, sn);
+        }
+    }
     for (int d = 0; d < a->n_dst; d++)
         for (int kv = 0; kv < 2; kv++) {
             kv_store_args s = {a->type,     kv ? a->v_dst[d] : a->k_dst[d],

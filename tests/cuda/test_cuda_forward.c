@@ -32,7 +32,10 @@
  *   - a prefix growing past the tiles' threshold under graphs (test_tiles_by_default): a new
  *     recording at the crossing, the last step against the CPU;
  *   - the other types the CPU computes (test_more_types: Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL, dim 256):
- *     one GPU part on CUDA cores and on tensor cores, and the mixed pair, within 3e-3.
+ *     one GPU part on CUDA cores and on tensor cores, and the mixed pair, within 3e-3;
+ *   - the families' pieces (test_families: qwen2, qwen3 with head size 96, a llama with biases and
+ *     Llama 3.1's RoPE factors): one GPU part fused and one launch per op, the mixed pair and the
+ *     Megatron pair, within 1e-5.
  * The parts meet after every forward, as the runtime's step boundary keeps them apart. Built twice:
  * against the GPU op set (unit_cuda_forward, on a GPU) and against its CPU stand-in
  * kernels/cuda/kcuda_fake.c (unit_gpu_host, everywhere: what runs around the kernels).
@@ -420,6 +423,64 @@ static void test_more_types(void)
     }
 }
 
+/* The families' pieces (docs/models.md) on the GPU: qwen2 (q/k/v biases, NEOX RoPE), qwen3 (per-head
+ * q/k norms, NEOX RoPE, a head size of 96 over dim 256), a llama with q/k/v and output biases and
+ * Llama 3.1's RoPE factors: one GPU part (mirror, graphs on; and with one launch per op, which
+ * still applies them in the RoPE-and-store launch), the mixed pair and the Megatron pair, against
+ * one CPU part (F32: 1e-5; the stand-in's bits). */
+static void test_families(void)
+{
+    static const char *const archs[][2] = {
+        {"qwen2", "--arch qwen2"},
+        {"qwen3", "--arch qwen3 --head-dim 96"},
+        {"llama-bias", "--arch llama31 --bias"},
+    };
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        char err[256], opts[256];
+        snprintf(opts, sizeof opts,
+                 "--layers 2 --dim 256 --ffn 512 --heads 4 --kv-heads 2 --vocab 301 --ctx 64 %s",
+                 archs[a][1]);
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s%s", FWD_TAG("cudafam-"), archs[a][0]);
+        llama_model *m = llama_model_load(tu_make_model(tag, "f32", opts), err, sizeof err);
+        if (!m) {
+            printf("%s\n", err);
+            failures++;
+            continue;
+        }
+        size_t n = (size_t)N_OUT * N_TOK * m->cfg.vocab;
+        float *ref = calloc(n, 4), *got = calloc(n, 4);
+        printf("%s:\n", archs[a][0]);
+        if (run(m, KV_F32, 1, 0, NULL, NULL, ref, NULL)) {
+            failures++;
+            continue;
+        }
+        llama_partition plan, meg;
+        llama_partition_even(&plan, 2);
+        for (int k = 0; k < LP_N; k++) {
+            plan.frac[k][0] = 0.7f;
+            plan.frac[k][1] = 0.3f;
+        }
+        meg = plan;
+        meg.style = LP_STYLE_MEGATRON;
+        static const char *cases[4] = {"one part on the GPU, mirror, graphs",
+                                       "one part on the GPU, one launch per op",
+                                       "GPU 0.7 (mirror) + CPU 0.3",
+                                       "Megatron: GPU 0.7 + CPU 0.3"};
+        for (int k = 0; k < 4; k++) {
+            llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = k == 0, .unfused = k == 1};
+            const llama_partition *p = k == 2 ? &plan : k == 3 ? &meg : NULL;
+            if (run(m, KV_F32, p ? 2 : 1, 1, &gp, p, got, NULL))
+                failures++;
+            else
+                compare(cases[k], got, ref, m->cfg.vocab, k < 2 ? EXACT(1e-5) : 1e-5);
+        }
+        free(ref);
+        free(got);
+        llama_model_destroy(&m);
+    }
+}
+
 int main(void)
 {
     char why[256];
@@ -583,6 +644,7 @@ int main(void)
     }
     test_tiles_by_default();
     test_more_types();
+    test_families();
     printf("unit_cuda_forward: %s\n", failures ? "FAILED" : "all agree");
     return failures ? 1 : 0;
 }
