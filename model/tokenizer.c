@@ -5,6 +5,7 @@
  *  - byte-level BPE (tokenizer.ggml.model = "gpt2"). Text is cut into pre-tokens by a hand-written
  *    UTF-8 scanner that implements the pre-tokenizer regex named by tokenizer.ggml.pre ("smollm":
  *    every \p{N} on its own, then the GPT-2 pattern; "llama3"/"llama-bpe": the Llama-3 pattern;
+ *    "qwen2"/"deepseek-r1-qwen": the Llama-3 pattern with single digits;
  *    anything else: the GPT-2 pattern). Each pre-token starts as one symbol per byte (the vocab id
  *    of the byte's GPT-2 printable char) and adjacent pairs are merged lowest merge rank first
  *    (leftmost on ties) with a binary heap over a linked list of symbols, so long pieces cost
@@ -40,7 +41,7 @@
 #include "model/tokenizer_unicode.h"
 
 enum { TOK_KIND_BPE, TOK_KIND_SPM };
-enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3 };
+enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, TOK_PRE_QWEN2 };
 enum {
     TOK_TYPE_NORMAL = 1,
     TOK_TYPE_UNKNOWN = 2,
@@ -499,12 +500,17 @@ static uint32_t tok_ascii_lower(uint32_t c)
 
 /* Llama-3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
  *          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static size_t tok_match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i, size_t n)
+/* The Llama-3 pattern; Qwen2's is the same with single digits (\p{N} for \p{N}{1,3}) and its
+ * contractions spelt as explicit case pairs ('[sS], not a case-insensitive 's, which also takes
+ * the long s): `digits` is the longest run of digits one pre-token takes, 1 for Qwen2. */
+static size_t tok_match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i, size_t n,
+                               size_t digits)
 {
     uint32_t c = cp[i];
     if (c == '\'' && i + 1 < n) {
         uint32_t d = tok_ascii_lower(cp[i + 1]);
-        if (d == 's' || d == 't' || d == 'm' || d == 'd' || cp[i + 1] == 0x17F /* long s */)
+        if (d == 's' || d == 't' || d == 'm' || d == 'd' ||
+            (digits > 1 && cp[i + 1] == 0x17F /* long s, Llama 3 only */))
             return i + 2;
         if (i + 2 < n) {
             uint32_t e = tok_ascii_lower(cp[i + 2]);
@@ -523,7 +529,7 @@ static size_t tok_match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i,
     }
     if (cls[i] == TOKENIZER_CLASS_NUMBER) {
         j = i;
-        while (j < n && j - i < 3 && cls[j] == TOKENIZER_CLASS_NUMBER)
+        while (j < n && j - i < digits && cls[j] == TOKENIZER_CLASS_NUMBER)
             j++;
         return j;
     }
@@ -672,7 +678,8 @@ static void tok_bpe_fragment(const tokenizer *tok, tok_scratch *s, const uint8_t
         const uint8_t *cls = s->cls + piece_start;
         size_t m = piece_end - piece_start;
         for (size_t i = 0; i < m && !s->oom;) {
-            size_t e = tok->pre == TOK_PRE_LLAMA3 ? tok_match_llama3(cp, cls, i, m)
+            size_t e = tok->pre == TOK_PRE_LLAMA3   ? tok_match_llama3(cp, cls, i, m, 3)
+                       : tok->pre == TOK_PRE_QWEN2 ? tok_match_llama3(cp, cls, i, m, 1)
                                                    : tok_match_gpt2(cp, cls, i, m);
             size_t b0 = s->off[piece_start + i], b1 = s->off[piece_start + e];
             tok_bpe_piece(tok, s, text + b0, b1 - b0, out);
@@ -1325,6 +1332,8 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
             tok->pre = TOK_PRE_SMOLLM;
         else if (gguf_str_eq(pre, "llama3") || gguf_str_eq(pre, "llama-bpe"))
             tok->pre = TOK_PRE_LLAMA3;
+        else if (gguf_str_eq(pre, "qwen2") || gguf_str_eq(pre, "deepseek-r1-qwen"))
+            tok->pre = TOK_PRE_QWEN2;
         else if (!gguf_str_eq(pre, "gpt2") && !gguf_str_eq(pre, "default"))
             fprintf(stderr, "tokenizer: unknown tokenizer.ggml.pre '%.*s', using the GPT-2 "
                             "pre-tokenizer\n", (int)(pre.len > 40 ? 40 : pre.len), pre.ptr);

@@ -7,8 +7,8 @@ scratch directory). Checks, each independent of the C code except for the CLI un
    600 seeded random strings drawn from characters that hit every branch of the pre-tokenizer
    patterns, is encoded by `orochi tokenize --jsonl` and by the reference; the ids must be
    identical line by line, and the reference's decode of the C ids must give the text back;
-2. the same vocab and merges with tokenizer.ggml.pre set to "gpt2" and to "llama3" (a tokenizer-
-   only GGUF written here), again over the whole corpus;
+2. the same vocab and merges with tokenizer.ggml.pre set to "gpt2", "llama3" and "qwen2" (a
+   tokenizer-only GGUF written here), again over the whole corpus;
 3. `--chat` on the default model gives the ids of the exact ChatML prompt with SmolLM's default
    system message; plain output is "id<TAB>piece" with escapes;
 4. a tiny SentencePiece-style ("llama") GGUF built here (<unk>, <s>, </s>, <0x00>..<0xFF>, U+2581,
@@ -220,7 +220,7 @@ def main():
     compare("smollm corpus+stress", ref, texts, c_ids)
 
     # 2. other pre-tokenizers over the same vocab
-    for pre in ("gpt2", "llama3"):
+    for pre in ("gpt2", "llama3", "qwen2"):
         path = os.path.join(TMP, "tok_pre_%s.gguf" % pre)
         tokenizer_only_copy(MODEL, path, tokenizer__ggml__pre=pre)
         r = RefTokenizer(path)

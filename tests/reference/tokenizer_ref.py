@@ -31,6 +31,11 @@ GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 DIGIT_PATTERN = r"\p{N}"
+# Qwen2's (and DeepSeek-R1-Distill-Qwen's) pre-tokenizer: Llama 3's with single digits and the
+# contractions as explicit case pairs
+QWEN2_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
+                 r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+                 r"\s+(?!\S)|\s+")
 
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
 SPM_SPACE = "\u2581"
@@ -99,6 +104,8 @@ class RefTokenizer:
                 self.pre_steps = [regex.compile(DIGIT_PATTERN), regex.compile(GPT2_PATTERN)]
             elif self.pre in ("llama3", "llama-bpe"):
                 self.pre_steps = [regex.compile(LLAMA3_PATTERN)]
+            elif self.pre in ("qwen2", "deepseek-r1-qwen"):
+                self.pre_steps = [regex.compile(QWEN2_PATTERN)]
             else:
                 self.pre_steps = [regex.compile(GPT2_PATTERN)]
             self.ignore_merges = self.pre in ("llama3", "llama-bpe")
