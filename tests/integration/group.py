@@ -89,19 +89,22 @@ def free_port():
 
 # ===== models and the sequential reference =====
 
-def mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256, type="f32", seed=1):
-    """A deterministic random-weight model; files are cached by their shape and seed."""
+def mkmodel(layers=4, dim=128, ffn=256, heads=4, kv_heads=4, vocab=300, ctx=256, type="f32", seed=1,
+            arch="llama"):
+    """A deterministic random-weight model (arch: mkmodel's --arch, docs/models.md); files are
+    cached by their shape, family and seed."""
     e = env()
     d = os.path.join(e["tmp"], "models")
     os.makedirs(d, exist_ok=True)
-    name = "l%d-d%d-f%d-h%d-k%d-v%d-c%d-%s-s%d.gguf" % (layers, dim, ffn, heads, kv_heads, vocab, ctx,
-                                                       type, seed)
+    name = "l%d-d%d-f%d-h%d-k%d-v%d-c%d-%s-s%d%s.gguf" % (layers, dim, ffn, heads, kv_heads, vocab, ctx,
+                                                         type, seed, "" if arch == "llama" else "-" + arch)
     path = os.path.join(d, name)
     if not os.path.isfile(path):
         tmp = path + ".%d.tmp" % os.getpid()
         r = subprocess.run([e["bin"], "mkmodel", "--out", tmp, "--layers", str(layers), "--dim", str(dim),
                             "--ffn", str(ffn), "--heads", str(heads), "--kv-heads", str(kv_heads),
-                            "--vocab", str(vocab), "--ctx", str(ctx), "--type", type, "--seed", str(seed)],
+                            "--vocab", str(vocab), "--ctx", str(ctx), "--type", type, "--seed", str(seed),
+                            "--arch", arch],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise AssertionError("orochi mkmodel failed (%d): %s" % (r.returncode, r.stderr.strip()))

@@ -240,6 +240,32 @@ def test_speculative_act8():
 
 
 @t.case
+def test_speculative_families():
+    """Each family (docs/models.md) served by a group, drafted by a 2-layer file of the same family
+    through the model speculator, and by the target itself (every draft accepted: its trees are
+    verified): completions and a chat answer equal `orochi run --temp 0` (with --chat for the
+    chat) token for token."""
+    for arch in ("qwen2", "qwen3", "llama31"):
+        shape = dict(dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, type="f32", arch=arch)
+        target = G.mkmodel(layers=4, seed=21, **shape)
+        draft = G.mkmodel(layers=2, seed=22, **shape)
+        g, _ = speculative_equals_run(target, ["model:draft=%s" % draft], TINY_PROMPTS[:2], 32,
+                                      "model-" + arch, kinds=["model"])
+        # the target drafting for itself: every draft right, so trees are verified and accepted
+        speculative_equals_run(target, ["model:draft=%s" % target], TINY_PROMPTS[:1], 32,
+                               "model-self-" + arch, kinds=["model"], min_mean=2.0,
+                               extra=["--draft-wait", "fixed"])
+        q = "one two three"
+        want = G.run_ids(target, q, 24, chat=True)
+        with G.Group("chat-" + arch, target, speculators=["model:draft=%s" % draft]) as g:
+            r = g.http("/v1/chat/completions", "POST",
+                       {"messages": [{"role": "user", "content": q}], "max_tokens": 24,
+                        "temperature": 0})
+            G.check(r.status == 200, "%s chat completion: %r", arch, r)
+            check_answer(r.json, want, "%s chat %r" % (arch, q))
+
+
+@t.case
 def test_speculative_default_model_chat():
     model = G.default_model()
     if not model:
