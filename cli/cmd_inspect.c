@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "kernels/cpu/kernels.h"
 #include "model/gguf.h"
+#include "model/llama.h"
 
 #define INSPECT_STR_SHOWN 48    /* bytes of a string value printed before "..." */
 #define INSPECT_ARRAY_SHOWN 4   /* elements of a top-level array printed */
@@ -34,7 +35,9 @@ static void inspect_usage(FILE *out)
             "Validate a GGUF file and print its metadata (key, type, value; arrays summarised by\n"
             "their first elements) and its tensor table (name, type, shape, offset in the data\n"
             "section, bytes), then totals and the type mix (per type: tensors, parameters, bytes,\n"
-            "bits per weight).\n"
+            "bits per weight), and last whether orochi can run it: the model it would compute\n"
+            "(family, shape, head size, RoPE and its scaling, biases, q/k norms) or the one-line\n"
+            "reason it refuses the file (docs/models.md).\n"
             "\n"
             "options:\n"
             "  -h, --help   show this help\n"
@@ -265,6 +268,33 @@ static void inspect_print_tensors(const gguf_file *f)
     putchar('\n');
 }
 
+/* Whether orochi runs the file: the load a worker makes (without the CPU's repacking), and what
+ * it computes, or why not. */
+static void inspect_print_runnable(const char *path)
+{
+    char err[512];
+    llama_model *m = llama_model_load_unpacked(path, err, sizeof err);
+    if (!m) {
+        printf("\norochi can run it: no - %s\n", err);
+        return;
+    }
+    const llama_config *c = &m->cfg;
+    const llama_layer *L = &m->layers[0];
+    static const char *const arch[] = {"llama", "qwen2", "qwen3"};
+    static const char *const scaling[] = {"", ", linear scaling", ", YaRN scaling",
+                                          ", Llama 3.1 factors"};
+    printf("\norochi can run it: yes - %s, %d layers, dim %d, ffn %d, %d query / %d KV heads of "
+           "%d, vocabulary %d; RoPE %s over %d dims, base %g%s",
+           arch[c->arch], c->n_layers, c->dim, c->ffn, c->n_heads, c->n_kv_heads, c->head_dim,
+           c->vocab, c->rope_neox ? "NEOX" : "on adjacent pairs", c->rot_dim,
+           (double)c->rope_base, scaling[c->rope_scaling]);
+    if (c->rope_scaling == LLAMA_ROPE_LINEAR || c->rope_scaling == LLAMA_ROPE_YARN)
+        printf(" (factor %g)", (double)c->rope_factor);
+    printf("%s%s%s\n", L->bq || L->bk || L->bv ? "; q/k/v biases" : "",
+           L->bo ? "; output bias" : "", L->q_norm ? "; per-head q/k norms" : "");
+    llama_model_destroy(&m);
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
@@ -303,5 +333,6 @@ int cmd_inspect(int argc, char **argv)
     inspect_print_tensors(f);
     inspect_print_types(f);
     gguf_close(&f);
+    inspect_print_runnable(path);
     return 0;
 }

@@ -40,7 +40,8 @@ Parts:
      family's file with its distinguishing piece left out must miss the
      bound (the check can fail); and files written here with each metadata
      key orochi does not compute, an unknown architecture and a stray block
-     tensor must be refused naming it.
+     tensor must be refused naming it, by `orochi eval` and in `orochi
+     inspect`'s verdict line.
 
 The measure is the relative L2 error per position, ||c - r|| / ||r||, against
 the exact (float64, unquantised-activation) reference.  Bounds: 1e-4 for
@@ -809,9 +810,16 @@ def check_refusals(report):
                               timeout=SUBPROCESS_TIMEOUT)
         err = proc.stderr.decode(errors="replace")
         report.ran += 1
+        insp = subprocess.run([OROCHI_BIN, "inspect", path], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=SUBPROCESS_TIMEOUT)
+        verdict = insp.stdout.decode(errors="replace").rstrip().splitlines()[-1:]
         if proc.returncode == 0 or needle not in err:
             report.fail("refusal of %s: exit %d, stderr %r (want it to name %r)"
                         % (what, proc.returncode, err.strip()[-300:], needle))
+        elif not (verdict and verdict[0].startswith("orochi can run it: no") and
+                  needle in verdict[0]):
+            report.fail("orochi inspect of %s: last line %r (want 'no' naming %r)"
+                        % (what, verdict, needle))
         else:
             print("  refused %s: %s" % (what, err.strip().splitlines()[-1][:150]), flush=True)
         os.unlink(path)
