@@ -14,7 +14,7 @@
 
 
 typedef struct {
-    const char *model, *prompt, *prompt_file;
+    const char *model, *prompt, *prompt_file, *chat_template;
     long n_predict, top_k, threads, seed;
     double temp, top_p;
     bool chat, print_ids, no_special;
@@ -28,13 +28,17 @@ static void run_usage(FILE *out)
             "usage: orochi run --model M (--prompt P | --prompt-file F) [-n N] [--temp T]\n"
             "                  [--top-k K] [--top-p P] [--seed S] [--threads T] [--chat]\n"
             "                  [--print-ids] [--kv f32|f16] [--act-bits 16|8] [--no-special]\n"
+            "                  [--chat-template FILE]\n"
             "  Sequential decoding in this process. Text streams to stdout (with --print-ids: the\n"
             "  generated ids, space-separated, one line); a speed summary goes to stderr.\n"
             "  --temp 0 is greedy (default 0.8, top-k 40, top-p 0.95, seed 1).\n"
             "  Special-token text in the prompt (e.g. <|im_start|>) becomes that token, as in\n"
             "  orochi tokenize and the group's completions; --no-special keeps it plain text.\n"
             "  --act-bits 8: quantized matmuls take 8-bit activations (orochi-coordinator\n"
-            "  --act-bits 8 computes the same way).\n");
+            "  --act-bits 8 computes the same way).\n"
+            "  --chat: the prompt as one user message of the file's chat template (a Jinja\n"
+            "  template, run as written: docs/models.md); --chat-template FILE: this template\n"
+            "  instead.\n");
 }
 
 /* --act-bits: 8 or 16 */
@@ -84,6 +88,8 @@ static int run_parse(int argc, char **argv, run_opts *o)
             o->prompt = v;
         } else if (!strcmp(a, "--prompt-file")) {
             o->prompt_file = v;
+        } else if (!strcmp(a, "--chat-template")) {
+            o->chat_template = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (!cli_int("run", a, v, 0, 1 << 24, &o->n_predict))
                 return 2;
@@ -169,8 +175,10 @@ int cmd_run(int argc, char **argv)
     }
     llama_model_set_act_bits(m, o.act_bits, err, sizeof err);
     tokenizer *tok = tokenizer_new(m->file, err, sizeof err);
-    if (!tok) {
-        fprintf(stderr, "%s\n", err);
+    if (!tok || (o.chat_template && tokenizer_chat_template_file(tok, o.chat_template, err,
+                                                                  sizeof err))) {
+        fprintf(stderr, "orochi run: %s\n", err);
+        tokenizer_destroy(&tok);
         llama_model_destroy(&m);
         return 2;
     }

@@ -33,6 +33,8 @@ typedef struct {
     bool bos;
     bool ids_only;
     bool chat;
+    const char *template_file; /* --chat-template: this Jinja template instead of the file's */
+    const char *render;        /* --render-chat: a JSON array of messages to render */
 } tokenize_opts;
 
 static void tokenize_usage(FILE *out)
@@ -51,6 +53,11 @@ static void tokenize_usage(FILE *out)
             "  --no-bos       do not prepend BOS even if the model's tokenizer asks for it\n"
             "  --ids-only     print only the ids, space-separated, on one line\n"
             "  --chat         wrap TEXT in the model's chat template as one user message\n"
+            "  --chat-template FILE  use the Jinja chat template in FILE instead of the model's\n"
+            "  --render-chat FILE    print the chat template's text for the conversation in FILE\n"
+            "                 (a JSON array of {\"role\", \"content\"} objects, ending with the\n"
+            "                 assistant prompt) instead of tokenizing; exit 2 if the template\n"
+            "                 cannot be run, with the reason\n"
             "  --jsonl FILE   each line of FILE is a JSON string; print one line of ids per line\n"
             "  -h, --help     show this help\n"
             "\n"
@@ -190,6 +197,97 @@ static int tokenize_jsonl(const tokenizer *tok, const tokenize_opts *o)
     return status;
 }
 
+/* A whole file into a malloc'd NUL-terminated buffer (NULL with the reason on stderr). */
+static char *tokenize_read_file(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        fprintf(stderr, "orochi tokenize: cannot open %s\n", path);
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, fp);
+        n += got;
+        if (got == 0)
+            break;
+        if (n + 1 == cap) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    fclose(fp);
+    if (!buf) {
+        fprintf(stderr, "orochi tokenize: out of memory reading %s\n", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static int tokenize_use_template(tokenizer *tok, const char *path)
+{
+    char err[512];
+    int rc = tokenizer_chat_template_file(tok, path, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "orochi tokenize: %s\n", err);
+    return rc;
+}
+
+/* --render-chat: the template's text for a JSON array of messages. */
+static int tokenize_render(const tokenizer *tok, const char *path)
+{
+    size_t len;
+    char *js = tokenize_read_file(path, &len);
+    if (!js)
+        return 2;
+    cJSON *arr = cJSON_ParseWithLength(js, len);
+    free(js);
+    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
+    if (n < 0) {
+        fprintf(stderr, "orochi tokenize: %s: not a JSON array of messages\n", path);
+        cJSON_Delete(arr);
+        return 2;
+    }
+    const char **roles = malloc((size_t)(n ? n : 1) * sizeof *roles);
+    const char **contents = malloc((size_t)(n ? n : 1) * sizeof *contents);
+    int status = 0;
+    for (int i = 0; i < n && roles && contents; i++) {
+        cJSON *m = cJSON_GetArrayItem(arr, i);
+        roles[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "role"));
+        contents[i] = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "content"));
+        if (!roles[i] || !contents[i]) {
+            fprintf(stderr, "orochi tokenize: %s: message %d needs string role and content\n",
+                    path, i);
+            status = 2;
+            break;
+        }
+    }
+    if (!status && roles && contents) {
+        char err[512];
+        char *out = tokenizer_chat_render_err(tok, n, roles, contents, err, sizeof err);
+        if (out) {
+            fwrite(out, 1, strlen(out), stdout);
+            free(out);
+        } else {
+            fprintf(stderr, "orochi tokenize: %s\n", err);
+            status = 2;
+        }
+    }
+    free(roles);
+    free(contents);
+    cJSON_Delete(arr);
+    return status;
+}
+
 static char *tokenize_read_stdin(size_t *len)
 {
     size_t cap = 4096, n = 0;
@@ -233,15 +331,17 @@ int cmd_tokenize(int argc, char **argv)
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             tokenize_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--model") || !strcmp(a, "--jsonl")) {
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--jsonl") ||
+                   !strcmp(a, "--chat-template") || !strcmp(a, "--render-chat")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "orochi tokenize: %s needs a value\n", a);
                 return 2;
             }
-            if (!strcmp(a, "--model"))
-                o.model = argv[++i];
-            else
-                o.jsonl = argv[++i];
+            const char **dst = !strcmp(a, "--model")           ? &o.model
+                               : !strcmp(a, "--jsonl")         ? &o.jsonl
+                               : !strcmp(a, "--chat-template") ? &o.template_file
+                                                               : &o.render;
+            *dst = argv[++i];
         } else if (!strcmp(a, "--no-special")) {
             o.special = false;
         } else if (!strcmp(a, "--no-bos")) {
@@ -262,7 +362,7 @@ int cmd_tokenize(int argc, char **argv)
         tokenize_usage(stderr);
         return 2;
     }
-    if (!o.text == !o.jsonl) {
+    if (!o.render && !o.text == !o.jsonl) {
         fprintf(stderr, "orochi tokenize: give exactly one of TEXT or --jsonl FILE\n");
         tokenize_usage(stderr);
         return 2;
@@ -282,7 +382,11 @@ int cmd_tokenize(int argc, char **argv)
     }
 
     int status = 0;
-    if (o.jsonl) {
+    if (o.template_file && tokenize_use_template(tok, o.template_file)) {
+        status = 2;
+    } else if (o.render) {
+        status = tokenize_render(tok, o.render);
+    } else if (o.jsonl) {
         status = tokenize_jsonl(tok, &o);
     } else {
         char *owned = NULL;

@@ -101,6 +101,7 @@ struct coord_engine_state;
 typedef struct {
     /* options */
     const char *run_dir, *target, *bind, *api_key, *external;
+    const char *chat_template; /* --chat-template FILE: instead of the model file's template */
     char api_key_buf[512]; /* the key read from --api-key-file or $OROCHI_API_KEY */
     int max_queue;         /* requests waiting beyond it get 429 */
     int act_bits;          /* --act-bits: the workers' activation precision (8 or 16) */

@@ -679,12 +679,16 @@ static bool text_flush(engine_text *t, coord_request *req, const coord_params *p
 /* ===== a request ===== */
 
 /* The prompt text of a request: a completion's prompt, or the conversation rendered with the
- * file's chat template (tokenizer_chat_render: the template's default system message whenever
- * the conversation does not start with its own, one turn or many). */
-static char *engine_render(coord *c, const coord_params *prm)
+ * file's chat template (tokenizer_chat_render_err: the template run by the Jinja interpreter);
+ * NULL with the reason in err (a template that refuses the conversation or cannot be run). */
+static char *engine_render(coord *c, const coord_params *prm, char *err, size_t errlen)
 {
-    if (prm->kind == COORD_REQ_COMPLETION)
-        return strdup(prm->prompt ? prm->prompt : "");
+    if (prm->kind == COORD_REQ_COMPLETION) {
+        char *t = strdup(prm->prompt ? prm->prompt : "");
+        if (!t)
+            snprintf(err, errlen, "out of memory");
+        return t;
+    }
     int n = prm->n_messages;
     const char **roles = malloc((size_t)(n ? n : 1) * sizeof *roles);
     const char **contents = malloc((size_t)(n ? n : 1) * sizeof *contents);
@@ -694,7 +698,9 @@ static char *engine_render(coord *c, const coord_params *prm)
             roles[i] = prm->messages[i].role;
             contents[i] = prm->messages[i].content;
         }
-        out = tokenizer_chat_render(c->tok, n, roles, contents);
+        out = tokenizer_chat_render_err(c->tok, n, roles, contents, err, errlen);
+    } else {
+        snprintf(err, errlen, "out of memory");
     }
     free(roles);
     free(contents);
@@ -1104,8 +1110,12 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     c->eng->prefix[s] = 0;
     char err[512];
     int V = c->model->cfg.vocab;
-    char *text = engine_render(c, sl->prm);
-    int cap = text ? (int)strlen(text) + 8 : 0;
+    char *text = engine_render(c, sl->prm, err, sizeof err);
+    if (!text) { /* the chat template refused the conversation, or cannot be run */
+        slot_fail(c, s, strstr(err, "out of memory") ? 500 : 400, err);
+        return -1;
+    }
+    int cap = (int)strlen(text) + 8;
     sl->all =
         text ? malloc(((size_t)cap + (size_t)c->n_ctx + RT_MAX_WIDTH + 8) * sizeof *sl->all) : NULL;
     sl->work = malloc((size_t)V * 3 * sizeof(float) + (size_t)V * 8);

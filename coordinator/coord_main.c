@@ -157,7 +157,7 @@ static void coord_usage(FILE *out)
         "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
         "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
-        "         [--gpu-matmul auto|cuda|tensor] [--trace]\n"
+        "         [--gpu-matmul auto|cuda|tensor] [--chat-template FILE] [--trace]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -198,6 +198,10 @@ static void coord_usage(FILE *out)
         "  op (the same bits), and how many parts its attention cuts a long key stream into\n"
         "  (auto: by length and width; 1: never; docs/gpu.md); --gpu-matmul (auto): the\n"
         "  quantized matrices on tensor cores (auto, tensor) or CUDA cores (cuda).\n"
+        "  Chat requests are rendered with the model file's chat template, run as written by\n"
+        "  orochi's Jinja interpreter (docs/models.md); --chat-template FILE uses that Jinja\n"
+        "  template instead. A conversation the template refuses (raise_exception) or a\n"
+        "  template it cannot run answers 400 with the reason.\n"
         "  Prefix reuse (default on): a prompt that begins with tokens a sequence slot has\n"
         "  committed starts from their K/V (usage.prompt_tokens_details.cached_tokens).\n"
         "  --plan FILE: the plan `orochi profile` wrote (width and length per context bucket,\n"
@@ -301,6 +305,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-fuse", required_argument, 0, 25},
                                          {"gpu-att-parts", required_argument, 0, 26},
                                          {"gpu-matmul", required_argument, 0, 27},
+                                         {"chat-template", required_argument, 0, 28},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -391,6 +396,7 @@ static int coord_parse(coord *c, int argc, char **argv)
             }
             snprintf(c->gpu_memory, sizeof c->gpu_memory, "%s", optarg);
             break;
+        case 28: c->chat_template = optarg; break;
         case 27:
             if (llama_gpu_matmul_parse(optarg) < 0) {
                 fprintf(stderr, "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
@@ -519,7 +525,8 @@ static int coord_setup(coord *c)
     }
     llama_model_set_act_bits(c->model, c->act_bits, err, sizeof err); /* checked by coord_parse */
     c->tok = tokenizer_new(c->model->file, err, sizeof err);
-    if (!c->tok) {
+    if (!c->tok || (c->chat_template &&
+                    tokenizer_chat_template_file(c->tok, c->chat_template, err, sizeof err))) {
         rt_log("coordinator", "%s", err);
         return 2;
     }

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcjson-dev
   libcmocka-dev clang libclang-rt-14-dev
-  python3 python3-numpy python3-regex python3-matplotlib python3-pip unzip
+  python3 python3-numpy python3-regex python3-matplotlib python3-pip python3-jinja2 unzip
   libopenblas0-pthread
 )
 # libopenblas0-pthread: numpy's matrix products through OpenBLAS instead of the reference BLAS,

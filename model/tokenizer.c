@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/jinja.h"
 #include "model/tokenizer_unicode.h"
 
 enum { TOK_KIND_BPE, TOK_KIND_SPM };
@@ -86,6 +87,8 @@ struct tokenizer {
     bool add_space_prefix;
     bool chatml;
     char *chat_system; /* the template's default system message, or NULL */
+    char *chat_template; /* tokenizer.chat_template (or an override), run by model/jinja.c */
+    size_t chat_template_len;
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -946,8 +949,105 @@ static bool tok_role_system(const char *role)
     return !strcmp(role, "system") || !strcmp(role, "developer");
 }
 
+/* The text of token id (NULL terminated, arena-free copy), or "" when id < 0. */
+static char *tok_text_dup(const tokenizer *tok, int32_t id)
+{
+    size_t len = 0;
+    const char *t = id >= 0 ? tok_text(tok, id, &len) : "";
+    char *s = malloc(len + 1);
+    if (s) {
+        memcpy(s, t, len);
+        s[len] = '\0';
+    }
+    return s;
+}
+
+static char *tok_chat_builtin(const tokenizer *tok, int n, const char *const *roles,
+                              const char *const *contents);
+
+char *tokenizer_chat_render_err(const tokenizer *tok, int n, const char *const *roles,
+                                const char *const *contents, char *err, size_t errlen)
+{
+    if (!tok->chat_template) {
+        char *out = tok_chat_builtin(tok, n, roles, contents);
+        if (!out)
+            snprintf(err, errlen, "out of memory");
+        return out;
+    }
+    /* the OpenAI "developer" role is a system turn to the templates (which know system) */
+    jinja_message *m = malloc((size_t)(n ? n : 1) * sizeof *m);
+    char *bos = tok_text_dup(tok, tok->bos), *eos = tok_text_dup(tok, tok->eos);
+    char *out = NULL;
+    if (m && bos && eos) {
+        for (int i = 0; i < n; i++)
+            m[i] = (jinja_message){tok_role_system(roles[i]) ? "system" : roles[i], contents[i]};
+        out = jinja_render_chat(tok->chat_template, tok->chat_template_len, m, n, true, bos, eos,
+                                err, errlen);
+    } else {
+        snprintf(err, errlen, "out of memory");
+    }
+    free(m);
+    free(bos);
+    free(eos);
+    return out;
+}
+
+int tokenizer_set_chat_template(tokenizer *tok, const char *text, size_t len)
+{
+    char *t = malloc(len + 1);
+    if (!t)
+        return -1;
+    memcpy(t, text, len);
+    t[len] = '\0';
+    free(tok->chat_template);
+    tok->chat_template = t;
+    tok->chat_template_len = len;
+    return 0;
+}
+
+int tokenizer_chat_template_file(tokenizer *tok, const char *path, char *err, size_t errlen)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        tok_err(err, errlen, "cannot open the chat template %s", path);
+        return -1;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got = 1; buf && got;) {
+        got = fread(buf + n, 1, cap - n, fp);
+        n += got;
+        if (n == cap) {
+            char *p = cap < ((size_t)1 << 24) ? realloc(buf, cap * 2) : NULL;
+            if (!p) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    fclose(fp);
+    int rc = buf ? tokenizer_set_chat_template(tok, buf, n) : -1;
+    if (rc)
+        tok_err(err, errlen, "the chat template %s: out of memory (or larger than 16 MiB)", path);
+    free(buf);
+    return rc;
+}
+
 char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
                             const char *const *contents)
+{
+    char err[512];
+    char *out = tokenizer_chat_render_err(tok, n, roles, contents, err, sizeof err);
+    if (!out)
+        fprintf(stderr, "tokenizer: %s\n", err);
+    return out;
+}
+
+/* The built-in rendering of a file without a template: ChatML, or Llama 2's [INST]. */
+static char *tok_chat_builtin(const tokenizer *tok, int n, const char *const *roles,
+                              const char *const *contents)
 {
     size_t cap = 128 + (tok->chat_system ? strlen(tok->chat_system) : 0);
     for (int i = 0; i < n; i++)
@@ -1043,6 +1143,7 @@ void tokenizer_destroy(tokenizer **tokp)
     free(tok->merge_ht);
     free(tok->special);
     free(tok->chat_system);
+    free(tok->chat_template);
     free(tok);
     *tokp = NULL;
 }
@@ -1398,6 +1499,10 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
             }
         if (tok->chatml)
             tok->chat_system = tok_template_system(tmpl.ptr, (size_t)tmpl.len);
+        if (tokenizer_set_chat_template(tok, tmpl.ptr, (size_t)tmpl.len)) {
+            tok_err(err, errlen, "out of memory");
+            goto fail;
+        }
     }
     return tok;
 

@@ -40,22 +40,30 @@ const char *tokenizer_token_text(const tokenizer *tok, int32_t id);
 /* Decode ids into out (NUL-terminated); returns the byte length, or -1 if cap is too small. */
 long tokenizer_decode(const tokenizer *tok, const int32_t *ids, int n, char *out, size_t cap);
 
-/* Format a single user message with the file's chat template (ChatML when the template uses
- * <|im_start|>, Llama-2 [INST] otherwise) ending with the assistant prompt. Returns a malloc'd
- * string, or NULL on allocation failure. The system message is the template's default, if any. */
+/* Format a single user message with the chat template, ending with the assistant prompt
+ * (tokenizer_chat_render of one message). NULL on failure (said on stderr). */
 char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message);
 
-/* Format a conversation of n messages (roles[i], contents[i]) with the file's chat template,
- * ending with the assistant prompt; a malloc'd string, or NULL on allocation failure.
- *   ChatML: each message as <|im_start|>ROLE\nCONTENT<|im_end|>\n, preceded by the template's
- *     default system message when the first message is not a system one (as the template's own
- *     `loop.first and messages[0]['role'] != 'system'` rule says); "developer" is a system role.
- *   Otherwise: the Llama-2 form, [INST] USER [/INST] per user turn with the assistant's turns
+/* Format a conversation of n messages (roles[i], contents[i]) ending with the assistant prompt;
+ * a malloc'd string, or NULL with the reason in err. With a template (the file's
+ * tokenizer.chat_template, or tokenizer_set_chat_template's) it is run as written by the Jinja
+ * interpreter (model/jinja.h: as apply_chat_template with add_generation_prompt; "developer" is
+ * passed as "system"); a template it cannot run fails with the construct named — never a
+ * rendering by a guess. Without one, the built-in rendering:
+ *   ChatML when the vocabulary's template uses <|im_start|> (each message as
+ *     <|im_start|>ROLE\nCONTENT<|im_end|>\n);
+ *   otherwise the Llama-2 form, [INST] USER [/INST] per user turn with the assistant's turns
  *     between them and a system message folded into the next user turn as <<SYS>>; a system
- *     message that no user turn follows (an assistant turn or the end comes first) is a turn of
- *     its own, [INST] <<SYS>>\nSYSTEM\n<</SYS>>\n\n [/INST], never dropped.
- * One user message gives exactly tokenizer_chat_prompt's text. */
+ *     message that no user turn follows is a turn of its own, never dropped. */
+char *tokenizer_chat_render_err(const tokenizer *tok, int n, const char *const *roles,
+                                const char *const *contents, char *err, size_t errlen);
+/* tokenizer_chat_render_err, the reason on stderr. */
 char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
                             const char *const *contents);
+/* Use this Jinja chat template instead of the file's (--chat-template FILE). 0, or -1 when out of
+ * memory. */
+int tokenizer_set_chat_template(tokenizer *tok, const char *text, size_t len);
+/* tokenizer_set_chat_template with the text of the file at path. 0, or -1 with err. */
+int tokenizer_chat_template_file(tokenizer *tok, const char *path, char *err, size_t errlen);
 
 #endif

@@ -16,15 +16,14 @@
  * stop string. Flags: bits 0-2 the vocabulary (tests/fuzz/fuzz_vocab.h; 5-7 wrap), bit 3 no
  * tokenizer.chat_template key at all, bits 4-7 the seed of the piece sizes below.
  *
- * Checked: tokenizer_new accepts any template; the rendering equals, byte for byte, what an
- * independent reading of tokenizer.h's rules gives: ChatML when the template contains
- * <|im_start|>, with the template's default system message (the first "<|im_start|>system\n ...
- * <|im_end|>" body that is non-empty and holds no quote or brace) unless the conversation starts
- * with a system/developer message, each message as <|im_start|>ROLE\nCONTENT<|im_end|>\n
- * ("developer" as "system"), then <|im_start|>assistant\n; otherwise the Llama-2 form ([INST]
- * USER [/INST] per user turn, assistant turns between, a system message folded into the next user
- * turn as <<SYS>>, or a turn of its own when an assistant turn or the end comes first). One user message renders as tokenizer_chat_prompt does, and engine_render
- * gives the same text. The rendered prompt tokenizes (parse_special, as slot_start does) into at
+ * Checked: tokenizer_new accepts any template. With a template, the rendering is the Jinja
+ * interpreter's (model/jinja.c, fuzzed here on arbitrary template bytes): it gives a text or
+ * refuses with a reason that names the chat template (never a crash, a hang past its step bound,
+ * or a leak), and engine_render gives the same text or the same refusal. Without one, the
+ * rendering equals, byte for byte, what an independent reading of tokenizer.h's built-in rule
+ * gives: the Llama-2 form ([INST] USER [/INST] per user turn, assistant turns between, a system
+ * message folded into the next user turn as <<SYS>>, or a turn of its own when an assistant turn
+ * or the end comes first). One user message renders as tokenizer_chat_prompt does. The rendered prompt tokenizes (parse_special, as slot_start does) into at
  * most strlen + 8 ids, the buffer slot_start gives it. The rendered prompt is then played as
  * generated text, in pieces, through text_flush with the request's stop strings: the text the
  * request receives must be exactly the text before the first stop string found once the piece
@@ -113,27 +112,6 @@ static bool fz_role_system(const char *role)
     return !strcmp(role, "system") || !strcmp(role, "developer");
 }
 
-/* The reference reading of the template: its literal ChatML system message, or NULL. */
-static char *fz_template_system(const char *t, size_t n)
-{
-    static const char open[] = "<|im_start|>system\n", end[] = "<|im_end|>";
-    for (size_t i = 0; i + sizeof open - 1 <= n; i++) {
-        if (memcmp(t + i, open, sizeof open - 1))
-            continue;
-        size_t b = i + sizeof open - 1;
-        const char *e = memmem(t + b, n - b, end, sizeof end - 1);
-        if (!e)
-            return NULL; /* no end after this opening: none after any later one either */
-        size_t len = (size_t)(e - (t + b));
-        bool literal = len > 0;
-        for (size_t k = 0; k < len && literal; k++)
-            literal = !strchr("'\"{}", t[b + k]) || !t[b + k];
-        if (literal)
-            return fuzz_strndup(t + b, len);
-    }
-    return NULL;
-}
-
 /* The text the request must receive: `text` cut at the first stop string found by the flush
  * that follows each piece (flush points `ends`, the last one == len). */
 static size_t fz_stop_reference(const char *text, size_t len, const size_t *ends, int n_ends,
@@ -195,26 +173,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fz_template_tokenizer(which <= FUZZ_VOCAB_BPE_LLAMA3, has_tmpl ? tmpl : NULL, tlen);
     fz_coord->tok = tok;
 
-    /* the reference rendering */
-    bool chatml = has_tmpl && memmem(tmpl, tlen, "<|im_start|>", 12);
-    char *sys = chatml ? fz_template_system(tmpl, tlen) : NULL;
+    /* the reference rendering (the built-in rule, without a template) */
     fz_str all = {0};
     fz_add(&all, "");
-    if (chatml) {
-        if (sys && (prm.n_messages == 0 || !fz_role_system(roles[0]))) {
-            fz_add(&all, "<|im_start|>system\n");
-            fz_add(&all, sys);
-            fz_add(&all, "<|im_end|>\n");
-        }
-        for (int i = 0; i < prm.n_messages; i++) {
-            fz_add(&all, "<|im_start|>");
-            fz_add(&all, fz_role_system(roles[i]) ? "system" : roles[i]);
-            fz_add(&all, "\n");
-            fz_add(&all, contents[i]);
-            fz_add(&all, "<|im_end|>\n");
-        }
-        fz_add(&all, "<|im_start|>assistant\n");
-    } else {
+    if (has_tmpl) {
+        char err[512] = "", err2[512] = "";
+        char *got = tokenizer_chat_render_err(tok, prm.n_messages, roles, contents, err,
+                                              sizeof err);
+        char *text = engine_render(fz_coord, &prm, err2, sizeof err2);
+        if (!got != !text || (got && strcmp(got, text)) || (!got && strcmp(err, err2)))
+            fuzz_fail("engine_render differs from tokenizer_chat_render_err (%s / %s)", err, err2);
+        if (!got && strncmp(err, "chat template", 13) && !strstr(err, "out of memory"))
+            fuzz_fail("a refused template's reason does not name the chat template: %s", err);
+        free(got);
+        free(text);
+        free(all.p);
+        tokenizer_destroy(&tok);
+        fz_coord->tok = NULL;
+        for (int i = 0; i < prm.n_messages; i++)
+            free(msgs[i].content);
+        for (int i = 0; i < prm.n_stop; i++)
+            free(stops[i]);
+        return 0;
+    }
+    {
         const char *fold = NULL;
         for (int i = 0; i <= prm.n_messages; i++) {
             bool user = i < prm.n_messages && !strcmp(roles[i], "user");
@@ -248,10 +230,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     char *got = tokenizer_chat_render(tok, prm.n_messages, roles, contents);
     if (!got || strcmp(got, all.p))
-        fuzz_fail("tokenizer_chat_render of %d messages (chatml %d, system %s): got %zu bytes "
-                  "'%.120s', want %zu bytes '%.120s'",
-                  prm.n_messages, chatml, sys ? "yes" : "no", got ? strlen(got) : 0,
-                  got ? got : "(null)", all.len, all.p);
+        fuzz_fail("tokenizer_chat_render of %d messages: got %zu bytes '%.120s', want %zu bytes "
+                  "'%.120s'",
+                  prm.n_messages, got ? strlen(got) : 0, got ? got : "(null)", all.len, all.p);
     free(got);
     if (prm.n_messages == 1 && !strcmp(roles[0], "user")) {
         got = tokenizer_chat_prompt(tok, contents[0]);
@@ -259,7 +240,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fuzz_fail("tokenizer_chat_prompt differs from the one-message rendering");
         free(got);
     }
-    char *text = engine_render(fz_coord, &prm);
+    char rerr[512];
+    char *text = engine_render(fz_coord, &prm, rerr, sizeof rerr);
     if (!text || strcmp(text, all.p))
         fuzz_fail("engine_render differs from tokenizer_chat_render");
 
@@ -315,7 +297,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     free(text);
     free(all.p);
-    free(sys);
     tokenizer_destroy(&tok);
     fz_coord->tok = NULL;
     for (int i = 0; i < prm.n_messages; i++)

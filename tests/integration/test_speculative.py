@@ -266,6 +266,29 @@ def test_speculative_families():
 
 
 @t.case
+def test_chat_template_override():
+    """A group started with --chat-template FILE (Gemma 2's real template) renders chats with it:
+    the answer equals `orochi run --chat --chat-template FILE`; a system message, which that
+    template refuses with raise_exception, is a 400 carrying the template's message."""
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, seed=5)
+    tmpl = os.path.join(G.env()["source"], "tests", "data", "templates", "google-gemma-2-2b-it.jinja")
+    q = "one two three"
+    want = G.run_ids(model, q, 16, chat=True, extra=["--chat-template", tmpl])
+    with G.Group("chat-template", model, extra=["--chat-template", tmpl]) as g:
+        r = g.http("/v1/chat/completions", "POST",
+                   {"messages": [{"role": "user", "content": q}], "max_tokens": 16,
+                    "temperature": 0})
+        G.check(r.status == 200, "chat completion: %r", r)
+        check_answer(r.json, want, "gemma template chat")
+        r = g.http("/v1/chat/completions", "POST",
+                   {"messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": q}], "max_tokens": 4})
+        G.check(r.status == 400 and "System role not supported" in r.error_message(),
+                "a system message under Gemma's template: %r", r)
+        G.log("  the template's refusal: %s" % r.error_message())
+
+
+@t.case
 def test_speculative_default_model_chat():
     model = G.default_model()
     if not model:

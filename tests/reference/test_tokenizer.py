@@ -173,7 +173,10 @@ def build_spm_gguf(path):
         "tokenizer.ggml.eos_token_id": (4, 2),
         "tokenizer.ggml.unknown_token_id": (4, 0),
         "tokenizer.ggml.add_bos_token": True,
-        "tokenizer.chat_template": "{{ bos_token }}[INST] {{ message }} [/INST]",
+        # a Llama-2-style template (run by orochi's Jinja interpreter)
+        "tokenizer.chat_template": ("{% for message in messages %}{% if message['role'] == 'user'"
+                                    " %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+                                    "{% endif %}{% endfor %}"),
     }
     write_gguf(path, kv)
 
