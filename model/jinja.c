@@ -1970,35 +1970,45 @@ char *jinja_render_chat(const char *tmpl, size_t len, const jinja_message *msgs,
                         bool add_generation_prompt, const char *bos, const char *eos, char *err,
                         size_t errlen)
 {
-    jctx c = {.err = err, .errlen = errlen, .src = tmpl};
+    /* on the heap: what longjmp leaves behind is then well defined (no local changed after
+     * setjmp) */
+    jctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "chat template: out of memory");
+        return NULL;
+    }
+    c->err = err;
+    c->errlen = errlen;
+    c->src = tmpl;
     char *result = NULL;
-    if (setjmp(c.fail)) {
-        free(c.out);
+    if (setjmp(c->fail)) {
+        free(c->out);
         goto done;
     }
-    jv messages = jv_list(&c);
+    jv messages = jv_list(c);
     for (int i = 0; i < n; i++) {
-        jv m = jv_dict(&c);
-        dict_set(&c, m.d, jv_strz("role"), jv_strz(msgs[i].role));
-        dict_set(&c, m.d, jv_strz("content"), jv_strz(msgs[i].content));
-        list_push(&c, messages.l, m);
+        jv m = jv_dict(c);
+        dict_set(c, m.d, jv_strz("role"), jv_strz(msgs[i].role));
+        dict_set(c, m.d, jv_strz("content"), jv_strz(msgs[i].content));
+        list_push(c, messages.l, m);
     }
-    var_push(&c, "messages", 8, messages);
-    var_push(&c, "add_generation_prompt", 21, jv_bool(add_generation_prompt));
-    var_push(&c, "bos_token", 9, bos ? jv_strz(bos) : jv_strz(""));
-    var_push(&c, "eos_token", 9, eos ? jv_strz(eos) : jv_strz(""));
+    var_push(c, "messages", 8, messages);
+    var_push(c, "add_generation_prompt", 21, jv_bool(add_generation_prompt));
+    var_push(c, "bos_token", 9, bos ? jv_strz(bos) : jv_strz(""));
+    var_push(c, "eos_token", 9, eos ? jv_strz(eos) : jv_strz(""));
     jpieces ps = {0};
-    cut(&c, tmpl, len, &ps);
+    cut(c, tmpl, len, &ps);
     int at = 0, which;
-    jnode *root = parse_nodes(&c, &ps, &at, NULL, 0, &which);
-    emit(&c, "", 0);
-    run(&c, root);
-    result = c.out;
+    jnode *root = parse_nodes(c, &ps, &at, NULL, 0, &which);
+    emit(c, "", 0);
+    run(c, root);
+    result = c->out;
 done:
-    while (c.arena) {
-        jchunk *k = c.arena->next;
-        free(c.arena);
-        c.arena = k;
+    while (c->arena) {
+        jchunk *k = c->arena->next;
+        free(c->arena);
+        c->arena = k;
     }
+    free(c);
     return result;
 }
