@@ -232,7 +232,7 @@ int cmd_run(int argc, char **argv)
             fwrite(piece, 1, len, stdout);
             fflush(stdout);
         }
-        if (id == tokenizer_eos(tok) || n_out + 1 == o.n_predict) {
+        if (tokenizer_is_eog(tok, id) || n_out + 1 == o.n_predict) {
             n_out++;
             break;
         }

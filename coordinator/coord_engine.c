@@ -33,7 +33,7 @@
  *      adaptive length.
  * Because a tree's logits are bit-identical to sequential decoding along each path (see
  * model/llama.c), greedy output equals `orochi run --temp 0` token for token.
- * Stop conditions: the tokenizer's eos, max_tokens (or the context end), stop strings (text is
+ * Stop conditions: the tokenizer's end-of-generation tokens (tokenizer_eog), max_tokens (or the context end), stop strings (text is
  * held back until it cannot be the start of a stop string).
  *
  * Free run: greedy requests (no logprobs; no speculator connected, or the guard keeps them off,
@@ -176,7 +176,8 @@ static bool engine_wait_workers(coord *c)
  * it returns true to end the run early (the workers stop after the step they are in). */
 typedef struct {
     uint32_t max;           /* steps the workers may make */
-    int32_t eos;            /* they stop after a step that made one */
+    const int32_t *eog;     /* they stop after a step that made one of these */
+    int n_eog;
     int period_ms;          /* how often the coordinator looks for new tokens */
     int n;                  /* requests in the run, one row each */
     int slots[RT_MAX_SEQ];  /* their sequence slots, in row order */
@@ -230,7 +231,9 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         for (int s = 0; s < RT_MAX_SEQ; s++)
             st->seq_prefix[s] = s < c->n_seq ? (uint32_t)seq_prefix[s] : 0;
         st->run_max = run ? run->max : 0;
-        st->run_eos = run ? run->eos : -1;
+        st->run_n_eog = run ? (uint32_t)(run->n_eog < RT_MAX_EOG ? run->n_eog : RT_MAX_EOG) : 0;
+        for (uint32_t k = 0; k < st->run_n_eog; k++)
+            st->run_eog[k] = run->eog[k];
         st->run_stop = 0;
         memset(st->run_count, 0, sizeof st->run_count);
         arena_barrier_init(&st->barrier, (uint32_t)c->n_workers);
@@ -887,12 +890,11 @@ static void slot_logprobs(coord *c, engine_slot *sl, const int32_t *ids, const f
  * the tree's nodes, the root standing for the correction/bonus token). */
 static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows, int n)
 {
-    int32_t eos = tokenizer_eos(c->tok);
     size_t start[RT_MAX_WIDTH + 1]; /* where each token's piece begins in the text */
     int kept = n, texted = n;       /* ids the request got; of those, tokens with text */
     for (int e = 0; e < n; e++) {
         coord_request_append(sl->req, &ids[e], 1, NULL, 0);
-        if (ids[e] == eos) {
+        if (tokenizer_is_eog(c->tok, ids[e])) {
             sl->finish = "stop";
             sl->stop = true;
             kept = e + 1;
@@ -1464,8 +1466,11 @@ static void engine_run_free(coord *c, const int *slots, int n)
     /* look about every four steps: streamed text comes in small pieces, a stop string is seen a
      * few tokens late at most, and the coordinator wakes rarely enough to cost nothing */
     int period = (int)(4 * c->step_ema_us / 1000);
+    const int32_t *eog_ids;
+    int n_eog = tokenizer_eog(c->tok, &eog_ids); /* before the initializer reads eog_ids */
     engine_run r = {.max = (uint32_t)room,
-                    .eos = tokenizer_eos(c->tok),
+                    .n_eog = n_eog,
+                    .eog = eog_ids,
                     .period_ms = period < 2 ? 2 : period > 20 ? 20 : period,
                     .n = n,
                     .speculators = speculators};

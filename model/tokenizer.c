@@ -83,6 +83,8 @@ struct tokenizer {
     int32_t n_special;
 
     int32_t bos, eos, unk;
+    int32_t eog[TOKENIZER_MAX_EOG]; /* the tokens that end a generation (tokenizer_eog) */
+    int n_eog;
     bool add_bos;
     bool add_space_prefix;
     bool chatml;
@@ -882,6 +884,27 @@ int tokenizer_encode(const tokenizer *tok, const char *text, size_t len, bool pa
 int32_t tokenizer_vocab_size(const tokenizer *tok) { return tok->n_vocab; }
 int32_t tokenizer_bos(const tokenizer *tok) { return tok->bos; }
 int32_t tokenizer_eos(const tokenizer *tok) { return tok->eos; }
+
+int tokenizer_eog(const tokenizer *tok, const int32_t **ids)
+{
+    *ids = tok->eog;
+    return tok->n_eog;
+}
+
+bool tokenizer_is_eog(const tokenizer *tok, int32_t id)
+{
+    for (int i = 0; i < tok->n_eog; i++)
+        if (tok->eog[i] == id)
+            return true;
+    return false;
+}
+
+static void tok_add_eog(tokenizer *tok, int32_t id)
+{
+    if (id < 0 || tokenizer_is_eog(tok, id) || tok->n_eog == TOKENIZER_MAX_EOG)
+        return;
+    tok->eog[tok->n_eog++] = id;
+}
 bool tokenizer_add_bos(const tokenizer *tok) { return tok->add_bos; }
 
 bool tokenizer_is_special(const tokenizer *tok, int32_t id)
@@ -1408,10 +1431,26 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
                 tok_vocab_insert(tok, i);
 
     /* special ids and flags */
+    int32_t eot = -1, eom = -1;
     if (!tok_get_id(f, "tokenizer.ggml.bos_token_id", n, &tok->bos, err, errlen) ||
         !tok_get_id(f, "tokenizer.ggml.eos_token_id", n, &tok->eos, err, errlen) ||
-        !tok_get_id(f, "tokenizer.ggml.unknown_token_id", n, &tok->unk, err, errlen))
+        !tok_get_id(f, "tokenizer.ggml.unknown_token_id", n, &tok->unk, err, errlen) ||
+        !tok_get_id(f, "tokenizer.ggml.eot_token_id", n, &eot, err, errlen) ||
+        !tok_get_id(f, "tokenizer.ggml.eom_token_id", n, &eom, err, errlen))
         goto fail;
+    /* the end of a generation: eos, the file's end of turn / of message, and the control tokens
+     * whose text marks an end of turn in the families' vocabularies (<|eot_id|> where eos is
+     * Llama 3's <|end_of_text|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>) */
+    tok_add_eog(tok, tok->eos);
+    tok_add_eog(tok, eot);
+    tok_add_eog(tok, eom);
+    static const char *const eog_text[] = {"<|eot_id|>",   "<|eom_id|>", "<|im_end|>", "<|end|>",
+                                           "<end_of_turn>", "<|endoftext|>", "<EOT>"};
+    for (size_t k = 0; k < sizeof eog_text / sizeof eog_text[0]; k++) {
+        int32_t id = tok_vocab_find(tok, eog_text[k], strlen(eog_text[k]));
+        if (id >= 0 && (tok->type[id] == TOK_TYPE_CONTROL || tok->type[id] == TOK_TYPE_USER))
+            tok_add_eog(tok, id);
+    }
     tok->add_bos = kind == TOK_KIND_SPM;
     if (gguf_find(f, "tokenizer.ggml.add_bos_token") &&
         !gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &tok->add_bos)) {

@@ -23,6 +23,13 @@ void tokenizer_destroy(tokenizer **tok);
 int32_t tokenizer_vocab_size(const tokenizer *tok);
 int32_t tokenizer_bos(const tokenizer *tok); /* -1 when none */
 int32_t tokenizer_eos(const tokenizer *tok);
+/* The tokens that end a generation (at most TOKENIZER_MAX_EOG): eos, the file's
+ * tokenizer.ggml.eot_token_id / eom_token_id, and the control tokens whose text marks an end of
+ * turn (<|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <EOT>) — as
+ * llama.cpp ends at them. Returns the count, the ids in *ids. */
+#define TOKENIZER_MAX_EOG 8
+int tokenizer_eog(const tokenizer *tok, const int32_t **ids);
+bool tokenizer_is_eog(const tokenizer *tok, int32_t id);
 bool tokenizer_add_bos(const tokenizer *tok); /* tokenizer.ggml.add_bos_token */
 bool tokenizer_is_special(const tokenizer *tok, int32_t id); /* control tokens */
 

@@ -43,6 +43,9 @@
  * only counts for the step it actually ran, so a late report from an abandoned attempt can never
  * be taken for the re-run's. Workers are rung only once every one has reported itself ready. StepDone still goes over the socket
  * afterwards as the step's report (timings), and StepBegin is kept in the protocol for tools. */
+/* the end-of-generation tokens a free run stops at (tokenizer_eog's, TOKENIZER_MAX_EOG) */
+#define RT_MAX_EOG 8
+
 typedef struct {
     arena_barrier barrier;  /* the workers' per-op barrier */
     uint32_t doorbell;      /* futex word: low 32 bits of the step to run */
@@ -62,7 +65,7 @@ typedef struct {
      * of them, each of another slot): after the step the workers themselves take each row's
      * argmax as its sequence's next token, commit the rows just computed, publish the tokens and
      * run the next step of the same sequences, until run_max steps, a row's run_room tokens, an
-     * end-of-text token in any row (run_eos), or run_stop. With run_draft > 0 each row's next
+     * end-of-generation token in any row (run_eog[0..run_n_eog): tokenizer_eog), or run_stop. With run_draft > 0 each row's next
      * step may also carry a chain of up to run_draft tokens drafted by prompt lookup (the
      * continuation of the latest earlier occurrence of its context's last run_order..1 tokens,
      * searched in the row's run_hist plus what the run made), as many as ctl_lookup_lengths finds
@@ -78,7 +81,8 @@ typedef struct {
      * its estimates to run_lookup_out, before any worker's run_count passes k; a step counts for
      * the coordinator once every worker's run_count (steps made and committed) has passed it. */
     uint32_t run_max;
-    int32_t run_eos;
+    int32_t run_eog[RT_MAX_EOG];
+    uint32_t run_n_eog;
     uint32_t run_stop;                  /* the coordinator asks the run to end */
     uint32_t run_seen_stop;             /* worker 0's reading of run_stop this round */
     uint32_t run_count[RT_MAX_WORKERS]; /* steps each worker has made, its K/V committed */

@@ -576,7 +576,10 @@ static int worker_run(worker *w, char *err, size_t errlen)
             int got = 0;
             for (int j = 0; j <= m && got < r->room; j++) {
                 dst[got++] = j < m ? tok[r->off + j + 1] : ids[r->off + m];
-                if (dst[got - 1] == st->run_eos) {
+                bool eog = false;
+                for (uint32_t k = 0; k < st->run_n_eog && k < RT_MAX_EOG; k++)
+                    eog |= dst[got - 1] == st->run_eog[k];
+                if (eog) {
                     end = true;
                     break;
                 }
