@@ -1439,13 +1439,14 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
         !tok_get_id(f, "tokenizer.ggml.eom_token_id", n, &eom, err, errlen))
         goto fail;
     /* the end of a generation: eos, the file's end of turn / of message, and the control tokens
-     * whose text marks an end of turn in the families' vocabularies (<|eot_id|> where eos is
-     * Llama 3's <|end_of_text|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>) */
+     * that end an assistant's turn in the families' chat formats where the file's eos is another
+     * token (<|eot_id|> and <|eom_id|> where eos is Llama 3's <|end_of_text|>, Gemma's
+     * <end_of_turn>, Phi-3's <|end|>). A vocabulary's other end-of-text tokens (<|endoftext|>
+     * beside a ChatML eos) are not: a model that emits one mid-answer goes on, as before. */
     tok_add_eog(tok, tok->eos);
     tok_add_eog(tok, eot);
     tok_add_eog(tok, eom);
-    static const char *const eog_text[] = {"<|eot_id|>",   "<|eom_id|>", "<|im_end|>", "<|end|>",
-                                           "<end_of_turn>", "<|endoftext|>", "<EOT>"};
+    static const char *const eog_text[] = {"<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>"};
     for (size_t k = 0; k < sizeof eog_text / sizeof eog_text[0]; k++) {
         int32_t id = tok_vocab_find(tok, eog_text[k], strlen(eog_text[k]));
         if (id >= 0 && (tok->type[id] == TOK_TYPE_CONTROL || tok->type[id] == TOK_TYPE_USER))

@@ -24,9 +24,9 @@ int32_t tokenizer_vocab_size(const tokenizer *tok);
 int32_t tokenizer_bos(const tokenizer *tok); /* -1 when none */
 int32_t tokenizer_eos(const tokenizer *tok);
 /* The tokens that end a generation (at most TOKENIZER_MAX_EOG): eos, the file's
- * tokenizer.ggml.eot_token_id / eom_token_id, and the control tokens whose text marks an end of
- * turn (<|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <EOT>) — as
- * llama.cpp ends at them. Returns the count, the ids in *ids. */
+ * tokenizer.ggml.eot_token_id / eom_token_id, and the control tokens that end an assistant's turn
+ * in the families' chat formats (<|eot_id|>, <|eom_id|>, <end_of_turn>, <|end|>). Returns the
+ * count, the ids in *ids. */
 #define TOKENIZER_MAX_EOG 8
 int tokenizer_eog(const tokenizer *tok, const int32_t **ids);
 bool tokenizer_is_eog(const tokenizer *tok, int32_t id);

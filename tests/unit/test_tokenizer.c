@@ -357,17 +357,17 @@ static void test_capacity(void **state)
     assert_int_equal(tokenizer_decode(tok, all, 0, out, 0), -1);
 }
 
-/* The end of a generation: SmolLM2's eos <|im_end|> (2) and, as llama.cpp ends there too, the
- * control token <|endoftext|> (0); not <|im_start|> (1) nor a plain token. */
+/* The end of a generation: SmolLM2's eos <|im_end|> (2) alone — not <|endoftext|> (0), which
+ * is no end of an assistant's turn in its ChatML, nor <|im_start|> (1), nor a plain token. */
 static void test_eog(void **state)
 {
     const tokenizer *tok = ((tt_ctx *)*state)->tok;
     const int32_t *ids;
     int n = tokenizer_eog(tok, &ids);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 1);
     assert_int_equal(ids[0], 2);
-    assert_int_equal(ids[1], 0);
-    assert_true(tokenizer_is_eog(tok, 0) && tokenizer_is_eog(tok, 2));
+    assert_true(tokenizer_is_eog(tok, 2));
+    assert_false(tokenizer_is_eog(tok, 0));
     assert_false(tokenizer_is_eog(tok, 1));
     assert_false(tokenizer_is_eog(tok, 100));
 }
