@@ -197,6 +197,8 @@ static int tokenize_jsonl(const tokenizer *tok, const tokenize_opts *o)
     return status;
 }
 
+static char *tokenize_read_stream(FILE *fp, size_t *len);
+
 /* A whole file into a malloc'd NUL-terminated buffer (NULL with the reason on stderr). */
 static char *tokenize_read_file(const char *path, size_t *len)
 {
@@ -205,31 +207,10 @@ static char *tokenize_read_file(const char *path, size_t *len)
         fprintf(stderr, "orochi tokenize: cannot open %s\n", path);
         return NULL;
     }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, fp);
-        n += got;
-        if (got == 0)
-            break;
-        if (n + 1 == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
+    char *buf = tokenize_read_stream(fp, len);
     fclose(fp);
-    if (!buf) {
+    if (!buf)
         fprintf(stderr, "orochi tokenize: out of memory reading %s\n", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
     return buf;
 }
 
@@ -288,12 +269,13 @@ static int tokenize_render(const tokenizer *tok, const char *path)
     return status;
 }
 
-static char *tokenize_read_stdin(size_t *len)
+/* All of a stream into a malloc'd NUL-terminated buffer; NULL when out of memory. */
+static char *tokenize_read_stream(FILE *fp, size_t *len)
 {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
+        size_t got = fread(buf + n, 1, cap - n - 1, fp);
         n += got;
         if (got == 0)
             break;
@@ -393,7 +375,7 @@ int cmd_tokenize(int argc, char **argv)
         size_t len;
         const char *text = o.text;
         if (!strcmp(o.text, "-")) {
-            owned = tokenize_read_stdin(&len);
+            owned = tokenize_read_stream(stdin, &len);
             text = owned;
         } else {
             len = strlen(text);

@@ -130,6 +130,17 @@ static size_t fz_stop_reference(const char *text, size_t len, const size_t *ends
     return len;
 }
 
+/* One input's tokenizer, message contents and stop strings, given back. */
+static void fz_release(tokenizer **tok, coord_message *msgs, const coord_params *prm, char **stops)
+{
+    tokenizer_destroy(tok);
+    fz_coord->tok = NULL;
+    for (int i = 0; i < prm->n_messages; i++)
+        free(msgs[i].content);
+    for (int i = 0; i < prm->n_stop; i++)
+        free(stops[i]);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 3)
@@ -188,12 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(got);
         free(text);
         free(all.p);
-        tokenizer_destroy(&tok);
-        fz_coord->tok = NULL;
-        for (int i = 0; i < prm.n_messages; i++)
-            free(msgs[i].content);
-        for (int i = 0; i < prm.n_stop; i++)
-            free(stops[i]);
+        fz_release(&tok, msgs, &prm, stops);
         return 0;
     }
     {
@@ -297,11 +303,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     free(text);
     free(all.p);
-    tokenizer_destroy(&tok);
-    fz_coord->tok = NULL;
-    for (int i = 0; i < prm.n_messages; i++)
-        free(msgs[i].content);
-    for (int i = 0; i < prm.n_stop; i++)
-        free(stops[i]);
+    fz_release(&tok, msgs, &prm, stops);
     return 0;
 }
