@@ -373,6 +373,26 @@ static void compare(const char *what, const float *got, const float *ref, int vo
     failures += !ok;
 }
 
+/* A tiny model (tu_make_model's arguments) loaded, or NULL with the reason printed. */
+static llama_model *fwd_model(const char *tag, const char *type, const char *opts)
+{
+    char err[256];
+    llama_model *m = llama_model_load(tu_make_model(tag, type, opts), err, sizeof err);
+    if (!m)
+        printf("%s\n", err);
+    return m;
+}
+
+/* The uneven plan of the mixed pair: part 0 (the GPU) 0.7 of every kind, part 1 0.3. */
+static void plan_07(llama_partition *plan)
+{
+    llama_partition_even(plan, 2);
+    for (int k = 0; k < LP_N; k++) {
+        plan->frac[k][0] = 0.7f;
+        plan->frac[k][1] = 0.3f;
+    }
+}
+
 /* The other types the CPU computes (the K-quants on a shape of whole 256-column super-blocks, Q5_0,
  * Q5_1, IQ4_NL): one GPU part (mirror, graphs on) on CUDA cores and on tensor cores
  * (llama_gpu_params.matmul_kind; f16 products, so within the tolerance, not the CPU's bits), and
@@ -381,13 +401,10 @@ static void test_more_types(void)
 {
     static const char *types[] = {"q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "q5_0", "q5_1", "iq4_nl"};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        char err[256];
-        llama_model *m = llama_model_load(
-            tu_make_model(FWD_TAG("cudak"), types[t], "--layers 2 --dim 256 --ffn 512 --heads 4 "
-                                         "--kv-heads 2 --vocab 301 --ctx 64"),
-            err, sizeof err);
+        llama_model *m = fwd_model(FWD_TAG("cudak"), types[t],
+                                   "--layers 2 --dim 256 --ffn 512 --heads 4 --kv-heads 2 "
+                                   "--vocab 301 --ctx 64");
         if (!m) {
-            printf("%s\n", err);
             failures++;
             continue;
         }
@@ -399,11 +416,7 @@ static void test_more_types(void)
             continue;
         }
         llama_partition plan;
-        llama_partition_even(&plan, 2);
-        for (int k = 0; k < LP_N; k++) {
-            plan.frac[k][0] = 0.7f;
-            plan.frac[k][1] = 0.3f;
-        }
+        plan_07(&plan);
         static const char *cases[3] = {"one part on the GPU, CUDA cores",
                                        "one part on the GPU, tensor cores",
                                        "GPU 0.7 (mirror) + CPU 0.3"};
@@ -436,15 +449,14 @@ static void test_families(void)
         {"llama-bias", "--arch llama31 --bias"},
     };
     for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
-        char err[256], opts[256];
+        char opts[256];
         snprintf(opts, sizeof opts,
                  "--layers 2 --dim 256 --ffn 512 --heads 4 --kv-heads 2 --vocab 301 --ctx 64 %s",
                  archs[a][1]);
         char tag[64];
         snprintf(tag, sizeof tag, "%s%s", FWD_TAG("cudafam-"), archs[a][0]);
-        llama_model *m = llama_model_load(tu_make_model(tag, "f32", opts), err, sizeof err);
+        llama_model *m = fwd_model(tag, "f32", opts);
         if (!m) {
-            printf("%s\n", err);
             failures++;
             continue;
         }
@@ -456,11 +468,7 @@ static void test_families(void)
             continue;
         }
         llama_partition plan, meg;
-        llama_partition_even(&plan, 2);
-        for (int k = 0; k < LP_N; k++) {
-            plan.frac[k][0] = 0.7f;
-            plan.frac[k][1] = 0.3f;
-        }
+        plan_07(&plan);
         meg = plan;
         meg.style = LP_STYLE_MEGATRON;
         static const char *cases[4] = {"one part on the GPU, mirror, graphs",
@@ -499,15 +507,11 @@ int main(void)
     static const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"};
     static const double tol[] = {1e-5, 1e-5, 1e-5, 3e-3, 3e-3, 3e-3};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        char err[256];
-        llama_model *m = llama_model_load(
-            tu_make_model(FWD_TAG("cuda"), types[t], "--layers 2 --dim 128 --ffn 256 --heads 4 "
-                                            "--kv-heads 2 --vocab 301 --ctx 64"),
-            err, sizeof err);
-        if (!m) {
-            printf("%s\n", err);
+        llama_model *m = fwd_model(FWD_TAG("cuda"), types[t],
+                                   "--layers 2 --dim 128 --ffn 256 --heads 4 --kv-heads 2 "
+                                   "--vocab 301 --ctx 64");
+        if (!m)
             return 1;
-        }
         size_t n = (size_t)N_OUT * N_TOK * m->cfg.vocab;
         float *ref = calloc(n, 4), *got = calloc(n, 4), *ref2 = calloc(n, 4);
         printf("%s:\n", types[t]);
@@ -556,11 +560,7 @@ int main(void)
             failures += !same || lu - lf != want;
         }
         llama_partition plan;
-        llama_partition_even(&plan, 2);
-        for (int k = 0; k < LP_N; k++) {
-            plan.frac[k][0] = 0.7f;
-            plan.frac[k][1] = 0.3f;
-        }
+        plan_07(&plan);
         plan.frac[LP_ATT_DENSE][0] = 1, plan.frac[LP_ATT_DENSE][1] = 0;
         plan.frac[LP_ATT_SPARSE][0] = 0, plan.frac[LP_ATT_SPARSE][1] = 1;
         /* all attention on the GPU while the CPU projects half the KV heads (the GPU reads
