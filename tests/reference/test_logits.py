@@ -36,7 +36,8 @@ Parts:
   e. the families (`mkmodel --arch`): llama31 (rope_freqs.weight), qwen2
      (q/k/v biases, NEOX RoPE), qwen3 (per-head q/k norms), llama with q/k/v
      and output biases, a head size other than dim / heads, linear and YaRN
-     RoPE scaling — at F16, Q8_0 and Q4_K, 48 positions, batch 1 and 8; each
+     RoPE scaling — at F16, and the three architectures also at Q8_0, Q4_K and
+     Q4_K_M (orochi quantize's preset: Q4_K with Q6_K), 48 positions, batch 1 and 8; each
      family's file with its distinguishing piece left out must miss the
      bound (the check can fail); and files written here with each metadata
      key orochi does not compute, an unknown architecture and a stray block
@@ -724,12 +725,18 @@ def family_model(path, type_name, options):
 def check_families(report):
     print("part e: the families vs reference", flush=True)
     for label, options in FAMILIES:
-        for type_name in ("f16", "q8_0", "q4_k"):
+        for type_name in ("f16", "q8_0", "q4_k", "q4_k_m"):
             if type_name != "f16" and label not in ("llama31", "qwen2", "qwen3"):
                 continue  # the other variants at F16 only
             path = os.path.join(WORKDIR, "fam_%s_%s.gguf" % (label, type_name))
             try:
-                family_model(path, type_name, options)
+                if type_name == "q4_k_m":  # the mix users download: orochi quantize's preset
+                    src = os.path.join(WORKDIR, "fam_%s_src.gguf" % label)
+                    family_model(src, "f16", options)
+                    run_orochi(["quantize", src, path, "Q4_K_M"], "quantize " + label)
+                    os.unlink(src)
+                else:
+                    family_model(path, type_name, options)
             except RuntimeError as exc:
                 report.fail("family %s %s: %s" % (label, type_name, exc))
                 continue
