@@ -696,14 +696,26 @@ static jv arg_kw(const jargs *a, const char *kw, int pos, jv dflt)
     return dflt;
 }
 
+/* Integers a template computes with stay within +-2^53 (a float holds them exactly; no operation
+ * on them overflows). */
+#define JINJA_INT_MAX 9007199254740992LL
+
 static long long as_int(jctx *c, jv v)
 {
-    if (v.t == JV_INT || v.t == JV_BOOL)
+    if ((v.t == JV_INT || v.t == JV_BOOL) && v.i >= -JINJA_INT_MAX && v.i <= JINJA_INT_MAX)
         return v.i;
-    if (v.t == JV_FLOAT)
+    if (v.t == JV_FLOAT && v.f >= -(double)JINJA_INT_MAX && v.f <= (double)JINJA_INT_MAX)
         return (long long)v.f;
-    jfail(c, "an integer was expected");
+    jfail(c, v.t == JV_INT || v.t == JV_FLOAT ? "an integer out of range" : "an integer was expected");
     return 0;
+}
+
+/* An integer result, checked against the range. */
+static jv int_result(jctx *c, long long r)
+{
+    if (r < -JINJA_INT_MAX || r > JINJA_INT_MAX)
+        jfail(c, "an integer out of range");
+    return jv_int(r);
 }
 
 static jv call_test(jctx *c, const char *name, size_t n, jv v, const jargs *a);
@@ -838,12 +850,22 @@ static jv apply_filter(jctx *c, const char *f, size_t fn, jv v, const jargs *a)
         }
         return jv_str(b.p, b.n);
     }
-    if (IS("int"))
-        return v.t == JV_STR ? jv_int(strtoll(v.s.p, NULL, 10)) : jv_int(as_int(c, v));
-    if (IS("float"))
-        return jv_float(v.t == JV_FLOAT ? v.f : v.t == JV_STR ? strtod(v.s.p, NULL) : (double)v.i);
+    if (IS("int")) {
+        if (v.t == JV_STR) {
+            char num[32];
+            snprintf(num, sizeof num, "%.*s", (int)(v.s.n > 30 ? 30 : v.s.n), v.s.p);
+            return int_result(c, strtoll(num, NULL, 10));
+        }
+        return jv_int(as_int(c, v));
+    }
+    if (IS("float")) {
+        char num[64];
+        snprintf(num, sizeof num, "%.*s", v.t == JV_STR ? (int)(v.s.n > 60 ? 60 : v.s.n) : 0,
+                 v.t == JV_STR ? v.s.p : "");
+        return jv_float(v.t == JV_FLOAT ? v.f : v.t == JV_STR ? strtod(num, NULL) : (double)v.i);
+    }
     if (IS("abs"))
-        return v.t == JV_FLOAT ? jv_float(fabs(v.f)) : jv_int(llabs(as_int(c, v)));
+        return v.t == JV_FLOAT ? jv_float(fabs(v.f)) : jv_int(llabs(as_int(c, v))); /* bounded */
     if (IS("select") || IS("reject") || IS("selectattr") || IS("rejectattr")) {
         bool attr = f[fn - 4] == 'a', keep = f[0] == 's';
         jv out = jv_list(c);
@@ -1092,7 +1114,7 @@ static jv call_func(jctx *c, jv fn, const jargs *a)
         }
         if (!step)
             jfail(c, "range step 0");
-        if ((hi - lo) / step > JINJA_MAX_RANGE)
+        if ((hi - lo) / step > JINJA_MAX_RANGE) /* each within 2^53: no overflow */
             jfail(c, "a range of more than %lld numbers", JINJA_MAX_RANGE);
         jv out = jv_list(c);
         for (long long i = lo; step > 0 ? i < hi : i > hi; i += step)
@@ -1142,7 +1164,7 @@ static jv primary(jx *x, bool live)
         }
         char num[64];
         snprintf(num, sizeof num, "%.*s", (int)(x->p - s > 60 ? 60 : x->p - s), s);
-        return flt ? jv_float(strtod(num, NULL)) : jv_int(strtoll(num, NULL, 10));
+        return flt ? jv_float(strtod(num, NULL)) : int_result(c, strtoll(num, NULL, 10));
     }
     if (eat(x, "(")) {
         jv v = expr(x, live);
@@ -1261,7 +1283,7 @@ static jv unary(jx *x, bool live)
         jv v = unary(x, live);
         if (!live)
             return v;
-        return v.t == JV_FLOAT ? jv_float(-v.f) : jv_int(-as_int(c, v));
+        return v.t == JV_FLOAT ? jv_float(-v.f) : jv_int(-as_int(c, v)); /* |i| <= 2^53 */
     }
     if (eat(x, "+"))
         return unary(x, live);
@@ -1322,9 +1344,12 @@ static jv arith(jctx *c, char op, jv a, jv b)
         return out;
     }
     if (op == '*' && a.t == JV_STR && (b.t == JV_INT || b.t == JV_BOOL)) {
+        long long times = as_int(c, b);
+        if (times > 0 && a.s.n && (size_t)times > JINJA_MAX_OUT / a.s.n)
+            jfail(c, "a repeated string of more than %zu bytes", JINJA_MAX_OUT);
         jbuf buf = {0};
         jb_put(c, &buf, "", 0);
-        for (long long i = 0; i < b.i; i++)
+        for (long long i = 0; i < times; i++)
             jb_put(c, &buf, a.s.p, a.s.n);
         return jv_str(buf.p, buf.n);
     }
@@ -1334,10 +1359,16 @@ static jv arith(jctx *c, char op, jv a, jv b)
         jfail(c, "'%c' of values that are not both numbers (nor strings for +)", op);
     bool flt = a.t == JV_FLOAT || b.t == JV_FLOAT || op == '/';
     double x = a.t == JV_FLOAT ? a.f : (double)a.i, y = b.t == JV_FLOAT ? b.f : (double)b.i;
+    long long ai = flt ? 0 : as_int(c, a), bi = flt ? 0 : as_int(c, b), r;
     switch (op) {
-    case '+': return flt ? jv_float(x + y) : jv_int(a.i + b.i);
-    case '-': return flt ? jv_float(x - y) : jv_int(a.i - b.i);
-    case '*': return flt ? jv_float(x * y) : jv_int(a.i * b.i);
+    case '+': return flt ? jv_float(x + y) : int_result(c, ai + bi);
+    case '-': return flt ? jv_float(x - y) : int_result(c, ai - bi);
+    case '*':
+        if (flt)
+            return jv_float(x * y);
+        if (__builtin_mul_overflow(ai, bi, &r))
+            jfail(c, "an integer out of range");
+        return int_result(c, r);
     case '/':
         if (y == 0)
             jfail(c, "division by zero");
@@ -1345,16 +1376,14 @@ static jv arith(jctx *c, char op, jv a, jv b)
     case 'f': /* // */
         if (y == 0)
             jfail(c, "division by zero");
-        return flt ? jv_float(floor(x / y)) : jv_int((long long)floor(x / y));
+        return flt ? jv_float(floor(x / y)) : int_result(c, (long long)floor(x / y));
     default: /* % */
         if (y == 0)
             jfail(c, "modulo by zero");
         if (flt)
             return jv_float(x - y * floor(x / y));
-        {
-            long long r = a.i % b.i;
-            return jv_int(r && ((r < 0) != (b.i < 0)) ? r + b.i : r);
-        }
+        r = ai % bi; /* |ai|, |bi| <= 2^53: no overflow */
+        return jv_int(r && ((r < 0) != (bi < 0)) ? r + bi : r);
     }
 }
 
