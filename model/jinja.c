@@ -627,7 +627,7 @@ static jv read_string(jx *x)
             unsigned cp = 0;
             for (int i = 0; i < digits && x->p < x->end; i++)
                 cp = cp * 16 + (unsigned)(isdigit((unsigned char)*x->p) ? *x->p - '0'
-                                                                          : (tolower(*x->p) - 'a' + 10)),
+                                                                          : (tolower((unsigned char)*x->p) - 'a' + 10)),
                 x->p++;
             char u[4];
             int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
