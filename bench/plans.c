@@ -633,9 +633,11 @@ int bench_plans(int argc, char **argv)
         return rc;
     char err[512];
     pb_run r = {.o = &o};
-    bool all_gpu = true; /* then no part multiplies on the CPU: no CPU repacking */
-    for (int i = 0; i < o.parts; i++)
+    bool all_gpu = true, any_gpu = false; /* all: no part multiplies on the CPU, no repacking */
+    for (int i = 0; i < o.parts; i++) {
         all_gpu &= o.gpu[i];
+        any_gpu |= o.gpu[i];
+    }
     r.m = all_gpu ? llama_model_load_unpacked(o.model, err, sizeof err)
                   : llama_model_load(o.model, err, sizeof err);
     if (!r.m) {
@@ -679,9 +681,6 @@ int bench_plans(int argc, char **argv)
     /* the roofline: the device's copy bandwidth (read + write), where a part ran on it */
     double copy = 0;
 #ifdef OROCHI_HAVE_CUDA
-    bool any_gpu = false;
-    for (int i = 0; i < o.parts; i++)
-        any_gpu |= o.gpu[i];
     if (any_gpu) {
         kcuda *kg = kcuda_new(0, err, sizeof err);
         if (!kg || kcuda_copy_gbps(kg, (size_t)256 << 20, 20, &copy, err, sizeof err)) {
@@ -690,6 +689,8 @@ int bench_plans(int argc, char **argv)
         }
         kcuda_destroy(&kg);
     }
+#else
+    (void)any_gpu;
 #endif
     double gb = (double)llama_model_step_bytes(r.m) / 1e9, la = cli_loadavg();
     FILE *js = cli_open_append(o.json);

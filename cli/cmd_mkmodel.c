@@ -432,15 +432,19 @@ int cmd_mkmodel(int argc, char **argv)
     }
     float scale_factor = 0;
     long scale_orig = 0;
-    char scale_kind[16] = "";
-    if (scaling && (sscanf(scaling, "linear:%f", &scale_factor) == 1
-                        ? (strcpy(scale_kind, "linear"), scale_factor <= 0)
-                        : sscanf(scaling, "yarn:%f:%ld", &scale_factor, &scale_orig) == 2
-                              ? (strcpy(scale_kind, "yarn"), scale_factor <= 0 || scale_orig < 1)
-                              : true)) {
-        fprintf(stderr, "orochi mkmodel: --rope-scaling %s: linear:FACTOR or yarn:FACTOR:ORIG_CTX\n",
-                scaling);
-        return 2;
+    const char *scale_kind = ""; /* rope.scaling.type: "" (no keys), linear or yarn */
+    if (scaling) {
+        if (sscanf(scaling, "linear:%f", &scale_factor) == 1 && scale_factor > 0)
+            scale_kind = "linear";
+        else if (sscanf(scaling, "yarn:%f:%ld", &scale_factor, &scale_orig) == 2 &&
+                 scale_factor > 0 && scale_orig >= 1)
+            scale_kind = "yarn";
+        else {
+            fprintf(stderr,
+                    "orochi mkmodel: --rope-scaling %s: linear:FACTOR or yarn:FACTOR:ORIG_CTX\n",
+                    scaling);
+            return 2;
+        }
     }
     bool biases = bias || qwen2;
     float rope_base = llama31 ? 500000.0f : qwen2 || qwen3 ? 1000000.0f : 10000.0f;

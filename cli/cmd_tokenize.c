@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/commands.h"
+#include "cli/util.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
@@ -197,23 +198,6 @@ static int tokenize_jsonl(const tokenizer *tok, const tokenize_opts *o)
     return status;
 }
 
-static char *tokenize_read_stream(FILE *fp, size_t *len);
-
-/* A whole file into a malloc'd NUL-terminated buffer (NULL with the reason on stderr). */
-static char *tokenize_read_file(const char *path, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        fprintf(stderr, "orochi tokenize: cannot open %s\n", path);
-        return NULL;
-    }
-    char *buf = tokenize_read_stream(fp, len);
-    fclose(fp);
-    if (!buf)
-        fprintf(stderr, "orochi tokenize: out of memory reading %s\n", path);
-    return buf;
-}
-
 static int tokenize_use_template(tokenizer *tok, const char *path)
 {
     char err[512];
@@ -227,9 +211,11 @@ static int tokenize_use_template(tokenizer *tok, const char *path)
 static int tokenize_render(const tokenizer *tok, const char *path)
 {
     size_t len;
-    char *js = tokenize_read_file(path, &len);
-    if (!js)
+    char *js = cli_read_file(path, &len);
+    if (!js) {
+        fprintf(stderr, "orochi tokenize: cannot read %s\n", path);
         return 2;
+    }
     cJSON *arr = cJSON_ParseWithLength(js, len);
     free(js);
     int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
@@ -269,13 +255,12 @@ static int tokenize_render(const tokenizer *tok, const char *path)
     return status;
 }
 
-/* All of a stream into a malloc'd NUL-terminated buffer; NULL when out of memory. */
-static char *tokenize_read_stream(FILE *fp, size_t *len)
+static char *tokenize_read_stdin(size_t *len)
 {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, fp);
+        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
         n += got;
         if (got == 0)
             break;
@@ -375,7 +360,7 @@ int cmd_tokenize(int argc, char **argv)
         size_t len;
         const char *text = o.text;
         if (!strcmp(o.text, "-")) {
-            owned = tokenize_read_stream(stdin, &len);
+            owned = tokenize_read_stdin(&len);
             text = owned;
         } else {
             len = strlen(text);

@@ -207,16 +207,23 @@ static jv jv_dict(jctx *c)
     return v;
 }
 
+/* An arena array of n used elements of `size` bytes with room for one more: the same array, or a
+ * copy twice as large (*cap updated). */
+static void *ja_room(jctx *c, void *v, int n, int *cap, size_t size)
+{
+    if (n < *cap)
+        return v;
+    int grown = *cap ? 2 * *cap : 8;
+    void *nv = ja(c, (size_t)grown * size);
+    if (n)
+        memcpy(nv, v, (size_t)n * size);
+    *cap = grown;
+    return nv;
+}
+
 static void list_push(jctx *c, jlist *l, jv x)
 {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 8;
-        jv *v = ja(c, (size_t)cap * sizeof *v);
-        if (l->n)
-            memcpy(v, l->v, (size_t)l->n * sizeof *v);
-        l->v = v;
-        l->cap = cap;
-    }
+    l->v = ja_room(c, l->v, l->n, &l->cap, sizeof *l->v);
     l->v[l->n++] = x;
 }
 
@@ -242,17 +249,9 @@ static void dict_set(jctx *c, jdict *d, jv k, jv v)
             return;
         }
     }
-    if (d->n == d->cap) {
-        int cap = d->cap ? 2 * d->cap : 8;
-        jv *nk = ja(c, (size_t)cap * sizeof *nk), *nv = ja(c, (size_t)cap * sizeof *nv);
-        if (d->n) {
-            memcpy(nk, d->k, (size_t)d->n * sizeof *nk);
-            memcpy(nv, d->v, (size_t)d->n * sizeof *nv);
-        }
-        d->k = nk;
-        d->v = nv;
-        d->cap = cap;
-    }
+    int cap = d->cap; /* keys and values grow together */
+    d->k = ja_room(c, d->k, d->n, &cap, sizeof *d->k);
+    d->v = ja_room(c, d->v, d->n, &d->cap, sizeof *d->v);
     d->k[d->n] = k;
     d->v[d->n++] = v;
 }
@@ -517,14 +516,7 @@ static jv *var_find(jctx *c, const char *name, size_t n)
 /* A new variable in the innermost scope (scopes are marks in the variable stack). */
 static void var_push(jctx *c, const char *name, size_t n, jv v)
 {
-    if (c->n_vars == c->cap_vars) {
-        int cap = c->cap_vars ? 2 * c->cap_vars : 32;
-        jvar *nv = ja(c, (size_t)cap * sizeof *nv);
-        if (c->n_vars)
-            memcpy(nv, c->vars, (size_t)c->n_vars * sizeof *nv);
-        c->vars = nv;
-        c->cap_vars = cap;
-    }
+    c->vars = ja_room(c, c->vars, c->n_vars, &c->cap_vars, sizeof *c->vars);
     c->vars[c->n_vars++] = (jvar){name, n, v};
 }
 
@@ -1596,14 +1588,7 @@ typedef struct {
 
 static void piece_push(jctx *c, jpieces *ps, jpiece p)
 {
-    if (ps->n == ps->cap) {
-        int cap = ps->cap ? 2 * ps->cap : 64;
-        jpiece *v = ja(c, (size_t)cap * sizeof *v);
-        if (ps->n)
-            memcpy(v, ps->v, (size_t)ps->n * sizeof *v);
-        ps->v = v;
-        ps->cap = cap;
-    }
+    ps->v = ja_room(c, ps->v, ps->n, &ps->cap, sizeof *ps->v);
     ps->v[ps->n++] = p;
 }
 

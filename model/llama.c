@@ -1520,12 +1520,14 @@ int llama_ctx_set_batch(llama_ctx *x, const llama_batch *b, char *err, size_t er
     return llama_batch_prepare(x, b, err, errlen);
 }
 
-/* x[t, lo:hi] += d[t, lo:hi] for n tokens of width `dim`. */
-static void add_cols(float *x, const float *d, int n, int64_t dim, int64_t lo, int64_t hi)
+/* x[t, lo:hi] += d[t * ld + lo:hi] for n tokens of width `dim`: ld = dim adds each token's row
+ * of d, ld = 0 the one row d (a bias). */
+static void add_cols(float *x, const float *d, int64_t ld, int n, int64_t dim, int64_t lo,
+                     int64_t hi)
 {
     for (int t = 0; t < n; t++)
         for (int64_t i = lo; i < hi; i++)
-            x[t * dim + i] += d[t * dim + i];
+            x[t * dim + i] += d[t * ld + i];
 }
 
 /* Logits of n normed rows (x->xb) from the screening head, each row's screen_top best then
@@ -1578,15 +1580,10 @@ static int megatron_linear(llama_ctx *x, const kmat *w, const float *bias, const
     for (int p = 0; p < x->p.n_parts; p++) {
         if (ranges[p + 1] <= ranges[p])
             continue; /* a part with no input columns has no partial */
-        const float *part = x->sh.mp + (size_t)p * (size_t)W * (size_t)dim;
-        for (int t = 0; t < n; t++)
-            for (int64_t i = r0; i < r1; i++)
-                x->sh.x[t * dim + i] += part[t * dim + i];
+        add_cols(x->sh.x, x->sh.mp + (size_t)p * (size_t)W * (size_t)dim, dim, n, dim, r0, r1);
     }
     if (bias) /* the output bias once, after the parts' sums */
-        for (int t = 0; t < n; t++)
-            for (int64_t i = r0; i < r1; i++)
-                x->sh.x[t * dim + i] += bias[i];
+        add_cols(x->sh.x, bias, 0, n, dim, r0, r1);
     return llama_part_sync(x, err, errlen);
 }
 
@@ -1782,10 +1779,8 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
                 return -1;
             llama_linear(x, &L->wo, d0, d1, x->n_split ? att_merged(x, n) : sh->att, n, sh->xb2);
             if (L->bo)
-                for (int i = 0; i < n; i++)
-                    for (int64_t e = d0; e < d1; e++)
-                        sh->xb2[i * dim + e] += L->bo[e];
-            add_cols(sh->x, sh->xb2, n, dim, d0, d1);
+                add_cols(sh->xb2, L->bo, 0, n, dim, d0, d1);
+            add_cols(sh->x, sh->xb2, dim, n, dim, d0, d1);
             if (llama_part_sync(x, err, errlen))
                 return -1;
         }
@@ -1808,7 +1803,7 @@ int llama_forward(llama_ctx *x, const llama_batch *b, float *logits, char *err, 
         if (llama_part_sync(x, err, errlen))
             return -1;
         llama_linear(x, &L->w_down, e0, e1, sh->hg, n, sh->xb2);
-        add_cols(sh->x, sh->xb2, n, dim, e0, e1);
+        add_cols(sh->x, sh->xb2, dim, n, dim, e0, e1);
         if (llama_part_sync(x, err, errlen))
             return -1;
     }

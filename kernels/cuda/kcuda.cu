@@ -511,41 +511,36 @@ void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t strid
     k_silu_mul_kernel<<<grid, 256, 0, g->stream>>>(gate, up, stride, count);
 }
 
-__global__ void k_add_bias_kernel(float *x, const float *bias, int64_t dim, int64_t lo, int64_t hi)
+/* x[t * dim + c] += d[t * ld + c]: ld = dim a row of d per token, ld = 0 one row (a bias). */
+__global__ void k_add_cols_kernel(float *x, const float *d, int64_t ld, int64_t dim, int64_t lo,
+                                  int64_t hi)
 {
     int64_t t = blockIdx.y;
     for (int64_t c = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < hi;
          c += (int64_t)gridDim.x * blockDim.x)
-        x[t * dim + c] += bias[c];
+        x[t * dim + c] += d[t * ld + c];
+}
+
+static void add_cols_launch(kcuda *g, float *x, const float *d, int64_t ld, int n, int64_t dim,
+                            int64_t lo, int64_t hi)
+{
+    if (n <= 0 || hi <= lo)
+        return;
+    int blocks = (int)((hi - lo + 255) / 256);
+    dim3 grid(blocks < 64 ? blocks : 64, n);
+    g->launches++;
+    k_add_cols_kernel<<<grid, 256, 0, g->stream>>>(x, d, ld, dim, lo, hi);
 }
 
 void kcuda_add_bias(kcuda *g, float *x, const float *bias, int n, int64_t dim, int64_t lo,
                     int64_t hi)
 {
-    if (n <= 0 || hi <= lo)
-        return;
-    int blocks = (int)((hi - lo + 255) / 256);
-    dim3 grid(blocks < 64 ? blocks : 64, n);
-    g->launches++;
-    k_add_bias_kernel<<<grid, 256, 0, g->stream>>>(x, bias, dim, lo, hi);
-}
-
-__global__ void k_add_cols_kernel(float *x, const float *d, int64_t dim, int64_t lo, int64_t hi)
-{
-    int64_t t = blockIdx.y;
-    for (int64_t c = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < hi;
-         c += (int64_t)gridDim.x * blockDim.x)
-        x[t * dim + c] += d[t * dim + c];
+    add_cols_launch(g, x, bias, 0, n, dim, lo, hi);
 }
 
 void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo, int64_t hi)
 {
-    if (n <= 0 || hi <= lo)
-        return;
-    int blocks = (int)((hi - lo + 255) / 256);
-    dim3 grid(blocks < 64 ? blocks : 64, n);
-    g->launches++;
-    k_add_cols_kernel<<<grid, 256, 0, g->stream>>>(x, d, dim, lo, hi);
+    add_cols_launch(g, x, d, dim, n, dim, lo, hi);
 }
 
 /* One block per token: columns [c0, c1) of its row, dequantized (kcuda_dequant). */

@@ -360,19 +360,20 @@ void kcuda_silu_mul(kcuda *g, float *gate, const float *up, int n, int64_t strid
     FAKE_QUEUE(g, silu_run, a);
 }
 
-typedef struct {
-    float *x;
-    const float *bias;
-    int n;
-    int64_t dim, lo, hi;
-} bias_args;
-
-static void add_bias_run(const void *p)
+/* x[t * dim + c] += d[t * stride + c] (stride 0: one row, a bias) */
+static void add_cols_run(const void *p)
 {
-    const bias_args *a = p;
+    const rows_args *a = p;
     for (int t = 0; t < a->n; t++)
         for (int64_t c = a->lo; c < a->hi; c++)
-            a->x[t * a->dim + c] += a->bias[c];
+            a->x[t * a->dim + c] += a->d[t * a->stride + c];
+}
+
+void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo,
+                    int64_t hi)
+{
+    rows_args a = {.x = x, .d = d, .n = n, .stride = dim, .dim = dim, .lo = lo, .hi = hi};
+    FAKE_QUEUE(g, add_cols_run, a);
 }
 
 void kcuda_add_bias(kcuda *g, float *x, const float *bias, int n, int64_t dim, int64_t lo,
@@ -380,22 +381,7 @@ void kcuda_add_bias(kcuda *g, float *x, const float *bias, int n, int64_t dim, i
 {
     if (n <= 0 || hi <= lo)
         return;
-    bias_args a = {x, bias, n, dim, lo, hi};
-    FAKE_QUEUE(g, add_bias_run, a);
-}
-
-static void add_cols_run(const void *p)
-{
-    const rows_args *a = p;
-    for (int t = 0; t < a->n; t++)
-        for (int64_t c = a->lo; c < a->hi; c++)
-            a->x[t * a->dim + c] += a->d[t * a->dim + c];
-}
-
-void kcuda_add_cols(kcuda *g, float *x, const float *d, int n, int64_t dim, int64_t lo,
-                    int64_t hi)
-{
-    rows_args a = {.x = x, .d = d, .n = n, .dim = dim, .lo = lo, .hi = hi};
+    rows_args a = {.x = x, .d = bias, .n = n, .stride = 0, .dim = dim, .lo = lo, .hi = hi};
     FAKE_QUEUE(g, add_cols_run, a);
 }
 
@@ -422,7 +408,8 @@ static void fused_run(const void *p)
                        .dim = m->hi - m->lo};
         silu_run(&r);
     } else {
-        rows_args r = {.x = m->y, .d = tmp, .n = m->n, .dim = m->ldy, .lo = m->lo, .hi = m->hi};
+        rows_args r = {.x = m->y, .d = tmp, .n = m->n, .stride = m->ldy, .dim = m->ldy,
+                      .lo = m->lo, .hi = m->hi};
         add_cols_run(&r);
     }
     free(tmp);
