@@ -57,8 +57,10 @@ static void tokenize_usage(FILE *out)
             "  --chat-template FILE  use the Jinja chat template in FILE instead of the model's\n"
             "  --render-chat FILE    print the chat template's text for the conversation in FILE\n"
             "                 (a JSON array of {\"role\", \"content\"} objects, ending with the\n"
-            "                 assistant prompt) instead of tokenizing; exit 2 if the template\n"
-            "                 cannot be run, with the reason\n"
+            "                 assistant prompt), or a JSON object of the template's variables\n"
+            "                 ({\"messages\": [...], \"tools\": [...], \"enable_thinking\": false};\n"
+            "                 messages with tool_calls and tool turns) instead of tokenizing;\n"
+            "                 exit 2 if the template cannot be run, with the reason\n"
             "  --jsonl FILE   each line of FILE is a JSON string; print one line of ids per line\n"
             "  -h, --help     show this help\n"
             "\n"
@@ -207,7 +209,8 @@ static int tokenize_use_template(tokenizer *tok, const char *path)
     return rc;
 }
 
-/* --render-chat: the template's text for a JSON array of messages. */
+/* --render-chat: the template's text for a JSON array of messages, or for a JSON object of the
+ * template's variables ({"messages": [...], "tools": [...], "enable_thinking": false}). */
 static int tokenize_render(const tokenizer *tok, const char *path)
 {
     size_t len;
@@ -217,10 +220,24 @@ static int tokenize_render(const tokenizer *tok, const char *path)
         return 2;
     }
     cJSON *arr = cJSON_ParseWithLength(js, len);
+    if (cJSON_IsObject(arr)) { /* the template's variables: messages, tools, ... */
+        cJSON_Delete(arr);
+        char err[512];
+        char *out = tokenizer_chat_render_vars(tok, js, len, err, sizeof err);
+        free(js);
+        if (!out) {
+            fprintf(stderr, "orochi tokenize: %s\n", err);
+            return 2;
+        }
+        fwrite(out, 1, strlen(out), stdout);
+        free(out);
+        return 0;
+    }
     free(js);
     int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
     if (n < 0) {
-        fprintf(stderr, "orochi tokenize: %s: not a JSON array of messages\n", path);
+        fprintf(stderr, "orochi tokenize: %s: not a JSON array of messages nor an object of "
+                        "template variables\n", path);
         cJSON_Delete(arr);
         return 2;
     }

@@ -103,6 +103,7 @@ struct jctx {
     const char *src; /* the template (line numbers of expressions) */
     int depth;       /* nesting of expressions and statements being read or run */
     long steps;      /* nodes run and loop turns (a bound on a template's work) */
+    bool json;       /* reading the caller's JSON variables, not template source */
 };
 
 /* Bounds on what a template may ask for (a file's template is outside input): nesting, the work
@@ -139,7 +140,10 @@ static void jfail(jctx *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(c->err, c->errlen, "chat template, line %d: %s", c->line, msg);
+    if (c->json)
+        snprintf(c->err, c->errlen, "chat variables: %s", msg);
+    else
+        snprintf(c->err, c->errlen, "chat template, line %d: %s", c->line, msg);
     longjmp(c->fail, 1);
 }
 
@@ -593,6 +597,17 @@ static size_t read_name(jx *x, const char **name)
 static jv expr(jx *x, bool live);
 
 /* A string literal with Python's escapes. */
+/* digits hex digits (fewer where the text ends or a non-hex character comes) */
+static unsigned read_hex(jx *x, int digits)
+{
+    unsigned cp = 0;
+    for (int i = 0; i < digits && x->p < x->end && isxdigit((unsigned char)*x->p); i++, x->p++)
+        cp = cp * 16 + (unsigned)(isdigit((unsigned char)*x->p)
+                                      ? *x->p - '0'
+                                      : tolower((unsigned char)*x->p) - 'a' + 10);
+    return cp;
+}
+
 static jv read_string(jx *x)
 {
     char q = *x->p++;
@@ -613,26 +628,44 @@ static jv read_string(jx *x)
         case '\'': jb_put(x->c, &b, "'", 1); break;
         case '"': jb_put(x->c, &b, "\"", 1); break;
         case '\n': break;
+        case 'b': jb_put(x->c, &b, "\b", 1); break;
+        case 'f': jb_put(x->c, &b, "\f", 1); break;
         case 'u':
         case 'x': {
-            int digits = e == 'u' ? 4 : 2;
-            unsigned cp = 0;
-            for (int i = 0; i < digits && x->p < x->end; i++)
-                cp = cp * 16 + (unsigned)(isdigit((unsigned char)*x->p) ? *x->p - '0'
-                                                                          : (tolower((unsigned char)*x->p) - 'a' + 10)),
-                x->p++;
+            unsigned cp = read_hex(x, e == 'u' ? 4 : 2);
+            /* a JSON surrogate pair: one character outside the BMP */
+            if (cp >= 0xD800 && cp < 0xDC00 && x->end - x->p >= 6 && x->p[0] == '\\' &&
+                x->p[1] == 'u') {
+                const char *back = x->p;
+                x->p += 2;
+                unsigned lo = read_hex(x, 4);
+                if (lo >= 0xDC00 && lo < 0xE000)
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                else
+                    x->p = back;
+            }
             char u[4];
-            int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
+            int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
             if (n == 1)
                 u[0] = (char)cp;
             else if (n == 2)
                 u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63));
-            else
+            else if (n == 3)
                 u[0] = (char)(0xE0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 63)),
                 u[2] = (char)(0x80 | (cp & 63));
+            else
+                u[0] = (char)(0xF0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 63)),
+                u[2] = (char)(0x80 | ((cp >> 6) & 63)), u[3] = (char)(0x80 | (cp & 63));
             jb_put(x->c, &b, u, (size_t)n);
             break;
         }
+        case '/':
+            if (x->c->json) {
+                jb_put(x->c, &b, "/", 1);
+                break;
+            }
+            /* Python keeps the backslash */
+            __attribute__((fallthrough));
         default: {
             char raw[2] = {'\\', e};
             jb_put(x->c, &b, raw, 2);
@@ -1154,6 +1187,14 @@ static jv primary(jx *x, bool live)
             }
             x->p++;
         }
+        if (c->json && x->p < x->end && (*x->p == 'e' || *x->p == 'E')) { /* JSON's 1e-5 */
+            flt = true;
+            x->p++;
+            if (x->p < x->end && (*x->p == '+' || *x->p == '-'))
+                x->p++;
+            while (x->p < x->end && isdigit((unsigned char)*x->p))
+                x->p++;
+        }
         char num[64];
         snprintf(num, sizeof num, "%.*s", (int)(x->p - s > 60 ? 60 : x->p - s), s);
         return flt ? jv_float(strtod(num, NULL)) : int_result(c, strtoll(num, NULL, 10));
@@ -1204,6 +1245,11 @@ static jv primary(jx *x, bool live)
     if (!n)
         jfail(c, "unexpected '%c'", ch);
 #define W(s) (n == strlen(s) && !memcmp(name, s, n))
+    if (c->json) { /* the caller's variables: JSON literals only */
+        if (W("true") || W("false") || W("null"))
+            return W("true") ? jv_bool(true) : W("false") ? jv_bool(false) : jv_none();
+        jfail(c, "'%.*s' is not JSON", (int)(n > 20 ? 20 : n), name);
+    }
     if (W("true") || W("True"))
         return jv_bool(true);
     if (W("false") || W("False"))
@@ -1980,9 +2026,11 @@ static void run(jctx *c, const jnode *n)
     c->depth--;
 }
 
-char *jinja_render_chat(const char *tmpl, size_t len, const jinja_message *msgs, int n,
-                        bool add_generation_prompt, const char *bos, const char *eos, char *err,
-                        size_t errlen)
+/* The template's text with its variables: the messages (msgs, n) where msgs is given, then the
+ * keys of the JSON object vars (a later one wins). */
+static char *render(const char *tmpl, size_t len, const jinja_message *msgs, int n,
+                    const char *vars, size_t vars_len, bool add_generation_prompt,
+                    const char *bos, const char *eos, char *err, size_t errlen)
 {
     /* on the heap: what longjmp leaves behind is then well defined (no local changed after
      * setjmp) */
@@ -1999,17 +2047,31 @@ char *jinja_render_chat(const char *tmpl, size_t len, const jinja_message *msgs,
         free(c->out);
         goto done;
     }
-    jv messages = jv_list(c);
-    for (int i = 0; i < n; i++) {
-        jv m = jv_dict(c);
-        dict_set(c, m.d, jv_strz("role"), jv_strz(msgs[i].role));
-        dict_set(c, m.d, jv_strz("content"), jv_strz(msgs[i].content));
-        list_push(c, messages.l, m);
-    }
-    var_push(c, "messages", 8, messages);
     var_push(c, "add_generation_prompt", 21, jv_bool(add_generation_prompt));
     var_push(c, "bos_token", 9, bos ? jv_strz(bos) : jv_strz(""));
     var_push(c, "eos_token", 9, eos ? jv_strz(eos) : jv_strz(""));
+    if (msgs) {
+        jv messages = jv_list(c);
+        for (int i = 0; i < n; i++) {
+            jv m = jv_dict(c);
+            dict_set(c, m.d, jv_strz("role"), jv_strz(msgs[i].role));
+            dict_set(c, m.d, jv_strz("content"), jv_strz(msgs[i].content));
+            list_push(c, messages.l, m);
+        }
+        var_push(c, "messages", 8, messages);
+    }
+    if (vars) {
+        c->json = true;
+        jv v = eval_src(c, vars, vars_len);
+        c->json = false;
+        if (v.t != JV_DICT)
+            jfail(c, "not a JSON object");
+        for (int i = 0; i < v.d->n; i++)
+            if (v.d->k[i].t != JV_STR)
+                jfail(c, "a key that is not a string");
+        for (int i = 0; i < v.d->n; i++)
+            var_push(c, v.d->k[i].s.p, v.d->k[i].s.n, v.d->v[i]);
+    }
     jpieces ps = {0};
     cut(c, tmpl, len, &ps);
     int at = 0, which;
@@ -2025,4 +2087,17 @@ done:
     }
     free(c);
     return result;
+}
+
+char *jinja_render_chat(const char *tmpl, size_t len, const jinja_message *msgs, int n,
+                        bool add_generation_prompt, const char *bos, const char *eos, char *err,
+                        size_t errlen)
+{
+    return render(tmpl, len, msgs, n, NULL, 0, add_generation_prompt, bos, eos, err, errlen);
+}
+
+char *jinja_render_vars(const char *tmpl, size_t len, const char *vars, size_t vars_len,
+                        const char *bos, const char *eos, char *err, size_t errlen)
+{
+    return render(tmpl, len, NULL, 0, vars, vars_len, true, bos, eos, err, errlen);
 }

@@ -34,4 +34,11 @@ char *jinja_render_chat(const char *tmpl, size_t len, const jinja_message *msgs,
                         bool add_generation_prompt, const char *bos, const char *eos, char *err,
                         size_t errlen);
 
+/* The template's text with the variables in vars, a JSON object of len vars_len (messages
+ * with any fields - tool_calls, tool roles -, tools, documents, enable_thinking, ...; a key given
+ * there overrides add_generation_prompt, which is true otherwise). Errors as jinja_render_chat;
+ * a vars that is not a JSON object is named "chat variables: ...". */
+char *jinja_render_vars(const char *tmpl, size_t len, const char *vars, size_t vars_len,
+                        const char *bos, const char *eos, char *err, size_t errlen);
+
 #endif

@@ -1015,6 +1015,26 @@ char *tokenizer_chat_render_err(const tokenizer *tok, int n, const char *const *
     return out;
 }
 
+char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t len, char *err,
+                                 size_t errlen)
+{
+    if (!tok->chat_template) {
+        snprintf(err, errlen, "the model file has no chat template (tokenizer.chat_template): "
+                              "give one with --chat-template FILE");
+        return NULL;
+    }
+    char *bos = tok_text_dup(tok, tok->bos), *eos = tok_text_dup(tok, tok->eos);
+    char *out = NULL;
+    if (bos && eos)
+        out = jinja_render_vars(tok->chat_template, tok->chat_template_len, vars, len, bos, eos,
+                                err, errlen);
+    else
+        snprintf(err, errlen, "out of memory");
+    free(bos);
+    free(eos);
+    return out;
+}
+
 int tokenizer_set_chat_template(tokenizer *tok, const char *text, size_t len)
 {
     char *t = malloc(len + 1);

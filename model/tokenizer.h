@@ -64,6 +64,11 @@ char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message);
  *     message that no user turn follows is a turn of its own, never dropped. */
 char *tokenizer_chat_render_err(const tokenizer *tok, int n, const char *const *roles,
                                 const char *const *contents, char *err, size_t errlen);
+/* The chat template run with the variables of a JSON object (jinja_render_vars: messages with
+ * tool calls and tool turns, tools, enable_thinking, ...; roles passed as given). Only with a
+ * template: a vocabulary without one fails, naming --chat-template. NULL with the reason in err. */
+char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t len, char *err,
+                                 size_t errlen);
 /* tokenizer_chat_render_err, the reason on stderr. */
 char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
                             const char *const *contents);

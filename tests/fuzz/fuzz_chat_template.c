@@ -19,7 +19,9 @@
  * Checked: tokenizer_new accepts any template. With a template, the rendering is the Jinja
  * interpreter's (model/jinja.c, fuzzed here on arbitrary template bytes): it gives a text or
  * refuses with a reason that names the chat template (never a crash, a hang past its step bound,
- * or a leak), and engine_render gives the same text or the same refusal. Without one, the
+ * or a leak), and engine_render gives the same text or the same refusal; the last message's
+ * bytes, read as the template's JSON variables (tokenizer_chat_render_vars), render or are
+ * refused naming the template or the variables. Without one, the
  * rendering equals, byte for byte, what an independent reading of tokenizer.h's built-in rule
  * gives: the Llama-2 form ([INST] USER [/INST] per user turn, assistant turns between, a system
  * message folded into the next user turn as <<SYS>>, or a turn of its own when an assistant turn
@@ -198,6 +200,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fuzz_fail("a refused template's reason does not name the chat template: %s", err);
         free(got);
         free(text);
+        if (prm.n_messages > 0) { /* the last message's bytes as the template's JSON variables */
+            const char *vars = contents[prm.n_messages - 1];
+            char *out = tokenizer_chat_render_vars(tok, vars, strlen(vars), err, sizeof err);
+            if (!out && strncmp(err, "chat template", 13) && strncmp(err, "chat variables", 14) &&
+                !strstr(err, "out of memory"))
+                fuzz_fail("a refused rendering's reason names neither the template nor the "
+                          "variables: %s", err);
+            free(out);
+        }
         free(all.p);
         fz_release(&tok, msgs, &prm, stops);
         return 0;

@@ -1,9 +1,11 @@
 """ctest `reference_chat_template`: orochi's Jinja interpreter (model/jinja.c) against Python's jinja2.
 
 The real chat templates of model files (tests/data/templates: Qwen2.5, Llama 3.1 / 3.2 / 3.3,
-DeepSeek-R1 distills of Qwen and Llama, Gemma 2, Phi-3.5, Mistral Nemo, SmolLM2) are rendered for
-conversations of one to five turns (system, user, assistant; text with newlines, quotes,
-non-ASCII and surrounding spaces) by jinja2 set up as Hugging Face's apply_chat_template sets it up
+DeepSeek-R1 distills of Qwen and Llama, Gemma 2, Phi-3.5, Qwen3, Mistral v1 / v3 / v3-tekken (Nemo)
+/ v7, SmolLM2) are rendered for conversations of one to five turns (system, user, assistant; text
+with newlines, quotes, non-ASCII and surrounding spaces), and for conversations with tools, tool
+calls and tool results, reasoning and enable_thinking, and no generation prompt (passed as a JSON
+object of the template's variables) by jinja2 set up as Hugging Face's apply_chat_template sets it up
 (a sandboxed environment with trim_blocks and lstrip_blocks, raise_exception, strftime_now, a
 tojson that keeps non-ASCII text) and by `orochi tokenize --chat-template T --render-chat
 MESSAGES` over a model made here; the texts must be the same bytes. Where a template refuses a
@@ -42,6 +44,41 @@ CONVERSATIONS = [
      ("user", "Quote 'this' and \"that\""), ("assistant", "Done.")],
     [("system", "Réponds en français, s'il te plaît."), ("user", "Ça va ? 日本語も"),
      ("assistant", "Oui !\n\n"), ("user", "Merci\n")],
+]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name, e.g. \u00c9vry"},
+        "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}}
+CALL = {"id": "call12345", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}
+# Variables beyond role/content (tools, tool calls and results, reasoning, enable_thinking),
+# given to `orochi tokenize --render-chat` as a JSON object of the template's variables.
+VARIABLE_CASES = [
+    ("tools", {"tools": [WEATHER], "messages": [
+        {"role": "system", "content": "You help with weather."},
+        {"role": "user", "content": "Weather in Paris?"}]}),
+    ("tool call and result", {"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather",
+         "content": "{\"temp\": 21, \"sky\": \"clear\"}"}]}),
+    ("arguments as text", {"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "And in Lyon?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "callABCDE", "type": "function", "function": {
+                "name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}}]},
+        {"role": "tool", "tool_call_id": "callABCDE", "content": "18 degrees"},
+        {"role": "assistant", "content": "It is 18 degrees in Lyon."},
+        {"role": "user", "content": "Thanks \U0001F600"}]}),
+    ("reasoning, thinking off", {"enable_thinking": False, "messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+        {"role": "user", "content": "3*3?"}]}),
+    ("no generation prompt", {"add_generation_prompt": False, "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}),
 ]
 
 
@@ -113,8 +150,34 @@ def main():
                                                want[max(0, at - 20):at + 30]))
             else:
                 same += 1
-        print("  %-45s %d/%d conversations the same" % (name, same, len(CONVERSATIONS)),
-              flush=True)
+        for case, variables in VARIABLE_CASES:
+            args = {"add_generation_prompt": True, **variables}
+            try:
+                want, raised = tmpl.render(bos_token=bos, eos_token=eos, **args), None
+            except jinja2.exceptions.TemplateError as exc:
+                want, raised = None, str(exc)
+            with open(msgs_path, "w", encoding="utf-8") as f:
+                json.dump(variables, f, ensure_ascii=False)
+            p = subprocess.run([OROCHI_BIN, "tokenize", "--model", model, "--chat-template", path,
+                                "--render-chat", msgs_path], capture_output=True, timeout=60)
+            got, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+            checks += 1
+            if raised is not None:
+                ok = p.returncode == 2 and raised in err
+            else:
+                ok = p.returncode == 0 and got == want
+            if ok:
+                same += 1
+                continue
+            at = next((i for i, (a, b) in enumerate(zip(got, want or "")) if a != b),
+                      min(len(got), len(want or "")))
+            failures.append("%s, %s: jinja2 %s; orochi exit %d %s; first difference at byte %d: "
+                            "orochi %r, jinja2 %r"
+                            % (name, case, "raised %r" % raised if raised else "rendered",
+                               p.returncode, err.strip()[-200:], at, got[max(0, at - 20):at + 30],
+                               (want or "")[max(0, at - 20):at + 30]))
+        total = len(CONVERSATIONS) + len(VARIABLE_CASES)
+        print("  %-45s %d/%d conversations the same" % (name, same, total), flush=True)
     # a construct the interpreter does not run is named
     tmpl_path = os.path.join(TMP, "chat_template_macro.jinja")
     with open(tmpl_path, "w") as f:
