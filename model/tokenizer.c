@@ -1495,9 +1495,15 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
             tok->pre = TOK_PRE_LLAMA3;
         else if (gguf_str_eq(pre, "qwen2") || gguf_str_eq(pre, "deepseek-r1-qwen"))
             tok->pre = TOK_PRE_QWEN2;
-        else if (!gguf_str_eq(pre, "gpt2") && !gguf_str_eq(pre, "default"))
-            fprintf(stderr, "tokenizer: unknown tokenizer.ggml.pre '%.*s', using the GPT-2 "
-                            "pre-tokenizer\n", (int)(pre.len > 40 ? 40 : pre.len), pre.ptr);
+        else if (!gguf_str_eq(pre, "gpt2") && !gguf_str_eq(pre, "gpt-2") &&
+                 !gguf_str_eq(pre, "default")) {
+            /* another split of the text gives other ids: refused, never guessed */
+            tok_err(err, errlen,
+                    "tokenizer.ggml.pre '%.*s' is not supported (orochi splits text as gpt2, gpt-2, "
+                    "default, smollm, llama3, llama-bpe, qwen2 and deepseek-r1-qwen do)",
+                    (int)(pre.len > 40 ? 40 : pre.len), pre.ptr);
+            goto fail;
+        }
     }
     tok->ignore_merges = tok->pre == TOK_PRE_LLAMA3;
 

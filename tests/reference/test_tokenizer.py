@@ -274,6 +274,7 @@ def main():
         ("tokenizer.ggml.merges", dict(tokenizer__ggml__merges=(T_ARRAY, T_STRING, ["a b", "ab"]))),
         ("tokenizer.ggml.bos_token_id", dict(tokenizer__ggml__bos_token_id=(4, 10 ** 6))),
         ("tokenizer.ggml.model", dict(tokenizer__ggml__model="bert")),
+        ("tokenizer.ggml.pre 'tekken'", dict(tokenizer__ggml__pre="tekken")),
         ("tokenizer.ggml.token_type", dict(tokenizer__ggml__token_type=(T_ARRAY, T_INT32, [1]))),
     ]
     for key, override in bad_cases:
