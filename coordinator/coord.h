@@ -198,6 +198,8 @@ typedef struct {
     double m_worker_compute_us[RT_MAX_WORKERS];
     uint64_t m_worker_steps[RT_MAX_WORKERS];
     char m_spec_text[4096]; /* speculator gauges, rebuilt by the main loop */
+    char m_mem_text[4096];  /* each role's memory gauges, rebuilt every 10 s */
+    uint64_t last_mem_us;
     char last_error[200];   /* the latest failed request, for `status` */
     uint64_t last_error_us;
 
@@ -219,6 +221,9 @@ void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__Bod
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body);
 void coord_group_shutdown(coord *c);
 void coord_group_write_status(coord *c);
+/* Rebuild the memory gauges of /metrics (m_mem_text) from /proc/PID/smaps_rollup of the
+ * coordinator and every running peer on this machine. */
+void coord_group_memory_gauges(coord *c);
 /* free a peer's command line (argv or old_argv: COORD_MAX_SPAWN_ARGS entries) and clear it */
 void coord_free_argv(char **argv);
 /* start p's process from p->argv now */

@@ -1870,6 +1870,7 @@ char *coord_engine_metrics(void *ctx)
     M("# TYPE orochi_peer_restarts_total counter\norochi_peer_restarts_total %llu\n",
       (unsigned long long)c->m_restarts);
     M("%s", c->m_spec_text);
+    M("%s", c->m_mem_text);
     pthread_mutex_unlock(&c->mlock);
 #undef M
     if (n >= cap)

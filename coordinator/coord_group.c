@@ -594,6 +594,75 @@ void coord_group_supervise(coord *c)
         coord_group_write_status(c);
         c->last_status_us = now;
     }
+    if (!c->last_mem_us || now - c->last_mem_us > 10000000u) { /* smaps_rollup walks page tables */
+        coord_group_memory_gauges(c);
+        c->last_mem_us = now;
+    }
+}
+
+/* PSS of a process in bytes: file pages, shared memory, anonymous. false when unreadable. */
+static bool proc_pss(int pid, unsigned long long out[3])
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/smaps_rollup", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    out[0] = out[1] = out[2] = 0;
+    static const char *const keys[3] = {"Pss_File:", "Pss_Shmem:", "Pss_Anon:"};
+    while (fgets(line, sizeof line, f))
+        for (int k = 0; k < 3; k++)
+            if (!strncmp(line, keys[k], strlen(keys[k])))
+                out[k] = strtoull(line + strlen(keys[k]), NULL, 10) * 1024;
+    fclose(f);
+    return true;
+}
+
+/* whether pid is an orochi process of this machine (a peer not spawned here may run elsewhere) */
+static bool proc_orochi(int pid)
+{
+    char path[64], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool yes = fgets(comm, sizeof comm, f) && !strncmp(comm, "orochi-", 7);
+    fclose(f);
+    return yes;
+}
+
+void coord_group_memory_gauges(coord *c)
+{
+    char text[sizeof c->m_mem_text];
+    size_t n = (size_t)snprintf(
+        text, sizeof text,
+        "# HELP orochi_memory_pss_bytes Proportional set size of each role's process (a page "
+        "shared by k processes counts 1/k): kind files (the shared packed-weights cache, the model "
+        "file, binaries), arena (shared memory), private (anonymous).\n"
+        "# TYPE orochi_memory_pss_bytes gauge\n");
+    static const char *const kinds[3] = {"files", "arena", "private"};
+    unsigned long long v[3];
+    if (proc_pss((int)getpid(), v))
+        for (int k = 0; k < 3 && n < sizeof text; k++)
+            n += (size_t)snprintf(text + n, sizeof text - n,
+                                  "orochi_memory_pss_bytes{role=\"coordinator\",kind=\"%s\"} %llu\n",
+                                  kinds[k], v[k]);
+    for (int i = 0; i < COORD_MAX_PEERS && n < sizeof text; i++) {
+        const coord_peer *p = &c->peers[i];
+        int pid = (int)(p->child ? p->child : p->pid);
+        if (p->role == PEER_FREE || !p->connected || pid <= 0 || (!p->child && !proc_orochi(pid)) ||
+            !proc_pss(pid, v))
+            continue; /* a peer on another machine: its pid means nothing here */
+        for (int k = 0; k < 3 && n < sizeof text; k++)
+            n += (size_t)snprintf(text + n, sizeof text - n,
+                                  "orochi_memory_pss_bytes{role=\"%s\",kind=\"%s\"} %llu\n",
+                                  p->name, kinds[k], v[k]);
+    }
+    if (n >= sizeof text)
+        text[sizeof text - 1] = 0;
+    pthread_mutex_lock(&c->mlock);
+    memcpy(c->m_mem_text, text, sizeof text);
+    pthread_mutex_unlock(&c->mlock);
 }
 
 /* the end of a status line: the latest trouble and how long ago, if any */

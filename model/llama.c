@@ -354,7 +354,7 @@ bool llama_config_same_kv(const llama_config *a, const llama_config *b)
            a->rope_factor == b->rope_factor;
 }
 
-static int llama_model_pack(llama_model *m);
+static int llama_model_pack(llama_model *m, const char *path, char *err, size_t errlen);
 
 static llama_model *llama_model_open(const char *path, bool pack, char *err, size_t errlen)
 {
@@ -427,10 +427,8 @@ static llama_model *llama_model_open(const char *path, bool pack, char *err, siz
         goto fail;
     if (check_tensor_names(&ld, c))
         goto fail;
-    if (pack && llama_model_pack(m)) {
-        snprintf(err, errlen, "%s: out of memory repacking the weights", path);
+    if (pack && llama_model_pack(m, path, err, errlen))
         goto fail;
-    }
     return m;
 fail:
     llama_model_destroy(&m);
@@ -460,14 +458,10 @@ static void mat_drop_pages(const kmat *w)
         madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-static int llama_model_pack(llama_model *m)
+/* the model's matrices in the order a step reads them (layer by layer, then the lm_head) */
+static int model_mats(llama_model *m, kmat **mats)
 {
-    /* every matrix in the order a step reads it (layer by layer, then the lm_head), in one block
-     * on huge pages: a decode step is then one long sequential stream */
-    int n = 0, cap = 7 * m->cfg.n_layers + 1;
-    kmat **mats = malloc((size_t)cap * sizeof *mats);
-    if (!mats)
-        return -1;
+    int n = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         llama_layer *L = &m->layers[l];
         kmat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
@@ -475,32 +469,65 @@ static int llama_model_pack(llama_model *m)
             mats[n++] = ms[i];
     }
     mats[n++] = &m->lm_head;
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += (kmat_packed_bytes(mats[i]) + 63) & ~(size_t)63;
-    size_t huge = (size_t)2 << 20, bytes = (total + huge - 1) & ~(huge - 1);
-    if (posix_memalign(&m->pack_block, huge, bytes ? bytes : huge)) {
-        m->pack_block = NULL;
-        free(mats);
-        return -1;
-    }
-#ifdef MADV_HUGEPAGE
-    madvise(m->pack_block, bytes, MADV_HUGEPAGE);
-#endif
+    return n;
+}
+
+typedef struct {
+    kmat **mats;
+    const size_t *off;
+    int n;
+} pack_job;
+
+static void pack_fill(void *dst, size_t len, void *arg)
+{
+    (void)len;
+    const pack_job *j = arg;
     kpool *pool = kpool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
-    size_t off = 0;
+    for (int i = 0; i < j->n; i++)
+        kmat_pack_into(pool, j->mats[i], (uint8_t *)dst + j->off[i]);
+    kpool_destroy(&pool);
+}
+
+static int llama_model_pack(llama_model *m, const char *path, char *err, size_t errlen)
+{
+    /* every matrix in the order a step reads it, in one block (a decode step is then one long
+     * sequential stream), made once per machine and mapped shared (model/packcache.h) */
+    int cap = 7 * m->cfg.n_layers + 1;
+    kmat **mats = malloc((size_t)cap * sizeof *mats);
+    size_t *off = malloc((size_t)cap * sizeof *off);
+    uint64_t *desc = malloc((size_t)cap * 4 * sizeof *desc);
+    int rc = -1;
+    if (!mats || !off || !desc) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    int n = model_mats(m, mats);
+    size_t total = 0;
     for (int i = 0; i < n; i++) {
-        size_t b = kmat_packed_bytes(mats[i]);
-        if (!b)
+        off[i] = total;
+        desc[4 * i] = mats[i]->type;
+        desc[4 * i + 1] = (uint64_t)mats[i]->rows;
+        desc[4 * i + 2] = (uint64_t)mats[i]->cols;
+        desc[4 * i + 3] = total;
+        total += (kmat_packed_bytes(mats[i]) + 63) & ~(size_t)63;
+    }
+    pack_job job = {mats, off, n};
+    if (packcache_get(path, desc, (size_t)n * 4 * sizeof *desc, total, pack_fill, &job, &m->pack,
+                      err, errlen))
+        goto done;
+    for (int i = 0; i < n; i++) {
+        if (!kmat_packed_bytes(mats[i]))
             continue;
-        kmat_pack_into(pool, mats[i], (uint8_t *)m->pack_block + off);
+        kmat_set_packed(mats[i], (uint8_t *)m->pack.base + off[i]);
         if (mats[i] != &m->lm_head || !m->tied)
             mat_drop_pages(mats[i]);
-        off += (b + 63) & ~(size_t)63;
     }
-    kpool_destroy(&pool);
+    rc = 0;
+done:
     free(mats);
-    return 0;
+    free(off);
+    free(desc);
+    return rc;
 }
 
 int llama_model_set_act_bits(llama_model *m, int bits, char *err, size_t errlen)
@@ -536,7 +563,7 @@ void llama_model_destroy(llama_model **model)
     free(m->screen_data);
     for (int l = 0; m->layers && l < m->cfg.n_layers; l++)
         llama_layer_unpack(&m->layers[l]);
-    free(m->pack_block);
+    packcache_release(&m->pack);
     gguf_close(&m->file);
     free(m->layers);
     free(m);
@@ -598,7 +625,7 @@ int llama_model_keep_layers(llama_model *m, const int *layers, int n, char *err,
         }
         kept[i] = m->layers[layers[i]];
     }
-    /* the packed rows live in the model's one block (m->pack_block): a layer listed twice shares
+    /* the packed rows live in the model's one block (m->pack): a layer listed twice shares
      * them, and layers left out keep theirs there until the model goes */
     free(m->layers);
     m->layers = kept;

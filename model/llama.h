@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "model/gguf.h"
+#include "model/packcache.h"
 
 /* The families orochi runs (general.architecture): llama (Llama 2/3/3.1-3.3, Mistral, SmolLM),
  * qwen2 (q/k/v biases, NEOX RoPE), qwen3 (per-head q/k RMS norms, NEOX RoPE). docs/models.md. */
@@ -56,7 +57,9 @@ typedef struct {
     const float *rope_factors; /* rope_freqs.weight (rot_dim / 2; Llama 3.1-3.3), NULL if absent */
     llama_layer *layers;
     int tied; /* lm_head is the embedding matrix */
-    void *pack_block; /* every matrix's packed rows, in step order (owned) */
+    /* every matrix's packed rows, in step order: the shared cache file's mapping, or this
+     * process's memory (model/packcache.h) */
+    packcache_block pack;
     /* a cheaper copy of the lm_head for contexts with screen_top (llama_model_screen_head);
      * type 0 rows 0: none */
     kmat lm_screen;

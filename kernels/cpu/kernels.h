@@ -140,6 +140,9 @@ int kmat_pack(kpool *pool, kmat *w);
 /* Pack into dst (kmat_packed_bytes(w) bytes, 64-byte aligned, owned by the caller): a model packs
  * all its matrices into one block in the order a step reads them. */
 void kmat_pack_into(kpool *pool, kmat *w, void *dst);
+/* Use the packed rows at packed (kmat_packed_bytes(w) bytes, read-only, owned by the caller: a
+ * model's shared cache mapping) without packing. */
+void kmat_set_packed(kmat *w, const void *packed);
 /* Free w->packed (unless borrowed) and forget it. */
 void kmat_unpack(kmat *w);
 /* Bytes kmat_pack allocates for w (0 for types it does not pack). */

@@ -298,6 +298,14 @@ void kmat_pack_into(kpool *pool, kmat *w, void *dst)
     w->packed_borrowed = true;
 }
 
+void kmat_set_packed(kmat *w, const void *packed)
+{
+    if (!w->packed_borrowed)
+        free(w->packed);
+    w->packed = (void *)packed; /* the kernels only read it */
+    w->packed_borrowed = true;
+}
+
 void kmat_unpack(kmat *w)
 {
     if (!w->packed_borrowed)
