@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git
-  libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcjson-dev
+  libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcjson-dev libxxhash-dev
   libcmocka-dev clang libclang-rt-14-dev
   python3 python3-numpy python3-regex python3-matplotlib python3-pip python3-jinja2 unzip
   libopenblas0-pthread
