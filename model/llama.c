@@ -476,15 +476,22 @@ typedef struct {
     kmat **mats;
     const size_t *off;
     int n;
+    const char *path; /* the model file, for progress lines */
 } pack_job;
 
 static void pack_fill(void *dst, size_t len, void *arg)
 {
-    (void)len;
     const pack_job *j = arg;
     kpool *pool = kpool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
-    for (int i = 0; i < j->n; i++)
+    int told = 0;
+    for (int i = 0; i < j->n; i++) {
         kmat_pack_into(pool, j->mats[i], (uint8_t *)dst + j->off[i]);
+        int pct = (int)(100.0 * (double)(j->off[i] + kmat_packed_bytes(j->mats[i])) / (double)len);
+        if (len >= ((size_t)1 << 30) && pct >= told + 25 && i + 1 < j->n) { /* long work: say so */
+            fprintf(stderr, "orochi: packing %s: %d%%\n", j->path, pct);
+            told = pct / 25 * 25;
+        }
+    }
     kpool_destroy(&pool);
 }
 
@@ -511,7 +518,7 @@ static int llama_model_pack(llama_model *m, const char *path, char *err, size_t 
         desc[4 * i + 3] = total;
         total += (kmat_packed_bytes(mats[i]) + 63) & ~(size_t)63;
     }
-    pack_job job = {mats, off, n};
+    pack_job job = {mats, off, n, path};
     if (packcache_get(path, desc, (size_t)n * 4 * sizeof *desc, total, pack_fill, &job, &m->pack,
                       err, errlen))
         goto done;

@@ -105,35 +105,6 @@ static void *pc_map_aligned(int fd, size_t len, int prot)
 }
 
 #ifdef PACKCACHE_HAVE_XXH
-/* XXH3-64 of len bytes of fd from offset off, read in chunks (nothing mapped). 0 and ok = false
- * on a read error. */
-static uint64_t pc_checksum_fd(int fd, size_t off, size_t len, bool *ok)
-{
-    *ok = false;
-    XXH3_state_t *st = XXH3_createState();
-    size_t chunk = (size_t)4 << 20;
-    uint8_t *buf = malloc(chunk);
-    uint64_t h = 0;
-    if (st && buf && XXH3_64bits_reset(st) == XXH_OK) {
-        size_t done = 0;
-        while (done < len) {
-            size_t want = len - done < chunk ? len - done : chunk;
-            ssize_t got = pread(fd, buf, want, (off_t)(off + done));
-            if (got <= 0)
-                break;
-            XXH3_64bits_update(st, buf, (size_t)got);
-            done += (size_t)got;
-        }
-        if (done == len) {
-            h = XXH3_64bits_digest(st);
-            *ok = true;
-        }
-    }
-    free(buf);
-    XXH3_freeState(st);
-    return h;
-}
-
 /* The cache file at path when it is valid for (key, identity, bytes): mapped into out, 0. 1 when
  * it does not exist, -1 when it exists but fails a check (why in why). */
 static int pc_open_valid(const char *path, uint64_t key, const struct stat *id, size_t bytes,
@@ -159,31 +130,31 @@ static int pc_open_valid(const char *path, uint64_t key, const struct stat *id, 
         snprintf(why, whylen, "its length is wrong (%lld bytes, want %zu)", (long long)st.st_size,
                  PACKCACHE_DATA_OFF + bytes);
     } else {
-        posix_fadvise(fd, (off_t)PACKCACHE_DATA_OFF, (off_t)bytes, POSIX_FADV_SEQUENTIAL);
-        bool ok;
-        uint64_t sum = pc_checksum_fd(fd, PACKCACHE_DATA_OFF, bytes, &ok);
-        if (!ok)
-            snprintf(why, whylen, "its data cannot be read");
-        else if (sum != h.checksum)
-            snprintf(why, whylen, "its checksum does not match (corrupt)");
-        else
-            rc = 0;
-    }
-    if (!rc) {
+        /* the checksum is read through the mapping, asked for huge pages first: the page cache
+         * then holds the file in 2 MiB folios (a fault of a VM_HUGEPAGE mapping reads ahead in
+         * PMD-sized folios; a pread would fill it with small ones, which every process would then
+         * map 4 KiB at a time). This process's page-table entries are dropped afterwards, so that
+         * it maps only what it computes with. */
         size_t len = PACKCACHE_DATA_OFF + bytes;
-        void *m = pc_map_aligned(fd, len, PROT_READ);
+        uint8_t *m = pc_map_aligned(fd, len, PROT_READ);
         if (!m) {
             snprintf(why, whylen, "mmap: %s", strerror(errno));
-            rc = -1;
         } else {
 #ifdef MADV_HUGEPAGE
             madvise(m, len, MADV_HUGEPAGE);
 #endif
-            out->map = m;
-            out->map_len = len;
-            out->base = (uint8_t *)m + PACKCACHE_DATA_OFF;
-            out->bytes = bytes;
-            snprintf(out->path, sizeof out->path, "%s", path);
+            if (XXH3_64bits(m + PACKCACHE_DATA_OFF, bytes) != h.checksum) {
+                snprintf(why, whylen, "its checksum does not match (corrupt)");
+                munmap(m, len);
+            } else {
+                madvise(m + PACKCACHE_DATA_OFF, bytes, MADV_DONTNEED);
+                out->map = m;
+                out->map_len = len;
+                out->base = m + PACKCACHE_DATA_OFF;
+                out->bytes = bytes;
+                snprintf(out->path, sizeof out->path, "%s", path);
+                rc = 0;
+            }
         }
     }
     close(fd);
@@ -278,6 +249,9 @@ static int pc_build(const char *path, uint64_t key, const struct stat *id, size_
         unlink(tmp);
         return -1;
     }
+#ifdef MADV_HUGEPAGE
+    madvise(m, len, MADV_HUGEPAGE); /* the page cache in 2 MiB folios (pc_open_valid) */
+#endif
     fprintf(stderr, "orochi: packing the weights of %s (%.2f GB) into the cache %s — once per "
                     "model file; later starts map it\n",
             model_path, bytes / 1e9, path);
