@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all build test models demo bench-peer bench-group bench-act-bits bench-concurrency asan fuzz fuzz-long soak soak-asan clean format
+.PHONY: all deps build test models demo bench-peer bench-group bench-act-bits bench-concurrency asan fuzz fuzz-long soak soak-asan clean format
 
 all: build
 
@@ -17,7 +17,12 @@ build:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+# the Debian packages (deploy/install-deps.sh: idempotent, quick when everything is there)
+deps:
+	@bash deploy/install-deps.sh
+
+# `make test` on a fresh machine: the packages, the build, the default model, then the tests
+test: deps build models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
 
 asan:
@@ -51,7 +56,7 @@ models: $(MODEL)
 $(MODEL):
 	bash deploy/fetch-model.sh $(MODEL_DIR)
 
-demo: models build
+demo: deps models build
 	/usr/bin/python3 bench/spec_bench.py --demo --bin-dir $(BUILD)/bin --model $(MODEL)
 
 bench-peer: build models

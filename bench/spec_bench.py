@@ -10,8 +10,10 @@ token for token against the sequential output (a mismatch is reported loudly and
 status 1): speculation must be lossless.
 
 Modes:
-  --demo            the `make demo` job: 2 workers x 1 thread + layerskip + ngram, a few prompts,
-                    the generated text printed, then the table
+  --demo            the `make demo` job: the same few prompts on two warm groups of 2 workers x 1
+                    thread, one with layerskip + ngram and one without speculators, the generated
+                    text printed, then per category the speedup of the first over the second
+                    beside its tokens per step (which bound it)
   (default)         the configurations of --configs over the whole prompt file, a table per
                     category, JSON lines to --json; per --rounds round all the configurations'
                     groups are up at once and each prompt runs on each of them back to back
@@ -206,7 +208,9 @@ def main():
         print("spec_bench: model %s is absent (run make models)" % a.model, file=sys.stderr)
         return 2
     if a.demo:
-        a.configs, a.per_category = "both", 1
+        # the same requests on two warm groups of the same shape, one without speculators: the
+        # speedup is speculation's alone (not a process start or a model load)
+        a.configs, a.per_category, a.rounds = "seq-group,both", 1, 3
         a.max_tokens = a.max_tokens or 64
     prompts = load_prompts(a.prompts, a.per_category)
     if a.categories:
@@ -250,7 +254,7 @@ def main():
             failures += 1
             print("MISMATCH %s %s: speculative %s vs sequential %s" % (cfg, p["id"], ids[:12], base[p["id"]]["ids"][:12]),
                   file=sys.stderr)
-        if a.demo:
+        if a.demo and cfg != "seq-group" and rnd == 0:
             print("\n[%s] %s\n%s" % (p["category"], p["prompt"], r["choices"][0]["message"]["content"]))
         if cfg == "seq-group" and rnd == 0:
             # decode rate of the group: the time of a 1-token request (prompt + first token)
@@ -291,6 +295,8 @@ def main():
             for g in groups.values():
                 g.down()
 
+    if a.demo:
+        return demo_table(rows, configs, failures)
     # the table: per config and category
     print("\n%-10s %-10s %8s %10s %10s %9s %9s" % ("config", "category", "tokens", "tok/s", "seq tok/s",
                                                   "accepted", "speedup"))
@@ -348,6 +354,38 @@ def main():
         print("spec_bench: %d outputs differ from sequential decoding" % failures, file=sys.stderr)
         return 1
     return 0
+
+
+def demo_table(rows, configs, failures):
+    """`make demo`'s table: per category, the group with speculators against the same group
+    without, on the same requests, both warm; a speedup above the tokens per step is impossible
+    for a step that costs at least a plain one, and is flagged."""
+    spec_cfg = [c for c in configs if c != "seq-group"][0]
+    print("\nspeculation (%s) against the same group without speculators (%s), the same requests,"
+          " both groups warm:" % ("+".join(CONFIGS[spec_cfg]), "seq-group"))
+    print("%-10s %7s %12s %12s %14s %9s" % ("category", "tokens", "plain tok/s", "spec tok/s",
+                                           "tokens/step", "speedup"))
+    cats = sorted({r["category"] for r in rows})
+    suspect = 0
+    for cat in cats + ["all"]:
+        sel = {c: [r for r in rows if r["config"] == c and (cat == "all" or r["category"] == cat)]
+               for c in ("seq-group", spec_cfg)}
+        if not sel["seq-group"] or not sel[spec_cfg]:
+            continue
+        rate = {c: sum(r["tokens"] for r in v) / sum(r["tokens"] / r["tok_s"] for r in v)
+                for c, v in sel.items()}
+        toks = sum(r["tokens"] for r in sel[spec_cfg])
+        per_step = toks / max(1, sum(r["steps"] for r in sel[spec_cfg]))
+        speedup = rate[spec_cfg] / rate["seq-group"]
+        flag = ""
+        if speedup > per_step * 1.05:
+            flag = "  (more than its tokens per step allow: a noisy measurement)"
+            suspect += 1
+        print("%-10s %7d %12.1f %12.1f %14.2f %8.2fx%s" % (cat, toks, rate["seq-group"],
+                                                          rate[spec_cfg], per_step, speedup, flag))
+    print("every answer %s `orochi run --temp 0` token for token" % (
+        "equals" if not failures else "does NOT equal"))
+    return 1 if failures else 0
 
 
 def run_config(a, prompts, base, out, label, specs, ctl, tag, extra=()):
