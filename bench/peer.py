@@ -29,6 +29,10 @@ for milliseconds. Tables on stdout (each round, then the medians over rounds), J
 matplotlib is importable. --quick: 1 round, Q4_1, 1 thread, -n 16, one prompt (a smoke test).
 --act-bits 8: orochi's decode, prompt and step sections run with 8-bit activations (the precision
 llama.cpp multiplies its quantized weights with; orochi's default is 16 bits).
+--shapes 1b,8b: instead of --model, random-weight files of the Llama-3.2-1B and Llama-3.1-8B shapes,
+written in F16 by `orochi mkmodel` and quantized to the other --types by the peer's own
+llama-quantize (Q4_K_M, Q8_0, BF16, ...), cached in --work-dir; no spec section. --prompt-tokens N
+(default 128) sets the prompt section's length, --widths the step section's W (default 2,4,8,16).
 """
 import argparse
 import json
@@ -49,8 +53,14 @@ ROOT = spec_bench.ROOT
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K",
          "Q4_K", "Q5_K", "Q6_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
          "Q5_K_M")
-STEP_WIDTHS = (2, 4, 8, 16)
-PROMPT_TOKENS = 128
+STEP_WIDTHS = (2, 4, 8, 16)  # the default of --widths
+PROMPT_TOKENS = 128  # the default of --prompt-tokens
+# --shapes: random-weight files of real models' shapes, written by `orochi mkmodel` in F16 and
+# quantized by the peer's own llama-quantize (so llama.cpp reads files its own tool wrote)
+SHAPES = {
+    "1b": "--layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256 --ctx 4096",
+    "8b": "--layers 32 --dim 4096 --ffn 14336 --heads 32 --kv-heads 8 --vocab 128256 --ctx 4096",
+}
 # orochi bench measures t(W) on top of a committed context; llama-bench's -p W starts at position
 # 0, so orochi's context is kept at one token to compare the same attention work
 STEP_CTX = 1
@@ -94,6 +104,31 @@ def model_type_of(path):
     """The type named in a file name like NAME.Q4_1.gguf, or None."""
     m = re.search(r"\.([A-Za-z0-9_]+)\.gguf$", os.path.basename(path))
     return m.group(1).upper() if m and m.group(1).upper() in TYPES else None
+
+
+def shape_models(a, shapes, types):
+    """--shapes: {"SHAPE TYPE": path}. SHAPE.F16.gguf written once into --work-dir by `orochi
+    mkmodel` (random weights, seed 1), every other type made from it by the peer's llama-quantize
+    (an existing file is reused; each is written to OUT.tmp and renamed)."""
+    os.makedirs(a.work_dir, exist_ok=True)
+    out = {}
+    for shape in shapes:
+        f16 = os.path.abspath(os.path.join(a.work_dir, "shape-%s.F16.gguf" % shape))
+        if not os.path.exists(f16):
+            log("writing the %s shape in F16 with orochi mkmodel ..." % shape)
+            run([os.path.join(a.bin_dir, "orochi"), "mkmodel", "--out", f16 + ".tmp", "--type", "f16",
+                 "--seed", "1"] + SHAPES[shape].split(), "orochi mkmodel")
+            os.rename(f16 + ".tmp", f16)
+        for t in types:
+            path = os.path.abspath(os.path.join(a.work_dir, "shape-%s.%s.gguf" % (shape, t)))
+            if t != "F16" and not os.path.exists(path):
+                log("quantizing the %s shape to %s with llama-quantize ..." % (shape, t))
+                # the output name first: llama-quantize reads a leading number as a type
+                run([os.path.join(a.llama_cpp, "llama-quantize"), f16, path + ".tmp", t, "2"],
+                    "llama-quantize")
+                os.rename(path + ".tmp", path)
+            out["%s %s" % (shape, t)] = path
+    return out
 
 
 def derive_models(a, types):
@@ -158,15 +193,16 @@ def chat_text(a, model, prompt):
 
 
 def prompt_file_128(a, model, path):
-    """A plain-text file that orochi tokenizes into exactly PROMPT_TOKENS tokens."""
-    pieces = tokenize_pieces(a, model, FILLER * 8)
-    for k in range(PROMPT_TOKENS, min(len(pieces), PROMPT_TOKENS + 16)):
+    """A plain-text file that orochi tokenizes into exactly --prompt-tokens tokens."""
+    n = a.prompt_tokens
+    pieces = tokenize_pieces(a, model, FILLER * (8 * ((n + 127) // 128)))
+    for k in range(n, min(len(pieces), n + 16)):
         text = b"".join(p for _, p in pieces[:k])
-        if len(tokenize_pieces(a, model, text.decode(errors="replace"))) == PROMPT_TOKENS:
+        if len(tokenize_pieces(a, model, text.decode(errors="replace"))) == n:
             with open(path, "wb") as f:
                 f.write(text)
             return path
-    raise PeerError("could not cut a %d-token prompt from the filler text" % PROMPT_TOKENS)
+    raise PeerError("could not cut a %d-token prompt from the filler text" % n)
 
 
 # ---- the measurements ---------------------------------------------------------------------------
@@ -204,8 +240,8 @@ def orochi_prompt(a, model, threads, prompt_path):
     m = re.search(r"prompt (\d+) tok, ([0-9.]+) prompt tok/s", p.stderr)
     if not m:
         raise PeerError("orochi run printed no 'prompt N tok, X prompt tok/s' summary")
-    if int(m.group(1)) != PROMPT_TOKENS:
-        raise PeerError("the prompt file is %s tokens, not %d" % (m.group(1), PROMPT_TOKENS))
+    if int(m.group(1)) != a.prompt_tokens:
+        raise PeerError("the prompt file is %s tokens, not %d" % (m.group(1), a.prompt_tokens))
     return float(m.group(2))
 
 
@@ -347,7 +383,7 @@ def plot(path, summaries):
 
 # ---- one round ----------------------------------------------------------------------------------
 
-def round_engine(a, res, rnd, models, prompt_path):
+def round_engine(a, res, rnd, models, prompt_paths):
     """decode, prompt and step sections for every type and thread count, engines alternating."""
     tag = "round %d/%d" % (rnd, a.rounds)
     for typ in a.types:
@@ -358,23 +394,24 @@ def round_engine(a, res, rnd, models, prompt_path):
             tg = llama_bench(a, m, t, ["-p", "0", "-n", str(a.n), "-r", "1"])[0]["avg_ts"]
             log("%s: %s t=%d orochi bench decode + steps ..." % (tag, typ, t))
             lo_bench = load1()
-            dec, steps = orochi_bench(a, m, t, a.n, STEP_WIDTHS)
+            dec, steps = orochi_bench(a, m, t, a.n, a.widths)
             res.add("decode", "decode", typ, t, rnd, dec, tg, "tok/s", lo_bench, ll, tokens=a.n)
             a.llama_tg[(rnd, typ, t)] = (tg, ll)
 
-            log("%s: %s t=%d llama-bench prompt %d ..." % (tag, typ, t, PROMPT_TOKENS))
+            log("%s: %s t=%d llama-bench prompt %d ..." % (tag, typ, t, a.prompt_tokens))
             ll = load1()
-            pp = llama_bench(a, m, t, ["-p", str(PROMPT_TOKENS), "-n", "0", "-r", "1"])[0]["avg_ts"]
-            log("%s: %s t=%d orochi run prompt %d ..." % (tag, typ, t, PROMPT_TOKENS))
+            pp = llama_bench(a, m, t, ["-p", str(a.prompt_tokens), "-n", "0", "-r", "1"])[0]["avg_ts"]
+            log("%s: %s t=%d orochi run prompt %d ..." % (tag, typ, t, a.prompt_tokens))
             lo = load1()
-            opp = orochi_prompt(a, m, t, prompt_path)
-            res.add("prompt", "prompt %d" % PROMPT_TOKENS, typ, t, rnd, opp, pp, "tok/s", lo, ll)
+            opp = orochi_prompt(a, m, t, prompt_paths[typ] if isinstance(prompt_paths, dict)
+                                else prompt_paths)
+            res.add("prompt", "prompt %d" % a.prompt_tokens, typ, t, rnd, opp, pp, "tok/s", lo, ll)
 
-            log("%s: %s t=%d llama-bench steps W=%s ..." % (tag, typ, t, ",".join(map(str, STEP_WIDTHS))))
+            log("%s: %s t=%d llama-bench steps W=%s ..." % (tag, typ, t, ",".join(map(str, a.widths))))
             ll2 = load1()
             lsteps = {r["n_prompt"]: r["avg_ns"] / 1e6
-                      for r in llama_bench(a, m, t, ["-p", ",".join(map(str, STEP_WIDTHS)), "-n", "0", "-r", "3"])}
-            for w in STEP_WIDTHS:
+                      for r in llama_bench(a, m, t, ["-p", ",".join(map(str, a.widths)), "-n", "0", "-r", "3"])}
+            for w in a.widths:
                 # orochi's step times came from the orochi bench run above
                 res.add("step", "t(%d)" % w, typ, t, rnd, steps[w], lsteps[w], "ms", lo_bench, ll2, width=w)
 
@@ -473,7 +510,8 @@ def check_tools(a):
         return "--llama-cpp DIR (llama.cpp's bin directory; build it with ../shared/bench/build-peer.sh) is required"
     if not os.path.isdir(a.llama_cpp):
         return "--llama-cpp %s is not a directory (build llama.cpp with ../shared/bench/build-peer.sh)" % a.llama_cpp
-    need = list(LLAMA_TOOLS_ALWAYS) + (list(LLAMA_TOOLS_SPEC) if a.spec else [])
+    need = list(LLAMA_TOOLS_ALWAYS) + (list(LLAMA_TOOLS_SPEC) if a.spec else []) + (
+        ["llama-quantize"] if a.shapes else [])
     missing = [t for t in need if not os.access(os.path.join(a.llama_cpp, t), os.X_OK)]
     if missing:
         return "missing in %s: %s" % (a.llama_cpp, ", ".join(missing))
@@ -514,6 +552,14 @@ def main():
     ap.add_argument("--plot", default=os.path.join(ROOT, "bench", "results", "peer.png"))
     ap.add_argument("--run-dir", default="/tmp/orochi-peer-run", help="run directory prefix of the groups")
     ap.add_argument("--quick", action="store_true", help="1 round, Q4_1, 1 thread, -n 16, one prompt")
+    ap.add_argument("--shapes", default="",
+                    help="real models' shapes (1b, 8b; comma list) instead of --model: random weights "
+                         "by orochi mkmodel in F16, the other --types by the peer's llama-quantize; "
+                         "no spec section")
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                    help="tokens of the prompt section's prompt (default %d)" % PROMPT_TOKENS)
+    ap.add_argument("--widths", default=",".join(map(str, STEP_WIDTHS)),
+                    help="widths W of the step section (at most 64)")
     ap.add_argument("--act-bits", type=int, choices=(8, 16), default=16,
                     help="orochi's activation precision in the decode, prompt and step sections "
                          "(8: the precision llama.cpp multiplies quantized weights with)")
@@ -521,6 +567,13 @@ def main():
     if a.quick:
         a.rounds, a.types, a.threads, a.n, a.per_category = 1, "Q4_1", "1", 16, 1
     a.types = [t.strip().upper() for t in a.types.split(",") if t.strip()]
+    a.widths = [int(w) for w in a.widths.split(",") if w.strip()]
+    a.shapes = [x.strip().lower() for x in a.shapes.split(",") if x.strip()]
+    if a.shapes:
+        a.spec = False
+        if any(x not in SHAPES for x in a.shapes):
+            print("peer: --shapes takes %s" % ", ".join(SHAPES), file=sys.stderr)
+            return 2
     a.threads = [int(t) for t in a.threads.split(",") if t.strip()]
     a.spec_target, a.spec_draft = a.spec_target.upper(), a.spec_draft.upper()
     bad = [t for t in a.types + [a.spec_target, a.spec_draft] if t not in TYPES]
@@ -540,9 +593,21 @@ def main():
     a.llama_tg = {}
     try:
         need = list(dict.fromkeys(a.types + ([a.spec_target, a.spec_draft] if a.spec else [])))
-        models = derive_models(a, need)
+        if a.shapes:
+            models = shape_models(a, a.shapes, a.types)
+            a.types = list(models)  # "SHAPE TYPE" labels
+        else:
+            models = derive_models(a, need)
         with tempfile.TemporaryDirectory(prefix="peer-") as tmp:
-            prompt_path = prompt_file_128(a, models[a.types[0]], os.path.join(tmp, "prompt128.txt"))
+            # one prompt file per vocabulary (a shape's files share theirs)
+            prompt_path = {}
+            for typ in a.types:
+                key = typ.split()[0] if a.shapes else "model"
+                if key not in prompt_path:
+                    prompt_path[key] = prompt_file_128(a, models[typ], os.path.join(
+                        tmp, "prompt-%s.txt" % key))
+            prompt_path = {typ: prompt_path[typ.split()[0] if a.shapes else "model"]
+                           for typ in a.types}
             prompts = []
             if a.spec:
                 prompts = spec_bench.load_prompts(a.prompts, a.per_category)[: 1 if a.quick else None]
@@ -571,7 +636,7 @@ def main():
 
     titles = {"decode": "decode tok/s (llama-bench -p 0 -n %d  vs  orochi bench --decode-tokens %d)" % (a.n, a.n),
               "prompt": "prompt processing, %d tokens (llama-bench -p %d -n 0  vs  orochi run --prompt-file)"
-                        % (PROMPT_TOKENS, PROMPT_TOKENS),
+                        % (a.prompt_tokens, a.prompt_tokens),
               "step": "step time of a W-token batch, ms (llama-bench -p W -n 0 -r 3  vs  orochi bench t(W), "
                       "context %d); ratio = llama.cpp ms / orochi ms" % STEP_CTX,
               "spec": "speculative decoding, greedy, -n %d (target %s; orochi group cpu:1 x T threads + 1 "

@@ -196,7 +196,14 @@ static void a5_qgroup(uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_t
 
 /* ===== the K family (layout: mm_isa.h) ===== */
 
-#define KQT 4 /* tokens per K-family tile: four int32 chains per token */
+/* Tokens per K-family tile. Layouts with one scale per 32 columns (NSC < 2: Q4_K, Q5_K, Q5_0/Q5_1,
+ * IQ4_NL) sum both halves of a block into one int32 chain per token and byte (exact integer sums:
+ * no bit changes), so a tile holds 8 tokens with 8-bit activations and 6 with 16-bit ones; the
+ * two-scale layouts (Q2_K, Q3_K, Q6_K) keep two chains per half and 4 tokens. A wider tile decodes
+ * each block's weights once for more tokens. */
+#define KQT 8
+#define KQT_1SC(H) ((H) ? 4 : 8)
+#define KQT_2SC 4
 
 /* Tokens t0 .. t0 + NT - 1 of one packed K-family group. NSC, MINS, HB, LUT and KB are the
  * layout's constants (mm_kdesc), so each type gets its own straight-line loop. */
@@ -279,10 +286,16 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
                 size_t xo = mm_xb(xq, t0 + t, b) * 32;
                 const int8_t *xl = xq->lo + xo, *xh = xq->hi + xo;
                 l0[t] = _mm512_dpbusd_epi32(l0[t], wl, a5_bcast(xl + 4 * k));
-                l1[t] = _mm512_dpbusd_epi32(l1[t], wh, a5_bcast(xl + 16 + 4 * k));
+                if (NSC < 2) /* one scale: both halves into one chain */
+                    l0[t] = _mm512_dpbusd_epi32(l0[t], wh, a5_bcast(xl + 16 + 4 * k));
+                else
+                    l1[t] = _mm512_dpbusd_epi32(l1[t], wh, a5_bcast(xl + 16 + 4 * k));
                 if (H) {
                     h0[t] = _mm512_dpbusd_epi32(h0[t], wl, a5_bcast(xh + 4 * k));
-                    h1[t] = _mm512_dpbusd_epi32(h1[t], wh, a5_bcast(xh + 16 + 4 * k));
+                    if (NSC < 2)
+                        h0[t] = _mm512_dpbusd_epi32(h0[t], wh, a5_bcast(xh + 16 + 4 * k));
+                    else
+                        h1[t] = _mm512_dpbusd_epi32(h1[t], wh, a5_bcast(xh + 16 + 4 * k));
                 }
             }
         }
@@ -290,12 +303,11 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
             size_t xb = mm_xb(xq, t0 + t, b);
             __m512 dx = _mm512_set1_ps(xq->d[xb]);
             __m512i d0 = H ? _mm512_add_epi32(_mm512_slli_epi32(h0[t], 8), l0[t]) : l0[t];
-            __m512i d1 = H ? _mm512_add_epi32(_mm512_slli_epi32(h1[t], 8), l1[t]) : l1[t];
-            if (NSC < 2) {
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
-                                         _mm512_mul_ps(f[0], dx), acc[t]);
+            if (NSC < 2) { /* d0 holds both halves */
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(f[0], dx), acc[t]);
                 acc[t] = _mm512_fmadd_ps(o[0], _mm512_set1_ps(xq->s[xb]), acc[t]);
             } else {
+                __m512i d1 = H ? _mm512_add_epi32(_mm512_slli_epi32(h1[t], 8), l1[t]) : l1[t];
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(f[0], dx), acc[t]);
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(f[1], dx), acc[t]);
                 acc[t] = _mm512_fmadd_ps(o[0], _mm512_set1_ps(xq->s16[2 * xb]), acc[t]);
@@ -312,7 +324,11 @@ AI void a5_k_tile(const int NSC, const int MINS, const int HB, const int LUT, co
     case 1: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 1, pk, xq, z, t0, out); break;                   \
     case 2: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 2, pk, xq, z, t0, out); break;                   \
     case 3: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 3, pk, xq, z, t0, out); break;                   \
-    default: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 4, pk, xq, z, t0, out); break;                  \
+    case 4: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 4, pk, xq, z, t0, out); break;                   \
+    case 5: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 5, pk, xq, z, t0, out); break;                   \
+    case 6: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 6, pk, xq, z, t0, out); break;                   \
+    case 7: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 7, pk, xq, z, t0, out); break;                   \
+    default: a5_k_tile(NSC, MINS, HB, LUT, KB, H, 8, pk, xq, z, t0, out); break;                  \
     }
 
 /* H as in a5_qgroup_h */
@@ -320,8 +336,9 @@ AI void a5_kgroup_h(const int H, const mm_kdesc *k, const uint8_t *pk, const mm_
                     float *out)
 {
     float z = (float)k->z;
-    for (int t0 = 0; t0 < n_tok; t0 += KQT) {
-        int nt = n_tok - t0 < KQT ? n_tok - t0 : KQT;
+    const int tile = k->nsc < 2 ? KQT_1SC(H) : KQT_2SC;
+    for (int t0 = 0; t0 < n_tok; t0 += tile) {
+        int nt = n_tok - t0 < tile ? n_tok - t0 : tile;
         if (k->lut)
             A5_K_CASES(0, 0, 0, 1, 1)
         else if (k->kb == 1)
