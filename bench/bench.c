@@ -12,7 +12,9 @@
  *      from the same moment;
  *   2. the step time t(W) of one W-token forward (a chain) at a committed context of --ctx tokens
  *      for W = 1, 2, 4, ..., 64: the ratio t(W)/t(1) says how wide a verification can be before it
- *      costs more than it saves.
+ *      costs more than it saves, and "perfect", W t(1) / t(W), the speedup a perfect drafter
+ *      (every token accepted, drafting free: a replay of the target's own output) would give at
+ *      that width — the upper bound of speculation on this model and machine, and its best W.
  * --act-bits 16,8 runs both for each activation precision of the quantized matmuls
  * (llama_model_set_act_bits), interleaved within each round and each width.
  * Each timing is the median of --reps repetitions after a warm-up. A table goes to stdout and one
@@ -301,9 +303,10 @@ int cmd_bench(int argc, char **argv)
         goto width_done;
     }
     printf("\nbatch step time at context %ld, %d threads (median of %ld)\n", o.ctx, threads, o.reps);
-    printf("%-6s %4s %10s %10s %10s %10s %10s\n", "W", "act", "ms", "t(W)/t(1)", "tok/s", "GB/s",
-           "GFLOP/s");
-    double t1[2] = {0, 0};
+    printf("%-6s %4s %10s %10s %10s %10s %10s %10s\n", "W", "act", "ms", "t(W)/t(1)", "tok/s",
+           "GB/s", "GFLOP/s", "perfect");
+    double t1[2] = {0, 0}, best[2] = {0, 0};
+    int best_w[2] = {0, 0};
     for (int i = 0; i < o.n_widths; i++) {
         int w = o.widths[i];
         double t[2];
@@ -316,17 +319,26 @@ int cmd_bench(int argc, char **argv)
         }
         for (int a = 0; a < o.n_acts; a++) {
             double ratio = t1[a] > 0 ? t[a] / t1[a] : NAN;
-            printf("%-6d %4d %10.2f %10.2f %10.1f %10.2f %10.2f\n", w, o.acts[a], t[a] * 1e3,
-                   ratio, w / t[a], gb / t[a], 2 * macs * w / t[a] / 1e9);
+            /* a perfect drafter (every drafted token accepted, drafting free) turns a W-token
+             * step into W tokens: W t(1) / t(W) is the most speculation can give at this width */
+            double perfect = t1[a] > 0 ? w / ratio : NAN;
+            if (perfect > best[a])
+                best[a] = perfect, best_w[a] = w;
+            printf("%-6d %4d %10.2f %10.2f %10.1f %10.2f %10.2f %9.2fx\n", w, o.acts[a],
+                   t[a] * 1e3, ratio, w / t[a], gb / t[a], 2 * macs * w / t[a] / 1e9, perfect);
             if (js)
                 fprintf(js, "{\"bench\":\"width\",\"model\":\"%s\",\"threads\":%d,\"ctx\":%ld,"
                             "\"w\":%d,\"act_bits\":%d,\"ms\":%.4f,\"ratio\":%.4f,\"gb_s\":%.3f,"
-                            "\"gflop_s\":%.3f,\"loadavg\":%.2f}\n",
+                            "\"gflop_s\":%.3f,\"perfect\":%.4f,\"loadavg\":%.2f}\n",
                         name, threads, o.ctx, w, o.acts[a], t[a] * 1e3,
                         t1[a] > 0 ? ratio : -1.0, gb / t[a], 2 * macs * w / t[a] / 1e9,
-                        cli_loadavg());
+                        t1[a] > 0 ? perfect : -1.0, cli_loadavg());
         }
     }
+    for (int a = 0; a < o.n_acts; a++)
+        if (best_w[a])
+            printf("perfect-drafter bound (%d-bit activations): at most %.2fx, at W = %d\n",
+                   o.acts[a], best[a], best_w[a]);
     rc = 0;
 width_done:
     free(ids);

@@ -101,6 +101,32 @@ def hf_env():
     return env
 
 
+def render_both(tmpl, path, model, msgs_path, variables, as_object, bos, eos):
+    """The template rendered by jinja2 and by `orochi tokenize --render-chat` (the variables as a
+    JSON object, or just the messages as an array): None when both give the same bytes or both
+    refuse with the template's message, else what differs."""
+    args = {"add_generation_prompt": True, **variables}
+    try:
+        want, raised = tmpl.render(bos_token=bos, eos_token=eos, **args), None
+    except jinja2.exceptions.TemplateError as exc:
+        want, raised = None, str(exc)
+    with open(msgs_path, "w", encoding="utf-8") as f:
+        json.dump(variables if as_object else variables["messages"], f, ensure_ascii=False)
+    p = subprocess.run([OROCHI_BIN, "tokenize", "--model", model, "--chat-template", path,
+                        "--render-chat", msgs_path], capture_output=True, timeout=60)
+    got, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    if raised is not None:
+        if p.returncode == 2 and raised in err:
+            return None
+        return "jinja2 raised %r; orochi exit %d, %r" % (raised, p.returncode, err.strip()[-200:])
+    if p.returncode == 0 and got == want:
+        return None
+    at = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+    return "exit %d %s; first difference at byte %d: orochi %r, jinja2 %r" % (
+        p.returncode, err.strip()[-200:], at, got[max(0, at - 20):at + 30],
+        want[max(0, at - 20):at + 30])
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     model = os.path.join(TMP, "chat_template_vocab.gguf")
@@ -121,61 +147,18 @@ def main():
         text = open(path, encoding="utf-8").read()
         tmpl = env.from_string(text)
         same = 0
-        for conv in CONVERSATIONS:
-            messages = [{"role": r, "content": c} for r, c in conv]
-            try:
-                want, raised = tmpl.render(messages=messages, add_generation_prompt=True,
-                                           bos_token=bos, eos_token=eos), None
-            except jinja2.exceptions.TemplateError as exc:
-                want, raised = None, str(exc)
-            with open(msgs_path, "w", encoding="utf-8") as f:
-                json.dump(messages, f, ensure_ascii=False)
-            p = subprocess.run([OROCHI_BIN, "tokenize", "--model", model, "--chat-template", path,
-                                "--render-chat", msgs_path], capture_output=True, timeout=60)
-            got, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+        # plain conversations go to orochi as an array of messages, the others as an object of
+        # the template's variables
+        cases = [("/".join(r for r, _ in conv), {"messages": [{"role": r, "content": c}
+                                                              for r, c in conv]}, False)
+                 for conv in CONVERSATIONS] + [(c, v, True) for c, v in VARIABLE_CASES]
+        for label, variables, as_object in cases:
             checks += 1
-            turns = "/".join(r for r, _ in conv)
-            if raised is not None:
-                if p.returncode != 2 or raised not in err:
-                    failures.append("%s, %s: jinja2 raised %r; orochi exit %d, %r"
-                                    % (name, turns, raised, p.returncode, err.strip()[-200:]))
-                else:
-                    same += 1
-            elif p.returncode != 0 or got != want:
-                at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
-                          min(len(got), len(want)))
-                failures.append("%s, %s: exit %d %s; first difference at byte %d: orochi %r, "
-                                "jinja2 %r" % (name, turns, p.returncode, err.strip()[-200:], at,
-                                               got[max(0, at - 20):at + 30],
-                                               want[max(0, at - 20):at + 30]))
+            failure = render_both(tmpl, path, model, msgs_path, variables, as_object, bos, eos)
+            if failure:
+                failures.append("%s, %s: %s" % (name, label, failure))
             else:
                 same += 1
-        for case, variables in VARIABLE_CASES:
-            args = {"add_generation_prompt": True, **variables}
-            try:
-                want, raised = tmpl.render(bos_token=bos, eos_token=eos, **args), None
-            except jinja2.exceptions.TemplateError as exc:
-                want, raised = None, str(exc)
-            with open(msgs_path, "w", encoding="utf-8") as f:
-                json.dump(variables, f, ensure_ascii=False)
-            p = subprocess.run([OROCHI_BIN, "tokenize", "--model", model, "--chat-template", path,
-                                "--render-chat", msgs_path], capture_output=True, timeout=60)
-            got, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-            checks += 1
-            if raised is not None:
-                ok = p.returncode == 2 and raised in err
-            else:
-                ok = p.returncode == 0 and got == want
-            if ok:
-                same += 1
-                continue
-            at = next((i for i, (a, b) in enumerate(zip(got, want or "")) if a != b),
-                      min(len(got), len(want or "")))
-            failures.append("%s, %s: jinja2 %s; orochi exit %d %s; first difference at byte %d: "
-                            "orochi %r, jinja2 %r"
-                            % (name, case, "raised %r" % raised if raised else "rendered",
-                               p.returncode, err.strip()[-200:], at, got[max(0, at - 20):at + 30],
-                               (want or "")[max(0, at - 20):at + 30]))
         total = len(CONVERSATIONS) + len(VARIABLE_CASES)
         print("  %-45s %d/%d conversations the same" % (name, same, total), flush=True)
     # a construct the interpreter does not run is named
