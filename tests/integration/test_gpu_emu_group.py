@@ -23,6 +23,9 @@ orochi-gpu-agreement-emu on the tiny model and two bench prompts: its JSON lines
 the logits stay within the Q4_1 tolerance of the GPU forward test (relative L2 3e-3), and every
 greedy token agrees or is a near tie; a bad option is refused with status 2, naming it.
 
+The same tool on Q4_K, Q5_K and Q6_K models, with the CUDA-core and the tensor-core matmul: every
+greedy token agrees with the CPU's.
+
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
 with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer), with
@@ -106,6 +109,36 @@ def gpu_agreement_tool_reports_steps_and_differences():
                          timeout=60)
     G.check(bad.returncode == 2 and "--gpu-memory bogus" in bad.stderr,
             "a bad --gpu-memory was not refused with status 2 (%d): %s", bad.returncode, bad.stderr)
+
+
+@t.case
+def k_quant_kernels_agree_with_the_cpu_over_the_emulation():
+    """Q4_K, Q5_K and Q6_K models (256-column rows: a K-quant super-block), on the CUDA-core and
+    the tensor-core matmul: every greedy token of two prompts equals the CPU's."""
+    tool = G.built("orochi-gpu-agreement-emu", LEFT_OUT)
+    prompts = os.path.join(G.env()["tmp"], "gpu-agreement-prompts-k.jsonl")
+    with open(os.path.join(G.env()["source"], "bench", "prompts.jsonl")) as f, open(prompts, "w") as out:
+        out.writelines(f.readlines()[:2])
+    for typ in ("q4_k", "q5_k", "q6_k"):
+        model = G.mkmodel(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, vocab=512, ctx=256,
+                          type=typ, seed=3)
+        for kind in ("cuda", "tensor"):
+            js = os.path.join(G.env()["tmp"], "gpu-agreement-k.jsonl")
+            if os.path.exists(js):
+                os.remove(js)
+            r = subprocess.run([tool, "--model", model, "--prompts", prompts, "--tokens", "8",
+                                "--gpu-matmul", kind, "--json", js],
+                               capture_output=True, text=True, timeout=600)
+            G.check(r.returncode == 0, "%s %s: orochi-gpu-agreement-emu failed (%d): %s", typ, kind,
+                    r.returncode, r.stderr[-400:])
+            if r.returncode:
+                continue
+            with open(js) as f:
+                total = [json.loads(x) for x in f][-1]
+            G.log("  %s, %s matmul: %d/%d greedy tokens agree, worst relative L2 %.2g" % (
+                typ, kind, total["agree"], total["steps"], total["worst_rel_l2"]))
+            G.check(total["agree"] == total["steps"] == 16, "%s %s: greedy tokens differ: %r", typ,
+                    kind, total)
 
 
 @t.case
