@@ -11,7 +11,9 @@ group can be started with are checked the same way against `orochi run` with the
 `--act-bits 8`, and `--kv f16` (the arena's K/V cache in half precision, read in place by a
 layerskip drafter).
 """
+import json
 import os
+import subprocess
 import sys
 import threading
 
@@ -286,6 +288,36 @@ def test_chat_template_override():
         G.check(r.status == 400 and "System role not supported" in r.error_message(),
                 "a system message under Gemma's template: %r", r)
         G.log("  the template's refusal: %s" % r.error_message())
+
+
+@t.case
+def test_multi_turn_chat_prompt_is_the_rendering():
+    """A multi-turn chat (system, user, assistant, user) through /v1/chat/completions under Qwen3's
+    real template: its prompt is the template's rendering (`orochi tokenize --render-chat`, itself
+    checked against jinja2 by reference_chat_template) — the same number of prompt tokens, and the
+    answer equals `orochi run` on that text."""
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, seed=5)
+    tmpl = os.path.join(G.env()["source"], "tests", "data", "templates", "Qwen-Qwen3-0.6B.jinja")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "one two"},
+            {"role": "assistant", "content": "three four"}, {"role": "user", "content": "five six"}]
+    path = os.path.join(G.env()["tmp"], "multi-turn.json")
+    with open(path, "w") as f:
+        json.dump(msgs, f)
+    r = subprocess.run([G.env()["bin"], "tokenize", "--model", model, "--chat-template", tmpl,
+                        "--render-chat", path], capture_output=True, text=True, timeout=60)
+    G.check(r.returncode == 0, "render-chat: %s", r.stderr)
+    text = r.stdout
+    ids = subprocess.run([G.env()["bin"], "tokenize", "--model", model, "--ids-only", "--", text],
+                         capture_output=True, text=True, timeout=60).stdout.split()
+    want = G.run_ids(model, text, 12)
+    with G.Group("multi-turn", model, extra=["--chat-template", tmpl]) as g:
+        r = g.http("/v1/chat/completions", "POST",
+                   {"messages": msgs, "max_tokens": 12, "temperature": 0})
+        G.check(r.status == 200, "chat completion: %r", r)
+        G.check(r.json["usage"]["prompt_tokens"] == len(ids),
+                "prompt tokens %d, the rendering has %d", r.json["usage"]["prompt_tokens"], len(ids))
+        check_answer(r.json, want, "multi-turn chat under Qwen3's template")
+        G.log("  %d prompt tokens, the rendering's; the answer equals orochi run's" % len(ids))
 
 
 @t.case
