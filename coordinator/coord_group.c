@@ -442,6 +442,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     w.act_bits = (uint32_t)c->act_bits;
     w.kv_dup = c->kv_dup;
     w.kv_type = (uint32_t)c->kv_elem;
+    w.target_identity = c->model ? c->model->identity : 0;
     coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
     rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "",
            h->kind);

@@ -368,6 +368,7 @@ static llama_model *llama_model_open(const char *path, bool pack, char *err, siz
         return NULL;
     }
     m->file = f;
+    m->identity = packcache_identity(path);
     llama_loader ld = {f, err, errlen};
     llama_config *c = &m->cfg;
     if (load_config(&ld, c))

@@ -60,6 +60,9 @@ typedef struct {
     /* every matrix's packed rows, in step order: the shared cache file's mapping, or this
      * process's memory (model/packcache.h) */
     packcache_block pack;
+    /* the file's content identity when loaded (packcache_identity; 0: unknown): processes of a
+     * group compare theirs with the coordinator's */
+    uint64_t identity;
     /* a cheaper copy of the lm_head for contexts with screen_top (llama_model_screen_head);
      * type 0 rows 0: none */
     kmat lm_screen;

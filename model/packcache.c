@@ -388,6 +388,28 @@ int packcache_get(const char *model_path, const void *desc, size_t desc_len, siz
     return 0;
 }
 
+uint64_t packcache_identity(const char *path)
+{
+#ifdef PACKCACHE_HAVE_XXH
+    struct stat st;
+    XXH3_state_t *x = XXH3_createState();
+    uint64_t id = 0;
+    if (x && !stat(path, &st) && XXH3_64bits_reset(x) == XXH_OK) {
+        uint64_t size = (uint64_t)st.st_size;
+        XXH3_64bits_update(x, &size, sizeof size);
+        pc_fingerprint(x, path, (size_t)st.st_size);
+        id = XXH3_64bits_digest(x);
+        if (!id)
+            id = 1; /* 0 means unknown */
+    }
+    XXH3_freeState(x);
+    return id;
+#else
+    (void)path;
+    return 0;
+#endif
+}
+
 void packcache_release(packcache_block *b)
 {
     if (b->map)

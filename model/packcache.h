@@ -35,6 +35,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define PACKCACHE_VERSION 1
 #define PACKCACHE_DATA_OFF ((size_t)2 << 20)
@@ -59,6 +60,10 @@ typedef void (*packcache_fill_fn)(void *dst, size_t len, void *arg);
 int packcache_get(const char *model_path, const void *desc, size_t desc_len, size_t bytes,
                   packcache_fill_fn fill, void *arg, packcache_block *out, char *err,
                   size_t errlen);
+/* The content identity of the file at path: a hash of its size and the byte samples the cache key
+ * takes (not its inode or time stamps: the same bytes on another machine have the same identity).
+ * 0 when the file cannot be read or the build has no hash library. */
+uint64_t packcache_identity(const char *path);
 /* Unmap or free the block. */
 void packcache_release(packcache_block *b);
 /* The cache directory in use (OROCHI_PACK_CACHE, XDG_CACHE_HOME, HOME); false when caching is

@@ -342,6 +342,14 @@ static int worker_join(worker *w)
         rt_log(w->role, "%s", err);
         goto done;
     }
+    if (wel->target_identity && w->model->identity &&
+        w->model->identity != wel->target_identity) {
+        rt_log(w->role,
+               "%s is not the file the group started with: its bytes changed since the "
+               "coordinator loaded it (replaced or rewritten); restart the group to serve it",
+               wel->target_model);
+        goto done;
+    }
     if (llama_model_set_act_bits(w->model, wel->act_bits ? (int)wel->act_bits : KMAT_ACT16, err,
                                  sizeof err)) {
         rt_log(w->role, "Welcome: %s", err);

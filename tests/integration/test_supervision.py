@@ -20,6 +20,7 @@ streamed chunk before it kills.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,35 @@ def test_supervision_worker_sigkill_mid_request():
         # the group still serves, with the replacement worker
         G.check_eq(g.ids(PROMPT, 48), want[:48], "a request after the restart")
         G.check(g.status()["worker-0"]["restarts"] == 0, "worker-0 was restarted too")
+
+
+@t.case
+def test_supervision_model_file_replaced():
+    """The target file is replaced (other weights, same shape and name) under a running group,
+    then a worker dies: its replacement loads the new file, finds that its bytes are not the ones
+    the coordinator started with, and refuses to join, saying so, instead of computing with other
+    weights than its sibling's. Once the file is put back, the next respawn joins and the group
+    serves the same tokens as before."""
+    src = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, seed=21)
+    other = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, seed=22)
+    model = os.path.join(G.env()["tmp"], "replaced-under-group.gguf")
+    shutil.copyfile(src, model)
+    want = G.run_ids(model, PROMPT, 16)
+    with G.Group("sup-replaced", model, workers=2) as g:
+        G.check_eq(g.ids(PROMPT, 16), want, "before the replacement")
+        tmp = model + ".new"
+        shutil.copyfile(other, tmp)
+        os.replace(tmp, model)
+        pid = role_pid(g, "worker-1")
+        os.kill(pid, signal.SIGKILL)
+        g.wait_log("worker-1", "is not the file the group started with", timeout=60)
+        G.log("  the respawned worker refused: %s" % [l for l in g.log("worker-1").splitlines()
+                                                       if "not the file" in l][-1].strip())
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, model)
+        g.wait_status(lambda s: s.get("worker-1", {}).get("connected"), 90,
+                      "worker-1 back once the file is the group's again")
+        G.check_eq(g.ids(PROMPT, 16), want, "after the file was put back")
 
 
 @t.case
