@@ -27,6 +27,11 @@ ngram, layerskip, both (layerskip + ngram).
                             (like Ghidorah's Table I): one group per (kind, width)
   --ablation                chain -> tree -> +vote -> +adaptive -> +pipeline with layerskip+ngram,
                             speedup over sequential per category, all checked lossless
+  --repeat N        fresh groups N times (each round starts every configuration's group anew, and
+                    seq-group, the same group without speculators, is added): per configuration
+                    the min / median / max of its speedup over seq-group, and how many runs reached
+                    1.0x, so that one lucky run does not stand for the product. --draft FILE adds
+                    the `model` configuration (a separate draft model).
   --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification):
                             the same requests at every level; --concurrency-mode closed (default)
                             keeps N in flight while any of --concurrency-jobs (default 3 x the
@@ -55,6 +60,7 @@ CONFIGS = {
     "ngram": ["ngram"],
     "layerskip": ["layerskip"],
     "both": ["layerskip", "ngram"],
+    "model": ["model:draft=%DRAFT%"],  # --draft FILE: a separate draft model
 }
 
 # the warm-up request of every group in the default mode (not one of the measured prompts)
@@ -198,6 +204,10 @@ def main():
     ap.add_argument("--concurrency-jobs", type=int, default=0,
                     help="requests per level (closed: default 3 x the largest level; waves: the "
                          "largest level)")
+    ap.add_argument("--draft", default="", help="the draft model of the `model` configuration")
+    ap.add_argument("--repeat", type=int, default=0,
+                    help="fresh groups N times (rounds, seq-group added), and per configuration the "
+                         "min / median / max of its speedup over the group without speculators")
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of the configurations (default mode; all groups up at once, each prompt on "
                          "each group back to back); with seq-group among them, "
@@ -212,6 +222,15 @@ def main():
         # speedup is speculation's alone (not a process start or a model load)
         a.configs, a.per_category, a.rounds = "seq-group,both", 1, 3
         a.max_tokens = a.max_tokens or 64
+    if a.repeat:
+        a.rounds = a.repeat
+        if "seq-group" not in a.configs.split(","):
+            a.configs = "seq-group," + a.configs
+    if "model" in a.configs.split(","):
+        if not a.draft:
+            print("spec_bench: the model configuration needs --draft FILE", file=sys.stderr)
+            return 2
+        CONFIGS["model"] = ["model:draft=%s" % a.draft]
     prompts = load_prompts(a.prompts, a.per_category)
     if a.categories:
         prompts = [p for p in prompts if p["category"] in a.categories.split(",")]
@@ -334,13 +353,20 @@ def main():
                     if spec and plain:
                         ratios.append(spec / plain)
                 if ratios:
-                    med = sorted(ratios)[len(ratios) // 2]
+                    med = statistics.median(ratios)
                     pool = rate(cfg, cat) / rate("seq-group", cat)
-                    print("%-10s %-10s %s   median %.2fx  pooled %.3fx" % (
-                        cfg, cat, " ".join("%.2f" % x for x in ratios), med, pool))
+                    print("%-10s %-10s %s   min %.2fx  median %.2fx  max %.2fx  pooled %.3fx" % (
+                        cfg, cat, " ".join("%.2f" % x for x in ratios), min(ratios), med,
+                        max(ratios), pool))
                     out.write(json.dumps({"bench": "spec-vs-group", "config": cfg, "category": cat,
-                                          "ratios": ratios, "median": med, "pooled": pool,
+                                          "ratios": ratios, "min": min(ratios), "median": med,
+                                          "max": max(ratios), "pooled": pool,
                                           "loadavg": os.getloadavg()[0]}) + "\n")
+                    if a.repeat and cat == "all":
+                        print("%-10s %-10s %d fresh runs: min %.2fx, median %.2fx, max %.2fx "
+                              "(%d of %d at or above 1.0x)" % (
+                                  cfg, "repeat", len(ratios), min(ratios), med, max(ratios),
+                                  sum(x >= 1.0 for x in ratios), len(ratios)))
     seq_dec = sum(b["decode_tok_s"] for b in base.values()) / max(1, len(base))
     print("\nsequential decode (orochi run --threads %d): %.1f tok/s; JSON lines in %s" % (threads, seq_dec, a.json))
     if split:

@@ -1708,6 +1708,18 @@ static void engine_step_all(coord *c)
         if (c->guard_enabled) {
             ctl_guard *g = n_act > 1 ? &c->guard_batch : &c->guard;
             bool was_on = g->on, on = ctl_guard_sample(g, speculating, cycle, yielded);
+            if (was_on != on) /* every switch with the figures it was made on */
+                rt_log("coordinator",
+                       "guard%s: speculation %s: speculative %.3f ms/token against plain %.3f "
+                       "ms/token (%s), speculation length %d; %s",
+                       g == &c->guard_batch ? " (batches)" : "", on ? "on to test" : "off",
+                       g->spec * 1e3, g->base * 1e3,
+                       on ? "the last judged window" : g->spec > CTL_GUARD_HOPELESS * g->base
+                                                           ? "a clear loss"
+                                                           : "not cheaper",
+                       c->spec_len,
+                       on ? "judged after the warm-up cycles"
+                          : "plain steps until the next probe");
             if (was_on && !on && n_act == 1 && c->adaptive) {
                 /* speculation lost at this length: probe again from the shortest drafts (the
                  * cheapest to test) and let the length climb only where that pays */
