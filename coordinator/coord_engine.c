@@ -1224,8 +1224,16 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
         const coord_peer *p = &c->peers[i];
         cheap &= p->role != PEER_SPECULATOR || !p->connected || p->multi || p->benched > 0;
     }
-    if (cheap)
-        ctl_guard_reprobe(engine_active(c) > 1 ? &c->guard_batch : &c->guard);
+    if (cheap) {
+        ctl_guard *g = engine_active(c) > 1 ? &c->guard_batch : &c->guard;
+        bool was_on = g->on;
+        ctl_guard_reprobe(g);
+        if (!was_on && g->on)
+            rt_log("coordinator",
+                   "guard%s: speculation on to test on a new text (the last judged window: "
+                   "speculative %.3f ms/token against plain %.3f ms/token)",
+                   g == &c->guard_batch ? " (batches)" : "", g->spec * 1e3, g->base * 1e3);
+    }
     if (engine_speculating(c, engine_active(c))) {
         bool focus = engine_focus(c) == sl->req_id;
         int w_last = (sl->n_prompt - 1) % c->max_width; /* the last prompt token's batch row */
