@@ -22,7 +22,8 @@ deps:
 	@bash deploy/install-deps.sh
 
 # `make test` on a fresh machine: the packages, the build, the default model, then the tests
-test: deps build models
+test: deps
+	@$(MAKE) --no-print-directory build models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
 
 asan:
@@ -56,7 +57,8 @@ models: $(MODEL)
 $(MODEL):
 	bash deploy/fetch-model.sh $(MODEL_DIR)
 
-demo: deps models build
+demo: deps
+	@$(MAKE) --no-print-directory build models
 	/usr/bin/python3 bench/spec_bench.py --demo --bin-dir $(BUILD)/bin --model $(MODEL)
 
 bench-peer: build models
