@@ -295,7 +295,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
                     g->sec / (double)g->tok > CTL_GUARD_HOPELESS * g->base;
     if (g->n < g->window && !hopeless)
         return g->on;
-    double cost = g->sec / (double)g->tok;
+    double cost = g->sec / (double)g->tok, per_step = (double)g->tok / (double)g->n;
     if (g->on)
         guard_charge(g, g->sec, g->tok);
     g->sec = 0;
@@ -303,13 +303,22 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
     g->n = 0;
     if (g->on) {
         g->spec = cost;
-        if (g->base > 0 && cost >= g->base) {
+        g->per_step = per_step;
+        bool good = per_step >= CTL_GUARD_GOOD_TOKENS && !hopeless &&
+                    cost <= CTL_GUARD_HOPELESS * g->base;
+        if (g->base > 0 && cost >= g->base && good && !g->strikes) {
+            g->strikes = 1; /* a good drafter's narrow loss: one more window */
+        } else if (g->base > 0 && cost >= g->base) {
             g->on = false;
             g->off_n = 0;
+            g->strikes = 0;
             g->switches_off++;
-            if (g->probe_now < 64 * g->probe)
+            if (good)
+                g->probe_now = g->probe; /* two slow windows, but a good drafter: probe soon */
+            else if (g->probe_now < 64 * g->probe)
                 g->probe_now *= 2; /* it did not pay: probe less often */
         } else {
+            g->strikes = 0;
             g->probe_now = g->probe;
         }
     } else {

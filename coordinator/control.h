@@ -129,12 +129,19 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
  * first draft after a pause is dear however good its drafts are), and no probe starts while
  * loss exceeds CTL_GUARD_BUDGET of the plain time seen so far (`plain_sec`). So however often the
  * intervals or new texts ask for a probe, speculation that never pays costs at most about that
- * fraction (plus the one probe that overdraws it). */
+ * fraction (plus the one probe that overdraws it). A window of a good drafter (at least
+ * CTL_GUARD_GOOD_TOKENS a step) that loses narrowly gets one more window before the switch, and
+ * its switch does not back the probes off. */
 #define CTL_GUARD_WARM 2
 /* a speculative cost per token above this many times the plain cost is a clear loss */
 #define CTL_GUARD_HOPELESS 1.5
 /* probes may lose at most this fraction of the plain decoding time */
 #define CTL_GUARD_BUDGET 0.02
+/* A window whose speculation yielded at least this many tokens a step is a good drafter's: when
+ * it loses narrowly (not a clear loss) the guard judges one more window before switching off, and
+ * when it does switch off, the probe interval is not backed off (a good drafter's slow window is
+ * the machine's, more often than the drafter's). */
+#define CTL_GUARD_GOOD_TOKENS 3.0
 typedef struct {
     bool on;
     double base, spec; /* seconds per token: plain, and speculative at the last judgement */
@@ -144,6 +151,8 @@ typedef struct {
     long tok;
     int n, off_n;
     double plain_sec, loss; /* the probe budget: plain time seen, and what probes cost beyond it */
+    double per_step;        /* tokens a cycle in the last judged window while on */
+    int strikes;            /* good-drafter windows lost narrowly in a row (0 or 1) */
     uint64_t switches_off, switches_on;
 } ctl_guard;
 

@@ -1718,10 +1718,10 @@ static void engine_step_all(coord *c)
             bool was_on = g->on, on = ctl_guard_sample(g, speculating, cycle, yielded);
             if (was_on != on) /* every switch with the figures it was made on */
                 rt_log("coordinator",
-                       "guard%s: speculation %s: speculative %.3f ms/token against plain %.3f "
-                       "ms/token (%s), speculation length %d; %s",
+                       "guard%s: speculation %s: speculative %.3f ms/token at %.2f tokens a "
+                       "step against plain %.3f ms/token (%s), speculation length %d; %s",
                        g == &c->guard_batch ? " (batches)" : "", on ? "on to test" : "off",
-                       g->spec * 1e3, g->base * 1e3,
+                       g->spec * 1e3, g->per_step, g->base * 1e3,
                        on ? "the last judged window" : g->spec > CTL_GUARD_HOPELESS * g->base
                                                            ? "a clear loss"
                                                            : "not cheaper",

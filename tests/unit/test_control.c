@@ -173,6 +173,53 @@ static void length_grows_and_shrinks_to_the_cheapest(void **state)
     assert_float_equal(l.cost[3], 0.5, 1e-12);
 }
 
+/* A good drafter (3 or more tokens a step) that loses one window narrowly stays on for one more;
+ * two in a row switch it off without backing the probes off; a window that pays clears the
+ * strike; a clear loss switches it off at once whatever its tokens a step. */
+static void guard_keeps_a_good_drafter_on(void **state)
+{
+    (void)state;
+    ctl_guard g;
+    ctl_guard_init(&g, 0.010, 4, 8); /* plain: 10 ms a token */
+    g.plain_sec = 100;
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.050, 1));
+    /* 3 tokens a step at 10.1 ms a token: a narrow loss, one strike, still on */
+    for (int i = 0; i < 4; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.0303, 3));
+    assert_int_equal(g.strikes, 1);
+    assert_float_equal(g.per_step, 3.0, 1e-12);
+    /* a window that pays (8 ms a token) clears the strike */
+    for (int i = 0; i < 4; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.024, 3));
+    assert_int_equal(g.strikes, 0);
+    /* two narrow losses in a row: off, the probe interval kept */
+    for (int i = 0; i < 4; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.0303, 3));
+    for (int i = 0; i < 3; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.0303, 3));
+    assert_false(ctl_guard_sample(&g, true, 0.0303, 3));
+    assert_int_equal(g.switches_off, 1);
+    assert_int_equal(g.probe_now, 8);
+    /* the same narrow loss at 2 tokens a step: off after one window, the interval doubled */
+    ctl_guard_init(&g, 0.010, 4, 8);
+    g.plain_sec = 100;
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        ctl_guard_sample(&g, true, 0.050, 1);
+    for (int i = 0; i < 3; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.0202, 2));
+    assert_false(ctl_guard_sample(&g, true, 0.0202, 2));
+    assert_int_equal(g.probe_now, 16);
+    /* a clear loss (2 x plain) at 4 tokens a step: off after 2 cycles, backed off */
+    ctl_guard_init(&g, 0.010, 4, 8);
+    g.plain_sec = 100;
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        ctl_guard_sample(&g, true, 0.050, 1);
+    assert_true(ctl_guard_sample(&g, true, 0.080, 4));
+    assert_false(ctl_guard_sample(&g, true, 0.080, 4));
+    assert_int_equal(g.probe_now, 16);
+}
+
 static void guard_switches_off_and_back_on(void **state)
 {
     (void)state;
@@ -568,6 +615,7 @@ int main(void)
         cmocka_unit_test(acr_rewards_and_punishes),
         cmocka_unit_test(length_grows_and_shrinks_to_the_cheapest),
         cmocka_unit_test(guard_switches_off_and_back_on),
+        cmocka_unit_test(guard_keeps_a_good_drafter_on),
         cmocka_unit_test(guard_probes_within_budget),
         cmocka_unit_test(plan_tree_adds_the_most_likely_node),
         cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
