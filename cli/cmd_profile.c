@@ -837,6 +837,10 @@ int cmd_profile(int argc, char **argv)
         printf("%-8d", o.ctxs[c]);
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" %8.2f", o.t_ms[c][wi]);
+        /* the perfect-drafter bound, W t(1) / t(W): what no drafter can beat at this width */
+        printf("\n%-8s", "  perfect");
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" %7.2fx", o.widths[wi] * o.t_ms[c][0] / o.t_ms[c][wi]); /* widths[0] is 1 */
         printf("\n");
         /* the best speculative choice (W > 1); whether it beats W = 1 is the plan's "speculate" */
         best_s[c] = -1;
