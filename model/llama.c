@@ -520,8 +520,8 @@ static int llama_model_pack(llama_model *m, const char *path, char *err, size_t 
         total += (kmat_packed_bytes(mats[i]) + 63) & ~(size_t)63;
     }
     pack_job job = {mats, off, n, path};
-    if (packcache_get(path, desc, (size_t)n * 4 * sizeof *desc, total, pack_fill, &job, &m->pack,
-                      err, errlen))
+    if (packcache_get(path, m->identity, desc, (size_t)n * 4 * sizeof *desc, total, pack_fill,
+                      &job, &m->pack, err, errlen))
         goto done;
     for (int i = 0; i < n; i++) {
         if (!kmat_packed_bytes(mats[i]))

@@ -161,9 +161,10 @@ static int pc_open_valid(const char *path, uint64_t key, const struct stat *id, 
     return rc;
 }
 
-/* Samples of the model file's bytes into the key: its first 4 MiB (metadata, tensor table), 64
- * KiB at 64 evenly spaced offsets and its last 1 MiB. A file rewritten in place with the same
- * size within one tick of the file system's clock keeps its identity; its bytes do not. */
+/* Samples of the model file's bytes into st (packcache_identity, which the key hashes): its first
+ * 4 MiB (metadata, tensor table), 64 KiB at 64 evenly spaced offsets and its last 1 MiB. A file
+ * rewritten in place with the same size within one tick of the file system's clock keeps its
+ * inode and time stamp; its bytes do not. */
 static void pc_fingerprint(XXH3_state_t *st, const char *path, size_t size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -194,11 +195,10 @@ static void pc_evict(const char *dir, const char *name, const char *keep)
     DIR *d = opendir(dir);
     if (!d)
         return;
-    size_t nl = strlen(name);
+    size_t nl = strlen(name), kl = strlen(keep);
     struct dirent *e;
     while ((e = readdir(d))) {
         const char *f = e->d_name;
-        size_t kl = strlen(keep);
         if (strncmp(f, name, nl) || f[nl] != '.' ||
             (!strncmp(f, keep, kl) && (!f[kl] || !strcmp(f + kl, ".lock"))))
             continue; /* another file, or this version's cache and lock */
@@ -304,8 +304,8 @@ static int pc_private(size_t bytes, packcache_fill_fn fill, void *arg, packcache
     return 0;
 }
 
-int packcache_get(const char *model_path, const void *desc, size_t desc_len, size_t bytes,
-                  packcache_fill_fn fill, void *arg, packcache_block *out, char *err,
+int packcache_get(const char *model_path, uint64_t identity, const void *desc, size_t desc_len,
+                  size_t bytes, packcache_fill_fn fill, void *arg, packcache_block *out, char *err,
                   size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -322,8 +322,8 @@ int packcache_get(const char *model_path, const void *desc, size_t desc_len, siz
             uint64_t ident[5] = {(uint64_t)id.st_dev, (uint64_t)id.st_ino, (uint64_t)id.st_size,
                                  (uint64_t)id.st_mtim.tv_sec, (uint64_t)id.st_mtim.tv_nsec};
             XXH3_64bits_update(st, ident, sizeof ident);
+            XXH3_64bits_update(st, &identity, sizeof identity); /* the sampled bytes' hash */
             XXH3_64bits_update(st, desc, desc_len);
-            pc_fingerprint(st, model_path, (size_t)id.st_size);
             key = XXH3_64bits_digest(st);
         }
         XXH3_freeState(st);
@@ -371,6 +371,7 @@ int packcache_get(const char *model_path, const void *desc, size_t desc_len, siz
         snprintf(why, sizeof why, "%s: %s", model_path, strerror(errno));
     }
 #else
+    (void)identity;
     (void)desc;
     (void)desc_len;
     if (cache && bytes)

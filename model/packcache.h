@@ -9,10 +9,11 @@
  * its proportional set size counts only those, divided among the processes that share them.
  *
  * The cache file: DIR/<model file name>.<key>.pack, the key a hash of the model file's identity
- * (device, inode, size, modification time) and of samples of its bytes (its first 4 MiB, 64 spots
- * of 64 KiB, its last 1 MiB: a file rewritten in place within one tick of the clock keeps its
- * identity, not its bytes), the layout's version and the layout description the caller gives
- * (each matrix's type and shape). Building a cache removes those of other versions of the same
+ * (device, inode, size, modification time) and of its content identity (packcache_identity: size
+ * and samples of its bytes — its first 4 MiB, 64 spots of 64 KiB, its last 1 MiB: a file
+ * rewritten in place within one tick of the clock keeps its inode and time stamp, not its bytes),
+ * the layout's version and the layout description the caller gives (each matrix's type and
+ * shape). Building a cache removes those of other versions of the same
  * file name in DIR. It holds a header (PACKCACHE_DATA_OFF bytes: magic,
  * version, key, identity, length, an XXH3-64 checksum of the data) and then the data, 2 MiB aligned
  * in the file and in memory. The layout is the same on every instruction set (the kernels read one
@@ -52,13 +53,14 @@ typedef struct {
 /* Writes the packed bytes (len of them) at dst. */
 typedef void (*packcache_fill_fn)(void *dst, size_t len, void *arg);
 
-/* The packed block of `bytes` bytes for the model file at model_path whose layout `desc` (desc_len
- * bytes) describes: mapped from the cache when it holds a valid one, otherwise built (fill) into
+/* The packed block of `bytes` bytes for the model file at model_path (its content identity:
+ * packcache_identity, which the caller has already computed) whose layout `desc` (desc_len bytes)
+ * describes: mapped from the cache when it holds a valid one, otherwise built (fill) into
  * the cache and mapped, otherwise (no usable cache) filled into private memory on huge pages. The
  * mapped block is read-only. Progress and warnings are lines on stderr naming the model file.
  * 0, or -1 with err (out of memory for the private block). */
-int packcache_get(const char *model_path, const void *desc, size_t desc_len, size_t bytes,
-                  packcache_fill_fn fill, void *arg, packcache_block *out, char *err,
+int packcache_get(const char *model_path, uint64_t identity, const void *desc, size_t desc_len,
+                  size_t bytes, packcache_fill_fn fill, void *arg, packcache_block *out, char *err,
                   size_t errlen);
 /* The content identity of the file at path: a hash of its size and the byte samples the cache key
  * takes (not its inode or time stamps: the same bytes on another machine have the same identity).

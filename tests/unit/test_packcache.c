@@ -77,8 +77,8 @@ static packcache_block get(void)
 {
     packcache_block b;
     char err[256];
-    assert_int_equal(packcache_get(model, DESC, sizeof DESC, BYTES, fill, NULL, &b, err,
-                                   sizeof err),
+    assert_int_equal(packcache_get(model, packcache_identity(model), DESC, sizeof DESC, BYTES,
+                                   fill, NULL, &b, err, sizeof err),
                      0);
     return b;
 }
@@ -198,8 +198,8 @@ static void test_concurrent_first_loads(void **state)
         if (!kids[i]) {
             packcache_block b;
             char err[256];
-            int rc = packcache_get(model, DESC, sizeof DESC, BYTES, fill, NULL, &b, err,
-                                   sizeof err);
+            int rc = packcache_get(model, packcache_identity(model), DESC, sizeof DESC, BYTES,
+                                   fill, NULL, &b, err, sizeof err);
             const unsigned char *p = b.base;
             _exit(rc || !b.map || p[4096] != (unsigned char)(55 + 4096 * 7 + 1) ? 1 : 0);
         }
