@@ -39,7 +39,7 @@ typedef struct {
     long decode_tokens, ctx, reps, rounds;
     int threads[8], n_threads;
     int widths[8], n_widths;
-    int acts[2], n_acts; /* activation precisions to compare (16 and/or 8) */
+    int acts[3], n_acts; /* activation precisions to compare (16, 8, auto: LLAMA_ACT_AUTO) */
     kv_type kv;
     bool bandwidth;
 } bench_opts;
@@ -100,6 +100,24 @@ static int bench_width(const llama_model *m, const bench_opts *o, llama_ctx *ctx
     return 0;
 }
 
+/* --act-bits: a comma-separated list of 16, 8 and auto. */
+static bool bench_acts(const char *s, int *out, int *n)
+{
+    *n = 0;
+    char *dup = strdup(s), *save = NULL;
+    bool ok = true;
+    for (char *tok = strtok_r(dup, ",", &save); ok && tok; tok = strtok_r(NULL, ",", &save)) {
+        int bits = llama_act_bits_parse(tok);
+        ok = *n < 3 && bits >= 0;
+        if (ok)
+            out[(*n)++] = bits;
+    }
+    free(dup);
+    if (!ok || !*n)
+        fprintf(stderr, "orochi bench: --act-bits takes up to three of 16, 8 and auto, got '%s'\n", s);
+    return ok && *n > 0;
+}
+
 static bool bench_list(const char *s, int *out, int *n, int max, long hi)
 {
     *n = 0;
@@ -145,7 +163,7 @@ static void bench_usage(FILE *out)
 {
     fprintf(out, "usage: orochi bench [--model M] [--threads 1,2] [--widths 1,2,4,8,16,32,64]\n"
                  "                    [--ctx 256] [--decode-tokens 64] [--rounds 3] [--reps 5]\n"
-                 "                    [--kv f32|f16] [--act-bits 16|8|16,8] [--json FILE]\n"
+                 "                    [--kv f32|f16] [--act-bits auto|16|8|16,8,auto] [--json FILE]\n"
                  "       orochi bench --bandwidth [--threads 1,2] [--json FILE]\n"
                  "       orochi bench --tree-attention [--widths 4,8,16,32,64] [--heads 9] ...\n"
                  "       orochi bench --plans [--parts 2] [--plan hcmp|split|megatron:S]... ...\n"
@@ -173,7 +191,7 @@ int cmd_bench(int argc, char **argv)
                     .decode_tokens = 64, .ctx = 256, .reps = 5, .rounds = 3, .kv = KV_F32};
     bench_list("1,2", o.threads, &o.n_threads, 8, 1024);
     bench_list("1,2,4,8,16,32,64", o.widths, &o.n_widths, 8, KMAT_MAX_W);
-    bench_list("16", o.acts, &o.n_acts, 2, 16);
+    o.acts[0] = LLAMA_ACT_AUTO, o.n_acts = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -207,13 +225,8 @@ int cmd_bench(int argc, char **argv)
             if (!cli_int("bench", a, v, 1, 64, &o.reps))
                 return 2;
         } else if (!strcmp(a, "--act-bits")) {
-            if (!bench_list(v, o.acts, &o.n_acts, 2, 16))
+            if (!bench_acts(v, o.acts, &o.n_acts))
                 return 2;
-            for (int k = 0; k < o.n_acts; k++)
-                if (o.acts[k] != 8 && o.acts[k] != 16) {
-                    fprintf(stderr, "orochi bench: --act-bits takes 16, 8 or 16,8, got '%s'\n", v);
-                    return 2;
-                }
         } else if (!strcmp(a, "--kv")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "orochi bench: --kv expects f32 or f16\n");
@@ -253,7 +266,7 @@ int cmd_bench(int argc, char **argv)
            "of floor", "floor GB/s", "of beside", "beside GB/s");
     int rc = 1;
     for (int i = 0; i < o.n_threads; i++) {
-        double tps_r[2][16], bw_r[16], frac_r[2][16];
+        double tps_r[3][16], bw_r[16], frac_r[3][16];
         int nr = o.rounds < 16 ? (int)o.rounds : 16;
         for (int r = 0; r < nr; r++) {
             fprintf(stderr, "orochi bench: round %d/%d at %d threads: bandwidth, then %ld tokens...\n",
@@ -273,15 +286,15 @@ int cmd_bench(int argc, char **argv)
         double beside = cli_median(bw_r, nr);
         for (int a = 0; a < o.n_acts; a++) {
             double tps = cli_median(tps_r[a], nr), frac = cli_median(frac_r[a], nr);
-            printf("%-10d %4d %10.1f %10.2f %9.0f%% %10.1f %9.0f%% %10.1f\n", o.threads[i],
-                   o.acts[a], tps, tps * gb, 100 * tps * gb / floors[i], floors[i], 100 * frac,
+            printf("%-10d %4s %10.1f %10.2f %9.0f%% %10.1f %9.0f%% %10.1f\n", o.threads[i],
+                   llama_act_bits_name(o.acts[a]), tps, tps * gb, 100 * tps * gb / floors[i], floors[i], 100 * frac,
                    beside);
             if (js)
                 fprintf(js, "{\"bench\":\"decode\",\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
-                            "\"act_bits\":%d,\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,"
+                            "\"act_bits\":\"%s\",\"tok_s\":%.3f,\"gb_s\":%.3f,\"floor_gb_s\":%.2f,"
                             "\"of_floor\":%.4f,\"beside_gb_s\":%.2f,\"of_beside\":%.4f,"
                             "\"rounds\":%d,\"loadavg\":%.2f}\n",
-                        name, kisa_name(kisa_current()), o.threads[i], o.acts[a], tps, tps * gb,
+                        name, kisa_name(kisa_current()), o.threads[i], llama_act_bits_name(o.acts[a]), tps, tps * gb,
                         floors[i], tps * gb / floors[i], beside, frac, nr, cli_loadavg());
         }
     }
@@ -305,11 +318,11 @@ int cmd_bench(int argc, char **argv)
     printf("\nbatch step time at context %ld, %d threads (median of %ld)\n", o.ctx, threads, o.reps);
     printf("%-6s %4s %10s %10s %10s %10s %10s %10s\n", "W", "act", "ms", "t(W)/t(1)", "tok/s",
            "GB/s", "GFLOP/s", "perfect");
-    double t1[2] = {0, 0}, best[2] = {0, 0};
-    int best_w[2] = {0, 0};
+    double t1[3] = {0, 0, 0}, best[3] = {0, 0, 0};
+    int best_w[3] = {0, 0, 0};
     for (int i = 0; i < o.n_widths; i++) {
         int w = o.widths[i];
-        double t[2];
+        double t[3];
         for (int a = 0; a < o.n_acts; a++) { /* interleaved: each precision at this width */
             llama_model_set_act_bits(m, o.acts[a], err, sizeof err);
             if (bench_width(m, &o, ctx, w, logits, &t[a]))
@@ -324,21 +337,21 @@ int cmd_bench(int argc, char **argv)
             double perfect = t1[a] > 0 ? w / ratio : NAN;
             if (perfect > best[a])
                 best[a] = perfect, best_w[a] = w;
-            printf("%-6d %4d %10.2f %10.2f %10.1f %10.2f %10.2f %9.2fx\n", w, o.acts[a],
+            printf("%-6d %4s %10.2f %10.2f %10.1f %10.2f %10.2f %9.2fx\n", w, llama_act_bits_name(o.acts[a]),
                    t[a] * 1e3, ratio, w / t[a], gb / t[a], 2 * macs * w / t[a] / 1e9, perfect);
             if (js)
                 fprintf(js, "{\"bench\":\"width\",\"model\":\"%s\",\"threads\":%d,\"ctx\":%ld,"
-                            "\"w\":%d,\"act_bits\":%d,\"ms\":%.4f,\"ratio\":%.4f,\"gb_s\":%.3f,"
+                            "\"w\":%d,\"act_bits\":\"%s\",\"ms\":%.4f,\"ratio\":%.4f,\"gb_s\":%.3f,"
                             "\"gflop_s\":%.3f,\"perfect\":%.4f,\"loadavg\":%.2f}\n",
-                        name, threads, o.ctx, w, o.acts[a], t[a] * 1e3,
+                        name, threads, o.ctx, w, llama_act_bits_name(o.acts[a]), t[a] * 1e3,
                         t1[a] > 0 ? ratio : -1.0, gb / t[a], 2 * macs * w / t[a] / 1e9,
                         t1[a] > 0 ? perfect : -1.0, cli_loadavg());
         }
     }
     for (int a = 0; a < o.n_acts; a++)
         if (best_w[a])
-            printf("perfect-drafter bound (%d-bit activations): at most %.2fx, at W = %d\n",
-                   o.acts[a], best[a], best_w[a]);
+            printf("perfect-drafter bound (activations %s): at most %.2fx, at W = %d\n",
+                   llama_act_bits_name(o.acts[a]), best[a], best_w[a]);
     rc = 0;
 width_done:
     free(ids);

@@ -27,8 +27,9 @@ ratio is always "how many times faster orochi is": orochi/llama.cpp for tok/s, l
 for milliseconds. Tables on stdout (each round, then the medians over rounds), JSON lines to
 --json (one per measurement, one per median row), a plot of the median ratios to --plot when
 matplotlib is importable. --quick: 1 round, Q4_1, 1 thread, -n 16, one prompt (a smoke test).
---act-bits 8: orochi's decode, prompt and step sections run with 8-bit activations (the precision
-llama.cpp multiplies its quantized weights with; orochi's default is 16 bits).
+--act-bits auto|16|8: the activation precision of orochi's decode, prompt and step sections (default
+auto, orochi's own default: 8 bits for K-quant matrices, 16 for the rest; llama.cpp multiplies every
+quantized type against 8-bit activations).
 --shapes 1b,8b: instead of --model, random-weight files of the Llama-3.2-1B and Llama-3.1-8B shapes,
 written in F16 by `orochi mkmodel` and quantized to the other --types by the peer's own
 llama-quantize (Q4_K_M, Q8_0, BF16, ...), cached in --work-dir; no spec section. --prompt-tokens N
@@ -273,7 +274,7 @@ def llama_generate(a, tool, model, threads, text, n, n_ctx, draft=None):
 # ---- results ------------------------------------------------------------------------------------
 
 class Results:
-    def __init__(self, path, run_id, act_bits=16):
+    def __init__(self, path, run_id, act_bits="auto"):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.out = open(path, "a")
         self.run_id = run_id
@@ -560,9 +561,9 @@ def main():
                     help="tokens of the prompt section's prompt (default %d)" % PROMPT_TOKENS)
     ap.add_argument("--widths", default=",".join(map(str, STEP_WIDTHS)),
                     help="widths W of the step section (at most 64)")
-    ap.add_argument("--act-bits", type=int, choices=(8, 16), default=16,
+    ap.add_argument("--act-bits", choices=("auto", "8", "16"), default="auto",
                     help="orochi's activation precision in the decode, prompt and step sections "
-                         "(8: the precision llama.cpp multiplies quantized weights with)")
+                         "(default auto: 8 bits for the K-quants, 16 for the rest)")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.types, a.threads, a.n, a.per_category = 1, "Q4_1", "1", 16, 1

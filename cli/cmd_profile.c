@@ -80,7 +80,7 @@ static void pf_usage(FILE *out)
             "                      [--widths 1,2,4,8,16] [--ctx 256,1024] [--prompts FILE]\n"
             "                      [--calibrate CATEGORY] [--per-category N] [-n TOKENS]\n"
             "                      [--depth D] [--ranks R] [--reps N] [--out plan.json]\n"
-            "                      [--plot plan.png] [--plain] [--act-bits 16|8] [--kv f32|f16]\n"
+            "                      [--plot plan.png] [--plain] [--act-bits auto|16|8] [--kv f32|f16]\n"
             "  Measures the step time per width and context bucket and each speculator's\n"
             "  acceptance by depth and candidate rank on a calibration prompt set (JSON lines\n"
             "  with id, category, prompt; default bench/prompts.jsonl), then writes the plan:\n"
@@ -204,11 +204,10 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
             o->per_cat = (int)x;
         else if (!strcmp(a, "--reps") && cli_int("profile", a, v, 1, 64, &x))
             o->reps = (int)x;
-        else if (!strcmp(a, "--act-bits") && cli_int("profile", a, v, 8, 16, &x) &&
-                 (x == 8 || x == 16))
-            o->act_bits = (int)x;
+        else if (!strcmp(a, "--act-bits") && llama_act_bits_parse(v) >= 0)
+            o->act_bits = llama_act_bits_parse(v);
         else if (!strcmp(a, "--act-bits")) {
-            fprintf(stderr, "orochi profile: --act-bits takes 8 or 16, got '%s'\n", v);
+            fprintf(stderr, "orochi profile: --act-bits takes 8, 16 or auto, got '%s'\n", v);
             return -1;
         } else if (!strcmp(a, "--kv") && (!strcmp(v, "f32") || !strcmp(v, "f16")))
             o->kv = !strcmp(v, "f16") ? KV_F16 : KV_F32;
@@ -699,7 +698,7 @@ int cmd_profile(int argc, char **argv)
     o.ranks = 4;
     o.per_cat = 2;
     o.reps = 5;
-    o.act_bits = KMAT_ACT16;
+    o.act_bits = LLAMA_ACT_AUTO;
     o.threads = cli_online_cores();
     int w0[] = {1, 2, 4, 8, 16}, c0[] = {256, 1024};
     memcpy(o.widths, w0, sizeof w0);

@@ -27,28 +27,29 @@ static void run_usage(FILE *out)
     fprintf(out,
             "usage: orochi run --model M (--prompt P | --prompt-file F) [-n N] [--temp T]\n"
             "                  [--top-k K] [--top-p P] [--seed S] [--threads T] [--chat]\n"
-            "                  [--print-ids] [--kv f32|f16] [--act-bits 16|8] [--no-special]\n"
+            "                  [--print-ids] [--kv f32|f16] [--act-bits auto|16|8] [--no-special]\n"
             "                  [--chat-template FILE]\n"
             "  Sequential decoding in this process. Text streams to stdout (with --print-ids: the\n"
             "  generated ids, space-separated, one line); a speed summary goes to stderr.\n"
             "  --temp 0 is greedy (default 0.8, top-k 40, top-p 0.95, seed 1).\n"
             "  Special-token text in the prompt (e.g. <|im_start|>) becomes that token, as in\n"
             "  orochi tokenize and the group's completions; --no-special keeps it plain text.\n"
-            "  --act-bits 8: quantized matmuls take 8-bit activations (orochi-coordinator\n"
-            "  --act-bits 8 computes the same way).\n"
+            "  --act-bits: the precision quantized matmuls quantize their activations to: auto\n"
+            "  (default) 8 bits for K-quant matrices and 16 for the rest, or 8 or 16 for all\n"
+            "  (orochi-coordinator --act-bits computes the same way).\n"
             "  --chat: the prompt as one user message of the file's chat template (a Jinja\n"
             "  template, run as written: docs/models.md); --chat-template FILE: this template\n"
             "  instead.\n");
 }
 
-/* --act-bits: 8 or 16 */
+/* --act-bits: 8, 16 or auto */
 static bool parse_act_bits(const char *cmd, const char *s, int *bits)
 {
-    if (strcmp(s, "8") && strcmp(s, "16")) {
-        fprintf(stderr, "orochi %s: --act-bits expects 8 or 16, got '%s'\n", cmd, s);
+    *bits = llama_act_bits_parse(s);
+    if (*bits < 0) {
+        fprintf(stderr, "orochi %s: --act-bits expects 8, 16 or auto, got '%s'\n", cmd, s);
         return false;
     }
-    *bits = atoi(s);
     return true;
 }
 
@@ -68,7 +69,7 @@ static bool parse_kv(const char *cmd, const char *s, kv_type *kv)
 static int run_parse(int argc, char **argv, run_opts *o)
 {
     *o = (run_opts){.n_predict = 128, .top_k = 40, .seed = 1, .temp = 0.8, .top_p = 0.95,
-                    .kv = KV_F32, .act_bits = KMAT_ACT16};
+                    .kv = KV_F32, .act_bits = LLAMA_ACT_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -283,12 +284,12 @@ int cmd_eval(int argc, char **argv)
     const char *model = NULL, *ids_s = NULL, *out = NULL;
     long batch = 1, threads = 0;
     kv_type kv = KV_F32;
-    int act_bits = KMAT_ACT16;
+    int act_bits = LLAMA_ACT_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: orochi eval --model M --ids \"I J K ...\" --out FILE [--batch W]\n"
-                   "                   [--threads T] [--kv f32|f16] [--act-bits 16|8]\n"
+                   "                   [--threads T] [--kv f32|f16] [--act-bits auto|16|8]\n"
                    "  Teacher-forced forward over the ids in chains of W tokens; FILE gets n x vocab\n"
                    "  little-endian float32 logits, row i after consuming ids[0..i].\n");
             return 0;

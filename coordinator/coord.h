@@ -104,7 +104,7 @@ typedef struct {
     const char *chat_template; /* --chat-template FILE: instead of the model file's template */
     char api_key_buf[512]; /* the key read from --api-key-file or $OROCHI_API_KEY */
     int max_queue;         /* requests waiting beyond it get 429 */
-    int act_bits;          /* --act-bits: the workers' activation precision (8 or 16) */
+    int act_bits;          /* --act-bits: the workers' activation precision (8, 16, LLAMA_ACT_AUTO) */
     kv_type kv_elem;       /* --kv: the K/V cache's element type in the arena (every role's) */
     bool kv_dup;           /* the even split divides query heads (llama_ctx_params.kv_dup) */
     bool no_prefix_reuse;  /* --prefix-reuse off: every prompt is computed whole */

@@ -154,7 +154,7 @@ static void coord_usage(FILE *out)
         "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
-        "         [--act-bits 16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
+        "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
         "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
         "         [--gpu-matmul auto|cuda|tensor] [--chat-template FILE] [--trace]\n"
@@ -181,9 +181,10 @@ static void coord_usage(FILE *out)
         "  as far as the measured acceptance and the step-time curve (the plan's, else the\n"
         "  group's own, measured once) say it pays (docs/speculation.md, \"Prompt lookup in\n"
         "  the free run\"); off: ngram drafts go through verification cycles.\n"
-        "  --act-bits 8: the workers quantize matmul activations to 8 bits instead of 16\n"
-        "  (faster batches and verification steps, larger rounding; `orochi run --act-bits 8`\n"
-        "  gives the same tokens).\n"
+        "  --act-bits auto (default): the workers quantize the activations of K-quant\n"
+        "  matmuls to 8 bits and of the other quantized types to 16; 8 or 16: all of them\n"
+        "  (8: faster batches and verification steps, larger rounding; `orochi run\n"
+        "  --act-bits` with the same value gives the same tokens).\n"
         "  --kv-dup (default on when every worker is a CPU): without a plan's partition the\n"
         "  workers split the query heads evenly, a KV head whose query heads two workers share\n"
         "  being projected by both (balanced attention; off: each worker whole KV heads).\n"
@@ -431,9 +432,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             }
             break;
         case 18:
-            c->act_bits = atoi(optarg);
-            if (c->act_bits != 8 && c->act_bits != 16) {
-                fprintf(stderr, "orochi-coordinator: --act-bits takes 8 or 16, got '%s'\n", optarg);
+            c->act_bits = llama_act_bits_parse(optarg);
+            if (c->act_bits < 0) {
+                fprintf(stderr, "orochi-coordinator: --act-bits takes 8, 16 or auto, got '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -671,7 +673,7 @@ int main(int argc, char **argv)
                .threads_per_worker = 1,
                .max_width = 8,
                .max_queue = 64,
-               .act_bits = 16,
+               .act_bits = LLAMA_ACT_AUTO,
                .kv_dup_opt = -1,
                .max_draft = 4,
                .draft_wait_ms = 200,

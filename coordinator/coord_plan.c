@@ -200,10 +200,10 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
         int plan_bits = 0;
         if (!plan_int(root, "act_bits", &plan_bits) && plan_bits != c->act_bits)
             rt_log("coordinator",
-                   "the plan %s was profiled with %d-bit activations and this group runs %d-bit "
-                   "ones: its step times, and so its widths, may not fit (orochi profile "
-                   "--act-bits %d)",
-                   c->plan_path, plan_bits, c->act_bits, c->act_bits);
+                   "the plan %s was profiled with activations %s and this group runs %s: its "
+                   "step times, and so its widths, may not fit (orochi profile --act-bits %s)",
+                   c->plan_path, llama_act_bits_name(plan_bits), llama_act_bits_name(c->act_bits),
+                   llama_act_bits_name(c->act_bits));
         const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "kv");
         const char *group_kv = c->kv_elem == KV_F16 ? "f16" : "f32";
         if (cJSON_IsString(kv) && strcmp(kv->valuestring, group_kv))

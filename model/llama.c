@@ -538,20 +538,46 @@ done:
     return rc;
 }
 
+/* The precision LLAMA_ACT_AUTO gives a matrix of this type: 8 bits for the K-quants (256-element
+ * super-blocks), 16 for the rest. */
+static uint8_t act_bits_auto(uint32_t type)
+{
+    const kt_traits *t = kt_traits_of(type);
+    return t && t->block == KT_KBLOCK ? KMAT_ACT8 : KMAT_ACT16;
+}
+
 int llama_model_set_act_bits(llama_model *m, int bits, char *err, size_t errlen)
 {
-    if (bits != KMAT_ACT8 && bits != KMAT_ACT16) {
-        snprintf(err, errlen, "activation precision %d bits: must be 8 or 16", bits);
+    if (bits != KMAT_ACT8 && bits != KMAT_ACT16 && bits != LLAMA_ACT_AUTO) {
+        snprintf(err, errlen, "activation precision %d bits: must be 8, 16 or auto", bits);
         return -1;
     }
+    kmat *top[3] = {&m->tok_embd, &m->lm_head, &m->lm_screen};
     for (int l = 0; l < m->cfg.n_layers; l++) {
         llama_layer *L = &m->layers[l];
         kmat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++)
-            ms[i]->act_bits = (uint8_t)bits;
+            ms[i]->act_bits = bits == LLAMA_ACT_AUTO ? act_bits_auto(ms[i]->type) : (uint8_t)bits;
     }
-    m->tok_embd.act_bits = m->lm_head.act_bits = m->lm_screen.act_bits = (uint8_t)bits;
+    for (int i = 0; i < 3; i++)
+        top[i]->act_bits = bits == LLAMA_ACT_AUTO ? act_bits_auto(top[i]->type) : (uint8_t)bits;
     return 0;
+}
+
+int llama_act_bits_parse(const char *s)
+{
+    if (!strcmp(s, "8"))
+        return KMAT_ACT8;
+    if (!strcmp(s, "16"))
+        return KMAT_ACT16;
+    if (!strcmp(s, "auto"))
+        return LLAMA_ACT_AUTO;
+    return -1;
+}
+
+const char *llama_act_bits_name(int bits)
+{
+    return bits == KMAT_ACT8 ? "8" : bits == KMAT_ACT16 ? "16" : "auto";
 }
 
 static void llama_layer_unpack(llama_layer *L)

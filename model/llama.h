@@ -91,12 +91,20 @@ bool llama_config_same_kv(const llama_config *a, const llama_config *b);
  * best of each row with the exact lm_head, so a drafter's best candidates keep the exact head's
  * order unless the exact best is not among the screen's K best. Returns 0, or -1 with err. */
 int llama_model_screen_head(llama_model *m, uint32_t type, char *err, size_t errlen);
-/* The activation precision of every quantized matrix of the model (kmat.act_bits): 16 (the
- * default) or 8 bits. 8 halves the integer work of batches, verification steps and prompts at a
- * larger rounding error (docs/performance.md, "8-bit activations"); every width computes each
- * token the same way under either, so speculative output still equals sequential output of the
- * same setting. Returns 0, or -1 with err for another value. */
+/* The activation precision of every quantized matrix of the model (kmat.act_bits): 16 or 8 bits,
+ * or LLAMA_ACT_AUTO (the default of every command): 8 for the K family (Q2_K..Q6_K, the types of
+ * the K-quant files users run at real sizes, which llama.cpp also multiplies against 8-bit
+ * activations) and 16 for the legacy and float types. 8 halves the integer work of batches,
+ * verification steps and prompts at a larger rounding error (docs/performance.md, "8-bit
+ * activations"); every width computes each token the same way under any setting, so speculative
+ * output still equals sequential output of the same setting. Returns 0, or -1 with err for
+ * another value. */
+#define LLAMA_ACT_AUTO 0
 int llama_model_set_act_bits(llama_model *m, int bits, char *err, size_t errlen);
+/* "8", "16" or "auto" (LLAMA_ACT_AUTO) -> the value llama_model_set_act_bits takes; -1 otherwise. */
+int llama_act_bits_parse(const char *s);
+/* The name of a precision: "8", "16" or "auto". */
+const char *llama_act_bits_name(int bits);
 /* Bytes of weights a step reads: every layer matrix plus the lm_head. */
 size_t llama_model_step_bytes(const llama_model *m);
 /* Multiply-adds per token of a step (matmuls only, no attention). */

@@ -1021,6 +1021,10 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
     s->model = llama_model_load(path, err, errlen);
     if (!s->model)
         return -1;
+    /* drafts need not match the target bit for bit: the default precision (8-bit activations for
+     * the K-quants) makes a tree level of a K-quant drafter cheaper */
+    if (llama_model_set_act_bits(s->model, LLAMA_ACT_AUTO, err, errlen))
+        return -1;
     if (s->kind == SPEC_MEDUSA) {
         s->heads = medusa_load(s->heads_path, s->model, err, errlen);
         if (!s->heads)

@@ -350,8 +350,7 @@ static int worker_join(worker *w)
                wel->target_model);
         goto done;
     }
-    if (llama_model_set_act_bits(w->model, wel->act_bits ? (int)wel->act_bits : KMAT_ACT16, err,
-                                 sizeof err)) {
+    if (llama_model_set_act_bits(w->model, (int)wel->act_bits, err, sizeof err)) {
         rt_log(w->role, "Welcome: %s", err);
         goto done;
     }
@@ -427,9 +426,9 @@ static int worker_join(worker *w)
 #endif
     w->n_workers = (int)wel->n_workers;
     rt_log(w->role,
-           "joined: part %u of %u, %s, %d threads, %u-bit activations, %s K/V, arena %s, model %s",
+           "joined: part %u of %u, %s, %d threads, activations %s, %s K/V, arena %s, model %s",
            wel->worker_index, wel->n_workers, w->device, llama_ctx_threads(w->ctx),
-           wel->act_bits ? wel->act_bits : KMAT_ACT16, wel->kv_type == KV_F16 ? "f16" : "f32",
+           llama_act_bits_name((int)wel->act_bits), wel->kv_type == KV_F16 ? "f16" : "f32",
            wel->arena_name, wel->target_model);
     rc = 0;
 done:

@@ -116,7 +116,7 @@ def write_plan(path, step_ms, width=4):
     """A plan (docs/speculation.md, "The plan") with one bucket of `width` and the step-time curve
     step_ms at widths 1, 2, 4, 8, 16: what prompt lookup in the free run weighs drafts against."""
     widths = [1, 2, 4, 8, 16]
-    plan = {"orochi_plan": 1, "target": "test", "threads": 1, "act_bits": 16, "calibrated_on": "all",
+    plan = {"orochi_plan": 1, "target": "test", "threads": 1, "act_bits": 0, "calibrated_on": "all",
             "buckets": [{"ctx": 100000, "width": width, "length": width - 1, "speculate": True}],
             "widths": widths, "curves": {"step_ms": {"100000": list(step_ms)}}}
     with open(path, "w") as f:

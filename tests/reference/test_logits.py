@@ -32,7 +32,10 @@ Parts:
   d. `--act-bits 8` (8-bit activations for quantized matmuls): tiny Q8_0 / Q4_0
      models against the reference rounding the same way (1e-3), tiny Q4_1 and
      the default model against the exact reference in mean relative L2 and
-     argmax agreement (check_act8 says why not tighter);
+     argmax agreement (check_act8 says why not tighter); `--act-bits auto` (the
+     default: 8 bits for K-quant matrices, 16 for the rest) equal to the 8-bit
+     run on a tiny Q4_K model, to the 16-bit one on a tiny Q4_1 model, and to
+     neither on a tiny model mixing the two;
   e. the families (`mkmodel --arch`): llama31 (rope_freqs.weight), qwen2
      (q/k/v biases, NEOX RoPE), qwen3 (per-head q/k norms), llama with q/k/v
      and output biases, a head size other than dim / heads, linear and YaRN
@@ -678,6 +681,7 @@ def check_act8(report):
             else:
                 report.compare(case, c, ref8, BOUND_ACT8)
         os.unlink(path)
+    check_act_auto(report)
     if not os.path.exists(OROCHI_MODEL):
         print("SKIP: act8 on the default model: absent at %s (run make models)" % OROCHI_MODEL)
         return
@@ -694,6 +698,35 @@ def check_act8(report):
             report.fail("%s: %s" % (case, exc))
             continue
         loose(case, c, exact)
+
+
+def check_act_auto(report):
+    """`--act-bits auto` (every command's default): 8-bit activations for the K-quant matrices,
+    16-bit for the rest. On a tiny all-Q4_K model its logits are the 8-bit run's bit for bit, on a
+    tiny Q4_1 model the 16-bit run's; on the same model with its attention in Q4_K and the rest
+    in Q4_1 (`orochi quantize --mix`) they are neither."""
+    base = os.path.join(WORKDIR, "auto_f32.gguf")
+    params = mkmodel(base, "f32", **TINY_K)
+    runs = {}
+    for label, mix in (("q4_k", "*=Q4_K"), ("q4_1", "*=Q4_1"),
+                       ("mixed", "attn_q=Q4_K,attn_k=Q4_K,attn_v=Q4_K,attn_output=Q4_K,*=Q4_1")):
+        path = os.path.join(WORKDIR, "auto_%s.gguf" % label)
+        run_orochi(["quantize", base, path, "--mix", mix], "quantize " + label)
+        runs[label] = {bits: c_eval(path, TINY_IDS, params["vocab"], "auto_%s_%s" % (label, bits),
+                                    batch=8, act_bits=bits) for bits in ("auto", "8", "16")}
+        os.unlink(path)
+    os.unlink(base)
+    expect = (("q4_k", "8", True), ("q4_k", "16", False), ("q4_1", "16", True),
+              ("q4_1", "8", False), ("mixed", "8", False), ("mixed", "16", False))
+    for label, bits, same in expect:
+        got = bool(np.array_equal(runs[label]["auto"], runs[label][bits]))
+        report.ran += 1
+        print("  act auto, tiny %-6s: %s the %s-bit logits (%s)"
+              % (label, "equals" if got else "differs from", bits, "ok" if got == same else "FAIL"),
+              flush=True)
+        if got != same:
+            report.fail("--act-bits auto on the tiny %s model: its logits %s the --act-bits %s "
+                        "ones" % (label, "equal" if got else "differ from", bits))
 
 
 # ---------------------------------------------------------------------------
