@@ -21,7 +21,9 @@ Modes:
                     seconds apart
 
 Configurations are named: seq-group (2 workers, no speculator: the process-split overhead),
-ngram, layerskip, both (layerskip + ngram).
+ngram, layerskip, both (layerskip + ngram), model (--draft FILE), replay (the `replay` speculator
+fed the sequential baseline's own answers, prompt ids and all: a perfect drafter, so its speedup is
+what speculation can give this group at most; with --extra "--max-draft D").
 
   --sweep-width 1,2,4,...   acceptance length vs verification width, per category and draft kind
                             (like Ghidorah's Table I): one group per (kind, width)
@@ -61,6 +63,7 @@ CONFIGS = {
     "layerskip": ["layerskip"],
     "both": ["layerskip", "ngram"],
     "model": ["model:draft=%DRAFT%"],  # --draft FILE: a separate draft model
+    "replay": ["replay:corpus=%CORPUS%"],  # the sequential answers replayed: a perfect drafter
 }
 
 # the warm-up request of every group in the default mode (not one of the measured prompts)
@@ -250,6 +253,16 @@ def main():
         ids, dec_tps, wall = sequential(a.bin_dir, a.model, p["prompt"], n, threads,
                                            extra_value(a, "--act-bits"), extra_value(a, "--kv"))
         base[p["id"]] = {"ids": ids, "tok_s": len(ids) / wall, "decode_tok_s": dec_tps}
+
+    if "replay" in configs:
+        corpus = os.path.join(os.path.dirname(a.json), "replay-corpus.txt")
+        with open(corpus, "w") as f:
+            for p in prompts:
+                t = subprocess.run([os.path.join(a.bin_dir, "orochi"), "tokenize", "--model", a.model,
+                                    "--chat", "--ids-only", p["prompt"]],
+                                   capture_output=True, text=True, check=True)
+                f.write("%s %s\n" % (t.stdout.strip(), " ".join(map(str, base[p["id"]]["ids"]))))
+        CONFIGS["replay"] = ["replay:corpus=%s" % corpus]
 
     if a.sweep_width:
         return sweep_width(a, prompts, base, out)

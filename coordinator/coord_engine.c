@@ -1267,8 +1267,8 @@ static int engine_lookup_peers(const coord *c, int *other)
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         const coord_peer *p = &c->peers[i];
         if (p->role == PEER_SPECULATOR && p->connected) {
-            n += p->multi;
-            *other += !p->multi;
+            n += p->lookup;
+            *other += !p->lookup;
         }
     }
     return n;

@@ -408,7 +408,8 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         w.draft_ring = (uint32_t)ring;
         memset(p->draft_ready, 0, sizeof p->draft_ready);
         memset(p->slot_fed_req, 0, sizeof p->slot_fed_req);
-        p->multi = !strcmp(p->kind, "ngram");
+        p->multi = !strcmp(p->kind, "ngram") || !strcmp(p->kind, "replay");
+        p->lookup = !strcmp(p->kind, "ngram");
         p->fed_req = p->fed_ctx = p->fed_us = 0;
     } else {
         group_refuse(c, id, id_len, "Hello without a role");

@@ -1,6 +1,7 @@
 /*
  * model/ngram — prompt lookup, the drafting rule of the `ngram` speculator (workers/speculator.c)
- * and of its acceptance measurement in `orochi profile` (cli/cmd_profile.c).
+ * and of its acceptance measurement in `orochi profile` (cli/cmd_profile.c); corpus lookup, the
+ * rule of the `replay` speculator.
  */
 #ifndef OROCHI_NGRAM_H
 #define OROCHI_NGRAM_H
@@ -11,5 +12,11 @@
  * from n down to 1 that has one. Returns the index where that occurrence's continuation starts
  * (ids[pos], pos < len, is the predicted next token), or -1; *k_out (may be NULL) gets k. */
 int ngram_lookup(const int32_t *ids, int len, int n, int *k_out);
+/* The first occurrence in corpus[0..n_corpus) of the last k tokens of ids[0..len), for the
+ * largest k from n down to 1 that has one followed by a token (a negative corpus entry separates
+ * sequences: no match spans or ends at one). Returns the corpus index of that continuation's
+ * first token, or -1; *k_out (may be NULL) gets k. */
+int ngram_lookup_corpus(const int32_t *ids, int len, const int32_t *corpus, int n_corpus, int n,
+                        int *k_out);
 
 #endif

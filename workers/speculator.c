@@ -9,6 +9,11 @@
  *              mismatch with a clear error);
  *   ngram      prompt lookup: the continuation of the most recent earlier occurrence of the
  *              context's last n tokens (n from --ngram down to 1); no model at all.
+ *   medusa     Medusa heads (--heads) on the target's hidden state, which the coordinator
+ *              publishes in the arena.
+ *   replay     the same lookup in a corpus of token-id sequences (--corpus) instead of the
+ *              context, n up to 64: given the target's own greedy answers, a perfect drafter
+ *              (what speculation could give at most, measured through the whole group).
  *
  * State: the committed tokens of the current request (from Feedback) and a private KV cache for
  * the model kinds — or, for a model drafter with the target's whole shape (a re-quantized copy)
@@ -42,6 +47,8 @@
  * replaced. Sends go through `sock_lock`; only the main thread receives. On the way out a
  * speculator removes the arena if its coordinator is dead (docs/actor-system.md, "Liveness").
  */
+#include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -80,15 +87,20 @@ typedef struct {
 
 typedef struct {
     const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id, *heads_path,
-        *template_s;
+        *template_s, *corpus_path;
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms, stall_ms;
+    bool ngram_set; /* --ngram given */
     float branch_threshold, alpha;
     /* the threshold the tree grows with (branch.value): --branch-threshold, raised while the
      * verifications show the target taking too few side branches (coordinator/control.h) */
     ctl_branch branch;
     bool alpha_off; /* --alpha off: no fallback (drafts run to the budget), no update */
     bool trace, work_ahead;
+    /* replay (an ngram kind): sequences of token ids, -1 between two, looked up instead of the
+     * context (--corpus) */
+    int32_t *corpus;
+    int n_corpus;
     const char *target_kv_s; /* --target-kv auto|on|off */
     int head_screen;         /* --head-screen K: the output layer screened in 4 bits, K rescored */
     /* the draft model reads the target's committed K/V in the arena (a re-quantized copy of the
@@ -165,7 +177,8 @@ static void spec_usage(FILE *out)
 {
     fprintf(
         out,
-        "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram [--id NAME]\n"
+        "usage: orochi-speculator --run-dir D --kind layerskip|model|ngram|medusa|replay\n"
+        "                         [--id NAME] [--corpus IDS.txt]\n"
         "                         [--max-draft S] [--threads T]\n"
         "                         [--target M.gguf] [--layers 0-14|0,2,4] [--draft M.gguf]\n"
         "                         [--ngram N] [--branch-threshold P] [--alpha A|off]\n"
@@ -176,6 +189,9 @@ static void spec_usage(FILE *out)
         "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
         "  ngram:     continuation of the latest earlier match of the last N..1 tokens\n"
         "  medusa:    Medusa heads (--heads, see docs/medusa.md) on the target's hidden state\n"
+        "  replay:    continuation of the first match of the context's last N..1 tokens (N:\n"
+        "             --ngram, default 64 here) in --corpus, a file of token ids, one sequence a\n"
+        "             line: fed the target's own greedy answers, a perfect drafter\n"
         "  --work-ahead 1 (default): while the target verifies, extend the KV along the draft's\n"
         "  main branch and keep drafting past it, so a confirmed chain is the next draft\n"
         "  --target-kv auto (default): a model drafter with the target's whole shape (a\n"
@@ -566,15 +582,72 @@ static int spec_grow_model(spec *s)
 }
 
 /* Prompt lookup: the continuation of the most recent earlier occurrence of the context's last
- * k tokens (k from --ngram down to 1), as a chain. */
+ * k tokens (k from --ngram down to 1), as a chain. replay: the continuation of the first
+ * occurrence of the longest such suffix in the corpus, up to the end of its sequence. */
 static int spec_grow_ngram(spec *s)
 {
     int n_ctx = s->n_committed, n = 0, k = 0;
-    int pos = ngram_lookup(s->tokens, n_ctx, s->ngram, &k);
-    for (int j = pos; pos >= 0 && j < n_ctx && n < s->max_nodes && n < s->max_depth; j++, n++)
+    const int32_t *src = s->corpus ? s->corpus : s->tokens;
+    int end = s->corpus ? s->n_corpus : n_ctx;
+    int pos = s->corpus ? ngram_lookup_corpus(s->tokens, n_ctx, s->corpus, s->n_corpus, s->ngram, &k)
+                        : ngram_lookup(s->tokens, n_ctx, s->ngram, &k);
+    for (int j = pos; pos >= 0 && j < end && src[j] >= 0 && n < s->max_nodes && n < s->max_depth;
+         j++, n++)
         s->nodes[n] = (spec_node){
-            .token = s->tokens[j], .parent = n - 1, .conf = (float)k / (k + 1), .depth = n + 1};
+            .token = src[j], .parent = n - 1, .conf = (float)k / (k + 1), .depth = n + 1};
     return n;
+}
+
+/* --corpus FILE: whitespace-separated token ids, one sequence a line. */
+static int spec_load_corpus(spec *s, char *err, size_t errlen)
+{
+    FILE *f = fopen(s->corpus_path, "r");
+    if (!f) {
+        snprintf(err, errlen, "--corpus %s: %s", s->corpus_path, strerror(errno));
+        return -1;
+    }
+    int cap = 4096, line = 1, rc = -1;
+    s->corpus = malloc((size_t)cap * sizeof *s->corpus);
+    s->n_corpus = 0;
+    for (int ch = fgetc(f); s->corpus && ch != EOF;) {
+        if (s->n_corpus + 2 > cap) {
+            int32_t *grown = realloc(s->corpus, (size_t)(cap *= 2) * sizeof *s->corpus);
+            if (!grown)
+                break;
+            s->corpus = grown;
+        }
+        if (ch == '\n') {
+            if (s->n_corpus && s->corpus[s->n_corpus - 1] >= 0)
+                s->corpus[s->n_corpus++] = -1;
+            line++;
+            ch = fgetc(f);
+        } else if (isspace(ch)) {
+            ch = fgetc(f);
+        } else if (isdigit(ch)) {
+            long v = 0;
+            for (; isdigit(ch) && v <= INT32_MAX; ch = fgetc(f))
+                v = v * 10 + (ch - '0');
+            if (v > INT32_MAX) {
+                snprintf(err, errlen, "--corpus %s, line %d: a token id past 2^31", s->corpus_path,
+                         line);
+                goto done;
+            }
+            s->corpus[s->n_corpus++] = (int32_t)v;
+        } else {
+            snprintf(err, errlen, "--corpus %s, line %d: '%c' is not part of a token id",
+                     s->corpus_path, line, ch);
+            goto done;
+        }
+    }
+    if (!s->corpus)
+        snprintf(err, errlen, "--corpus %s: out of memory", s->corpus_path);
+    else if (!s->n_corpus)
+        snprintf(err, errlen, "--corpus %s holds no token ids", s->corpus_path);
+    else
+        rc = 0;
+done:
+    fclose(f);
+    return rc;
 }
 
 /* Medusa: the heads applied to the target's hidden state at the last accepted token, which the
@@ -1265,6 +1338,7 @@ static int spec_parse(spec *s, int argc, char **argv)
                                          {"head-screen", required_argument, 0, 'H'},
                                          {"heads", required_argument, 0, 'M'},
                                          {"template", required_argument, 0, 'E'},
+                                         {"corpus", required_argument, 0, 'C'},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -1289,7 +1363,8 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'H': s->head_screen = atoi(optarg); break;
         case 'M': s->heads_path = optarg; break;
         case 'E': s->template_s = optarg; break;
-        case 'n': s->ngram = atoi(optarg); break;
+        case 'C': s->corpus_path = optarg; break;
+        case 'n': s->ngram = atoi(optarg), s->ngram_set = true; break;
         case 'o': s->orphan_ms = atoi(optarg); break;
         case 'S': s->stall_ms = atoi(optarg); break;
         case 'v': s->trace = true; break;
@@ -1307,11 +1382,14 @@ static int spec_parse(spec *s, int argc, char **argv)
         s->kind = SPEC_MODEL;
     else if (!strcmp(s->kind_s, "ngram"))
         s->kind = SPEC_NGRAM;
+    else if (!strcmp(s->kind_s, "replay"))
+        s->kind = SPEC_NGRAM; /* drafts from s->corpus (spec_grow_ngram) */
     else if (!strcmp(s->kind_s, "medusa"))
         s->kind = SPEC_MEDUSA;
     else {
         fprintf(stderr,
-                "orochi-speculator: unknown --kind '%s' (layerskip, model, ngram, medusa)\n",
+                "orochi-speculator: unknown --kind '%s' (layerskip, model, ngram, medusa, "
+                "replay)\n",
                 s->kind_s);
         return 2;
     }
@@ -1333,6 +1411,22 @@ static int spec_parse(spec *s, int argc, char **argv)
         s->tmpl[s->tmpl_len++] = (int)v;
         /* ',' or '-' between counts ('-' fits inside a launcher spec KIND:k=v,k=v) */
         t = *end == ',' || *end == '-' ? end + 1 : end;
+    }
+    if (!strcmp(s->kind_s, "replay")) {
+        char err[512];
+        if (!s->corpus_path) {
+            fprintf(stderr, "orochi-speculator: --kind replay needs --corpus IDS.txt\n");
+            return 2;
+        }
+        if (!s->ngram_set)
+            s->ngram = 64;
+        if (spec_load_corpus(s, err, sizeof err)) {
+            fprintf(stderr, "orochi-speculator: %s\n", err);
+            return 2;
+        }
+    } else if (s->corpus_path) {
+        fprintf(stderr, "orochi-speculator: --corpus is for --kind replay\n");
+        return 2;
     }
     if (s->kind == SPEC_MODEL && !s->draft_path) {
         fprintf(stderr, "orochi-speculator: --kind model needs --draft M.gguf\n");
@@ -1483,6 +1577,7 @@ out:
     free(s.tokens);
     free(s.tree_logits);
     free(s.hbuf);
+    free(s.corpus);
     medusa_destroy(&s.heads);
     if (s.sock)
         zmq_close(s.sock);

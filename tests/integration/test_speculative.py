@@ -4,8 +4,9 @@ A group drafts with ngram (prompt lookup), layerskip (the target with layers ski
 separate draft GGUF sharing the vocabulary) or several speculators at once, and verifies the drafts
 with the workers; at temperature 0 the token ids must be exactly those of
 `orochi run --temp 0 --print-ids`. Drafts that are always right (a layerskip speculator keeping
-every layer, or a model speculator whose draft is the target itself) must also be accepted: mean
-accepted tokens per verification step well above 1. The default model is checked with prompts of
+every layer, a model speculator whose draft is the target itself, or a replay speculator fed the
+target's own answers) must also be accepted: mean accepted tokens per verification step well
+above 1. The default model is checked with prompts of
 different kinds (code, chat, repetitive text to summarise) when it is present. The precisions a
 group can be started with are checked the same way against `orochi run` with the same flag:
 `--act-bits 8`, and `--kv f16` (the arena's K/V cache in half precision, read in place by a
@@ -239,6 +240,54 @@ def test_speculative_act8():
             means.append(r["orochi"]["mean_accepted"])
         G.log("  act8: identical to orochi run --act-bits 8 on %d prompts; mean accepted %s" % (
             len(REAL_PROMPTS), ", ".join("%.2f" % m for m in means)))
+
+
+@t.case
+def test_speculative_replay_perfect_drafter():
+    """The replay speculator fed the target's own greedy answers (prompt ids and answer, one line
+    each) is a perfect drafter: every answer equals `orochi run --temp 0` token for token and its
+    chains are accepted whole (mean accepted >= 3 with --max-draft 4, where one token a step is
+    plain decoding); fed unrelated ids instead, the answers stay identical. A replay speculator
+    without --corpus, with a corpus holding no ids, or with a stray character is refused naming
+    it."""
+    model = G.default_model()
+    if not model:
+        raise G.Skip("default model %s is absent (make models)" % G.env()["model"])
+    n = 32
+    want = {p: G.run_ids(model, p, n) for p in REAL_PROMPTS}
+    corpus = os.path.join(G.env()["tmp"], "replay-corpus.txt")
+    wrong = os.path.join(G.env()["tmp"], "replay-wrong.txt")
+    with open(corpus, "w") as f, open(wrong, "w") as g:
+        for p in REAL_PROMPTS:
+            r = subprocess.run([G.env()["bin"], "tokenize", "--model", model, "--ids-only", p],
+                               capture_output=True, text=True, timeout=60, check=True)
+            f.write("%s %s\n" % (r.stdout.strip(), " ".join(map(str, want[p]))))
+            g.write(" ".join(str((x * 7 + 3) % 1000) for x in want[p]) + "\n")
+    for name, path, floor in (("replay", corpus, 3.0), ("replay-wrong", wrong, None)):
+        with G.Group(name, model, speculators=["replay:corpus=%s" % path], max_draft=4) as g:
+            means = []
+            for p in REAL_PROMPTS:
+                r = g.complete(p, n)
+                check_answer(r, want[p], "%s, prompt %r" % (name, p[:40]))
+                means.append(r["orochi"]["mean_accepted"])
+            G.log("  %s: identical on %d prompts; mean accepted %s" % (
+                name, len(REAL_PROMPTS), ", ".join("%.2f" % m for m in means)))
+            if floor:
+                G.check(min(means) >= floor, "the perfect drafter's chains were not accepted "
+                        "whole: mean accepted %s (want >= %.1f)", means, floor)
+    spec = os.path.join(os.path.dirname(G.env()["bin"]), "orochi-speculator")
+    bad = os.path.join(G.env()["tmp"], "replay-bad.txt")
+    with open(bad, "w") as f:
+        f.write("1 2 3\n4 x 5\n")
+    empty = os.path.join(G.env()["tmp"], "replay-empty.txt")
+    open(empty, "w").close()
+    for args, text in (([], "--kind replay needs --corpus"),
+                       (["--corpus", bad], "line 2: 'x' is not part of a token id"),
+                       (["--corpus", empty], "holds no token ids")):
+        r = subprocess.run([spec, "--run-dir", G.env()["tmp"], "--kind", "replay"] + args,
+                           capture_output=True, text=True, timeout=30)
+        G.check(r.returncode == 2 and text in r.stderr, "orochi-speculator --kind replay %s: "
+                "status %d, %r (want 2 and %r)", " ".join(args), r.returncode, r.stderr, text)
 
 
 @t.case
