@@ -208,6 +208,10 @@ def main():
                     help="requests per level (closed: default 3 x the largest level; waves: the "
                          "largest level)")
     ap.add_argument("--draft", default="", help="the draft model of the `model` configuration")
+    ap.add_argument("--config", action="append", default=[], metavar="NAME=SPEC[+SPEC...]",
+                    help="a configuration of your own: NAME runs a group with these launcher "
+                         "speculator specs (e.g. model-t2=model:draft=D.gguf,threads=2); name it "
+                         "in --configs")
     ap.add_argument("--repeat", type=int, default=0,
                     help="fresh groups N times (rounds, seq-group added), and per configuration the "
                          "min / median / max of its speedup over the group without speculators")
@@ -234,6 +238,17 @@ def main():
             print("spec_bench: the model configuration needs --draft FILE", file=sys.stderr)
             return 2
         CONFIGS["model"] = ["model:draft=%s" % a.draft]
+    for c in a.config:
+        name, eq, specs = c.partition("=")
+        if not eq or not name:
+            print("spec_bench: --config takes NAME=SPEC[+SPEC...], got %r" % c, file=sys.stderr)
+            return 2
+        CONFIGS[name] = [x for x in specs.split("+") if x]
+    unknown = [c for c in a.configs.split(",") if c and c not in CONFIGS]
+    if unknown:
+        print("spec_bench: unknown configuration(s) %s (%s, or --config NAME=...)" % (
+            ",".join(unknown), ",".join(CONFIGS)), file=sys.stderr)
+        return 2
     prompts = load_prompts(a.prompts, a.per_category)
     if a.categories:
         prompts = [p for p in prompts if p["category"] in a.categories.split(",")]
@@ -313,7 +328,7 @@ def main():
                 print("round %d, group %s: %d workers x %d threads, speculators %s (load %.2f)..." % (
                     rnd + 1, cfg, a.workers, a.threads_per_worker, ",".join(CONFIGS[cfg]) or "none",
                     os.getloadavg()[0]), file=sys.stderr)
-                groups[cfg] = Group(a.bin_dir, a.model, "%s-%s" % (a.run_dir, cfg), a.workers,
+                groups[cfg] = Group(a.bin_dir, a.model, "%s-%s-r%d" % (a.run_dir, cfg, rnd + 1), a.workers,
                                     a.threads_per_worker, CONFIGS[cfg], a.extra.split())
                 # warm the group: the first touch of the weights' pages, and the controllers' first
                 # measurements (the guard's plain baseline, each speculator's first replies) — a

@@ -264,15 +264,15 @@ static bool guard_budget_ok(const ctl_guard *g)
     return g->loss <= CTL_GUARD_BUDGET * g->plain_sec;
 }
 
-/* What a judged window while on cost beyond plain decoding, into the budget (a gain pays back;
- * the balance never goes below zero). */
+/* What a judged window while on cost beyond plain decoding, into the budget. A gain pays back,
+ * and past zero it is credit: speculation that has saved time may lose some of it again to
+ * narrow windows before the probes stop, and what the budget bounds is the net cost of all of
+ * speculation against plain decoding, not the last losses of a drafter that paid before them. */
 static void guard_charge(ctl_guard *g, double seconds, long tokens)
 {
     if (g->base <= 0)
         return;
     g->loss += seconds - g->base * (double)tokens;
-    if (g->loss < 0)
-        g->loss = 0;
 }
 
 bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)

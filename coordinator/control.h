@@ -125,11 +125,12 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
  * the speculators, unfed while off, first catch up with the context (a model drafter reads it
  * all again).
  * Probes are paid from a budget: `loss` sums what the judged windows cost beyond plain decoding
- * (a window that pays gives back what it saved; the warm cycles are left out: a model drafter's
- * first draft after a pause is dear however good its drafts are), and no probe starts while
- * loss exceeds CTL_GUARD_BUDGET of the plain time seen so far (`plain_sec`). So however often the
- * intervals or new texts ask for a probe, speculation that never pays costs at most about that
- * fraction (plus the one probe that overdraws it). A window of a good drafter (at least
+ * (a window that pays gives back what it saved, and savings past zero are credit, so `loss` may
+ * go negative; the warm cycles are left out: a model drafter's first draft after a pause is dear
+ * however good its drafts are), and no probe starts while loss exceeds CTL_GUARD_BUDGET of the
+ * plain time seen so far (`plain_sec`). So however often the intervals or new texts ask for a
+ * probe, speculation costs at most about that fraction net of what it saved (plus the one probe
+ * that overdraws it), and a drafter that has paid is never shut out by a few slow windows. A window of a good drafter (at least
  * CTL_GUARD_GOOD_TOKENS a step) that loses narrowly gets one more window before the switch, and
  * its switch does not back the probes off. */
 #define CTL_GUARD_WARM 2
@@ -150,7 +151,8 @@ typedef struct {
     double sec;
     long tok;
     int n, off_n;
-    double plain_sec, loss; /* the probe budget: plain time seen, and what probes cost beyond it */
+    double plain_sec, loss; /* the probe budget: plain time seen, and the net cost of speculation
+                             * beyond it (negative: credit saved) */
     double per_step;        /* tokens a cycle in the last judged window while on */
     int strikes;            /* good-drafter windows lost narrowly in a row (0 or 1) */
     uint64_t switches_off, switches_on;

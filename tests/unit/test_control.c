@@ -331,6 +331,29 @@ static void guard_probes_within_budget(void **state)
     assert_float_equal(g.loss, 0.002, 1e-9);
 }
 
+/* Savings are credit: a drafter that saved 40 ms (8 tokens at 5 instead of 10 ms) and then lost
+ * two narrow windows (8 ms: no budget left without the credit: 2% of 40 ms of plain time is
+ * 0.8 ms) is probed again at the next text, and its probe is not shut out. */
+static void guard_savings_are_credit(void **state)
+{
+    (void)state;
+    ctl_guard g;
+    ctl_guard_init(&g, 0.01, 4, 8);
+    g.plain_sec = 0.040; /* the plain window that measured the base */
+    for (int i = 0; i < CTL_GUARD_WARM; i++)
+        assert_true(ctl_guard_sample(&g, true, 0.050, 1));
+    for (int i = 0; i < 8; i++) /* two windows at 5 ms a token: 40 ms saved */
+        assert_true(ctl_guard_sample(&g, true, 0.005, 1));
+    assert_float_equal(g.loss, -0.040, 1e-9);
+    for (int i = 0; i < 8; i++) /* two narrow losses at 3 tokens a step, 11 ms a token */
+        ctl_guard_sample(&g, true, 0.033, 3);
+    assert_false(g.on);
+    assert_float_equal(g.loss, -0.040 + 8 * 0.003, 1e-9);
+    ctl_guard_reprobe(&g); /* the net cost is still a saving: a new text tests it at once */
+    assert_true(g.on);
+    assert_int_equal(g.switches_on, 1);
+}
+
 static void plan_tree_adds_the_most_likely_node(void **state)
 {
     (void)state;
@@ -617,6 +640,7 @@ int main(void)
         cmocka_unit_test(guard_switches_off_and_back_on),
         cmocka_unit_test(guard_keeps_a_good_drafter_on),
         cmocka_unit_test(guard_probes_within_budget),
+        cmocka_unit_test(guard_savings_are_credit),
         cmocka_unit_test(plan_tree_adds_the_most_likely_node),
         cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
         cmocka_unit_test(tree_fit_keeps_the_template_shape),
