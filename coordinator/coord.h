@@ -55,6 +55,7 @@ typedef struct {
     bool refused;           /* the coordinator refused its Hello: never respawn */
     int index;              /* worker part / speculator ring */
     char kind[16];
+    char placement[200]; /* speculators: Heartbeat.placement (threads, ahead or in turns, why) */
     /* speculator bookkeeping */
     uint64_t drafted, accepted;
     ctl_acr acr; /* average acceptance rate of its voted drafts, and its vote weight (Minions) */

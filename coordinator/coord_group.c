@@ -149,7 +149,9 @@ void coord_group_speculator_placement(coord *c, coord_peer *p)
     /* Placement (docs/performance.md, measured with bench/placement.py): a model drafter that
      * drafts ahead while the target verifies only pays when it has cores of its own. Sharing cores,
      * it slows every verification step more than its early drafts save (F16 target, Q4_1 drafter,
-     * 2 cores: 70.7 tok/s with, 81.9 without), so by default it then waits for the Feedback. */
+     * 2 cores: 70.7 tok/s with, 81.9 without), so by default it then waits for the Feedback — and,
+     * taking turns, measures at its first draft whether every core drafts faster than one
+     * (workers/speculator.c, spec_place), reporting the choice in its heartbeats. */
     const char *kind = group_arg(p, "--kind"), *thr = group_arg(p, "--threads");
     int spec_threads = thr && atoi(thr) > 0 ? atoi(thr) : 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -400,6 +402,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         }
         p->index = ring;
         snprintf(p->kind, sizeof p->kind, "%s", h->kind);
+        p->placement[0] = 0;
         if (p->acr.weight <= 0)
             p->acr.weight = 1.0; /* a newcomer starts with an average vote */
         arena_draft_ring_init(
@@ -465,6 +468,11 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
     switch (env->body_case) {
     case OROCHI__ENVELOPE__BODY_HEARTBEAT:
         p->hb_steps = env->heartbeat->steps;
+        const char *pl = env->heartbeat->placement;
+        if (pl && pl[0] && strncmp(pl, p->placement, sizeof p->placement - 1)) {
+            snprintf(p->placement, sizeof p->placement, "%s", pl);
+            rt_log("coordinator", "%s placement: %s", p->name, p->placement);
+        }
         /* a worker being swapped out is never rung again: the engine waits for its successor */
         p->ready = env->heartbeat->state && !strcmp(env->heartbeat->state, "ready") &&
                    p->swap != SWAP_STOPPING;
@@ -708,6 +716,8 @@ void coord_group_write_status(coord *c)
                         "%.2f  benched %llu",
                         p->kind, p->acr.acr, p->acr.weight, p->draft_work_ema_us / 1e3,
                         p->reply_ema_us / 1e3, p->accept_ema, (unsigned long long)p->benched_total);
+            if (p->role == PEER_SPECULATOR && p->placement[0])
+                fprintf(f, "  placement: %s", p->placement);
             else
                 fprintf(f, "  step %.2fms  barrier %.2fms", p->step_ema_us / 1e3,
                         p->wait_ema_us / 1e3);

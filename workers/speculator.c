@@ -90,7 +90,14 @@ typedef struct {
         *template_s, *corpus_path;
     spec_kind kind;
     int max_draft, ngram, threads, orphan_ms, stall_ms;
-    bool ngram_set; /* --ngram given */
+    bool ngram_set;   /* --ngram given */
+    bool threads_set; /* --threads given: no measured choice */
+    /* how it runs beside the workers and why, for the heartbeats once placement_ready is set
+     * (written by the main thread before, never after) */
+    char placement[200];
+    bool placement_ready;
+    bool place_pending;          /* the thread count is measured at the first draft request */
+    llama_ctx_params ctx_params; /* what s->ctx was made with (spec_place makes it again) */
     float branch_threshold, alpha;
     /* the threshold the tree grows with (branch.value): --branch-threshold, raised while the
      * verifications show the target taking too few side branches (coordinator/control.h) */
@@ -230,6 +237,8 @@ static void spec_heartbeat_due(spec *s)
     hb.time_us = now;
     hb.steps = __atomic_load_n(&s->hb_drafts, __ATOMIC_RELAXED);
     hb.state = __atomic_load_n(&s->hb_active, __ATOMIC_RELAXED) ? "drafting" : "idle";
+    if (__atomic_load_n(&s->placement_ready, __ATOMIC_ACQUIRE))
+        hb.placement = s->placement;
     spec_send(s, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
 }
 
@@ -1218,6 +1227,113 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
     return 0;
 }
 
+/* One measurement of a drafter step on `threads` threads: a chain of SPEC_PLACE_W tokens (a tree
+ * level's forward) and one token after it, at a short context. Seconds, or -1. */
+#define SPEC_PLACE_W 4
+static double spec_place_time(spec *s, llama_ctx *ctx, float *logits)
+{
+    int32_t ids[16 + SPEC_PLACE_W + 1];
+    for (int i = 0; i < (int)(sizeof ids / sizeof *ids); i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % s->model->cfg.vocab);
+    char err[256];
+    llama_ctx_reset(ctx);
+    if (llama_prefill(ctx, ids, 16, logits, err, sizeof err))
+        return -1;
+    uint64_t t0 = rt_now_us();
+    if (llama_prefill(ctx, ids + 16, SPEC_PLACE_W, logits, err, sizeof err) ||
+        llama_prefill(ctx, ids + 16 + SPEC_PLACE_W, 1, logits, err, sizeof err))
+        return -1;
+    return (double)(rt_now_us() - t0) / 1e6;
+}
+
+/* Placement by measurement. A model drafter that takes turns with the workers (no drafting ahead:
+ * the coordinator found no core of its own for it) drafts while the workers wait for its draft,
+ * so every core is free then. At its first draft request — the moment that is like every later
+ * one, not the group's busy start — it times its step on 1 thread and on all the online cores,
+ * interleaved, 5 rounds after a warm-up, and keeps the faster (more threads only when they save
+ * at least 5%), making its context again if the count changed. --threads given, or drafting
+ * ahead, keeps the count as it is (spec_place_fixed). The choice and its figures go to the log
+ * and, in the heartbeats, to the coordinator's log and status. */
+static void spec_place_publish(spec *s)
+{
+    __atomic_store_n(&s->placement_ready, true, __ATOMIC_RELEASE);
+    rt_log(s->role, "placement: %s", s->placement);
+}
+
+static void spec_place_fixed(spec *s)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    s->place_pending = s->model && s->kind != SPEC_MEDUSA && !s->threads_set && !s->work_ahead &&
+                       cores >= 2;
+    if (s->place_pending)
+        return;
+    snprintf(s->placement, sizeof s->placement, "%d thread%s, %s%s", s->threads,
+             s->threads == 1 ? "" : "s",
+             !s->model ? "no model (prompt lookup)"
+             : s->work_ahead ? "drafting ahead while the target verifies"
+                             : "taking turns with the workers",
+             s->threads_set ? " (--threads given)" : "");
+    spec_place_publish(s);
+}
+
+static void spec_place(spec *s)
+{
+    s->place_pending = false;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int cand[2] = {1, (int)cores};
+    double t[2][6];
+    llama_ctx *ctx[2] = {NULL, NULL};
+    float *logits = malloc((size_t)s->model->cfg.vocab * sizeof *logits);
+    char err[256] = "out of memory";
+    bool ok = logits != NULL;
+    for (int c = 0; ok && c < 2; c++) {
+        llama_ctx_params p = {.n_threads = cand[c], .max_width = ARENA_DRAFT_MAX, .n_ctx = 64,
+                              .kv = KV_F16, .n_parts = 1};
+        ctx[c] = llama_ctx_new(s->model, &p, err, sizeof err);
+        ok = ctx[c] != NULL;
+    }
+    for (int r = 0; ok && r < 6; r++)
+        for (int c = 0; ok && c < 2; c++)
+            ok = (t[c][r] = spec_place_time(s, ctx[c], logits)) >= 0;
+    llama_ctx_destroy(&ctx[0]);
+    llama_ctx_destroy(&ctx[1]);
+    free(logits);
+    double med[2] = {0, 0};
+    for (int c = 0; ok && c < 2; c++) {
+        double *v = t[c] + 1; /* round 0 warms the pages */
+        for (int i = 1; i < 5; i++)
+            for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+                double x = v[j];
+                v[j] = v[j - 1], v[j - 1] = x;
+            }
+        med[c] = v[2];
+    }
+    int want = ok && med[1] < 0.95 * med[0] ? cand[1] : s->threads;
+    if (want != s->threads) {
+        llama_ctx_params p = s->ctx_params;
+        p.n_threads = want;
+        llama_ctx *fresh = llama_ctx_new(s->model, &p, err, sizeof err);
+        if (fresh) {
+            llama_ctx_destroy(&s->ctx);
+            s->ctx = fresh;
+            s->ctx_params = p;
+            s->threads = want;
+        } else
+            ok = false;
+    }
+    if (ok)
+        snprintf(s->placement, sizeof s->placement,
+                 "%d thread%s, taking turns with the workers: a draft step (%d tokens, then 1) "
+                 "took %.2f ms on 1 thread and %.2f ms on %d (measured at the first draft)",
+                 s->threads, s->threads == 1 ? "" : "s", SPEC_PLACE_W, med[0] * 1e3,
+                 med[1] * 1e3, cand[1]);
+    else
+        snprintf(s->placement, sizeof s->placement,
+                 "%d thread%s, taking turns with the workers (not measured: %s)", s->threads,
+                 s->threads == 1 ? "" : "s", err);
+    spec_place_publish(s);
+}
+
 static int spec_join(spec *s)
 {
     char err[512];
@@ -1297,6 +1413,7 @@ static int spec_join(spec *s)
                 return -1;
             }
             s->ctx = llama_ctx_new(s->model, &p, err, sizeof err);
+            s->ctx_params = p;
             s->logits = malloc((size_t)s->model->cfg.vocab * sizeof *s->logits);
             s->tree_logits =
                 malloc((size_t)(ARENA_DRAFT_MAX + 1) * (size_t)s->model->cfg.vocab * sizeof(float));
@@ -1306,6 +1423,7 @@ static int spec_join(spec *s)
                 return -1;
             }
         }
+        spec_place_fixed(s);
         rt_log(s->role,
                "joined: kind %s, draft ring %u, max depth %d, branch threshold %.2f, alpha %.3g%s%s",
                s->kind_s, w->draft_ring, s->max_draft, s->branch_threshold, s->alpha,
@@ -1349,7 +1467,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'k': s->kind_s = optarg; break;
         case 'i': s->id = optarg; break;
         case 's': s->max_draft = atoi(optarg); break;
-        case 't': s->threads = atoi(optarg); break;
+        case 't': s->threads = atoi(optarg), s->threads_set = true; break;
         case 'L': s->layers_s = optarg; break;
         case 'd': s->draft_path = optarg; break;
         case 'T': s->target_path = optarg; break;
@@ -1549,6 +1667,8 @@ int main(int argc, char **argv)
             s.last_coord_us = rt_now_us();
             if (env->body_case == OROCHI__ENVELOPE__BODY_FEEDBACK) {
                 s.fb_us = s.last_coord_us;
+                if (s.place_pending && !env->feedback->done)
+                    spec_place(&s);
                 spec_feedback(&s, env->feedback);
                 s.fb_end_us = rt_now_us();
                 /* ngram is fed every active request in turn: answer each before the next

@@ -14,6 +14,7 @@ layerskip drafter).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -105,6 +106,32 @@ def test_speculative_layerskip_all_layers_accepted():
 def test_speculative_model_draft():
     draft = G.mkmodel(layers=2, dim=64, ffn=128, heads=2, kv_heads=2, vocab=300, ctx=256, type="f32", seed=9)
     speculative_equals_run(tiny(), ["model:draft=%s" % draft], TINY_PROMPTS, N, "model", kinds=["model"])
+
+
+@t.case
+def test_speculative_model_placement():
+    """A model drafter that takes turns with the workers (2 workers x 1 thread + the drafter are
+    more threads than cores, where this machine has 2) measures its step on 1 thread and on every
+    core at its first draft request and says what it chose with the figures, in its log, the
+    coordinator's and the status line; with threads given it says so instead."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        raise G.Skip("one core: nothing to choose between")
+    model = tiny()
+    draft = G.quantized(model, "Q8_0")
+    for spec, want in (("model:draft=%s" % draft, r"placement: (1 thread|%d threads), taking turns "
+                        r"with the workers: a draft step \(4 tokens, then 1\) took [0-9.]+ ms on 1 "
+                        r"thread and [0-9.]+ ms on %d \(measured at the first draft\)" % (cores, cores)),
+                       ("model:draft=%s,threads=1" % draft, r"placement: 1 thread, .*\(--threads given\)")):
+        with G.Group("model-placement", model, speculators=[spec],
+                     threads=max(1, cores // 2) if cores > 2 else 1) as g:
+            g.complete(TINY_PROMPTS[0], 8)
+            g.wait_log("coordinator", "model placement:")
+            for where, text in (("model log", g.log("model")), ("coordinator log", g.log("coordinator"))):
+                G.check(re.search(want, text), "%s: no placement line like %r in:\n%s", where, want,
+                        "\n".join(l for l in text.splitlines() if "placement" in l) or text[-600:])
+            g.wait_status(lambda st: any(re.search(want, v["line"]) for v in st.values()), 10,
+                          "a status line with a placement like %r" % want)
 
 
 @t.case
