@@ -25,7 +25,7 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "coordinator/control.h"
+#include "policy/control.h"
 #include "model/llama.h"
 #include "model/llama_cuda.h"
 #ifdef OROCHI_HAVE_CUDA
@@ -112,7 +112,7 @@ static void pb_usage(FILE *out)
             "  28672; on; off). JSON lines go to --json FILE (bench/results/plans.jsonl).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
-            "  by kind while the step time summed over --widths falls (coordinator/control.h,\n"
+            "  by kind while the step time summed over --widths falls (policy/control.h,\n"
             "  ctl_split_search); the found partition is printed and put into the plan file\n"
             "  PLAN (its other keys kept; a new file holds the partition alone).\n");
 }

@@ -18,7 +18,7 @@
  *              from one teacher-forced target pass that keeps every position's hidden state.
  *   Plan       per speculator and width: the tree built from per-depth/rank accuracies by adding
  *              the most likely node one at a time, refined by moving leaves on the calibration
- *              category's paths (coordinator/control.c); per context bucket the (speculator, W)
+ *              category's paths (policy/control.c); per context bucket the (speculator, W)
  *              with the most tokens per second, counting t(W) and the drafting (depth x draft
  *              step); W = 1, no speculation, is a candidate. The trees calibrated on one category
  *              are applied to every category in the acceptance table (Ghidorah's Table I).
@@ -32,7 +32,7 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "coordinator/control.h"
+#include "policy/control.h"
 #include "model/llama.h"
 #include "model/medusa.h"
 #include "model/ngram.h"

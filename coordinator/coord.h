@@ -1,5 +1,5 @@
 /*
- * coordinator/coord — the coordinator's internal state, shared by its three files:
+ * coordinator/coord — the coordinator's internal state, shared by its six files:
  *   coord_main.c    options, set-up (arena, socket, HTTP), the main loop, shutdown;
  *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
  *                   the status file;
@@ -19,12 +19,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "coordinator/control.h"
+#include "policy/control.h"
 #include "coordinator/http.h"
 #include "coordinator/request.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
-#include "workers/runtime.h"
+#include "group/runtime.h"
 
 #define COORD_MAX_PEERS 32
 #define COORD_QUEUE 1024 /* the most requests --max-queue lets wait */
@@ -124,13 +124,13 @@ typedef struct {
     int heartbeat_ms, dead_ms;
     int drain_ms; /* SIGTERM: how long admitted requests may take to finish */
     bool trace, no_spawn;
-    /* speculation controllers (coordinator/control.h, docs/speculation.md) */
+    /* speculation controllers (policy/control.h, docs/speculation.md) */
     bool tree, adaptive;
     coord_vote vote;
     int width;    /* verification width: nodes of a verified tree, root included */
     int spec_len; /* current speculation length (max draft depth) */
     ctl_acr_params acr;
-    int decision_threshold, s_reward, s_punish;
+    int decision_threshold;
     ctl_length len;        /* the adaptive length (--adaptive on) */
     ctl_guard guard;       /* speculation off while it is slower than plain decoding (--guard on) */
     ctl_guard guard_batch; /* the same for cycles that verify several requests */

@@ -7,7 +7,7 @@
  * active greedy request: engine_piggyback_slots), and take the first token from the last prompt
  * position. Then, step after step, for every active slot:
  *   0. the plan's bucket for the context (width, length) and the guard decide whether this cycle
- *      speculates at all (coordinator/control.h): when not, W = 1 and the speculators sit idle;
+ *      speculates at all (policy/control.h): when not, W = 1 and the speculators sit idle;
  *   1. drafts: model speculators follow the oldest request (they keep one request's state), ngram
  *      follows every request; each has been told its committed context (Feedback; not while it
  *      is benched because its drafting costs more than it brings) and answers with a draft in its

@@ -151,7 +151,7 @@ static void coord_usage(FILE *out)
         "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
         "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
-        "         [--decision-threshold N] [--s-reward N] [--s-punish N] [--max-batch N]\n"
+        "         [--decision-threshold N] [--max-batch N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
@@ -285,8 +285,6 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"reward-factor", required_argument, 0, 3},
                                          {"punish-factor", required_argument, 0, 4},
                                          {"decision-threshold", required_argument, 0, 5},
-                                         {"s-reward", required_argument, 0, 6},
-                                         {"s-punish", required_argument, 0, 7},
                                          {"max-batch", required_argument, 0, 8},
                                          {"guard", required_argument, 0, 10},
                                          {"guard-window", required_argument, 0, 11},
@@ -440,8 +438,6 @@ static int coord_parse(coord *c, int argc, char **argv)
             }
             break;
         case 5: c->decision_threshold = atoi(optarg); break;
-        case 6: c->s_reward = atoi(optarg); break;
-        case 7: c->s_punish = atoi(optarg); break;
         case 8: c->n_seq = atoi(optarg); break;
         case 9:
             c->draft_wait_fixed = !strcmp(optarg, "fixed");
@@ -690,8 +686,6 @@ int main(int argc, char **argv)
                .guard_window = 8,
                .guard_probe = 48,
                .decision_threshold = 8,
-               .s_reward = 1,
-               .s_punish = 1,
                .n_seq = 4,
                .drain_ms = 10000,
                .plan_bucket = -1};

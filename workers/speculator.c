@@ -59,12 +59,12 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "coordinator/control.h"
+#include "policy/control.h"
 #include "model/llama.h"
 #include "model/medusa.h"
 #include "model/ngram.h"
 #include "model/tokenizer.h"
-#include "workers/runtime.h"
+#include "group/runtime.h"
 
 #define HEARTBEAT_MS 200
 #define SPEC_STALL_MS_DEFAULT 30000 /* main thread silent this long: stop heartbeating */
@@ -100,7 +100,7 @@ typedef struct {
     llama_ctx_params ctx_params; /* what s->ctx was made with (spec_place makes it again) */
     float branch_threshold, alpha;
     /* the threshold the tree grows with (branch.value): --branch-threshold, raised while the
-     * verifications show the target taking too few side branches (coordinator/control.h) */
+     * verifications show the target taking too few side branches (policy/control.h) */
     ctl_branch branch;
     bool alpha_off; /* --alpha off: no fallback (drafts run to the budget), no update */
     bool trace, work_ahead;
@@ -876,36 +876,15 @@ static bool spec_work_ahead(spec *s)
     return s->kv_len < s->n_committed + s->n_chain;
 }
 
-/* LLMCad's threshold update from the verification of our last tree: with the most matching
- * branch holding N_all tokens of which the first N_correct were accepted, alpha halves when the
- * branch was entirely right and else becomes the error fraction (N_all - N_correct) / N_all. */
+/* LLMCad's threshold update from the verification of our last tree (ctl_alpha_update). */
 static void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
 {
     if (!s->n_nodes || s->alpha_off)
         return;
-    int best_all = 0, best_ok = -1;
-    for (int leaf = 0; leaf < s->n_nodes; leaf++) {
-        if (s->nodes[leaf].children)
-            continue;
-        int path[ARENA_DRAFT_MAX], n = 0;
-        for (int i = leaf; i >= 0; i = s->nodes[i].parent)
-            path[n++] = i;
-        int ok = 0;
-        while (ok < n && ok < n_acc && s->nodes[path[n - 1 - ok]].token == accepted[ok])
-            ok++;
-        if (ok > best_ok || (ok == best_ok && n < best_all)) {
-            best_ok = ok;
-            best_all = n;
-        }
-    }
-    if (best_all <= 0)
-        return;
-    if (best_ok == best_all)
-        s->alpha *= 0.5f;
-    else
-        s->alpha = (float)(best_all - best_ok) / (float)best_all;
-    if (s->alpha < 1e-6f)
-        s->alpha = 1e-6f;
+    int32_t token[ARENA_DRAFT_MAX], parent[ARENA_DRAFT_MAX];
+    for (int i = 0; i < s->n_nodes; i++)
+        token[i] = s->nodes[i].token, parent[i] = s->nodes[i].parent;
+    s->alpha = ctl_alpha_update(s->alpha, token, parent, s->n_nodes, accepted, n_acc);
 }
 
 /* Count the branch points of our last tree on the accepted path, and the side branches the

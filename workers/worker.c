@@ -3,8 +3,9 @@
  *
  * Life of a worker: connect a DEALER socket to the coordinator's control socket, say Hello with
  * its part index, receive Welcome (arena name, number of parts, shapes, the target model path),
- * map the model and attach the arena. Then, per StepBegin, read the step's tokens and tree from
- * the arena, run its part of the forward — every linear layer for its output rows, attention for
+ * map the model and attach the arena. Then, each time the coordinator rings the step's doorbell
+ * (rt_step.doorbell in the arena: no message announces a step), read the step's tokens and tree
+ * from the arena, run its part of the forward — every linear layer for its output rows, attention for
  * its KV heads — meeting the other workers at the arena barrier between ops, write its columns of
  * the logits into the arena, and answer StepDone. A step rung as a free run (rt_step.run_max)
  * goes on by itself: the workers take each row's argmax as its request's next token (the parts'
@@ -44,7 +45,7 @@
 #include "model/llama.h"
 #include "model/ngram.h"
 #include "model/llama_cuda.h"
-#include "workers/runtime.h"
+#include "group/runtime.h"
 
 #define HEARTBEAT_MS 200
 #define CONTROL_TICK_MS 20   /* the control thread's period: socket reads, heartbeat, orphan */

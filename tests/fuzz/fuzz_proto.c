@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_proto — libFuzzer target for the control plane's receive path: a ZeroMQ frame
- * through rt_recv (workers/runtime.c: size limit, protobuf-c unpack of the Envelope, protocol
+ * through rt_recv (group/runtime.c: size limit, protobuf-c unpack of the Envelope, protocol
  * version, body present), then, on the coordinator's side, the dispatch of what it accepted
  * (coordinator/coord_group.c: group_dispatch -> group_hello, heartbeats, and
  * coord_engine_on_step_done / coord_engine_on_draft_ready in coordinator/coord_engine.c) against

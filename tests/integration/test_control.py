@@ -23,7 +23,7 @@ t = G.Tests()
 
 
 def protocol_version():
-    """OROCHI_PROTOCOL_VERSION from workers/runtime.h: the version this build speaks."""
+    """OROCHI_PROTOCOL_VERSION from group/runtime.h: the version this build speaks."""
     path = os.path.join(G.env()["source"], "workers", "runtime.h")
     with open(path) as f:
         for line in f:

@@ -31,7 +31,7 @@ import group as G  # noqa: E402
 
 t = G.Tests()
 
-RUN_MAX = 256  # workers/runtime.h RT_RUN_MAX
+RUN_MAX = 256  # group/runtime.h RT_RUN_MAX
 
 
 def model():

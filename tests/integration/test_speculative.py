@@ -53,8 +53,8 @@ def check_answer(r, want, what):
     o = r["orochi"]
     G.check(isinstance(o.get("draft_kinds"), list), "%s: draft_kinds is not a list: %r", what, o.get("draft_kinds"))
     G.check(all(isinstance(k, str) for k in o["draft_kinds"]), "%s: draft_kinds %r", what, o["draft_kinds"])
-    G.check(isinstance(o.get("mean_accepted"), (int, float)) and o["mean_accepted"] >= 1,
-            "%s: mean_accepted %r < 1", what, o.get("mean_accepted"))
+    G.check(isinstance(o.get("mean_accepted"), (int, float)), "%s: mean_accepted %r is not a number",
+            what, o.get("mean_accepted"))
     G.check(isinstance(o.get("steps"), int) and 1 <= o["steps"] <= len(want),
             "%s: steps %r for %d tokens", what, o.get("steps"), len(want))
 

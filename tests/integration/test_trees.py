@@ -37,7 +37,6 @@ def check_lossless(g, model, prompts=PROMPTS, n=N):
         r = g.complete(p, max_tokens=n)
         o = r["orochi"]
         G.check_eq(o["token_ids"], G.run_ids(model, p, n), "token ids for %r" % p)
-        G.check(o["mean_accepted"] >= 1.0, "mean_accepted %r < 1", o["mean_accepted"])
         accepted.append(o["mean_accepted"])
     return accepted
 
@@ -78,14 +77,24 @@ def perfect_drafts_are_accepted_as_trees():
 
 @t.case
 def adaptive_length_moves_and_stays_lossless():
+    """With the adaptive length on and a decision every 2 cycles, the length moves (the hill-climb
+    measures a neighbour as soon as it has a figure for its own length, so some decision must move
+    it within the requests' many cycles: orochi_speculation_length_changes_total > 0), the status
+    and /metrics report it, and every answer stays equal to `orochi run`. With --adaptive off it
+    never moves."""
     model = tiny()
-    with G.Group("adaptive", model, workers=2, speculators=["ngram"],
-                 extra=["--adaptive", "on", "--decision-threshold", "2"]) as g:
-        check_lossless(g, model, prompts=PROMPTS * 2)
-        text = open(g.path("status")).read()
-        G.check("speculation length" in text, "status lacks the speculation length:\n%s", text)
-        metrics = g.http("/metrics").body.decode()
-        G.check("orochi_speculation_length" in metrics, "metrics lack orochi_speculation_length")
+    for mode in ("on", "off"):
+        with G.Group("adaptive-" + mode, model, workers=2, speculators=["ngram"],
+                     extra=["--adaptive", mode, "--decision-threshold", "2", "--lookup-run", "off"]) as g:
+            check_lossless(g, model, prompts=PROMPTS * 2)
+            text = open(g.path("status")).read()
+            G.check("speculation length" in text, "status lacks the speculation length:\n%s", text)
+            metrics = g.http("/metrics").body.decode()
+            changes = [float(l.split()[1]) for l in metrics.splitlines()
+                       if l.startswith("orochi_speculation_length_changes_total ")]
+            G.check(changes and (changes[0] > 0) == (mode == "on"),
+                    "--adaptive %s: orochi_speculation_length_changes_total %r", mode, changes)
+            G.log("  --adaptive %s: the length moved %d times" % (mode, changes[0] if changes else -1))
 
 
 @t.case
@@ -94,11 +103,14 @@ def medusa_random_heads_lossless():
     heads = os.path.join(G.env()["tmp"], "models", "medusa-tiny.gguf")
     subprocess.run([G.env()["bin"], "mkmedusa", "--target", model, "--out", heads, "--heads", "3",
                     "--seed", "5"], check=True, capture_output=True)
-    with G.Group("medusa", model, workers=2, speculators=["medusa:heads=%s,template=3-2-1" % heads]) as g:
+    # the draft wait is fixed: on a model this small, whether a draft is worth waiting for is a
+    # matter of microseconds, and this test is about verifying what the heads draft
+    with G.Group("medusa", model, workers=2, speculators=["medusa:heads=%s,template=3-2-1" % heads],
+                 extra=["--draft-wait", "fixed"]) as g:
         check_lossless(g, model)
         r = g.complete(PROMPTS[0], max_tokens=N)
-        G.check("medusa" in r["orochi"]["draft_kinds"] or r["orochi"]["mean_accepted"] >= 1.0,
-                "unexpected orochi object %r", r["orochi"])
+        G.check("medusa" in r["orochi"]["draft_kinds"],
+                "the random heads' drafts were never verified: %r", r["orochi"])
 
 
 @t.case
@@ -131,11 +143,16 @@ def sampling_through_trees_completes():
     model = tiny()
     with G.Group("sample", model, workers=2, speculators=["layerskip:layers=0-3", "ngram"],
                  extra=["--tree", "on"]) as g:
+        outs = []
         for seed in (1, 2):
             r = g.complete(PROMPTS[1], max_tokens=24, temperature=0.8, seed=seed, top_k=20)
             o = r["orochi"]
-            G.check(len(o["token_ids"]) >= 1 and all(0 <= x < 300 for x in o["token_ids"]),
-                    "bad sampled ids %r", o["token_ids"])
+            G.check(len(o["token_ids"]) == 24 or r["choices"][0]["finish_reason"] == "stop",
+                    "seed %d: %d tokens of 24, finish %r", seed, len(o["token_ids"]),
+                    r["choices"][0]["finish_reason"])
+            G.check(o["draft_kinds"], "seed %d: no draft was verified while sampling: %r", seed, o)
+            outs.append(o["token_ids"])
+        G.check(outs[0] != outs[1], "seeds 1 and 2 sampled the same %d tokens", len(outs[0]))
         a = g.complete(PROMPTS[1], max_tokens=24, temperature=0.8, seed=7)["orochi"]["token_ids"]
         b = g.complete(PROMPTS[1], max_tokens=24, temperature=0.8, seed=7)["orochi"]["token_ids"]
         G.check_eq(a, b, "same seed, same sampled output")

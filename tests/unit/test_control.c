@@ -1,6 +1,6 @@
 /*
  * tests/unit/test_control.c — the speculation controllers' decisions on fixtures
- * (coordinator/control.h): the voted tree, ACR reward and punishment, the adaptive length moving
+ * (policy/control.h): the voted tree, ACR reward and punishment, the adaptive length moving
  * up and down to the cheapest length, the fallback guard switching off and back on and paying its
  * probes from a budget, ARCA's tree from given accuracies, its acceptance on recorded paths and
  * refinement, and the width choice from given curves.
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "coordinator/control.h"
+#include "policy/control.h"
 
 #define RT_TEST_W 64 /* widest curve the tests build */
 
@@ -354,6 +354,30 @@ static void guard_savings_are_credit(void **state)
     assert_int_equal(g.switches_on, 1);
 }
 
+/* LLMCad's alpha rule on fixture trees: a chain accepted whole halves alpha; a chain of 4 with 1
+ * accepted sets it to the wasted 3/4; over a tree the leaf path with the longest accepted prefix
+ * is judged (the shortest on a tie); the floor is 1e-6. */
+static void alpha_rule_on_fixture_trees(void **state)
+{
+    (void)state;
+    const int32_t chain[4] = {10, 11, 12, 13}, chain_par[4] = {-1, 0, 1, 2};
+    const int32_t all[5] = {10, 11, 12, 13, 99}, one[2] = {10, 50};
+    assert_float_equal(ctl_alpha_update(0.2f, chain, chain_par, 4, all, 5), 0.1f, 1e-7);
+    assert_float_equal(ctl_alpha_update(0.2f, chain, chain_par, 4, one, 2), 0.75f, 1e-7);
+    /* root children 10 and 20; 10 -> 11 -> 12, 20 -> 21: the target took 20 21 22 */
+    const int32_t tree[5] = {10, 20, 11, 21, 12}, tree_par[5] = {-1, -1, 0, 1, 2};
+    const int32_t took[3] = {20, 21, 22};
+    assert_float_equal(ctl_alpha_update(0.2f, tree, tree_par, 5, took, 3), 0.1f, 1e-7);
+    /* it took 10 then 30: the path 10 11 12 has 1 of 3 right, the path 20 21 none */
+    const int32_t took2[2] = {10, 30};
+    assert_float_equal(ctl_alpha_update(0.2f, tree, tree_par, 5, took2, 2), 2.0f / 3, 1e-6);
+    /* nothing right anywhere: the shortest path (20 21) is judged: all wasted */
+    const int32_t took3[1] = {7};
+    assert_float_equal(ctl_alpha_update(0.2f, tree, tree_par, 5, took3, 1), 1.0f, 1e-7);
+    assert_float_equal(ctl_alpha_update(1.5e-6f, chain, chain_par, 4, all, 5), 1e-6f, 1e-12);
+    assert_float_equal(ctl_alpha_update(0.3f, chain, chain_par, 0, all, 5), 0.3f, 0);
+}
+
 static void plan_tree_adds_the_most_likely_node(void **state)
 {
     (void)state;
@@ -641,6 +665,7 @@ int main(void)
         cmocka_unit_test(guard_keeps_a_good_drafter_on),
         cmocka_unit_test(guard_probes_within_budget),
         cmocka_unit_test(guard_savings_are_credit),
+        cmocka_unit_test(alpha_rule_on_fixture_trees),
         cmocka_unit_test(plan_tree_adds_the_most_likely_node),
         cmocka_unit_test(plan_eval_and_refine_on_recorded_paths),
         cmocka_unit_test(tree_fit_keeps_the_template_shape),

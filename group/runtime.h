@@ -1,5 +1,5 @@
 /*
- * workers/runtime — what every process of a group shares: the control-plane framing (one protobuf
+ * group/runtime — what every process of a group shares: the control-plane framing (one protobuf
  * Envelope per ZeroMQ frame, with the protocol version checked on receipt), the run-directory
  * conventions (socket and arena names), logging with the role's name, and the arena regions every
  * role finds by name.
@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coordinator/control.h"
+#include "policy/control.h"
 #include "orochi.pb-c.h"
 #include "shm/arena.h"
 

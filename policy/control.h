@@ -1,5 +1,5 @@
 /*
- * coordinator/control — the speculation controllers, as pure functions over small state structs
+ * policy/control — the speculation controllers, as pure functions over small state structs
  * (no sockets, no clocks: every decision is a function of the samples it is given, so each has a
  * unit test on fixtures, tests/unit/test_control.c). The coordinator owns one of each and feeds
  * them after every verification; `orochi profile` uses the plan half to choose trees and widths.
@@ -78,6 +78,18 @@ void ctl_branch_init(ctl_branch *b, float min);
 /* One verification: `points` branch points on the accepted path, `side` of them side branches. */
 void ctl_branch_update(ctl_branch *b, int points, int side);
 
+#define CTL_ALPHA_MAX_NODES 64 /* the largest tree ctl_alpha_update judges */
+/* LLMCad's self-adaptive fallback threshold: a tree drafter stops growing when the best branch's
+ * cumulative confidence falls below alpha. After a verification, over the tree's leaves the path
+ * (root to leaf) with the longest accepted prefix is taken — the shortest such path on a tie —:
+ * drafted all the way and all accepted, alpha halves (draft further next time); otherwise alpha
+ * becomes the fraction of that path that was wasted, (drafted - accepted) / drafted. Never below
+ * 1e-6. The tree: n nodes, token[i] and parent[i] (-1: a child of the root, parents before their
+ * children); accepted: the tokens the target took, in order. Returns alpha unchanged for an empty
+ * tree. */
+float ctl_alpha_update(float alpha, const int32_t *token, const int32_t *parent, int n,
+                       const int32_t *accepted, int n_acc);
+
 /* ===== ACR and vote weight (Minions 3.2) ===== */
 typedef struct {
     double reward_threshold, punish_threshold, reward_factor, punish_factor;
@@ -108,6 +120,7 @@ typedef struct {
     long tok;
     int n;
     uint64_t decisions;
+    uint64_t changes; /* decisions that moved the length */
 } ctl_length;
 
 void ctl_length_init(ctl_length *l, int start, int lo, int hi, int window, int stale);

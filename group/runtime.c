@@ -1,6 +1,6 @@
 #define _GNU_SOURCE
 /*
- * workers/runtime.c — framing and conventions shared by the coordinator, workers and speculators.
+ * group/runtime.c — framing and conventions shared by the coordinator, workers and speculators.
  *
  * A frame is one packed Envelope. Receiving validates before trusting anything: the payload must
  * unpack, carry a body, and carry our protocol version; anything else is reported to the caller as
@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "workers/runtime.h"
+#include "group/runtime.h"
 
 #define RT_MAX_FRAME (1u << 20)
 

@@ -1,8 +1,8 @@
 /*
- * coordinator/control.c — the speculation controllers (interface and rationale: control.h,
+ * policy/control.c — the speculation controllers (interface and rationale: control.h,
  * docs/speculation.md). Pure functions: no I/O, no clock.
  */
-#include "coordinator/control.h"
+#include "policy/control.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -243,7 +243,40 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens)
         l->len = cur + 1;
     else if (length_wants(l, cur - 1))
         l->len = cur - 1;
+    l->changes += l->len != cur;
     return l->len;
+}
+
+/* ===== the drafter's fallback threshold ===== */
+
+float ctl_alpha_update(float alpha, const int32_t *token, const int32_t *parent, int n,
+                       const int32_t *accepted, int n_acc)
+{
+    if (n <= 0 || n > CTL_ALPHA_MAX_NODES)
+        return alpha;
+    bool inner[CTL_ALPHA_MAX_NODES] = {false};
+    for (int i = 0; i < n; i++)
+        if (parent[i] >= 0 && parent[i] < n)
+            inner[parent[i]] = true;
+    int best_all = 0, best_ok = -1;
+    for (int leaf = 0; leaf < n; leaf++) {
+        if (inner[leaf])
+            continue;
+        int path[CTL_ALPHA_MAX_NODES], len = 0;
+        for (int i = leaf; i >= 0 && len < n; i = parent[i])
+            path[len++] = i;
+        int ok = 0;
+        while (ok < len && ok < n_acc && token[path[len - 1 - ok]] == accepted[ok])
+            ok++;
+        if (ok > best_ok || (ok == best_ok && len < best_all)) {
+            best_ok = ok;
+            best_all = len;
+        }
+    }
+    if (best_all <= 0)
+        return alpha;
+    alpha = best_ok == best_all ? 0.5f * alpha : (float)(best_all - best_ok) / (float)best_all;
+    return alpha < 1e-6f ? 1e-6f : alpha;
 }
 
 /* ===== fallback guard ===== */
