@@ -1211,16 +1211,16 @@ static int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_par
 #define SPEC_PLACE_W 4
 static double spec_place_time(spec *s, llama_ctx *ctx, float *logits)
 {
-    int32_t ids[16 + SPEC_PLACE_W + 1];
+    int32_t ids[8 + SPEC_PLACE_W + 1];
     for (int i = 0; i < (int)(sizeof ids / sizeof *ids); i++)
         ids[i] = (int32_t)((i * 7919 + 13) % s->model->cfg.vocab);
     char err[256];
     llama_ctx_reset(ctx);
-    if (llama_prefill(ctx, ids, 16, logits, err, sizeof err))
+    if (llama_prefill(ctx, ids, 8, logits, err, sizeof err))
         return -1;
     uint64_t t0 = rt_now_us();
-    if (llama_prefill(ctx, ids + 16, SPEC_PLACE_W, logits, err, sizeof err) ||
-        llama_prefill(ctx, ids + 16 + SPEC_PLACE_W, 1, logits, err, sizeof err))
+    if (llama_prefill(ctx, ids + 8, SPEC_PLACE_W, logits, err, sizeof err) ||
+        llama_prefill(ctx, ids + 8 + SPEC_PLACE_W, 1, logits, err, sizeof err))
         return -1;
     return (double)(rt_now_us() - t0) / 1e6;
 }
@@ -1229,8 +1229,9 @@ static double spec_place_time(spec *s, llama_ctx *ctx, float *logits)
  * the coordinator found no core of its own for it) drafts while the workers wait for its draft,
  * so every core is free then. At its first draft request — the moment that is like every later
  * one, not the group's busy start — it times its step on 1 thread and on all the online cores,
- * interleaved, 5 rounds after a warm-up, and keeps the faster (more threads only when they save
- * at least 5%), making its context again if the count changed. --threads given, or drafting
+ * interleaved, 3 rounds after a warm-up (about 40 ms in all on 2 cores at this size), and keeps
+ * the faster (more threads only when they save at least 5%), making its context again if the
+ * count changed. --threads given, or drafting
  * ahead, keeps the count as it is (spec_place_fixed). The choice and its figures go to the log
  * and, in the heartbeats, to the coordinator's log and status. */
 static void spec_place_publish(spec *s)
@@ -1260,7 +1261,7 @@ static void spec_place(spec *s)
     s->place_pending = false;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int cand[2] = {1, (int)cores};
-    double t[2][6];
+    double t[2][4];
     llama_ctx *ctx[2] = {NULL, NULL};
     float *logits = malloc((size_t)s->model->cfg.vocab * sizeof *logits);
     char err[256] = "out of memory";
@@ -1271,7 +1272,7 @@ static void spec_place(spec *s)
         ctx[c] = llama_ctx_new(s->model, &p, err, sizeof err);
         ok = ctx[c] != NULL;
     }
-    for (int r = 0; ok && r < 6; r++)
+    for (int r = 0; ok && r < 4; r++)
         for (int c = 0; ok && c < 2; c++)
             ok = (t[c][r] = spec_place_time(s, ctx[c], logits)) >= 0;
     llama_ctx_destroy(&ctx[0]);
@@ -1280,12 +1281,12 @@ static void spec_place(spec *s)
     double med[2] = {0, 0};
     for (int c = 0; ok && c < 2; c++) {
         double *v = t[c] + 1; /* round 0 warms the pages */
-        for (int i = 1; i < 5; i++)
+        for (int i = 1; i < 3; i++)
             for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
                 double x = v[j];
                 v[j] = v[j - 1], v[j - 1] = x;
             }
-        med[c] = v[2];
+        med[c] = v[1];
     }
     int want = ok && med[1] < 0.95 * med[0] ? cand[1] : s->threads;
     if (want != s->threads) {
