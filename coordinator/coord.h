@@ -1,13 +1,15 @@
 /*
- * coordinator/coord — the coordinator's internal state, shared by its six files:
- *   coord_main.c    options, set-up (arena, socket, HTTP), the main loop, shutdown;
+ * coordinator/coord — the coordinator's internal state, shared by its six files, listed from the
+ * floor up (a file calls only the ones below it; what the group and the operator code report
+ * upward goes through the listeners in coord.on, set by coord_main.c):
  *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
- *                   the status file;
- *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
- *                   commit -> feedback), stop conditions, metrics;
+ *                   the status file, the answers to operator requests, each peer's last error;
+ *   coord_trace.c   the step timeline (Chrome trace JSON) while a trace runs;
  *   coord_plan.c    the ARCA plan (--plan FILE);
  *   coord_ops.c     operator requests from `orochi-launch` (trace, swap, detach: RUN_DIR/ops/);
- *   coord_trace.c   the step timeline (Chrome trace JSON) while a trace runs.
+ *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
+ *                   commit -> feedback), stop conditions, metrics;
+ *   coord_main.c    options, set-up (arena, socket, HTTP), the listeners, the main loop, shutdown.
  * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
  * only hand requests over through the queue.
  */
@@ -100,8 +102,20 @@ typedef struct {
 } coord_peer;
 
 struct coord_engine_state;
+typedef struct coord coord;
 
+/* What the group (coord_group.c) and the operator requests (coord_ops.c) tell the floors above
+ * them, which coord_main sets once: the group never calls up into the engine or the operator
+ * code by name, so the coordinator's files stand on one another without a circle. */
 typedef struct {
+    void (*step_done)(coord *c, coord_peer *p, const Orochi__StepDone *d); /* engine */
+    void (*draft_ready)(coord *c, coord_peer *p, const Orochi__DraftReady *r); /* engine */
+    void (*worker_lost)(coord *c, coord_peer *p); /* engine: a worker is gone mid-step */
+    /* operator code: a peer's process ended; true when a swap or detach takes it from here */
+    bool (*peer_exit)(coord *c, coord_peer *p, const char *why);
+} coord_listeners;
+
+struct coord {
     /* options */
     const char *run_dir, *target, *bind, *api_key, *external;
     const char *chat_template; /* --chat-template FILE: instead of the model file's template */
@@ -209,11 +223,18 @@ typedef struct {
     /* operator requests and the timeline */
     uint64_t ops_checked_us;
     struct coord_trace *tracer; /* non-NULL while a trace runs */
-} coord;
+
+    coord_listeners on;
+};
 
 extern volatile int coord_stop_flag;
 
 /* coord_group.c */
+/* answer operator request `op` (first line "ok" or "error", then the text) in RUN_DIR/ops */
+void coord_ops_answer(coord *c, const char *op, bool ok, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* remember p's latest trouble for `status` */
+void coord_peer_error(coord_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int coord_group_spawn_all(coord *c);
 void coord_group_pump(coord *c, int timeout_ms);
 void coord_group_supervise(coord *c);
@@ -255,14 +276,9 @@ int coord_plan_costs(const coord *c, float *cost);
 /* look for new requests (at most every 100 ms) and finish swaps and detaches that are due;
  * called by the main loop between verification cycles */
 void coord_ops_poll(coord *c);
-/* answer request `op` (first line "ok" or "error", then the text) */
-void coord_ops_answer(coord *c, const char *op, bool ok, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 /* the group's supervision saw p's process end: true when a swap or detach takes it from here
  * (no respawn, no restart counted) */
 bool coord_ops_on_exit(coord *c, coord_peer *p, const char *why);
-/* remember p's latest trouble for `status` */
-void coord_peer_error(coord_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* coord_trace.c: the step timeline (docs/operations.md) */
 /* start writing OUT (Chrome trace JSON) for `seconds`; `op` is answered when it ends */

@@ -144,6 +144,36 @@ static const char *group_arg(const coord_peer *p, const char *name)
     return NULL;
 }
 
+void coord_peer_error(coord_peer *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->last_error, sizeof p->last_error, fmt, ap);
+    va_end(ap);
+    p->last_error_us = rt_now_us();
+}
+
+void coord_ops_answer(coord *c, const char *op, bool ok, const char *fmt, ...)
+{
+    char path[4400], tmp[4500];
+    snprintf(path, sizeof path, "%s/ops/%s.out", c->run_dir, op);
+    snprintf(tmp, sizeof tmp, "%s/ops/.%s.out.tmp", c->run_dir, op);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        rt_log("coordinator", "cannot answer operator request %s: %s", op, strerror(errno));
+        return;
+    }
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fprintf(f, "%s\n%s\n", ok ? "ok" : "error", text);
+    fclose(f);
+    rename(tmp, path);
+    rt_log("coordinator", "operator request %s: %s%s", op, ok ? "" : "error: ", text);
+}
+
 void coord_group_speculator_placement(coord *c, coord_peer *p)
 {
     /* Placement (docs/performance.md, measured with bench/placement.py): a model drafter that
@@ -483,11 +513,11 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
         break;
     case OROCHI__ENVELOPE__BODY_STEP_DONE:
         if (p->role == PEER_WORKER)
-            coord_engine_on_step_done(c, p, env->step_done);
+            c->on.step_done(c, p, env->step_done);
         break;
     case OROCHI__ENVELOPE__BODY_DRAFT_READY:
         if (p->role == PEER_SPECULATOR)
-            coord_engine_on_draft_ready(c, p, env->draft_ready);
+            c->on.draft_ready(c, p, env->draft_ready);
         break;
     case OROCHI__ENVELOPE__BODY_ERROR:
         rt_log("coordinator", "%s reports: %s", p->name, env->error->message);
@@ -536,7 +566,7 @@ static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
     p->connected = false;
     p->ident_len = 0;
     if (p->role == PEER_WORKER && was_connected)
-        coord_engine_on_worker_lost(c, p);
+        c->on.worker_lost(c, p);
     if (p->argv[0]) {
         if (p->child)
             kill(p->child, SIGKILL); /* a hung child: make sure it is gone before its successor */
@@ -574,7 +604,7 @@ void coord_group_supervise(coord *c)
             else
                 snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(status));
             p->child = 0;
-            if (!coord_ops_on_exit(c, p, why))
+            if (!c->on.peer_exit(c, p, why))
                 group_lost(c, p, pid, why);
         }
     }

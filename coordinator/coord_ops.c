@@ -42,36 +42,6 @@
 #define OPS_MAX_ARGS 24
 #define OPS_MAX_BYTES 8192
 
-void coord_peer_error(coord_peer *p, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(p->last_error, sizeof p->last_error, fmt, ap);
-    va_end(ap);
-    p->last_error_us = rt_now_us();
-}
-
-void coord_ops_answer(coord *c, const char *op, bool ok, const char *fmt, ...)
-{
-    char path[4400], tmp[4500];
-    snprintf(path, sizeof path, "%s/ops/%s.out", c->run_dir, op);
-    snprintf(tmp, sizeof tmp, "%s/ops/.%s.out.tmp", c->run_dir, op);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        rt_log("coordinator", "cannot answer operator request %s: %s", op, strerror(errno));
-        return;
-    }
-    char text[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    fprintf(f, "%s\n%s\n", ok ? "ok" : "error", text);
-    fclose(f);
-    rename(tmp, path);
-    rt_log("coordinator", "operator request %s: %s%s", op, ok ? "" : "error: ", text);
-}
-
 static coord_peer *ops_peer(coord *c, const char *name)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
@@ -341,7 +311,7 @@ bool coord_ops_on_exit(coord *c, coord_peer *p, const char *why)
         p->ident_len = 0;
         p->swap = SWAP_STARTED;
         if (p->role == PEER_WORKER)
-            coord_engine_on_worker_lost(c, p);
+            c->on.worker_lost(c, p);
         coord_group_spawn(c, p);
         return true;
     }

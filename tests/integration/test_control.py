@@ -24,7 +24,7 @@ t = G.Tests()
 
 def protocol_version():
     """OROCHI_PROTOCOL_VERSION from group/runtime.h: the version this build speaks."""
-    path = os.path.join(G.env()["source"], "workers", "runtime.h")
+    path = os.path.join(G.env()["source"], "group", "runtime.h")
     with open(path) as f:
         for line in f:
             w = line.split()
