@@ -5,8 +5,8 @@
  *
  * Greedy keeps the longest root-to-leaf path whose every token is the target's argmax; sampling is
  * multi-step speculative sampling with deterministic proposals (see docs/verification.md for the
- * argument that it preserves the target distribution). Also here: the chi-square tests the unit
- * tests (and anyone checking a running group) use to compare token distributions.
+ * argument that it preserves the target distribution). The chi-square tests that compare token
+ * distributions are the unit tests' own (tests/unit/chi2.h).
  */
 #ifndef OROCHI_VERIFY_H
 #define OROCHI_VERIFY_H
@@ -59,21 +59,5 @@ int verify_sample(const verify_tree *t, const float *logits, int V, sampler *s, 
 /* The tokens a step emits: the accepted drafts then `next`, into out (room for r->n_path).
  * Returns their count, r->n_path. */
 int verify_emit(const verify_tree *t, const verify_result *r, int32_t *out);
-
-/* ===== chi-square checks of token distributions ===== */
-
-/* P(X >= x) for X chi-square with dof degrees of freedom (the regularized upper gamma Q(dof/2,
- * x/2)). */
-double verify_chi2_sf(double x, double dof);
-/* Goodness of fit of counts obs[0..cells) to probabilities prob[0..cells) (summing to 1). Cells
- * whose expected count is below 5 are pooled into one (merged into the smallest other cell when the
- * pool is still below 5). A count in a cell of probability 0 gives p = 0 (statistic infinite).
- * Writes the statistic and degrees of freedom; returns the p-value. */
-double verify_chi2_gof(const uint64_t *obs, const double *prob, int cells, double *stat, int *dof);
-/* Homogeneity of two samples' counts a[0..cells) and b[0..cells) (two-sample chi-square on the
- * 2 x cells table), with the same pooling of cells whose expected count is below 5 in either row.
- */
-double verify_chi2_homogeneity(const uint64_t *a, const uint64_t *b, int cells, double *stat,
-                               int *dof);
 
 #endif

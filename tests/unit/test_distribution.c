@@ -28,6 +28,7 @@
 
 #include "coordinator/verify.h"
 #include "model/llama.h"
+#include "tests/unit/chi2.h"
 #include "tests/unit/testutil.h"
 
 enum { DIST_SAMPLES = 20000, DIST_TOKENS = 3, DIST_MAX_CELLS = 4096 };

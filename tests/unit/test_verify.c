@@ -24,6 +24,7 @@
 
 #include "coordinator/verify.h"
 #include "model/llama.h"
+#include "tests/unit/chi2.h"
 #include "tests/unit/testutil.h"
 
 /* ===== a reference sampler: full sort, then the same arithmetic ===== */
