@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/http_client.h"
 #include "cli/util.h"
+#include "base/buf.h"
 
 typedef struct {
     const char *cmd; /* "generate" | "chat", for messages */
@@ -166,21 +167,8 @@ static void gen_add_text(gen_result *r, const char *s, size_t n)
         fwrite(s, 1, n, stdout);
         fflush(stdout);
     }
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = r->text_cap ? r->text_cap : 1024;
-        while (cap < r->text_len + n + 1)
-            cap *= 2;
-        char *p = realloc(r->text, cap);
-        if (!p) {
-            r->oom = true;
-            return;
-        }
-        r->text = p;
-        r->text_cap = cap;
-    }
-    memcpy(r->text + r->text_len, s, n);
-    r->text_len += n;
-    r->text[r->text_len] = 0;
+    if (buf_append(&r->text, &r->text_len, &r->text_cap, s, n, 1024))
+        r->oom = true;
 }
 
 /* The text of choices[0] in an answer or chunk: .text, .message.content or .delta.content. */

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "cli/http_client.h"
+#include "base/buf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -238,21 +239,10 @@ static int hcli_emit(hcli_sink *s, const char *data, size_t n, char *err, size_t
         return HCLI_OK;
     }
     hcli_response *resp = s->resp;
-    if (resp->body_len + n + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 4096;
-        while (cap < resp->body_len + n + 1)
-            cap *= 2;
-        char *p = realloc(resp->body, cap);
-        if (!p) {
-            snprintf(err, errlen, "out of memory");
-            return HCLI_ENOMEM;
-        }
-        resp->body = p;
-        s->cap = cap;
+    if (buf_append(&resp->body, &resp->body_len, &s->cap, data, n, 4096)) {
+        snprintf(err, errlen, "out of memory");
+        return HCLI_ENOMEM;
     }
-    memcpy(resp->body + resp->body_len, data, n);
-    resp->body_len += n;
-    resp->body[resp->body_len] = 0;
     return HCLI_OK;
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/util.h"
+#include "base/buf.h"
 
 double cli_now(void)
 {
@@ -101,18 +102,12 @@ void cli_buf_put(cli_buf *b, const void *src, size_t n)
 {
     if (b->oom || n == 0)
         return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1 << 16;
-        while (cap < b->n + n)
-            cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+    void *p = b->p;
+    if (buf_grow(&p, &b->cap, b->n + n, 1, 1 << 16)) {
+        b->oom = true;
+        return;
     }
+    b->p = p;
     memcpy(b->p + b->n, src, n);
     b->n += n;
 }

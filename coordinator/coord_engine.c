@@ -59,6 +59,8 @@
 
 #include "coordinator/coord.h"
 #include "coordinator/verify.h"
+#include "base/buf.h"
+#include "base/utf8.h"
 
 #define ENGINE_WORKER_WAIT_US 60000000u /* how long a request waits for the workers to be back */
 #define ENGINE_EMA 0.25       /* weight of the newest sample in the draft wait's averages */
@@ -607,35 +609,7 @@ typedef struct {
 
 static int text_add(engine_text *t, const char *s, size_t n)
 {
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 1024;
-        while (cap < t->len + n + 1)
-            cap *= 2;
-        char *p = realloc(t->text, cap);
-        if (!p)
-            return -1;
-        t->text = p;
-        t->cap = cap;
-    }
-    memcpy(t->text + t->len, s, n);
-    t->len += n;
-    t->text[t->len] = 0;
-    return 0;
-}
-
-/* Length of the longest prefix of s[0..n) that does not end inside a UTF-8 sequence. */
-static size_t utf8_complete(const char *s, size_t n)
-{
-    size_t i = n, back = 0;
-    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xc0) == 0x80) {
-        i--;
-        back++;
-    }
-    if (i == 0)
-        return n;
-    unsigned char lead = (unsigned char)s[i - 1];
-    size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-    return back + 1 >= need ? n : i - 1;
+    return buf_append(&t->text, &t->len, &t->cap, s, n, 1024);
 }
 
 /* Where the first stop string in the text begins: true with *at set, false (*at = t->len) when
@@ -670,7 +644,7 @@ static bool text_flush(engine_text *t, coord_request *req, const coord_params *p
         upto = t->len > t->max_stop ? t->len - t->max_stop : 0;
         if (upto < t->sent)
             upto = t->sent;
-        upto = t->sent + utf8_complete(t->text + t->sent, upto - t->sent);
+        upto = t->sent + utf8_complete((const unsigned char *)t->text + t->sent, upto - t->sent);
     }
     if (upto > t->sent) {
         coord_request_append(req, NULL, 0, t->text + t->sent, upto - t->sent);

@@ -74,6 +74,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
+#include "base/utf8.h"
+
 #define HTTP_TICK_MS 200              /* how often a waiting handler looks for hang-up / stop */
 #define HTTP_DRAIN_FACTOR 16          /* bodies beyond 16x the limit are refused without reading */
 #define HTTP_MAX_COUNTERS 96          /* distinct (route, code) pairs counted for /metrics */
@@ -375,24 +378,8 @@ static double http_now(void)
 
 static void http_buf_add(http_buf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
+    if (!b->oom && buf_append(&b->p, &b->len, &b->cap, s, n, 256))
+        b->oom = true;
 }
 
 static void http_buf_printf(http_buf *b, const char *fmt, ...)
@@ -428,76 +415,9 @@ static void http_buf_free(http_buf *b)
     *b = (http_buf){0};
 }
 
-/* Length of the longest prefix of s[0..n) that does not end inside a UTF-8 character which the
- * next bytes could still complete. */
-static size_t http_utf8_complete(const unsigned char *s, size_t n)
-{
-    for (size_t back = 1; back <= 4 && back <= n; back++) {
-        unsigned char c = s[n - back];
-        if ((c & 0xC0) == 0x80)
-            continue; /* continuation byte: keep looking for the lead */
-        size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 1;
-        return need > back ? n - back : n;
-    }
-    return n;
-}
-
-/* Length of the valid UTF-8 character at s (1..4), or 0 if the bytes there are not one. */
-static size_t http_utf8_char(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t len;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, cp = c & 0x07, min = 0x10000;
-    else
-        return 0;
-    if (len > n)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
-}
-
-/* A NUL-terminated copy of s[0..n) as valid UTF-8: invalid bytes become U+FFFD, NULs are dropped
- * (they would end the C string cJSON sees). NULL when out of memory. */
-static char *http_utf8_clean(const char *s, size_t n)
-{
-    char *out = malloc(n * 3 + 1);
-    if (!out)
-        return NULL;
-    const unsigned char *u = (const unsigned char *)s;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t len = http_utf8_char(u + i, n - i);
-        if (!len) {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        } else {
-            if (u[i])
-                memcpy(out + o, s + i, len), o += len;
-            i += len;
-        }
-    }
-    out[o] = 0;
-    return out;
-}
-
 static void http_json_add_text(cJSON *obj, const char *key, const char *s, size_t n)
 {
-    char *clean = http_utf8_clean(s ? s : "", s ? n : 0);
+    char *clean = utf8_clean(s ? s : "", s ? n : 0);
     cJSON_AddStringToObject(obj, key, clean ? clean : "");
     free(clean);
 }
@@ -574,7 +494,7 @@ static int http_json_bad_string(const char *body, size_t len, http_err *e)
                     bad = bad ? bad : "a NUL character";
                     i++;
                 } else {
-                    size_t n = http_utf8_char(u, len - i);
+                    size_t n = utf8_char(u, len - i);
                     if (!n)
                         bad = bad ? bad : "bytes that are not valid UTF-8";
                     i += n ? n : 1;
@@ -1134,7 +1054,7 @@ static cJSON *http_orochi_json(coord_request *req, const coord_outcome *o)
         while (len && s[len - 1] == ' ')
             len--;
         if (len) {
-            char *clean = http_utf8_clean(s, len);
+            char *clean = utf8_clean(s, len);
             if (clean)
                 cJSON_AddItemToArray(kinds, cJSON_CreateString(clean));
             free(clean);
@@ -1186,7 +1106,7 @@ static char *http_token_text(const char *piece, size_t len)
 {
     bool plain = true;
     for (size_t i = 0; i < len && plain;) {
-        size_t n = piece[i] ? http_utf8_char((const unsigned char *)piece + i, len - i) : 0;
+        size_t n = piece[i] ? utf8_char((const unsigned char *)piece + i, len - i) : 0;
         plain = n > 0;
         i += n;
     }
@@ -1227,7 +1147,7 @@ static size_t http_char_offset(http_chars *c, const char *p, size_t n, size_t ba
         c->byte = base;
     while (c->byte < base + n && c->byte < pos) {
         size_t i = c->byte - base;
-        size_t len = http_utf8_char((const unsigned char *)p + i, n - i);
+        size_t len = utf8_char((const unsigned char *)p + i, n - i);
         if (!len)
             len = 1;
         if (c->byte + len > pos)
@@ -1476,10 +1396,10 @@ static void http_stream_text(http_stream *st, const char *text, size_t len, bool
         return;
     }
     size_t n =
-        flush ? st->hold.len : http_utf8_complete((const unsigned char *)st->hold.p, st->hold.len);
+        flush ? st->hold.len : utf8_complete((const unsigned char *)st->hold.p, st->hold.len);
     if (!n)
         return;
-    char *clean = http_utf8_clean(st->hold.p, n);
+    char *clean = utf8_clean(st->hold.p, n);
     if (!clean) {
         st->out.oom = true;
         return;

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include "coordinator/request.h"
+#include "base/buf.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -168,26 +169,15 @@ int coord_request_add_message(coord_request *req, const char *role, const char *
 /* Makes room for `more` ids and `extra` text bytes (plus the NUL). */
 static int request_reserve(coord_request *req, int more, size_t extra)
 {
-    if (more > 0 && req->n_ids + more > req->cap_ids) {
-        int cap = req->cap_ids ? req->cap_ids : 64;
-        while (cap < req->n_ids + more)
-            cap *= 2;
-        int32_t *ids = realloc(req->ids, (size_t)cap * sizeof *ids);
-        if (!ids)
-            return -1;
-        req->ids = ids;
-        req->cap_ids = cap;
-    }
-    if (req->text_len + extra + 1 > req->text_cap) {
-        size_t cap = req->text_cap ? req->text_cap : 256;
-        while (cap < req->text_len + extra + 1)
-            cap *= 2;
-        char *text = realloc(req->text, cap);
-        if (!text)
-            return -1;
-        req->text = text;
-        req->text_cap = cap;
-    }
+    size_t cap_ids = (size_t)req->cap_ids;
+    if (more > 0 && buf_grow((void **)&req->ids, &cap_ids, (size_t)req->n_ids + (size_t)more,
+                             sizeof *req->ids, 64))
+        return -1;
+    req->cap_ids = (int)cap_ids;
+    void *text = req->text;
+    if (buf_grow(&text, &req->text_cap, req->text_len + extra + 1, 1, 256))
+        return -1;
+    req->text = text;
     return 0;
 }
 
@@ -220,30 +210,14 @@ int coord_request_append(coord_request *req, const int32_t *ids, int n, const ch
     return rc;
 }
 
-/* Grows *p (an array of `size`-byte items with capacity *cap) to hold `need` items. */
-static int request_grow(void **p, size_t size, size_t *cap, size_t need, size_t first)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : first;
-    while (c < need)
-        c *= 2;
-    void *grown = realloc(*p, c * size);
-    if (!grown)
-        return -1;
-    *p = grown;
-    *cap = c;
-    return 0;
-}
-
 /* Room for n more records with `tops` alternatives and `bytes` piece bytes in all. */
 static int request_reserve_lp(coord_request *req, int n, int tops, size_t bytes)
 {
     size_t cap_lp = (size_t)req->cap_lp, cap_tops = (size_t)req->cap_tops;
-    int rc = request_grow((void **)&req->lp, sizeof *req->lp, &cap_lp, (size_t)req->n_lp + n, 64) ||
-             request_grow((void **)&req->tops, sizeof *req->tops, &cap_tops,
-                          (size_t)req->n_tops + tops, 256) ||
-             request_grow((void **)&req->pool, 1, &req->pool_cap, req->pool_len + bytes, 1024);
+    int rc = buf_grow((void **)&req->lp, &cap_lp, (size_t)req->n_lp + n, sizeof *req->lp, 64) ||
+             buf_grow((void **)&req->tops, &cap_tops, (size_t)req->n_tops + tops, sizeof *req->tops,
+                      256) ||
+             buf_grow((void **)&req->pool, &req->pool_cap, req->pool_len + bytes, 1, 1024);
     req->cap_lp = (int)cap_lp;
     req->cap_tops = (int)cap_tops;
     return rc ? -1 : 0;

@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE /* memmem */
 #include "model/jinja.h"
+#include "base/buf.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -1902,19 +1903,8 @@ static void emit(jctx *c, const char *p, size_t n)
 {
     if (c->out_n + n > JINJA_MAX_OUT)
         jfail(c, "the rendered text exceeds %zu bytes", JINJA_MAX_OUT);
-    if (c->out_n + n + 1 > c->out_cap) {
-        size_t cap = c->out_cap ? c->out_cap : 1024;
-        while (cap < c->out_n + n + 1)
-            cap *= 2;
-        char *o = realloc(c->out, cap);
-        if (!o)
-            jfail(c, "out of memory");
-        c->out = o;
-        c->out_cap = cap;
-    }
-    memcpy(c->out + c->out_n, p, n);
-    c->out_n += n;
-    c->out[c->out_n] = 0;
+    if (buf_append(&c->out, &c->out_n, &c->out_cap, p, n, 1024))
+        jfail(c, "out of memory");
 }
 
 /* Assign v to the loop names "a" or "a, b" (unpacking a pair). */

@@ -40,6 +40,7 @@
 
 #include "model/jinja.h"
 #include "model/tokenizer_unicode.h"
+#include "base/buf.h"
 
 enum { TOK_KIND_BPE, TOK_KIND_SPM };
 enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, TOK_PRE_QWEN2 };
@@ -342,21 +343,6 @@ typedef struct {
     bool oom;
 } tok_scratch;
 
-static bool tok_grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need)
-        nc *= 2;
-    void *q = realloc(*p, nc * elem);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
-
 static bool tok_scratch_chars(tok_scratch *s, size_t n)
 {
     if (n + 1 <= s->chars_cap)
@@ -426,7 +412,7 @@ static bool tok_pair_less(const struct tok_pair *x, const struct tok_pair *y)
 
 static void tok_heap_push(tok_scratch *s, struct tok_pair p)
 {
-    if (!tok_grow((void **)&s->heap, &s->heap_cap, s->heap_n + 1, sizeof *s->heap)) {
+    if (buf_grow((void **)&s->heap, &s->heap_cap, s->heap_n + 1, sizeof *s->heap, 64)) {
         s->oom = true;
         return;
     }
@@ -729,7 +715,7 @@ static void tok_spm_fragment(const tokenizer *tok, tok_scratch *s, const uint8_t
 {
     /* escape: ' ' -> U+2581 (3 bytes), plus the optional prefix */
     size_t need = 3 * len + 4;
-    if (!tok_grow((void **)&s->buf, &s->buf_cap, need, 1)) {
+    if (buf_grow((void **)&s->buf, &s->buf_cap, need, 1, 64)) {
         s->oom = true;
         return;
     }

@@ -12,7 +12,7 @@ import re
 import sys
 
 ROOT = os.environ.get("OROCHI_SOURCE") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLOORS = {"kernels": 1, "shm": 1, "model": 2, "policy": 2, "group": 3,
+FLOORS = {"base": 0, "kernels": 1, "shm": 1, "model": 2, "policy": 2, "group": 3,
           "workers": 4, "coordinator": 4, "cli": 4, "bench": 4}
 SIDEWAYS = {("bench", "cli")}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]+"')

@@ -245,9 +245,9 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
                       size_t len, unsigned seed)
 {
     /* the reference: the whole text with invalid bytes replaced, NULs dropped */
-    char *want = http_utf8_clean((const char *)text, len);
+    char *want = utf8_clean((const char *)text, len);
     if (!want || !fuzz_utf8_valid(want, strlen(want)))
-        fuzz_fail("http_utf8_clean produced invalid UTF-8");
+        fuzz_fail("utf8_clean produced invalid UTF-8");
     /* echo: the non-streaming answer holds the prompt, then the completion */
     const coord_params *prm = coord_request_params(req);
     char *want_all = want;
@@ -259,7 +259,7 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
         memcpy(both, prm->prompt, pl);
         if (len)
             memcpy(both + pl, text, len);
-        want_all = http_utf8_clean(both, pl + len);
+        want_all = utf8_clean(both, pl + len);
         free(both);
     }
     http_stream st = {.srv = srv, .req = req, .chat = chat, .created = 1700000000};
@@ -378,7 +378,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         cJSON *back = fz_reparse(s, strlen(s), "the error answer");
         const char *msg = cJSON_GetStringValue(
             cJSON_GetObjectItem(cJSON_GetObjectItem(back, "error"), "message"));
-        char *clean = http_utf8_clean(e.message, strlen(e.message));
+        char *clean = utf8_clean(e.message, strlen(e.message));
         if (!msg || !clean || strcmp(msg, clean))
             fuzz_fail("the error answer does not carry the message");
         free(clean);
