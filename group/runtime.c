@@ -24,6 +24,34 @@
 
 #define RT_MAX_FRAME (1u << 20)
 
+void rt_stamp(uint64_t *at)
+{
+    __atomic_store_n(at, rt_now_us(), __ATOMIC_RELAXED);
+}
+
+uint64_t rt_age_us(const uint64_t *at)
+{
+    uint64_t t = __atomic_load_n(at, __ATOMIC_RELAXED), now = rt_now_us();
+    return now > t ? now - t : 0;
+}
+
+bool rt_life_due(rt_life *l, bool may_stall)
+{
+    uint64_t quiet = rt_age_us(&l->alive_us);
+    if (may_stall && quiet > (uint64_t)l->stall_ms * 1000u) {
+        if (!__atomic_exchange_n(&l->stalled, true, __ATOMIC_RELAXED))
+            rt_log(l->role, "main thread silent for %llu ms: no more heartbeats",
+                   (unsigned long long)(quiet / 1000));
+        return false;
+    }
+    if (__atomic_exchange_n(&l->stalled, false, __ATOMIC_RELAXED))
+        rt_log(l->role, "main thread alive again: heartbeating");
+    if (rt_age_us(&l->hb_sent_us) < RT_HEARTBEAT_MS * 1000u)
+        return false;
+    rt_stamp(&l->hb_sent_us);
+    return true;
+}
+
 uint64_t rt_now_us(void)
 {
     struct timespec ts;

@@ -161,4 +161,30 @@ Orochi__Envelope *rt_env(Orochi__Envelope *env, Orochi__Envelope__BodyCase which
 /* FNV-1a over a tokenizer's token strings, to check that a draft model shares the vocabulary. */
 uint64_t rt_fnv1a(uint64_t h, const void *data, size_t len);
 
+/* ===== liveness: heartbeats from a thread of their own, but not for a wedged main thread ===== */
+
+#define RT_HEARTBEAT_MS 200 /* a heartbeat this often; the coordinator's --dead-ms is 3000 */
+
+/* A role's liveness. Its main thread stamps `alive` as it works (rt_stamp); a thread of its own
+ * asks rt_life_due every few ms whether a heartbeat should go out now, so a long computation or
+ * a wait for a peer never looks like death — unless the main thread has shown no sign for
+ * stall_ms, when the heartbeats stop (logged once, and the recovery too) and the coordinator
+ * replaces the role as dead. The fields are read and written with atomics; either thread may ask. */
+typedef struct {
+    const char *role; /* for the log lines */
+    int stall_ms;
+    uint64_t alive_us;   /* the main thread's last sign of life */
+    uint64_t hb_sent_us; /* when the last heartbeat went out */
+    bool stalled;
+} rt_life;
+
+/* *at = now (atomically). */
+void rt_stamp(uint64_t *at);
+/* Microseconds since *at (atomically read; 0 if in the future). */
+uint64_t rt_age_us(const uint64_t *at);
+/* Whether a heartbeat is due now: none went out for RT_HEARTBEAT_MS and the main thread is not
+ * stalled (`may_stall` false: it cannot stall yet, e.g. while joining maps a model). When it says
+ * yes it records the heartbeat as sent. */
+bool rt_life_due(rt_life *l, bool may_stall);
+
 #endif

@@ -41,7 +41,7 @@
  *
  * Liveness: the main loop heartbeats when it goes round, but a reset Feedback with a long prompt
  * keeps it in the draft model's prefill for seconds. A heartbeat thread covers that time: it sends
- * the heartbeat whenever the main loop has not for HEARTBEAT_MS, as long as the main thread shows
+ * the heartbeat whenever the main loop has not for RT_HEARTBEAT_MS, as long as the main thread shows
  * signs of life (a stamp at every loop and between prefill chunks of SPEC_PREFILL_CHUNK tokens);
  * if the main thread has been silent for --stall-ms it stops, so a wedged speculator is still
  * replaced. Sends go through `sock_lock`; only the main thread receives. On the way out a
@@ -66,7 +66,6 @@
 #include "model/tokenizer.h"
 #include "group/runtime.h"
 
-#define HEARTBEAT_MS 200
 #define SPEC_STALL_MS_DEFAULT 30000 /* main thread silent this long: stop heartbeating */
 #define SPEC_PREFILL_CHUNK 64       /* prompt tokens per prefill call (a sign of life between) */
 #define SPEC_MAX_TOKENS 65536
@@ -89,7 +88,7 @@ typedef struct {
     const char *run_dir, *kind_s, *draft_path, *target_path, *layers_s, *id, *heads_path,
         *template_s, *corpus_path;
     spec_kind kind;
-    int max_draft, ngram, threads, orphan_ms, stall_ms;
+    int max_draft, ngram, threads, orphan_ms;
     bool ngram_set;   /* --ngram given */
     bool threads_set; /* --threads given: no measured choice */
     /* how it runs beside the workers and why, for the heartbeats once placement_ready is set
@@ -126,8 +125,7 @@ typedef struct {
     void *zctx, *sock;
     pthread_mutex_t sock_lock; /* sends come from the main and the heartbeat thread */
     /* shared with the heartbeat thread (atomics) */
-    uint64_t hb_sent_us; /* when the last heartbeat went out, from either thread */
-    uint64_t alive_us;   /* last sign of the main thread */
+    rt_life life;        /* heartbeats (from either thread), the main thread's last sign */
     uint64_t hb_drafts;  /* drafts published, for the heartbeat */
     bool hb_active;      /* drafting for a request */
     arena *arena;
@@ -223,18 +221,16 @@ static int spec_send(spec *s, Orochi__Envelope__BodyCase which, void *body)
 
 static void spec_alive(spec *s)
 {
-    __atomic_store_n(&s->alive_us, rt_now_us(), __ATOMIC_RELAXED);
+    rt_stamp(&s->life.alive_us);
 }
 
-/* Send a heartbeat if none went out for HEARTBEAT_MS (from either thread). */
+/* Send a heartbeat if one is due (from either thread; none while the main thread is wedged). */
 static void spec_heartbeat_due(spec *s)
 {
-    uint64_t now = rt_now_us();
-    if (now - __atomic_load_n(&s->hb_sent_us, __ATOMIC_RELAXED) < HEARTBEAT_MS * 1000u)
+    if (!rt_life_due(&s->life, true))
         return;
-    __atomic_store_n(&s->hb_sent_us, now, __ATOMIC_RELAXED);
     Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
-    hb.time_us = now;
+    hb.time_us = rt_now_us();
     hb.steps = __atomic_load_n(&s->hb_drafts, __ATOMIC_RELAXED);
     hb.state = __atomic_load_n(&s->hb_active, __ATOMIC_RELAXED) ? "drafting" : "idle";
     if (__atomic_load_n(&s->placement_ready, __ATOMIC_ACQUIRE))
@@ -247,20 +243,9 @@ static void spec_heartbeat_due(spec *s)
 static void *spec_heartbeat_thread(void *arg)
 {
     spec *s = arg;
-    bool stalled = false;
     const struct timespec tick = {0, 50 * 1000000L};
     while (!spec_stop) {
-        uint64_t now = rt_now_us(), alive = __atomic_load_n(&s->alive_us, __ATOMIC_RELAXED);
-        uint64_t quiet = now > alive ? now - alive : 0;
-        if (quiet > (uint64_t)s->stall_ms * 1000u) {
-            if (!stalled)
-                rt_log(s->role, "main thread silent for %llu ms: no more heartbeats",
-                       (unsigned long long)(quiet / 1000));
-            stalled = true;
-        } else {
-            stalled = false;
-            spec_heartbeat_due(s);
-        }
+        spec_heartbeat_due(s);
         nanosleep(&tick, NULL);
     }
     return NULL;
@@ -1464,7 +1449,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'C': s->corpus_path = optarg; break;
         case 'n': s->ngram = atoi(optarg), s->ngram_set = true; break;
         case 'o': s->orphan_ms = atoi(optarg); break;
-        case 'S': s->stall_ms = atoi(optarg); break;
+        case 'S': s->life.stall_ms = atoi(optarg); break;
         case 'v': s->trace = true; break;
         case 'h': spec_usage(stdout); exit(0);
         default: spec_usage(stderr); return 2;
@@ -1544,7 +1529,7 @@ static int spec_parse(spec *s, int argc, char **argv)
         fprintf(stderr, "orochi-speculator: --head-screen must be 0..64\n");
         return 2;
     }
-    if (s->orphan_ms < 100 || s->stall_ms < 100) {
+    if (s->orphan_ms < 100 || s->life.stall_ms < 100) {
         fprintf(stderr, "orochi-speculator: --orphan-ms and --stall-ms must be >= 100\n");
         return 2;
     }
@@ -1571,7 +1556,7 @@ int main(int argc, char **argv)
               .ngram = 3,
               .threads = 1,
               .orphan_ms = 10000,
-              .stall_ms = SPEC_STALL_MS_DEFAULT,
+              .life.stall_ms = SPEC_STALL_MS_DEFAULT,
               .branch_threshold = 0.2f,
               .head_screen = 8,
               .alpha = 0.01f,
@@ -1583,6 +1568,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     snprintf(s.role, sizeof s.role, "%s", s.id ? s.id : s.kind_s);
+    s.life.role = s.role;
     rt_pin_from_env(s.role, "OROCHI_PIN_SPECULATOR", 0);
     signal(SIGTERM, spec_on_signal);
     signal(SIGINT, spec_on_signal);
@@ -1628,7 +1614,7 @@ int main(int argc, char **argv)
         bool more = spec_work_ahead(&s);
         pthread_mutex_lock(&s.sock_lock);
         zmq_pollitem_t it = {s.sock, 0, ZMQ_POLLIN, 0};
-        int ready = zmq_poll(&it, 1, more ? 0 : HEARTBEAT_MS / 2);
+        int ready = zmq_poll(&it, 1, more ? 0 : RT_HEARTBEAT_MS / 2);
         pthread_mutex_unlock(&s.sock_lock);
         if (ready <= 0)
             continue;

@@ -17,10 +17,10 @@
  * Two threads. The main thread waits on the doorbell and computes; while it waits at a step
  * barrier for a slower peer it may wait a long time, and that must never make it look dead. So a
  * control thread owns the socket's receiving side and the heartbeat: it sends a Heartbeat every
- * HEARTBEAT_MS carrying the steps done, reads the coordinator's messages (Shutdown, heartbeats)
+ * RT_HEARTBEAT_MS carrying the steps done, reads the coordinator's messages (Shutdown, heartbeats)
  * and notices an orphaned worker (the coordinator silent for --orphan-ms: the worker exits, so a
  * crashed group never leaves workers behind). The heartbeat means "this process runs and its main
- * thread is not wedged": the main thread stamps `alive_us` in its idle loop, at every barrier and
+ * thread is not wedged": the main thread stamps `life.alive_us` in its idle loop, at every barrier and
  * after every slice of a barrier wait, and the control thread withholds heartbeats once that stamp
  * is older than --stall-ms, so a worker stuck inside an op is still declared dead by the
  * coordinator (after --stall-ms plus its --dead-ms), while one that is merely waiting for a peer
@@ -47,7 +47,6 @@
 #include "model/llama_cuda.h"
 #include "group/runtime.h"
 
-#define HEARTBEAT_MS 200
 #define CONTROL_TICK_MS 20   /* the control thread's period: socket reads, heartbeat, orphan */
 #define BARRIER_SLICE_MS 100 /* a barrier wait checks in this often (alive, coordinator there) */
 #define BARRIER_SPIN 20000
@@ -76,7 +75,7 @@ typedef struct {
     bool gpu_fuse;          /* --gpu-fuse on|off */
     int gpu_att_parts;      /* --gpu-att-parts auto|N (0: auto) */
     int gpu_matmul;         /* --gpu-matmul auto|cuda|tensor (llama_gpu_matmul_parse) */
-    int index, threads, orphan_ms, stall_ms;
+    int index, threads, orphan_ms;
     bool trace;
     char role[32];
     void *zctx, *sock;
@@ -96,7 +95,7 @@ typedef struct {
     /* shared between the threads (atomics) */
     uint64_t steps;         /* steps computed (main writes, the heartbeat reads) */
     uint64_t last_coord_us; /* last sign of the coordinator: a message or a doorbell */
-    uint64_t alive_us;      /* last sign of the main thread */
+    rt_life life;           /* heartbeats, and the main thread's last sign of life */
     bool ready;             /* model and arena mapped: heartbeats say "ready" */
     /* the partition plan: the generation the context runs (main thread), and the latest
      * Reconfigure the control thread received (under plan_lock) */
@@ -144,24 +143,13 @@ static void worker_usage(FILE *out)
                  "  one op this long (so the coordinator replaces a wedged worker).\n");
 }
 
-static void worker_stamp(uint64_t *at)
-{
-    __atomic_store_n(at, rt_now_us(), __ATOMIC_RELAXED);
-}
-
-static uint64_t worker_age_us(const uint64_t *at)
-{
-    uint64_t t = __atomic_load_n(at, __ATOMIC_RELAXED), now = rt_now_us();
-    return now > t ? now - t : 0;
-}
-
 /* After each slice of a barrier wait: the main thread is alive (only waiting), and goes on
  * waiting while the worker is not stopping; the coordinator breaks the barrier if a peer died,
  * and the control thread stops the worker if the coordinator is gone. */
 static bool worker_keep_waiting(void *arg)
 {
     worker *w = arg;
-    worker_stamp(&w->alive_us);
+    rt_stamp(&w->life.alive_us);
     return !worker_stop;
 }
 
@@ -176,7 +164,7 @@ static int worker_barrier(void *arg)
     ph->phase_us[ph->n_sync ? PH_ATTENTION + (per == 5 && k > 0 ? k - 1 : k) : PH_EMBED] +=
         t0 - ph->seg_us;
     ph->n_sync++;
-    __atomic_store_n(&w->alive_us, t0, __ATOMIC_RELAXED);
+    __atomic_store_n(&w->life.alive_us, t0, __ATOMIC_RELAXED);
     int rc = arena_barrier_wait_while(&w->step->barrier, BARRIER_SPIN, BARRIER_SLICE_MS,
                                       worker_keep_waiting, w);
     uint64_t t1 = rt_now_us(), waited = t1 - t0;
@@ -213,26 +201,12 @@ static void worker_heartbeat(worker *w)
 static void *worker_control(void *arg)
 {
     worker *w = arg;
-    uint64_t last_hb = 0;
-    bool stalled = false;
     const struct timespec tick = {0, CONTROL_TICK_MS * 1000000L};
     while (!worker_stop) {
-        uint64_t now = rt_now_us();
-        uint64_t quiet = worker_age_us(&w->alive_us);
         /* joining (mapping and repacking the model) may take long: only a ready worker stalls */
-        if (__atomic_load_n(&w->ready, __ATOMIC_ACQUIRE) && quiet > (uint64_t)w->stall_ms * 1000u) {
-            if (!stalled)
-                rt_log(w->role, "main thread silent for %llu ms (inside an op): no more heartbeats",
-                       (unsigned long long)(quiet / 1000));
-            stalled = true;
-        } else if (now - last_hb >= HEARTBEAT_MS * 1000u) {
-            if (stalled)
-                rt_log(w->role, "main thread alive again: heartbeating");
-            stalled = false;
+        if (rt_life_due(&w->life, __atomic_load_n(&w->ready, __ATOMIC_ACQUIRE)))
             worker_heartbeat(w);
-            last_hb = now;
-        }
-        if (worker_age_us(&w->last_coord_us) > (uint64_t)w->orphan_ms * 1000u) {
+        if (rt_age_us(&w->last_coord_us) > (uint64_t)w->orphan_ms * 1000u) {
             rt_log(w->role, "coordinator silent for %d ms: exiting", w->orphan_ms);
             worker_stop = 1;
             break;
@@ -246,7 +220,7 @@ static void *worker_control(void *arg)
                 rt_log(w->role, "ignoring a bad frame: %s", err);
                 continue;
             }
-            worker_stamp(&w->last_coord_us);
+            rt_stamp(&w->last_coord_us);
             if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN) {
                 rt_log(w->role, "shutdown: %s", env->shutdown->reason);
                 worker_stop = 1;
@@ -284,8 +258,8 @@ static void worker_take_reconfigure(worker *w, const Orochi__Reconfigure *r)
 
 static int worker_start_control(worker *w)
 {
-    worker_stamp(&w->last_coord_us);
-    worker_stamp(&w->alive_us);
+    rt_stamp(&w->last_coord_us);
+    rt_stamp(&w->life.alive_us);
     int e = pthread_create(&w->control, NULL, worker_control, w);
     if (e) {
         rt_log(w->role, "cannot start the control thread: %s", strerror(e));
@@ -634,7 +608,7 @@ static int worker_replan(worker *w, uint32_t want, char *err, size_t errlen)
         }
         pthread_mutex_unlock(&w->plan_lock);
         if (!got) {
-            worker_stamp(&w->alive_us);
+            rt_stamp(&w->life.alive_us);
             struct timespec ms = {0, 1000000};
             nanosleep(&ms, NULL);
         }
@@ -757,13 +731,13 @@ static int worker_parse(worker *w, int argc, char **argv)
             }
             break;
         case 'o': w->orphan_ms = atoi(optarg); break;
-        case 's': w->stall_ms = atoi(optarg); break;
+        case 's': w->life.stall_ms = atoi(optarg); break;
         case 'v': w->trace = true; break;
         case 'h': worker_usage(stdout); exit(0);
         default: worker_usage(stderr); return 2;
         }
     }
-    if (!w->run_dir || w->index < 0 || w->threads < 0 || w->orphan_ms < 100 || w->stall_ms < 100) {
+    if (!w->run_dir || w->index < 0 || w->threads < 0 || w->orphan_ms < 100 || w->life.stall_ms < 100) {
         worker_usage(stderr);
         return 2;
     }
@@ -792,11 +766,12 @@ static int worker_parse(worker *w, int argc, char **argv)
 int main(int argc, char **argv)
 {
     worker w = {.device = "cpu", .gpu_memory = "auto", .gpu_graphs = true, .gpu_fuse = true, .threads = 1,
-                .orphan_ms = 10000, .stall_ms = STALL_MS_DEFAULT};
+                .orphan_ms = 10000, .life.stall_ms = STALL_MS_DEFAULT};
     int rc = worker_parse(&w, argc, argv);
     if (rc)
         return rc;
     snprintf(w.role, sizeof w.role, "worker-%d", w.index);
+    w.life.role = w.role;
     rt_pin_from_env(w.role, "OROCHI_PIN_WORKERS", w.index);
     signal(SIGTERM, worker_on_signal);
     signal(SIGINT, worker_on_signal);
@@ -836,7 +811,7 @@ int main(int argc, char **argv)
     __atomic_store_n(&w.ready, true, __ATOMIC_RELEASE);
     worker_heartbeat(&w); /* "ready": from now on the coordinator may ring us */
     while (!worker_stop) {
-        worker_stamp(&w.alive_us);
+        rt_stamp(&w.life.alive_us);
         /* the hot path: the doorbell, spinning briefly, then a futex sleep with a short timeout
          * so a stop is noticed */
         uint32_t bell = __atomic_load_n(&w.step->doorbell, __ATOMIC_ACQUIRE);
@@ -851,7 +826,7 @@ int main(int argc, char **argv)
         }
         if (bell != last_bell) {
             last_bell = bell;
-            worker_stamp(&w.last_coord_us); /* a doorbell is the coordinator speaking too */
+            rt_stamp(&w.last_coord_us); /* a doorbell is the coordinator speaking too */
             worker_step(&w);
         }
     }
