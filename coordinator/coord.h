@@ -238,6 +238,11 @@ void coord_peer_error(coord_peer *p, const char *fmt, ...) __attribute__((format
 int coord_group_spawn_all(coord *c);
 void coord_group_pump(coord *c, int timeout_ms);
 void coord_group_supervise(coord *c);
+/* Keep the group alive for a moment: take the peers' messages (waiting up to timeout_ms for the
+ * first) and supervise their processes (heartbeats, respawns). The main loop does it between
+ * cycles, and so does the engine wherever it waits inside one (for workers, a step, drafts): the
+ * one way the coordinator serves its group while it waits. */
+void coord_group_serve(coord *c, int timeout_ms);
 bool coord_group_workers_ready(const coord *c);
 int coord_group_count(const coord *c, coord_peer_role role, bool connected_only);
 void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which,

@@ -167,8 +167,7 @@ static bool engine_wait_workers(coord *c)
     while (!coord_group_workers_ready(c)) {
         if (coord_stop_flag || rt_now_us() > deadline)
             return false;
-        coord_group_pump(c, 5);
-        coord_group_supervise(c);
+        coord_group_serve(c, 5);
     }
     return true;
 }
@@ -261,8 +260,7 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
             if (run)
                 engine_run_poll(c, run);
             if (rt_now_us() - last_pump > 2000) { /* liveness: a worker may have died */
-                coord_group_pump(c, 0);
-                coord_group_supervise(c);
+                coord_group_serve(c, 0);
                 last_pump = rt_now_us();
             }
         }
@@ -294,8 +292,7 @@ static int engine_step(coord *c, int n, const int32_t *tokens, const int32_t *pa
         /* let the survivors report back before the barrier is re-armed */
         uint64_t settle = rt_now_us() + 200000u;
         while (rt_now_us() < settle) {
-            coord_group_pump(c, 5);
-            coord_group_supervise(c);
+            coord_group_serve(c, 5);
         }
         if (run && run->taken)
             return 0;
@@ -535,8 +532,7 @@ static int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32
         }
         if (!waiting || coord_stop_flag)
             break;
-        coord_group_pump(c, 1);
-        coord_group_supervise(c);
+        coord_group_serve(c, 1);
     }
     pthread_mutex_lock(&c->mlock);
     c->m_draft_wait_seconds += (rt_now_us() - t0) / 1e6;

@@ -589,6 +589,12 @@ static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
     pthread_mutex_unlock(&c->mlock);
 }
 
+void coord_group_serve(coord *c, int timeout_ms)
+{
+    coord_group_pump(c, timeout_ms);
+    coord_group_supervise(c);
+}
+
 void coord_group_supervise(coord *c)
 {
     int status;

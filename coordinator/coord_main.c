@@ -777,8 +777,7 @@ int main(int argc, char **argv)
         coord_ops_poll(&c);
         /* idle: wait up to 2 ms for a message; serving: only take what has arrived (a step's
          * StepDone trails its doorbell, and waiting for it cost ~0.9 ms per plain step) */
-        coord_group_pump(&c, coord_engine_busy(&c) ? 0 : 2);
-        coord_group_supervise(&c);
+        coord_group_serve(&c, coord_engine_busy(&c) ? 0 : 2);
         if (coord_group_workers_ready(&c))
             coord_engine_tick(&c);
     }
