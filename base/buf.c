@@ -3,7 +3,9 @@
  */
 #include "base/buf.h"
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,4 +42,45 @@ int buf_append(char **p, size_t *len, size_t *cap, const void *s, size_t n, size
     *len += n;
     (*p)[*len] = 0;
     return 0;
+}
+
+void strbuf_add(strbuf *b, const void *s, size_t n)
+{
+    if (!b->oom && buf_append(&b->p, &b->len, &b->cap, s, n, 256))
+        b->oom = true;
+}
+
+void strbuf_printf(strbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = true;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        strbuf_add(b, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->oom = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    strbuf_add(b, big, (size_t)n);
+    free(big);
+}
+
+void strbuf_free(strbuf *b)
+{
+    free(b->p);
+    *b = (strbuf){0};
 }

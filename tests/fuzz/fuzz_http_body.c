@@ -1,13 +1,9 @@
 /*
- * tests/fuzz/fuzz_http_body — libFuzzer target for the coordinator's HTTP request-body parser
- * (coordinator/http.c: http_parse_request and the http_parse_* helpers it calls, which fill a
- * coord_request through coordinator/request.c), and for the answer side that turns engine text
- * into JSON and server-sent events.
- *
- * http_parse_request is static, so this file compiles coordinator/http.c into itself (#include
- * below) and calls it exactly as http_generate does: the body as libmicrohttpd's upload handler
- * accumulates it (NUL-terminated, NULL when empty). If http.c ever exposes the parser (e.g. as
- * `http_request_parse` in http.h), include the header instead.
+ * tests/fuzz/fuzz_http_body — libFuzzer target for the API's OpenAI format (coordinator/openai.h):
+ * openai_parse_request, which fills a coord_request through coordinator/request.c, and the answer
+ * side that turns engine text into JSON and server-sent events. It calls the parser exactly as the
+ * transport (coordinator/http.c, http_generate) does: the body as libmicrohttpd's upload handler
+ * accumulates it (NUL-terminated, NULL when empty).
  *
  * Input: byte 0 = flags, the rest = the body.
  *   bit 0  route: /v1/chat/completions if set, else /v1/completions
@@ -31,7 +27,15 @@
  * Build and run: `make fuzz`, then tests/fuzz/run_fuzz.sh (seeds: tests/fuzz/corpus/http_body/,
  * dictionary: tests/fuzz/http_body.dict).
  */
-#include "coordinator/http.c" /* first: it defines _GNU_SOURCE before any system header */
+#define _GNU_SOURCE /* memmem */
+#include "coordinator/openai.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/buf.h"
+#include "base/utf8.h"
 
 #include <limits.h>
 
@@ -241,7 +245,7 @@ static cJSON *fz_reparse(const char *text, size_t len, const char *what)
 }
 
 /* Plays `text` as the engine's output of req in pieces, then checks both answer forms. */
-static void fz_answer(http_server *srv, coord_request *req, bool chat, const uint8_t *text,
+static void fz_answer(const openai_limits *lim, coord_request *req, bool chat, const uint8_t *text,
                       size_t len, unsigned seed)
 {
     /* the reference: the whole text with invalid bytes replaced, NULs dropped */
@@ -262,7 +266,7 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
         want_all = utf8_clean(both, pl + len);
         free(both);
     }
-    http_stream st = {.srv = srv, .req = req, .chat = chat, .created = 1700000000};
+    openai_stream st = {.lim = lim, .req = req, .chat = chat, .created = 1700000000};
     size_t at = 0;
     int32_t id = 0;
     while (at < len) {
@@ -273,7 +277,7 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
             piece = len - at;
         if (coord_request_append(req, &id, 1, (const char *)text + at, piece))
             fuzz_fail("coord_request_append failed on a running request");
-        http_stream_text(&st, (const char *)text + at, piece, false);
+        openai_stream_text(&st, (const char *)text + at, piece, false);
         at += piece;
         id++;
     }
@@ -282,7 +286,7 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
     snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "ngram, model,");
     if (coord_request_finish(req, "stop", &stats))
         fuzz_fail("coord_request_finish failed on a running request");
-    http_stream_text(&st, NULL, 0, true);
+    openai_stream_text(&st, NULL, 0, true);
     if (st.out.oom || st.hold.len)
         fuzz_fail("stream: %zu bytes held after the flush", st.hold.len);
 
@@ -314,16 +318,16 @@ static void fz_answer(http_server *srv, coord_request *req, bool chat, const uin
         fuzz_fail("streamed text (%zu bytes) differs from the whole text cleaned (%zu bytes)",
                   joined_len, strlen(want));
     free(joined);
-    http_buf_free(&st.out);
-    http_buf_free(&st.hold);
+    strbuf_free(&st.out);
+    strbuf_free(&st.hold);
 
     /* the final chunk and the non-streaming answer */
-    cJSON *fin = http_chunk_json(&st, NULL, "stop", NULL);
+    cJSON *fin = openai_chunk_json(&st, NULL, "stop", NULL);
     char *s = cJSON_PrintUnformatted(fin);
     cJSON_Delete(fz_reparse(s, strlen(s), "the final SSE chunk"));
     cJSON_free(s);
     cJSON_Delete(fin);
-    cJSON *res = http_result_json(srv, req, 1700000000);
+    cJSON *res = openai_result_json(lim, req, 1700000000);
     s = cJSON_PrintUnformatted(res);
     cJSON *back = fz_reparse(s, strlen(s), "the answer");
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(back, "choices"), 0);
@@ -351,14 +355,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t flags = data[0];
     bool chat = flags & 1;
     int cap = caps[(flags >> 1) & 3];
-    http_server srv = {.max_tokens_cap = cap, .model_name = "fuzz-model"};
+    openai_limits lim = {.max_tokens_cap = cap, .model_name = "fuzz-model"};
 
     /* the body as http_on_request collects it: NUL-terminated, NULL when nothing came */
-    http_buf body = {0};
+    strbuf body = {0};
     if (size > 1)
-        http_buf_add(&body, (const char *)data + 1, size - 1);
-    http_err e = {0};
-    coord_request *req = http_parse_request(&srv, chat, body.p, body.len, &e);
+        strbuf_add(&body, (const char *)data + 1, size - 1);
+    openai_err e = {0};
+    coord_request *req = openai_parse_request(&lim, chat, body.p, body.len, &e);
     if (req) {
         if (e.status)
             fuzz_fail("a request and an error (%d %s) at once", e.status, e.message);
@@ -373,7 +377,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fuzz_fail("rejected with an empty or unterminated message");
         if (!memchr(e.param, '\0', sizeof e.param) || !memchr(e.code, '\0', sizeof e.code))
             fuzz_fail("error param or code not NUL-terminated");
-        cJSON *js = http_error_json(e.status, e.message, e.param, e.code);
+        cJSON *js = openai_error_json(e.status, e.message, e.param, e.code);
         char *s = cJSON_PrintUnformatted(js);
         cJSON *back = fz_reparse(s, strlen(s), "the error answer");
         const char *msg = cJSON_GetStringValue(
@@ -391,8 +395,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     snprintf(coord_request_params(req)->id, sizeof coord_request_params(req)->id, "%s-fuzz",
              chat ? "chatcmpl" : "cmpl");
-    fz_answer(&srv, req, chat, data + 1, size - 1, flags >> 3);
+    fz_answer(&lim, req, chat, data + 1, size - 1, flags >> 3);
     coord_request_unref(&req);
-    http_buf_free(&body);
+    strbuf_free(&body);
     return 0;
 }
