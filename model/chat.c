@@ -1,0 +1,224 @@
+/*
+ * model/chat.c — chat templates of the tokenizer (interface: model/tokenizer.h, tokenizer_chat_*):
+ * the file's Jinja template (tokenizer.chat_template, or one given with --chat-template) run by
+ * the interpreter of model/jinja.c, with the "developer" role as a system turn; a file without a
+ * template gets the built-in ChatML or Llama 2 [INST] rendering; and the JSON-variables form
+ * (tools, tool calls, enable_thinking) for templates that take more than messages.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/jinja.h"
+#include "model/tokenizer_internal.h"
+
+static const char TOK_SYS_OPEN[] = "<|im_start|>system\n";
+
+char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message)
+{
+    const char *role = "user";
+    return tokenizer_chat_render(tok, 1, &role, &user_message);
+}
+
+static bool tok_role_system(const char *role)
+{
+    return !strcmp(role, "system") || !strcmp(role, "developer");
+}
+
+/* The text of token id (NULL terminated, arena-free copy), or "" when id < 0. */
+static char *tok_text_dup(const tokenizer *tok, int32_t id)
+{
+    size_t len = 0;
+    const char *t = id >= 0 ? tok_text(tok, id, &len) : "";
+    char *s = malloc(len + 1);
+    if (s) {
+        memcpy(s, t, len);
+        s[len] = '\0';
+    }
+    return s;
+}
+
+static char *tok_chat_builtin(const tokenizer *tok, int n, const char *const *roles,
+                              const char *const *contents);
+
+char *tokenizer_chat_render_err(const tokenizer *tok, int n, const char *const *roles,
+                                const char *const *contents, char *err, size_t errlen)
+{
+    if (!tok->chat_template) {
+        char *out = tok_chat_builtin(tok, n, roles, contents);
+        if (!out)
+            snprintf(err, errlen, "out of memory");
+        return out;
+    }
+    /* the OpenAI "developer" role is a system turn to the templates (which know system) */
+    jinja_message *m = malloc((size_t)(n ? n : 1) * sizeof *m);
+    char *bos = tok_text_dup(tok, tok->bos), *eos = tok_text_dup(tok, tok->eos);
+    char *out = NULL;
+    if (m && bos && eos) {
+        for (int i = 0; i < n; i++)
+            m[i] = (jinja_message){tok_role_system(roles[i]) ? "system" : roles[i], contents[i]};
+        out = jinja_render_chat(tok->chat_template, tok->chat_template_len, m, n, true, bos, eos,
+                                err, errlen);
+    } else {
+        snprintf(err, errlen, "out of memory");
+    }
+    free(m);
+    free(bos);
+    free(eos);
+    return out;
+}
+
+char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t len, char *err,
+                                 size_t errlen)
+{
+    if (!tok->chat_template) {
+        snprintf(err, errlen, "the model file has no chat template (tokenizer.chat_template): "
+                              "give one with --chat-template FILE");
+        return NULL;
+    }
+    char *bos = tok_text_dup(tok, tok->bos), *eos = tok_text_dup(tok, tok->eos);
+    char *out = NULL;
+    if (bos && eos)
+        out = jinja_render_vars(tok->chat_template, tok->chat_template_len, vars, len, bos, eos,
+                                err, errlen);
+    else
+        snprintf(err, errlen, "out of memory");
+    free(bos);
+    free(eos);
+    return out;
+}
+
+int tokenizer_set_chat_template(tokenizer *tok, const char *text, size_t len)
+{
+    char *t = malloc(len + 1);
+    if (!t)
+        return -1;
+    memcpy(t, text, len);
+    t[len] = '\0';
+    free(tok->chat_template);
+    tok->chat_template = t;
+    tok->chat_template_len = len;
+    return 0;
+}
+
+int tokenizer_chat_template_file(tokenizer *tok, const char *path, char *err, size_t errlen)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        snprintf(err, errlen, "cannot open the chat template %s", path);
+        return -1;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got = 1; buf && got;) {
+        got = fread(buf + n, 1, cap - n, fp);
+        n += got;
+        if (n == cap) {
+            char *p = cap < ((size_t)1 << 24) ? realloc(buf, cap * 2) : NULL;
+            if (!p) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    fclose(fp);
+    int rc = buf ? tokenizer_set_chat_template(tok, buf, n) : -1;
+    if (rc)
+        snprintf(err, errlen, "the chat template %s: out of memory (or larger than 16 MiB)", path);
+    free(buf);
+    return rc;
+}
+
+char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
+                            const char *const *contents)
+{
+    char err[512];
+    char *out = tokenizer_chat_render_err(tok, n, roles, contents, err, sizeof err);
+    if (!out)
+        fprintf(stderr, "tokenizer: %s\n", err);
+    return out;
+}
+
+/* The built-in rendering of a file without a template: ChatML, or Llama 2's [INST]. */
+static char *tok_chat_builtin(const tokenizer *tok, int n, const char *const *roles,
+                              const char *const *contents)
+{
+    size_t cap = 128 + (tok->chat_system ? strlen(tok->chat_system) : 0);
+    for (int i = 0; i < n; i++)
+        cap += strlen(roles[i]) + strlen(contents[i]) + 64;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    size_t m = 0;
+    if (tok->chatml) {
+        if (tok->chat_system && (n == 0 || !tok_role_system(roles[0])))
+            m += (size_t)snprintf(out + m, cap - m, "%s%s<|im_end|>\n", TOK_SYS_OPEN,
+                                  tok->chat_system);
+        for (int i = 0; i < n; i++)
+            m += (size_t)snprintf(out + m, cap - m, "<|im_start|>%s\n%s<|im_end|>\n",
+                                  tok_role_system(roles[i]) ? "system" : roles[i], contents[i]);
+        snprintf(out + m, cap - m, "<|im_start|>assistant\n");
+        return out;
+    }
+    const char *sys = NULL; /* folded into the next user turn */
+    out[0] = '\0';
+    for (int i = 0; i <= n; i++) {
+        if (i < n && tok_role_system(roles[i])) {
+            sys = contents[i];
+            continue;
+        }
+        bool user = i < n && !strcmp(roles[i], "user");
+        if (sys && !user) { /* no user turn to fold it into: a turn of its own */
+            m += (size_t)snprintf(out + m, cap - m, "%s[INST] <<SYS>>\n%s\n<</SYS>>\n\n [/INST]",
+                                  m ? " " : "", sys);
+            sys = NULL;
+        }
+        if (i == n)
+            break;
+        if (user) {
+            m += (size_t)snprintf(out + m, cap - m, "%s[INST] ", m ? " " : "");
+            if (sys)
+                m += (size_t)snprintf(out + m, cap - m, "<<SYS>>\n%s\n<</SYS>>\n\n", sys);
+            sys = NULL;
+            m += (size_t)snprintf(out + m, cap - m, "%s [/INST]", contents[i]);
+        } else {
+            m += (size_t)snprintf(out + m, cap - m, " %s", contents[i]);
+        }
+    }
+    return out;
+}
+
+/* The default system message written literally in a ChatML template, or NULL. */
+char *tok_template_system(const char *tmpl, size_t len)
+{
+    const char *end = tmpl + len;
+    size_t ol = sizeof TOK_SYS_OPEN - 1;
+    for (const char *p = tmpl; p + ol <= end; p++) {
+        if (memcmp(p, TOK_SYS_OPEN, ol) != 0)
+            continue;
+        const char *b = p + ol;
+        const char *e = b;
+        while (e + 10 <= end && memcmp(e, "<|im_end|>", 10) != 0)
+            e++;
+        if (e + 10 > end)
+            return NULL;
+        /* a template expression ('...' + messages[0]['content'] + '...') is not a literal */
+        bool literal = e > b;
+        for (const char *q = b; q < e && literal; q++)
+            if (*q == '\'' || *q == '"' || *q == '{' || *q == '}')
+                literal = false;
+        if (!literal)
+            continue;
+        char *s = malloc((size_t)(e - b) + 1);
+        if (!s)
+            return NULL;
+        memcpy(s, b, (size_t)(e - b));
+        s[e - b] = '\0';
+        return s;
+    }
+    return NULL;
+}
+
