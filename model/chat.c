@@ -13,7 +13,6 @@
 #include "model/jinja.h"
 #include "model/tokenizer_internal.h"
 
-static const char TOK_SYS_OPEN[] = "<|im_start|>system\n";
 
 char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message)
 {
@@ -87,19 +86,6 @@ char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t 
     free(bos);
     free(eos);
     return out;
-}
-
-int tokenizer_set_chat_template(tokenizer *tok, const char *text, size_t len)
-{
-    char *t = malloc(len + 1);
-    if (!t)
-        return -1;
-    memcpy(t, text, len);
-    t[len] = '\0';
-    free(tok->chat_template);
-    tok->chat_template = t;
-    tok->chat_template_len = len;
-    return 0;
 }
 
 int tokenizer_chat_template_file(tokenizer *tok, const char *path, char *err, size_t errlen)
@@ -190,35 +176,3 @@ static char *tok_chat_builtin(const tokenizer *tok, int n, const char *const *ro
     }
     return out;
 }
-
-/* The default system message written literally in a ChatML template, or NULL. */
-char *tok_template_system(const char *tmpl, size_t len)
-{
-    const char *end = tmpl + len;
-    size_t ol = sizeof TOK_SYS_OPEN - 1;
-    for (const char *p = tmpl; p + ol <= end; p++) {
-        if (memcmp(p, TOK_SYS_OPEN, ol) != 0)
-            continue;
-        const char *b = p + ol;
-        const char *e = b;
-        while (e + 10 <= end && memcmp(e, "<|im_end|>", 10) != 0)
-            e++;
-        if (e + 10 > end)
-            return NULL;
-        /* a template expression ('...' + messages[0]['content'] + '...') is not a literal */
-        bool literal = e > b;
-        for (const char *q = b; q < e && literal; q++)
-            if (*q == '\'' || *q == '"' || *q == '{' || *q == '}')
-                literal = false;
-        if (!literal)
-            continue;
-        char *s = malloc((size_t)(e - b) + 1);
-        if (!s)
-            return NULL;
-        memcpy(s, b, (size_t)(e - b));
-        s[e - b] = '\0';
-        return s;
-    }
-    return NULL;
-}
-

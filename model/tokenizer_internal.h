@@ -66,7 +66,7 @@ struct tokenizer {
 
 /* The text of token id (tokenizer.c) and its length. */
 const char *tok_text(const tokenizer *tok, int32_t id, size_t *len);
-/* The default system message written literally in a ChatML template, or NULL (chat.c). */
-char *tok_template_system(const char *tmpl, size_t len);
+/* The opening of a ChatML system turn. */
+#define TOK_SYS_OPEN "<|im_start|>system\n"
 
 #endif

@@ -123,7 +123,7 @@ int spec_send(spec *s, Orochi__Envelope__BodyCase which, void *body)
     return rc;
 }
 
-void spec_alive(spec *s)
+static void spec_alive(spec *s)
 {
     rt_stamp(&s->life.alive_us);
 }

@@ -144,8 +144,6 @@ struct spec {
 
 /* speculator.c */
 int spec_send(spec *s, Orochi__Envelope__BodyCase which, void *body);
-/* a sign of life of the main thread (between prefill chunks: the heartbeats go on) */
-void spec_alive(spec *s);
 
 /* draft_model.c: model and layerskip */
 int spec_parse_layers(const char *spec_s, int n_layers, int *out, char *err, size_t errlen);
