@@ -223,8 +223,10 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
     snprintf(bin, sizeof bin, "%s/orochi-speculator", c->bin_dir);
     group_argv(p, 9, bin, "--run-dir", c->run_dir, "--kind", kind, "--id", name, "--target",
                c->target);
+    /* the deepest draft the group may ask for: the adaptive length climbs to width - 1 (from
+     * --max-draft, where it starts), and each Feedback says how deep to draft now */
     char maxd[16];
-    snprintf(maxd, sizeof maxd, "%d", c->max_draft);
+    snprintf(maxd, sizeof maxd, "%d", c->max_width > 1 ? c->max_width - 1 : 1);
     group_argv_add(p, "--max-draft");
     group_argv_add(p, maxd);
     for (char *save = NULL, *kv = strtok_r(args, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
