@@ -19,7 +19,7 @@ mkdir -p "$work"
 # the project's C flags that change arithmetic: no contraction of a * b + c into an FMA
 flags=(-O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -I"$src")
 objs=()
-for f in attention ops types ktypes_k kquantize; do
+for f in attention ops traits types ktypes_k kquantize; do
     "$cc" "${flags[@]}" -c "$src/kernels/cpu/$f.c" -o "$work/$f.o"
     objs+=("$work/$f.o")
 done

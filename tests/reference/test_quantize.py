@@ -214,8 +214,10 @@ def rel_l2(c, r):
 
 def c_eval(path, ids, vocab, batch):
     out = path + ".logits"
+    # 16-bit activations: the quantizer is held to the exact reference, not the 8-bit rounding
+    # the default (auto) gives K-quant matrices
     rc, _, err = orochi(["eval", "--model", path, "--ids", " ".join(map(str, ids)), "--out", out,
-                         "--batch", batch])
+                         "--batch", batch, "--act-bits", "16"])
     if rc != 0:
         raise RuntimeError("eval exit %d: %s" % (rc, err.strip()[-300:]))
     data = np.fromfile(out, dtype="<f4")
