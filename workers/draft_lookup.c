@@ -84,5 +84,10 @@ int spec_load_corpus(spec *s, char *err, size_t errlen)
         rc = 0;
 done:
     fclose(f);
+    if (rc) {
+        free(s->corpus);
+        s->corpus = NULL;
+        s->n_corpus = 0;
+    }
     return rc;
 }
