@@ -1,5 +1,5 @@
 /*
- * coordinator/coord — the coordinator's internal state, shared by its six files, listed from the
+ * coordinator/coord — the coordinator's internal state, shared by its seven files, listed from the
  * floor up (a file calls only the ones below it; what the group and the operator code report
  * upward goes through the listeners in coord.on, set by coord_main.c):
  *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
@@ -8,7 +8,8 @@
  *   coord_plan.c    the ARCA plan (--plan FILE);
  *   coord_ops.c     operator requests from `orochi-launch` (trace, swap, detach: RUN_DIR/ops/);
  *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
- *                   commit -> feedback), stop conditions, metrics;
+ *                   commit -> feedback), stop conditions;
+ *   coord_metrics.c the engine's /metrics text;
  *   coord_main.c    options, set-up (arena, socket, HTTP), the listeners, the main loop, shutdown.
  * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
  * only hand requests over through the queue.
