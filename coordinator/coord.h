@@ -1,16 +1,17 @@
 /*
- * coordinator/coord — the coordinator's internal state, shared by its seven files, listed from the
+ * coordinator/coord — the coordinator's internal state, shared by its eight files, listed from the
  * floor up (a file calls only the ones below it; what the group and the operator code report
- * upward goes through the listeners in coord.on, set by coord_main.c):
+ * upward goes through the listeners in coord.on, set by coord_engine_init):
  *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
  *                   the status file, the answers to operator requests, each peer's last error;
  *   coord_trace.c   the step timeline (Chrome trace JSON) while a trace runs;
  *   coord_plan.c    the ARCA plan (--plan FILE);
  *   coord_ops.c     operator requests from `orochi-launch` (trace, swap, detach: RUN_DIR/ops/);
+ *   coord_output.c  a request's text: the prompt rendered, the output released up to a stop;
  *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
  *                   commit -> feedback), stop conditions;
  *   coord_metrics.c the engine's /metrics text;
- *   coord_main.c    options, set-up (arena, socket, HTTP), the listeners, the main loop, shutdown.
+ *   coord_main.c    options, set-up (arena, socket, HTTP), the main loop, shutdown.
  * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
  * only hand requests over through the queue.
  */
@@ -106,7 +107,7 @@ struct coord_engine_state;
 typedef struct coord coord;
 
 /* What the group (coord_group.c) and the operator requests (coord_ops.c) tell the floors above
- * them, which coord_main sets once: the group never calls up into the engine or the operator
+ * them, which coord_engine_init sets: the group never calls up into the engine or the operator
  * code by name, so the coordinator's files stand on one another without a circle. */
 typedef struct {
     void (*step_done)(coord *c, coord_peer *p, const Orochi__StepDone *d); /* engine */
@@ -311,6 +312,7 @@ void coord_trace_async(coord *c, const char *name, uint64_t id, uint64_t begin_u
 int coord_engine_submit(void *ctx, coord_request *req);
 char *coord_engine_metrics(void *ctx);
 int coord_engine_health(void *ctx, char *msg, size_t len);
+/* The engine's state, and the listeners (coord.on) the group and the operator code report to. */
 int coord_engine_init(coord *c);
 void coord_engine_fini(coord *c);
 /* Admit queued requests into free slots, then run one verification step for all active ones. */

@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include "coordinator/coord.h"
+#include "coordinator/coord_output.h"
 #include "coordinator/verify.h"
 #include "base/buf.h"
 #include "base/utf8.h"
@@ -595,91 +596,6 @@ static void engine_merge_drafts(coord *c, int slot, int32_t root, coord_tree *me
         ctl_tree_add(merged, &best->slot_draft[slot], engine_vote_weight(best), best->index);
 }
 
-/* ===== output ===== */
-
-typedef struct {
-    char *text; /* all generated text */
-    size_t len, cap, sent;
-    size_t max_stop;
-} engine_text;
-
-static int text_add(engine_text *t, const char *s, size_t n)
-{
-    return buf_append(&t->text, &t->len, &t->cap, s, n, 1024);
-}
-
-/* Where the first stop string in the text begins: true with *at set, false (*at = t->len) when
- * there is none. Only the unsent text (and a stop string's length before it) is searched: text
- * already handed over cannot begin one. */
-static bool text_find_stop(const engine_text *t, const coord_params *prm, size_t *at)
-{
-    size_t stop_at = t->len;
-    bool stopped = false;
-    for (int i = 0; i < prm->n_stop; i++) {
-        size_t sl = strlen(prm->stop[i]);
-        if (!sl)
-            continue;
-        size_t from = t->sent > sl ? t->sent - sl : 0;
-        char *hit = t->len >= sl ? memmem(t->text + from, t->len - from, prm->stop[i], sl) : NULL;
-        if (hit && (size_t)(hit - t->text) < stop_at) {
-            stop_at = (size_t)(hit - t->text);
-            stopped = true;
-        }
-    }
-    *at = stop_at;
-    return stopped;
-}
-
-/* Hand the request whatever text is now certain; returns true if a stop string was found. */
-static bool text_flush(engine_text *t, coord_request *req, const coord_params *prm, bool final)
-{
-    size_t stop_at;
-    bool stopped = text_find_stop(t, prm, &stop_at);
-    size_t upto = stop_at;
-    if (!stopped && !final) {
-        upto = t->len > t->max_stop ? t->len - t->max_stop : 0;
-        if (upto < t->sent)
-            upto = t->sent;
-        upto = t->sent + utf8_complete((const unsigned char *)t->text + t->sent, upto - t->sent);
-    }
-    if (upto > t->sent) {
-        coord_request_append(req, NULL, 0, t->text + t->sent, upto - t->sent);
-        t->sent = upto;
-    }
-    return stopped;
-}
-
-/* ===== a request ===== */
-
-/* The prompt text of a request: a completion's prompt, or the conversation rendered with the
- * file's chat template (tokenizer_chat_render_err: the template run by the Jinja interpreter);
- * NULL with the reason in err (a template that refuses the conversation or cannot be run). */
-static char *engine_render(coord *c, const coord_params *prm, char *err, size_t errlen)
-{
-    if (prm->kind == COORD_REQ_COMPLETION) {
-        char *t = strdup(prm->prompt ? prm->prompt : "");
-        if (!t)
-            snprintf(err, errlen, "out of memory");
-        return t;
-    }
-    int n = prm->n_messages;
-    const char **roles = malloc((size_t)(n ? n : 1) * sizeof *roles);
-    const char **contents = malloc((size_t)(n ? n : 1) * sizeof *contents);
-    char *out = NULL;
-    if (roles && contents) {
-        for (int i = 0; i < n; i++) {
-            roles[i] = prm->messages[i].role;
-            contents[i] = prm->messages[i].content;
-        }
-        out = tokenizer_chat_render_err(c->tok, n, roles, contents, err, errlen);
-    } else {
-        snprintf(err, errlen, "out of memory");
-    }
-    free(roles);
-    free(contents);
-    return out;
-}
-
 /* ===== the scheduler: up to n_seq requests share each verification step ===== */
 
 typedef struct {
@@ -693,7 +609,7 @@ typedef struct {
     const char *finish;
     sampler smp;
     void *work; /* sampling scratch: 3 * V floats + V * 8 bytes */
-    engine_text out;
+    coord_text out;
     char kinds[COORD_DRAFT_KINDS_LEN];
     coord_tree tree;                 /* this step's tree */
     int off;                         /* where the tree sits in the step batch */
@@ -874,7 +790,7 @@ static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float 
         start[e] = sl->out.len;
         const char *pc;
         size_t pl = tokenizer_is_special(c->tok, ids[e]) ? 0 : tokenizer_piece(c->tok, ids[e], &pc);
-        if (pl && text_add(&sl->out, pc, pl)) {
+        if (pl && coord_text_add(&sl->out, pc, pl)) {
             sl->stop = true;
             kept = e + 1;
             texted = e;
@@ -883,12 +799,12 @@ static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float 
     }
     if (sl->prm->logprobs && rows) {
         size_t cut;
-        bool stopped = text_find_stop(&sl->out, sl->prm, &cut);
+        bool stopped = coord_text_find_stop(&sl->out, sl->prm, &cut);
         slot_logprobs(c, sl, ids, rows, start, texted, stopped ? cut : SIZE_MAX);
     }
     if (sl->stop) /* eos or out of memory: slot_finish flushes the text */
         return kept;
-    if (text_flush(&sl->out, sl->req, sl->prm, false)) {
+    if (coord_text_flush(&sl->out, sl->req, sl->prm, false)) {
         sl->finish = "stop";
         sl->stop = true;
     }
@@ -898,7 +814,7 @@ static int slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float 
 static void slot_finish(coord *c, int s)
 {
     engine_slot *sl = &c->eng->slots[s];
-    text_flush(&sl->out, sl->req, sl->prm, true); /* after a stop string this adds nothing */
+    coord_text_flush(&sl->out, sl->req, sl->prm, true); /* after a stop string this adds nothing */
     coord_stats stats = {0};
     stats.prompt_tokens = sl->n_prompt;
     stats.cached_tokens = sl->cached;
@@ -1082,7 +998,7 @@ static int slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     c->eng->prefix[s] = 0;
     char err[512];
     int V = c->model->cfg.vocab;
-    char *text = engine_render(c, sl->prm, err, sizeof err);
+    char *text = coord_render_prompt(c->tok, sl->prm, err, sizeof err);
     if (!text) { /* the chat template refused the conversation, or cannot be run */
         slot_fail(c, s, strstr(err, "out of memory") ? 500 : 400, err);
         return -1;
@@ -1730,6 +1646,11 @@ static void engine_step_all(coord *c)
 
 int coord_engine_init(coord *c)
 {
+    /* what the group and the operator code report upward (coord.h, coord_listeners) */
+    c->on = (coord_listeners){.step_done = coord_engine_on_step_done,
+                              .draft_ready = coord_engine_on_draft_ready,
+                              .worker_lost = coord_engine_on_worker_lost,
+                              .peer_exit = coord_ops_on_exit};
     c->eng = calloc(1, sizeof *c->eng);
     return c->eng ? 0 : -1;
 }

@@ -738,10 +738,6 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    c.on = (coord_listeners){.step_done = coord_engine_on_step_done,
-                             .draft_ready = coord_engine_on_draft_ready,
-                             .worker_lost = coord_engine_on_worker_lost,
-                             .peer_exit = coord_ops_on_exit};
     rc = coord_engine_init(&c) ? 1 : coord_setup(&c);
     if (!rc && coord_group_spawn_all(&c))
         rc = 1;

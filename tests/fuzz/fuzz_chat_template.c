@@ -2,13 +2,9 @@
  * tests/fuzz/fuzz_chat_template — libFuzzer target for chat prompt rendering: the GGUF's
  * tokenizer.chat_template as the tokenizer reads it (ChatML or not, its literal default system
  * message: model/tokenizer.c tokenizer_new / tok_template_system), the conversation rendering
- * (tokenizer_chat_render, tokenizer_chat_prompt, and the coordinator's engine_render around them
- * in coordinator/coord_engine.c), then the stop-string cut of the engine's output text
- * (text_flush, same file).
- *
- * engine_render and text_flush are static, so this file compiles coordinator/coord_engine.c into
- * itself (#include below) and links the rest of the coordinator but its main() (the
- * orochi_fuzz_coord library of the fuzz build).
+ * (tokenizer_chat_render, tokenizer_chat_prompt, and the coordinator's coord_render_prompt around
+ * them), then the stop-string cut of the engine's output text (coord_text_flush) — both through
+ * coordinator/coord_output.h.
  *
  * Input: byte 0 = flags, bytes 1-2 = template length L (little-endian), L template bytes, then
  * records separated by NUL bytes. A record's first byte b picks what it is (b % 5): 0 a system,
@@ -19,7 +15,7 @@
  * Checked: tokenizer_new accepts any template. With a template, the rendering is the Jinja
  * interpreter's (model/jinja.c, fuzzed here on arbitrary template bytes): it gives a text or
  * refuses with a reason that names the chat template (never a crash, a hang past its step bound,
- * or a leak), and engine_render gives the same text or the same refusal; the last message's
+ * or a leak), and coord_render_prompt gives the same text or the same refusal; the last message's
  * bytes, read as the template's JSON variables (tokenizer_chat_render_vars), render or are
  * refused naming the template or the variables. Without one, the
  * rendering equals, byte for byte, what an independent reading of tokenizer.h's built-in rule
@@ -27,36 +23,38 @@
  * message folded into the next user turn as <<SYS>>, or a turn of its own when an assistant turn
  * or the end comes first). One user message renders as tokenizer_chat_prompt does. The rendered prompt tokenizes (parse_special, as slot_start does) into at
  * most strlen + 8 ids, the buffer slot_start gives it. The rendered prompt is then played as
- * generated text, in pieces, through text_flush with the request's stop strings: the text the
+ * generated text, in pieces, through coord_text_flush with the request's stop strings: the text the
  * request receives must be exactly the text before the first stop string found once the piece
  * completing it has arrived (all of it when none is), and never contain a stop string.
  *
  * Build and run: `make fuzz`, then tests/fuzz/run_fuzz.sh (seeds:
  * tests/fuzz/corpus/chat_template/).
  */
-#include "coordinator/coord_engine.c" /* first: it defines _GNU_SOURCE before any system header */
+#define _GNU_SOURCE /* memmem */
+#include "coordinator/coord_output.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/buf.h"
+#include "model/tokenizer.h"
 
 #include "tests/fuzz/fuzz_common.h"
 #include "tests/fuzz/fuzz_vocab.h"
-
-/* coordinator/coord_main.c's, which is not linked in */
-volatile int coord_stop_flag;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define FZ_MAX_MESSAGES 16
 
-static coord *fz_coord;                      /* engine_render reads only c->tok */
+static const tokenizer *fz_tok;              /* the tokenizer coord_render_prompt renders with */
 static tokenizer *fz_full[FUZZ_VOCAB_COUNT]; /* the fixtures, for the tokenization check */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    fz_coord = calloc(1, sizeof *fz_coord);
-    if (!fz_coord)
-        abort();
     for (int v = 0; v < FUZZ_VOCAB_COUNT; v++)
         fz_full[v] = fuzz_vocab_tokenizer(v, NULL, 0);
     return 0;
@@ -136,7 +134,7 @@ static size_t fz_stop_reference(const char *text, size_t len, const size_t *ends
 static void fz_release(tokenizer **tok, coord_message *msgs, const coord_params *prm, char **stops)
 {
     tokenizer_destroy(tok);
-    fz_coord->tok = NULL;
+    fz_tok = NULL;
     for (int i = 0; i < prm->n_messages; i++)
         free(msgs[i].content);
     for (int i = 0; i < prm->n_stop; i++)
@@ -184,7 +182,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     tokenizer *tok =
         fz_template_tokenizer(which <= FUZZ_VOCAB_BPE_LLAMA3, has_tmpl ? tmpl : NULL, tlen);
-    fz_coord->tok = tok;
+    fz_tok = tok;
 
     /* the reference rendering (the built-in rule, without a template) */
     fz_str all = {0};
@@ -193,9 +191,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char err[512] = "", err2[512] = "";
         char *got = tokenizer_chat_render_err(tok, prm.n_messages, roles, contents, err,
                                               sizeof err);
-        char *text = engine_render(fz_coord, &prm, err2, sizeof err2);
+        char *text = coord_render_prompt(fz_tok, &prm, err2, sizeof err2);
         if (!got != !text || (got && strcmp(got, text)) || (!got && strcmp(err, err2)))
-            fuzz_fail("engine_render differs from tokenizer_chat_render_err (%s / %s)", err, err2);
+            fuzz_fail("coord_render_prompt differs from tokenizer_chat_render_err (%s / %s)", err, err2);
         if (!got && strncmp(err, "chat template", 13) && !strstr(err, "out of memory"))
             fuzz_fail("a refused template's reason does not name the chat template: %s", err);
         free(got);
@@ -258,9 +256,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(got);
     }
     char rerr[512];
-    char *text = engine_render(fz_coord, &prm, rerr, sizeof rerr);
+    char *text = coord_render_prompt(fz_tok, &prm, rerr, sizeof rerr);
     if (!text || strcmp(text, all.p))
-        fuzz_fail("engine_render differs from tokenizer_chat_render");
+        fuzz_fail("coord_render_prompt differs from tokenizer_chat_render");
 
     /* slot_start's tokenization of it: parse_special, into strlen + 8 ids (less the BOS slot) */
     size_t len = strlen(text);
@@ -275,7 +273,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     coord_request *req = coord_request_new(COORD_REQ_CHAT);
     if (!req)
         abort();
-    engine_text out = {0};
+    coord_text out = {0};
     for (int i = 0; i < prm.n_stop; i++)
         if (strlen(prm.stop[i]) > out.max_stop)
             out.max_stop = strlen(prm.stop[i]);
@@ -289,13 +287,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t piece = 1 + (seed >> 16) % (n_ends < 500 ? 6 : 1 << 20);
         if (piece > len - at)
             piece = len - at;
-        if (text_add(&out, text + at, piece))
+        if (coord_text_add(&out, text + at, piece))
             abort();
         at += piece;
         ends[n_ends++] = at;
-        stopped = text_flush(&out, req, &prm, false);
+        stopped = coord_text_flush(&out, req, &prm, false);
     }
-    text_flush(&out, req, &prm, true); /* slot_finish's: after a stop it must add nothing */
+    coord_text_flush(&out, req, &prm, true); /* slot_finish's: after a stop it must add nothing */
     size_t want = fz_stop_reference(text, len, ends, n_ends, prm.stop, prm.n_stop);
     size_t glen = 0;
     char *gtext = coord_request_text(req, &glen);
@@ -303,7 +301,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_fail("stop strings: the request got %zu bytes, want the first %zu of %zu", glen, want,
                   len);
     if (stopped != (want < len))
-        fuzz_fail("stop strings: text cut at %zu of %zu, text_flush reported a stop: %d", want, len,
+        fuzz_fail("stop strings: text cut at %zu of %zu, coord_text_flush reported a stop: %d", want, len,
                   stopped);
     for (int i = 0; i < prm.n_stop; i++)
         if (memmem(gtext, glen, prm.stop[i], strlen(prm.stop[i])))
