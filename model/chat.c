@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "model/jinja.h"
 #include "model/tokenizer_internal.h"
 
@@ -95,23 +96,15 @@ int tokenizer_chat_template_file(tokenizer *tok, const char *path, char *err, si
         snprintf(err, errlen, "cannot open the chat template %s", path);
         return -1;
     }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (size_t got = 1; buf && got;) {
-        got = fread(buf + n, 1, cap - n, fp);
-        n += got;
-        if (n == cap) {
-            char *p = cap < ((size_t)1 << 24) ? realloc(buf, cap * 2) : NULL;
-            if (!p) {
-                free(buf);
-                buf = NULL;
-            }
-            buf = p;
-            cap *= 2;
-        }
+    void *buf = NULL;
+    size_t cap = 0, n = 0;
+    bool ok = true;
+    for (size_t got = 1; ok && got; n += got) { /* templates of up to 16 MiB */
+        ok = n < ((size_t)1 << 24) && !buf_grow(&buf, &cap, n + 4096, 1, 4096);
+        got = ok ? fread((char *)buf + n, 1, cap - n, fp) : 0;
     }
     fclose(fp);
-    int rc = buf ? tokenizer_set_chat_template(tok, buf, n) : -1;
+    int rc = ok ? tokenizer_set_chat_template(tok, buf, n) : -1;
     if (rc)
         snprintf(err, errlen, "the chat template %s: out of memory (or larger than 16 MiB)", path);
     free(buf);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "model/ngram.h"
 #include "workers/speculator_internal.h"
 
@@ -43,16 +44,17 @@ int spec_load_corpus(spec *s, char *err, size_t errlen)
         snprintf(err, errlen, "--corpus %s: %s", s->corpus_path, strerror(errno));
         return -1;
     }
-    int cap = 4096, line = 1, rc = -1;
-    s->corpus = malloc((size_t)cap * sizeof *s->corpus);
+    size_t cap = 0;
+    int line = 1, rc = -1;
+    s->corpus = NULL;
     s->n_corpus = 0;
-    for (int ch = fgetc(f); s->corpus && ch != EOF;) {
-        if (s->n_corpus + 2 > cap) {
-            int32_t *grown = realloc(s->corpus, (size_t)(cap *= 2) * sizeof *s->corpus);
-            if (!grown)
-                break;
-            s->corpus = grown;
+    for (int ch = fgetc(f); ch != EOF;) {
+        void *grown = s->corpus;
+        if (buf_grow(&grown, &cap, (size_t)s->n_corpus + 2, sizeof *s->corpus, 4096)) {
+            snprintf(err, errlen, "--corpus %s: out of memory", s->corpus_path);
+            goto done;
         }
+        s->corpus = grown;
         if (ch == '\n') {
             if (s->n_corpus && s->corpus[s->n_corpus - 1] >= 0)
                 s->corpus[s->n_corpus++] = -1;
@@ -76,9 +78,7 @@ int spec_load_corpus(spec *s, char *err, size_t errlen)
             goto done;
         }
     }
-    if (!s->corpus)
-        snprintf(err, errlen, "--corpus %s: out of memory", s->corpus_path);
-    else if (!s->n_corpus)
+    if (!s->n_corpus)
         snprintf(err, errlen, "--corpus %s holds no token ids", s->corpus_path);
     else
         rc = 0;
