@@ -9,10 +9,12 @@
  * chosen type. Weights come from a splitmix64 stream per tensor, so a (shape, type, seed) always
  * gives the same bytes. Matrices are scaled by 1/sqrt(fan_in) so activations keep unit scale.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -565,7 +567,8 @@ int cmd_mkmodel(int argc, char **argv)
     kpool *pool = NULL;
     FILE *f = b.oom ? NULL : fopen(out, "wb");
     if (!f) {
-        fprintf(stderr, "orochi mkmodel: cannot write '%s'\n", out);
+        fprintf(stderr, "orochi mkmodel: cannot write '%s': %s\n", out,
+                b.oom ? "out of memory" : strerror(errno));
         goto done;
     }
     if (fwrite(b.p, 1, b.n, f) != b.n)
@@ -589,7 +592,14 @@ int cmd_mkmodel(int argc, char **argv)
     rc = 0;
     goto done;
 write_fail:
-    fprintf(stderr, "orochi mkmodel: write to '%s' failed\n", out);
+    fprintf(stderr, "orochi mkmodel: write to '%s' failed: %s\n", out, strerror(errno));
+    if (f) {
+        fclose(f);
+        f = NULL;
+    }
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISREG(st.st_mode))
+        remove(out); /* no partial file left behind (a full disk would keep it) */
 done:
     if (f)
         fclose(f);
