@@ -15,9 +15,10 @@
  *     bits above them shifted in from the high-bit planes (IQ4_NL: nibble to code by vpshufb),
  *     then the same vpdpbusd dots, kept apart for the first and second 16 columns of a block
  *     (their scales may differ); tiles of 4 tokens.
- *   - Float weights: per column, two groups' weights (F16 converted in registers with vcvtph2ps,
- *     BF16 by a 16-bit shift) times the broadcast activation of up to 6 tokens, two accumulators
- *     per row and token: 24 accumulators, one broadcast per two FMAs.
+ *   - Float weights: per column, a group's weights (F16 converted in registers with vcvtph2ps,
+ *     BF16 by a 16-bit shift) times the broadcast activation of up to 8 tokens, two accumulators
+ *     per row and token; steps of more than 32 tokens take two groups side by side and 6 tokens
+ *     a tile (24 accumulators, one broadcast per two FMAs).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -28,7 +29,14 @@
 
 #define AI static inline __attribute__((always_inline))
 #define QT 8 /* tokens per quantized tile */
-#define FT 6 /* tokens per float tile (2 accumulators per group each) */
+#define FT 6  /* tokens per float tile of two groups (2 accumulators per group each) */
+#define FT1 8 /* tokens per float tile of one group */
+/* Steps of up to FT_ONE tokens work one group after the other (one sequential weight stream,
+ * tiles of FT1 tokens re-reading the group from cache); wider ones two groups side by side. On
+ * AMD Zen 5, 2 threads, F16 SmolLM2-135M (interleaved A/B, `orochi bench --widths`): W = 6..8
+ * 9.5-12.2 -> 7.2-8.7 ms, W = 12..16 13.2-17.0 -> 11.5-13.9 ms, W = 32 about even, W = 64 two
+ * groups ahead by ~5%. */
+#define FT_ONE 32
 
 AI __m512i a5_bcast(const void *p)
 {
@@ -382,7 +390,7 @@ AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbyte
                   const float *x, int t0, float *out)
 {
     const size_t es = type == KT_F32 ? 4 : 2, col = MM_GROUP * es;
-    __m512 acc[2][FT][2];
+    __m512 acc[2][FT1][2];
     for (int g = 0; g < NG; g++)
         for (int t = 0; t < NT; t++)
             acc[g][t][0] = acc[g][t][1] = _mm512_setzero_ps();
@@ -422,17 +430,19 @@ AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbyte
     case 3: CALL(NG, 3); break;                                                                    \
     case 4: CALL(NG, 4); break;                                                                    \
     case 5: CALL(NG, 5); break;                                                                    \
-    default: CALL(NG, 6); break;                                                                   \
+    case 6: CALL(NG, 6); break;                                                                    \
+    case 7: CALL(NG, 7); break;                                                                    \
+    default: CALL(NG, 8); break;                                                                   \
     }
 
 AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
                     const float *x, int n_tok, float *out)
 {
-    if (n_tok <= 4 && ng == 2) {
-        /* up to four tokens a step is (nearly) memory-bound: one group after the other is one
-         * sequential stream, two groups side by side are two (and stream slower); each lane
-         * computes the same either way */
-        float part[2][4 * MM_GROUP];
+    if (n_tok <= FT_ONE && ng == 2) {
+        /* one group after the other is one sequential stream, two groups side by side are two
+         * (and stream slower: the weights arrive late even when the arithmetic could keep up);
+         * each lane computes the same either way */
+        float part[2][FT_ONE * MM_GROUP];
         for (int g = 0; g < 2; g++)
             a5_fgroup_t(type, pk + (size_t)g * gbytes, 1, gbytes, cols, x, n_tok, part[g]);
         for (int t = 0; t < n_tok; t++)
@@ -441,8 +451,9 @@ AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int
                        part[g] + (size_t)t * MM_GROUP, MM_GROUP * sizeof(float));
         return;
     }
-    for (int t0 = 0; t0 < n_tok; t0 += FT) {
-        int nt = n_tok - t0 < FT ? n_tok - t0 : FT;
+    const int ft = ng == 2 ? FT : FT1;
+    for (int t0 = 0; t0 < n_tok; t0 += ft) {
+        int nt = n_tok - t0 < ft ? n_tok - t0 : ft;
 #define CF(G, N) a5_f_tile(type, G, N, pk, gbytes, cols, x, t0, out)
         if (ng == 2) {
             A5_F_CASES(2, CF)
