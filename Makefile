@@ -9,7 +9,7 @@ OROCHI_BIN := $(BUILD)/bin/orochi
 LLAMA_CPP ?= /tmp/llama.cpp/build/bin
 PEER_FLAGS ?=
 
-.PHONY: all deps build test models demo bench-peer bench-group bench-act-bits bench-concurrency asan fuzz fuzz-long soak soak-asan clean format
+.PHONY: all deps build test test-lb models demo bench-peer bench-group bench-act-bits bench-concurrency asan fuzz fuzz-long soak soak-asan clean format
 
 all: build
 
@@ -25,6 +25,11 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory build models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+
+# two groups in network namespaces behind HAProxy (deploy/orochi-balance), one killed under load
+# (tests/integration/test_balancer.py; also part of `make test` where namespaces are allowed)
+test-lb: build models
+	OROCHI_MODEL=$(MODEL) OROCHI_TMP=$(BUILD)/test-tmp /usr/bin/python3 -u tests/integration/test_balancer.py
 
 asan:
 	$(MAKE) BUILD=build-asan CMAKE_FLAGS="-DOROCHI_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" test

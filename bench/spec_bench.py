@@ -553,28 +553,34 @@ def in_waves(g, jobs, n, max_tokens):
     return res, wall
 
 
-def closed_loop(g, jobs, n, max_tokens):
-    """Every job as a greedy chat completion with n requests in flight for as long as jobs remain:
-    n client threads take the next job from one queue as soon as their last answer is back.
-    ([(response, seconds)], wall time from the first request to the last answer)."""
-    res, lock, nxt = [None] * len(jobs), threading.Lock(), [0]
+def closed_loop_run(n_jobs, n, one, more=()):
+    """n client threads take the next of n_jobs jobs from one queue as soon as their last is done:
+    one(i) does job i and returns its result; `more` are other threads run beside them. ([result
+    per job], wall time from the first job to the last result)."""
+    res, lock, nxt = [None] * n_jobs, threading.Lock(), [0]
 
     def client():
         while True:
             with lock:
                 i = nxt[0]
                 nxt[0] += 1
-            if i >= len(jobs):
+            if i >= n_jobs:
                 return
-            res[i] = g.chat(jobs[i]["prompt"], max_tokens)
+            res[i] = one(i)
 
     t0 = time.time()
-    th = [threading.Thread(target=client) for _ in range(n)]
+    th = [threading.Thread(target=client) for _ in range(n)] + [threading.Thread(target=f) for f in more]
     for t in th:
         t.start()
     for t in th:
         t.join()
     return res, time.time() - t0
+
+
+def closed_loop(g, jobs, n, max_tokens):
+    """Every job as a greedy chat completion with n requests in flight for as long as jobs remain.
+    ([(response, seconds)], wall time from the first request to the last answer)."""
+    return closed_loop_run(len(jobs), n, lambda i: g.chat(jobs[i]["prompt"], max_tokens))
 
 
 def concurrency(a, prompts, base, out):

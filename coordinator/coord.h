@@ -1,5 +1,5 @@
 /*
- * coordinator/coord — the coordinator's internal state, shared by its eight files, listed from the
+ * coordinator/coord — the coordinator's internal state, shared by its files, listed from the
  * floor up (a file calls only the ones below it; what the group and the operator code report
  * upward goes through the listeners in coord.on, set by coord_engine_init):
  *   coord_group.c   the peers: spawning, Hello/Welcome, heartbeats, supervision and restarts,
@@ -8,8 +8,11 @@
  *   coord_plan.c    the ARCA plan (--plan FILE);
  *   coord_ops.c     operator requests from `orochi-launch` (trace, swap, detach: RUN_DIR/ops/);
  *   coord_output.c  a request's text: the prompt rendered, the output released up to a stop;
- *   coord_engine.c  requests: tokenization, the verification loop (drafts -> step -> accept ->
- *                   commit -> feedback), stop conditions;
+ *   the engine      requests through the verification loop (drafts -> step -> accept -> commit
+ *                   -> feedback), in five files on their own floors (coordinator/engine.h): the step
+ *                   (coord_step.c), the drafts (coord_drafts.c), the sequence slots
+ *                   (coord_slots.c), the free run (coord_freerun.c) and the cycle with the queue
+ *                   (coord_engine.c);
  *   coord_metrics.c the engine's /metrics text;
  *   coord_main.c    options, set-up (arena, socket, HTTP), the main loop, shutdown.
  * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
@@ -75,7 +78,7 @@ typedef struct {
                  * request */
     bool lookup; /* ngram: what it drafts, the workers' free run finds by itself */
     uint64_t fed_req, fed_ctx; /* latest Feedback sent (the context it holds) */
-    /* what the draft wait learns about it (coord_engine.c, engine_draft_budget_us) */
+    /* what the draft wait learns about it (coord_drafts.c, engine_draft_budget_us) */
     uint64_t fed_us;       /* when the latest Feedback went out */
     bool fed_reset;        /* ... and whether it was a reset (the whole context) */
     bool reply_timed;      /* its reply to that Feedback has been timed */
@@ -117,8 +120,8 @@ typedef struct {
     bool (*peer_exit)(coord *c, coord_peer *p, const char *why);
 } coord_listeners;
 
-struct coord {
-    /* options */
+/* What the command line (and the environment) set: fixed once the coordinator has started. */
+typedef struct {
     const char *run_dir, *target, *bind, *api_key, *external;
     const char *chat_template; /* --chat-template FILE: instead of the model file's template */
     char api_key_buf[512]; /* the key read from --api-key-file or $OROCHI_API_KEY */
@@ -130,52 +133,31 @@ struct coord {
     int kv_dup_opt;        /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     char worker_device[RT_MAX_WORKERS][4]; /* "cpu" or "gpu" per worker (--workers cpu:N,gpu:M) */
-    /* --gpu-memory, --gpu-graphs, --gpu-fuse, --gpu-att-parts, --gpu-matmul for GPU workers ("": the worker's
-     * default) */
+    /* --gpu-memory, --gpu-graphs, --gpu-fuse, --gpu-att-parts, --gpu-matmul for GPU workers ("":
+     * the worker's default) */
     char gpu_memory[8], gpu_graphs[4], gpu_fuse[4], gpu_att_parts[8], gpu_matmul[8];
     bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
-    double step_ema_us;    /* a verification cycle but its draft wait, EMA: a token's price */
-    int n_seq;             /* requests verified together (sequence slots) */
-    struct coord_engine_state *eng;
+    int n_seq;             /* requests verified together (sequence slots, --max-batch) */
     int heartbeat_ms, dead_ms;
     int drain_ms; /* SIGTERM: how long admitted requests may take to finish */
     bool trace, no_spawn;
-    /* speculation controllers (policy/control.h, docs/speculation.md) */
+    /* speculation (policy/control.h, docs/speculation.md) */
     bool tree, adaptive;
     coord_vote vote;
-    int width;    /* verification width: nodes of a verified tree, root included */
-    int spec_len; /* current speculation length (max draft depth) */
     ctl_acr_params acr;
     int decision_threshold;
-    ctl_length len;        /* the adaptive length (--adaptive on) */
-    ctl_guard guard;       /* speculation off while it is slower than plain decoding (--guard on) */
-    ctl_guard guard_batch; /* the same for cycles that verify several requests */
     bool guard_enabled;
-    bool no_free_run; /* --free-run off: every token goes through a verification cycle */
+    bool no_free_run;   /* --free-run off: every token goes through a verification cycle */
     bool no_lookup_run; /* --lookup-run off: ngram drafts only through verification cycles */
-    ctl_lookup lookup;  /* prompt lookup's acceptance per match order, carried from run to run */
-    /* the group's own step-time curve for prompt lookup when the plan gives none (measured
-     * once, engine_measure_costs): cost[w] for w = 1..self_cost_w (0: none) */
-    float self_cost[RT_MAX_WIDTH + 1];
-    int self_cost_w;
-    bool self_cost_tried;
     int guard_window, guard_probe;
-    /* the plan (--plan FILE; reread when the file changes) */
-    const char *plan_path;
-    struct coord_plan *plan;
-    int plan_bucket; /* the bucket applied last (-1: none) */
-    int64_t plan_mtime;
-    uint64_t plan_checked_us;
-    /* the partition plan the workers run (the plan's "partition"; none: the even split), and its
-     * generation: bumped with every change, carried by each step in the arena (rt_step) */
-    llama_partition part;
-    bool part_set;
-    uint32_t part_gen;
+    const char *plan_path; /* --plan FILE (reread when the file changes) */
     const char *spec_specs[RT_MAX_SPECULATORS];
     int n_spec_specs;
     char bin_dir[4096];
+} coord_options;
 
-    /* the group */
+/* The group: the control socket, the arena and what it holds, the peers, the step in flight. */
+typedef struct {
     void *zctx, *sock;
     arena *arena;
     rt_step *step;
@@ -190,6 +172,67 @@ struct coord {
     uint64_t step_wait_id;
     bool step_failed;
     char step_err[256];
+} coord_group_state;
+
+/* A latency histogram in seconds (Prometheus): observations at or below each bound of
+ * coord_latency_le (coord_metrics.c), their count and their sum. */
+#define COORD_LAT_BUCKETS 14
+typedef struct {
+    uint64_t n[COORD_LAT_BUCKETS];
+    uint64_t count;
+    double sum;
+} coord_latency;
+
+/* What /metrics and `status` report; HTTP threads read it under `lock`. */
+typedef struct {
+    pthread_mutex_t lock;
+    uint64_t requests, tokens, steps, prompt_tokens, failed, restarts;
+    uint64_t free_tokens;      /* tokens taken from free-running decodes */
+    uint64_t piggyback_tokens; /* tokens decoded in the steps of another request's prefill */
+    uint64_t accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
+    uint64_t batch_hist[RT_MAX_SEQ + 1];    /* requests per verification step */
+    double step_seconds, draft_wait_seconds;
+    double worker_compute_us[RT_MAX_WORKERS];
+    uint64_t worker_steps[RT_MAX_WORKERS];
+    char spec_text[4096]; /* speculator gauges, rebuilt by the main loop */
+    char mem_text[4096];  /* each role's memory gauges, rebuilt every 10 s */
+    uint64_t last_mem_us;
+    char last_error[200]; /* the latest failed request, for `status` */
+    uint64_t last_error_us;
+    coord_latency ttft; /* a request's arrival to its first token */
+    coord_latency itl;  /* between a request's tokens (coord_latency_observe_gap) */
+} coord_metrics;
+
+struct coord {
+    coord_options opt;
+    coord_group_state grp;
+    coord_metrics met;
+
+    /* the engine: its sequence slots (private to it: coordinator/engine.h) and the controllers
+     * and the plan it steers by */
+    struct coord_engine_state *eng;
+    double step_ema_us; /* a verification cycle but its draft wait, EMA: a token's price */
+    int width;          /* verification width: nodes of a verified tree, root included */
+    int spec_len;       /* current speculation length (max draft depth) */
+    ctl_length len;        /* the adaptive length (--adaptive on) */
+    ctl_guard guard;       /* speculation off while it is slower than plain decoding (--guard on) */
+    ctl_guard guard_batch; /* the same for cycles that verify several requests */
+    ctl_lookup lookup;     /* prompt lookup's acceptance per match order, carried from run to run */
+    /* the group's own step-time curve for prompt lookup when the plan gives none (measured
+     * once, engine_measure_costs): cost[w] for w = 1..self_cost_w (0: none) */
+    float self_cost[RT_MAX_WIDTH + 1];
+    int self_cost_w;
+    bool self_cost_tried;
+    /* the plan (--plan FILE) */
+    struct coord_plan *plan;
+    int plan_bucket; /* the bucket applied last (-1: none) */
+    int64_t plan_mtime;
+    uint64_t plan_checked_us;
+    /* the partition plan the workers run (the plan's "partition"; none: the even split), and its
+     * generation: bumped with every change, carried by each step in the arena (rt_step) */
+    llama_partition part;
+    bool part_set;
+    uint32_t part_gen;
 
     /* the model (weights stay unmapped but for metadata: the coordinator computes nothing) */
     llama_model *model;
@@ -205,22 +248,6 @@ struct coord {
     int qhead, qlen;
     uint64_t next_request_id;
     http_server *http;
-
-    /* metrics */
-    pthread_mutex_t mlock;
-    uint64_t m_requests, m_tokens, m_steps, m_prompt_tokens, m_failed, m_restarts;
-    uint64_t m_free_tokens; /* tokens taken from free-running decodes */
-    uint64_t m_piggyback_tokens; /* tokens decoded in the steps of another request's prefill */
-    uint64_t m_accept_hist[RT_MAX_WIDTH + 1]; /* tokens accepted per verification step */
-    uint64_t m_batch_hist[RT_MAX_SEQ + 1];    /* requests per verification step */
-    double m_step_seconds, m_draft_wait_seconds;
-    double m_worker_compute_us[RT_MAX_WORKERS];
-    uint64_t m_worker_steps[RT_MAX_WORKERS];
-    char m_spec_text[4096]; /* speculator gauges, rebuilt by the main loop */
-    char m_mem_text[4096];  /* each role's memory gauges, rebuilt every 10 s */
-    uint64_t last_mem_us;
-    char last_error[200];   /* the latest failed request, for `status` */
-    uint64_t last_error_us;
 
     /* operator requests and the timeline */
     uint64_t ops_checked_us;
@@ -263,6 +290,10 @@ int coord_group_spawn(coord *c, coord_peer *p);
 void coord_group_write_cmd(coord *c, const coord_peer *p);
 /* a model drafter on cores the workers use: no drafting ahead (adds --work-ahead 0) */
 void coord_group_speculator_placement(coord *c, coord_peer *p);
+
+/* coord_metrics.c */
+/* `times` observations of `seconds` each (call with c->met.lock held) */
+void coord_latency_observe(coord_latency *h, double seconds, uint64_t times);
 
 /* coord_plan.c */
 int coord_plan_load(coord *c, char *err, size_t errlen);
@@ -308,7 +339,7 @@ void coord_trace_async(coord *c, const char *name, uint64_t id, uint64_t begin_u
 #define COORD_TRACE_ENGINE 1 /* the coordinator's verification loop */
 #define COORD_TRACE_SLOT 100 /* + s: sequence slot s (its requests) */
 
-/* coord_engine.c */
+/* the engine (coord_engine.c, coord_step.c, coord_drafts.c: the rest is private to it) */
 int coord_engine_submit(void *ctx, coord_request *req);
 char *coord_engine_metrics(void *ctx);
 int coord_engine_health(void *ctx, char *msg, size_t len);

@@ -34,15 +34,15 @@
 void coord_group_send(coord *c, coord_peer *p, Orochi__Envelope__BodyCase which, void *body)
 {
     Orochi__Envelope env;
-    rt_send(c->sock, p->ident, p->ident_len, rt_env(&env, which, body));
+    rt_send(c->grp.sock, p->ident, p->ident_len, rt_env(&env, which, body));
 }
 
 void coord_group_broadcast(coord *c, coord_peer_role role, Orochi__Envelope__BodyCase which,
                            void *body)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role == role && c->peers[i].connected)
-            coord_group_send(c, &c->peers[i], which, body);
+        if (c->grp.peers[i].role == role && c->grp.peers[i].connected)
+            coord_group_send(c, &c->grp.peers[i], which, body);
 }
 
 void coord_group_reconfigure(coord *c)
@@ -50,7 +50,7 @@ void coord_group_reconfigure(coord *c)
     float shares[LP_N * LLAMA_MAX_PARTS];
     Orochi__Reconfigure r = OROCHI__RECONFIGURE__INIT;
     r.generation = c->part_gen;
-    r.n_parts = (uint32_t)c->n_workers;
+    r.n_parts = (uint32_t)c->opt.n_workers;
     r.shares = shares;
     r.n_shares = c->part_set ? llama_partition_pack(&c->part, shares) : 0;
     r.style = c->part_set ? (uint32_t)c->part.style : 0;
@@ -61,7 +61,7 @@ int coord_group_count(const coord *c, coord_peer_role role, bool connected_only)
 {
     int n = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role == role && (!connected_only || c->peers[i].connected))
+        if (c->grp.peers[i].role == role && (!connected_only || c->grp.peers[i].connected))
             n++;
     return n;
 }
@@ -70,9 +70,9 @@ bool coord_group_workers_ready(const coord *c)
 {
     int ready = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role == PEER_WORKER && c->peers[i].connected && c->peers[i].ready)
+        if (c->grp.peers[i].role == PEER_WORKER && c->grp.peers[i].connected && c->grp.peers[i].ready)
             ready++;
-    return ready == c->n_workers;
+    return ready == c->opt.n_workers;
 }
 
 /* ===== spawning ===== */
@@ -80,18 +80,18 @@ bool coord_group_workers_ready(const coord *c)
 static coord_peer *group_slot(coord *c, const char *name)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role != PEER_FREE && !strcmp(c->peers[i].name, name))
-            return &c->peers[i];
+        if (c->grp.peers[i].role != PEER_FREE && !strcmp(c->grp.peers[i].name, name))
+            return &c->grp.peers[i];
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role == PEER_FREE)
-            return &c->peers[i];
+        if (c->grp.peers[i].role == PEER_FREE)
+            return &c->grp.peers[i];
     return NULL;
 }
 
 int coord_group_spawn(coord *c, coord_peer *p)
 {
     char log[4200];
-    snprintf(log, sizeof log, "%s/logs/%s.log", c->run_dir, p->name);
+    snprintf(log, sizeof log, "%s/logs/%s.log", c->opt.run_dir, p->name);
     pid_t pid = fork();
     if (pid < 0) {
         rt_log("coordinator", "cannot fork for %s: %s", p->name, strerror(errno));
@@ -156,8 +156,8 @@ void coord_peer_error(coord_peer *p, const char *fmt, ...)
 void coord_ops_answer(coord *c, const char *op, bool ok, const char *fmt, ...)
 {
     char path[4400], tmp[4500];
-    snprintf(path, sizeof path, "%s/ops/%s.out", c->run_dir, op);
-    snprintf(tmp, sizeof tmp, "%s/ops/.%s.out.tmp", c->run_dir, op);
+    snprintf(path, sizeof path, "%s/ops/%s.out", c->opt.run_dir, op);
+    snprintf(tmp, sizeof tmp, "%s/ops/.%s.out.tmp", c->opt.run_dir, op);
     FILE *f = fopen(tmp, "w");
     if (!f) {
         rt_log("coordinator", "cannot answer operator request %s: %s", op, strerror(errno));
@@ -187,13 +187,13 @@ void coord_group_speculator_placement(coord *c, coord_peer *p)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     bool model_kind = kind && (!strcmp(kind, "model") || !strcmp(kind, "layerskip"));
     if (model_kind && !group_arg(p, "--work-ahead") &&
-        (long)c->n_workers * c->threads_per_worker + spec_threads > cores) {
+        (long)c->opt.n_workers * c->opt.threads_per_worker + spec_threads > cores) {
         group_argv_add(p, "--work-ahead");
         group_argv_add(p, "0");
         rt_log("coordinator",
                "%s: %d worker thread(s) + %d drafter thread(s) > %ld cores: no drafting "
                "ahead during verification (set work-ahead=1 to force it)",
-               p->name, c->n_workers * c->threads_per_worker, spec_threads, cores);
+               p->name, c->opt.n_workers * c->opt.threads_per_worker, spec_threads, cores);
     }
 }
 
@@ -220,13 +220,13 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
     p->role = PEER_SPECULATOR;
     snprintf(p->name, sizeof p->name, "%s", name);
     char bin[4200];
-    snprintf(bin, sizeof bin, "%s/orochi-speculator", c->bin_dir);
-    group_argv(p, 9, bin, "--run-dir", c->run_dir, "--kind", kind, "--id", name, "--target",
-               c->target);
+    snprintf(bin, sizeof bin, "%s/orochi-speculator", c->opt.bin_dir);
+    group_argv(p, 9, bin, "--run-dir", c->opt.run_dir, "--kind", kind, "--id", name, "--target",
+               c->opt.target);
     /* the deepest draft the group may ask for: the adaptive length climbs to width - 1 (from
      * --max-draft, where it starts), and each Feedback says how deep to draft now */
     char maxd[16];
-    snprintf(maxd, sizeof maxd, "%d", c->max_width > 1 ? c->max_width - 1 : 1);
+    snprintf(maxd, sizeof maxd, "%d", c->opt.max_width > 1 ? c->opt.max_width - 1 : 1);
     group_argv_add(p, "--max-draft");
     group_argv_add(p, maxd);
     for (char *save = NULL, *kv = strtok_r(args, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
@@ -246,8 +246,8 @@ static int group_add_speculator(coord *c, const char *spec_s, int ordinal)
 void coord_group_write_cmd(coord *c, const coord_peer *p)
 {
     char path[4400], tmp[4500];
-    snprintf(path, sizeof path, "%s/cmd/%s", c->run_dir, p->name);
-    snprintf(tmp, sizeof tmp, "%s/cmd/.%s.tmp", c->run_dir, p->name);
+    snprintf(path, sizeof path, "%s/cmd/%s", c->opt.run_dir, p->name);
+    snprintf(tmp, sizeof tmp, "%s/cmd/.%s.tmp", c->opt.run_dir, p->name);
     FILE *f = fopen(tmp, "w"); /* renamed into place: `debug` never reads half of it */
     if (!f)
         return;
@@ -260,62 +260,62 @@ void coord_group_write_cmd(coord *c, const coord_peer *p)
 int coord_group_spawn_all(coord *c)
 {
     char logs[4200];
-    snprintf(logs, sizeof logs, "%s/logs", c->run_dir);
+    snprintf(logs, sizeof logs, "%s/logs", c->opt.run_dir);
     mkdir(logs, 0755);
-    for (int i = 0; i < c->n_workers; i++) {
+    for (int i = 0; i < c->opt.n_workers; i++) {
         char name[32], idx[16], thr[16], bin[4200];
         snprintf(name, sizeof name, "worker-%d", i);
         snprintf(idx, sizeof idx, "%d", i);
-        snprintf(thr, sizeof thr, "%d", c->threads_per_worker);
-        snprintf(bin, sizeof bin, "%s/orochi-worker", c->bin_dir);
+        snprintf(thr, sizeof thr, "%d", c->opt.threads_per_worker);
+        snprintf(bin, sizeof bin, "%s/orochi-worker", c->opt.bin_dir);
         /* $OROCHI_GPU_WORKER_BIN: the executable a GPU worker is instead (the tests' worker over
          * the CPU stand-in for the GPU op set, orochi-worker-gpuhost; docs/gpu.md) */
         const char *gpu_bin = getenv("OROCHI_GPU_WORKER_BIN");
-        if (!strcmp(c->worker_device[i], "gpu") && gpu_bin && *gpu_bin)
+        if (!strcmp(c->opt.worker_device[i], "gpu") && gpu_bin && *gpu_bin)
             snprintf(bin, sizeof bin, "%s", gpu_bin);
         coord_peer *p = group_slot(c, name);
         memset(p, 0, sizeof *p);
         p->role = PEER_WORKER;
         p->index = i;
         snprintf(p->name, sizeof p->name, "%s", name);
-        group_argv(p, 9, bin, "--run-dir", c->run_dir, "--index", idx, "--threads", thr,
-                   "--device", c->worker_device[i][0] ? c->worker_device[i] : "cpu");
-        if (!strcmp(c->worker_device[i], "gpu")) {
-            if (c->gpu_memory[0]) {
+        group_argv(p, 9, bin, "--run-dir", c->opt.run_dir, "--index", idx, "--threads", thr,
+                   "--device", c->opt.worker_device[i][0] ? c->opt.worker_device[i] : "cpu");
+        if (!strcmp(c->opt.worker_device[i], "gpu")) {
+            if (c->opt.gpu_memory[0]) {
                 group_argv_add(p, "--gpu-memory");
-                group_argv_add(p, c->gpu_memory);
+                group_argv_add(p, c->opt.gpu_memory);
             }
-            if (c->gpu_graphs[0]) {
+            if (c->opt.gpu_graphs[0]) {
                 group_argv_add(p, "--gpu-graphs");
-                group_argv_add(p, c->gpu_graphs);
+                group_argv_add(p, c->opt.gpu_graphs);
             }
-            if (c->gpu_fuse[0]) {
+            if (c->opt.gpu_fuse[0]) {
                 group_argv_add(p, "--gpu-fuse");
-                group_argv_add(p, c->gpu_fuse);
+                group_argv_add(p, c->opt.gpu_fuse);
             }
-            if (c->gpu_att_parts[0]) {
+            if (c->opt.gpu_att_parts[0]) {
                 group_argv_add(p, "--gpu-att-parts");
-                group_argv_add(p, c->gpu_att_parts);
+                group_argv_add(p, c->opt.gpu_att_parts);
             }
-            if (c->gpu_matmul[0]) {
+            if (c->opt.gpu_matmul[0]) {
                 group_argv_add(p, "--gpu-matmul");
-                group_argv_add(p, c->gpu_matmul);
+                group_argv_add(p, c->opt.gpu_matmul);
             }
         }
     }
-    for (int i = 0; i < c->n_spec_specs; i++)
-        if (group_add_speculator(c, c->spec_specs[i], i))
+    for (int i = 0; i < c->opt.n_spec_specs; i++)
+        if (group_add_speculator(c, c->opt.spec_specs[i], i))
             return -1;
-    c->started_us = rt_now_us();
+    c->grp.started_us = rt_now_us();
     char cmds[4200];
-    snprintf(cmds, sizeof cmds, "%s/cmd", c->run_dir);
+    snprintf(cmds, sizeof cmds, "%s/cmd", c->opt.run_dir);
     mkdir(cmds, 0755);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        coord_peer *p = &c->peers[i];
+        coord_peer *p = &c->grp.peers[i];
         if (p->role == PEER_FREE || !p->argv[0])
             continue;
         coord_group_write_cmd(c, p);
-        if (c->no_spawn || (c->external && !strcmp(c->external, p->name))) {
+        if (c->opt.no_spawn || (c->opt.external && !strcmp(c->opt.external, p->name))) {
             rt_log("coordinator", "not spawning %s: waiting for it to connect", p->name);
             continue;
         }
@@ -333,25 +333,25 @@ static void group_refuse(coord *c, const uint8_t *id, size_t id_len, const char 
     e.message = (char *)msg;
     e.code = 400;
     Orochi__Envelope env;
-    rt_send(c->sock, id, id_len, rt_env(&env, OROCHI__ENVELOPE__BODY_ERROR, &e));
+    rt_send(c->grp.sock, id, id_len, rt_env(&env, OROCHI__ENVELOPE__BODY_ERROR, &e));
     rt_log("coordinator", "refused a peer: %s", msg);
 }
 
 static coord_peer *group_by_ident(coord *c, const uint8_t *id, size_t len)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role != PEER_FREE && c->peers[i].ident_len == len &&
-            !memcmp(c->peers[i].ident, id, len))
-            return &c->peers[i];
+        if (c->grp.peers[i].role != PEER_FREE && c->grp.peers[i].ident_len == len &&
+            !memcmp(c->grp.peers[i].ident, id, len))
+            return &c->grp.peers[i];
     return NULL;
 }
 
 static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi__Hello *h)
 {
-    if (id_len > sizeof c->peers[0].ident) { /* a peer picks its routing id (ZMQ_ROUTING_ID) */
+    if (id_len > sizeof c->grp.peers[0].ident) { /* a peer picks its routing id (ZMQ_ROUTING_ID) */
         char msg[96];
         snprintf(msg, sizeof msg, "routing id of %zu bytes: at most %zu", id_len,
-                 sizeof c->peers[0].ident);
+                 sizeof c->grp.peers[0].ident);
         group_refuse(c, id, id_len, msg);
         return;
     }
@@ -359,9 +359,9 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     coord_peer *p = NULL;
     Orochi__Welcome w = OROCHI__WELCOME__INIT;
     if (h->role == OROCHI__ROLE__ROLE_WORKER) {
-        if (h->worker_index >= (uint32_t)c->n_workers) {
+        if (h->worker_index >= (uint32_t)c->opt.n_workers) {
             snprintf(msg, sizeof msg, "worker index %u: this group has %d workers (0..%d)",
-                     h->worker_index, c->n_workers, c->n_workers - 1);
+                     h->worker_index, c->opt.n_workers, c->opt.n_workers - 1);
             group_refuse(c, id, id_len, msg);
             return;
         }
@@ -377,7 +377,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         }
         /* a live worker keeps its slot: a second Hello for it is an impostor (or confused) */
         if (p->role == PEER_WORKER && p->connected &&
-            rt_now_us() - p->last_hb_us < (uint64_t)c->dead_ms * 1000u &&
+            rt_now_us() - p->last_hb_us < (uint64_t)c->opt.dead_ms * 1000u &&
             (p->child ? (pid_t)h->pid != p->child : (pid_t)h->pid != p->pid)) {
             snprintf(msg, sizeof msg, "%s is already connected (pid %d); Hello from pid %u refused",
                      name, (int)(p->child ? p->child : p->pid), h->pid);
@@ -402,8 +402,8 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
                      (unsigned long long)c->vocab_hash);
             group_refuse(c, id, id_len, msg);
             for (int i = 0; i < COORD_MAX_PEERS; i++)
-                if (c->peers[i].role == PEER_SPECULATOR && !strcmp(c->peers[i].name, h->id))
-                    c->peers[i].refused = true; /* never restart it: it cannot join */
+                if (c->grp.peers[i].role == PEER_SPECULATOR && !strcmp(c->grp.peers[i].name, h->id))
+                    c->grp.peers[i].refused = true; /* never restart it: it cannot join */
             return;
         }
         p = group_slot(c, h->id[0] ? h->id : "speculator");
@@ -424,8 +424,8 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         }
         /* ring index: the slot's position among speculator slots */
         int ring = 0;
-        for (int i = 0; i < COORD_MAX_PEERS && &c->peers[i] != p; i++)
-            if (c->peers[i].role == PEER_SPECULATOR)
+        for (int i = 0; i < COORD_MAX_PEERS && &c->grp.peers[i] != p; i++)
+            if (c->grp.peers[i].role == PEER_SPECULATOR)
                 ring++;
         if (ring >= RT_MAX_SPECULATORS) {
             group_refuse(c, id, id_len, "no free draft ring (at most 8 speculators)");
@@ -438,7 +438,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         if (p->acr.weight <= 0)
             p->acr.weight = 1.0; /* a newcomer starts with an average vote */
         arena_draft_ring_init(
-            (arena_draft_ring *)((uint8_t *)c->rings + (size_t)ring * c->ring_bytes),
+            (arena_draft_ring *)((uint8_t *)c->grp.rings + (size_t)ring * c->grp.ring_bytes),
             RT_DRAFT_SLOTS);
         w.draft_ring = (uint32_t)ring;
         memset(p->draft_ready, 0, sizeof p->draft_ready);
@@ -462,22 +462,22 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     p->last_hb_us = rt_now_us();
     if (!p->child)
         p->started_us = p->last_hb_us;
-    w.arena_name = (char *)arena_name(c->arena);
+    w.arena_name = (char *)arena_name(c->grp.arena);
     w.layout_version = ARENA_LAYOUT_VERSION;
-    w.arena_generation = arena_generation(c->arena);
-    w.n_workers = (uint32_t)c->n_workers;
-    w.max_width = (uint32_t)c->max_width;
-    w.n_ctx = (uint32_t)c->n_ctx;
-    w.n_seq = (uint32_t)c->n_seq;
-    w.target_model = (char *)c->target;
+    w.arena_generation = arena_generation(c->grp.arena);
+    w.n_workers = (uint32_t)c->opt.n_workers;
+    w.max_width = (uint32_t)c->opt.max_width;
+    w.n_ctx = (uint32_t)c->opt.n_ctx;
+    w.n_seq = (uint32_t)c->opt.n_seq;
+    w.target_model = (char *)c->opt.target;
     float shares[LP_N * LLAMA_MAX_PARTS];
     w.plan_generation = c->part_gen;
     w.plan_shares = shares;
     w.n_plan_shares = c->part_set ? llama_partition_pack(&c->part, shares) : 0;
     w.plan_style = c->part_set ? (uint32_t)c->part.style : 0;
-    w.act_bits = (uint32_t)c->act_bits;
-    w.kv_dup = c->kv_dup;
-    w.kv_type = (uint32_t)c->kv_elem;
+    w.act_bits = (uint32_t)c->opt.act_bits;
+    w.kv_dup = c->opt.kv_dup;
+    w.kv_type = (uint32_t)c->opt.kv_elem;
     w.target_identity = c->model ? c->model->identity : 0;
     coord_group_send(c, p, OROCHI__ENVELOPE__BODY_WELCOME, &w);
     rt_log("coordinator", "%s joined (pid %u%s%s)", p->name, h->pid, h->kind[0] ? ", kind " : "",
@@ -492,7 +492,7 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
     }
     coord_peer *p = group_by_ident(c, id, id_len);
     if (!p || !p->connected) {
-        if (c->trace)
+        if (c->opt.trace)
             rt_log("coordinator", "message %d from an unknown peer ignored", env->body_case);
         return;
     }
@@ -532,7 +532,7 @@ static void group_dispatch(coord *c, const uint8_t *id, size_t id_len, Orochi__E
 
 void coord_group_pump(coord *c, int timeout_ms)
 {
-    zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t it = {c->grp.sock, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&it, 1, timeout_ms) <= 0)
         return;
     for (int budget = 0; budget < 256; budget++) {
@@ -541,7 +541,7 @@ void coord_group_pump(coord *c, int timeout_ms)
         bool bad;
         char err[256];
         Orochi__Envelope *env =
-            rt_recv(c->sock, true, id, sizeof id, &id_len, &bad, err, sizeof err);
+            rt_recv(c->grp.sock, true, id, sizeof id, &id_len, &bad, err, sizeof err);
         if (bad) {
             rt_log("coordinator", "ignoring a bad frame: %s", err);
             if (strstr(err, "protocol version"))
@@ -586,9 +586,9 @@ static void group_lost(coord *c, coord_peer *p, pid_t pid, const char *why)
     } else if (p->role == PEER_SPECULATOR) {
         p->role = PEER_FREE; /* an attached speculator that left: forget it */
     }
-    pthread_mutex_lock(&c->mlock);
-    c->m_restarts++;
-    pthread_mutex_unlock(&c->mlock);
+    pthread_mutex_lock(&c->met.lock);
+    c->met.restarts++;
+    pthread_mutex_unlock(&c->met.lock);
 }
 
 void coord_group_serve(coord *c, int timeout_ms)
@@ -603,7 +603,7 @@ void coord_group_supervise(coord *c)
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
-            coord_peer *p = &c->peers[i];
+            coord_peer *p = &c->grp.peers[i];
             if (p->role == PEER_FREE || p->child != pid)
                 continue;
             char why[64];
@@ -618,10 +618,10 @@ void coord_group_supervise(coord *c)
     }
     uint64_t now = rt_now_us();
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        coord_peer *p = &c->peers[i];
+        coord_peer *p = &c->grp.peers[i];
         if (p->role == PEER_FREE)
             continue;
-        if (p->connected && now - p->last_hb_us > (uint64_t)c->dead_ms * 1000u)
+        if (p->connected && now - p->last_hb_us > (uint64_t)c->opt.dead_ms * 1000u)
             group_lost(c, p, p->child ? p->child : p->pid, "no heartbeat");
         if (!p->connected && !p->child && p->argv[0] && p->respawn_at_us &&
             now >= p->respawn_at_us && !coord_stop_flag) {
@@ -629,22 +629,22 @@ void coord_group_supervise(coord *c)
             coord_group_spawn(c, p);
         }
     }
-    if (now - c->last_hb_sent_us > (uint64_t)c->heartbeat_ms * 1000u) {
+    if (now - c->grp.last_hb_sent_us > (uint64_t)c->opt.heartbeat_ms * 1000u) {
         Orochi__Heartbeat hb = OROCHI__HEARTBEAT__INIT;
         hb.time_us = now;
-        hb.steps = c->step_counter;
+        hb.steps = c->grp.step_counter;
         hb.state = "serving";
         coord_group_broadcast(c, PEER_WORKER, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
         coord_group_broadcast(c, PEER_SPECULATOR, OROCHI__ENVELOPE__BODY_HEARTBEAT, &hb);
-        c->last_hb_sent_us = now;
+        c->grp.last_hb_sent_us = now;
     }
-    if (now - c->last_status_us > 500000u) {
+    if (now - c->grp.last_status_us > 500000u) {
         coord_group_write_status(c);
-        c->last_status_us = now;
+        c->grp.last_status_us = now;
     }
-    if (!c->last_mem_us || now - c->last_mem_us > 10000000u) { /* smaps_rollup walks page tables */
+    if (!c->met.last_mem_us || now - c->met.last_mem_us > 10000000u) { /* smaps_rollup walks page tables */
         coord_group_memory_gauges(c);
-        c->last_mem_us = now;
+        c->met.last_mem_us = now;
     }
 }
 
@@ -681,7 +681,7 @@ static bool proc_orochi(int pid)
 
 void coord_group_memory_gauges(coord *c)
 {
-    char text[sizeof c->m_mem_text];
+    char text[sizeof c->met.mem_text];
     size_t n = (size_t)snprintf(
         text, sizeof text,
         "# HELP orochi_memory_pss_bytes Proportional set size of each role's process (a page "
@@ -696,7 +696,7 @@ void coord_group_memory_gauges(coord *c)
                                   "orochi_memory_pss_bytes{role=\"coordinator\",kind=\"%s\"} %llu\n",
                                   kinds[k], v[k]);
     for (int i = 0; i < COORD_MAX_PEERS && n < sizeof text; i++) {
-        const coord_peer *p = &c->peers[i];
+        const coord_peer *p = &c->grp.peers[i];
         int pid = (int)(p->child ? p->child : p->pid);
         if (p->role == PEER_FREE || !p->connected || pid <= 0 || (!p->child && !proc_orochi(pid)) ||
             !proc_pss(pid, v))
@@ -708,9 +708,9 @@ void coord_group_memory_gauges(coord *c)
     }
     if (n >= sizeof text)
         text[sizeof text - 1] = 0;
-    pthread_mutex_lock(&c->mlock);
-    memcpy(c->m_mem_text, text, sizeof text);
-    pthread_mutex_unlock(&c->mlock);
+    pthread_mutex_lock(&c->met.lock);
+    memcpy(c->met.mem_text, text, sizeof text);
+    pthread_mutex_unlock(&c->met.lock);
 }
 
 /* the end of a status line: the latest trouble and how long ago, if any */
@@ -724,23 +724,23 @@ static void group_status_error(FILE *f, const char *err, uint64_t at_us, uint64_
 void coord_group_write_status(coord *c)
 {
     char path[4200], tmp[4300];
-    snprintf(path, sizeof path, "%s/status", c->run_dir);
+    snprintf(path, sizeof path, "%s/status", c->opt.run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f)
         return;
     uint64_t now = rt_now_us();
-    pthread_mutex_lock(&c->mlock);
-    uint64_t steps = c->m_steps; /* forward passes (a free run's as its tokens come) */
-    pthread_mutex_unlock(&c->mlock);
+    pthread_mutex_lock(&c->met.lock);
+    uint64_t steps = c->met.steps; /* forward passes (a free run's as its tokens come) */
+    pthread_mutex_unlock(&c->met.lock);
     fprintf(f, "%-16s pid %-7d uptime %7.1fs  heartbeat      -  steps %llu  step %.2fms",
-            "coordinator", (int)getpid(), (now - c->started_us) / 1e6, (unsigned long long)steps,
+            "coordinator", (int)getpid(), (now - c->grp.started_us) / 1e6, (unsigned long long)steps,
             c->step_ema_us / 1e3);
     if (c->tracer)
         fputs("  tracing", f);
-    group_status_error(f, c->last_error, c->last_error_us, now);
+    group_status_error(f, c->met.last_error, c->met.last_error_us, now);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        const coord_peer *p = &c->peers[i];
+        const coord_peer *p = &c->grp.peers[i];
         if (p->role == PEER_FREE)
             continue;
         int pid = (int)(p->child ? p->child : p->pid);
@@ -773,24 +773,24 @@ void coord_group_write_status(coord *c)
     fprintf(f,
             "%-16s width %d  speculation length %d  tree %s  vote %s  adaptive %s  guard %s"
             "  plain %.2fms/token  speculative %.2fms/token  plan %s\n",
-            "controllers", c->width, c->spec_len, c->tree ? "on" : "off",
-            c->vote == VOTE_MAJORITY ? "majority"
-            : c->vote == VOTE_UNION  ? "union"
+            "controllers", c->width, c->spec_len, c->opt.tree ? "on" : "off",
+            c->opt.vote == VOTE_MAJORITY ? "majority"
+            : c->opt.vote == VOTE_UNION  ? "union"
                                      : "off",
-            c->adaptive ? "on" : "off",
-            !c->guard_enabled ? "disabled"
+            c->opt.adaptive ? "on" : "off",
+            !c->opt.guard_enabled ? "disabled"
             : c->guard.on     ? "on (speculating)"
                               : "off (plain)",
-            c->guard.base * 1e3, c->guard.spec * 1e3, c->plan_path ? c->plan_path : "none");
+            c->guard.base * 1e3, c->guard.spec * 1e3, c->opt.plan_path ? c->opt.plan_path : "none");
     /* the speculator gauges for /metrics */
-    char text[sizeof c->m_spec_text];
+    char text[sizeof c->met.spec_text];
     size_t n = 0;
     n += (size_t)snprintf(
         text + n, sizeof text - n,
         "# HELP orochi_speculator_acr Average acceptance rate of a speculator's drafts.\n"
         "# TYPE orochi_speculator_acr gauge\n");
     for (int i = 0; i < COORD_MAX_PEERS && n < sizeof text; i++) {
-        const coord_peer *p = &c->peers[i];
+        const coord_peer *p = &c->grp.peers[i];
         if (p->role == PEER_SPECULATOR)
             n += (size_t)snprintf(text + n, sizeof text - n,
                                   "orochi_speculator_acr{id=\"%s\",kind=\"%s\"} %.4f\n"
@@ -817,12 +817,12 @@ void coord_group_write_status(coord *c)
             "# TYPE orochi_guard_switches_off_total counter\n"
             "orochi_guard_switches_off_total %llu\n",
             c->spec_len, (unsigned long long)c->len.changes, c->width,
-            !c->guard_enabled || c->guard.on ? 1 : 0,
+            !c->opt.guard_enabled || c->guard.on ? 1 : 0,
             (unsigned long long)c->guard.switches_off);
-    pthread_mutex_lock(&c->mlock);
-    memcpy(c->m_spec_text, text, sizeof text);
-    c->m_spec_text[sizeof c->m_spec_text - 1] = 0;
-    pthread_mutex_unlock(&c->mlock);
+    pthread_mutex_lock(&c->met.lock);
+    memcpy(c->met.spec_text, text, sizeof text);
+    c->met.spec_text[sizeof c->met.spec_text - 1] = 0;
+    pthread_mutex_unlock(&c->met.lock);
     fclose(f);
     rename(tmp, path);
 }
@@ -837,7 +837,7 @@ void coord_group_shutdown(coord *c)
     for (;;) {
         int alive = 0;
         for (int i = 0; i < COORD_MAX_PEERS; i++) {
-            coord_peer *p = &c->peers[i];
+            coord_peer *p = &c->grp.peers[i];
             if (p->child && waitpid(p->child, NULL, WNOHANG) == 0)
                 alive++;
             else
@@ -847,18 +847,18 @@ void coord_group_shutdown(coord *c)
             break;
         if (rt_now_us() > deadline) {
             for (int i = 0; i < COORD_MAX_PEERS; i++)
-                if (c->peers[i].child) {
-                    kill(c->peers[i].child, SIGKILL);
-                    waitpid(c->peers[i].child, NULL, 0);
-                    c->peers[i].child = 0;
+                if (c->grp.peers[i].child) {
+                    kill(c->grp.peers[i].child, SIGKILL);
+                    waitpid(c->grp.peers[i].child, NULL, 0);
+                    c->grp.peers[i].child = 0;
                 }
             break;
         }
         usleep(20000);
     }
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        coord_free_argv(c->peers[i].argv);
-        coord_free_argv(c->peers[i].old_argv); /* a swap cut short by the stop */
+        coord_free_argv(c->grp.peers[i].argv);
+        coord_free_argv(c->grp.peers[i].old_argv); /* a swap cut short by the stop */
     }
 }
 

@@ -1,7 +1,7 @@
 /*
  * orochi-coordinator — the brain of a process group: owns the run directory, the shared-memory
  * arena and the control socket, spawns and supervises the workers and speculators, serves the
- * HTTP API, and runs the verification loop (coord_engine.c).
+ * HTTP API, and runs the verification loop (the engine: coordinator/engine.h).
  *
  * Start-up: load the target's metadata and tokenizer (the weights stay mapped but untouched: the
  * coordinator computes nothing), lay out the arena (step inputs + barrier, the llama shared block
@@ -131,10 +131,10 @@ static int coord_parse_workers(coord *c, const char *spec)
             return -1;
         }
         for (long i = 0; i < k; i++)
-            snprintf(c->worker_device[n++], sizeof c->worker_device[0], "%s", dev);
+            snprintf(c->opt.worker_device[n++], sizeof c->opt.worker_device[0], "%s", dev);
         s = *end ? end + 1 : end;
     }
-    c->n_workers = n;
+    c->opt.n_workers = n;
     return 0;
 }
 
@@ -222,12 +222,12 @@ static void coord_usage(FILE *out)
  * with the reason on stderr. */
 static int coord_api_key(coord *c, const char *key_file)
 {
-    if (c->api_key)
+    if (c->opt.api_key)
         return 0;
     const char *src = NULL;
     if (key_file) {
         FILE *f = fopen(key_file, "r");
-        if (!f || !fgets(c->api_key_buf, sizeof c->api_key_buf, f)) {
+        if (!f || !fgets(c->opt.api_key_buf, sizeof c->opt.api_key_buf, f)) {
             fprintf(stderr, "orochi-coordinator: --api-key-file %s: %s\n", key_file,
                     f ? "empty" : strerror(errno));
             if (f)
@@ -240,20 +240,20 @@ static int coord_api_key(coord *c, const char *key_file)
         const char *env = getenv("OROCHI_API_KEY");
         if (!env || !*env)
             return 0;
-        if (strlen(env) >= sizeof c->api_key_buf) {
+        if (strlen(env) >= sizeof c->opt.api_key_buf) {
             fprintf(stderr, "orochi-coordinator: $OROCHI_API_KEY is too long (at most %zu bytes)\n",
-                    sizeof c->api_key_buf - 1);
+                    sizeof c->opt.api_key_buf - 1);
             return -1;
         }
-        snprintf(c->api_key_buf, sizeof c->api_key_buf, "%s", env);
+        snprintf(c->opt.api_key_buf, sizeof c->opt.api_key_buf, "%s", env);
         src = "$OROCHI_API_KEY";
     }
-    c->api_key_buf[strcspn(c->api_key_buf, "\r\n")] = '\0';
-    if (!c->api_key_buf[0]) {
+    c->opt.api_key_buf[strcspn(c->opt.api_key_buf, "\r\n")] = '\0';
+    if (!c->opt.api_key_buf[0]) {
         fprintf(stderr, "orochi-coordinator: the API key from %s is empty\n", src);
         return -1;
     }
-    c->api_key = c->api_key_buf;
+    c->opt.api_key = c->opt.api_key_buf;
     return 0;
 }
 
@@ -313,78 +313,78 @@ static int coord_parse(coord *c, int argc, char **argv)
     const char *key_file = NULL;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
-        case 'r': c->run_dir = optarg; break;
-        case 'm': c->target = optarg; break;
-        case 'p': c->port = atoi(optarg); break;
-        case 'b': c->bind = optarg; break;
+        case 'r': c->opt.run_dir = optarg; break;
+        case 'm': c->opt.target = optarg; break;
+        case 'p': c->opt.port = atoi(optarg); break;
+        case 'b': c->opt.bind = optarg; break;
         case 'w':
             if (coord_parse_workers(c, optarg))
                 return 2;
             break;
-        case 't': c->threads_per_worker = atoi(optarg); break;
+        case 't': c->opt.threads_per_worker = atoi(optarg); break;
         case 's':
-            if (c->n_spec_specs == RT_MAX_SPECULATORS) {
+            if (c->opt.n_spec_specs == RT_MAX_SPECULATORS) {
                 fprintf(stderr, "orochi-coordinator: at most %d speculators\n", RT_MAX_SPECULATORS);
                 return 2;
             }
-            c->spec_specs[c->n_spec_specs++] = optarg;
+            c->opt.spec_specs[c->opt.n_spec_specs++] = optarg;
             break;
-        case 'W': c->max_width = atoi(optarg); break;
-        case 'c': c->n_ctx = atoi(optarg); break;
-        case 'd': c->max_draft = atoi(optarg); break;
-        case 'D': c->draft_wait_ms = atoi(optarg); break;
-        case 'k': c->api_key = optarg; break;
+        case 'W': c->opt.max_width = atoi(optarg); break;
+        case 'c': c->opt.n_ctx = atoi(optarg); break;
+        case 'd': c->opt.max_draft = atoi(optarg); break;
+        case 'D': c->opt.draft_wait_ms = atoi(optarg); break;
+        case 'k': c->opt.api_key = optarg; break;
         case 15: key_file = optarg; break;
-        case 16: c->max_queue = atoi(optarg); break;
-        case 'x': c->external = optarg; break;
-        case 'N': c->no_spawn = true; break;
-        case 'H': c->heartbeat_ms = atoi(optarg); break;
-        case 'X': c->dead_ms = atoi(optarg); break;
+        case 16: c->opt.max_queue = atoi(optarg); break;
+        case 'x': c->opt.external = optarg; break;
+        case 'N': c->opt.no_spawn = true; break;
+        case 'H': c->opt.heartbeat_ms = atoi(optarg); break;
+        case 'X': c->opt.dead_ms = atoi(optarg); break;
         case 'T':
-            c->tree = !strcmp(optarg, "on");
+            c->opt.tree = !strcmp(optarg, "on");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 'A':
-            c->adaptive = !strcmp(optarg, "on");
+            c->opt.adaptive = !strcmp(optarg, "on");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 'V':
             if (!strcmp(optarg, "majority"))
-                c->vote = VOTE_MAJORITY;
+                c->opt.vote = VOTE_MAJORITY;
             else if (!strcmp(optarg, "union"))
-                c->vote = VOTE_UNION;
+                c->opt.vote = VOTE_UNION;
             else if (!strcmp(optarg, "off"))
-                c->vote = VOTE_OFF;
+                c->opt.vote = VOTE_OFF;
             else
                 bad = true;
             break;
         case 'Y': c->width = atoi(optarg); break;
-        case 1: c->acr.reward_threshold = atof(optarg); break;
-        case 2: c->acr.punish_threshold = atof(optarg); break;
-        case 3: c->acr.reward_factor = atof(optarg); break;
-        case 4: c->acr.punish_factor = atof(optarg); break;
+        case 1: c->opt.acr.reward_threshold = atof(optarg); break;
+        case 2: c->opt.acr.punish_threshold = atof(optarg); break;
+        case 3: c->opt.acr.reward_factor = atof(optarg); break;
+        case 4: c->opt.acr.punish_factor = atof(optarg); break;
         case 10:
-            c->guard_enabled = !strcmp(optarg, "on");
+            c->opt.guard_enabled = !strcmp(optarg, "on");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
-        case 11: c->guard_window = atoi(optarg); break;
-        case 12: c->guard_probe = atoi(optarg); break;
-        case 13: c->plan_path = optarg; break;
+        case 11: c->opt.guard_window = atoi(optarg); break;
+        case 12: c->opt.guard_probe = atoi(optarg); break;
+        case 13: c->opt.plan_path = optarg; break;
         case 17:
-            c->no_free_run = !strcmp(optarg, "off");
+            c->opt.no_free_run = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
-        case 14: c->drain_ms = atoi(optarg); break;
+        case 14: c->opt.drain_ms = atoi(optarg); break;
         case 20:
-            c->no_prefix_reuse = !strcmp(optarg, "off");
+            c->opt.no_prefix_reuse = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 21:
-            c->no_lookup_run = !strcmp(optarg, "off");
+            c->opt.no_lookup_run = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
         case 22:
-            c->kv_elem = !strcmp(optarg, "f16") ? KV_F16 : KV_F32;
+            c->opt.kv_elem = !strcmp(optarg, "f16") ? KV_F16 : KV_F32;
             bad |= strcmp(optarg, "f32") && strcmp(optarg, "f16");
             break;
         case 23:
@@ -393,16 +393,16 @@ static int coord_parse(coord *c, int argc, char **argv)
                                 "got '%s'\n", optarg);
                 return 2;
             }
-            snprintf(c->gpu_memory, sizeof c->gpu_memory, "%s", optarg);
+            snprintf(c->opt.gpu_memory, sizeof c->opt.gpu_memory, "%s", optarg);
             break;
-        case 28: c->chat_template = optarg; break;
+        case 28: c->opt.chat_template = optarg; break;
         case 27:
             if (llama_gpu_matmul_parse(optarg) < 0) {
                 fprintf(stderr, "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
                                 "got '%s'\n", optarg);
                 return 2;
             }
-            snprintf(c->gpu_matmul, sizeof c->gpu_matmul, "%s", optarg);
+            snprintf(c->opt.gpu_matmul, sizeof c->opt.gpu_matmul, "%s", optarg);
             break;
         case 26:
             if (llama_gpu_att_parts_parse(optarg) < 0) {
@@ -410,7 +410,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                         optarg);
                 return 2;
             }
-            snprintf(c->gpu_att_parts, sizeof c->gpu_att_parts, "%s", optarg);
+            snprintf(c->opt.gpu_att_parts, sizeof c->opt.gpu_att_parts, "%s", optarg);
             break;
         case 24:
         case 25:
@@ -420,30 +420,30 @@ static int coord_parse(coord *c, int argc, char **argv)
                 return 2;
             }
             /* both fields hold "on" or "off" */
-            snprintf(o == 24 ? c->gpu_graphs : c->gpu_fuse, sizeof c->gpu_fuse, "%s", optarg);
+            snprintf(o == 24 ? c->opt.gpu_graphs : c->opt.gpu_fuse, sizeof c->opt.gpu_fuse, "%s", optarg);
             break;
         case 19:
-            c->kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
-            if (c->kv_dup_opt == -2) {
+            c->opt.kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
+            if (c->opt.kv_dup_opt == -2) {
                 fprintf(stderr, "orochi-coordinator: --kv-dup takes on or off, got '%s'\n", optarg);
                 return 2;
             }
             break;
         case 18:
-            c->act_bits = llama_act_bits_parse(optarg);
-            if (c->act_bits < 0) {
+            c->opt.act_bits = llama_act_bits_parse(optarg);
+            if (c->opt.act_bits < 0) {
                 fprintf(stderr, "orochi-coordinator: --act-bits takes 8, 16 or auto, got '%s'\n",
                         optarg);
                 return 2;
             }
             break;
-        case 5: c->decision_threshold = atoi(optarg); break;
-        case 8: c->n_seq = atoi(optarg); break;
+        case 5: c->opt.decision_threshold = atoi(optarg); break;
+        case 8: c->opt.n_seq = atoi(optarg); break;
         case 9:
-            c->draft_wait_fixed = !strcmp(optarg, "fixed");
+            c->opt.draft_wait_fixed = !strcmp(optarg, "fixed");
             bad |= strcmp(optarg, "fixed") && strcmp(optarg, "measured");
             break;
-        case 'v': c->trace = true; break;
+        case 'v': c->opt.trace = true; break;
         case 'h': coord_usage(stdout); exit(0);
         default: coord_usage(stderr); return 2;
         }
@@ -455,7 +455,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                     : "");
         return 2;
     }
-    if (!c->run_dir || !c->target || bad) {
+    if (!c->opt.run_dir || !c->opt.target || bad) {
         if (bad)
             fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run/"
                             "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote "
@@ -464,32 +464,32 @@ static int coord_parse(coord *c, int argc, char **argv)
         return 2;
     }
     if (!c->width)
-        c->width = c->max_width;
+        c->width = c->opt.max_width;
     if (coord_api_key(c, key_file))
         return 2;
-    if (c->max_queue < 1 || c->max_queue > COORD_QUEUE) {
+    if (c->opt.max_queue < 1 || c->opt.max_queue > COORD_QUEUE) {
         fprintf(stderr, "orochi-coordinator: --max-queue must be 1..%d\n", COORD_QUEUE);
         return 2;
     }
-    if (c->n_seq < 1 || c->n_seq > RT_MAX_SEQ) {
+    if (c->opt.n_seq < 1 || c->opt.n_seq > RT_MAX_SEQ) {
         fprintf(stderr, "orochi-coordinator: --max-batch must be 1..%d\n", RT_MAX_SEQ);
         return 2;
     }
-    if (c->width < 1 || c->width > c->max_width || c->decision_threshold < 1 ||
-        c->acr.reward_factor < 1 || c->acr.punish_factor <= 0 || c->acr.punish_factor > 1 ||
-        c->guard_window < 1 || c->guard_probe < 1) {
+    if (c->width < 1 || c->width > c->opt.max_width || c->opt.decision_threshold < 1 ||
+        c->opt.acr.reward_factor < 1 || c->opt.acr.punish_factor <= 0 || c->opt.acr.punish_factor > 1 ||
+        c->opt.guard_window < 1 || c->opt.guard_probe < 1) {
         fprintf(stderr,
                 "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
                 "reward-factor >= 1, 0 < punish-factor <= 1, guard-window and guard-probe >= 1\n");
         return 2;
     }
-    c->spec_len = c->max_draft < c->width - 1 ? c->max_draft : c->width - 1;
+    c->spec_len = c->opt.max_draft < c->width - 1 ? c->opt.max_draft : c->width - 1;
     if (c->spec_len < 1)
         c->spec_len = 1;
-    if (c->n_workers < 1 || c->n_workers > RT_MAX_WORKERS || c->threads_per_worker < 1 ||
-        c->max_width < 1 || c->max_width > RT_MAX_WIDTH || c->max_draft < 1 ||
-        c->max_draft >= c->max_width + 1 || c->port < 0 || c->port > 65535 || c->dead_ms < 100 ||
-        c->drain_ms < 0) {
+    if (c->opt.n_workers < 1 || c->opt.n_workers > RT_MAX_WORKERS || c->opt.threads_per_worker < 1 ||
+        c->opt.max_width < 1 || c->opt.max_width > RT_MAX_WIDTH || c->opt.max_draft < 1 ||
+        c->opt.max_draft >= c->opt.max_width + 1 || c->opt.port < 0 || c->opt.port > 65535 || c->opt.dead_ms < 100 ||
+        c->opt.drain_ms < 0) {
         fprintf(stderr,
                 "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
                 "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100, "
@@ -506,90 +506,90 @@ static void coord_bin_dir(coord *c)
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
-        snprintf(c->bin_dir, sizeof c->bin_dir, ".");
+        snprintf(c->opt.bin_dir, sizeof c->opt.bin_dir, ".");
         return;
     }
     self[n] = 0;
-    snprintf(c->bin_dir, sizeof c->bin_dir, "%s", dirname(self));
+    snprintf(c->opt.bin_dir, sizeof c->opt.bin_dir, "%s", dirname(self));
 }
 
 static int coord_setup(coord *c)
 {
     char err[512];
-    c->model = llama_model_load(c->target, err, sizeof err);
+    c->model = llama_model_load(c->opt.target, err, sizeof err);
     if (!c->model) {
         rt_log("coordinator", "%s", err);
         return 2;
     }
-    llama_model_set_act_bits(c->model, c->act_bits, err, sizeof err); /* checked by coord_parse */
+    llama_model_set_act_bits(c->model, c->opt.act_bits, err, sizeof err); /* checked by coord_parse */
     c->tok = tokenizer_new(c->model->file, err, sizeof err);
-    if (!c->tok || (c->chat_template &&
-                    tokenizer_chat_template_file(c->tok, c->chat_template, err, sizeof err))) {
+    if (!c->tok || (c->opt.chat_template &&
+                    tokenizer_chat_template_file(c->tok, c->opt.chat_template, err, sizeof err))) {
         rt_log("coordinator", "%s", err);
         return 2;
     }
     bool all_cpu = true;
-    for (int i = 0; i < c->n_workers; i++)
-        all_cpu &= !strcmp(c->worker_device[i], "cpu");
-    if (c->kv_dup_opt == 1 && !all_cpu) {
+    for (int i = 0; i < c->opt.n_workers; i++)
+        all_cpu &= !strcmp(c->opt.worker_device[i], "cpu");
+    if (c->opt.kv_dup_opt == 1 && !all_cpu) {
         rt_log("coordinator", "--kv-dup on needs CPU workers only (the GPU forward reads every "
                               "tree row from the arena)");
         return 2;
     }
-    c->kv_dup = c->kv_dup_opt == 1 || (c->kv_dup_opt < 0 && all_cpu);
-    int even_max = c->kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads;
-    if (c->n_workers > even_max && !c->part_set) {
+    c->opt.kv_dup = c->opt.kv_dup_opt == 1 || (c->opt.kv_dup_opt < 0 && all_cpu);
+    int even_max = c->opt.kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads;
+    if (c->opt.n_workers > even_max && !c->part_set) {
         rt_log("coordinator",
                "%d workers: the even split takes at most %d (the model has %d %s heads%s; a "
                "plan's \"partition\" shares the work any way: docs/speculation.md, \"The plan\")",
-               c->n_workers, even_max, even_max, c->kv_dup ? "query" : "KV",
-               c->kv_dup ? "" : ", and --kv-dup is off");
+               c->opt.n_workers, even_max, even_max, c->opt.kv_dup ? "query" : "KV",
+               c->opt.kv_dup ? "" : ", and --kv-dup is off");
         return 2;
     }
-    if (c->n_ctx <= 0 || c->n_ctx > c->model->cfg.ctx)
-        c->n_ctx = c->model->cfg.ctx < 4096 ? c->model->cfg.ctx : 4096;
+    if (c->opt.n_ctx <= 0 || c->opt.n_ctx > c->model->cfg.ctx)
+        c->opt.n_ctx = c->model->cfg.ctx < 4096 ? c->model->cfg.ctx : 4096;
     uint64_t h = 0;
     for (int32_t i = 0; i < tokenizer_vocab_size(c->tok); i++) {
         const char *t = tokenizer_token_text(c->tok, i);
         h = rt_fnv1a(h, t ? t : "", t ? strlen(t) + 1 : 1);
     }
     c->vocab_hash = h;
-    const char *base = strrchr(c->target, '/');
-    snprintf(c->model_name, sizeof c->model_name, "%s", base ? base + 1 : c->target);
+    const char *base = strrchr(c->opt.target, '/');
+    snprintf(c->model_name, sizeof c->model_name, "%s", base ? base + 1 : c->opt.target);
     char *dot = strstr(c->model_name, ".gguf");
     if (dot)
         *dot = 0;
 
     /* the arena */
     size_t llama_bytes =
-        llama_shared_layout(&c->model->cfg, c->n_ctx, c->max_width, c->n_seq, c->kv_elem, NULL);
-    c->ring_bytes = rt_ring_stride();
+        llama_shared_layout(&c->model->cfg, c->opt.n_ctx, c->opt.max_width, c->opt.n_seq, c->opt.kv_elem, NULL);
+    c->grp.ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
         {RT_REGION_LLAMA, llama_bytes},
-        {RT_REGION_LOGITS, (uint64_t)c->max_width * (uint64_t)c->model->cfg.vocab * 4},
-        {RT_REGION_DRAFTS, (uint64_t)RT_MAX_SPECULATORS * c->ring_bytes},
+        {RT_REGION_LOGITS, (uint64_t)c->opt.max_width * (uint64_t)c->model->cfg.vocab * 4},
+        {RT_REGION_DRAFTS, (uint64_t)RT_MAX_SPECULATORS * c->grp.ring_bytes},
         {RT_REGION_HIDDEN, sizeof(rt_hidden) + (uint64_t)c->model->cfg.dim * sizeof(float)},
     };
     char name[64];
-    rt_arena_name(c->run_dir, name, sizeof name);
-    c->arena =
+    rt_arena_name(c->opt.run_dir, name, sizeof name);
+    c->grp.arena =
         arena_create(name, specs, (int)(sizeof specs / sizeof specs[0]), true, err, sizeof err);
-    if (!c->arena) {
+    if (!c->grp.arena) {
         rt_log("coordinator", "%s", err);
         return 1;
     }
-    c->step = arena_region_find(c->arena, RT_REGION_STEP, NULL);
-    void *shared = arena_region_find(c->arena, RT_REGION_LLAMA, NULL);
-    c->logits = arena_region_find(c->arena, RT_REGION_LOGITS, NULL);
-    c->rings = arena_region_find(c->arena, RT_REGION_DRAFTS, NULL);
-    c->hidden = arena_region_find(c->arena, RT_REGION_HIDDEN, NULL);
-    c->hidden->dim = (uint32_t)c->model->cfg.dim;
+    c->grp.step = arena_region_find(c->grp.arena, RT_REGION_STEP, NULL);
+    void *shared = arena_region_find(c->grp.arena, RT_REGION_LLAMA, NULL);
+    c->grp.logits = arena_region_find(c->grp.arena, RT_REGION_LOGITS, NULL);
+    c->grp.rings = arena_region_find(c->grp.arena, RT_REGION_DRAFTS, NULL);
+    c->grp.hidden = arena_region_find(c->grp.arena, RT_REGION_HIDDEN, NULL);
+    c->grp.hidden->dim = (uint32_t)c->model->cfg.dim;
     llama_ctx_params p = {.n_threads = 1,
-                          .max_width = c->max_width,
-                          .n_ctx = c->n_ctx,
-                          .n_seq = c->n_seq,
-                          .kv = c->kv_elem,
+                          .max_width = c->opt.max_width,
+                          .n_ctx = c->opt.n_ctx,
+                          .n_seq = c->opt.n_seq,
+                          .kv = c->opt.kv_elem,
                           .n_parts = 1,
                           .shared = shared};
     c->kv = llama_ctx_new(c->model, &p, err, sizeof err);
@@ -600,21 +600,21 @@ static int coord_setup(coord *c)
 
     /* the control socket */
     char endpoint[4200], sockpath[4200];
-    rt_ctl_endpoint(c->run_dir, endpoint, sizeof endpoint);
-    snprintf(sockpath, sizeof sockpath, "%s/ctl", c->run_dir);
+    rt_ctl_endpoint(c->opt.run_dir, endpoint, sizeof endpoint);
+    snprintf(sockpath, sizeof sockpath, "%s/ctl", c->opt.run_dir);
     unlink(sockpath); /* a stale socket file from a crashed coordinator */
-    c->zctx = zmq_ctx_new();
-    c->sock = zmq_socket(c->zctx, ZMQ_ROUTER);
+    c->grp.zctx = zmq_ctx_new();
+    c->grp.sock = zmq_socket(c->grp.zctx, ZMQ_ROUTER);
     int one = 1, linger = 0;
-    zmq_setsockopt(c->sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_bind(c->sock, endpoint)) {
+    zmq_setsockopt(c->grp.sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(c->grp.sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(c->grp.sock, endpoint)) {
         rt_log("coordinator", "cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
         return 1;
     }
     /* RUN_DIR/arena: the name, for the launcher's clean-up after a crash */
     char arena_path[4200];
-    snprintf(arena_path, sizeof arena_path, "%s/arena", c->run_dir);
+    snprintf(arena_path, sizeof arena_path, "%s/arena", c->opt.run_dir);
     FILE *af = fopen(arena_path, "w");
     if (af) {
         fprintf(af, "%s\n", name);
@@ -623,19 +623,19 @@ static int coord_setup(coord *c)
     rt_log("coordinator",
            "arena %s (%.1f MiB), control %s, %d workers x %d threads, width %d, "
            "context %d",
-           name, (double)arena_size(c->arena) / (1 << 20), endpoint, c->n_workers,
-           c->threads_per_worker, c->max_width, c->n_ctx);
+           name, (double)arena_size(c->grp.arena) / (1 << 20), endpoint, c->opt.n_workers,
+           c->opt.threads_per_worker, c->opt.max_width, c->opt.n_ctx);
     return 0;
 }
 
 static int coord_start_http(coord *c, coord_drain *d)
 {
     char err[512];
-    http_config hc = {.bind_addr = c->bind,
-                      .port = c->port,
-                      .api_key = c->api_key,
+    http_config hc = {.bind_addr = c->opt.bind,
+                      .port = c->opt.port,
+                      .api_key = c->opt.api_key,
                       .model_name = c->model_name,
-                      .max_tokens_cap = c->n_ctx};
+                      .max_tokens_cap = c->opt.n_ctx};
     http_engine he = {.ctx = d,
                       .submit = coord_drain_submit,
                       .metrics = coord_drain_metrics,
@@ -645,10 +645,10 @@ static int coord_start_http(coord *c, coord_drain *d)
         rt_log("coordinator", "HTTP: %s", err);
         return 1;
     }
-    rt_log("coordinator", "serving http://%s:%d/ (model %s)", c->bind ? c->bind : "127.0.0.1",
+    rt_log("coordinator", "serving http://%s:%d/ (model %s)", c->opt.bind ? c->opt.bind : "127.0.0.1",
            http_server_port(c->http), c->model_name);
     char path[4200];
-    snprintf(path, sizeof path, "%s/port", c->run_dir);
+    snprintf(path, sizeof path, "%s/port", c->opt.run_dir);
     FILE *f = fopen(path, "w");
     if (f) {
         fprintf(f, "%d\n", http_server_port(c->http));
@@ -664,36 +664,36 @@ int main(int argc, char **argv)
      * of connections (bench/http_mutate.py: +4.8% over 5 passes of 1000 requests from 8 clients).
      * Two arenas are plenty for a process that computes nothing. */
     mallopt(M_ARENA_MAX, 2);
-    coord c = {.port = 8080,
-               .n_workers = 2,
-               .threads_per_worker = 1,
-               .max_width = 8,
-               .max_queue = 64,
-               .act_bits = LLAMA_ACT_AUTO,
-               .kv_dup_opt = -1,
-               .max_draft = 4,
-               .draft_wait_ms = 200,
-               .heartbeat_ms = 250,
-               .dead_ms = 3000,
-               .tree = true,
-               .vote = VOTE_MAJORITY,
-               .adaptive = true,
-               .acr = {.reward_threshold = 0.5,
-                       .punish_threshold = 0.2,
-                       .reward_factor = 1.1,
-                       .punish_factor = 0.9},
-               .guard_enabled = true,
-               .guard_window = 8,
-               .guard_probe = 48,
-               .decision_threshold = 8,
-               .n_seq = 4,
-               .drain_ms = 10000,
+    coord c = {.opt = {.port = 8080,
+                       .n_workers = 2,
+                       .threads_per_worker = 1,
+                       .max_width = 8,
+                       .max_queue = 64,
+                       .act_bits = LLAMA_ACT_AUTO,
+                       .kv_dup_opt = -1,
+                       .max_draft = 4,
+                       .draft_wait_ms = 200,
+                       .heartbeat_ms = 250,
+                       .dead_ms = 3000,
+                       .tree = true,
+                       .vote = VOTE_MAJORITY,
+                       .adaptive = true,
+                       .acr = {.reward_threshold = 0.5,
+                               .punish_threshold = 0.2,
+                               .reward_factor = 1.1,
+                               .punish_factor = 0.9},
+                       .guard_enabled = true,
+                       .guard_window = 8,
+                       .guard_probe = 48,
+                       .decision_threshold = 8,
+                       .n_seq = 4,
+                       .drain_ms = 10000},
                .plan_bucket = -1};
     int rc = coord_parse(&c, argc, argv);
     if (rc)
         return rc;
     pthread_mutex_init(&c.qlock, NULL);
-    pthread_mutex_init(&c.mlock, NULL);
+    pthread_mutex_init(&c.met.lock, NULL);
     static coord_drain drain; /* lives as long as the HTTP server that calls into it */
     pthread_mutex_init(&drain.lock, NULL);
     drain.c = &c;
@@ -703,19 +703,19 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     /* the run directory holds the control socket and the API key file: this user's alone */
-    mkdir(c.run_dir, 0700);
+    mkdir(c.opt.run_dir, 0700);
     struct stat rst;
-    if (stat(c.run_dir, &rst) == 0 && (rst.st_mode & 077) && rst.st_uid == getuid()) {
-        chmod(c.run_dir, rst.st_mode & 0700);
-        rt_log("coordinator", "run dir %s was open to others (mode %03o): made it 0700", c.run_dir,
+    if (stat(c.opt.run_dir, &rst) == 0 && (rst.st_mode & 077) && rst.st_uid == getuid()) {
+        chmod(c.opt.run_dir, rst.st_mode & 0700);
+        rt_log("coordinator", "run dir %s was open to others (mode %03o): made it 0700", c.opt.run_dir,
                (unsigned)(rst.st_mode & 0777));
     }
     char opsdir[4200]; /* operator requests from orochi-launch (coord_ops.c) */
-    snprintf(opsdir, sizeof opsdir, "%s/ops", c.run_dir);
+    snprintf(opsdir, sizeof opsdir, "%s/ops", c.opt.run_dir);
     mkdir(opsdir, 0700);
     coord_bin_dir(&c);
     char pidpath[4200], pidtmp[4300];
-    snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.run_dir);
+    snprintf(pidpath, sizeof pidpath, "%s/coordinator.pid", c.opt.run_dir);
     snprintf(pidtmp, sizeof pidtmp, "%s.%d", pidpath, (int)getpid());
     FILE *pf = fopen(pidtmp,
                      "w"); /* written aside and renamed: the launcher never reads it half-written */
@@ -727,11 +727,11 @@ int main(int argc, char **argv)
 
     /* the guard measures plain decoding itself (a plan's in-process t(1) leaves out the group's
      * own costs) */
-    ctl_guard_init(&c.guard, 0, c.guard_window, c.guard_probe);
-    ctl_guard_init(&c.guard_batch, 0, c.guard_window, c.guard_probe);
+    ctl_guard_init(&c.guard, 0, c.opt.guard_window, c.opt.guard_probe);
+    ctl_guard_init(&c.guard_batch, 0, c.opt.guard_window, c.opt.guard_probe);
     ctl_lookup_init(&c.lookup);
-    ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.decision_threshold, 6);
-    if (c.plan_path) {
+    ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.opt.decision_threshold, 6);
+    if (c.opt.plan_path) {
         char perr[512];
         if (coord_plan_load(&c, perr, sizeof perr)) {
             fprintf(stderr, "orochi-coordinator: %s\n", perr);
@@ -749,7 +749,7 @@ int main(int argc, char **argv)
             pthread_mutex_lock(&drain.lock);
             if (!drain.draining) {
                 drain.draining = true;
-                drain_deadline = rt_now_us() + (uint64_t)c.drain_ms * 1000u;
+                drain_deadline = rt_now_us() + (uint64_t)c.opt.drain_ms * 1000u;
                 rt_log("coordinator", "draining: %d requests in flight finish, new ones get 503",
                        coord_drain_prune(&drain));
             }
@@ -765,7 +765,7 @@ int main(int argc, char **argv)
             }
             if (rt_now_us() > drain_deadline) {
                 rt_log("coordinator", "drain: %d requests still running after %d ms: stopping",
-                       running, c.drain_ms);
+                       running, c.opt.drain_ms);
                 break;
             }
         }
@@ -797,16 +797,16 @@ int main(int argc, char **argv)
         coord_request_unref(&drain.reqs[i]);
     drain.n = 0;
     pthread_mutex_unlock(&drain.lock);
-    if (c.sock)
+    if (c.grp.sock)
         coord_group_shutdown(&c);
     llama_ctx_destroy(&c.kv);
-    arena_destroy(&c.arena);
+    arena_destroy(&c.grp.arena);
     tokenizer_destroy(&c.tok);
     llama_model_destroy(&c.model);
-    if (c.sock)
-        zmq_close(c.sock);
-    if (c.zctx)
-        zmq_ctx_term(c.zctx);
+    if (c.grp.sock)
+        zmq_close(c.grp.sock);
+    if (c.grp.zctx)
+        zmq_ctx_term(c.grp.zctx);
     unlink(pidpath);
     return rc;
 }

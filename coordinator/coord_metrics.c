@@ -1,61 +1,83 @@
 /*
  * coordinator/coord_metrics.c — the engine's part of /metrics (Prometheus text): requests,
  * tokens, steps, acceptance and batch histograms, step and draft-wait time, the workers' compute,
- * and the speculator and memory gauges the main loop keeps current. Reads the counters under
- * c->mlock; the HTTP thread calls it through the engine's callback table.
+ * the latency histograms (time to first token, inter-token latency), and the speculator and memory
+ * gauges the main loop keeps current. Reads the counters under c->met.lock; the HTTP thread calls
+ * it through the engine's callback table.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coordinator/coord.h"
+#include "base/buf.h"
+
+/* the histograms' upper bounds, seconds (one step of the default model is ~5 ms; a long prompt
+ * behind a queue takes seconds) */
+static const double coord_latency_le[COORD_LAT_BUCKETS] = {
+    0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30};
+
+void coord_latency_observe(coord_latency *h, double seconds, uint64_t times)
+{
+    for (int b = 0; b < COORD_LAT_BUCKETS; b++)
+        if (seconds <= coord_latency_le[b])
+            h->n[b] += times;
+    h->count += times;
+    h->sum += seconds * (double)times;
+}
+
+static void metrics_latency(strbuf *s, const char *name, const char *help, const coord_latency *h)
+{
+    strbuf_printf(s, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int b = 0; b < COORD_LAT_BUCKETS; b++)
+        strbuf_printf(s, "%s_bucket{le=\"%g\"} %llu\n", name, coord_latency_le[b],
+                      (unsigned long long)h->n[b]);
+    strbuf_printf(s, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+                  (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
 
 char *coord_engine_metrics(void *ctx)
 {
     coord *c = ctx;
-    size_t cap = 16384;
-    char *s = malloc(cap);
-    if (!s)
-        return NULL;
-    size_t n = 0;
-#define M(...) n += (size_t)snprintf(s + n, n < cap ? cap - n : 0, __VA_ARGS__)
-    pthread_mutex_lock(&c->mlock);
+    strbuf sb = {0};
+#define M(...) strbuf_printf(&sb, __VA_ARGS__)
+    pthread_mutex_lock(&c->met.lock);
     M("# HELP orochi_requests_total Requests taken by the engine.\n# TYPE orochi_requests_total "
       "counter\n"
       "orochi_requests_total %llu\n",
-      (unsigned long long)c->m_requests);
+      (unsigned long long)c->met.requests);
     M("# TYPE orochi_requests_failed_total counter\norochi_requests_failed_total %llu\n",
-      (unsigned long long)c->m_failed);
+      (unsigned long long)c->met.failed);
     M("# HELP orochi_tokens_generated_total Tokens generated.\n# TYPE "
       "orochi_tokens_generated_total counter\n"
       "orochi_tokens_generated_total %llu\n",
-      (unsigned long long)c->m_tokens);
+      (unsigned long long)c->met.tokens);
     M("# TYPE orochi_prompt_tokens_total counter\norochi_prompt_tokens_total %llu\n",
-      (unsigned long long)c->m_prompt_tokens);
+      (unsigned long long)c->met.prompt_tokens);
     M("# HELP orochi_steps_total Target forward steps (prefill and verification).\n"
       "# TYPE orochi_steps_total counter\norochi_steps_total %llu\n",
-      (unsigned long long)c->m_steps);
+      (unsigned long long)c->met.steps);
     M("# HELP orochi_free_run_tokens_total Tokens the workers decoded free-running (steps the "
       "coordinator did not hand over one by one).\n"
       "# TYPE orochi_free_run_tokens_total counter\norochi_free_run_tokens_total %llu\n",
-      (unsigned long long)c->m_free_tokens);
+      (unsigned long long)c->met.free_tokens);
     M("# HELP orochi_prefill_piggyback_tokens_total Tokens decoded in the steps of another "
       "request's prompt (one per greedy request and prompt chunk).\n"
       "# TYPE orochi_prefill_piggyback_tokens_total counter\norochi_prefill_piggyback_tokens_total "
       "%llu\n",
-      (unsigned long long)c->m_piggyback_tokens);
+      (unsigned long long)c->met.piggyback_tokens);
     M("# HELP orochi_accepted_per_step Drafted tokens accepted per verification step.\n"
       "# TYPE orochi_accepted_per_step histogram\n");
     uint64_t cum = 0, count = 0, sum = 0;
     for (int i = 0; i <= RT_MAX_WIDTH; i++) {
-        count += c->m_accept_hist[i];
-        sum += (uint64_t)i * c->m_accept_hist[i];
+        count += c->met.accept_hist[i];
+        sum += (uint64_t)i * c->met.accept_hist[i];
     }
     static const int le[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
     for (size_t b = 0; b < sizeof le / sizeof le[0]; b++) {
         cum = 0;
         for (int i = 0; i <= le[b] && i <= RT_MAX_WIDTH; i++)
-            cum += c->m_accept_hist[i];
+            cum += c->met.accept_hist[i];
         M("orochi_accepted_per_step_bucket{le=\"%d\"} %llu\n", le[b], (unsigned long long)cum);
     }
     M("orochi_accepted_per_step_bucket{le=\"+Inf\"} %llu\norochi_accepted_per_step_sum %llu\n"
@@ -65,31 +87,40 @@ char *coord_engine_metrics(void *ctx)
       "summary\n"
       "orochi_step_seconds_sum{role=\"coordinator\"} "
       "%.6f\norochi_step_seconds_count{role=\"coordinator\"} %llu\n",
-      c->m_step_seconds, (unsigned long long)c->m_steps);
-    for (int i = 0; i < c->n_workers && i < RT_MAX_WORKERS; i++)
+      c->met.step_seconds, (unsigned long long)c->met.steps);
+    for (int i = 0; i < c->opt.n_workers && i < RT_MAX_WORKERS; i++)
         M("orochi_step_seconds_sum{role=\"worker-%d\"} "
           "%.6f\norochi_step_seconds_count{role=\"worker-%d\"} %llu\n",
-          i, c->m_worker_compute_us[i] / 1e6, i, (unsigned long long)c->m_worker_steps[i]);
+          i, c->met.worker_compute_us[i] / 1e6, i, (unsigned long long)c->met.worker_steps[i]);
     M("# HELP orochi_batch_size Requests verified together per step.\n# TYPE orochi_batch_size "
       "histogram\n");
     uint64_t bc = 0, bs = 0;
     for (int k = 1; k <= RT_MAX_SEQ; k++) {
-        bc += c->m_batch_hist[k];
-        bs += (uint64_t)k * c->m_batch_hist[k];
+        bc += c->met.batch_hist[k];
+        bs += (uint64_t)k * c->met.batch_hist[k];
         M("orochi_batch_size_bucket{le=\"%d\"} %llu\n", k, (unsigned long long)bc);
     }
     M("orochi_batch_size_bucket{le=\"+Inf\"} %llu\norochi_batch_size_sum "
       "%llu\norochi_batch_size_count %llu\n",
       (unsigned long long)bc, (unsigned long long)bs, (unsigned long long)bc);
     M("# TYPE orochi_draft_wait_seconds_total counter\norochi_draft_wait_seconds_total %.6f\n",
-      c->m_draft_wait_seconds);
+      c->met.draft_wait_seconds);
     M("# TYPE orochi_peer_restarts_total counter\norochi_peer_restarts_total %llu\n",
-      (unsigned long long)c->m_restarts);
-    M("%s", c->m_spec_text);
-    M("%s", c->m_mem_text);
-    pthread_mutex_unlock(&c->mlock);
+      (unsigned long long)c->met.restarts);
+    metrics_latency(&sb, "orochi_time_to_first_token_seconds",
+                    "From a request's arrival to its first token.", &c->met.ttft);
+    metrics_latency(&sb, "orochi_inter_token_latency_seconds",
+                    "Between a request's tokens: each emission of k tokens after a gap g counts k "
+                    "observations of g / k (a verification step that accepts several tokens "
+                    "shares its gap among them).",
+                    &c->met.itl);
+    M("%s", c->met.spec_text);
+    M("%s", c->met.mem_text);
+    pthread_mutex_unlock(&c->met.lock);
 #undef M
-    if (n >= cap)
-        s[cap - 1] = 0;
-    return s;
+    if (sb.oom) {
+        strbuf_free(&sb);
+        return NULL;
+    }
+    return sb.p;
 }

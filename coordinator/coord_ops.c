@@ -45,8 +45,8 @@
 static coord_peer *ops_peer(coord *c, const char *name)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
-        if (c->peers[i].role != PEER_FREE && !strcmp(c->peers[i].name, name))
-            return &c->peers[i];
+        if (c->grp.peers[i].role != PEER_FREE && !strcmp(c->grp.peers[i].name, name))
+            return &c->grp.peers[i];
     return NULL;
 }
 
@@ -55,15 +55,15 @@ static void ops_roles(const coord *c, char *out, size_t len)
     size_t n = 0;
     out[0] = 0;
     for (int i = 0; i < COORD_MAX_PEERS && n < len; i++)
-        if (c->peers[i].role != PEER_FREE)
-            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? ", " : "", c->peers[i].name);
+        if (c->grp.peers[i].role != PEER_FREE)
+            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? ", " : "", c->grp.peers[i].name);
 }
 
 /* the last non-empty line of ROLE's log (why a new process failed) */
 static void ops_log_tail(const coord *c, const char *role, char *out, size_t len)
 {
     char path[4400], line[512];
-    snprintf(path, sizeof path, "%s/logs/%s.log", c->run_dir, role);
+    snprintf(path, sizeof path, "%s/logs/%s.log", c->opt.run_dir, role);
     out[0] = 0;
     FILE *f = fopen(path, "r");
     if (!f)
@@ -186,7 +186,7 @@ static void ops_swap(coord *c, const char *op, char **args, int n)
 static void ops_detach_done(coord *c, coord_peer *p, const char *how)
 {
     char path[4400];
-    snprintf(path, sizeof path, "%s/cmd/%s", c->run_dir, p->name);
+    snprintf(path, sizeof path, "%s/cmd/%s", c->opt.run_dir, p->name);
     unlink(path);
     if (p->op[0])
         coord_ops_answer(c, p->op, true, "%s detached (%s)", p->name, how);
@@ -343,7 +343,7 @@ static void ops_progress(coord *c)
 {
     uint64_t now = rt_now_us();
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        coord_peer *p = &c->peers[i];
+        coord_peer *p = &c->grp.peers[i];
         if (p->role == PEER_FREE)
             continue;
         if (p->swap == SWAP_STARTED && p->connected && (p->role != PEER_WORKER || p->ready)) {
@@ -377,7 +377,7 @@ void coord_ops_poll(coord *c)
     c->ops_checked_us = now;
     ops_progress(c);
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/ops", c->run_dir);
+    snprintf(dir, sizeof dir, "%s/ops", c->opt.run_dir);
     DIR *d = opendir(dir);
     if (!d)
         return;

@@ -1,6 +1,6 @@
 /*
  * coordinator/coord_output — a request's text on its way in (the prompt rendered) and out (the
- * generated text released up to what is certain). Below the engine (coord_engine.c uses it) and
+ * generated text released up to what is certain). Below the engine (coord_slots.c uses it) and
  * free of its state, so the chat-template fuzzer drives it through this header.
  */
 #ifndef OROCHI_COORD_OUTPUT_H

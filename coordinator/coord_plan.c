@@ -95,10 +95,10 @@ static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, c
                           size_t errlen)
 {
     const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "parts");
-    if (!cJSON_IsObject(o) || !cJSON_IsNumber(np) || np->valueint != c->n_workers) {
+    if (!cJSON_IsObject(o) || !cJSON_IsNumber(np) || np->valueint != c->opt.n_workers) {
         snprintf(err, errlen,
                  "the plan %s: \"partition\" needs \"parts\": the group's worker count (%d)",
-                 c->plan_path, c->n_workers);
+                 c->opt.plan_path, c->opt.n_workers);
         return -1;
     }
     int n = np->valueint;
@@ -109,7 +109,7 @@ static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, c
                                              strcmp(style->valuestring, "megatron")))) {
         snprintf(err, errlen, "the plan %s: the partition's \"style\" must be \"hcmp\" or "
                               "\"megatron\"",
-                 c->plan_path);
+                 c->opt.plan_path);
         return -1;
     }
     lp->style = style && !strcmp(style->valuestring, "megatron") ? LP_STYLE_MEGATRON
@@ -127,7 +127,7 @@ static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, c
                 snprintf(err, errlen,
                          "the plan %s: the partition's %s shares must be %d numbers, one per "
                          "worker",
-                         c->plan_path, llama_part_kind_names[k], n);
+                         c->opt.plan_path, llama_part_kind_names[k], n);
                 return -1;
             }
             lp->frac[k][i] = a ? (float)v->valuedouble : 1.0f;
@@ -135,7 +135,7 @@ static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, c
     }
     char why[256];
     if (llama_partition_check(lp, why, sizeof why)) {
-        snprintf(err, errlen, "the plan %s: %s", c->plan_path, why);
+        snprintf(err, errlen, "the plan %s: %s", c->opt.plan_path, why);
         return -1;
     }
     return 0;
@@ -183,44 +183,44 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
     cJSON *root = cJSON_Parse(text);
     int version = 0, rc = -1;
     if (!root) {
-        snprintf(err, errlen, "the plan %s is not JSON", c->plan_path);
+        snprintf(err, errlen, "the plan %s is not JSON", c->opt.plan_path);
         return -1;
     }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "buckets");
     if (plan_int(root, "orochi_plan", &version) || version != 1) {
         snprintf(err, errlen, "the plan %s lacks \"orochi_plan\": 1 (not a plan of this version)",
-                 c->plan_path);
+                 c->opt.plan_path);
     } else if (!cJSON_IsArray(b) || !cJSON_GetArraySize(b)) {
-        snprintf(err, errlen, "the plan %s has no \"buckets\"", c->plan_path);
+        snprintf(err, errlen, "the plan %s has no \"buckets\"", c->opt.plan_path);
     } else if (cJSON_GetArraySize(b) > PLAN_MAX_BUCKETS) {
-        snprintf(err, errlen, "the plan %s has more than %d buckets", c->plan_path,
+        snprintf(err, errlen, "the plan %s has more than %d buckets", c->opt.plan_path,
                  PLAN_MAX_BUCKETS);
     } else {
         p->n = 0;
         int plan_bits = 0;
-        if (!plan_int(root, "act_bits", &plan_bits) && plan_bits != c->act_bits)
+        if (!plan_int(root, "act_bits", &plan_bits) && plan_bits != c->opt.act_bits)
             rt_log("coordinator",
                    "the plan %s was profiled with activations %s and this group runs %s: its "
                    "step times, and so its widths, may not fit (orochi profile --act-bits %s)",
-                   c->plan_path, llama_act_bits_name(plan_bits), llama_act_bits_name(c->act_bits),
-                   llama_act_bits_name(c->act_bits));
+                   c->opt.plan_path, llama_act_bits_name(plan_bits), llama_act_bits_name(c->opt.act_bits),
+                   llama_act_bits_name(c->opt.act_bits));
         const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "kv");
-        const char *group_kv = c->kv_elem == KV_F16 ? "f16" : "f32";
+        const char *group_kv = c->opt.kv_elem == KV_F16 ? "f16" : "f32";
         if (cJSON_IsString(kv) && strcmp(kv->valuestring, group_kv))
             rt_log("coordinator",
                    "the plan %s was profiled with %s K/V and this group runs %s: its step times "
                    "may not fit (orochi profile --kv %s)",
-                   c->plan_path, kv->valuestring, group_kv, group_kv);
+                   c->opt.plan_path, kv->valuestring, group_kv, group_kv);
         const cJSON *part = cJSON_GetObjectItemCaseSensitive(root, "partition");
         p->part_set = part != NULL;
         rc = part ? plan_partition(c, part, &p->part, err, errlen) : 0;
-        int even_max = c->model ? (c->kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads)
+        int even_max = c->model ? (c->opt.kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads)
                                 : 0;
-        if (!part && c->model && c->n_workers > even_max) {
+        if (!part && c->model && c->opt.n_workers > even_max) {
             snprintf(err, errlen,
                      "the plan %s has no \"partition\": %d workers need one (the even split "
                      "takes at most %d)",
-                     c->plan_path, c->n_workers, even_max);
+                     c->opt.plan_path, c->opt.n_workers, even_max);
             rc = -1;
         }
         const cJSON *e;
@@ -235,17 +235,17 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
                 snprintf(err, errlen,
                          "the plan %s: bucket %d needs integer ctx (increasing), width >= 1 and "
                          "length >= 0",
-                         c->plan_path, i);
+                         c->opt.plan_path, i);
                 rc = -1;
                 break;
             }
             p->ctx[i] = ctx;
-            p->width[i] = width < c->max_width ? width : c->max_width;
-            if (width > c->max_width)
+            p->width[i] = width < c->opt.max_width ? width : c->opt.max_width;
+            if (width > c->opt.max_width)
                 rt_log("coordinator",
                        "the plan %s: bucket %d's width %d is capped to --max-width %d (start the "
                        "group with --max-width %d to verify the plan's tree whole)",
-                       c->plan_path, i, width, c->max_width, width);
+                       c->opt.plan_path, i, width, c->opt.max_width, width);
             p->length[i] = length;
             const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "speculate");
             p->speculate[i] = !cJSON_IsBool(sp) || cJSON_IsTrue(sp);
@@ -253,11 +253,11 @@ static int plan_parse(const coord *c, const char *text, struct coord_plan *p, ch
                 snprintf(err, errlen,
                          "the plan %s: bucket %d's tree must be [[parent, rank], ...] with each "
                          "parent an earlier node (0: the root)",
-                         c->plan_path, i);
+                         c->opt.plan_path, i);
                 rc = -1;
                 break;
             }
-            plan_costs(root, p, i, c->max_width);
+            plan_costs(root, p, i, c->opt.max_width);
             p->n++;
         }
     }
@@ -275,8 +275,8 @@ static int64_t plan_mtime(const char *path)
 
 int coord_plan_load(coord *c, char *err, size_t errlen)
 {
-    int64_t mt = plan_mtime(c->plan_path);
-    char *text = plan_read(c->plan_path, err, errlen);
+    int64_t mt = plan_mtime(c->opt.plan_path);
+    char *text = plan_read(c->opt.plan_path, err, errlen);
     if (!text)
         return -1;
     struct coord_plan *p = calloc(1, sizeof *p);
@@ -290,7 +290,7 @@ int coord_plan_load(coord *c, char *err, size_t errlen)
     c->plan = p;
     c->plan_mtime = mt;
     c->plan_bucket = -1;
-    rt_log("coordinator", "plan %s: %d context buckets", c->plan_path, p->n);
+    rt_log("coordinator", "plan %s: %d context buckets", c->opt.plan_path, p->n);
     for (int i = 0; i < p->n; i++)
         rt_log("coordinator", "  up to %d tokens: width %d, speculation length %d%s", p->ctx[i],
                p->width[i], p->length[i],
@@ -321,13 +321,13 @@ int coord_plan_load(coord *c, char *err, size_t errlen)
 
 void coord_plan_poll(coord *c)
 {
-    if (!c->plan_path)
+    if (!c->opt.plan_path)
         return;
     uint64_t now = rt_now_us();
     if (now - c->plan_checked_us < 1000000)
         return;
     c->plan_checked_us = now;
-    int64_t mt = plan_mtime(c->plan_path);
+    int64_t mt = plan_mtime(c->opt.plan_path);
     if (mt < 0 || mt == c->plan_mtime)
         return;
     char err[512];
@@ -379,6 +379,6 @@ void coord_plan_apply(coord *c, int n_ctx)
     int len = p->length[i] < 1 ? 1 : p->length[i];
     if (width > 1 && len > width - 1)
         len = width - 1;
-    ctl_length_init(&c->len, len, 1, width > 1 ? width - 1 : 1, c->decision_threshold, 6);
+    ctl_length_init(&c->len, len, 1, width > 1 ? width - 1 : 1, c->opt.decision_threshold, 6);
     c->spec_len = c->len.len;
 }

@@ -120,13 +120,13 @@ int coord_trace_start(coord *c, const char *out, double seconds, const char *op,
     fputs("{\"traceEvents\":[", t->f);
     trace_process(t, (int)getpid(), "coordinator");
     trace_meta(t, (int)getpid(), COORD_TRACE_ENGINE, "thread_name", "verification loop");
-    for (int s = 0; s < c->n_seq; s++) {
+    for (int s = 0; s < c->opt.n_seq; s++) {
         char nm[32];
         snprintf(nm, sizeof nm, "slot %d", s);
         trace_meta(t, (int)getpid(), COORD_TRACE_SLOT + s, "thread_name", nm);
     }
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        const coord_peer *p = &c->peers[i];
+        const coord_peer *p = &c->grp.peers[i];
         if (p->role != PEER_FREE && p->connected && p->pid > 0)
             trace_process(t, (int)p->pid, p->name);
     }

@@ -8,10 +8,11 @@ PACKAGES=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcjson-dev libxxhash-dev
   libcmocka-dev clang libclang-rt-14-dev
   python3 python3-numpy python3-regex python3-matplotlib python3-pip python3-jinja2 unzip
-  libopenblas0-pthread
+  libopenblas0-pthread haproxy iproute2
 )
 # libopenblas0-pthread: numpy's matrix products through OpenBLAS instead of the reference BLAS,
-# which makes tools/train_medusa.py about 12 times faster (docs/medusa.md)
+# which makes tools/train_medusa.py about 12 times faster (docs/medusa.md); haproxy and iproute2:
+# deploy/orochi-balance and its test (two groups in network namespaces, integration_balancer)
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

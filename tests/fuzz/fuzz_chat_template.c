@@ -21,8 +21,8 @@
  * rendering equals, byte for byte, what an independent reading of tokenizer.h's built-in rule
  * gives: the Llama-2 form ([INST] USER [/INST] per user turn, assistant turns between, a system
  * message folded into the next user turn as <<SYS>>, or a turn of its own when an assistant turn
- * or the end comes first). One user message renders as tokenizer_chat_prompt does. The rendered prompt tokenizes (parse_special, as slot_start does) into at
- * most strlen + 8 ids, the buffer slot_start gives it. The rendered prompt is then played as
+ * or the end comes first). One user message renders as tokenizer_chat_prompt does. The rendered prompt tokenizes (parse_special, as engine_slot_start does) into at
+ * most strlen + 8 ids, the buffer engine_slot_start gives it. The rendered prompt is then played as
  * generated text, in pieces, through coord_text_flush with the request's stop strings: the text the
  * request receives must be exactly the text before the first stop string found once the piece
  * completing it has arrived (all of it when none is), and never contain a stop string.
@@ -260,13 +260,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!text || strcmp(text, all.p))
         fuzz_fail("coord_render_prompt differs from tokenizer_chat_render");
 
-    /* slot_start's tokenization of it: parse_special, into strlen + 8 ids (less the BOS slot) */
+    /* engine_slot_start's tokenization of it: parse_special, into strlen + 8 ids (less the BOS slot) */
     size_t len = strlen(text);
     const tokenizer *full = fz_full[which];
     int off = tokenizer_add_bos(full) && tokenizer_bos(full) >= 0 ? 1 : 0, needed = 0;
     tokenizer_encode(full, text, len, true, NULL, 0, &needed);
     if (needed < 0 || (size_t)needed > len + 8 - (size_t)off)
-        fuzz_fail("the rendered prompt of %zu bytes needs %d ids; slot_start holds %zu", len,
+        fuzz_fail("the rendered prompt of %zu bytes needs %d ids; engine_slot_start holds %zu", len,
                   needed, len + 8 - (size_t)off);
 
     /* the rendered text as generated output, through the stop strings */
@@ -277,7 +277,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < prm.n_stop; i++)
         if (strlen(prm.stop[i]) > out.max_stop)
             out.max_stop = strlen(prm.stop[i]);
-    out.max_stop = out.max_stop ? out.max_stop - 1 : 0; /* as slot_start sets it */
+    out.max_stop = out.max_stop ? out.max_stop - 1 : 0; /* as engine_slot_start sets it */
     size_t ends[512];
     int n_ends = 0;
     unsigned seed = flags >> 4;
@@ -293,7 +293,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ends[n_ends++] = at;
         stopped = coord_text_flush(&out, req, &prm, false);
     }
-    coord_text_flush(&out, req, &prm, true); /* slot_finish's: after a stop it must add nothing */
+    coord_text_flush(&out, req, &prm, true); /* engine_slot_finish's: after a stop it must add nothing */
     size_t want = fz_stop_reference(text, len, ends, n_ends, prm.stop, prm.n_stop);
     size_t glen = 0;
     char *gtext = coord_request_text(req, &glen);

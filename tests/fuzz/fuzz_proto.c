@@ -3,15 +3,16 @@
  * through rt_recv (group/runtime.c: size limit, protobuf-c unpack of the Envelope, protocol
  * version, body present), then, on the coordinator's side, the dispatch of what it accepted
  * (coordinator/coord_group.c: group_dispatch -> group_hello, heartbeats, and
- * coord_engine_on_step_done / coord_engine_on_draft_ready in coordinator/coord_engine.c) against
+ * coord_engine_on_step_done / coord_engine_on_draft_ready in coordinator/coord_step.c and
+ * coord_drafts.c) against
  * a coordinator state with a real arena and draft rings.
  *
  * The frames really travel through ZeroMQ (inproc sockets: a DEALER to the coordinator's ROUTER,
  * a PAIR for the peer side), because rt_recv is the narrowest non-static entry point: the
  * validation is inline in it. group_dispatch is static, so this file compiles
- * coordinator/coord_group.c into itself (#include below), with coordinator/coord_engine.c (whose
- * engine state it sets up: sequence slots in use), and links the rest of the coordinator but its
- * main(). The routing id handed to group_dispatch is the one the input names (a peer
+ * coordinator/coord_group.c into itself (#include below), reads the engine's state through
+ * coordinator/engine.h (it sets up sequence slots in use), and links the rest of the
+ * coordinator but its main(). The routing id handed to group_dispatch is the one the input names (a peer
  * picks its own with ZMQ_ROUTING_ID, 1..255 bytes; rt_recv copies up to the caller's 256).
  * Worker- and speculator-side handling of Welcome/Feedback is not reached: it lives in static
  * functions of workers/worker.c and workers/speculator.c, next to model loading and arena attach
@@ -41,8 +42,8 @@
  *
  * Build and run: `make fuzz`, then tests/fuzz/run_fuzz.sh (seeds: tests/fuzz/corpus/proto/).
  */
-#include "coordinator/coord_engine.c" /* first: it defines _GNU_SOURCE before any system header */
-#include "coordinator/coord_group.c"
+#include "coordinator/coord_group.c" /* static group_dispatch: compiled into this file */
+#include "coordinator/engine.h"
 
 #include "tests/fuzz/fuzz_common.h"
 
@@ -114,19 +115,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     fz.model->cfg.vocab = FZ_VOCAB;
     coord *c = fz.c;
-    c->sock = fz.router;
-    c->arena = fz.arena;
-    c->rings = arena_region_find(fz.arena, RT_REGION_DRAFTS, NULL);
-    c->ring_bytes = rt_ring_stride();
+    c->grp.sock = fz.router;
+    c->grp.arena = fz.arena;
+    c->grp.rings = arena_region_find(fz.arena, RT_REGION_DRAFTS, NULL);
+    c->grp.ring_bytes = rt_ring_stride();
     c->model = fz.model;
     c->vocab_hash = FZ_VOCAB_HASH;
-    c->target = "fuzz.gguf";
-    c->n_workers = FZ_N_WORKERS;
-    c->max_width = 16;
-    c->n_ctx = 256;
-    c->n_seq = 2;
-    c->dead_ms = 5000;
-    pthread_mutex_init(&c->mlock, NULL);
+    c->opt.target = "fuzz.gguf";
+    c->opt.n_workers = FZ_N_WORKERS;
+    c->opt.max_width = 16;
+    c->opt.n_ctx = 256;
+    c->opt.n_seq = 2;
+    c->opt.dead_ms = 5000;
+    pthread_mutex_init(&c->met.lock, NULL);
     pthread_mutex_init(&c->qlock, NULL);
     if (coord_engine_init(c))
         abort();
@@ -137,14 +138,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void fz_reset(void)
 {
     coord *c = fz.c;
-    memset(c->peers, 0, sizeof c->peers);
+    memset(c->grp.peers, 0, sizeof c->grp.peers);
     memset(c->eng, 0, sizeof *c->eng);
     c->eng->slots[0].used = true;
     c->eng->slots[0].req_id = 7;
     c->eng->slots[1].used = true;
     c->eng->slots[1].req_id = 8;
     for (int r = 0; r < RT_MAX_SPECULATORS; r++)
-        memset((uint8_t *)c->rings + (size_t)r * c->ring_bytes, 0, c->ring_bytes);
+        memset((uint8_t *)c->grp.rings + (size_t)r * c->grp.ring_bytes, 0, c->grp.ring_bytes);
 }
 
 static void fz_touch_str(const char *s, const char *what)
@@ -264,14 +265,14 @@ static void fz_check_peers(void)
     bool worker_seen[FZ_N_WORKERS] = {0}, ring_seen[RT_MAX_SPECULATORS] = {0};
     int n_spec = 0;
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
-        const coord_peer *p = &c->peers[i];
+        const coord_peer *p = &c->grp.peers[i];
         if (p->ident_len > sizeof p->ident)
             fuzz_fail("peer %d: routing id of %zu bytes in a %zu-byte buffer", i, p->ident_len,
                       sizeof p->ident);
         if (!memchr(p->name, 0, sizeof p->name) || !memchr(p->kind, 0, sizeof p->kind))
             fuzz_fail("peer %d: name or kind not NUL-terminated", i);
         if (p->role == PEER_WORKER) {
-            if (p->index < 0 || p->index >= c->n_workers || worker_seen[p->index])
+            if (p->index < 0 || p->index >= c->opt.n_workers || worker_seen[p->index])
                 fuzz_fail("worker peer %d holds index %d", i, p->index);
             worker_seen[p->index] = true;
         } else if (p->role == PEER_SPECULATOR) {
@@ -281,8 +282,8 @@ static void fz_check_peers(void)
             n_spec++;
             /* its DraftReadys, read as engine_gather_drafts reads them */
             const arena_draft_ring *ring =
-                (const arena_draft_ring *)((const uint8_t *)c->rings +
-                                           (size_t)p->index * c->ring_bytes);
+                (const arena_draft_ring *)((const uint8_t *)c->grp.rings +
+                                           (size_t)p->index * c->grp.ring_bytes);
             for (int s = 0; s < RT_MAX_SEQ; s++) {
                 arena_draft d;
                 if (p->draft_ready[s].fresh &&

@@ -26,7 +26,7 @@
  *   - the special ids in the output are exactly the leftmost-longest matches of the special
  *     tokens' strings in the text when parse_special is set, and absent otherwise;
  *   - at most one token per byte (BPE) or per byte plus one (SentencePiece's space prefix): the
- *     coordinator sizes its prompt buffer as strlen + 8 (coordinator/coord_engine.c slot_start).
+ *     coordinator sizes its prompt buffer as strlen + 8 (coordinator/coord_slots.c engine_slot_start).
  * With $OROCHI_FUZZ_VOCAB a byte-level BPE vocabulary must round-trip every text whose bytes all
  * have a token.
  *

@@ -314,13 +314,17 @@ class Group:
 
     def launch(self, *args, timeout=60, check=True):
         """Run `orochi-launch ARGS --run-dir D`; returns the CompletedProcess."""
-        cmd = [self.env["launch"]] + list(args) + ["--run-dir", self.run_dir]
+        cmd = self.launch_prefix() + [self.env["launch"]] + list(args) + ["--run-dir", self.run_dir]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.launch_env(),
                            stdin=subprocess.DEVNULL)
         if check and r.returncode != 0:
             raise AssertionError("orochi-launch %s failed (%d):\n%s%s" % (" ".join(args), r.returncode,
                                                                           r.stdout, r.stderr))
         return r
+
+    def launch_prefix(self):
+        """What the launcher runs under (e.g. `ip netns exec NS`): nothing here."""
+        return []
 
     def launch_env(self):
         e = dict(os.environ)

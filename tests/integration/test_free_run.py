@@ -3,7 +3,7 @@
 With no speculator connected, the coordinator rings one step (a token per request) and the workers
 go on: each takes the argmax of every row's logits over its own columns, they merge the parts'
 bests at their barrier, commit the rows and run the next step of the same requests, while the coordinator takes the tokens a few at a
-time (coordinator/coord_engine.c, engine_run_free; workers/worker.c, worker_run). Checked here:
+time (coordinator/coord_freerun.c, engine_run_free; workers/worker.c, worker_run). Checked here:
 - the token ids equal `orochi run --temp 0` with 1 and 2 workers, across more tokens than one run
   may make (RT_RUN_MAX = 256), and equal a group with `--free-run off`; the metric
   orochi_free_run_tokens_total says which way the tokens were made;
@@ -47,6 +47,20 @@ def metric(g, name):
     return int(m.group(1))
 
 
+def latency(g, name):
+    """A latency histogram of /metrics: (count, sum, {bound: cumulative count}), checked to be one:
+    cumulative buckets that never fall and end at the count."""
+    body = g.http("/metrics").body.decode()
+    buckets = [(float(le), int(v)) for le, v in
+               re.findall(r'^%s_bucket\{le="([0-9.e+-]+|\+Inf)"\} (\d+)' % name, body, re.M)]
+    count = metric(g, name + "_count")
+    total = float(re.search(r"^%s_sum (\S+)" % name, body, re.M).group(1))
+    G.check(buckets and buckets[-1][0] == float("inf") and buckets[-1][1] == count,
+            "%s: the +Inf bucket is not the count (%d): %s", name, count, buckets[-3:])
+    G.check(all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), "%s: buckets fall: %s", name, buckets)
+    return count, total, dict(buckets)
+
+
 def batch_steps(g, size):
     """Verification steps that carried `size` requests (the batch-size histogram's bucket)."""
     body = g.http("/metrics").body.decode()
@@ -86,6 +100,17 @@ def test_free_run_identical_across_runs():
             G.check(free >= sum(len(v) for v in want.values()) - 2 * len(prompts),
                     "%d worker(s): only %d tokens were made free-running", workers, free)
             G.log("  %d worker(s): identical, %d tokens free-running" % (workers, free))
+            # the latency histograms: a first token per request, every later token one inter-token
+            # observation (the free run's tokens included)
+            n_ttft, s_ttft, _ = latency(g, "orochi_time_to_first_token_seconds")
+            n_itl, s_itl, _ = latency(g, "orochi_inter_token_latency_seconds")
+            G.check_eq(n_ttft, len(prompts), "%d worker(s): time-to-first-token observations" % workers)
+            G.check_eq(n_itl, sum(len(v) for v in want.values()) - len(prompts),
+                       "%d worker(s): inter-token observations" % workers)
+            G.check(0 < s_ttft < 60 and 0 < s_itl < 60, "%d worker(s): latency sums %.3f s, %.3f s",
+                    workers, s_ttft, s_itl)
+            G.log("  %d worker(s): time to first token %.1f ms, inter-token %.2f ms (means)"
+                  % (workers, 1e3 * s_ttft / n_ttft, 1e3 * s_itl / n_itl))
     with G.Group("free-off", m, workers=2, extra=["--free-run", "off"]) as g:
         for p in prompts:
             G.check_eq(g.ids(p, 320), want[p], "--free-run off, %r" % p)
