@@ -4,7 +4,8 @@
  * Up to --max-batch requests share each target step, each in its own KV sequence slot. For a
  * request: render and tokenize the prompt, refuse it if it cannot fit the context (413), prefill
  * it through the workers in chains of up to max_width (each step also a plain step for every other
- * active greedy request: engine_piggyback_slots), and take the first token from the last prompt
+ * active request but those sampling with a seed: engine_piggyback_slots, coord_slots.c), and take
+ * the first token from the last prompt
  * position. Then, step after step, for every active slot:
  *   0. the plan's bucket for the context (width, length) and the guard decide whether this cycle
  *      speculates at all (policy/control.h): when not, W = 1 and the speculators sit idle;

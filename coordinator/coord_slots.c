@@ -336,14 +336,16 @@ static int engine_piggyback_slots(coord *c, int s, int *pig)
     int n = 0;
     for (int k = 0; k < c->opt.n_seq && n < RT_MAX_SEQ; k++) {
         const engine_slot *o = &c->eng->slots[k];
-        if (k != s && o->used && o->greedy && !engine_slot_over(o) && engine_slot_room(c, k) >= 1)
+        if (k != s && o->used && !engine_slot_seeded(c, k) && !engine_slot_over(o) &&
+            engine_slot_room(c, k) >= 1)
             pig[n++] = k;
     }
     return n;
 }
 
 /* After a prefill step that carried them at batch rows w, w + 1, ...: each piggybacked request
- * takes its row's argmax, commits the row and emits the token. */
+ * takes its row's token (greedy: the argmax; sampled: drawn from the row as a plain step draws
+ * it), commits the row and emits the token. */
 static void engine_piggyback_take(coord *c, const int *pig, int n, int w, int logits_from)
 {
     int V = c->model->cfg.vocab;
@@ -358,7 +360,7 @@ static void engine_piggyback_take(coord *c, const int *pig, int n, int w, int lo
         }
         c->eng->prefix[s]++;
         const float *lg = c->grp.logits + (size_t)(row - logits_from) * (size_t)V;
-        int32_t next = sampler_argmax(lg, V);
+        int32_t next = o->greedy ? sampler_argmax(lg, V) : sampler_sample(&o->smp, lg, V, o->work);
         o->all[o->n_all++] = next;
         o->steps++;
         o->verify_steps++;
@@ -374,7 +376,8 @@ static void engine_piggyback_take(coord *c, const int *pig, int n, int w, int lo
 }
 
 /* Take a request into slot s: tokenize, check it fits, prefill its prompt (steps of this slot's
- * prompt chunks, each carrying a token of every other greedy request: engine_piggyback_slots),
+ * prompt chunks, each carrying a token of every other active request but those sampling with a
+ * seed, whose output must not depend on when prompts arrive: engine_piggyback_slots),
  * draw the first token. Returns 0 when the slot is now active. */
 int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
 {
@@ -447,8 +450,9 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     }
     sl->cached = prefix[s];
     while (prefix[s] < sl->n_all) {
-        /* the other greedy requests decode a token each in the same step, as many as leave the
-         * prompt a token of the width (engine_piggyback_slots) */
+        /* the other requests decode a token each in the same step, as many as leave the prompt a
+         * token of the width (engine_piggyback_slots): a long prompt delays them by one step of
+         * at most max_width tokens at a time */
         int pig[RT_MAX_SEQ], n_pig = engine_piggyback_slots(c, s, pig);
         n_pig = n_pig < c->opt.max_width - 1 ? n_pig : c->opt.max_width - 1;
         int room = c->opt.max_width - n_pig;

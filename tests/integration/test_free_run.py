@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import group as G  # noqa: E402
@@ -193,6 +194,44 @@ def test_free_run_second_request_joins():
         G.check(pig > 0, "the first request made no token during the second one's prompt")
         G.log("  %d steps carried both requests; %d tokens free-running, %d made in the second's "
               "prompt steps" % (two, metric(g, "orochi_free_run_tokens_total"), pig))
+
+
+@t.case
+def test_sampled_request_decodes_during_a_prompt():
+    # a sampled request (no seed) running while a long prompt arrives takes a token in each of
+    # the prompt's steps, as greedy ones do; one that samples with a seed is left out of them (its
+    # output must not depend on when prompts arrive) and gives the same answer with or without
+    # the prompt beside it
+    m = model()
+    long_prompt = " ".join(["word%d" % (i % 50) for i in range(100)])
+    with G.Group("pig-sampled", m, workers=1, max_width=4) as g:
+        got = {}
+
+        def run(key, **kw):
+            got[key] = g.complete("hello world", 300, **kw)
+
+        for key, kw in (("unseeded", dict(temperature=0.9)), ("seeded", dict(temperature=0.9, seed=5))):
+            before = metric(g, "orochi_prefill_piggyback_tokens_total")
+            admitted = metric(g, "orochi_requests_total")
+            th = threading.Thread(target=run, args=(key,), kwargs=kw)
+            th.start()
+            while metric(g, "orochi_requests_total") == admitted:  # it is being served
+                time.sleep(0.002)
+            other = g.complete(long_prompt, 2)
+            th.join()
+            pig = metric(g, "orochi_prefill_piggyback_tokens_total") - before
+            r = got[key]
+            G.check(r["choices"][0]["finish_reason"] in ("stop", "length"), "%s: %r", key, r)
+            G.check(other["choices"][0]["finish_reason"] in ("stop", "length"), "the long prompt: %r", other)
+            G.log("  %s sampled request: %d tokens, %d made in the long prompt's steps"
+                  % (key, len(r["orochi"]["token_ids"]), pig))
+            if key == "unseeded":
+                G.check(pig > 0, "the sampled request made no token during the long prompt's steps")
+            else:
+                G.check_eq(pig, 0, "tokens a seeded request made in another prompt's steps")
+        alone = g.complete("hello world", 300, temperature=0.9, seed=5)
+        G.check_eq(alone["orochi"]["token_ids"], got["seeded"]["orochi"]["token_ids"],
+                   "the seeded request's answer alone and beside a long prompt")
 
 
 @t.case
