@@ -19,8 +19,8 @@ round without it: what a long prompt arriving costs the requests already decodin
 
 Servers: "orochi" (deploy/orochi-launch: --workers W x --threads-per-worker, --speculator ...,
 --extra coordinator options) and, with --llama-server BIN, llama.cpp's llama-server started as
-`llama-server -m FILE -t THREADS -np N -c CTX*N --cont-batching` (its slots hold N requests, like
-the group's). --configs names more orochi groups, e.g. "plain=,ngram=ngram". Results: a table,
+`llama-server -m FILE -t THREADS -np N -c CTX*N --cont-batching` (N: --peer-slots, default the
+clients, like the group's slots). --configs names more orochi groups, e.g. "plain=,ngram=ngram". Results: a table,
 JSON lines (--json), every answer checked to be complete (finish_reason stop or length). The load
 average is printed before every round.
 
@@ -52,8 +52,8 @@ def pct(xs, q):
 
 
 def stream(port, path, body, timeout=900):
-    """POST a streamed request; returns (times of content chunks, completion tokens, finish reason,
-    wall seconds). The usage is asked for (stream_options.include_usage)."""
+    """POST a streamed request; returns (times of the chunks that brought tokens, completion tokens,
+    finish reason, wall seconds). The usage is asked for (stream_options.include_usage)."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.time()
@@ -74,7 +74,9 @@ def stream(port, path, body, timeout=900):
             tokens = ev["usage"].get("completion_tokens")
         for ch in ev.get("choices") or []:
             piece = (ch.get("delta") or {}).get("content") if "delta" in ch else ch.get("text")
-            if piece:
+            # a chunk of text, or of a token without text yet (llama-server sends one per token,
+            # empty while a character's bytes are incomplete): tokens arrived
+            if piece or not ch.get("finish_reason"):
                 times.append(time.time() - t0)
             if ch.get("finish_reason"):
                 finish = ch["finish_reason"]
@@ -134,7 +136,11 @@ def load(port, jobs, n_clients, a, long_job=None):
 
     def one(i):
         t_start = time.time()
-        times, tokens, finish, wall = stream(port, path, body(jobs[i], a.max_tokens))
+        try:
+            times, tokens, finish, wall = stream(port, path, body(jobs[i], a.max_tokens))
+        except (OSError, RuntimeError, ValueError) as e:  # counted as failed, the reason shown
+            print("request %d: %s" % (i, e), file=sys.stderr)
+            return None
         return dict(start=t_start, times=times, tokens=tokens, finish=finish, wall=wall)
 
     long_rec = []
@@ -183,6 +189,7 @@ def main():
     ap.add_argument("--configs", default="orochi=", help="orochi groups: NAME=SPEC[+SPEC...] comma list")
     ap.add_argument("--extra", default="", help="coordinator options of every orochi group")
     ap.add_argument("--llama-server", default="", help="llama-server binary (none: orochi only)")
+    ap.add_argument("--peer-slots", type=int, default=0, help="llama-server -np (default: the clients)")
     ap.add_argument("--concurrency", default="8", help="clients, e.g. 8,32 (each level in every round)")
     ap.add_argument("--requests", type=int, default=0, help="answers per level (default 2 x clients)")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -200,7 +207,7 @@ def main():
         pool = [random_text(rng, 24) for _ in range(64)]
     else:
         pool = [p["prompt"] for p in load_prompts(a.prompts, 99)]
-    ctx = a.ctx or (a.max_tokens + 96 + (a.long_prompt * 2 if a.long_prompt else 0))
+    ctx = a.ctx or (a.max_tokens + 256 + (a.long_prompt * 2 if a.long_prompt else 0))
     long_job = random_text(rng, a.long_prompt) if a.long_prompt else None
     servers = []
     for spec in a.configs.split(","):
@@ -215,11 +222,16 @@ def main():
         for name, specs in order:
             n_max = max(levels)
             if specs is None:
-                srv = LlamaServer(a.llama_server, a.model, a.threads, n_max, ctx)
+                srv = LlamaServer(a.llama_server, a.model, a.threads, a.peer_slots or n_max, ctx)
                 port = srv.port
             else:
-                # the group's sequence slots: as many as the clients, up to its most (RT_MAX_SEQ)
-                extra = ["--max-batch", str(min(n_max, 8)), "--n-ctx", str(ctx)] + a.extra.split()
+                # the group's sequence slots: as many as the clients, up to its most (RT_MAX_SEQ),
+                # and steps of at least as many rows (prefill width)
+                slots = min(n_max, 32)
+                extra = ["--max-batch", str(slots), "--n-ctx", str(ctx)]
+                if slots > 16:
+                    extra += ["--prefill-width", str(slots)]
+                extra += a.extra.split()
                 srv = Group(a.bin_dir, a.model, "/tmp/orochi-serve-%s-r%d" % (name, rnd), a.workers,
                             max(1, a.threads // a.workers), specs, extra)
                 port = srv.port

@@ -466,7 +466,7 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
     w.layout_version = ARENA_LAYOUT_VERSION;
     w.arena_generation = arena_generation(c->grp.arena);
     w.n_workers = (uint32_t)c->opt.n_workers;
-    w.max_width = (uint32_t)c->opt.max_width;
+    w.max_width = (uint32_t)c->opt.step_rows; /* the rows of a step: the arena's layout */
     w.n_ctx = (uint32_t)c->opt.n_ctx;
     w.n_seq = (uint32_t)c->opt.n_seq;
     w.target_model = (char *)c->opt.target;

@@ -151,7 +151,7 @@ static void coord_usage(FILE *out)
         "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
         "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
-        "         [--decision-threshold N] [--max-batch N]\n"
+        "         [--decision-threshold N] [--max-batch N] [--prefill-width N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
@@ -172,6 +172,8 @@ static void coord_usage(FILE *out)
         "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
+        "  Prompts are computed in steps of up to --prefill-width rows (default 16, at least\n"
+        "  --max-width), which also carry a token of each other active request.\n"
         "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
         "  connected or the guard keeping them off, are decoded by the workers themselves\n"
         "  (each step's argmax is the next token); the coordinator takes the tokens every\n"
@@ -305,6 +307,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-att-parts", required_argument, 0, 26},
                                          {"gpu-matmul", required_argument, 0, 27},
                                          {"chat-template", required_argument, 0, 28},
+                                         {"prefill-width", required_argument, 0, 29},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -396,6 +399,7 @@ static int coord_parse(coord *c, int argc, char **argv)
             snprintf(c->opt.gpu_memory, sizeof c->opt.gpu_memory, "%s", optarg);
             break;
         case 28: c->opt.chat_template = optarg; break;
+        case 29: c->opt.prefill_width = atoi(optarg); break;
         case 27:
             if (llama_gpu_matmul_parse(optarg) < 0) {
                 fprintf(stderr, "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
@@ -486,6 +490,18 @@ static int coord_parse(coord *c, int argc, char **argv)
     c->spec_len = c->opt.max_draft < c->width - 1 ? c->opt.max_draft : c->width - 1;
     if (c->spec_len < 1)
         c->spec_len = 1;
+    if (c->opt.prefill_width < 1 || c->opt.prefill_width > RT_MAX_WIDTH) {
+        fprintf(stderr, "orochi-coordinator: --prefill-width must be 1..%d\n", RT_MAX_WIDTH);
+        return 2;
+    }
+    c->opt.step_rows = c->opt.prefill_width > c->opt.max_width ? c->opt.prefill_width : c->opt.max_width;
+    if (c->opt.n_seq > c->opt.step_rows) { /* every active request takes a row of each step */
+        fprintf(stderr,
+                "orochi-coordinator: --max-batch %d needs steps of as many rows: raise "
+                "--prefill-width or --max-width to %d (now %d)\n",
+                c->opt.n_seq, c->opt.n_seq, c->opt.step_rows);
+        return 2;
+    }
     if (c->opt.n_workers < 1 || c->opt.n_workers > RT_MAX_WORKERS || c->opt.threads_per_worker < 1 ||
         c->opt.max_width < 1 || c->opt.max_width > RT_MAX_WIDTH || c->opt.max_draft < 1 ||
         c->opt.max_draft >= c->opt.max_width + 1 || c->opt.port < 0 || c->opt.port > 65535 || c->opt.dead_ms < 100 ||
@@ -562,12 +578,12 @@ static int coord_setup(coord *c)
 
     /* the arena */
     size_t llama_bytes =
-        llama_shared_layout(&c->model->cfg, c->opt.n_ctx, c->opt.max_width, c->opt.n_seq, c->opt.kv_elem, NULL);
+        llama_shared_layout(&c->model->cfg, c->opt.n_ctx, c->opt.step_rows, c->opt.n_seq, c->opt.kv_elem, NULL);
     c->grp.ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
         {RT_REGION_LLAMA, llama_bytes},
-        {RT_REGION_LOGITS, (uint64_t)c->opt.max_width * (uint64_t)c->model->cfg.vocab * 4},
+        {RT_REGION_LOGITS, (uint64_t)c->opt.step_rows * (uint64_t)c->model->cfg.vocab * 4},
         {RT_REGION_DRAFTS, (uint64_t)RT_MAX_SPECULATORS * c->grp.ring_bytes},
         {RT_REGION_HIDDEN, sizeof(rt_hidden) + (uint64_t)c->model->cfg.dim * sizeof(float)},
     };
@@ -586,7 +602,7 @@ static int coord_setup(coord *c)
     c->grp.hidden = arena_region_find(c->grp.arena, RT_REGION_HIDDEN, NULL);
     c->grp.hidden->dim = (uint32_t)c->model->cfg.dim;
     llama_ctx_params p = {.n_threads = 1,
-                          .max_width = c->opt.max_width,
+                          .max_width = c->opt.step_rows,
                           .n_ctx = c->opt.n_ctx,
                           .n_seq = c->opt.n_seq,
                           .kv = c->opt.kv_elem,
@@ -687,6 +703,7 @@ int main(int argc, char **argv)
                        .guard_probe = 48,
                        .decision_threshold = 8,
                        .n_seq = 4,
+                       .prefill_width = 16,
                        .drain_ms = 10000},
                .plan_bucket = -1};
     int rc = coord_parse(&c, argc, argv);

@@ -449,14 +449,23 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
         return -1;
     }
     sl->cached = prefix[s];
+    int w_last = 0; /* the last prompt token's batch row (in the last prompt step) */
     while (prefix[s] < sl->n_all) {
-        /* the other requests decode a token each in the same step, as many as leave the prompt a
-         * token of the width (engine_piggyback_slots): a long prompt delays them by one step of
-         * at most max_width tokens at a time */
-        int pig[RT_MAX_SEQ], n_pig = engine_piggyback_slots(c, s, pig);
-        n_pig = n_pig < c->opt.max_width - 1 ? n_pig : c->opt.max_width - 1;
-        int room = c->opt.max_width - n_pig;
-        int w = sl->n_all - prefix[s] < room ? sl->n_all - prefix[s] : room;
+        /* the other requests decode a token each in the same step (engine_piggyback_slots). The
+         * prompt keeps at least half the width: with more requests aboard than the other half
+         * holds, they take turns (from a start that moves each step), so a long prompt neither
+         * starves behind them nor stalls any of them for more than a step or two */
+        int pig_all[RT_MAX_SEQ], n_cand = engine_piggyback_slots(c, s, pig_all);
+        int left = sl->n_all - prefix[s], W = c->opt.step_rows;
+        int floor_w = (W + 1) / 2 < left ? (W + 1) / 2 : left;
+        int n_pig = n_cand < W - floor_w ? n_cand : W - floor_w;
+        int pig[RT_MAX_SEQ];
+        for (int k = 0; k < n_pig; k++)
+            pig[k] = pig_all[(c->eng->pig_rr + k) % n_cand];
+        if (n_cand)
+            c->eng->pig_rr = (c->eng->pig_rr + n_pig) % n_cand;
+        int room = W - n_pig;
+        int w = left < room ? left : room;
         bool last = prefix[s] + w == sl->n_all;
         int32_t tok[RT_MAX_WIDTH], parent[RT_MAX_WIDTH];
         memcpy(tok, sl->all + prefix[s], (size_t)w * sizeof *tok);
@@ -483,6 +492,7 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
         }
         engine_piggyback_take(c, pig, n_pig, w, b.logits_from);
         prefix[s] += w;
+        w_last = w - 1;
     }
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "prefill", t_prefill,
                      rt_now_us(), "\"request\":%llu,\"tokens\":%d", (unsigned long long)sl->req_id,
@@ -518,7 +528,6 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     }
     if (engine_speculating(c, engine_active(c))) {
         bool focus = engine_focus(c) == sl->req_id;
-        int w_last = (sl->n_prompt - 1) % c->opt.max_width; /* the last prompt token's batch row */
         if (focus)
             engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
         engine_feedback(c, s, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, NULL, !focus);

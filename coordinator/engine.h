@@ -58,6 +58,7 @@ struct coord_engine_state {
     int32_t *kept[RT_MAX_SEQ];
     int n_kept[RT_MAX_SEQ];
     int rr;                 /* round-robin start for budget leftovers */
+    int pig_rr;             /* round-robin start of the requests aboard a prompt's steps */
 };
 
 /* A free-running greedy decode in flight (rt_step.run_max): the workers make the tokens, and

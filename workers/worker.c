@@ -334,8 +334,13 @@ static int worker_join(worker *w)
         rt_log(w->role, "%s", err);
         goto done;
     }
-    uint64_t llama_size = 0;
-    w->step = arena_region_find(w->arena, RT_REGION_STEP, NULL);
+    uint64_t llama_size = 0, step_size = 0;
+    w->step = arena_region_find(w->arena, RT_REGION_STEP, &step_size);
+    if (w->step && step_size < sizeof(rt_step)) {
+        rt_log(w->role, "the arena's step record is %llu bytes, this build's %zu: the coordinator "
+               "is another build of orochi", (unsigned long long)step_size, sizeof(rt_step));
+        goto done;
+    }
     void *shared = arena_region_find(w->arena, RT_REGION_LLAMA, &llama_size);
     w->logits = arena_region_find(w->arena, RT_REGION_LOGITS, NULL);
     int n_seq = wel->n_seq ? (int)wel->n_seq : 1;
