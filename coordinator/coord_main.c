@@ -172,7 +172,7 @@ static void coord_usage(FILE *out)
         "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
-        "  Prompts are computed in steps of up to --prefill-width rows (default 16, at least\n"
+        "  Prompts are computed in steps of up to --prefill-width rows (default 12, at least\n"
         "  --max-width), which also carry a token of each other active request.\n"
         "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
         "  connected or the guard keeping them off, are decoded by the workers themselves\n"
@@ -703,7 +703,7 @@ int main(int argc, char **argv)
                        .guard_probe = 48,
                        .decision_threshold = 8,
                        .n_seq = 4,
-                       .prefill_width = 16,
+                       .prefill_width = 12,
                        .drain_ms = 10000},
                .plan_bucket = -1};
     int rc = coord_parse(&c, argc, argv);
