@@ -220,7 +220,11 @@ static void engine_step_all(coord *c)
         const coord_tree *t = &sl->tree;
         verify_tree vt = {.n = t->n, .tokens = t->tokens, .parent = t->parent};
         verify_result vr;
-        const float *lg = c->grp.logits + (size_t)sl->off * V;
+        float *lg = c->grp.logits + (size_t)sl->off * V;
+        if (engine_slot_shape(c, sl, lg, t->tokens, t->parent, t->n)) {
+            engine_slot_fail(c, s, 500, "out of memory");
+            continue;
+        }
         if (sl->greedy) {
             verify_greedy(&vt, lg, V, &vr);
         } else if (verify_sample(&vt, lg, V, &sl->smp, sl->work, &vr)) {

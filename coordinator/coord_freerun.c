@@ -120,14 +120,15 @@ void engine_measure_costs(coord *c, int s)
            (double)(rt_now_us() - t0) / 1e3, c->eng->prefix[s], ws[n_w - 1], line);
 }
 
-/* Whether slot s may decode free-running among n_active requests: greedy, without logprobs (the
- * workers choose by argmax and nobody reads the logits), with no speculator connected, or
+/* Whether slot s may decode free-running among n_active requests: greedy, without logprobs or
+ * shaped rows (the workers choose by argmax and nobody reads the logits), with no speculator
+ * connected, or
  * speculation switched off (by the guard or width 1: the speculators sit idle, unfed), or only
  * prompt lookup to do (engine_lookup_free), and at least two tokens to go. */
 bool engine_can_run_free(coord *c, int s, int n_active)
 {
     const engine_slot *sl = &c->eng->slots[s];
-    if (!sl->greedy || sl->prm->logprobs || c->opt.no_free_run)
+    if (!sl->greedy || sl->prm->logprobs || engine_slot_shaped(sl) || c->opt.no_free_run)
         return false;
     if (coord_group_count(c, PEER_SPECULATOR, true) > 0 && engine_speculating(c, n_active) &&
         !engine_lookup_free(c, true))

@@ -47,9 +47,77 @@ static void engine_slot_release(coord *c, int s)
     free(sl->out.text);
     free(sl->all);
     free(sl->work);
+    free(sl->pen_count);
+    free(sl->pen_ids);
     coord_request_unref(&sl->req);
     memset(sl, 0, sizeof *sl);
     c->eng->prefix[s] = 0;
+}
+
+bool engine_slot_shaped(const engine_slot *sl)
+{
+    return sl->prm->n_bias > 0 || sl->prm->frequency_penalty != 0 || sl->prm->presence_penalty != 0;
+}
+
+int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
+                      const int32_t *parent, int n)
+{
+    const coord_params *prm = sl->prm;
+    int V = c->model->cfg.vocab;
+    if (!engine_slot_shaped(sl))
+        return 0;
+    double fp = prm->frequency_penalty, pp = prm->presence_penalty;
+    bool pen = fp != 0 || pp != 0;
+    if (pen && !sl->pen_count) {
+        sl->pen_count = calloc((size_t)V, sizeof *sl->pen_count);
+        sl->pen_ids = malloc((size_t)V * sizeof *sl->pen_ids);
+        if (!sl->pen_count || !sl->pen_ids)
+            return -1;
+        sl->pen_upto = sl->n_prompt;
+    }
+    if (pen) /* count the tokens generated since the last shaped row */
+        for (; sl->pen_upto < sl->n_all; sl->pen_upto++) {
+            int32_t t = sl->all[sl->pen_upto];
+            if (t >= 0 && t < V && sl->pen_count[t]++ == 0)
+                sl->pen_ids[sl->n_pen_ids++] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        float *row = rows + (size_t)i * V;
+        for (int b = 0; b < prm->n_bias; b++)
+            if (prm->bias_id[b] < V)
+                row[prm->bias_id[b]] += prm->bias[b];
+        if (!pen)
+            continue;
+        /* the tree's nodes on i's path (node 0, the last committed token, is counted already) */
+        int32_t path[RT_MAX_WIDTH];
+        int depth = 0;
+        for (int j = i; j > 0 && depth < RT_MAX_WIDTH; j = parent ? parent[j] : j - 1)
+            path[depth++] = tok[j];
+        /* one subtraction per token of its whole count, as a sequential step would make it:
+         * first the tokens on the path (committed count plus their occurrences there) ... */
+        for (int a = 0; a < depth; a++) {
+            int32_t t = path[a];
+            bool first = t >= 0 && t < V;
+            for (int q = 0; q < a && first; q++)
+                first = path[q] != t;
+            if (!first)
+                continue;
+            int total = sl->pen_count[t];
+            for (int q = a; q < depth; q++)
+                total += path[q] == t;
+            row[t] -= (float)(total * fp + pp);
+        }
+        /* ... then the other generated tokens */
+        for (int k = 0; k < sl->n_pen_ids; k++) {
+            int32_t t = sl->pen_ids[k];
+            bool on_path = false;
+            for (int q = 0; q < depth && !on_path; q++)
+                on_path = path[q] == t;
+            if (!on_path)
+                row[t] -= (float)(sl->pen_count[t] * fp + pp);
+        }
+    }
+    return 0;
 }
 
 /* Publish the target's hidden state of batch row `row` (just computed) for the request's context
@@ -359,13 +427,18 @@ static void engine_piggyback_take(coord *c, const int *pig, int n, int w, int lo
             continue;
         }
         c->eng->prefix[s]++;
-        const float *lg = c->grp.logits + (size_t)(row - logits_from) * (size_t)V;
+        float *lg = c->grp.logits + (size_t)(row - logits_from) * (size_t)V;
+        if (engine_slot_shape(c, o, lg, NULL, NULL, 1)) {
+            engine_slot_fail(c, s, 500, "out of memory");
+            continue;
+        }
         int32_t next = o->greedy ? sampler_argmax(lg, V) : sampler_sample(&o->smp, lg, V, o->work);
         o->all[o->n_all++] = next;
         o->steps++;
         o->verify_steps++;
         o->last_added = 1;
-        o->generated += engine_slot_emit(c, o, &next, o->prm->logprobs ? &lg : NULL, 1);
+        const float *row_lg = lg;
+        o->generated += engine_slot_emit(c, o, &next, o->prm->logprobs ? &row_lg : NULL, 1);
         pthread_mutex_lock(&c->met.lock);
         c->met.accept_hist[0]++;
         c->met.piggyback_tokens++;
@@ -421,6 +494,13 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
         engine_slot_fail(c, s, 400, "the prompt is empty");
         return -1;
     }
+    for (int b = 0; b < sl->prm->n_bias; b++)
+        if (sl->prm->bias_id[b] >= V) {
+            snprintf(err, sizeof err, "logit_bias names token %d; the model's vocabulary has %d",
+                     (int)sl->prm->bias_id[b], V);
+            engine_slot_fail(c, s, 400, err);
+            return -1;
+        }
     if (sl->n_all >= c->opt.n_ctx) {
         snprintf(err, sizeof err,
                  "the prompt is %d tokens; the context holds %d (prompt plus at least "
@@ -497,6 +577,10 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "prefill", t_prefill,
                      rt_now_us(), "\"request\":%llu,\"tokens\":%d", (unsigned long long)sl->req_id,
                      sl->n_all);
+    if (engine_slot_shape(c, sl, c->grp.logits, NULL, NULL, 1)) {
+        engine_slot_fail(c, s, 500, "out of memory");
+        return -1;
+    }
     int32_t next = sl->greedy ? sampler_argmax(c->grp.logits, V)
                               : sampler_sample(&sl->smp, c->grp.logits, V, sl->work);
     sl->all[sl->n_all++] = next;

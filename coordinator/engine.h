@@ -48,6 +48,11 @@ typedef struct {
     uint64_t first_us;               /* the first token was drawn (the prompt's time ends) */
     uint64_t emit_us;                /* its latest tokens were emitted (0: none yet) */
     int cached;                      /* prompt tokens whose K/V came from another request */
+    /* logit_bias and the penalties (engine_slot_shape): how often each generated token occurred
+     * (V counts, NULL until the first shaped row), the ids counted so far, and how far into
+     * all[] the counts reach */
+    int32_t *pen_count, *pen_ids;
+    int n_pen_ids, pen_upto;
 } engine_slot;
 
 struct coord_engine_state {
@@ -128,6 +133,14 @@ int engine_slot_room(const coord *c, int s);
 int engine_active(const coord *c);
 /* whether this cycle verifies drafts (a width above 1, the guard) */
 bool engine_speculating(const coord *c, int n_active);
+/* whether the request's rows are shaped (logit_bias, penalties): such a request is not run free */
+bool engine_slot_shaped(const engine_slot *sl);
+/* Shape the rows a request chooses its tokens from, in place: n rows of a tree (node 0 the last
+ * committed token; parent[i] the parent node, NULL: a chain) whose row i is read for the token
+ * after node i, so its penalties count the generated tokens and the tree's nodes 1..i on i's path.
+ * Returns 0, or -1 when out of memory (the request then fails). */
+int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
+                      const int32_t *parent, int n);
 /* the request model speculators draft for: the oldest active one */
 uint64_t engine_focus(const coord *c);
 /* publish the target's hidden state of batch row `row` for the medusa speculators */

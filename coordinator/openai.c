@@ -426,6 +426,38 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
                              "stream_options.include_usage must be true or false");
         p->stream_usage = u && cJSON_IsTrue(u);
     }
+    if ((v = oa_field(root, "logit_bias"))) {
+        if (!cJSON_IsObject(v))
+            return openai_fail(e, 400, "logit_bias",
+                               "logit_bias must be an object of token ids to numbers");
+        for (const cJSON *b = v->child; b; b = b->next) {
+            char *end = NULL;
+            long long id = b->string ? strtoll(b->string, &end, 10) : -1;
+            if (!b->string || !*b->string || *end || id < 0 || id > INT32_MAX)
+                return openai_fail(e, 400, "logit_bias",
+                                   "logit_bias keys must be token ids (non-negative integers), got "
+                                   "'%.40s'", b->string ? b->string : "");
+            if (!cJSON_IsNumber(b) || !isfinite(b->valuedouble) || b->valuedouble < -100 ||
+                b->valuedouble > 100)
+                return openai_fail(e, 400, "logit_bias",
+                                   "logit_bias values must be numbers from -100 to 100 (token %lld)",
+                                   id);
+            if (p->n_bias >= COORD_MAX_BIAS)
+                return openai_fail(e, 400, "logit_bias", "logit_bias holds at most %d tokens",
+                                   COORD_MAX_BIAS);
+            p->bias_id[p->n_bias] = (int32_t)id;
+            p->bias[p->n_bias++] = (float)b->valuedouble;
+        }
+    }
+    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    for (int k = 0; k < 2; k++)
+        if ((v = oa_field(root, penalties[k]))) {
+            if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < -2 ||
+                v->valuedouble > 2)
+                return openai_fail(e, 400, penalties[k], "%s must be a number from -2 to 2",
+                                   penalties[k]);
+            *(k ? &p->presence_penalty : &p->frequency_penalty) = v->valuedouble;
+        }
     if ((v = oa_field(root, "n"))) {
         if (!oa_json_integer(v, &i) || i != 1)
             return openai_fail(e, 400, "n", "n must be 1 (one choice per request)");

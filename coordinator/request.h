@@ -33,6 +33,7 @@
 #define COORD_MESSAGE_LEN 512     /* failure messages are cut to this many bytes */
 #define COORD_STATUS_CONTEXT 413  /* failure status: the prompt does not fit the context */
 #define COORD_MAX_TOP_LOGPROBS 20 /* alternatives per token (OpenAI's chat limit) */
+#define COORD_MAX_BIAS 300        /* logit_bias entries (OpenAI's limit) */
 
 typedef enum { COORD_REQ_COMPLETION, COORD_REQ_CHAT } coord_request_kind;
 
@@ -68,6 +69,14 @@ typedef struct {
                          * logprobs true) */
     int top_logprobs;   /* with logprobs: the most likely alternatives reported per token,
                          * 0..COORD_MAX_TOP_LOGPROBS (completions: the logprobs count) */
+    /* logit_bias (added to the token's logit, -100..100) and the repetition penalties (-2..2:
+     * a token's logit less count * frequency_penalty, less presence_penalty once it occurred,
+     * counting the generated tokens): every row a token is chosen from is shaped so, drafts and
+     * verification alike (coord_slots.c, engine_slot_shape) */
+    int n_bias;
+    int32_t bias_id[COORD_MAX_BIAS];
+    float bias[COORD_MAX_BIAS];
+    double frequency_penalty, presence_penalty;
     char *model;        /* the model the client named, or NULL */
     char *options_json; /* the raw JSON text of the body's "orochi" object, or NULL */
 } coord_params;
