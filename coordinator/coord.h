@@ -201,6 +201,10 @@ typedef struct {
     uint64_t last_mem_us;
     char last_error[200]; /* the latest failed request, for `status` */
     uint64_t last_error_us;
+    /* the controllers as the engine left them (coord_metrics_controllers) */
+    int spec_len, width;
+    bool guard_on;
+    uint64_t len_changes, guard_switches_off;
     coord_latency ttft; /* a request's arrival to its first token */
     coord_latency itl;  /* between a request's tokens (coord_latency_observe_gap) */
 } coord_metrics;
@@ -296,6 +300,9 @@ void coord_group_speculator_placement(coord *c, coord_peer *p);
 /* coord_metrics.c */
 /* `times` observations of `seconds` each (call with c->met.lock held) */
 void coord_latency_observe(coord_latency *h, double seconds, uint64_t times);
+/* copy the controllers' state (length, its changes, width, guard) into c->met for /metrics: the
+ * engine calls it after every tick, so /metrics is never behind a finished request */
+void coord_metrics_controllers(coord *c);
 
 /* coord_plan.c */
 int coord_plan_load(coord *c, char *err, size_t errlen);

@@ -351,6 +351,7 @@ int coord_engine_init(coord *c)
                               .worker_lost = coord_engine_on_worker_lost,
                               .peer_exit = coord_ops_on_exit};
     c->eng = calloc(1, sizeof *c->eng);
+    coord_metrics_controllers(c);
     return c->eng ? 0 : -1;
 }
 
@@ -400,4 +401,5 @@ void coord_engine_tick(coord *c)
         engine_slot_start(c, s, req, queued_us);
     }
     engine_step_all(c);
+    coord_metrics_controllers(c);
 }

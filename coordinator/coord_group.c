@@ -803,22 +803,6 @@ void coord_group_write_status(coord *c)
                                   (unsigned long long)p->drafted, p->name,
                                   (unsigned long long)p->accepted);
     }
-    if (n < sizeof text)
-        n += (size_t)snprintf(
-            text + n, sizeof text - n,
-            "# TYPE orochi_speculation_length gauge\norochi_speculation_length %d\n"
-            "# HELP orochi_speculation_length_changes_total Decisions of the adaptive length that "
-            "moved it.\n"
-            "# TYPE orochi_speculation_length_changes_total counter\n"
-            "orochi_speculation_length_changes_total %llu\n"
-            "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n"
-            "# HELP orochi_guard_on Whether speculation is on (the fallback guard).\n"
-            "# TYPE orochi_guard_on gauge\norochi_guard_on %d\n"
-            "# TYPE orochi_guard_switches_off_total counter\n"
-            "orochi_guard_switches_off_total %llu\n",
-            c->spec_len, (unsigned long long)c->len.changes, c->width,
-            !c->opt.guard_enabled || c->guard.on ? 1 : 0,
-            (unsigned long long)c->guard.switches_off);
     pthread_mutex_lock(&c->met.lock);
     memcpy(c->met.spec_text, text, sizeof text);
     c->met.spec_text[sizeof c->met.spec_text - 1] = 0;

@@ -26,6 +26,17 @@ void coord_latency_observe(coord_latency *h, double seconds, uint64_t times)
     h->sum += seconds * (double)times;
 }
 
+void coord_metrics_controllers(coord *c)
+{
+    pthread_mutex_lock(&c->met.lock);
+    c->met.spec_len = c->spec_len;
+    c->met.width = c->width;
+    c->met.len_changes = c->len.changes;
+    c->met.guard_on = !c->opt.guard_enabled || c->guard.on;
+    c->met.guard_switches_off = c->guard.switches_off;
+    pthread_mutex_unlock(&c->met.lock);
+}
+
 static void metrics_latency(strbuf *s, const char *name, const char *help, const coord_latency *h)
 {
     strbuf_printf(s, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
@@ -114,6 +125,18 @@ char *coord_engine_metrics(void *ctx)
                     "observations of g / k (a verification step that accepts several tokens "
                     "shares its gap among them).",
                     &c->met.itl);
+    M("# TYPE orochi_speculation_length gauge\norochi_speculation_length %d\n"
+      "# HELP orochi_speculation_length_changes_total Decisions of the adaptive length that "
+      "moved it.\n"
+      "# TYPE orochi_speculation_length_changes_total counter\n"
+      "orochi_speculation_length_changes_total %llu\n"
+      "# TYPE orochi_verification_width gauge\norochi_verification_width %d\n"
+      "# HELP orochi_guard_on Whether speculation is on (the fallback guard).\n"
+      "# TYPE orochi_guard_on gauge\norochi_guard_on %d\n"
+      "# TYPE orochi_guard_switches_off_total counter\n"
+      "orochi_guard_switches_off_total %llu\n",
+      c->met.spec_len, (unsigned long long)c->met.len_changes, c->met.width, c->met.guard_on ? 1 : 0,
+      (unsigned long long)c->met.guard_switches_off);
     M("%s", c->met.spec_text);
     M("%s", c->met.mem_text);
     pthread_mutex_unlock(&c->met.lock);
