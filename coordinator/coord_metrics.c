@@ -73,7 +73,7 @@ char *coord_engine_metrics(void *ctx)
       "# TYPE orochi_free_run_tokens_total counter\norochi_free_run_tokens_total %llu\n",
       (unsigned long long)c->met.free_tokens);
     M("# HELP orochi_prefill_piggyback_tokens_total Tokens decoded in the steps of another "
-      "request's prompt (one per greedy request and prompt chunk).\n"
+      "request's prompt (one per request aboard a prompt step).\n"
       "# TYPE orochi_prefill_piggyback_tokens_total counter\norochi_prefill_piggyback_tokens_total "
       "%llu\n",
       (unsigned long long)c->met.piggyback_tokens);

@@ -255,17 +255,15 @@ static int slot_emit_ids(coord *c, engine_slot *sl, const int32_t *ids, const fl
 int engine_slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows, int n)
 {
     int kept = slot_emit_ids(c, sl, ids, rows, n);
-    /* the latency histograms: the first token's time from the request's arrival; later ones share
-     * the gap since the request's previous tokens */
+    /* the latency histograms: the first emission (engine_slot_start's, the first token alone)
+     * from the request's arrival; later ones share the gap since the request's previous tokens */
     uint64_t now = rt_now_us();
     pthread_mutex_lock(&c->met.lock);
     if (!sl->emit_us)
         coord_latency_observe(&c->met.ttft, (double)(now - sl->queued_us) / 1e6, 1);
-    if (sl->emit_us && kept > 0)
+    else if (kept > 0)
         coord_latency_observe(&c->met.itl, (double)(now - sl->emit_us) / 1e6 / kept,
                               (uint64_t)kept);
-    else if (!sl->emit_us && kept > 1) /* more than the first token at once (none so far) */
-        coord_latency_observe(&c->met.itl, 0, (uint64_t)(kept - 1));
     pthread_mutex_unlock(&c->met.lock);
     sl->emit_us = now;
     return kept;

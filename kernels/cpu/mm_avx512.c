@@ -430,9 +430,7 @@ AI void a5_f_tile(uint32_t type, int NG, int NT, const uint8_t *pk, size_t gbyte
     case 3: CALL(NG, 3); break;                                                                    \
     case 4: CALL(NG, 4); break;                                                                    \
     case 5: CALL(NG, 5); break;                                                                    \
-    case 6: CALL(NG, 6); break;                                                                    \
-    case 7: CALL(NG, 7); break;                                                                    \
-    default: CALL(NG, 8); break;                                                                   \
+    default: CALL(NG, 6); break;                                                                   \
     }
 
 AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int64_t cols,
@@ -455,8 +453,12 @@ AI void a5_fgroup_t(uint32_t type, const uint8_t *pk, int ng, size_t gbytes, int
     for (int t0 = 0; t0 < n_tok; t0 += ft) {
         int nt = n_tok - t0 < ft ? n_tok - t0 : ft;
 #define CF(G, N) a5_f_tile(type, G, N, pk, gbytes, cols, x, t0, out)
-        if (ng == 2) {
+        if (ng == 2) { /* nt <= FT */
             A5_F_CASES(2, CF)
+        } else if (nt == 8) { /* one group: up to FT1 */
+            CF(1, 8);
+        } else if (nt == 7) {
+            CF(1, 7);
         } else {
             A5_F_CASES(1, CF)
         }
