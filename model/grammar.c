@@ -1089,25 +1089,30 @@ typedef struct {
     uint64_t used;
 } gr_cached;
 
-struct grammar_matcher {
-    const grammar *g;
+/* The vocabulary's token bytes in a trie, shared by every matcher over the same tokenizer. */
+struct grammar_vocab {
     const tokenizer *tok;
     int V, words;
     gr_node *nodes;
     int n_nodes, cap_nodes;
-    int32_t *tok_next;     /* tokens ending at the same node: a chain */
-    int max_len;           /* the longest token in bytes */
-    grammar_state **depth; /* one scratch position per trie depth */
-    grammar_state *tmp, *keep;
+    int32_t *tok_next; /* tokens ending at the same node: a chain */
+    int max_len;       /* the longest token in bytes */
     const int32_t *eog;
     int n_eog;
+};
+
+struct grammar_matcher {
+    const grammar *g;
+    const grammar_vocab *v;
+    grammar_state **depth; /* one scratch position per trie depth */
+    grammar_state *tmp, *keep;
     gr_cached cache[GR_CACHE];
     uint64_t clock;
     int32_t *keybuf;
     int keycap;
 };
 
-static int gr_trie_child(grammar_matcher *m, int node, uint8_t b)
+static int gr_trie_child(grammar_vocab *m, int node, uint8_t b)
 {
     int prev = -1;
     for (int c = m->nodes[node].child; c >= 0; prev = c, c = m->nodes[c].sibling)
@@ -1129,12 +1134,11 @@ static bool gr_token_text(const tokenizer *tok, int32_t id)
     return !tokenizer_is_special(tok, id) && !tokenizer_is_eog(tok, id);
 }
 
-grammar_matcher *grammar_matcher_new(const grammar *g, const tokenizer *tok)
+grammar_vocab *grammar_vocab_new(const tokenizer *tok)
 {
-    grammar_matcher *m = calloc(1, sizeof *m);
+    grammar_vocab *m = calloc(1, sizeof *m);
     if (!m)
         return NULL;
-    m->g = g;
     m->tok = tok;
     m->V = tokenizer_vocab_size(tok);
     m->words = (m->V + 63) / 64;
@@ -1160,13 +1164,36 @@ grammar_matcher *grammar_matcher_new(const grammar *g, const tokenizer *tok)
         if ((int)n > m->max_len)
             m->max_len = (int)n;
     }
-    m->depth = ok ? calloc((size_t)m->max_len + 1, sizeof *m->depth) : NULL;
-    ok = ok && m->depth;
-    for (int d = 0; ok && d <= m->max_len; d++)
+    if (!ok)
+        grammar_vocab_free(&m);
+    return m;
+}
+
+void grammar_vocab_free(grammar_vocab **vp)
+{
+    grammar_vocab *v = *vp;
+    if (!v)
+        return;
+    free(v->nodes);
+    free(v->tok_next);
+    free(v);
+    *vp = NULL;
+}
+
+grammar_matcher *grammar_matcher_new(const grammar *g, const grammar_vocab *v)
+{
+    grammar_matcher *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->g = g;
+    m->v = v;
+    m->depth = calloc((size_t)v->max_len + 1, sizeof *m->depth);
+    bool ok = m->depth != NULL;
+    for (int d = 0; ok && d <= v->max_len; d++)
         ok = (m->depth[d] = calloc(1, sizeof **m->depth)) != NULL;
     ok = ok && (m->tmp = calloc(1, sizeof *m->tmp)) && (m->keep = calloc(1, sizeof *m->keep));
     for (int i = 0; ok && i < GR_CACHE; i++)
-        ok = (m->cache[i].mask = malloc((size_t)m->words * sizeof(uint64_t))) != NULL;
+        ok = (m->cache[i].mask = malloc((size_t)v->words * sizeof(uint64_t))) != NULL;
     if (!ok)
         grammar_matcher_free(&m);
     return m;
@@ -1178,7 +1205,7 @@ void grammar_matcher_free(grammar_matcher **mp)
     if (!m)
         return;
     if (m->depth)
-        for (int d = 0; d <= m->max_len; d++)
+        for (int d = 0; d <= m->v->max_len; d++)
             grammar_state_free(&m->depth[d]);
     free(m->depth);
     grammar_state_free(&m->tmp);
@@ -1188,8 +1215,6 @@ void grammar_matcher_free(grammar_matcher **mp)
         free(m->cache[i].key);
     }
     free(m->keybuf);
-    free(m->nodes);
-    free(m->tok_next);
     free(m);
     *mp = NULL;
 }
@@ -1197,12 +1222,13 @@ void grammar_matcher_free(grammar_matcher **mp)
 /* The tokens below node, each allowed after the position at depth d. */
 static int gr_walk(grammar_matcher *m, int node, int d, uint64_t *mask)
 {
-    for (int c = m->nodes[node].child; c >= 0; c = m->nodes[c].sibling) {
-        if (gr_step_byte(m->depth[d], m->nodes[c].byte, m->depth[d + 1]))
+    const grammar_vocab *v = m->v;
+    for (int c = v->nodes[node].child; c >= 0; c = v->nodes[c].sibling) {
+        if (gr_step_byte(m->depth[d], v->nodes[c].byte, m->depth[d + 1]))
             continue;
-        for (int32_t t = m->nodes[c].tok; t >= 0; t = m->tok_next[t])
+        for (int32_t t = v->nodes[c].tok; t >= 0; t = v->tok_next[t])
             mask[t / 64] |= 1ull << (t % 64);
-        if (m->nodes[c].child >= 0 && gr_walk(m, c, d + 1, mask))
+        if (v->nodes[c].child >= 0 && gr_walk(m, c, d + 1, mask))
             return -1;
     }
     return 0;
@@ -1251,15 +1277,16 @@ const uint64_t *grammar_mask(grammar_matcher *m, const grammar_state *s)
         return NULL;
     slot->key = key;
     slot->key_len = 0;
-    memset(slot->mask, 0, (size_t)m->words * sizeof *slot->mask);
+    const grammar_vocab *v = m->v;
+    memset(slot->mask, 0, (size_t)v->words * sizeof *slot->mask);
     if (grammar_copy(m->depth[0], s) || gr_walk(m, 0, 0, slot->mask))
         return NULL;
     bool end = grammar_accepting(s);
     if (grammar_done(s)) /* nothing may follow: only the end */
-        memset(slot->mask, 0, (size_t)m->words * sizeof *slot->mask);
-    for (int i = 0; i < m->n_eog && end; i++)
-        if (m->eog[i] >= 0 && m->eog[i] < m->V)
-            slot->mask[m->eog[i] / 64] |= 1ull << (m->eog[i] % 64);
+        memset(slot->mask, 0, (size_t)v->words * sizeof *slot->mask);
+    for (int i = 0; i < v->n_eog && end; i++)
+        if (v->eog[i] >= 0 && v->eog[i] < v->V)
+            slot->mask[v->eog[i] / 64] |= 1ull << (v->eog[i] % 64);
     memcpy(key, m->keybuf, (size_t)klen * sizeof *key);
     slot->key_len = klen;
     slot->hash = h;
@@ -1269,14 +1296,15 @@ const uint64_t *grammar_mask(grammar_matcher *m, const grammar_state *s)
 
 int grammar_advance(grammar_matcher *m, grammar_state *s, int32_t id)
 {
-    if (id < 0 || id >= m->V)
+    const grammar_vocab *v = m->v;
+    if (id < 0 || id >= v->V)
         return -1;
-    if (tokenizer_is_eog(m->tok, id))
+    if (tokenizer_is_eog(v->tok, id))
         return grammar_accepting(s) ? 0 : -1;
-    if (!gr_token_text(m->tok, id))
+    if (!gr_token_text(v->tok, id))
         return -1;
     const char *b;
-    size_t n = tokenizer_piece(m->tok, id, &b);
+    size_t n = tokenizer_piece(v->tok, id, &b);
     if (!n)
         return -1;
     return gr_feed_with(s, m->tmp, m->keep, b, n);
@@ -1284,9 +1312,9 @@ int grammar_advance(grammar_matcher *m, grammar_state *s, int32_t id)
 
 bool grammar_allows(grammar_matcher *m, const grammar_state *s, int32_t id)
 {
-    if (id < 0 || id >= m->V)
+    if (id < 0 || id >= m->v->V)
         return false;
-    if (tokenizer_is_eog(m->tok, id))
+    if (tokenizer_is_eog(m->v->tok, id))
         return grammar_accepting(s);
     if (grammar_copy(m->depth[0], s))
         return false;

@@ -32,6 +32,7 @@ typedef struct tokenizer tokenizer;
 
 typedef struct grammar grammar;                 /* compiled; read-only after grammar_parse */
 typedef struct grammar_state grammar_state;     /* a position in the text the grammar derives */
+typedef struct grammar_vocab grammar_vocab;     /* a vocabulary's token bytes, as a trie */
 typedef struct grammar_matcher grammar_matcher; /* token masks of one grammar over one vocab */
 
 /* Compiles the grammar text; NULL with "line L, column C: what" in err. */
@@ -59,10 +60,15 @@ size_t grammar_forced(const grammar_state *s, char *out, size_t cap);
 /* Whether text (n bytes) as a whole is a sentence of g. */
 bool grammar_matches(const grammar *g, const char *text, size_t n);
 
+/* The vocabulary's token bytes in a trie (built once per tokenizer, read-only after: any number
+ * of matchers, on any threads, share it); NULL when out of memory. tok must outlive it. */
+grammar_vocab *grammar_vocab_new(const tokenizer *tok);
+void grammar_vocab_free(grammar_vocab **v);
+
 /* Masks over a vocabulary: a token is allowed when its bytes may follow; the end-of-generation
  * tokens when the text may end here (and only they when it must); other special tokens never.
- * The matcher keeps the tokens' bytes in a trie and a few recent masks. */
-grammar_matcher *grammar_matcher_new(const grammar *g, const tokenizer *tok);
+ * The matcher keeps scratch positions and a few recent masks; g and v must outlive it. */
+grammar_matcher *grammar_matcher_new(const grammar *g, const grammar_vocab *v);
 void grammar_matcher_free(grammar_matcher **m);
 /* The tokens that may follow s: one bit per token id (bit id % 64 of word id / 64), (V + 63) / 64
  * words; NULL when out of memory. Valid until the matcher's next call. */

@@ -5,8 +5,8 @@
  * - the sampler: draws are the same as a straightforward full-sort sampler's for the same seed
  *   (partial selection must not change results), and sampler_probs is the distribution
  *   sampler_sample draws from (exact values, and a chi-square on 200k draws);
- * - greedy verification: a chain all accepted, rejected at the first and in the middle, a tree whose
- *   second branch is the accepted one, ties and repeated siblings, invalid trees;
+ * - greedy verification: a chain all accepted, rejected at the first and in the middle, a tree
+ * whose second branch is the accepted one, ties and repeated siblings, invalid trees;
  * - sampling verification: at a temperature so small that the distribution is one-hot it agrees
  *   with greedy on random trees; on a synthetic 5-token target with a two-level tree (including a
  *   repeated sibling and drafts outside the top-k support), the empirical joint frequency of the
@@ -137,8 +137,9 @@ static void test_sampler_same_as_full_sort(void **state)
 {
     (void)state;
     static const tv_setting set[] = {
-        {0.8f, 40, 0.95f}, {1.0f, 0, 1.0f}, {0.7f, 0, 0.9f}, {1.3f, 5, 1.0f},  {1.0f, 999, 0.5f},
-        {0.5f, 1, 1.0f},   {1.0f, 600, 1.0f}, {2.0f, 0, 0.3f}, {1.0f, 1000, 1.0f}, {0.9f, 3, 0.6f},
+        {0.8f, 40, 0.95f},  {1.0f, 0, 1.0f}, {0.7f, 0, 0.9f},   {1.3f, 5, 1.0f},
+        {1.0f, 999, 0.5f},  {0.5f, 1, 1.0f}, {1.0f, 600, 1.0f}, {2.0f, 0, 0.3f},
+        {1.0f, 1000, 1.0f}, {0.9f, 3, 0.6f},
     };
     /* a small vocabulary many times, and the default model's vocabulary size a few times */
     static const int sizes[] = {1000, 49152}, draws[] = {3000, 30};
@@ -163,10 +164,11 @@ static void test_sampler_same_as_full_sort(void **state)
                     }
                 }
                 int32_t got = sampler_sample(&s, lg, n, work);
-                int32_t want = ref_sample(&ref_rng, set[si].temp, set[si].top_k, set[si].top_p, lg, n);
+                int32_t want =
+                    ref_sample(&ref_rng, set[si].temp, set[si].top_k, set[si].top_p, lg, n);
                 if (got != want)
-                    fail_msg("n %d setting %zu draw %d: sampler_sample %d, full-sort sampler %d", n, si,
-                             draw, got, want);
+                    fail_msg("n %d setting %zu draw %d: sampler_sample %d, full-sort sampler %d", n,
+                             si, draw, got, want);
             }
         }
     }
@@ -215,7 +217,8 @@ static void test_sampler_probs(void **state)
         double x;
         int dof;
         double pv = verify_chi2_gof(cnt, want, N, &x, &dof);
-        printf("sampler_probs setting %zu: support %d, chi2 %.2f dof %d p %.4f\n", si, k, x, dof, pv);
+        printf("sampler_probs setting %zu: support %d, chi2 %.2f dof %d p %.4f\n", si, k, x, dof,
+               pv);
         assert_true(pv > 0.001);
         /* sampler_draw from the dense vector follows it too */
         memset(cnt, 0, sizeof cnt);
@@ -239,7 +242,9 @@ static void rows_with_argmax(float *lg, const int *best, int n)
 {
     for (int i = 0; i < n; i++)
         for (int t = 0; t < GV; t++)
-            lg[i * GV + t] = t == best[i] ? 1.0f : t == (best[i] + 1) % GV ? 0.5f : -0.25f * (float)t;
+            lg[i * GV + t] = t == best[i]              ? 1.0f
+                             : t == (best[i] + 1) % GV ? 0.5f
+                                                       : -0.25f * (float)t;
 }
 
 static void expect_result(const verify_result *r, const int *path, int n_path, int32_t next)
@@ -320,7 +325,8 @@ static void test_invalid_trees(void **state)
     const int32_t tok[] = {1, 2, 3, 4}, bad_tok[] = {1, 2, GV, 4};
     const int32_t par[] = {-1, 0, 1, 1}, bad_root[] = {0, 0, 1, 1}, fwd[] = {-1, 0, 3, 1};
     verify_tree cases[] = {
-        {0, tok, par}, {VERIFY_MAX + 1, tok, par}, {4, bad_tok, par}, {4, tok, bad_root}, {4, tok, fwd},
+        {0, tok, par}, {VERIFY_MAX + 1, tok, par}, {4, bad_tok, par}, {4, tok, bad_root},
+        {4, tok, fwd},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert_int_equal(verify_tree_check(&cases[i], GV, err, sizeof err), -1);
@@ -364,7 +370,8 @@ static void test_sample_cold_is_greedy(void **state)
         par[0] = -1;
         for (int i = 1; i < n; i++) {
             par[i] = (int32_t)(tv_rand(&st) * i);
-            tok[i] = tv_rand(&st) < 0.6 ? sampler_argmax(lg + (size_t)par[i] * V, V) : (int32_t)(tv_rand(&st) * V);
+            tok[i] = tv_rand(&st) < 0.6 ? sampler_argmax(lg + (size_t)par[i] * V, V)
+                                        : (int32_t)(tv_rand(&st) * V);
         }
         verify_tree t = {n, tok, par};
         verify_result g, r, r0;
@@ -396,22 +403,23 @@ static const float SYN1[SV][SV] = {
     {0.08f, 0.14f, 0.36f, 0.03f, 0.39f},
 };
 
-static void syn_row(float *row, const float *prob)
+/* ban: tokens a grammar refuses there (bit t), masked to -inf as the engine masks them */
+static void syn_row(float *row, const float *prob, unsigned ban)
 {
     for (int t = 0; t < SV; t++)
-        row[t] = logf(prob[t]);
+        row[t] = ban >> t & 1 ? -INFINITY : logf(prob[t]);
 }
 
 /* Run one sample of the first two tokens through verify_sample: step 1 verifies a 2-level tree
  * (root -> {2, 0, 2 again, 1}; 2 -> {4, 1}; 0 -> {3}); if it emits only one token, step 2 verifies
  * a small tree rooted at it. Returns the cell t1 * SV + t2; *acc counts accepted drafts. */
-static int syn_draw(sampler *s, void *work, long *acc)
+static int syn_draw(sampler *s, void *work, long *acc, unsigned ban0, unsigned ban1)
 {
     const int32_t tok[] = {0, 2, 0, 2, 1, 4, 1, 3}, par[] = {-1, 0, 0, 0, 0, 1, 1, 2};
     float lg[8 * SV];
-    syn_row(lg, SYN0);
-    for (int i = 1; i < 8; i++)
-        syn_row(lg + i * SV, par[i] == 0 ? SYN1[tok[i]] : SYN0); /* depth 2 rows: not measured */
+    syn_row(lg, SYN0, ban0);
+    for (int i = 1; i < 8; i++) /* depth 2 rows: not measured */
+        syn_row(lg + i * SV, par[i] == 0 ? SYN1[tok[i]] : SYN0, par[i] == 0 ? ban1 : 0);
     verify_tree t = {8, tok, par};
     verify_result r;
     assert_int_equal(verify_sample(&t, lg, SV, s, work, &r), 0);
@@ -423,9 +431,9 @@ static int syn_draw(sampler *s, void *work, long *acc)
     int32_t t1 = out[0];
     const int32_t tok2[] = {t1, (t1 + 1) % SV, (t1 + 3) % SV}, par2[] = {-1, 0, 0};
     verify_tree t2 = {3, tok2, par2};
-    syn_row(lg, SYN1[t1]);
-    syn_row(lg + SV, SYN0);
-    syn_row(lg + 2 * SV, SYN0);
+    syn_row(lg, SYN1[t1], ban1);
+    syn_row(lg + SV, SYN0, 0);
+    syn_row(lg + 2 * SV, SYN0, 0);
     assert_int_equal(verify_sample(&t2, lg, SV, s, work, &r), 0);
     *acc += r.n_path - 1;
     verify_emit(&t2, &r, out);
@@ -435,17 +443,21 @@ static int syn_draw(sampler *s, void *work, long *acc)
 static void test_sample_distribution(void **state)
 {
     (void)state;
-    static const tv_setting set[] = {{1.0f, 0, 1.0f}, {0.8f, 3, 1.0f}, {1.0f, 0, 0.8f}, {1.7f, 4, 0.9f}};
+    /* the last two: rows masked as a grammar masks them (tokens 1 and 3 refused first, token 2
+     * second; the tree drafts 1 and 2 where they are refused) */
+    static const tv_setting set[] = {{1.0f, 0, 1.0f}, {0.8f, 3, 1.0f}, {1.0f, 0, 0.8f},
+                                     {1.7f, 4, 0.9f}, {1.0f, 0, 1.0f}, {0.9f, 4, 0.95f}};
+    static const unsigned ban0[] = {0, 0, 0, 0, 0xA, 0xA}, ban1[] = {0, 0, 0, 0, 0x4, 0x4};
     enum { DRAWS = 200000 };
     void *work = malloc((size_t)3 * SV * sizeof(float));
     for (size_t si = 0; si < sizeof set / sizeof set[0]; si++) {
         tv_setting c = set[si];
         float row[SV];
         double p0[SV], p1[SV], prob[SV * SV];
-        syn_row(row, SYN0);
+        syn_row(row, SYN0, ban0[si]);
         ref_probs(c.temp, c.top_k, c.top_p, row, SV, p0);
         for (int a = 0; a < SV; a++) {
-            syn_row(row, SYN1[a]);
+            syn_row(row, SYN1[a], ban1[si]);
             ref_probs(c.temp, c.top_k, c.top_p, row, SV, p1);
             for (int b = 0; b < SV; b++)
                 prob[a * SV + b] = p0[a] * p1[b];
@@ -455,12 +467,18 @@ static void test_sample_distribution(void **state)
         uint64_t cnt[SV * SV] = {0};
         long acc = 0;
         for (int d = 0; d < DRAWS; d++)
-            cnt[syn_draw(&s, work, &acc)]++;
+            cnt[syn_draw(&s, work, &acc, ban0[si], ban1[si])]++;
         double x;
         int dof;
         double pv = verify_chi2_gof(cnt, prob, SV * SV, &x, &dof);
-        printf("verify_sample temp %.1f top_k %d top_p %.2f: accepted %.3f drafts/draw, chi2 %.2f dof %d "
-               "p %.4f\n", c.temp, c.top_k, c.top_p, (double)acc / DRAWS, x, dof, pv);
+        printf(
+            "verify_sample temp %.1f top_k %d top_p %.2f%s: accepted %.3f drafts/draw, chi2 %.2f "
+            "dof %d p %.4f\n",
+            c.temp, c.top_k, c.top_p, ban0[si] ? " masked" : "", (double)acc / DRAWS, x, dof, pv);
+        for (int a = 0; a < SV; a++) /* a refused token is never drawn */
+            for (int b = 0; b < SV; b++)
+                if ((ban0[si] >> a & 1) || (ban1[si] >> b & 1))
+                    assert_int_equal(cnt[a * SV + b], 0);
         assert_true(acc > DRAWS / 4);
         if (pv <= 0.001)
             fail_msg("the first two tokens do not follow the target (p %.3g)", pv);
