@@ -65,6 +65,9 @@ static bool engine_benched(const coord *c, coord_peer *p)
     if (p->draft_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
         c->step_ema_us <= 0 || c->opt.draft_wait_fixed ||
         p->draft_ema_us < 0.1 * c->step_ema_us || /* drafting nearly free (ngram): never benched */
+        /* its own drafting work nearly free, whatever its replies' latency (ngram: a lookup takes
+         * microseconds; the reply waits on wake-ups that take no core from the target) */
+        (p->draft_work_n && p->draft_work_ema_us < 0.1 * c->step_ema_us) ||
         p->accept_ema * c->step_ema_us >= p->draft_ema_us) {
         p->benched = 0;
         p->bench_interval = ENGINE_BENCH_PROBE;
@@ -92,8 +95,8 @@ static bool engine_benched(const coord *c, coord_peer *p)
  * speculator learns how many of its own nodes were in it — none when its draft came too late or
  * lost the vote, which is then no verdict on its confidence threshold. */
 void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all,
-                            const int32_t *added, int n_added, int accepted,
-                            const coord_tree *verified, bool multi_only)
+                     const int32_t *added, int n_added, int accepted, const coord_tree *verified,
+                     bool multi_only)
 {
     /* a seeded request's trees must not depend on timing: the fixed length, not the adaptive */
     bool seeded = engine_slot_seeded(c, slot);
@@ -189,7 +192,7 @@ static uint64_t engine_draft_budget_us(const coord *c, const coord_peer *p, uint
  * samples with a seed, whose output depends on the trees verified (speculative sampling draws
  * along them) and which a seed promises to reproduce: its trees must not depend on timing. */
 int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all,
-                                bool fixed)
+                         bool fixed)
 {
     for (int i = 0; i < COORD_MAX_PEERS; i++)
         c->grp.peers[i].slot_draft[slot].n = 0;
