@@ -9,11 +9,10 @@
  *   coord_ops.c     operator requests from `orochi-launch` (trace, swap, detach: RUN_DIR/ops/);
  *   coord_output.c  a request's text: the prompt rendered, the output released up to a stop;
  *   the engine      requests through the verification loop (drafts -> step -> accept -> commit
- *                   -> feedback), in five files on their own floors (coordinator/engine.h): the step
- *                   (coord_step.c), the drafts (coord_drafts.c), the sequence slots
- *                   (coord_slots.c), the free run (coord_freerun.c) and the cycle with the queue
- *                   (coord_engine.c);
- *   coord_metrics.c the engine's /metrics text;
+ *                   -> feedback), in five files on their own floors (coordinator/engine.h): the
+ * step (coord_step.c), the drafts (coord_drafts.c), the sequence slots (coord_slots.c), the free
+ * run (coord_freerun.c) and the cycle with the queue (coord_engine.c); coord_metrics.c the engine's
+ * /metrics text; coord_status.c  the group as JSON for GET /status (the page's dashboard);
  *   coord_main.c    options, set-up (arena, socket, HTTP), the main loop, shutdown.
  * One thread (the main loop) owns the ZeroMQ socket, the arena and the engine state; HTTP threads
  * only hand requests over through the queue.
@@ -74,8 +73,8 @@ typedef struct {
         bool fresh;
     } draft_ready[RT_MAX_SEQ];
     uint64_t slot_fed_req[RT_MAX_SEQ], slot_fed_ctx[RT_MAX_SEQ]; /* latest Feedback per slot */
-    bool multi; /* switching requests costs it nothing (ngram, replay): it is fed every active
-                 * request */
+    bool multi;  /* switching requests costs it nothing (ngram, replay): it is fed every active
+                  * request */
     bool lookup; /* ngram: what it drafts, the workers' free run finds by itself */
     uint64_t fed_req, fed_ctx; /* latest Feedback sent (the context it holds) */
     /* what the draft wait learns about it (coord_drafts.c, engine_draft_budget_us) */
@@ -113,7 +112,7 @@ typedef struct coord coord;
  * them, which coord_engine_init sets: the group never calls up into the engine or the operator
  * code by name, so the coordinator's files stand on one another without a circle. */
 typedef struct {
-    void (*step_done)(coord *c, coord_peer *p, const Orochi__StepDone *d); /* engine */
+    void (*step_done)(coord *c, coord_peer *p, const Orochi__StepDone *d);     /* engine */
     void (*draft_ready)(coord *c, coord_peer *p, const Orochi__DraftReady *r); /* engine */
     void (*worker_lost)(coord *c, coord_peer *p); /* engine: a worker is gone mid-step */
     /* operator code: a peer's process ended; true when a swap or detach takes it from here */
@@ -124,13 +123,13 @@ typedef struct {
 typedef struct {
     const char *run_dir, *target, *bind, *api_key, *external;
     const char *chat_template; /* --chat-template FILE: instead of the model file's template */
-    char api_key_buf[512]; /* the key read from --api-key-file or $OROCHI_API_KEY */
-    int max_queue;         /* requests waiting beyond it get 429 */
-    int act_bits;          /* --act-bits: the workers' activation precision (8, 16, LLAMA_ACT_AUTO) */
-    kv_type kv_elem;       /* --kv: the K/V cache's element type in the arena (every role's) */
-    bool kv_dup;           /* the even split divides query heads (llama_ctx_params.kv_dup) */
-    bool no_prefix_reuse;  /* --prefix-reuse off: every prompt is computed whole */
-    int kv_dup_opt;        /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
+    char api_key_buf[512];     /* the key read from --api-key-file or $OROCHI_API_KEY */
+    int max_queue;             /* requests waiting beyond it get 429 */
+    int act_bits;    /* --act-bits: the workers' activation precision (8, 16, LLAMA_ACT_AUTO) */
+    kv_type kv_elem; /* --kv: the K/V cache's element type in the arena (every role's) */
+    bool kv_dup;     /* the even split divides query heads (llama_ctx_params.kv_dup) */
+    bool no_prefix_reuse; /* --prefix-reuse off: every prompt is computed whole */
+    int kv_dup_opt;       /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     int prefill_width; /* --prefill-width: the most rows of a step carrying a prompt chunk */
     int step_rows;     /* the larger of the two: the rows any step may carry (arena layout) */
@@ -149,8 +148,9 @@ typedef struct {
     ctl_acr_params acr;
     int decision_threshold;
     bool guard_enabled;
-    bool no_free_run;   /* --free-run off: every token goes through a verification cycle */
-    bool no_lookup_run; /* --lookup-run off: ngram drafts only through verification cycles */
+    bool no_free_run;       /* --free-run off: every token goes through a verification cycle */
+    bool no_grammar_drafts; /* --grammar-drafts off: a grammar's forced text is not drafted */
+    bool no_lookup_run;     /* --lookup-run off: ngram drafts only through verification cycles */
     int guard_window, guard_probe;
     const char *plan_path; /* --plan FILE (reread when the file changes) */
     const char *spec_specs[RT_MAX_SPECULATORS];
@@ -205,8 +205,10 @@ typedef struct {
     int spec_len, width;
     bool guard_on;
     uint64_t len_changes, guard_switches_off;
-    coord_latency ttft; /* a request's arrival to its first token */
-    coord_latency itl;  /* between a request's tokens (coord_latency_observe_gap) */
+    coord_latency ttft;   /* a request's arrival to its first token */
+    coord_latency itl;    /* between a request's tokens (coord_latency_observe_gap) */
+    struct cJSON *status; /* the group for GET /status, rebuilt by the main loop (coord_status.c) */
+    uint64_t status_us;   /* when it was built (main loop only) */
 } coord_metrics;
 
 struct coord {
@@ -217,9 +219,9 @@ struct coord {
     /* the engine: its sequence slots (private to it: coordinator/engine.h) and the controllers
      * and the plan it steers by */
     struct coord_engine_state *eng;
-    double step_ema_us; /* a verification cycle but its draft wait, EMA: a token's price */
-    int width;          /* verification width: nodes of a verified tree, root included */
-    int spec_len;       /* current speculation length (max draft depth) */
+    double step_ema_us;    /* a verification cycle but its draft wait, EMA: a token's price */
+    int width;             /* verification width: nodes of a verified tree, root included */
+    int spec_len;          /* current speculation length (max draft depth) */
     ctl_length len;        /* the adaptive length (--adaptive on) */
     ctl_guard guard;       /* speculation off while it is slower than plain decoding (--guard on) */
     ctl_guard guard_batch; /* the same for cycles that verify several requests */
@@ -303,6 +305,14 @@ void coord_latency_observe(coord_latency *h, double seconds, uint64_t times);
 /* copy the controllers' state (length, its changes, width, guard) into c->met for /metrics: the
  * engine calls it after every tick, so /metrics is never behind a finished request */
 void coord_metrics_controllers(coord *c);
+
+/* coord_status.c: the group as JSON (GET /status, the page's dashboard) */
+/* rebuild the picture of the processes and the controllers, twice a second (the main loop) */
+void coord_status_poll(coord *c);
+/* the picture and the live counters as JSON text, malloc'd (HTTP threads); NULL: none yet */
+char *coord_engine_status(void *ctx);
+/* free the picture (after the HTTP server has stopped) */
+void coord_status_fini(coord *c);
 
 /* coord_plan.c */
 int coord_plan_load(coord *c, char *err, size_t errlen);

@@ -34,8 +34,8 @@
  *      adaptive length.
  * Because a tree's logits are bit-identical to sequential decoding along each path (see
  * model/llama.c), greedy output equals `orochi run --temp 0` token for token.
- * Stop conditions: the tokenizer's end-of-generation tokens (tokenizer_eog), max_tokens (or the context end), stop strings (text is
- * held back until it cannot be the start of a stop string).
+ * Stop conditions: the tokenizer's end-of-generation tokens (tokenizer_eog), max_tokens (or the
+ * context end), stop strings (text is held back until it cannot be the start of a stop string).
  *
  * Free run: greedy requests (no logprobs; no speculator connected, or the guard keeps them off,
  * then in runs up to the guard's next probe whose steps count as plain cycles, or only ngram
@@ -162,9 +162,13 @@ static void engine_step_all(coord *c)
             ctl_tree_fit(&merged[k], shape, &fitted);
             merged[k] = fitted;
         }
+        if (engine_slot_constrain_tree(c, sl, &merged[k], err, sizeof err)) {
+            engine_slot_fail(c, s, 500, err);
+            return;
+        }
         int room = engine_slot_room(c, s);
         cap[k] = merged[k].n < room ? merged[k].n : room;
-        if (cap[k] < 1 || !speculating)
+        if (cap[k] < 1 || (!speculating && (!sl->prm->grammar || c->opt.no_grammar_drafts)))
             cap[k] = 1;
         budget[k] = 1;
     }
@@ -307,12 +311,11 @@ static void engine_step_all(coord *c)
                        "step against plain %.3f ms/token (%s), speculation length %d; %s",
                        g == &c->guard_batch ? " (batches)" : "", on ? "on to test" : "off",
                        g->spec * 1e3, g->per_step, g->base * 1e3,
-                       on ? "the last judged window" : g->spec > CTL_GUARD_HOPELESS * g->base
-                                                           ? "a clear loss"
-                                                           : "not cheaper",
+                       on                                       ? "the last judged window"
+                       : g->spec > CTL_GUARD_HOPELESS * g->base ? "a clear loss"
+                                                                : "not cheaper",
                        c->spec_len,
-                       on ? "judged after the warm-up cycles"
-                          : "plain steps until the next probe");
+                       on ? "judged after the warm-up cycles" : "plain steps until the next probe");
             if (was_on && !on && n_act == 1 && c->opt.adaptive) {
                 /* speculation lost at this length: probe again from the shortest drafts (the
                  * cheapest to test) and let the length climb only where that pays */
@@ -364,6 +367,7 @@ void coord_engine_fini(coord *c)
             engine_slot_fail(c, s, 503, "the coordinator is shutting down");
     for (int s = 0; s < RT_MAX_SEQ; s++)
         free(c->eng->kept[s]);
+    grammar_vocab_free(&c->eng->gvocab);
     free(c->eng);
     c->eng = NULL;
 }

@@ -107,6 +107,12 @@ static char *coord_drain_metrics(void *ctx)
     return coord_engine_metrics(d->c);
 }
 
+static char *coord_drain_status(void *ctx)
+{
+    coord_drain *d = ctx;
+    return coord_engine_status(d->c);
+}
+
 /* --workers: "N" (CPU workers), or a comma list of DEVICE:N (cpu, gpu), the parts in that order:
  * "cpu:2,gpu:1" is parts 0 and 1 on the CPU and part 2 on the GPU. 0, or -1 with the reason on
  * stderr. */
@@ -158,6 +164,7 @@ static void coord_usage(FILE *out)
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
         "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
         "         [--gpu-matmul auto|cuda|tensor] [--chat-template FILE] [--trace]\n"
+        "         [--grammar-drafts on|off]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
         "  a build with CUDA; a plan's \"partition\" gives the shares), and the speculators\n"
@@ -172,6 +179,8 @@ static void coord_usage(FILE *out)
         "  Guard (default on): every --guard-window (8) single-request cycles the cost per token\n"
         "  is compared with plain decoding's; speculation that does not pay is switched off\n"
         "  (W = 1, speculators idle) and probed again after --guard-probe (48) plain cycles.\n"
+        "  Grammar drafts (default on): the text a request's grammar forces (structured output,\n"
+        "  a tool call) is drafted as a chain and verified, with or without speculators.\n"
         "  Prompts are computed in steps of up to --prefill-width rows (default 12, at least\n"
         "  --max-width), which also carry a token of each other active request.\n"
         "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
@@ -308,6 +317,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-matmul", required_argument, 0, 27},
                                          {"chat-template", required_argument, 0, 28},
                                          {"prefill-width", required_argument, 0, 29},
+                                         {"grammar-drafts", required_argument, 0, 30},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -377,6 +387,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             c->opt.no_free_run = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
+        case 30:
+            c->opt.no_grammar_drafts = !strcmp(optarg, "off");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
         case 14: c->opt.drain_ms = atoi(optarg); break;
         case 20:
             c->opt.no_prefix_reuse = !strcmp(optarg, "off");
@@ -392,8 +406,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             break;
         case 23:
             if (llama_gpu_memory_parse(optarg) < 0) {
-                fprintf(stderr, "orochi-coordinator: --gpu-memory takes auto, mapped or mirror, "
-                                "got '%s'\n", optarg);
+                fprintf(stderr,
+                        "orochi-coordinator: --gpu-memory takes auto, mapped or mirror, "
+                        "got '%s'\n",
+                        optarg);
                 return 2;
             }
             snprintf(c->opt.gpu_memory, sizeof c->opt.gpu_memory, "%s", optarg);
@@ -402,15 +418,18 @@ static int coord_parse(coord *c, int argc, char **argv)
         case 29: c->opt.prefill_width = atoi(optarg); break;
         case 27:
             if (llama_gpu_matmul_parse(optarg) < 0) {
-                fprintf(stderr, "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
-                                "got '%s'\n", optarg);
+                fprintf(stderr,
+                        "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
+                        "got '%s'\n",
+                        optarg);
                 return 2;
             }
             snprintf(c->opt.gpu_matmul, sizeof c->opt.gpu_matmul, "%s", optarg);
             break;
         case 26:
             if (llama_gpu_att_parts_parse(optarg) < 0) {
-                fprintf(stderr, "orochi-coordinator: --gpu-att-parts takes auto or 1..256, got '%s'\n",
+                fprintf(stderr,
+                        "orochi-coordinator: --gpu-att-parts takes auto or 1..256, got '%s'\n",
                         optarg);
                 return 2;
             }
@@ -424,7 +443,8 @@ static int coord_parse(coord *c, int argc, char **argv)
                 return 2;
             }
             /* both fields hold "on" or "off" */
-            snprintf(o == 24 ? c->opt.gpu_graphs : c->opt.gpu_fuse, sizeof c->opt.gpu_fuse, "%s", optarg);
+            snprintf(o == 24 ? c->opt.gpu_graphs : c->opt.gpu_fuse, sizeof c->opt.gpu_fuse, "%s",
+                     optarg);
             break;
         case 19:
             c->opt.kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
@@ -461,9 +481,10 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     if (!c->opt.run_dir || !c->opt.target || bad) {
         if (bad)
-            fprintf(stderr, "orochi-coordinator: --tree/--adaptive/--guard/--free-run/"
-                            "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote "
-                            "majority|union|off, --draft-wait measured|fixed\n");
+            fprintf(stderr,
+                    "orochi-coordinator: --tree/--adaptive/--guard/--free-run/--grammar-drafts/"
+                    "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote "
+                    "majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
     }
@@ -480,8 +501,8 @@ static int coord_parse(coord *c, int argc, char **argv)
         return 2;
     }
     if (c->width < 1 || c->width > c->opt.max_width || c->opt.decision_threshold < 1 ||
-        c->opt.acr.reward_factor < 1 || c->opt.acr.punish_factor <= 0 || c->opt.acr.punish_factor > 1 ||
-        c->opt.guard_window < 1 || c->opt.guard_probe < 1) {
+        c->opt.acr.reward_factor < 1 || c->opt.acr.punish_factor <= 0 ||
+        c->opt.acr.punish_factor > 1 || c->opt.guard_window < 1 || c->opt.guard_probe < 1) {
         fprintf(stderr,
                 "orochi-coordinator: need 1 <= width <= max-width, decision-threshold >= 1, "
                 "reward-factor >= 1, 0 < punish-factor <= 1, guard-window and guard-probe >= 1\n");
@@ -494,7 +515,8 @@ static int coord_parse(coord *c, int argc, char **argv)
         fprintf(stderr, "orochi-coordinator: --prefill-width must be 1..%d\n", RT_MAX_WIDTH);
         return 2;
     }
-    c->opt.step_rows = c->opt.prefill_width > c->opt.max_width ? c->opt.prefill_width : c->opt.max_width;
+    c->opt.step_rows =
+        c->opt.prefill_width > c->opt.max_width ? c->opt.prefill_width : c->opt.max_width;
     if (c->opt.n_seq > c->opt.step_rows) { /* every active request takes a row of each step */
         fprintf(stderr,
                 "orochi-coordinator: --max-batch %d needs steps of as many rows: raise "
@@ -502,10 +524,10 @@ static int coord_parse(coord *c, int argc, char **argv)
                 c->opt.n_seq, c->opt.n_seq, c->opt.step_rows);
         return 2;
     }
-    if (c->opt.n_workers < 1 || c->opt.n_workers > RT_MAX_WORKERS || c->opt.threads_per_worker < 1 ||
-        c->opt.max_width < 1 || c->opt.max_width > RT_MAX_WIDTH || c->opt.max_draft < 1 ||
-        c->opt.max_draft >= c->opt.max_width + 1 || c->opt.port < 0 || c->opt.port > 65535 || c->opt.dead_ms < 100 ||
-        c->opt.drain_ms < 0) {
+    if (c->opt.n_workers < 1 || c->opt.n_workers > RT_MAX_WORKERS ||
+        c->opt.threads_per_worker < 1 || c->opt.max_width < 1 || c->opt.max_width > RT_MAX_WIDTH ||
+        c->opt.max_draft < 1 || c->opt.max_draft >= c->opt.max_width + 1 || c->opt.port < 0 ||
+        c->opt.port > 65535 || c->opt.dead_ms < 100 || c->opt.drain_ms < 0) {
         fprintf(stderr,
                 "orochi-coordinator: need 1 <= workers <= %d, threads >= 1, 1 <= max-width "
                 "<= %d, 1 <= max-draft < max-width + 1, a valid port, dead-ms >= 100, "
@@ -537,7 +559,8 @@ static int coord_setup(coord *c)
         rt_log("coordinator", "%s", err);
         return 2;
     }
-    llama_model_set_act_bits(c->model, c->opt.act_bits, err, sizeof err); /* checked by coord_parse */
+    llama_model_set_act_bits(c->model, c->opt.act_bits, err,
+                             sizeof err); /* checked by coord_parse */
     c->tok = tokenizer_new(c->model->file, err, sizeof err);
     if (!c->tok || (c->opt.chat_template &&
                     tokenizer_chat_template_file(c->tok, c->opt.chat_template, err, sizeof err))) {
@@ -577,8 +600,8 @@ static int coord_setup(coord *c)
         *dot = 0;
 
     /* the arena */
-    size_t llama_bytes =
-        llama_shared_layout(&c->model->cfg, c->opt.n_ctx, c->opt.step_rows, c->opt.n_seq, c->opt.kv_elem, NULL);
+    size_t llama_bytes = llama_shared_layout(&c->model->cfg, c->opt.n_ctx, c->opt.step_rows,
+                                             c->opt.n_seq, c->opt.kv_elem, NULL);
     c->grp.ring_bytes = rt_ring_stride();
     arena_spec specs[] = {
         {RT_REGION_STEP, sizeof(rt_step)},
@@ -655,14 +678,15 @@ static int coord_start_http(coord *c, coord_drain *d)
     http_engine he = {.ctx = d,
                       .submit = coord_drain_submit,
                       .metrics = coord_drain_metrics,
-                      .health = coord_drain_health};
+                      .health = coord_drain_health,
+                      .status = coord_drain_status};
     c->http = http_server_start(&hc, &he, err, sizeof err);
     if (!c->http) {
         rt_log("coordinator", "HTTP: %s", err);
         return 1;
     }
-    rt_log("coordinator", "serving http://%s:%d/ (model %s)", c->opt.bind ? c->opt.bind : "127.0.0.1",
-           http_server_port(c->http), c->model_name);
+    rt_log("coordinator", "serving http://%s:%d/ (model %s)",
+           c->opt.bind ? c->opt.bind : "127.0.0.1", http_server_port(c->http), c->model_name);
     char path[4200];
     snprintf(path, sizeof path, "%s/port", c->opt.run_dir);
     FILE *f = fopen(path, "w");
@@ -724,8 +748,8 @@ int main(int argc, char **argv)
     struct stat rst;
     if (stat(c.opt.run_dir, &rst) == 0 && (rst.st_mode & 077) && rst.st_uid == getuid()) {
         chmod(c.opt.run_dir, rst.st_mode & 0700);
-        rt_log("coordinator", "run dir %s was open to others (mode %03o): made it 0700", c.opt.run_dir,
-               (unsigned)(rst.st_mode & 0777));
+        rt_log("coordinator", "run dir %s was open to others (mode %03o): made it 0700",
+               c.opt.run_dir, (unsigned)(rst.st_mode & 0777));
     }
     char opsdir[4200]; /* operator requests from orochi-launch (coord_ops.c) */
     snprintf(opsdir, sizeof opsdir, "%s/ops", c.opt.run_dir);
@@ -747,7 +771,8 @@ int main(int argc, char **argv)
     ctl_guard_init(&c.guard, 0, c.opt.guard_window, c.opt.guard_probe);
     ctl_guard_init(&c.guard_batch, 0, c.opt.guard_window, c.opt.guard_probe);
     ctl_lookup_init(&c.lookup);
-    ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.opt.decision_threshold, 6);
+    ctl_length_init(&c.len, c.spec_len, 1, c.width > 1 ? c.width - 1 : 1, c.opt.decision_threshold,
+                    6);
     if (c.opt.plan_path) {
         char perr[512];
         if (coord_plan_load(&c, perr, sizeof perr)) {
@@ -788,6 +813,7 @@ int main(int argc, char **argv)
         }
         coord_plan_poll(&c);
         coord_ops_poll(&c);
+        coord_status_poll(&c);
         /* idle: wait up to 2 ms for a message; serving: only take what has arrived (a step's
          * StepDone trails its doorbell, and waiting for it cost ~0.9 ms per plain step) */
         coord_group_serve(&c, coord_engine_busy(&c) ? 0 : 2);
@@ -797,6 +823,7 @@ int main(int argc, char **argv)
     coord_stop_flag = 1;
     rt_log("coordinator", "stopping");
     http_server_stop(&c.http);
+    coord_status_fini(&c);
     /* fail whatever is still queued */
     for (coord_request *r; (r = (pthread_mutex_lock(&c.qlock), c.qlen ? c.queue[c.qhead] : NULL),
                            pthread_mutex_unlock(&c.qlock), r);) {

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "base/buf.h"
 #include "base/utf8.h"
 
@@ -63,6 +65,29 @@ bool coord_text_flush(coord_text *t, coord_request *req, const coord_params *prm
 /* The prompt text of a request: a completion's prompt, or the conversation rendered with the
  * file's chat template (tokenizer_chat_render_err: the template run by the Jinja interpreter);
  * NULL with the reason in err (a template that refuses the conversation or cannot be run). */
+/* For a template that does not render tools: a system turn saying what the functions are and how
+ * to call one (the form a tool-call grammar constrains the answer to), before the conversation's
+ * own system text if it has one. NULL when there are no tools or out of memory. */
+static char *coord_tools_system(const char *vars, const char *system)
+{
+    cJSON *root = cJSON_Parse(vars);
+    const cJSON *tools = root ? cJSON_GetObjectItemCaseSensitive(root, "tools") : NULL;
+    char *list = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) ? cJSON_Print(tools) : NULL;
+    char *out = NULL;
+    if (list) {
+        const char *head = "You can call the following functions. To call one, answer with only a "
+                           "JSON object of the form {\"name\": <function name>, \"arguments\": "
+                           "<an object of its parameters>}.\n";
+        size_t n = strlen(head) + strlen(list) + (system ? strlen(system) : 0) + 8;
+        out = malloc(n);
+        if (out)
+            snprintf(out, n, "%s%s%s%s", system ? system : "", system ? "\n\n" : "", head, list);
+    }
+    cJSON_free(list);
+    cJSON_Delete(root);
+    return out;
+}
+
 char *coord_render_prompt(const tokenizer *tok, const coord_params *prm, char *err, size_t errlen)
 {
     if (prm->kind == COORD_REQ_COMPLETION) {
@@ -71,21 +96,34 @@ char *coord_render_prompt(const tokenizer *tok, const coord_params *prm, char *e
             snprintf(err, errlen, "out of memory");
         return t;
     }
+    /* tools and tool turns: through the template when it renders them */
+    if (prm->chat_vars && tokenizer_chat_mentions(tok, "tools"))
+        return tokenizer_chat_render_vars(tok, prm->chat_vars, strlen(prm->chat_vars), err, errlen);
     int n = prm->n_messages;
-    const char **roles = malloc((size_t)(n ? n : 1) * sizeof *roles);
-    const char **contents = malloc((size_t)(n ? n : 1) * sizeof *contents);
-    char *out = NULL;
+    const char **roles = malloc((size_t)(n + 1) * sizeof *roles);
+    const char **contents = malloc((size_t)(n + 1) * sizeof *contents);
+    char *out = NULL, *sys = NULL;
     if (roles && contents) {
-        for (int i = 0; i < n; i++) {
-            roles[i] = prm->messages[i].role;
-            contents[i] = prm->messages[i].content;
+        int m = 0, first = 0;
+        bool has_system = n && !strcmp(prm->messages[0].role, "system");
+        sys = prm->chat_vars
+                  ? coord_tools_system(prm->chat_vars, has_system ? prm->messages[0].content : NULL)
+                  : NULL;
+        if (sys) {
+            roles[m] = "system";
+            contents[m++] = sys;
+            first = has_system;
         }
-        out = tokenizer_chat_render_err(tok, n, roles, contents, err, errlen);
+        for (int i = first; i < n; i++, m++) {
+            roles[m] = prm->messages[i].role;
+            contents[m] = prm->messages[i].content;
+        }
+        out = tokenizer_chat_render_err(tok, m, roles, contents, err, errlen);
     } else {
         snprintf(err, errlen, "out of memory");
     }
+    free(sys);
     free(roles);
     free(contents);
     return out;
 }
-

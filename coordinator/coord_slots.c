@@ -49,6 +49,10 @@ static void engine_slot_release(coord *c, int s)
     free(sl->work);
     free(sl->pen_count);
     free(sl->pen_ids);
+    grammar_matcher_free(&sl->gm);
+    grammar_state_free(&sl->gst);
+    for (int i = 0; i < COORD_TREE_CAP; i++)
+        grammar_state_free(&sl->gnode[i]);
     coord_request_unref(&sl->req);
     memset(sl, 0, sizeof *sl);
     c->eng->prefix[s] = 0;
@@ -56,16 +60,138 @@ static void engine_slot_release(coord *c, int s)
 
 bool engine_slot_shaped(const engine_slot *sl)
 {
-    return sl->prm->n_bias > 0 || sl->prm->frequency_penalty != 0 || sl->prm->presence_penalty != 0;
+    return sl->prm->n_bias > 0 || sl->prm->frequency_penalty != 0 ||
+           sl->prm->presence_penalty != 0 || sl->prm->grammar;
 }
 
-int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
-                      const int32_t *parent, int n)
+/* ==== structured output ======================================================================= */
+
+/* The grammar's position after the committed tokens: fed those generated since the last call (the
+ * masks chose them, so the grammar takes them). 0, or -1 when out of memory or it refused one. */
+static int engine_grammar_sync(const coord *c, engine_slot *sl)
+{
+    if (!c->eng->gvocab && !(c->eng->gvocab = grammar_vocab_new(c->tok)))
+        return -1;
+    if (!sl->gm) {
+        sl->gm = grammar_matcher_new(sl->prm->grammar, c->eng->gvocab);
+        sl->gst = grammar_start(sl->prm->grammar);
+        sl->g_upto = sl->n_prompt;
+        if (!sl->gm || !sl->gst)
+            return -1;
+    }
+    for (; sl->g_upto < sl->n_all; sl->g_upto++)
+        if (grammar_advance(sl->gm, sl->gst, sl->all[sl->g_upto]))
+            return -1;
+    return 0;
+}
+
+/* The position after node i of a tree (node 0: the committed text): its parent's advanced over
+ * its token, in sl->gnode[i]; NULL when the grammar refuses the token there (or out of memory). */
+static grammar_state *engine_grammar_node(engine_slot *sl, grammar_state *const *at, int i,
+                                          const int32_t *tok, int p)
+{
+    if (i == 0)
+        return sl->gst;
+    if (p < 0 || !at[p])
+        return NULL;
+    if (!sl->gnode[i] && !(sl->gnode[i] = grammar_clone(at[p])))
+        return NULL;
+    if (grammar_copy(sl->gnode[i], at[p]) || grammar_advance(sl->gm, sl->gnode[i], tok[i]))
+        return NULL;
+    return sl->gnode[i];
+}
+
+/* Masks one row by the position st; greedy rows that need no distribution (`full` false) only
+ * when their argmax is refused. A position that allows no token at all (a grammar no token can
+ * continue) lets the end-of-generation tokens through, so the answer ends instead of breaking. */
+static int engine_grammar_row(const coord *c, engine_slot *sl, const grammar_state *st, float *row,
+                              bool full)
+{
+    int V = c->model->cfg.vocab;
+    if (!full && grammar_allows(sl->gm, st, sampler_argmax(row, V)))
+        return 0;
+    const uint64_t *mask = grammar_mask(sl->gm, st);
+    if (!mask)
+        return -1;
+    bool any = false;
+    for (int w = 0; w < (V + 63) / 64 && !any; w++)
+        any = mask[w] != 0;
+    for (int id = 0; id < V; id++)
+        if (any ? !(mask[id / 64] >> (id % 64) & 1) : !tokenizer_is_eog(c->tok, id))
+            row[id] = -INFINITY;
+    return 0;
+}
+
+static int engine_grammar_rows(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
+                               const int32_t *parent, int n)
+{
+    if (engine_grammar_sync(c, sl))
+        return -1;
+    grammar_state *at[RT_MAX_WIDTH];
+    bool full = !sl->greedy || sl->prm->logprobs;
+    for (int i = 0; i < n && i < RT_MAX_WIDTH; i++) {
+        at[i] = engine_grammar_node(sl, at, i, tok, parent ? parent[i] : i - 1);
+        /* a node the grammar refuses is never accepted (its parent's row refuses it): its row is
+         * read by nobody */
+        if (at[i] && engine_grammar_row(c, sl, at[i], rows + (size_t)i * c->model->cfg.vocab, full))
+            return -1;
+    }
+    return 0;
+}
+
+int engine_slot_constrain_tree(coord *c, engine_slot *sl, coord_tree *t, char *err, size_t errlen)
+{
+    if (!sl->prm->grammar)
+        return 0;
+    if (engine_grammar_sync(c, sl)) {
+        snprintf(err, errlen, "the grammar could not follow the answer (out of memory)");
+        return -1;
+    }
+    /* the forced text as a draft chain: it has one spelling in text, the tokenizer's the likeliest
+     */
+    char text[96];
+    size_t n = c->opt.no_grammar_drafts ? 0 : grammar_forced(sl->gst, text, sizeof text);
+    if (n) {
+        static arena_draft d; /* the engine is one thread */
+        int32_t ids[ARENA_DRAFT_MAX];
+        int k = tokenizer_encode(c->tok, text, n, false, ids, ARENA_DRAFT_MAX, NULL);
+        d.n = k > 0 ? (uint32_t)k : 0;
+        for (int i = 0; i < k; i++) {
+            d.tokens[i] = ids[i];
+            d.parent[i] = i - 1;
+            d.conf[i] = 1;
+        }
+        ctl_tree_add(t, &d, 1.0f, CTL_MAX_OWNERS - 1);
+    }
+    /* cut what the grammar refuses */
+    grammar_state *at[COORD_TREE_CAP];
+    int map[COORD_TREE_CAP], m = 0;
+    static coord_tree cut;
+    cut = *t;
+    for (int i = 0; i < t->n; i++) {
+        at[i] = engine_grammar_node(sl, at, i, t->tokens, t->parent[i]);
+        map[i] = -1;
+        if (!at[i])
+            continue;
+        map[i] = m;
+        cut.tokens[m] = t->tokens[i];
+        cut.parent[m] = i ? map[t->parent[i]] : -1;
+        cut.weight[m] = t->weight[i];
+        cut.support[m] = t->support[i];
+        cut.owners[m] = t->owners[i];
+        m++;
+    }
+    cut.n = m;
+    *t = cut;
+    return 0;
+}
+
+/* logit_bias and the penalties (engine_slot_shape) */
+static int engine_slot_bias(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
+                            const int32_t *parent, int n)
 {
     const coord_params *prm = sl->prm;
     int V = c->model->cfg.vocab;
-    if (!engine_slot_shaped(sl))
-        return 0;
     double fp = prm->frequency_penalty, pp = prm->presence_penalty;
     bool pen = fp != 0 || pp != 0;
     if (pen && !sl->pen_count) {
@@ -118,6 +244,18 @@ int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_
         }
     }
     return 0;
+}
+
+int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
+                      const int32_t *parent, int n)
+{
+    const coord_params *prm = sl->prm;
+    if (!engine_slot_shaped(sl))
+        return 0;
+    if (prm->n_bias > 0 || prm->frequency_penalty != 0 || prm->presence_penalty != 0)
+        if (engine_slot_bias(c, sl, rows, tok, parent, n))
+            return -1;
+    return prm->grammar ? engine_grammar_rows(c, sl, rows, tok, parent, n) : 0;
 }
 
 /* Publish the target's hidden state of batch row `row` (just computed) for the request's context
@@ -192,8 +330,8 @@ static void engine_logprob(const coord *c, const float *row, int32_t id, int k, 
  * the caller), for a request that asks for them. Tokens at or after a stop string (its text begins
  * at cut; SIZE_MAX when none) are not reported, including those appended in earlier steps. Records
  * go to the request before the text they start in (engine_slot_emit flushes after this). */
-static void engine_slot_logprobs(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows,
-                          const size_t *start, int n, size_t cut)
+static void engine_slot_logprobs(coord *c, engine_slot *sl, const int32_t *ids,
+                                 const float *const *rows, const size_t *start, int n, size_t cut)
 {
     for (int e = 0; e < n && start[e] < cut; e++) {
         coord_logprob lp;
@@ -471,7 +609,8 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     }
     int cap = (int)strlen(text) + 8;
     sl->all =
-        text ? malloc(((size_t)cap + (size_t)c->opt.n_ctx + RT_MAX_WIDTH + 8) * sizeof *sl->all) : NULL;
+        text ? malloc(((size_t)cap + (size_t)c->opt.n_ctx + RT_MAX_WIDTH + 8) * sizeof *sl->all)
+             : NULL;
     sl->work = malloc((size_t)V * 3 * sizeof(float) + (size_t)V * 8);
     if (!sl->all || !sl->work) {
         free(text);
@@ -507,8 +646,8 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
         engine_slot_fail(c, s, 413, err);
         return -1;
     }
-    sl->max_new =
-        sl->prm->max_tokens < c->opt.n_ctx - sl->n_all ? sl->prm->max_tokens : c->opt.n_ctx - sl->n_all;
+    sl->max_new = sl->prm->max_tokens < c->opt.n_ctx - sl->n_all ? sl->prm->max_tokens
+                                                                 : c->opt.n_ctx - sl->n_all;
     for (int i = 0; i < sl->prm->n_stop; i++)
         if (strlen(sl->prm->stop[i]) > sl->out.max_stop)
             sl->out.max_stop = strlen(sl->prm->stop[i]);

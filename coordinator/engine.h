@@ -14,16 +14,18 @@
 
 #include "coordinator/coord.h"
 #include "coordinator/coord_output.h"
+#include "model/grammar.h"
 
 #define ENGINE_WORKER_WAIT_US 60000000u /* how long a request waits for the workers to be back */
 #define ENGINE_EMA 0.25       /* weight of the newest sample in the draft wait's averages */
 #define ENGINE_WAIT_WARMUP 4  /* samples of a speculator before its wait is measured, not capped */
 #define ENGINE_WAIT_PROBE 32  /* steps unscored before a speculator is waited on again */
 #define ENGINE_BENCH_PROBE 64 /* Feedbacks a benched speculator skips before it is tried again */
-#define ENGINE_FREE_GUARDED 16 /* steps of a free run while width 1 keeps speculators off (the
-                                * plan's next bucket may speculate) */
-#define ENGINE_LOOKUP_ORDER 3  /* prompt lookup in a free run: the longest match tried (ngram's) */
-#define ENGINE_COST_REPS 9     /* rounds of the group's own step-time measurement */
+#define ENGINE_FREE_GUARDED                                                                        \
+    16                        /* steps of a free run while width 1 keeps speculators off (the      \
+                               * plan's next bucket may speculate) */
+#define ENGINE_LOOKUP_ORDER 3 /* prompt lookup in a free run: the longest match tried (ngram's) */
+#define ENGINE_COST_REPS 9    /* rounds of the group's own step-time measurement */
 
 /* ===== the state ===== */
 
@@ -53,6 +55,12 @@ typedef struct {
      * all[] the counts reach */
     int32_t *pen_count, *pen_ids;
     int n_pen_ids, pen_upto;
+    /* structured output (prm->grammar): the token masks, the position after the committed tokens
+     * (fed up to g_upto of all[]), and scratch positions for the nodes of a tree being shaped */
+    grammar_matcher *gm;
+    grammar_state *gst;
+    int g_upto;
+    grammar_state *gnode[COORD_TREE_CAP];
 } engine_slot;
 
 struct coord_engine_state {
@@ -62,22 +70,24 @@ struct coord_engine_state {
      * region of the cache: a new prompt that begins with them starts from them */
     int32_t *kept[RT_MAX_SEQ];
     int n_kept[RT_MAX_SEQ];
-    int rr;                 /* round-robin start for budget leftovers */
-    int pig_rr;             /* round-robin start of the requests aboard a prompt's steps */
+    int rr;                /* round-robin start for budget leftovers */
+    int pig_rr;            /* round-robin start of the requests aboard a prompt's steps */
+    grammar_vocab *gvocab; /* the vocabulary's trie for grammar masks (the first grammar builds
+                            * it; every constrained request's matcher shares it) */
 };
 
 /* A free-running greedy decode in flight (rt_step.run_max): the workers make the tokens, and
  * engine_step hands them to the run's taker as they come, each time it wakes and once at the end;
  * the taker returns true to end the run early (the workers stop after the step they are in). */
 typedef struct engine_run {
-    uint32_t max;           /* steps the workers may make */
-    const int32_t *eog;     /* they stop after a step that made one of these */
+    uint32_t max;       /* steps the workers may make */
+    const int32_t *eog; /* they stop after a step that made one of these */
     int n_eog;
-    int period_ms;          /* how often the coordinator looks for new tokens */
-    int n;                  /* requests in the run, one row each */
-    int slots[RT_MAX_SEQ];  /* their sequence slots, in row order */
-    int speculators;        /* connected when it started: the run ends when that changes */
-    int taken;              /* steps taken so far */
+    int period_ms;         /* how often the coordinator looks for new tokens */
+    int n;                 /* requests in the run, one row each */
+    int slots[RT_MAX_SEQ]; /* their sequence slots, in row order */
+    int speculators;       /* connected when it started: the run ends when that changes */
+    int taken;             /* steps taken so far */
     /* the taker (coord_freerun.c): `ready` steps are made and committed by every worker */
     bool (*take)(coord *c, struct engine_run *r, int ready);
 } engine_run;
@@ -102,7 +112,8 @@ bool engine_slot_seeded(const coord *c, int slot);
 /* ===== coord_drafts.c ===== */
 
 /* Tell the speculators the committed context of the request in `slot` (a reset, or the tokens
- * appended and what of the verified tree was accepted); multi_only: only those fed every request. */
+ * appended and what of the verified tree was accepted); multi_only: only those fed every request.
+ */
 void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *all, int n_all,
                      const int32_t *added, int n_added, int accepted, const coord_tree *verified,
                      bool multi_only);
@@ -120,7 +131,8 @@ void engine_merge_drafts(coord *c, int slot, int32_t root, coord_tree *merged);
 /* take a request into slot s: tokenize, check it fits, prefill; 0, or -1 (the request failed) */
 int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us);
 /* emit n new tokens (rows: their logits rows, for logprobs); sets sl->stop at its end */
-int engine_slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows, int n);
+int engine_slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows,
+                     int n);
 void engine_slot_finish(coord *c, int s);
 void engine_slot_fail(coord *c, int s, int status, const char *msg);
 /* the request is over: a stop, its length, or a client gone */
@@ -133,12 +145,20 @@ int engine_slot_room(const coord *c, int s);
 int engine_active(const coord *c);
 /* whether this cycle verifies drafts (a width above 1, the guard) */
 bool engine_speculating(const coord *c, int n_active);
-/* whether the request's rows are shaped (logit_bias, penalties): such a request is not run free */
+/* The grammar's part of a step's tree (prm->grammar): the text it forces here is added as a chain
+ * from the root (a draft as certain as drafts get, still verified), and nodes whose token it
+ * refuses are cut with everything below them. 0, or -1 with err. */
+int engine_slot_constrain_tree(coord *c, engine_slot *sl, coord_tree *t, char *err, size_t errlen);
+/* whether the request's rows are shaped (logit_bias, penalties, a grammar): such a request is not
+ * run free */
 bool engine_slot_shaped(const engine_slot *sl);
 /* Shape the rows a request chooses its tokens from, in place: n rows of a tree (node 0 the last
  * committed token; parent[i] the parent node, NULL: a chain) whose row i is read for the token
- * after node i, so its penalties count the generated tokens and the tree's nodes 1..i on i's path.
- * Returns 0, or -1 when out of memory (the request then fails). */
+ * after node i, so its penalties count the generated tokens and the tree's nodes 1..i on i's path,
+ * and its grammar mask is the one after the committed text and that path (tokens the grammar
+ * refuses get -inf; a greedy row whose best token is allowed is left as it is, its argmax being
+ * the masked one). Returns 0, or -1 when out of memory or the grammar broke (the request then
+ * fails). */
 int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_t *tok,
                       const int32_t *parent, int n);
 /* the request model speculators draft for: the oldest active one */

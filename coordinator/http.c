@@ -95,11 +95,20 @@ enum {
     ROUTE_MODELS,
     ROUTE_HEALTH,
     ROUTE_METRICS,
+    ROUTE_PAGE,
+    ROUTE_STATUS,
     ROUTE_OTHER,
     ROUTE_COUNT
 };
-static const char *const HTTP_ROUTE_LABEL[ROUTE_COUNT] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "other"};
+static const char *const HTTP_ROUTE_LABEL[ROUTE_COUNT] = {"/v1/completions", "/v1/chat/completions",
+                                                          "/v1/models",      "/health",
+                                                          "/metrics",        "/",
+                                                          "/status",         "other"};
+
+/* The page at `/`: coordinator/page/index.html, made into a C array at build time
+ * (coordinator/page/embed.cmake). */
+extern const unsigned char http_page_html[];
+extern const size_t http_page_html_len;
 
 typedef struct {
     int route, code;
@@ -153,12 +162,16 @@ typedef struct {
 typedef struct {
     http_server *srv;
     int fd;
-    bool ended;
-    size_t text_off; /* the engine text taken so far */
-    size_t out_off;  /* SSE bytes of fmt.out handed to libmicrohttpd */
+    bool ended;      /* every choice's stream ended */
+    size_t text_off; /* the engine text of the current choice taken so far */
+    size_t out_off;  /* SSE bytes of the current fmt.out handed to libmicrohttpd */
     size_t out_seen; /* fmt.out's length when the last event was noticed (keepalive timing) */
     double last_emit;
-    openai_stream fmt;
+    /* one stream per choice (n > 1), sent one after the other: cur is the one being sent, and
+     * fmt[cur] the OpenAI stream that formats it */
+    int n, cur;
+    bool cur_done; /* fmt[cur]'s request ended: its last bytes are being sent */
+    openai_stream fmt[OPENAI_MAX_CHOICES];
 } http_stream;
 
 static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -381,6 +394,10 @@ static int http_route_of(const char *url)
         return ROUTE_HEALTH;
     if (!strcmp(url, "/metrics"))
         return ROUTE_METRICS;
+    if (!strcmp(url, "/"))
+        return ROUTE_PAGE;
+    if (!strcmp(url, "/status"))
+        return ROUTE_STATUS;
     return ROUTE_OTHER;
 }
 
@@ -474,7 +491,7 @@ static enum MHD_Result http_send_too_large(http_server *srv, struct MHD_Connecti
  * give up (client gone, server stopping, out of memory); the request is cancelled. */
 static int http_stream_pull(http_stream *st)
 {
-    openai_stream *f = &st->fmt;
+    openai_stream *f = &st->fmt[st->cur];
     size_t before = f->out.len;
     char *piece = NULL;
     size_t plen = 0;
@@ -486,7 +503,8 @@ static int http_stream_pull(http_stream *st)
     }
     if (state == COORD_REQ_DONE || state == COORD_REQ_FAILED) {
         openai_stream_finish(f);
-        st->ended = true;
+        st->cur_done = true; /* the next choice's turn once these bytes are out */
+        st->ended = st->cur + 1 == st->n;
     } else if (!piece) {
         if (atomic_load(&st->srv->stopping) || http_peer_gone(st->fd) ||
             coord_request_cancelled(f->req)) {
@@ -508,12 +526,18 @@ static int http_stream_pull(http_stream *st)
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     http_stream *st = cls;
-    strbuf *out = &st->fmt.out;
+    strbuf *out = &st->fmt[st->cur].out;
     (void)pos;
     while (st->out_off == out->len) {
         if (st->ended)
             return MHD_CONTENT_READER_END_OF_STREAM;
         out->len = st->out_off = 0;
+        if (st->cur_done) {
+            st->cur++;
+            st->cur_done = false;
+            st->text_off = 0;
+            out = &st->fmt[st->cur].out;
+        }
         if (http_stream_pull(st))
             return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -530,11 +554,13 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 static void http_stream_free(void *cls)
 {
     http_stream *st = cls;
-    if (!st->ended)
-        coord_request_cancel(st->fmt.req);
+    for (int k = 0; k < st->n; k++) {
+        if (!st->ended)
+            coord_request_cancel(st->fmt[k].req);
+        coord_request_unref(&st->fmt[k].req);
+        openai_stream_free(&st->fmt[k]);
+    }
     atomic_fetch_sub(&st->srv->active, 1);
-    coord_request_unref(&st->fmt.req);
-    openai_stream_free(&st->fmt);
     free(st);
 }
 
@@ -577,9 +603,32 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
 
     enum MHD_Result ok;
     coord_outcome o = {0};
+    int n = p->n_choices > 1 ? p->n_choices : 1;
+    coord_request *reqs[OPENAI_MAX_CHOICES] = {req};
     bool submitted = srv->engine.submit(srv->engine.ctx, req) == 0;
-    bool waited = submitted && http_await(srv, req, fd, p->stream);
+    bool waited = submitted && http_await(srv, req, fd, p->stream || n > 1);
+    /* n > 1: the other choices once the first has its first text — its prompt's K/V rows are
+     * committed by then, and each other choice starts from them instead of computing them again */
+    bool refused = false;
+    for (int k = 1; k < n && waited && !refused; k++) {
+        coord_request_outcome(req, &o);
+        if (o.state == COORD_REQ_FAILED)
+            break;
+        reqs[k] = coord_request_clone(req, k);
+        refused = !reqs[k] || srv->engine.submit(srv->engine.ctx, reqs[k]);
+        if (refused)
+            coord_request_unref(&reqs[k]);
+    }
+    if (refused) { /* all or nothing: the choices already running are called off */
+        for (int k = 0; k < n && reqs[k]; k++)
+            coord_request_cancel(reqs[k]);
+        submitted = false;
+    }
+    for (int k = 1; k < n && waited && reqs[k] && !p->stream; k++)
+        waited = http_await(srv, reqs[k], fd, false);
     coord_request_outcome(req, &o);
+    for (int k = 1; k < n && o.state != COORD_REQ_FAILED && reqs[k] && !p->stream; k++)
+        coord_request_outcome(reqs[k], &o);
     if (!submitted || (waited && o.state == COORD_REQ_FAILED)) {
         /* refused, or failed before a byte was sent: a plain error answer */
         bool failed = o.state == COORD_REQ_FAILED;
@@ -592,32 +641,40 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
         http_count(srv, ex->route, HTTP_CLIENT_GONE);
         ok = MHD_NO;
     } else if (!p->stream) {
-        ok = http_send_json(srv, conn, ex->route, 200, openai_result_json(&srv->lim, req, created), NULL);
+        cJSON *js = n > 1 ? openai_result_json_n(&srv->lim, reqs, n, created)
+                          : openai_result_json(&srv->lim, req, created);
+        ok = http_send_json(srv, conn, ex->route, 200, js, NULL);
     } else {
         http_stream *st = calloc(1, sizeof *st);
         struct MHD_Response *r = NULL;
         if (st) {
-            *st = (http_stream){.srv = srv,
-                                .fd = fd,
-                                .last_emit = http_now(),
-                                .fmt = {.lim = &srv->lim,
-                                        .req = req,
-                                        .chat = chat,
-                                        .usage_chunk = p->stream_usage,
-                                        .created = created}};
+            *st = (http_stream){.srv = srv, .fd = fd, .last_emit = http_now(), .n = n};
+            for (int k = 0; k < n; k++)
+                st->fmt[k] = (openai_stream){.lim = &srv->lim,
+                                             .req = reqs[k],
+                                             .chat = chat,
+                                             .index = k,
+                                             .more_follow = k + 1 < n,
+                                             .usage_chunk = p->stream_usage,
+                                             .created = created};
             if (p->echo && p->prompt && *p->prompt) /* echo: the prompt is the first event */
-                openai_stream_event(&st->fmt, openai_chunk_json(&st->fmt, p->prompt, NULL, NULL));
+                openai_stream_event(&st->fmt[0],
+                                    openai_chunk_json(&st->fmt[0], p->prompt, NULL, NULL));
             r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_STREAM_BLOCK,
                                                   http_stream_read, st, http_stream_free);
             if (!r) {
-                openai_stream_free(&st->fmt);
+                for (int k = 0; k < n; k++)
+                    openai_stream_free(&st->fmt[k]);
                 free(st);
             } else {
-                req = NULL; /* the stream owns the reference and the active count now */
+                for (int k = 0; k < n; k++) /* the stream owns the references and the count */
+                    reqs[k] = NULL;
+                req = NULL;
             }
         }
         if (!r) {
-            coord_request_cancel(req);
+            for (int k = 0; k < n && reqs[k]; k++)
+                coord_request_cancel(reqs[k]);
             ok = MHD_NO;
         } else {
             MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -627,6 +684,11 @@ static enum MHD_Result http_generate(http_server *srv, struct MHD_Connection *co
             MHD_destroy_response(r);
             ex->streaming = true; /* counted when it ends: 200, or 499 if the client left */
         }
+    }
+    for (int k = 1; k < n; k++) {
+        if (reqs[k] && !waited)
+            coord_request_cancel(reqs[k]);
+        coord_request_unref(&reqs[k]);
     }
     if (req) {
         atomic_fetch_sub(&srv->active, 1);
@@ -729,6 +791,47 @@ static enum MHD_Result http_metrics(http_server *srv, struct MHD_Connection *con
                      b.len, NULL);
 }
 
+/* GET /: the page, a chat and a dashboard (docs/page.md). It holds no data of its own, so it is
+ * served without the API key (a browser cannot send one when it opens a URL); the page asks for
+ * the key and sends it with its own requests. Its policy lets it reach this server and nothing
+ * else. */
+static enum MHD_Result http_page(http_server *srv, struct MHD_Connection *conn)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        http_page_html_len, (void *)http_page_html, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; "
+                            "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+                            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    http_count(srv, ROUTE_PAGE, 200);
+    return ok;
+}
+
+/* GET /status: the engine's JSON picture of the group (docs/http-api.md, "Status"). */
+static enum MHD_Result http_status(http_server *srv, struct MHD_Connection *conn)
+{
+    char *text = srv->engine.status ? srv->engine.status(srv->engine.ctx) : NULL;
+    if (!text)
+        return http_send_error(srv, conn, ROUTE_STATUS, 503, "the engine reports no status yet",
+                               NULL, NULL);
+    size_t n = strlen(text);
+    char *body = realloc(text, n + 2); /* a newline ends it, as every JSON answer */
+    if (!body) {
+        free(text);
+        return MHD_NO;
+    }
+    body[n] = '\n';
+    body[n + 1] = 0;
+    return http_send(srv, conn, ROUTE_STATUS, 200, "application/json", body, n + 1, NULL);
+}
+
 static bool http_authorized(const http_server *srv, struct MHD_Connection *conn)
 {
     if (!srv->api_key)
@@ -754,7 +857,7 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
                                      http_exchange *ex, const char *url, const char *method)
 {
     int route = ex->route;
-    if (route != ROUTE_HEALTH && !http_authorized(srv, conn))
+    if (route != ROUTE_HEALTH && route != ROUTE_PAGE && !http_authorized(srv, conn))
         return http_send_error(srv, conn, route, 401,
                                "missing or invalid API key; send 'Authorization: Bearer KEY'", NULL,
                                NULL);
@@ -778,11 +881,17 @@ static enum MHD_Result http_dispatch(http_server *srv, struct MHD_Connection *co
     case ROUTE_METRICS:
         return get ? http_metrics(srv, conn)
                    : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+    case ROUTE_PAGE:
+        return get ? http_page(srv, conn)
+                   : http_send_405(srv, conn, route, method, url, "GET, HEAD");
+    case ROUTE_STATUS:
+        return get ? http_status(srv, conn)
+                   : http_send_405(srv, conn, route, method, url, "GET, HEAD");
     default: {
         char msg[320];
         snprintf(msg, sizeof msg,
                  "no route for %.16s %.200s (see /v1/completions, "
-                 "/v1/chat/completions, /v1/models, /health, /metrics)",
+                 "/v1/chat/completions, /v1/models, /health, /metrics, /status, /)",
                  method, url);
         return http_send_error(srv, conn, route, 404, msg, NULL, NULL);
     }

@@ -5,7 +5,8 @@
  * through the http_engine callbacks, and answers from the request's output side: one JSON object
  * when the generation ends, or a server-sent-event stream of text pieces. It never touches the
  * model; the engine never touches HTTP. Routes, fields, errors and the streaming format are
- * documented in docs/http-api.md.
+ * documented in docs/http-api.md. It also serves the page at `/` (coordinator/page/index.html,
+ * compiled in: a chat and a dashboard of the group, docs/page.md).
  *
  * Threads: libmicrohttpd runs one thread per connection (plus its listening thread), and the
  * handlers block on the request's condition variable while the engine works; see http.c. Starting
@@ -23,8 +24,8 @@
 typedef struct {
     const char *bind_addr;  /* IPv4/IPv6 literal or host name; NULL: "127.0.0.1" */
     int port;               /* 0: an ephemeral port (see http_server_port) */
-    const char *api_key;    /* NULL or "": no authentication; else every route but /health needs
-                             * "Authorization: Bearer KEY" */
+    const char *api_key;    /* NULL or "": no authentication; else every route but /health and
+                             * the page (/) needs "Authorization: Bearer KEY" */
     const char *model_name; /* reported by /v1/models and in responses; NULL: "orochi" */
     size_t max_body_bytes;  /* larger bodies get 413; 0: 1 MiB */
     int max_tokens_cap;     /* largest max_tokens accepted; 0: 4096 */
@@ -51,6 +52,9 @@ typedef struct {
     char *(*metrics)(void *ctx);
     /* 1 healthy; 0 not, with a reason in msg (answered as 503). NULL callback: always healthy. */
     int (*health)(void *ctx, char *msg, size_t len);
+    /* GET /status: the group's processes, controllers and counters as one JSON object, malloc'd
+     * (the server frees it; docs/http-api.md, "Status"). NULL callback or NULL return: 503. */
+    char *(*status)(void *ctx);
 } http_engine;
 
 typedef struct http_server http_server;

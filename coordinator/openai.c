@@ -16,6 +16,8 @@
 
 #include "base/buf.h"
 #include "base/utf8.h"
+#include "coordinator/schema.h"
+#include "model/grammar.h"
 
 void openai_json_add_text(cJSON *obj, const char *key, const char *s, size_t n)
 {
@@ -112,8 +114,8 @@ static int oa_json_bad_string(const char *body, size_t len, openai_err *e)
                 char path[sizeof e->param];
                 oa_jpath(body, lv, depth, path, sizeof path);
                 openai_fail(e, 400, path,
-                          "%s contains %s; send text as valid UTF-8 without NUL characters",
-                          path[0] ? path : "the request body", bad);
+                            "%s contains %s; send text as valid UTF-8 without NUL characters",
+                            path[0] ? path : "the request body", bad);
                 rc = 1;
             }
         } else {
@@ -171,7 +173,6 @@ cJSON *openai_error_json(int status, const char *message, const char *param, con
     return root;
 }
 
-
 /* An engine failure as the client sees it. The engine's 413 (the prompt does not fit the
  * context, see request.h) is answered the way OpenAI answers it: 400, code
  * context_length_exceeded, param naming the prompt or the messages. */
@@ -180,7 +181,7 @@ cJSON *openai_engine_error_json(bool chat, int status, const char *message, int 
     if (status == COORD_STATUS_CONTEXT) {
         *out_status = 400;
         return openai_error_json(400, message, chat ? "messages" : "prompt",
-                               "context_length_exceeded");
+                                 "context_length_exceeded");
     }
     *out_status = status;
     return openai_error_json(status, message, NULL, NULL);
@@ -211,7 +212,7 @@ static int oa_parse_prompt(const cJSON *root, coord_request *req, openai_err *e)
             v = first;
         else if (first && cJSON_IsNumber(first))
             return openai_fail(e, 400, "prompt",
-                             "prompt as token ids is not supported; send the prompt as a string");
+                               "prompt as token ids is not supported; send the prompt as a string");
         else
             return openai_fail(
                 e, 400, "prompt",
@@ -246,6 +247,43 @@ static int oa_message_content(const cJSON *c, strbuf *out)
     return 0;
 }
 
+/* The tool_calls of assistant message i as text: each call's {"name": ..., "arguments": ...} on a
+ * line (the arguments parsed when they are a JSON text, as the model writes them). */
+static int oa_message_calls(const cJSON *calls, int i, strbuf *out, openai_err *e)
+{
+    if (!cJSON_IsArray(calls))
+        return openai_fail(e, 400, "tool_calls", "messages[%d].tool_calls must be an array", i);
+    int k = 0;
+    const cJSON *call;
+    cJSON_ArrayForEach(call, calls)
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || (args && !cJSON_IsString(args)))
+            return openai_fail(e, 400, "tool_calls",
+                               "messages[%d].tool_calls[%d] must be {\"type\": \"function\", "
+                               "\"function\": {\"name\": string, \"arguments\": string}}",
+                               i, k);
+        cJSON *one = cJSON_CreateObject();
+        cJSON_AddStringToObject(one, "name", name->valuestring);
+        cJSON *parsed = args ? cJSON_Parse(args->valuestring) : cJSON_CreateObject();
+        cJSON_AddItemToObject(one, "arguments",
+                              parsed ? parsed : cJSON_CreateString(args->valuestring));
+        char *t = cJSON_PrintUnformatted(one);
+        cJSON_Delete(one);
+        if (!t)
+            return openai_fail(e, 503, NULL, "out of memory");
+        if (out->len)
+            strbuf_add(out, "\n", 1);
+        strbuf_add(out, t, strlen(t));
+        cJSON_free(t);
+        k++;
+    }
+    strbuf_add(out, "", 0);
+    return 0;
+}
+
 static int oa_parse_messages(const cJSON *root, coord_request *req, openai_err *e)
 {
     const cJSON *msgs = oa_field(root, "messages");
@@ -253,7 +291,7 @@ static int oa_parse_messages(const cJSON *root, coord_request *req, openai_err *
         return openai_fail(e, 400, "messages", "missing required field 'messages' (an array)");
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
         return openai_fail(e, 400, "messages",
-                         "messages must be a non-empty array of {role, content}");
+                           "messages must be a non-empty array of {role, content}");
     int i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs)
@@ -261,8 +299,8 @@ static int oa_parse_messages(const cJSON *root, coord_request *req, openai_err *
         char param[48];
         snprintf(param, sizeof param, "messages[%d]", i);
         if (!cJSON_IsObject(m))
-            return openai_fail(e, 400, param, "messages[%d] must be an object with role and content",
-                             i);
+            return openai_fail(e, 400, param,
+                               "messages[%d] must be an object with role and content", i);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         snprintf(param, sizeof param, "messages[%d].role", i);
@@ -272,18 +310,41 @@ static int oa_parse_messages(const cJSON *root, coord_request *req, openai_err *
         const char *as = role->valuestring;
         if (!strcmp(as, "developer"))
             as = "system";
-        if (strcmp(as, "system") && strcmp(as, "user") && strcmp(as, "assistant"))
+        if (strcmp(as, "system") && strcmp(as, "user") && strcmp(as, "assistant") &&
+            strcmp(as, "tool"))
             return openai_fail(e, 400, param,
-                             "messages[%d].role must be \"system\", \"developer\", \"user\" or "
-                             "\"assistant\"",
-                             i);
+                               "messages[%d].role must be \"system\", \"developer\", \"user\", "
+                               "\"assistant\" or \"tool\"",
+                               i);
         strbuf text = {0};
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        bool has_calls = calls && !cJSON_IsNull(calls);
+        if (has_calls) {
+            /* an assistant turn that called tools: each call as the JSON the model answers with */
+            int rc = strcmp(as, "assistant") ? openai_fail(e, 400, param,
+                                                           "only assistant messages "
+                                                           "carry tool_calls (messages[%d])",
+                                                           i)
+                                             : oa_message_calls(calls, i, &text, e);
+            if (rc) {
+                strbuf_free(&text);
+                return rc;
+            }
+            if (content && !cJSON_IsNull(content) && oa_message_content(content, &text)) {
+                strbuf_free(&text);
+                snprintf(param, sizeof param, "messages[%d].content", i);
+                return openai_fail(e, 400, param,
+                                   "messages[%d].content must be a string, null or "
+                                   "an array of text parts",
+                                   i);
+            }
+        }
         snprintf(param, sizeof param, "messages[%d].content", i);
-        if (!content || oa_message_content(content, &text)) {
+        if (!has_calls && (!content || oa_message_content(content, &text))) {
             strbuf_free(&text);
             return openai_fail(e, 400, param,
-                             "messages[%d].content must be a string (or an array of text parts)",
-                             i);
+                               "messages[%d].content must be a string (or an array of text parts)",
+                               i);
         }
         int rc = text.oom ? -1 : coord_request_add_message(req, as, text.p ? text.p : "");
         strbuf_free(&text);
@@ -312,7 +373,7 @@ static int oa_parse_stop(const cJSON *v, coord_request *req, openai_err *e)
     {
         if (!cJSON_IsString(s) || !*s->valuestring)
             return openai_fail(e, 400, "stop",
-                             "stop must be a string or an array of non-empty strings");
+                               "stop must be a string or an array of non-empty strings");
         if (coord_request_add_stop(req, s->valuestring))
             return openai_fail(e, 503, NULL, "out of memory");
     }
@@ -331,8 +392,8 @@ static int oa_parse_logprobs(const cJSON *root, coord_params *p, openai_err *e)
     if (p->kind == COORD_REQ_COMPLETION) {
         if (top && !(oa_json_integer(top, &i) && i == 0))
             return openai_fail(e, 400, "top_logprobs",
-                             "top_logprobs is a chat completions field; on /v1/completions send "
-                             "logprobs as the number of alternatives (0 to 5)");
+                               "top_logprobs is a chat completions field; on /v1/completions send "
+                               "logprobs as the number of alternatives (0 to 5)");
         if (!lp || cJSON_IsFalse(lp))
             return 0;
         if (!oa_json_integer(lp, &i) || i < 0 || i > 5)
@@ -341,9 +402,10 @@ static int oa_parse_logprobs(const cJSON *root, coord_params *p, openai_err *e)
                 "logprobs must be an integer from 0 to 5 on /v1/completions (the "
                 "number of alternatives per token; 0: the chosen token's logprob only)");
         if (p->echo)
-            return openai_fail(e, 400, "logprobs",
-                             "logprobs cannot be combined with echo: the prompt's logprobs are not "
-                             "computed (send echo false, or no logprobs)");
+            return openai_fail(
+                e, 400, "logprobs",
+                "logprobs cannot be combined with echo: the prompt's logprobs are not "
+                "computed (send echo false, or no logprobs)");
         p->logprobs = true;
         p->top_logprobs = (int)i;
         return 0;
@@ -353,8 +415,9 @@ static int oa_parse_logprobs(const cJSON *root, coord_params *p, openai_err *e)
     p->logprobs = lp && cJSON_IsTrue(lp);
     if (top) {
         if (!oa_json_integer(top, &i) || i < 0 || i > COORD_MAX_TOP_LOGPROBS)
-            return openai_fail(e, 400, "top_logprobs", "top_logprobs must be an integer from 0 to %d",
-                             COORD_MAX_TOP_LOGPROBS);
+            return openai_fail(e, 400, "top_logprobs",
+                               "top_logprobs must be an integer from 0 to %d",
+                               COORD_MAX_TOP_LOGPROBS);
         if (!p->logprobs)
             return openai_fail(e, 400, "top_logprobs", "top_logprobs requires logprobs to be true");
         p->top_logprobs = (int)i;
@@ -364,12 +427,17 @@ static int oa_parse_logprobs(const cJSON *root, coord_params *p, openai_err *e)
 
 /* The sampling and control fields both routes share. */
 static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_request *req,
-                             openai_err *e)
+                           openai_err *e)
 {
     coord_params *p = coord_request_params(req);
     const cJSON *v;
     long long i;
-    if ((v = oa_field(root, "max_tokens")) || (v = oa_field(root, "max_completion_tokens"))) {
+    const cJSON *mt = oa_field(root, "max_tokens"), *mct = oa_field(root, "max_completion_tokens");
+    if (mt && mct &&
+        !(cJSON_IsNumber(mt) && cJSON_IsNumber(mct) && mt->valuedouble == mct->valuedouble))
+        return openai_fail(e, 400, "max_completion_tokens",
+                           "max_tokens and max_completion_tokens disagree: send one of them");
+    if ((v = mt) || (v = mct)) {
         const char *name = v->string;
         if (!oa_json_integer(v, &i))
             return openai_fail(e, 400, name, "%s must be an integer", name);
@@ -377,7 +445,7 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
             return openai_fail(e, 400, name, "%s must be at least 1, got %lld", name, i);
         if (i > lim->max_tokens_cap)
             return openai_fail(e, 400, name, "%s must be at most %d, got %lld", name,
-                             lim->max_tokens_cap, i);
+                               lim->max_tokens_cap, i);
         p->max_tokens = (int)i;
     } else if (p->max_tokens > lim->max_tokens_cap) {
         p->max_tokens = lim->max_tokens_cap; /* the default never asks for more than the cap */
@@ -387,8 +455,8 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
             return openai_fail(e, 400, "temperature", "temperature must be a number");
         if (v->valuedouble < 0 || v->valuedouble > 2)
             return openai_fail(e, 400, "temperature",
-                             "temperature must be between 0 and 2 (0 is greedy), got %g",
-                             v->valuedouble);
+                               "temperature must be between 0 and 2 (0 is greedy), got %g",
+                               v->valuedouble);
         p->temperature = v->valuedouble;
     }
     if ((v = oa_field(root, "top_p"))) {
@@ -419,11 +487,11 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
             return openai_fail(e, 400, "stream_options", "stream_options must be an object");
         if (!p->stream)
             return openai_fail(e, 400, "stream_options",
-                             "stream_options is only allowed when stream is true");
+                               "stream_options is only allowed when stream is true");
         const cJSON *u = oa_field(v, "include_usage");
         if (u && !cJSON_IsBool(u))
             return openai_fail(e, 400, "stream_options.include_usage",
-                             "stream_options.include_usage must be true or false");
+                               "stream_options.include_usage must be true or false");
         p->stream_usage = u && cJSON_IsTrue(u);
     }
     if ((v = oa_field(root, "logit_bias"))) {
@@ -436,12 +504,13 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
             if (!b->string || !*b->string || *end || id < 0 || id > INT32_MAX)
                 return openai_fail(e, 400, "logit_bias",
                                    "logit_bias keys must be token ids (non-negative integers), got "
-                                   "'%.40s'", b->string ? b->string : "");
+                                   "'%.40s'",
+                                   b->string ? b->string : "");
             if (!cJSON_IsNumber(b) || !isfinite(b->valuedouble) || b->valuedouble < -100 ||
                 b->valuedouble > 100)
-                return openai_fail(e, 400, "logit_bias",
-                                   "logit_bias values must be numbers from -100 to 100 (token %lld)",
-                                   id);
+                return openai_fail(
+                    e, 400, "logit_bias",
+                    "logit_bias values must be numbers from -100 to 100 (token %lld)", id);
             if (p->n_bias >= COORD_MAX_BIAS)
                 return openai_fail(e, 400, "logit_bias", "logit_bias holds at most %d tokens",
                                    COORD_MAX_BIAS);
@@ -458,16 +527,22 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
                                    penalties[k]);
             *(k ? &p->presence_penalty : &p->frequency_penalty) = v->valuedouble;
         }
-    if ((v = oa_field(root, "n"))) {
-        if (!oa_json_integer(v, &i) || i != 1)
-            return openai_fail(e, 400, "n", "n must be 1 (one choice per request)");
+    p->n_choices = 1;
+    if ((v = oa_field(root, "n")) && !cJSON_IsNull(v)) {
+        if (!oa_json_integer(v, &i) || i < 1 || i > OPENAI_MAX_CHOICES)
+            return openai_fail(e, 400, "n", "n must be an integer from 1 to %d",
+                               OPENAI_MAX_CHOICES);
+        p->n_choices = (int)i;
     }
+    v = NULL;
     if (p->kind == COORD_REQ_COMPLETION) {
         if ((v = oa_field(root, "echo"))) {
             if (!cJSON_IsBool(v))
                 return openai_fail(e, 400, "echo", "echo must be true or false");
             p->echo = cJSON_IsTrue(v);
         }
+        if (p->n_choices > 1 && p->echo)
+            return openai_fail(e, 400, "n", "n above 1 cannot be combined with echo");
         if ((v = oa_field(root, "best_of")) && !(oa_json_integer(v, &i) && i == 1))
             return openai_fail(e, 400, "best_of", "best_of must be 1 (one candidate per request)");
         if ((v = oa_field(root, "suffix")) && !(cJSON_IsString(v) && !*v->valuestring))
@@ -489,9 +564,241 @@ static int oa_parse_common(const openai_limits *lim, const cJSON *root, coord_re
     return 0;
 }
 
+/* ---- structured output and tools ---- */
+
+/* Compiles grammar text (taken: freed here) into the request as `what`; a grammar this server
+ * wrote and cannot compile is its own fault (500). */
+static int oa_set_grammar(coord_request *req, char *text, coord_constraint what, const char *param,
+                          openai_err *e)
+{
+    if (!text)
+        return openai_fail(e, 503, NULL, "out of memory");
+    char err[256];
+    int rc = coord_request_set_grammar(req, text, strlen(text), what, err, sizeof err);
+    free(text);
+    if (rc < 0)
+        return openai_fail(e, 503, NULL, "out of memory");
+    if (rc)
+        return what == COORD_CONSTRAIN_GRAMMAR
+                   ? openai_fail(e, 400, param, "grammar: %s", err)
+                   : openai_fail(e, 500, param, "internal error: the grammar made for %s: %s",
+                                 param, err);
+    return 0;
+}
+
+/* response_format: text, json_object or json_schema. */
+static int oa_parse_response_format(const cJSON *v, coord_request *req, openai_err *e)
+{
+    const cJSON *type = cJSON_IsObject(v) ? oa_field(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return openai_fail(e, 400, "response_format",
+                           "response_format must be an object with a type: \"text\", "
+                           "\"json_object\" or \"json_schema\"");
+    if (!strcmp(type->valuestring, "text"))
+        return 0;
+    if (!strcmp(type->valuestring, "json_object"))
+        return oa_set_grammar(req, schema_json_object_grammar(), COORD_CONSTRAIN_JSON,
+                              "response_format", e);
+    if (strcmp(type->valuestring, "json_schema"))
+        return openai_fail(e, 400, "response_format.type",
+                           "response_format.type must be \"text\", \"json_object\" or "
+                           "\"json_schema\", got '%.40s'",
+                           type->valuestring);
+    const cJSON *js = oa_field(v, "json_schema");
+    const cJSON *schema = cJSON_IsObject(js) ? oa_field(js, "schema") : NULL;
+    if (!cJSON_IsObject(js))
+        return openai_fail(e, 400, "response_format.json_schema",
+                           "response_format.json_schema must be an object with a schema");
+    if (!schema) /* OpenAI: a json_schema without a schema is any JSON object */
+        return oa_set_grammar(req, schema_json_object_grammar(), COORD_CONSTRAIN_JSON,
+                              "response_format", e);
+    char err[256];
+    char *g = schema_to_grammar(schema, err, sizeof err);
+    if (!g)
+        return strcmp(err, "out of memory")
+                   ? openai_fail(e, 400, "response_format.json_schema.schema", "%s", err)
+                   : openai_fail(e, 503, NULL, "out of memory");
+    return oa_set_grammar(req, g, COORD_CONSTRAIN_JSON, "response_format", e);
+}
+
+/* The template's variables for a conversation with tools or tool turns: the messages as parsed
+ * (content joined into text, a call's arguments as an object, as templates expect them) and the
+ * tools (NULL: not rendered, tool_choice "none"). */
+static int oa_chat_vars(const cJSON *root, coord_request *req, const cJSON *tools, openai_err *e)
+{
+    const coord_params *p = coord_request_params(req);
+    cJSON *vars = cJSON_CreateObject();
+    cJSON *msgs = cJSON_AddArrayToObject(vars, "messages");
+    const cJSON *m;
+    int i = 0;
+    cJSON_ArrayForEach(m, oa_field(root, "messages"))
+    {
+        cJSON *copy = cJSON_Duplicate(m, true);
+        cJSON_DeleteItemFromObjectCaseSensitive(copy, "content");
+        cJSON_DeleteItemFromObjectCaseSensitive(copy, "role");
+        cJSON_AddStringToObject(copy, "role", p->messages[i].role);
+        cJSON *calls = cJSON_GetObjectItemCaseSensitive(copy, "tool_calls");
+        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls)) {
+            cJSON_AddNullToObject(copy, "content");
+            cJSON *call;
+            cJSON_ArrayForEach(call, calls)
+            {
+                cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+                cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+                cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+                if (parsed)
+                    cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            }
+        } else {
+            cJSON_AddStringToObject(copy, "content", p->messages[i].content);
+        }
+        cJSON_AddItemToArray(msgs, copy);
+        i++;
+    }
+    if (tools)
+        cJSON_AddItemToObject(vars, "tools", cJSON_Duplicate(tools, true));
+    cJSON_AddBoolToObject(vars, "add_generation_prompt", 1);
+    char *text = cJSON_PrintUnformatted(vars);
+    cJSON_Delete(vars);
+    int rc = text ? coord_request_set_chat_vars(req, text) : -1;
+    cJSON_free(text);
+    return rc ? openai_fail(e, 503, NULL, "out of memory") : 0;
+}
+
+/* tools, tool_choice and parallel_tool_calls (chat). */
+static int oa_parse_tools(const cJSON *root, coord_request *req, openai_err *e)
+{
+    const cJSON *tools = oa_field(root, "tools"), *choice = oa_field(root, "tool_choice");
+    const cJSON *par = oa_field(root, "parallel_tool_calls");
+    if (par && !cJSON_IsBool(par))
+        return openai_fail(e, 400, "parallel_tool_calls",
+                           "parallel_tool_calls must be true or false");
+    if (tools && cJSON_IsNull(tools))
+        tools = NULL;
+    if (tools && (!cJSON_IsArray(tools) || !cJSON_GetArraySize(tools)))
+        return openai_fail(e, 400, "tools", "tools must be a non-empty array of functions");
+    const char *mode = "auto", *only = NULL;
+    if (choice && !cJSON_IsNull(choice)) {
+        if (cJSON_IsString(choice)) {
+            mode = choice->valuestring;
+            if (strcmp(mode, "auto") && strcmp(mode, "none") && strcmp(mode, "required"))
+                return openai_fail(e, 400, "tool_choice",
+                                   "tool_choice must be \"auto\", \"none\", \"required\" or "
+                                   "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        } else {
+            const cJSON *fn = cJSON_IsObject(choice) ? oa_field(choice, "function") : NULL;
+            const cJSON *name = cJSON_IsObject(fn) ? oa_field(fn, "name") : NULL;
+            if (!cJSON_IsString(name))
+                return openai_fail(e, 400, "tool_choice",
+                                   "tool_choice must be a string or {\"type\": \"function\", "
+                                   "\"function\": {\"name\": ...}}");
+            mode = "required";
+            only = name->valuestring;
+        }
+        if (!tools && strcmp(mode, "none"))
+            return openai_fail(e, 400, "tool_choice", "tool_choice needs tools");
+    }
+    bool tool_turns = false;
+    for (int i = 0; i < coord_request_params(req)->n_messages; i++)
+        tool_turns |= !strcmp(coord_request_params(req)->messages[i].role, "tool");
+    const cJSON *m;
+    cJSON_ArrayForEach(m, oa_field(root, "messages")) tool_turns |=
+        cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"));
+    if (tools && !strcmp(mode, "required")) {
+        if (coord_request_params(req)->grammar)
+            return openai_fail(e, 400, "tool_choice",
+                               "a required tool call and response_format (or grammar) cannot both "
+                               "constrain the answer");
+        char err[256];
+        char *g = schema_tool_call_grammar(tools, only, err, sizeof err);
+        if (!g)
+            return strcmp(err, "out of memory") ? openai_fail(e, 400, "tools", "%s", err)
+                                                : openai_fail(e, 503, NULL, "out of memory");
+        if (oa_set_grammar(req, g, COORD_CONSTRAIN_TOOL, "tools", e))
+            return -1;
+    } else if (tools && !strcmp(mode, "auto")) {
+        /* checked like a required call's, though the answer is free */
+        char err[256];
+        char *g = schema_tool_call_grammar(tools, NULL, err, sizeof err);
+        if (!g)
+            return strcmp(err, "out of memory") ? openai_fail(e, 400, "tools", "%s", err)
+                                                : openai_fail(e, 503, NULL, "out of memory");
+        free(g);
+        coord_request_params(req)->tools_auto = true;
+    }
+    bool render = tools && strcmp(mode, "none");
+    return render || tool_turns ? oa_chat_vars(root, req, render ? tools : NULL, e) : 0;
+}
+
+/* OpenAI fields that would change the answer in ways this server cannot: refused by name, never
+ * ignored (an answer without them would look complete and be wrong). */
+static const struct {
+    const char *name, *why;
+} oa_refused[] = {
+    {"audio", "audio output is not supported (text only)"},
+    {"functions", "the deprecated functions field is not supported: send tools"},
+    {"function_call", "the deprecated function_call field is not supported: send tool_choice"},
+    {"prediction", "predicted outputs are not supported"},
+    {"reasoning_effort", "reasoning_effort is not supported by this server"},
+    {"verbosity", "verbosity is not supported by this server"},
+    {"web_search_options", "web search is not available"},
+};
+
+static int oa_parse_refused(const cJSON *root, openai_err *e)
+{
+    const cJSON *v;
+    for (size_t i = 0; i < sizeof oa_refused / sizeof *oa_refused; i++)
+        if ((v = oa_field(root, oa_refused[i].name)) && !cJSON_IsNull(v))
+            return openai_fail(e, 400, oa_refused[i].name, "%s", oa_refused[i].why);
+    if ((v = oa_field(root, "modalities")) && !cJSON_IsNull(v)) {
+        bool text = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child) &&
+                    !strcmp(v->child->valuestring, "text");
+        if (!text)
+            return openai_fail(e, 400, "modalities",
+                               "modalities must be [\"text\"]: this server "
+                               "answers in text only");
+    }
+    return 0;
+}
+
+/* The grammar of the answer: the "grammar" extension field, response_format, tools. */
+static int oa_parse_structured(const cJSON *root, coord_request *req, bool chat, openai_err *e)
+{
+    const cJSON *v;
+    if ((v = oa_field(root, "grammar")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v) || !*v->valuestring)
+            return openai_fail(e, 400, "grammar",
+                               "grammar must be the text of a grammar "
+                               "(docs/grammar.md)");
+        char *copy = strdup(v->valuestring);
+        if (oa_set_grammar(req, copy, COORD_CONSTRAIN_GRAMMAR, "grammar", e))
+            return -1;
+    }
+    if ((v = oa_field(root, "response_format")) && !cJSON_IsNull(v)) {
+        if (coord_request_params(req)->grammar) {
+            const cJSON *t = cJSON_IsObject(v) ? oa_field(v, "type") : NULL;
+            if (!(cJSON_IsString(t) && !strcmp(t->valuestring, "text")))
+                return openai_fail(e, 400, "response_format",
+                                   "response_format and grammar cannot both constrain the answer");
+        } else if (oa_parse_response_format(v, req, e)) {
+            return -1;
+        }
+    }
+    if (!chat) {
+        static const char *const chat_only[] = {"tools", "tool_choice", "parallel_tool_calls"};
+        for (int i = 0; i < 3; i++)
+            if (oa_field(root, chat_only[i]))
+                return openai_fail(e, 400, chat_only[i],
+                                   "%s is a chat completions field (/v1/chat/completions)",
+                                   chat_only[i]);
+        return 0;
+    }
+    return oa_parse_tools(root, req, e);
+}
+
 /* A new request from a JSON body, or NULL with *e filled. */
 coord_request *openai_parse_request(const openai_limits *lim, bool chat, const char *body,
-                                         size_t len, openai_err *e)
+                                    size_t len, openai_err *e)
 {
     if (!len) {
         openai_fail(e, 400, NULL, "the request body is empty; send a JSON object");
@@ -508,8 +815,9 @@ coord_request *openai_parse_request(const openai_limits *lim, bool chat, const c
         end++;
     if (end && end < body + len) {
         cJSON_Delete(root);
-        openai_fail(e, 400, NULL, "the request body is not valid JSON (unexpected data at byte %zu)",
-                  (size_t)(end - body));
+        openai_fail(e, 400, NULL,
+                    "the request body is not valid JSON (unexpected data at byte %zu)",
+                    (size_t)(end - body));
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
@@ -533,8 +841,8 @@ coord_request *openai_parse_request(const openai_limits *lim, bool chat, const c
         rc = openai_fail(e, 400, "model", "model must be a string");
     if (!rc && model && strcmp(model->valuestring, lim->model_name)) {
         rc = openai_fail(e, 404, "model",
-                       "the model '%.200s' does not exist; this server serves '%.64s'",
-                       model->valuestring, lim->model_name);
+                         "the model '%.200s' does not exist; this server serves '%.64s'",
+                         model->valuestring, lim->model_name);
         snprintf(e->code, sizeof e->code, "model_not_found");
     }
     if (!rc && model && coord_request_set_model(req, model->valuestring))
@@ -543,6 +851,10 @@ coord_request *openai_parse_request(const openai_limits *lim, bool chat, const c
         rc = chat ? oa_parse_messages(root, req, e) : oa_parse_prompt(root, req, e);
     if (!rc)
         rc = oa_parse_common(lim, root, req, e);
+    if (!rc)
+        rc = oa_parse_refused(root, e);
+    if (!rc)
+        rc = oa_parse_structured(root, req, chat, e);
     cJSON_Delete(root);
     if (rc)
         coord_request_unref(&req);
@@ -561,6 +873,7 @@ static cJSON *oa_orochi_json(coord_request *req, const coord_outcome *o)
     for (int i = 0; i < n; i++)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(v[i]));
     free(v);
+    cJSON_AddNumberToObject(obj, "cached_tokens", o->stats.cached_tokens);
     cJSON_AddNumberToObject(obj, "steps", o->stats.steps);
     cJSON_AddNumberToObject(obj, "mean_accepted", o->stats.mean_accepted);
     cJSON *kinds = cJSON_AddArrayToObject(obj, "draft_kinds");
@@ -584,10 +897,9 @@ static cJSON *oa_orochi_json(coord_request *req, const coord_outcome *o)
     cJSON_AddNumberToObject(t, "prompt_ms", o->stats.prompt_ms);
     cJSON_AddNumberToObject(t, "decode_ms", o->stats.decode_ms);
     int after_first = o->stats.completion_tokens - 1;
-    cJSON_AddNumberToObject(t, "decode_tok_s",
-                            after_first > 0 && o->stats.decode_ms > 0
-                                ? after_first / (o->stats.decode_ms / 1e3)
-                                : 0);
+    cJSON_AddNumberToObject(
+        t, "decode_tok_s",
+        after_first > 0 && o->stats.decode_ms > 0 ? after_first / (o->stats.decode_ms / 1e3) : 0);
     return obj;
 }
 
@@ -602,7 +914,7 @@ static void oa_add_usage(cJSON *root, const coord_outcome *o)
 }
 
 static cJSON *oa_envelope(const openai_limits *lim, coord_request *req, const char *object,
-                            time_t created)
+                          time_t created)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "id", coord_request_params(req)->id);
@@ -711,7 +1023,7 @@ static cJSON *oa_chat_token(const coord_token_lp *t)
  * and text_offset, its character offset in the answer's text. Chat: a content entry with the
  * alternatives as a list, exactly top_n of them. */
 static void oa_logprobs_add(cJSON *obj, bool chat, int top_n, const coord_logprob *r,
-                              size_t text_offset)
+                            size_t text_offset)
 {
     if (chat) {
         cJSON *entry = oa_chat_token(&r->token);
@@ -757,9 +1069,62 @@ static cJSON *oa_result_logprobs(coord_request *req, const char *text, size_t le
     openai_chars walk = {0};
     for (int i = 0; i < n; i++)
         oa_logprobs_add(obj, chat, p->top_logprobs, &lp[i],
-                          chat ? 0 : oa_char_offset(&walk, text, len, 0, lp[i].text_start));
+                        chat ? 0 : oa_char_offset(&walk, text, len, 0, lp[i].text_start));
     free(lp);
     return obj;
+}
+
+/* ---- tool calls ---- */
+
+/* Whether the answer may be a tool call: 2 it is one (a required call), 1 it may be (auto), 0 no.
+ */
+static int oa_tool_mode(const coord_params *p)
+{
+    return p->constraint == COORD_CONSTRAIN_TOOL ? 2 : p->tools_auto && !p->grammar ? 1 : 0;
+}
+
+/* The answer as tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}] (with
+ * "index" for a stream's delta), when text is one call {"name": N, "arguments": {...}} of a tool
+ * the request offered; NULL otherwise (the text is then content). */
+static cJSON *oa_tool_calls(const coord_params *p, const char *text, size_t len, bool delta)
+{
+    cJSON *call = text && len ? cJSON_ParseWithLength(text, len) : NULL;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(call, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(call, "arguments");
+    if (!args)
+        args = cJSON_GetObjectItemCaseSensitive(call, "parameters");
+    bool offered = false;
+    cJSON *vars = cJSON_IsString(name) && cJSON_IsObject(args) && p->chat_vars
+                      ? cJSON_Parse(p->chat_vars)
+                      : NULL;
+    const cJSON *tool;
+    cJSON_ArrayForEach(tool, cJSON_GetObjectItemCaseSensitive(vars, "tools"))
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        offered |= cJSON_IsString(n) && !strcmp(n->valuestring, name->valuestring);
+    }
+    cJSON_Delete(vars);
+    cJSON *out = NULL;
+    char *a = offered ? cJSON_PrintUnformatted(args) : NULL;
+    if (a) {
+        out = cJSON_CreateArray();
+        cJSON *c = cJSON_CreateObject();
+        if (delta)
+            cJSON_AddNumberToObject(c, "index", 0);
+        const char *dash = strchr(p->id, '-');
+        char id[80];
+        snprintf(id, sizeof id, "call_%s", dash ? dash + 1 : p->id);
+        cJSON_AddStringToObject(c, "id", id);
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON *fn = cJSON_AddObjectToObject(c, "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        cJSON_AddStringToObject(fn, "arguments", a);
+        cJSON_AddItemToArray(out, c);
+    }
+    cJSON_free(a);
+    cJSON_Delete(call);
+    return out;
 }
 
 /* The whole answer of a finished non-streaming request. */
@@ -787,10 +1152,18 @@ cJSON *openai_result_json(const openai_limits *lim, coord_request *req, time_t c
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     cJSON_AddNumberToObject(choice, "index", 0);
+    const char *finish = o.finish_reason[0] ? o.finish_reason : "stop";
     if (chat) {
         cJSON *msg = cJSON_AddObjectToObject(choice, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
-        openai_json_add_text(msg, "content", text, len);
+        cJSON *calls = oa_tool_mode(p) ? oa_tool_calls(p, text, len, false) : NULL;
+        if (calls) {
+            cJSON_AddNullToObject(msg, "content");
+            cJSON_AddItemToObject(msg, "tool_calls", calls);
+            finish = "tool_calls";
+        } else {
+            openai_json_add_text(msg, "content", text, len);
+        }
     } else {
         openai_json_add_text(choice, "text", text, len);
     }
@@ -799,9 +1172,37 @@ cJSON *openai_result_json(const openai_limits *lim, coord_request *req, time_t c
     else
         cJSON_AddNullToObject(choice, "logprobs");
     free(text);
-    cJSON_AddStringToObject(choice, "finish_reason", o.finish_reason[0] ? o.finish_reason : "stop");
+    cJSON_AddStringToObject(choice, "finish_reason", finish);
     oa_add_usage(root, &o);
     cJSON_AddItemToObject(root, "orochi", oa_orochi_json(req, &o));
+    return root;
+}
+
+cJSON *openai_result_json_n(const openai_limits *lim, coord_request *const *reqs, int n,
+                            time_t created)
+{
+    cJSON *root = openai_result_json(lim, reqs[0], created);
+    cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+    cJSON *usage = cJSON_GetObjectItemCaseSensitive(root, "usage");
+    for (int k = 1; k < n; k++) {
+        cJSON *other = openai_result_json(lim, reqs[k], created);
+        cJSON *c = cJSON_DetachItemFromArray(cJSON_GetObjectItemCaseSensitive(other, "choices"), 0);
+        cJSON_ReplaceItemInObjectCaseSensitive(c, "index", cJSON_CreateNumber(k));
+        /* the choice's own ids and statistics (the answer's "orochi" object is choice 0's) */
+        cJSON_AddItemToObject(c, "orochi",
+                              cJSON_DetachItemFromObjectCaseSensitive(other, "orochi"));
+        cJSON_AddItemToArray(choices, c);
+        /* the prompt counted once (its K/V is shared), every choice's tokens */
+        const cJSON *ou = cJSON_GetObjectItemCaseSensitive(other, "usage");
+        static const char *const sum[] = {"completion_tokens", "total_tokens"};
+        for (int i = 0; i < 2; i++) {
+            cJSON *a = cJSON_GetObjectItemCaseSensitive(usage, sum[i]);
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(ou, "completion_tokens");
+            if (cJSON_IsNumber(a) && cJSON_IsNumber(b))
+                cJSON_SetNumberValue(a, a->valuedouble + b->valuedouble);
+        }
+        cJSON_Delete(other);
+    }
     return root;
 }
 
@@ -810,13 +1211,13 @@ cJSON *openai_result_json(const openai_limits *lim, coord_request *req, time_t c
 /* One chunk: a text piece, or (finish_reason set) the final chunk with usage and the orochi
  * object. logprobs (taken) is the chunk's logprobs object; NULL: null. */
 cJSON *openai_chunk_json(openai_stream *st, const char *text, const char *finish_reason,
-                              cJSON *logprobs)
+                         cJSON *logprobs)
 {
-    cJSON *root = oa_envelope(
-        st->lim, st->req, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+    cJSON *root = oa_envelope(st->lim, st->req,
+                              st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", st->index);
     if (st->chat) {
         cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
         if (!st->role_sent) {
@@ -852,8 +1253,8 @@ cJSON *openai_chunk_json(openai_stream *st, const char *text, const char *finish
 /* stream_options.include_usage: the chunk after the last, with no choices and the usage. */
 static cJSON *oa_usage_chunk_json(openai_stream *st)
 {
-    cJSON *root = oa_envelope(
-        st->lim, st->req, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+    cJSON *root = oa_envelope(st->lim, st->req,
+                              st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON_AddArrayToObject(root, "choices");
     coord_outcome o;
     coord_request_outcome(st->req, &o);
@@ -910,6 +1311,17 @@ void openai_stream_text(openai_stream *st, const char *text, size_t len, bool fl
         st->out.oom = true;
         return;
     }
+    /* an answer that is (or may still become) a tool call is held whole: it goes out as
+     * tool_calls at the end; an auto answer that begins otherwise is content from then on */
+    int tm = st->chat && !st->tools_decided ? oa_tool_mode(coord_request_params(st->req)) : 0;
+    if (tm) {
+        size_t i = 0;
+        while (i < st->hold.len && strchr(" \t\r\n", st->hold.p[i]))
+            i++;
+        if (tm == 2 || i == st->hold.len || st->hold.p[i] == '{')
+            return;
+        st->tools_decided = true;
+    }
     size_t n =
         flush ? st->hold.len : utf8_complete((const unsigned char *)st->hold.p, st->hold.len);
     if (!n)
@@ -933,22 +1345,42 @@ void openai_stream_text(openai_stream *st, const char *text, size_t len, bool fl
 
 void openai_stream_finish(openai_stream *st)
 {
-    openai_stream_text(st, NULL, 0, true);
     coord_outcome o;
     coord_request_outcome(st->req, &o);
-    if (o.state == COORD_REQ_FAILED) {
-        int status;
-        openai_stream_event(st, openai_engine_error_json(st->chat, o.http_status, o.message, &status));
-    } else {
-        cJSON *lps = coord_request_params(st->req)->logprobs
-                         ? oa_stream_logprobs(st, NULL, 0, true)
-                         : NULL;
-        openai_stream_event(
-            st, openai_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop", lps));
+    const coord_params *p = coord_request_params(st->req);
+    cJSON *calls = st->chat && !st->tools_decided && oa_tool_mode(p) && o.state != COORD_REQ_FAILED
+                       ? oa_tool_calls(p, st->hold.p, st->hold.len, true)
+                       : NULL;
+    if (calls) { /* the held answer is a call: one delta carries it whole */
+        cJSON *chunk = openai_chunk_json(st, NULL, NULL, NULL);
+        cJSON *delta = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chunk, "choices"), 0), "delta");
+        cJSON_AddItemToObject(delta, "tool_calls", calls);
+        openai_stream_event(st, chunk);
+        openai_stream_event(st, openai_chunk_json(st, NULL, "tool_calls", NULL));
+        if (st->more_follow)
+            return;
         if (st->usage_chunk)
             openai_stream_event(st, oa_usage_chunk_json(st));
+        strbuf_add(&st->out, "data: [DONE]\n\n", 15);
+        return;
     }
-    strbuf_add(&st->out, "data: [DONE]\n\n", 15);
+    st->tools_decided = true;
+    openai_stream_text(st, NULL, 0, true);
+    if (o.state == COORD_REQ_FAILED) {
+        int status;
+        openai_stream_event(st,
+                            openai_engine_error_json(st->chat, o.http_status, o.message, &status));
+    } else {
+        cJSON *lps =
+            coord_request_params(st->req)->logprobs ? oa_stream_logprobs(st, NULL, 0, true) : NULL;
+        openai_stream_event(
+            st, openai_chunk_json(st, NULL, o.finish_reason[0] ? o.finish_reason : "stop", lps));
+        if (st->usage_chunk && !st->more_follow)
+            openai_stream_event(st, oa_usage_chunk_json(st));
+    }
+    if (!st->more_follow)
+        strbuf_add(&st->out, "data: [DONE]\n\n", 15);
 }
 
 void openai_stream_free(openai_stream *st)

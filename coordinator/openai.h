@@ -49,6 +49,10 @@ cJSON *openai_error_json(int status, const char *message, const char *param, con
 cJSON *openai_engine_error_json(bool chat, int status, const char *message, int *out_status);
 /* The whole answer of a finished request: choices, usage and the "orochi" object. */
 cJSON *openai_result_json(const openai_limits *lim, coord_request *req, time_t created);
+/* The answer of n requests for the same prompt (n > 1): their choices in order, the usage's
+ * completion tokens summed. */
+cJSON *openai_result_json_n(const openai_limits *lim, coord_request *const *reqs, int n,
+                            time_t created);
 /* `key`: s[0..n) as a JSON string, invalid UTF-8 replaced. */
 void openai_json_add_text(cJSON *obj, const char *key, const char *s, size_t n);
 
@@ -59,11 +63,16 @@ typedef struct {
 
 /* The format state of one streamed answer. The transport sets lim, req, chat, usage_chunk and
  * created, feeds the engine's text, and sends `out` (SSE bytes, appended; `oom` sticks). */
+#define OPENAI_MAX_CHOICES 8 /* n: answers to one prompt */
+
 typedef struct {
     const openai_limits *lim;
     coord_request *req;
     bool chat, role_sent;
-    bool usage_chunk; /* stream_options.include_usage: usage in a chunk of its own at the end */
+    int index;        /* the choice's index (n > 1: each choice is a stream of its own, in turn) */
+    bool more_follow; /* another choice's stream follows: no usage chunk and no [DONE] yet */
+    bool tools_decided; /* the answer is content, not a tool call (or it cannot be one) */
+    bool usage_chunk;   /* stream_options.include_usage: usage in a chunk of its own at the end */
     time_t created;
     strbuf out;  /* SSE bytes written so far */
     strbuf hold; /* text whose last UTF-8 character is incomplete */

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "coordinator/request.h"
 #include "base/buf.h"
+#include "model/grammar.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -58,6 +59,7 @@ struct coord_request {
 };
 
 static void request_free(coord_request *req);
+static int request_set_string(char **slot, const char *s);
 static int request_fail_locked(coord_request *req, int http_status, const char *message);
 
 coord_request *coord_request_new(coord_request_kind kind)
@@ -103,6 +105,36 @@ void coord_request_unref(coord_request **req)
         request_free(r);
 }
 
+coord_request *coord_request_clone(coord_request *src, int index)
+{
+    const coord_params *a = &src->params;
+    coord_request *req = coord_request_new(a->kind);
+    if (!req)
+        return NULL;
+    coord_params *b = &req->params;
+    *b = *a; /* the numbers; every owned string is copied below */
+    b->prompt = b->model = b->options_json = b->chat_vars = b->grammar_text = NULL;
+    b->grammar = NULL;
+    b->messages = NULL;
+    b->n_messages = b->n_stop = 0;
+    b->seed = a->seed + index;
+    bool ok = !request_set_string(&b->prompt, a->prompt) &&
+              !request_set_string(&b->model, a->model) &&
+              !request_set_string(&b->options_json, a->options_json) &&
+              !request_set_string(&b->chat_vars, a->chat_vars);
+    for (int i = 0; ok && i < a->n_messages; i++)
+        ok = !coord_request_add_message(req, a->messages[i].role, a->messages[i].content);
+    for (int i = 0; ok && i < a->n_stop; i++)
+        ok = !coord_request_add_stop(req, a->stop[i]);
+    char err[256];
+    if (ok && a->grammar_text)
+        ok = !coord_request_set_grammar(req, a->grammar_text, strlen(a->grammar_text),
+                                        a->constraint, err, sizeof err);
+    if (!ok)
+        coord_request_unref(&req);
+    return req;
+}
+
 /* ---- input ----------------------------------------------------------------------------------- */
 
 coord_params *coord_request_params(coord_request *req)
@@ -144,6 +176,36 @@ int coord_request_add_stop(coord_request *req, const char *stop)
     if (!(p->stop[p->n_stop] = strdup(stop)))
         return -1;
     p->n_stop++;
+    return 0;
+}
+
+int coord_request_set_grammar(coord_request *req, const char *text, size_t len,
+                              coord_constraint what, char *err, size_t errlen)
+{
+    coord_params *p = &req->params;
+    grammar *g = grammar_parse(text, len, err, errlen);
+    if (!g)
+        return strcmp(err, "out of memory") ? 1 : -1;
+    char *copy = strndup(text, len);
+    if (!copy) {
+        grammar_free(&g);
+        return -1;
+    }
+    grammar_free(&p->grammar);
+    free(p->grammar_text);
+    p->grammar = g;
+    p->grammar_text = copy;
+    p->constraint = what;
+    return 0;
+}
+
+int coord_request_set_chat_vars(coord_request *req, const char *json)
+{
+    char *copy = strdup(json);
+    if (!copy)
+        return -1;
+    free(req->params.chat_vars);
+    req->params.chat_vars = copy;
     return 0;
 }
 
@@ -481,6 +543,9 @@ static void request_free(coord_request *req)
         free(p->stop[i]);
     free(p->model);
     free(p->options_json);
+    grammar_free(&p->grammar);
+    free(p->grammar_text);
+    free(p->chat_vars);
     free(req->ids);
     free(req->text);
     free(req->lp);

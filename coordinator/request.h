@@ -45,6 +45,15 @@ typedef struct {
     char *content; /* the message text (content parts already joined) */
 } coord_message;
 
+/* What a request's grammar stands for. */
+typedef enum {
+    COORD_CONSTRAIN_NONE,    /* no grammar */
+    COORD_CONSTRAIN_GRAMMAR, /* the client's own grammar (the "grammar" field) */
+    COORD_CONSTRAIN_JSON,    /* response_format json_object / json_schema */
+    COORD_CONSTRAIN_TOOL, /* a tool call: {"name": ..., "arguments": {...}}, answered as tool_calls
+                           */
+} coord_constraint;
+
 /* The job's input, as parsed from the HTTP body. Numeric fields are set directly by the creator;
  * string fields are owned by the request and set through the coord_request_set_ / add_ functions.
  */
@@ -65,10 +74,10 @@ typedef struct {
     bool echo;                  /* HTTP side only: answer the prompt before the completion */
     char *stop[COORD_MAX_STOP]; /* stop sequences; the engine ends generation at the first match */
     int n_stop;
-    bool logprobs;      /* report each generated token's logprob (completions: logprobs >= 0; chat:
-                         * logprobs true) */
-    int top_logprobs;   /* with logprobs: the most likely alternatives reported per token,
-                         * 0..COORD_MAX_TOP_LOGPROBS (completions: the logprobs count) */
+    bool logprobs;    /* report each generated token's logprob (completions: logprobs >= 0; chat:
+                       * logprobs true) */
+    int top_logprobs; /* with logprobs: the most likely alternatives reported per token,
+                       * 0..COORD_MAX_TOP_LOGPROBS (completions: the logprobs count) */
     /* logit_bias (added to the token's logit, -100..100) and the repetition penalties (-2..2:
      * a token's logit less count * frequency_penalty, less presence_penalty once it occurred,
      * counting the generated tokens): every row a token is chosen from is shaped so, drafts and
@@ -77,7 +86,20 @@ typedef struct {
     int32_t bias_id[COORD_MAX_BIAS];
     float bias[COORD_MAX_BIAS];
     double frequency_penalty, presence_penalty;
-    char *model;        /* the model the client named, or NULL */
+    /* structured output: every answer is a sentence of this grammar (model/grammar.h), compiled
+     * from response_format, a tool choice or the "grammar" extension field; NULL: free text.
+     * Every row a token is chosen from is masked by it, drafts and verification alike
+     * (coord_slots.c, engine_slot_constrain), and the tokens it forces are drafted. */
+    struct grammar *grammar;
+    char *grammar_text;          /* its text (a clone compiles its own copy) */
+    coord_constraint constraint; /* what the grammar is for (how the answer is reported) */
+    bool tools_auto; /* tools offered, tool_choice auto: an answer that is a call of one of them is
+                      * reported as tool_calls, any other as content */
+    char *chat_vars; /* CHAT with tools or tool turns: the template's variables as JSON (messages,
+                      * tools), rendered by tokenizer_chat_render_vars; NULL: roles/contents */
+    int n_choices;   /* n: answers to the same prompt (the HTTP side runs one request each,
+                      * coord_request_clone; the engine sees each alone) */
+    char *model;     /* the model the client named, or NULL */
     char *options_json; /* the raw JSON text of the body's "orochi" object, or NULL */
 } coord_params;
 
@@ -89,7 +111,7 @@ typedef struct {
     int steps;                               /* verification steps (forward passes) */
     double mean_accepted;                    /* tokens accepted per step */
     char draft_kinds[COORD_DRAFT_KINDS_LEN]; /* comma separated, e.g. "ngram,model"; "" if none */
-    double queued_ms; /* from arrival to admission into a sequence slot */
+    double queued_ms;                        /* from arrival to admission into a sequence slot */
     double prompt_ms; /* from admission to the first generated token (tokenize, prefill, sample) */
     double decode_ms; /* from the first generated token to the last */
 } coord_stats;
@@ -132,6 +154,10 @@ typedef struct coord_request coord_request;
  * memory. */
 coord_request *coord_request_new(coord_request_kind kind);
 coord_request *coord_request_ref(coord_request *req);
+/* A new request with src's parameters (deep copies; its own grammar compiled from the text) and
+ * none of its output: choice `index` of an n > 1 request. A seeded request's clone draws with seed
+ * + index, so the choices differ. NULL when out of memory. */
+coord_request *coord_request_clone(coord_request *src, int index);
 /* Drops the caller's reference and sets *req to NULL; frees on the last one. NULL-safe. */
 void coord_request_unref(coord_request **req);
 
@@ -146,6 +172,12 @@ int coord_request_add_message(coord_request *req, const char *role, const char *
 int coord_request_add_stop(coord_request *req, const char *stop);
 int coord_request_set_model(coord_request *req, const char *model);
 int coord_request_set_options(coord_request *req, const char *json);
+/* Compiles and keeps the grammar text (replacing any earlier one). 0; 1 with the grammar's error
+ * in err; -1 when out of memory. */
+int coord_request_set_grammar(coord_request *req, const char *text, size_t len,
+                              coord_constraint what, char *err, size_t errlen);
+/* Keeps the template variables (a JSON object's text). 0, or -1 when out of memory. */
+int coord_request_set_chat_vars(coord_request *req, const char *json);
 
 /* --- output (engine thread) ------------------------------------------------------------------ */
 

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libcjson-dev libxxhash-dev
   libcmocka-dev clang libclang-rt-14-dev
-  python3 python3-numpy python3-regex python3-matplotlib python3-pip python3-jinja2 unzip
+  python3 python3-numpy python3-regex python3-matplotlib python3-pip python3-jinja2 python3-jsonschema unzip
   libopenblas0-pthread haproxy iproute2
 )
 # libopenblas0-pthread: numpy's matrix products through OpenBLAS instead of the reference BLAS,
@@ -52,6 +52,17 @@ if [ ${#cross_missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${cross_missing[@]}" ||
     { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends "${cross_missing[@]}"; } ||
     echo "install-deps: could not install the Arm cross tools (cross_neon_attention will skip)"
+fi
+
+# Headless Chromium for the page's browser test (integration_page: the chat and the dashboard the
+# coordinator serves at /). Not fatal: without it that test skips and says why. About 350 MB with
+# its libraries (no recommends).
+if [ -n "$(not_installed chromium)" ]; then
+  echo "install-deps: installing chromium (the page's browser test)"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q --no-install-recommends chromium ||
+    { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends chromium; } ||
+    echo "install-deps: could not install chromium (integration_page will skip)"
 fi
 
 # CUDA is not installed from here (it is not in Debian's main archive); the build uses it when it

@@ -5,6 +5,7 @@
  * template gets the built-in ChatML or Llama 2 [INST] rendering; and the JSON-variables form
  * (tools, tool calls, enable_thinking) for templates that take more than messages.
  */
+#define _GNU_SOURCE /* memmem */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,6 @@
 #include "base/buf.h"
 #include "model/jinja.h"
 #include "model/tokenizer_internal.h"
-
 
 char *tokenizer_chat_prompt(const tokenizer *tok, const char *user_message)
 {
@@ -73,8 +73,9 @@ char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t 
                                  size_t errlen)
 {
     if (!tok->chat_template) {
-        snprintf(err, errlen, "the model file has no chat template (tokenizer.chat_template): "
-                              "give one with --chat-template FILE");
+        snprintf(err, errlen,
+                 "the model file has no chat template (tokenizer.chat_template): "
+                 "give one with --chat-template FILE");
         return NULL;
     }
     char *bos = tok_text_dup(tok, tok->bos), *eos = tok_text_dup(tok, tok->eos);
@@ -87,6 +88,12 @@ char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t 
     free(bos);
     free(eos);
     return out;
+}
+
+bool tokenizer_chat_mentions(const tokenizer *tok, const char *name)
+{
+    return tok->chat_template &&
+           memmem(tok->chat_template, tok->chat_template_len, name, strlen(name)) != NULL;
 }
 
 int tokenizer_chat_template_file(tokenizer *tok, const char *path, char *err, size_t errlen)

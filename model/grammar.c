@@ -149,6 +149,16 @@ static int gr_fail(gr_parser *ps, const char *at, const char *fmt, const char *w
     return -1;
 }
 
+/* A byte of the grammar text as an error shows it: itself when printable ASCII, else \xHH. */
+static void gr_show(char c, char out[8])
+{
+    unsigned char u = (unsigned char)c;
+    if (u >= 0x20 && u < 0x7f)
+        snprintf(out, 8, "%c", c);
+    else
+        snprintf(out, 8, "\\x%02x", u);
+}
+
 static int gr_oom(gr_parser *ps)
 {
     if (!ps->failed)
@@ -234,7 +244,8 @@ static int gr_emit_alt(gr_parser *ps, const gr_elem *el, int n)
     if (gr_grow((void **)&g->el, &g->cap_el, g->n_el + n + 1, sizeof *g->el))
         return gr_oom(ps);
     int start = g->n_el;
-    memcpy(g->el + g->n_el, el, (size_t)n * sizeof *el);
+    if (n) /* (an empty alternative may come with no array at all) */
+        memcpy(g->el + g->n_el, el, (size_t)n * sizeof *el);
     g->n_el += n;
     g->el[g->n_el++] = (gr_elem){GE_END, 0};
     return start;
@@ -275,7 +286,8 @@ static int gr_add_class(gr_parser *ps, const gr_range *rg, int n, bool neg)
     if (gr_grow((void **)&g->ranges, &g->cap_ranges, g->n_ranges + n, sizeof *g->ranges) ||
         gr_grow((void **)&g->cls, &g->cap_cls, g->n_cls + 1, sizeof *g->cls))
         return gr_oom(ps);
-    memcpy(g->ranges + g->n_ranges, rg, (size_t)n * sizeof *rg);
+    if (n) /* [] matches nothing, [^] anything: no ranges */
+        memcpy(g->ranges + g->n_ranges, rg, (size_t)n * sizeof *rg);
     g->cls[g->n_cls] = (gr_class){g->n_ranges, n, neg};
     g->n_ranges += n;
     return g->n_cls++;
@@ -359,7 +371,8 @@ static long gr_char(gr_parser *ps)
     case '-':
     case '^': return e;
     default: {
-        char what[8] = {e, 0};
+        char what[8];
+        gr_show(e, what);
         return gr_fail(ps, ps->p - 2, "unknown escape \\%s", what);
     }
     }
@@ -405,6 +418,8 @@ static int gr_repeat(gr_parser *ps, gr_seq *q, int from, long min, long max)
 {
     int n_item = q->n - from;
     gr_elem item[1];
+    if (n_item == 0) /* "" or (an empty group inlined) */
+        return gr_fail(ps, ps->p, "an empty item cannot be repeated%s", NULL);
     if (n_item == 1) {
         item[0] = q->el[from];
     } else { /* several elements: a rule of its own */
@@ -528,7 +543,8 @@ static int gr_sequence(gr_parser *ps, gr_seq *q, bool in_group)
             if (r < 0 || gr_seq_push(ps, q, GE_RULE, r))
                 return -1;
         } else {
-            char what[2] = {c, 0};
+            char what[8];
+            gr_show(c, what);
             return gr_fail(ps, ps->p, "unexpected '%s'", what);
         }
         /* postfix operators on the item just read */
@@ -762,7 +778,8 @@ static void gr_state_clear(grammar_state *s)
 
 static bool gr_same(const grammar_state *s, int i, const int32_t *st, int len)
 {
-    return s->st[i].len == len && !memcmp(s->pool + s->st[i].off, st, (size_t)len * sizeof *st);
+    return s->st[i].len == len &&
+           (!len || !memcmp(s->pool + s->st[i].off, st, (size_t)len * sizeof *st));
 }
 
 /* The top element of stack i (which is not empty). */
@@ -780,7 +797,8 @@ static int gr_add_stack(grammar_state *s, const int32_t *st, int len)
     if (s->n >= GR_MAX_STACKS || gr_grow((void **)&s->st, &s->cap, s->n + 1, sizeof *s->st) ||
         gr_grow((void **)&s->pool, &s->cap_pool, s->n_pool + len, sizeof *s->pool))
         return -1;
-    memcpy(s->pool + s->n_pool, st, (size_t)len * sizeof *st);
+    if (len) /* (an empty stack may come before the pool has memory) */
+        memcpy(s->pool + s->n_pool, st, (size_t)len * sizeof *st);
     s->st[s->n++] = (gr_span){s->n_pool, len};
     s->n_pool += len;
     return 0;
@@ -883,8 +901,10 @@ int grammar_copy(grammar_state *dst, const grammar_state *src)
         gr_grow((void **)&dst->st, &dst->cap, src->n, sizeof *dst->st))
         return -1;
     dst->g = src->g;
-    memcpy(dst->pool, src->pool, (size_t)src->n_pool * sizeof *src->pool);
-    memcpy(dst->st, src->st, (size_t)src->n * sizeof *src->st);
+    if (src->n_pool)
+        memcpy(dst->pool, src->pool, (size_t)src->n_pool * sizeof *src->pool);
+    if (src->n)
+        memcpy(dst->st, src->st, (size_t)src->n * sizeof *src->st);
     dst->n = src->n;
     dst->n_pool = src->n_pool;
     dst->pend = src->pend;
@@ -1039,8 +1059,8 @@ size_t grammar_forced(const grammar_state *s, char *out, size_t cap)
         long cp = -1; /* the one character every stack's top allows, if there is one */
         for (int i = 0; i < a.n && cp != -2; i++) {
             const gr_class *k = &g->cls[g->el[gr_top(&a, i)].arg];
-            const gr_range *r = &g->ranges[k->first];
-            bool one = !k->neg && k->n == 1 && r->lo == r->hi;
+            const gr_range *r = k->n ? &g->ranges[k->first] : NULL;
+            bool one = r && !k->neg && k->n == 1 && r->lo == r->hi;
             cp = one && (cp < 0 || cp == (long)r->lo) ? (long)r->lo : -2;
         }
         if (cp < 0)
@@ -1243,7 +1263,8 @@ static int gr_key(grammar_matcher *m, const grammar_state *s)
     int k = 0;
     for (int i = 0; i < s->n; i++) {
         m->keybuf[k++] = s->st[i].len;
-        memcpy(m->keybuf + k, s->pool + s->st[i].off, (size_t)s->st[i].len * sizeof *m->keybuf);
+        if (s->st[i].len)
+            memcpy(m->keybuf + k, s->pool + s->st[i].off, (size_t)s->st[i].len * sizeof *m->keybuf);
         k += s->st[i].len;
     }
     m->keybuf[k++] = (int32_t)s->pend;

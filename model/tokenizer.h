@@ -30,7 +30,7 @@ int32_t tokenizer_eos(const tokenizer *tok);
 #define TOKENIZER_MAX_EOG 8
 int tokenizer_eog(const tokenizer *tok, const int32_t **ids);
 bool tokenizer_is_eog(const tokenizer *tok, int32_t id);
-bool tokenizer_add_bos(const tokenizer *tok); /* tokenizer.ggml.add_bos_token */
+bool tokenizer_add_bos(const tokenizer *tok);                /* tokenizer.ggml.add_bos_token */
 bool tokenizer_is_special(const tokenizer *tok, int32_t id); /* control tokens */
 
 /* Encode text (len bytes) into ids; returns the number of ids written (at most cap) or -1 if cap
@@ -69,6 +69,9 @@ char *tokenizer_chat_render_err(const tokenizer *tok, int n, const char *const *
  * template: a vocabulary without one fails, naming --chat-template. NULL with the reason in err. */
 char *tokenizer_chat_render_vars(const tokenizer *tok, const char *vars, size_t len, char *err,
                                  size_t errlen);
+/* Whether the chat template (the file's or the override) mentions name, e.g. "tools": a template
+ * that never reads a variable cannot render it. False without a template. */
+bool tokenizer_chat_mentions(const tokenizer *tok, const char *name);
 /* tokenizer_chat_render_err, the reason on stderr. */
 char *tokenizer_chat_render(const tokenizer *tok, int n, const char *const *roles,
                             const char *const *contents);

@@ -15,7 +15,7 @@
 # for longer than S reports a false timeout: raise it for such runs.
 set -euo pipefail
 
-all_targets=(gguf http_body tokenizer chat_template proto arena)
+all_targets=(gguf http_body tokenizer chat_template proto arena grammar)
 mode=time
 amount=60
 if [ "${1:-}" = "--runs" ]; then
@@ -81,6 +81,7 @@ for t in "${targets[@]}"; do
     fi
     case "$t" in
         http_body) opts+=(-dict="$root/tests/fuzz/http_body.dict") ;;
+        grammar) opts+=(-dict="$root/tests/fuzz/grammar.dict") ;;
         tokenizer | chat_template) opts+=(-dict="$root/tests/fuzz/tokenizer.dict") ;;
         proto) opts+=(-close_fd_mask=2) ;; # the coordinator logs a line per message
     esac

@@ -239,7 +239,8 @@ def test_http_group_openai_shapes():
         expect(post(chat, {"messages": hi, "logprobs": True, "top_logprobs": 21}), 400, ["0 to 20"],
                "top_logprobs 21", "top_logprobs")
         # what the server cannot do is refused by name
-        expect(post("/v1/completions", {"prompt": "hi", "n": 2}), 400, ["n must be 1"], "n 2", "n")
+        expect(post("/v1/completions", {"prompt": "hi", "n": 9}), 400, ["n must be an integer from 1 to 8"],
+               "n 9", "n")
         # the developer role is the system role
         conv = lambda role: {"messages": [{"role": role, "content": "Answer in one word."},  # noqa: E731
                                           {"role": "user", "content": "What colour is the sky?"}],

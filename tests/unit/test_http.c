@@ -254,6 +254,17 @@ static int fake_health(void *ctx, char *msg, size_t len)
     return ok;
 }
 
+/* /status: a fixed object; none (503) while the engine is unhealthy */
+static char *fake_status(void *ctx)
+{
+    fake_engine *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    bool ok = f->healthy;
+    pthread_mutex_unlock(&f->mu);
+    return ok ? strdup("{\"object\":\"orochi.status\",\"processes\":[{\"name\":\"coordinator\"}]}")
+              : NULL;
+}
+
 static void fake_start(fake_engine *f)
 {
     memset(f, 0, sizeof *f);
@@ -295,8 +306,11 @@ static int fx_setup(void **state, http_config cfg)
 {
     fixture *fx = calloc(1, sizeof *fx);
     fake_start(&fx->eng);
-    http_engine e = {.ctx = &fx->eng, .submit = fake_submit, .metrics = fake_metrics,
-                     .health = fake_health};
+    http_engine e = {.ctx = &fx->eng,
+                     .submit = fake_submit,
+                     .metrics = fake_metrics,
+                     .health = fake_health,
+                     .status = fake_status};
     cfg.model_name = "test-model";
     cfg.quiet = true;
     char err[256];
@@ -999,7 +1013,7 @@ static void test_wrong_types(void **state)
         {"/v1/completions", "{\"prompt\":\"a\",\"stop\":[1]}", "stop must be", "stop"},
         {"/v1/completions", "{\"prompt\":\"a\",\"stop\":\"\"}", "stop must not be an empty string", "stop"},
         {"/v1/completions", "{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "at most 4", "stop"},
-        {"/v1/completions", "{\"prompt\":\"a\",\"n\":2}", "n must be 1", "n"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"n\":9}", "n must be an integer from 1 to 8", "n"},
         {"/v1/completions", "{\"prompt\":\"a\",\"model\":7}", "model must be a string", "model"},
         {"/v1/completions", "{\"prompt\":\"a\",\"orochi\":[1]}", "orochi must be an object", "orochi"},
         {"/v1/chat/completions", "{}", "missing required field 'messages'", "messages"},
@@ -1010,7 +1024,7 @@ static void test_wrong_types(void **state)
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\"}]}", "messages[1].content must be a string", "messages[1].content"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content must be a string", "messages[0].content"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "array of text parts", "messages[0].content"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "must be \"system\", \"developer\", \"user\" or \"assistant\"", "messages[0].role"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"", "messages[0].role"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":true}", "temperature must be a number", "temperature"},
         /* logprobs: OpenAI's types and ranges per route */
         {"/v1/completions", "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs must be an integer from 0 to 5", "logprobs"},
@@ -1144,6 +1158,54 @@ static void test_routes(void **state)
     hcli_response_free(&resp);
 }
 
+/* the page compiled into the server (coordinator/page/embed.cmake) */
+extern const unsigned char http_page_html[];
+extern const size_t http_page_html_len;
+
+static void test_page_and_status(void **state)
+{
+    fixture *fx = *state;
+    hcli_response resp;
+    /* the page: the embedded file, byte for byte, as HTML kept to its own origin */
+    assert_true(http_page_html_len > 1000);
+    assert_int_equal(http_call(fx, "GET", "/", NULL, NULL, &resp), 200);
+    assert_true(!strncmp(resp.content_type, "text/html", 9));
+    assert_int_equal(resp.body_len, http_page_html_len);
+    assert_memory_equal(resp.body, http_page_html, http_page_html_len);
+    assert_non_null(strstr(resp.body, "<title>orochi</title>"));
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "HEAD", "/", NULL, NULL, &resp), 200);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "POST", "/", "{}", NULL, &resp), 405);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/index.html", NULL, NULL, &resp), 404);
+    hcli_response_free(&resp);
+
+    /* the engine's status, as it gives it; none yet: 503 */
+    assert_int_equal(http_call(fx, "GET", "/status", NULL, NULL, &resp), 200);
+    assert_true(!strncmp(resp.content_type, "application/json", 16));
+    cJSON *js = cJSON_Parse(resp.body);
+    hcli_response_free(&resp);
+    assert_string_equal(jstr(js, "object"), "orochi.status");
+    assert_string_equal(jstr(js, "processes.0.name"), "coordinator");
+    cJSON_Delete(js);
+    assert_int_equal(http_call(fx, "POST", "/status", "{}", NULL, &resp), 405);
+    hcli_response_free(&resp);
+    pthread_mutex_lock(&fx->eng.mu);
+    fx->eng.healthy = false;
+    pthread_mutex_unlock(&fx->eng.mu);
+    assert_int_equal(http_call(fx, "GET", "/status", NULL, NULL, &resp), 503);
+    assert_non_null(strstr(resp.body, "no status"));
+    hcli_response_free(&resp);
+
+    /* both counted under their own route */
+    assert_int_equal(http_call(fx, "GET", "/metrics", NULL, NULL, &resp), 200);
+    assert_non_null(strstr(resp.body, "orochi_http_requests_total{route=\"/\",code=\"200\"} 2\n"));
+    assert_non_null(
+        strstr(resp.body, "orochi_http_requests_total{route=\"/status\",code=\"503\"} 1\n"));
+    hcli_response_free(&resp);
+}
+
 static void test_body_too_large(void **state)
 {
     fixture *fx = *state; /* max_body_bytes = 4096 */
@@ -1213,8 +1275,15 @@ static void test_api_key(void **state)
     cJSON_Delete(js);
     assert_int_equal(http_call(fx, "GET", "/v1/models", NULL, "sekrit", &resp), 200);
     hcli_response_free(&resp);
-    /* health needs no key */
+    /* health needs no key, nor the page (a browser cannot send one when it opens a URL); the
+     * status does */
     assert_int_equal(http_call(fx, "GET", "/health", NULL, NULL, &resp), 200);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/", NULL, NULL, &resp), 200);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/status", NULL, NULL, &resp), 401);
+    hcli_response_free(&resp);
+    assert_int_equal(http_call(fx, "GET", "/status", NULL, "sekrit", &resp), 200);
     hcli_response_free(&resp);
 }
 
@@ -2130,6 +2199,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_prompt_too_long, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_engine_failures, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_routes, setup_default, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_page_and_status, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_body_too_large, setup_small_body, fx_teardown),
         cmocka_unit_test_setup_teardown(test_api_key, setup_auth, fx_teardown),
         cmocka_unit_test_setup_teardown(test_metrics, setup_default, fx_teardown),
