@@ -222,7 +222,18 @@ def official_client():
         G.check(call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls",
                 "client tool call %r", r)
         validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"], "client arguments")
-        G.log("  official client: json_schema parses and validates; get_weather(%s)" % call.function.arguments)
+        # n: 2 gives two choices; logit_bias -100 on the greedy first token changes it
+        model_id = cl.models.list().data[0].id
+        msgs = [{"role": "user", "content": "Name a color."}]
+        r = cl.chat.completions.create(model=model_id, messages=msgs, n=2, temperature=1.0, seed=3, max_tokens=8)
+        G.check(len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1], "client n=2: %r", r)
+        c = cl.completions.create(model=model_id, prompt="The capital of France is", max_tokens=3, temperature=0)
+        first = c.model_extra["orochi"]["token_ids"][0]
+        b = cl.completions.create(model=model_id, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                  logit_bias={str(first): -100})
+        G.check(b.model_extra["orochi"]["token_ids"][0] != first, "client logit_bias -100 kept token %d", first)
+        G.log("  official client: json_schema parses and validates; get_weather(%s); n=2 gives 2 choices; "
+              "logit_bias -100 moves the first token" % call.function.arguments)
 
 
 @t.case
