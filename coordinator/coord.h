@@ -185,6 +185,16 @@ typedef struct {
     double sum;
 } coord_latency;
 
+/* One verification cycle as the page's timeline draws it (GET /status, "recent_steps"). */
+#define COORD_RECENT_STEPS 256
+typedef struct {
+    uint64_t seq;     /* 1, 2, ...: the cycle's number */
+    uint32_t t_ms;    /* when it ended, since the group started */
+    uint16_t requests, rows, tokens; /* the requests it served, its rows, the tokens they got */
+    uint16_t steps;   /* forward passes: 1 for a verification cycle, those a free run's take saw */
+    float ms;         /* the whole cycle: drafts, the step(s), verification */
+} coord_step_rec;
+
 /* What /metrics and `status` report; HTTP threads read it under `lock`. */
 typedef struct {
     pthread_mutex_t lock;
@@ -209,6 +219,8 @@ typedef struct {
     coord_latency itl;    /* between a request's tokens (coord_latency_observe_gap) */
     struct cJSON *status; /* the group for GET /status, rebuilt by the main loop (coord_status.c) */
     uint64_t status_us;   /* when it was built (main loop only) */
+    coord_step_rec recent[COORD_RECENT_STEPS]; /* the latest cycles, a ring: n_recent % size */
+    uint64_t n_recent;
 } coord_metrics;
 
 struct coord {
@@ -305,6 +317,9 @@ void coord_latency_observe(coord_latency *h, double seconds, uint64_t times);
 /* copy the controllers' state (length, its changes, width, guard) into c->met for /metrics: the
  * engine calls it after every tick, so /metrics is never behind a finished request */
 void coord_metrics_controllers(coord *c);
+/* Records a verification cycle (steps 1) or a free run's take (its steps) in met.recent, the
+ * timeline of GET /status; met.lock held. */
+void coord_metrics_cycle_locked(coord *c, int requests, int rows, int tokens, int steps, double ms);
 
 /* coord_status.c: the group as JSON (GET /status, the page's dashboard) */
 /* rebuild the picture of the processes and the controllers, twice a second (the main loop) */

@@ -291,6 +291,9 @@ static void engine_step_all(coord *c)
      * the batch than about speculation): the whole cycle, drafting and waiting included */
     uint64_t t_verified = rt_now_us();
     double cycle = (t_verified - t_cycle) / 1e6;
+    pthread_mutex_lock(&c->met.lock); /* the timeline's record of the cycle */
+    coord_metrics_cycle_locked(c, n_act, n, yielded, 1, cycle * 1e3);
+    pthread_mutex_unlock(&c->met.lock);
     coord_trace_span(c, (int)getpid(), "coordinator", COORD_TRACE_ENGINE, "verify", t_step_done,
                      t_verified, "\"accepted\":%d", yielded - n_act);
     if (c->opt.trace)

@@ -178,6 +178,7 @@ static bool engine_run_take(coord *c, engine_run *r, int ready)
         c->met.batch_hist[r->n] += (uint64_t)(ready - r->taken); /* n <= RT_MAX_SEQ */
         c->met.steps += (uint64_t)(ready - r->taken);
         c->met.free_tokens += (uint64_t)took;
+        coord_metrics_cycle_locked(c, r->n, r->n, took, ready - r->taken, 0);
         pthread_mutex_unlock(&c->met.lock);
     }
     r->taken = ready;

@@ -26,6 +26,18 @@ void coord_latency_observe(coord_latency *h, double seconds, uint64_t times)
     h->sum += seconds * (double)times;
 }
 
+void coord_metrics_cycle_locked(coord *c, int requests, int rows, int tokens, int steps, double ms)
+{
+    coord_step_rec *r = &c->met.recent[c->met.n_recent % COORD_RECENT_STEPS];
+    *r = (coord_step_rec){.seq = ++c->met.n_recent,
+                          .t_ms = (uint32_t)((rt_now_us() - c->grp.started_us) / 1000),
+                          .requests = (uint16_t)requests,
+                          .rows = (uint16_t)rows,
+                          .tokens = (uint16_t)(tokens < 65535 ? tokens : 65535),
+                          .steps = (uint16_t)(steps < 65535 ? steps : 65535),
+                          .ms = (float)ms};
+}
+
 void coord_metrics_controllers(coord *c)
 {
     pthread_mutex_lock(&c->met.lock);
@@ -135,8 +147,8 @@ char *coord_engine_metrics(void *ctx)
       "# TYPE orochi_guard_on gauge\norochi_guard_on %d\n"
       "# TYPE orochi_guard_switches_off_total counter\n"
       "orochi_guard_switches_off_total %llu\n",
-      c->met.spec_len, (unsigned long long)c->met.len_changes, c->met.width, c->met.guard_on ? 1 : 0,
-      (unsigned long long)c->met.guard_switches_off);
+      c->met.spec_len, (unsigned long long)c->met.len_changes, c->met.width,
+      c->met.guard_on ? 1 : 0, (unsigned long long)c->met.guard_switches_off);
     M("%s", c->met.spec_text);
     M("%s", c->met.mem_text);
     pthread_mutex_unlock(&c->met.lock);

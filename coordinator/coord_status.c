@@ -225,6 +225,16 @@ char *coord_engine_status(void *ctx)
         cJSON_AddNumberToObject(k, "prompt_tokens", (double)c->met.prompt_tokens);
         cJSON_AddNumberToObject(k, "free_run_tokens", (double)c->met.free_tokens);
         cJSON_AddNumberToObject(k, "restarts", (double)c->met.restarts);
+        /* the latest cycles, oldest first: [seq, t_ms, requests, rows, tokens, ms, steps] */
+        cJSON *rs = cJSON_AddArrayToObject(root, "recent_steps");
+        uint64_t n = c->met.n_recent, from = n > COORD_RECENT_STEPS ? n - COORD_RECENT_STEPS : 0;
+        for (uint64_t i = from; i < n; i++) {
+            const coord_step_rec *r = &c->met.recent[i % COORD_RECENT_STEPS];
+            const double v[] = {(double)r->seq, r->t_ms,   r->requests,
+                                r->rows,        r->tokens, (double)(int)(r->ms * 100 + 0.5) / 100,
+                                r->steps};
+            cJSON_AddItemToArray(rs, cJSON_CreateDoubleArray(v, 7));
+        }
     }
     pthread_mutex_unlock(&c->met.lock);
     if (!root)

@@ -315,7 +315,13 @@ def test_page_chat_and_dashboard():
                 js["controllers"]["width"])
         G.check(b.eval("document.getElementById('f-len').textContent") ==
                 str(js["controllers"]["speculation_length"]), "the speculation length tile differs from /status")
-        G.check(b.eval("seen.samples.some(s => s.tps >= 1)"), "the timeline drew none of the chat's steps")
+        G.check(b.eval("seen.samples.some(s => s.tps >= 1)"), "the tiles saw none of the chat's steps")
+        # the step timeline: one bar per cycle /status lists, none twice
+        G.check(js["recent_steps"] and b.eval("seen.steps.length") > 0 and
+                b.eval("seen.steps.length") <= len(js["recent_steps"]) + 64 and
+                b.eval("seen.steps.every(s => s.tps >= 1 && s.requests >= 1)"),
+                "the step timeline: %r bars for %d listed cycles", b.eval("seen.steps.length"),
+                len(js["recent_steps"]))
 
         # the pictures, taken while another client's request runs, so that the dashboard moves:
         # a sampled one, verified step by step, so the speculator's acceptance is measured too
