@@ -1313,7 +1313,8 @@ void openai_stream_text(openai_stream *st, const char *text, size_t len, bool fl
     }
     /* an answer that is (or may still become) a tool call is held whole: it goes out as
      * tool_calls at the end; an auto answer that begins otherwise is content from then on */
-    int tm = st->chat && !st->tools_decided ? oa_tool_mode(coord_request_params(st->req)) : 0;
+    int tm = st->chat && !st->tools_decided && !flush ? oa_tool_mode(coord_request_params(st->req))
+                                                      : 0; /* a flush sends what is held */
     if (tm) {
         size_t i = 0;
         while (i < st->hold.len && strchr(" \t\r\n", st->hold.p[i]))

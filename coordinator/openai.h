@@ -90,7 +90,8 @@ cJSON *openai_chunk_json(openai_stream *st, const char *text, const char *finish
 /* Appends one SSE event carrying `js` (taken) to st->out. */
 void openai_stream_event(openai_stream *st, cJSON *js);
 /* Adds engine text; writes an event for whatever forms complete UTF-8 (everything when
- * flushing). */
+ * flushing). An answer that is, or may still become, a tool call is held until the end
+ * (openai_stream_finish sends it as tool_calls), unless flushing. */
 void openai_stream_text(openai_stream *st, const char *text, size_t len, bool flush);
 /* The request ended (done or failed): what is held, the final chunk (or the error), the usage
  * chunk when asked for, and "data: [DONE]". */

@@ -94,9 +94,18 @@ static void fz_check_request(coord_request *req, bool chat, int cap, const char 
                 as = "system";
             fz_expect_str("role", p->messages[i].role, as);
             if (strcmp(p->messages[i].role, "system") && strcmp(p->messages[i].role, "user") &&
-                strcmp(p->messages[i].role, "assistant"))
+                strcmp(p->messages[i].role, "assistant") && strcmp(p->messages[i].role, "tool"))
                 fuzz_fail("message %d has role '%s'", i, p->messages[i].role);
-            if (cJSON_IsString(content)) {
+            const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+            if (calls && !cJSON_IsNull(calls)) {
+                /* an assistant's calls: each as the model writes one, a JSON object a line */
+                if (strcmp(p->messages[i].role, "assistant") || !cJSON_IsArray(calls))
+                    fuzz_fail("message %d: tool_calls accepted on a %s message", i,
+                              p->messages[i].role);
+                if (cJSON_GetArraySize(calls) && p->messages[i].content[0] != '{')
+                    fuzz_fail("message %d: its calls' text '%.40s' is not JSON", i,
+                              p->messages[i].content);
+            } else if (cJSON_IsString(content)) {
                 fz_expect_str("content", p->messages[i].content, content->valuestring);
             } else {
                 /* text parts, joined */
@@ -126,6 +135,18 @@ static void fz_check_request(coord_request *req, bool chat, int cap, const char 
             v = cJSON_GetArrayItem(v, 0);
         fz_expect_str("prompt", p->prompt, cJSON_GetStringValue(v));
     }
+    v = fz_member(root, "n");
+    if (p->n_choices != (v ? (int)v->valuedouble : 1) || p->n_choices < 1 || p->n_choices > 8)
+        fuzz_fail("n_choices %d, the body says %g", p->n_choices, v ? v->valuedouble : 1.0);
+    /* a grammar exactly when the body asks for a constrained answer */
+    const cJSON *rf = fz_member(root, "response_format"), *tc = fz_member(root, "tool_choice");
+    const char *rft = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rf, "type"));
+    bool constrained = fz_member(root, "grammar") || (rft && strcmp(rft, "text")) ||
+                       (tc && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") ||
+                                                       !strcmp(tc->valuestring, "none"))));
+    if (constrained != (p->grammar != NULL))
+        fuzz_fail("the request %s a grammar, the body %s one", p->grammar ? "has" : "has no",
+                  constrained ? "asks for" : "does not ask for");
     if ((v = fz_member(root, "max_tokens")) || (v = fz_member(root, "max_completion_tokens"))) {
         if (!cJSON_IsNumber(v) || v->valuedouble != (double)p->max_tokens)
             fuzz_fail("max_tokens %d, body says %g", p->max_tokens, v->valuedouble);
