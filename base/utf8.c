@@ -1,5 +1,5 @@
 /*
- * base/utf8.c — UTF-8 completeness, validity and cleaning (interface: utf8.h).
+ * base/utf8.c — UTF-8 completeness, validity, decoding, encoding and cleaning (interface: utf8.h).
  */
 #include "base/utf8.h"
 
@@ -13,27 +13,32 @@ size_t utf8_complete(const unsigned char *s, size_t n)
         unsigned char c = s[n - back];
         if ((c & 0xC0) == 0x80)
             continue; /* continuation byte: keep looking for the lead */
-        size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 1;
+        size_t need = c >= 0xF0 && c <= 0xF4   ? 4
+                      : c >= 0xE0 && c <= 0xEF ? 3
+                      : c >= 0xC2 && c < 0xE0  ? 2
+                                               : 1;
         return need > back ? n - back : n;
     }
     return n;
 }
 
-size_t utf8_char(const unsigned char *s, size_t n)
+size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
 {
     if (!n)
         return 0;
     unsigned char c = s[0];
-    if (c < 0x80)
+    if (c < 0x80) {
+        *cp = c;
         return 1;
+    }
     size_t len;
-    uint32_t cp, min;
+    uint32_t v, min;
     if (c >= 0xC2 && c <= 0xDF)
-        len = 2, cp = c & 0x1F, min = 0x80;
+        len = 2, v = c & 0x1F, min = 0x80;
     else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, cp = c & 0x0F, min = 0x800;
+        len = 3, v = c & 0x0F, min = 0x800;
     else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, cp = c & 0x07, min = 0x10000;
+        len = 4, v = c & 0x07, min = 0x10000;
     else
         return 0;
     if (len > n)
@@ -41,10 +46,30 @@ size_t utf8_char(const unsigned char *s, size_t n)
     for (size_t i = 1; i < len; i++) {
         if ((s[i] & 0xC0) != 0x80)
             return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
+        v = v << 6 | (s[i] & 0x3F);
     }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
         return 0;
+    *cp = v;
+    return len;
+}
+
+size_t utf8_char(const unsigned char *s, size_t n)
+{
+    uint32_t cp;
+    return utf8_decode(s, n, &cp);
+}
+
+size_t utf8_put(uint32_t cp, char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    size_t len = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    for (size_t i = len - 1; i > 0; i--, cp >>= 6)
+        out[i] = (char)(0x80 | (cp & 0x3F));
+    out[0] = (char)((len == 2 ? 0xC0 : len == 3 ? 0xE0 : 0xF0) | cp);
     return len;
 }
 

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "model/tokenizer.h"
 
 #define GR_MAX_DEPTH 256   /* stack elements: deeper nesting is refused */
@@ -296,26 +297,12 @@ static int gr_add_class(gr_parser *ps, const gr_range *rg, int n, bool neg)
 /* One UTF-8 character of the grammar text at p (advanced); -1 when malformed. */
 static long gr_utf8(const char **p, const char *end)
 {
-    const unsigned char *s = (const unsigned char *)*p;
-    if (s >= (const unsigned char *)end)
+    uint32_t cp;
+    size_t n = utf8_decode((const unsigned char *)*p, (size_t)(end - *p), &cp);
+    if (!n)
         return -1;
-    uint32_t c = s[0];
-    int n = c < 0x80             ? 0
-            : (c & 0xE0) == 0xC0 ? 1
-            : (c & 0xF0) == 0xE0 ? 2
-            : (c & 0xF8) == 0xF0 ? 3
-                                 : -1;
-    if (n < 0 || (const char *)s + n >= end)
-        return -1;
-    if (n)
-        c &= 0x3F >> n;
-    for (int i = 1; i <= n; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return -1;
-        c = c << 6 | (s[i] & 0x3F);
-    }
-    *p += n + 1;
-    return c;
+    *p += n;
+    return cp;
 }
 
 static int gr_hex(gr_parser *ps, int digits, uint32_t *out)
@@ -982,13 +969,19 @@ grammar_state *grammar_clone(const grammar_state *src)
     return s;
 }
 
+/* Frees what a position holds, not the position itself (scratch positions live on the stack). */
+static void gr_state_release(grammar_state *s)
+{
+    free(s->pool);
+    free(s->st);
+}
+
 void grammar_state_free(grammar_state **sp)
 {
     grammar_state *s = *sp;
     if (!s)
         return;
-    free(s->pool);
-    free(s->st);
+    gr_state_release(s);
     free(s);
     *sp = NULL;
 }
@@ -1024,10 +1017,8 @@ int grammar_feed(grammar_state *s, const char *bytes, size_t n)
 {
     grammar_state tmp = {.g = s->g}, keep = {.g = s->g};
     int rc = gr_feed_with(s, &tmp, &keep, bytes, n);
-    free(tmp.pool);
-    free(tmp.st);
-    free(keep.pool);
-    free(keep.st);
+    gr_state_release(&tmp);
+    gr_state_release(&keep);
     return rc;
 }
 
@@ -1066,21 +1057,15 @@ size_t grammar_forced(const grammar_state *s, char *out, size_t cap)
         if (cp < 0)
             break;
         char u[4];
-        int m = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-        uint32_t v = (uint32_t)cp;
-        for (int j = m - 1; j > 0; j--, v >>= 6)
-            u[j] = (char)(0x80 | (v & 0x3F));
-        u[0] = (char)(m == 1 ? v : (m == 2 ? 0xC0 : m == 3 ? 0xE0 : 0xF0) | v);
-        if (n + (size_t)m > cap || gr_step_cp(&a, (uint32_t)cp, &b))
+        size_t m = utf8_put((uint32_t)cp, u);
+        if (n + m > cap || gr_step_cp(&a, (uint32_t)cp, &b))
             break;
         gr_swap(&a, &b);
-        memcpy(out + n, u, (size_t)m);
-        n += (size_t)m;
+        memcpy(out + n, u, m);
+        n += m;
     }
-    free(a.pool);
-    free(a.st);
-    free(b.pool);
-    free(b.st);
+    gr_state_release(&a);
+    gr_state_release(&b);
     return n;
 }
 

@@ -13,6 +13,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "model/jinja.h"
 #include "base/buf.h"
+#include "base/utf8.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -646,18 +647,7 @@ static jv read_string(jx *x)
                     x->p = back;
             }
             char u[4];
-            int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-            if (n == 1)
-                u[0] = (char)cp;
-            else if (n == 2)
-                u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63));
-            else if (n == 3)
-                u[0] = (char)(0xE0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 63)),
-                u[2] = (char)(0x80 | (cp & 63));
-            else
-                u[0] = (char)(0xF0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 63)),
-                u[2] = (char)(0x80 | ((cp >> 6) & 63)), u[3] = (char)(0x80 | (cp & 63));
-            jb_put(x->c, &b, u, (size_t)n);
+            jb_put(x->c, &b, u, utf8_put(cp, u));
             break;
         }
         case '/':

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "base/buf.h"
+#include "base/utf8.h"
 #include "model/tokenizer_internal.h"
 #include "model/tokenizer_unicode.h"
 
@@ -142,70 +143,10 @@ static const tokenizer_merge_slot *tok_merge_find(const tokenizer *tok, int32_t 
  * overlongs and surrogates are one byte long with *cp = 0xFFFD. */
 static size_t tok_utf8(const uint8_t *s, size_t n, size_t i, uint32_t *cp)
 {
-    uint8_t c = s[i];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    uint32_t v, min;
-    if ((c & 0xE0) == 0xC0) {
-        len = 2;
-        v = c & 0x1F;
-        min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        len = 3;
-        v = c & 0x0F;
-        min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        len = 4;
-        v = c & 0x07;
-        min = 0x10000;
-    } else {
+    size_t len = utf8_decode(s + i, n - i, cp);
+    if (!len)
         *cp = 0xFFFD;
-        return 1;
-    }
-    if (i + len > n) {
-        *cp = 0xFFFD;
-        return 1;
-    }
-    for (size_t k = 1; k < len; k++) {
-        if ((s[i + k] & 0xC0) != 0x80) {
-            *cp = 0xFFFD;
-            return 1;
-        }
-        v = (v << 6) | (s[i + k] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
-        *cp = 0xFFFD;
-        return 1;
-    }
-    *cp = v;
-    return len;
-}
-
-static size_t tok_utf8_put(uint32_t cp, char *out)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
+    return len ? len : 1;
 }
 
 /* The GPT-2 byte <-> char rule: bytes 33..126, 161..172, 174..255 are their own char; the others
@@ -1286,7 +1227,7 @@ tokenizer *tokenizer_new(const gguf_file *f, char *err, size_t errlen)
         char buf[8];
         size_t l;
         if (kind == TOK_KIND_BPE)
-            l = tok_utf8_put(byte_to_cp[b], buf);
+            l = utf8_put(byte_to_cp[b], buf);
         else
             l = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", b);
         tok->byte_id[b] = tok_vocab_find(tok, buf, l);
