@@ -220,7 +220,10 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens)
         return l->len;
     l->sec += seconds;
     l->tok += tokens;
-    if (++l->n < l->window)
+    l->full += tokens >= l->len + 1;
+    ++l->n;
+    bool saturated = l->full == l->n && l->len < l->hi;
+    if (l->n < l->window && !(saturated && 2 * l->n >= l->window))
         return l->len;
     for (int x = l->lo; x <= l->hi; x++)
         l->age[x]++;
@@ -229,10 +232,17 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens)
     l->sec = 0;
     l->tok = 0;
     l->n = 0;
+    l->full = 0;
     l->decisions++;
     /* the cheapest of the fresh figures around: move there; at a local minimum, re-measure a
      * neighbour whose figure is missing or stale (up first) */
     int cur = l->len, best = cur;
+    if (saturated) {
+        int step = cur / 2 < 1 ? 1 : cur / 2;
+        l->len = cur + step > l->hi ? l->hi : cur + step;
+        l->changes++;
+        return l->len;
+    }
     for (int x = cur - 1; x <= cur + 1; x += 2)
         if (x >= l->lo && x <= l->hi && l->cost[x] > 0 && l->age[x] < (uint32_t)l->stale &&
             l->cost[x] < l->cost[best])

@@ -690,11 +690,14 @@ static double spec_place_time(spec *s, llama_ctx *ctx, float *logits)
 
 /* Placement by measurement. A model drafter that takes turns with the workers (no drafting ahead:
  * the coordinator found no core of its own for it) drafts while the workers wait for its draft,
- * so every core is free then. At its first draft request — the moment that is like every later
- * one, not the group's busy start — it times its step on 1 thread and on all the online cores,
- * interleaved, 3 rounds after a warm-up (about 40 ms in all on 2 cores at this size), and keeps
- * the faster (more threads only when they save at least 5%), making its context again if the
- * count changed. --threads given, or drafting
+ * so every core is free then, and it measures where every core is free too: as soon as the
+ * machine's cores were idle for a poll interval while no request is active (spec_place_if_idle:
+ * not at the group's busy start, where the workers load), or else at its first draft request. It
+ * times its step on 1 thread and on all the online cores, interleaved, 3 rounds after a warm-up
+ * (about 100 ms in all on 2 cores at this size, contexts included, which the first request no
+ * longer pays when the group had an idle moment), and keeps the faster (more threads only when
+ * they save at least 5%), making its context again if the count changed. --threads given, or
+ * drafting
  * ahead, keeps the count as it is (spec_place_fixed). The choice and its figures go to the log
  * and, in the heartbeats, to the coordinator's log and status. */
 static void spec_place_publish(spec *s)
@@ -719,7 +722,7 @@ void spec_place_fixed(spec *s)
     spec_place_publish(s);
 }
 
-void spec_place(spec *s)
+void spec_place(spec *s, const char *when)
 {
     s->place_pending = false;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -767,12 +770,44 @@ void spec_place(spec *s)
     if (ok)
         snprintf(s->placement, sizeof s->placement,
                  "%d thread%s, taking turns with the workers: a draft step (%d tokens, then 1) "
-                 "took %.2f ms on 1 thread and %.2f ms on %d (measured at the first draft)",
+                 "took %.2f ms on 1 thread and %.2f ms on %d (measured %s)",
                  s->threads, s->threads == 1 ? "" : "s", SPEC_PLACE_W, med[0] * 1e3,
-                 med[1] * 1e3, cand[1]);
+                 med[1] * 1e3, cand[1], when);
     else
         snprintf(s->placement, sizeof s->placement,
                  "%d thread%s, taking turns with the workers (not measured: %s)", s->threads,
                  s->threads == 1 ? "" : "s", err);
     spec_place_publish(s);
+}
+
+/* The cores count as idle when at least 85% of their time since the last sample was idle (the
+ * speculator's own poll included), over at least 80 ms; the first sample only starts the clock. */
+void spec_place_if_idle(spec *s)
+{
+    if (!s->place_pending || s->active)
+        return;
+    uint64_t now = rt_now_us();
+    if (s->idle_at_us && now - s->idle_at_us < 80000)
+        return;
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                       &v[3], &v[4], &v[5], &v[6], &v[7])
+              : 0;
+    if (f)
+        fclose(f);
+    if (n < 4) { /* no /proc/stat: measure at the first draft request */
+        s->idle_at_us = now;
+        return;
+    }
+    uint64_t idle = v[3] + (n > 4 ? v[4] : 0), total = 0;
+    for (int i = 0; i < n; i++)
+        total += v[i];
+    bool was = s->idle_at_us != 0;
+    uint64_t d_idle = idle - s->idle_jiffies, d_total = total - s->total_jiffies;
+    s->idle_at_us = now;
+    s->idle_jiffies = idle;
+    s->total_jiffies = total;
+    if (was && d_total >= 4 && d_idle * 100 >= d_total * 85)
+        spec_place(s, "while the cores were idle");
 }

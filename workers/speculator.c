@@ -93,6 +93,7 @@ static void spec_usage(FILE *out)
         "                         [--ngram N] [--branch-threshold P] [--alpha A|off]\n"
         "                         [--work-ahead 0|1] [--heads H.gguf] [--template 3,2,1]\n"
         "                         [--target-kv auto|on|off] [--head-screen K]\n"
+        "                         [--act-bits auto|8|16]\n"
         "                         [--orphan-ms MS] [--stall-ms MS] [--trace]\n"
         "  layerskip: the target with only --layers (default: the first half)\n"
         "  model:     a separate draft GGUF with the target's vocabulary (--draft)\n"
@@ -109,6 +110,9 @@ static void spec_usage(FILE *out)
         "  on: require it; off: keep a private prefix\n"
         "  --head-screen K (8): a model drafter's output layer wider than 4 bits is screened\n"
         "  with a 4-bit copy and its K best candidates recomputed exactly (0: off)\n"
+        "  --act-bits auto (default): the drafter's activations in 8 bits for the K-quants\n"
+        "  and 16 for the rest, as the target's; drafts only propose, so any precision is\n"
+        "  lossless\n"
         "  --orphan-ms (10000): exit when the coordinator has been silent this long\n"
         "  --stall-ms (30000): stop heartbeating when the main thread has been busy in one\n"
         "  computation this long (so the coordinator replaces a wedged speculator)\n");
@@ -317,9 +321,8 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
     s->model = llama_model_load(path, err, errlen);
     if (!s->model)
         return -1;
-    /* drafts need not match the target bit for bit: the default precision (8-bit activations for
-     * the K-quants) makes a tree level of a K-quant drafter cheaper */
-    if (llama_model_set_act_bits(s->model, LLAMA_ACT_AUTO, err, errlen))
+    /* drafts need not match the target bit for bit (--act-bits, default auto) */
+    if (llama_model_set_act_bits(s->model, s->act_bits, err, errlen))
         return -1;
     if (s->d->prepare && s->d->prepare(s, err, errlen))
         return -1;
@@ -471,6 +474,7 @@ static int spec_parse(spec *s, int argc, char **argv)
                                          {"work-ahead", required_argument, 0, 'P'},
                                          {"target-kv", required_argument, 0, 'K'},
                                          {"head-screen", required_argument, 0, 'H'},
+                                         {"act-bits", required_argument, 0, 'a'},
                                          {"heads", required_argument, 0, 'M'},
                                          {"template", required_argument, 0, 'E'},
                                          {"corpus", required_argument, 0, 'C'},
@@ -496,6 +500,14 @@ static int spec_parse(spec *s, int argc, char **argv)
         case 'P': s->work_ahead = atoi(optarg) != 0; break;
         case 'K': s->target_kv_s = optarg; break;
         case 'H': s->head_screen = atoi(optarg); break;
+        case 'a':
+            s->act_bits = llama_act_bits_parse(optarg);
+            if (s->act_bits < 0) {
+                fprintf(stderr, "orochi-speculator: --act-bits '%s': must be auto, 8 or 16\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case 'M': s->heads_path = optarg; break;
         case 'E': s->template_s = optarg; break;
         case 'C': s->corpus_path = optarg; break;
@@ -608,6 +620,7 @@ int main(int argc, char **argv)
               .life.stall_ms = SPEC_STALL_MS_DEFAULT,
               .branch_threshold = 0.2f,
               .head_screen = 8,
+              .act_bits = LLAMA_ACT_AUTO,
               .alpha = 0.01f,
               .max_nodes = 8,
               .max_depth = 4,
@@ -660,6 +673,7 @@ int main(int argc, char **argv)
         /* draft and publish as soon as the context moved; then work ahead between polls */
         if (s.active && !s.published)
             spec_publish(&s);
+        spec_place_if_idle(&s);
         bool more = spec_work_ahead(&s);
         pthread_mutex_lock(&s.sock_lock);
         zmq_pollitem_t it = {s.sock, 0, ZMQ_POLLIN, 0};
@@ -683,7 +697,7 @@ int main(int argc, char **argv)
             if (env->body_case == OROCHI__ENVELOPE__BODY_FEEDBACK) {
                 s.fb_us = s.last_coord_us;
                 if (s.place_pending && !env->feedback->done)
-                    spec_place(&s);
+                    spec_place(&s, "at the first draft");
                 spec_feedback(&s, env->feedback);
                 s.fb_end_us = rt_now_us();
                 /* ngram is fed every active request in turn: answer each before the next

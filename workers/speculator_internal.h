@@ -67,7 +67,9 @@ struct spec {
      * (written by the main thread before, never after) */
     char placement[200];
     bool placement_ready;
-    bool place_pending;          /* the thread count is measured at the first draft request */
+    bool place_pending;          /* the thread count is still to be measured (spec_place) */
+    /* the cores' idle time as /proc/stat last said (jiffies) and when, for spec_place_if_idle */
+    uint64_t idle_at_us, idle_jiffies, total_jiffies;
     llama_ctx_params ctx_params; /* what s->ctx was made with (spec_place makes it again) */
     float branch_threshold, alpha;
     /* the threshold the tree grows with (branch.value): --branch-threshold, raised while the
@@ -81,6 +83,7 @@ struct spec {
     int n_corpus;
     const char *target_kv_s; /* --target-kv auto|on|off */
     int head_screen;         /* --head-screen K: the output layer screened in 4 bits, K rescored */
+    int act_bits;            /* --act-bits 8|16|auto: the drafter's activation precision */
     /* the draft model reads the target's committed K/V in the arena (a re-quantized copy of the
      * target, or layerskip's first layers): no prefill and no K/V commits of its own; the
      * private KV then only holds the tree */
@@ -160,7 +163,10 @@ void spec_commit_accepted(spec *s, const int32_t *acc, int n);
 int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_params *p, char *err,
                          size_t errlen);
 void spec_place_fixed(spec *s);
-void spec_place(spec *s);
+void spec_place(spec *s, const char *when);
+/* While no request is active: spec_place now if the cores were idle since the last call (at
+ * least 80 ms before). */
+void spec_place_if_idle(spec *s);
 
 /* draft_lookup.c: ngram and replay */
 int spec_grow_ngram(spec *s);

@@ -173,6 +173,33 @@ static void length_grows_and_shrinks_to_the_cheapest(void **state)
     assert_float_equal(l.cost[3], 0.5, 1e-12);
 }
 
+/* Full cycles (every drafted token accepted) decide after half a window and climb by half the
+ * length; one cycle short of full keeps the whole window and the one-step climb. */
+static void length_climbs_fast_while_drafts_are_full(void **state)
+{
+    (void)state;
+    ctl_length l;
+    ctl_length_init(&l, 1, 1, 7, 8, 6);
+    const int path[] = {2, 3, 4, 6, 7};
+    for (int d = 0; d < 5; d++) {
+        int from = l.len;
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(ctl_length_sample(&l, 0.010, l.len + 1), from);
+        assert_int_equal(ctl_length_sample(&l, 0.010, l.len + 1), path[d]);
+    }
+    /* at the top: nothing to climb to, whole windows again */
+    for (int k = 0; k < 7; k++)
+        assert_int_equal(ctl_length_sample(&l, 0.010, 8), 7);
+    assert_int_equal(l.n, 7);
+    /* one short cycle in the window: the usual rule after all 8 cycles, one step at a time */
+    ctl_length_init(&l, 3, 1, 7, 8, 6);
+    assert_int_equal(ctl_length_sample(&l, 0.010, 2), 3);
+    for (int k = 0; k < 6; k++)
+        assert_int_equal(ctl_length_sample(&l, 0.010, 4), 3);
+    assert_int_equal(ctl_length_sample(&l, 0.010, 4), 4); /* explores up by one */
+    assert_float_equal(l.cost[3], 0.080 / 30, 1e-12);
+}
+
 /* A good drafter (3 or more tokens a step) that loses one window narrowly stays on for one more;
  * two in a row switch it off without backing the probes off; a window that pays clears the
  * strike; a clear loss switches it off at once whatever its tokens a step. */
@@ -661,6 +688,7 @@ int main(void)
         cmocka_unit_test(vote_keeps_one_speculators_tree_by_confidence),
         cmocka_unit_test(acr_rewards_and_punishes),
         cmocka_unit_test(length_grows_and_shrinks_to_the_cheapest),
+        cmocka_unit_test(length_climbs_fast_while_drafts_are_full),
         cmocka_unit_test(guard_switches_off_and_back_on),
         cmocka_unit_test(guard_keeps_a_good_drafter_on),
         cmocka_unit_test(guard_probes_within_budget),
