@@ -155,7 +155,7 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens);
 /* a speculative cost per token above this many times the plain cost is a clear loss */
 #define CTL_GUARD_HOPELESS 1.5
 /* probes may lose at most this fraction of the plain decoding time */
-#define CTL_GUARD_BUDGET 0.02
+#define CTL_GUARD_BUDGET 0.01
 /* A window whose speculation yielded at least this many tokens a step is a good drafter's: when
  * it loses narrowly (not a clear loss) the guard judges one more window before switching off, and
  * when it does switch off, the probe interval is not backed off (a good drafter's slow window is
