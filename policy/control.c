@@ -363,6 +363,7 @@ bool ctl_guard_sample(ctl_guard *g, bool speculated, double seconds, int tokens)
         } else {
             g->strikes = 0;
             g->probe_now = g->probe;
+            g->paid++;
         }
     } else {
         g->base = g->base > 0 ? 0.5 * (g->base + cost) : cost;
@@ -393,8 +394,10 @@ void ctl_guard_reprobe(ctl_guard *g)
 {
     if (g->on || g->spec <= 0 || !guard_budget_ok(g))
         return;
-    /* a clear loser is no better on a new text: it waits for its backed-off probe */
-    if (g->base > 0 && g->spec > CTL_GUARD_HOPELESS * g->base && g->off_n < g->probe_now)
+    /* a clear loser is no better on a new text, nor is a set of speculators that has not paid in
+     * any window yet: they wait for their backed-off probe */
+    if (g->off_n < g->probe_now &&
+        (!g->paid || (g->base > 0 && g->spec > CTL_GUARD_HOPELESS * g->base)))
         return;
     g->on = true;
     g->warm = CTL_GUARD_WARM;

@@ -174,6 +174,7 @@ typedef struct {
     double per_step;        /* tokens a cycle in the last judged window while on */
     int strikes;            /* good-drafter windows lost narrowly in a row (0 or 1) */
     uint64_t switches_off, switches_on;
+    uint64_t paid; /* judged windows that paid (speculation cheaper than plain) */
 } ctl_guard;
 
 void ctl_guard_init(ctl_guard *g, double base_prior, int window, int probe);
@@ -185,8 +186,9 @@ int ctl_guard_plain_left(const ctl_guard *g);
 /* A new text (a request starts): what lost narrowly on the last one may pay on this one, so a
  * guard that is off tests speculation again now (one window, the back-off kept for probes within
  * a text) — unless the last judgement was a clear loss (more than CTL_GUARD_HOPELESS x the plain
- * cost, e.g. a drafter slower than what it saves): that waits for its backed-off probe; and
- * unless the probe budget is spent. */
+ * cost, e.g. a drafter slower than what it saves) or no judged window has paid yet (speculators
+ * that have never paid anywhere are not re-tested per text): those wait for their backed-off
+ * probe; and unless the probe budget is spent. */
 void ctl_guard_reprobe(ctl_guard *g);
 
 /* ===== ARCA planning ===== */

@@ -290,12 +290,16 @@ static void guard_switches_off_and_back_on(void **state)
     assert_true(ctl_guard_sample(&g, true, 0.020, 1));
     assert_false(ctl_guard_sample(&g, true, 0.020, 1));
     assert_float_equal(g.spec, 0.020, 1e-12);
-    /* a new text re-tests a guard that lost narrowly, at once (the loss, 0.4 ms, is within the
-     * budget of 2% of the 40 ms of plain decoding) */
+    /* a new text re-tests a guard that paid once and then lost narrowly, at once (the window that
+     * paid left 4 ms of credit, the loss is 0.4 ms) */
     ctl_guard_init(&g, 0, 4, 8);
     for (int i = 0; i < 4; i++)
         ctl_guard_sample(&g, false, 0.010, 1);
     for (int i = 0; i < CTL_GUARD_WARM + 4; i++)
+        ctl_guard_sample(&g, true, 0.009, 1);
+    assert_true(g.on);
+    assert_int_equal(g.paid, 1);
+    for (int i = 0; i < 4; i++)
         ctl_guard_sample(&g, true, 0.0101, 1);
     assert_false(g.on);
     ctl_guard_reprobe(&g);
@@ -303,6 +307,18 @@ static void guard_switches_off_and_back_on(void **state)
     assert_int_equal(g.warm, CTL_GUARD_WARM);
     ctl_guard_reprobe(&g); /* already on: nothing changes */
     assert_int_equal(g.switches_on, 2); /* after the first plain window, and now */
+    /* the same narrow loss from speculators that never paid: no re-test per text, the backed-off
+     * probe (16 plain cycles) instead */
+    ctl_guard_init(&g, 0, 4, 8);
+    g.plain_sec = 100; /* the budget is not what binds here */
+    for (int i = 0; i < 4; i++)
+        ctl_guard_sample(&g, false, 0.010, 1);
+    for (int i = 0; i < CTL_GUARD_WARM + 4; i++)
+        ctl_guard_sample(&g, true, 0.0101, 1);
+    assert_false(g.on);
+    ctl_guard_reprobe(&g);
+    assert_false(g.on);
+    assert_int_equal(ctl_guard_plain_left(&g), 16);
     /* a clear loser (3 x the plain cost) is not re-tested by a new text: it waits for its
      * backed-off probe (16 plain cycles), which a new text then no longer delays */
     ctl_guard_init(&g, 0.01, 4, 8);
