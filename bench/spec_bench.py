@@ -33,7 +33,10 @@ what speculation can give this group at most; with --extra "--max-draft D").
                     seq-group, the same group without speculators, is added): per configuration
                     the min / median / max of its speedup over seq-group, and how many runs reached
                     1.0x, so that one lucky run does not stand for the product. --draft FILE adds
-                    the `model` configuration (a separate draft model).
+                    the `model` configuration (a separate draft model). A second group without
+                    speculators, seq-group-2, runs beside them (--no-noise leaves it out): its
+                    ratios are the host's noise between two identical groups, the band within
+                    which a configuration is not told apart from plain decoding.
   --concurrency 1,2,4,8     throughput with N requests in flight at once (batched verification):
                             the same requests at every level; --concurrency-mode closed (default)
                             keeps N in flight while any of --concurrency-jobs (default 3 x the
@@ -59,6 +62,7 @@ LAUNCH = os.path.join(ROOT, "deploy", "orochi-launch")
 
 CONFIGS = {
     "seq-group": [],
+    "seq-group-2": [],  # --repeat: a second group without speculators (the noise between two)
     "ngram": ["ngram"],
     "layerskip": ["layerskip"],
     "both": ["layerskip", "ngram"],
@@ -212,6 +216,8 @@ def main():
                     help="a configuration of your own: NAME runs a group with these launcher "
                          "speculator specs (e.g. model-t2=model:draft=D.gguf,threads=2); name it "
                          "in --configs")
+    ap.add_argument("--no-noise", action="store_true",
+                    help="--repeat without seq-group-2, the second group without speculators")
     ap.add_argument("--repeat", type=int, default=0,
                     help="fresh groups N times (rounds, seq-group added), and per configuration the "
                          "min / median / max of its speedup over the group without speculators")
@@ -233,6 +239,8 @@ def main():
         a.rounds = a.repeat
         if "seq-group" not in a.configs.split(","):
             a.configs = "seq-group," + a.configs
+        if not a.no_noise and "seq-group-2" not in a.configs.split(","):
+            a.configs += ",seq-group-2"
     if "model" in a.configs.split(","):
         if not a.draft:
             print("spec_bench: the model configuration needs --draft FILE", file=sys.stderr)
@@ -363,7 +371,7 @@ def main():
         # each speculative group against the same group without speculators, round by round (each
         # prompt ran on both seconds apart), and pooled over all rounds (total tokens / total time)
         print("\nagainst the group without speculators (per round; median; pooled over the rounds)")
-        print("%-10s %-10s %s" % ("config", "category", "x seq-group"))
+        print("%-11s %-10s %s" % ("config", "category", "x seq-group"))
         def rate(c, cat, rnd=None):
             """tok/s of config c over category cat (or all), in round rnd or pooled over all."""
             sel = [r for r in rows if r["config"] == c and (rnd is None or r["round"] == rnd) and
@@ -383,7 +391,7 @@ def main():
                 if ratios:
                     med = statistics.median(ratios)
                     pool = rate(cfg, cat) / rate("seq-group", cat)
-                    print("%-10s %-10s %s   min %.2fx  median %.2fx  max %.2fx  pooled %.3fx" % (
+                    print("%-11s %-10s %s   min %.2fx  median %.2fx  max %.2fx  pooled %.3fx" % (
                         cfg, cat, " ".join("%.2f" % x for x in ratios), min(ratios), med,
                         max(ratios), pool))
                     out.write(json.dumps({"bench": "spec-vs-group", "config": cfg, "category": cat,
@@ -391,10 +399,12 @@ def main():
                                           "max": max(ratios), "pooled": pool,
                                           "loadavg": os.getloadavg()[0]}) + "\n")
                     if a.repeat and cat == "all":
-                        print("%-10s %-10s %d fresh runs: min %.2fx, median %.2fx, max %.2fx "
-                              "(%d of %d at or above 1.0x)" % (
+                        print("%-11s %-10s %d fresh runs: min %.2fx, median %.2fx, max %.2fx "
+                              "(%d of %d at or above 1.0x)%s" % (
                                   cfg, "repeat", len(ratios), min(ratios), med, max(ratios),
-                                  sum(x >= 1.0 for x in ratios), len(ratios)))
+                                  sum(x >= 1.0 for x in ratios), len(ratios),
+                                  ": the noise between two identical groups"
+                                  if cfg == "seq-group-2" else ""))
     seq_dec = sum(b["decode_tok_s"] for b in base.values()) / max(1, len(base))
     print("\nsequential decode (orochi run --threads %d): %.1f tok/s; JSON lines in %s" % (threads, seq_dec, a.json))
     if split:
