@@ -210,7 +210,14 @@ def test_sampled_request_decodes_during_a_prompt():
         def run(key, **kw):
             got[key] = g.complete("hello world", 300, **kw)
 
-        for key, kw in (("unseeded", dict(temperature=0.9)), ("seeded", dict(temperature=0.9, seed=5))):
+        # an unseeded answer may end (its end-of-text drawn) before the long prompt is admitted on
+        # a loaded machine (150 tokens, none beside the prompt, in one run of the suite): it is
+        # tried up to 5 times, and fails only if none made a token in the prompt's steps
+        tries = [("unseeded", dict(temperature=0.9))] * 5 + [("seeded", dict(temperature=0.9, seed=5))]
+        made = 0
+        for key, kw in tries:
+            if key == "unseeded" and made:
+                continue
             before = metric(g, "orochi_prefill_piggyback_tokens_total")
             admitted = metric(g, "orochi_requests_total")
             th = threading.Thread(target=run, args=(key,), kwargs=kw)
@@ -226,8 +233,10 @@ def test_sampled_request_decodes_during_a_prompt():
             G.log("  %s sampled request: %d tokens, %d made in the long prompt's steps"
                   % (key, len(r["orochi"]["token_ids"]), pig))
             if key == "unseeded":
-                G.check(pig > 0, "the sampled request made no token during the long prompt's steps")
+                made += pig
             else:
+                G.check(made > 0, "the sampled request made no token during the long prompt's steps "
+                        "in 5 tries")
                 G.check_eq(pig, 0, "tokens a seeded request made in another prompt's steps")
         alone = g.complete("hello world", 300, temperature=0.9, seed=5)
         G.check_eq(alone["orochi"]["token_ids"], got["seeded"]["orochi"]["token_ids"],
