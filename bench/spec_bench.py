@@ -70,6 +70,9 @@ CONFIGS = {
     "replay": ["replay:corpus=%CORPUS%"],  # the sequential answers replayed: a perfect drafter
 }
 
+# --config-extra NAME=OPTIONS: coordinator options of that configuration's group alone
+CONFIG_EXTRA = {}
+
 # the warm-up request of every group in the default mode (not one of the measured prompts)
 WARM_PROMPT = "List the planets of the solar system in order, with one fact about each."
 
@@ -216,6 +219,9 @@ def main():
                     help="a configuration of your own: NAME runs a group with these launcher "
                          "speculator specs (e.g. model-t2=model:draft=D.gguf,threads=2); name it "
                          "in --configs")
+    ap.add_argument("--config-extra", action="append", default=[], metavar="NAME=OPTIONS",
+                    help="coordinator options of one configuration's group (space separated; the rounds and --repeat modes), "
+                         "beside --extra's; e.g. layerskip-noguard=\"--guard off\"")
     ap.add_argument("--no-noise", action="store_true",
                     help="--repeat without seq-group-2, the second group without speculators")
     ap.add_argument("--repeat", type=int, default=0,
@@ -252,6 +258,13 @@ def main():
             print("spec_bench: --config takes NAME=SPEC[+SPEC...], got %r" % c, file=sys.stderr)
             return 2
         CONFIGS[name] = [x for x in specs.split("+") if x]
+    for c in a.config_extra:
+        name, eq, opts = c.partition("=")
+        if not eq or name not in CONFIGS:
+            print("spec_bench: --config-extra takes NAME=OPTIONS of a named configuration, got %r"
+                  % c, file=sys.stderr)
+            return 2
+        CONFIG_EXTRA[name] = opts.split()
     unknown = [c for c in a.configs.split(",") if c and c not in CONFIGS]
     if unknown:
         print("spec_bench: unknown configuration(s) %s (%s, or --config NAME=...)" % (
@@ -337,7 +350,8 @@ def main():
                     rnd + 1, cfg, a.workers, a.threads_per_worker, ",".join(CONFIGS[cfg]) or "none",
                     os.getloadavg()[0]), file=sys.stderr)
                 groups[cfg] = Group(a.bin_dir, a.model, "%s-%s-r%d" % (a.run_dir, cfg, rnd + 1), a.workers,
-                                    a.threads_per_worker, CONFIGS[cfg], a.extra.split())
+                                    a.threads_per_worker, CONFIGS[cfg],
+                                    a.extra.split() + CONFIG_EXTRA.get(cfg, []))
                 # warm the group: the first touch of the weights' pages, and the controllers' first
                 # measurements (the guard's plain baseline, each speculator's first replies) — a
                 # cost of the group's start, not of the category that happens to come first
