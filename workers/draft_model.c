@@ -697,8 +697,7 @@ static double spec_place_time(spec *s, llama_ctx *ctx, float *logits)
  * (about 100 ms in all on 2 cores at this size, contexts included, which the first request no
  * longer pays when the group had an idle moment), and keeps the faster (more threads only when
  * they save at least 5%), making its context again if the count changed. --threads given, or
- * drafting
- * ahead, keeps the count as it is (spec_place_fixed). The choice and its figures go to the log
+ * drafting ahead, keeps the count as it is (spec_place_fixed). The choice and its figures go to the log
  * and, in the heartbeats, to the coordinator's log and status. */
 static void spec_place_publish(spec *s)
 {

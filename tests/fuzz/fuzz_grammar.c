@@ -25,15 +25,7 @@
 #include "model/grammar.h"
 #include "tests/fuzz/fuzz_common.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    return 0;
-}
 
 /* The forced text of s must be taken by s (on a copy). */
 static void fz_check_forced(const grammar_state *s)

@@ -41,15 +41,7 @@
 
 #include "tests/fuzz/fuzz_common.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    return 0;
-}
 
 /* ---- an independent reading of the body ---------------------------------------------------- */
 
