@@ -328,8 +328,9 @@ static int gr_hex(gr_parser *ps, int digits, uint32_t *out)
     return 0;
 }
 
-/* One character of a literal or a class (an escape or a UTF-8 character); -1 on error. */
-static long gr_char(gr_parser *ps)
+/* One character of a literal or a class (an escape or a UTF-8 character); -1 on error. A class
+ * (in_class) may name a surrogate as a range's end; a literal may not. */
+static long gr_char(gr_parser *ps, bool in_class)
 {
     if (ps->p >= ps->end)
         return gr_fail(ps, ps->p, "unexpected end of the grammar%s", NULL);
@@ -347,8 +348,30 @@ static long gr_char(gr_parser *ps)
     case 'r': return '\r';
     case 't': return '\t';
     case 'x': return gr_hex(ps, 2, &v) ? -1 : (long)v;
-    case 'u': return gr_hex(ps, 4, &v) ? -1 : (long)v;
-    case 'U': return gr_hex(ps, 8, &v) ? -1 : (long)v;
+    case 'u':
+    case 'U': {
+        const char *at = ps->p - 2;
+        if (gr_hex(ps, e == 'u' ? 4 : 8, &v))
+            return -1;
+        if (v < 0xD800 || v > 0xDFFF)
+            return (long)v;
+        /* a UTF-16 pair written as two escapes (as JSON writes them) is one character */
+        uint32_t lo;
+        if (v <= 0xDBFF && ps->end - ps->p >= 6 && ps->p[0] == '\\' && ps->p[1] == 'u') {
+            const char *keep = ps->p;
+            ps->p += 2;
+            if (gr_hex(ps, 4, &lo))
+                return -1;
+            if (lo >= 0xDC00 && lo <= 0xDFFF)
+                return 0x10000 + ((long)(v - 0xD800) << 10) + (lo - 0xDC00);
+            ps->p = keep;
+        }
+        if (in_class) /* a range may run through the surrogates: they never match */
+            return (long)v;
+        char what[16];
+        snprintf(what, sizeof what, "u%04X", (unsigned)v);
+        return gr_fail(ps, at, "\\%s is half of a UTF-16 pair, not a character", what);
+    }
     case '\\':
     case '"':
     case '\'':
@@ -376,13 +399,13 @@ static int gr_class_item(gr_parser *ps, gr_seq *q)
     gr_range rg[256];
     int n = 0;
     while (ps->p < ps->end && *ps->p != ']') {
-        long lo = gr_char(ps);
+        long lo = gr_char(ps, true);
         if (lo < 0)
             return -1;
         long hi = lo;
         if (ps->p + 1 < ps->end && *ps->p == '-' && ps->p[1] != ']') {
             ps->p++;
-            hi = gr_char(ps);
+            hi = gr_char(ps, true);
             if (hi < 0)
                 return -1;
             if (hi < lo)
@@ -492,7 +515,7 @@ static int gr_sequence(gr_parser *ps, gr_seq *q, bool in_group)
         if (c == '"') {
             const char *open = ps->p++;
             while (ps->p < ps->end && *ps->p != '"') {
-                long ch = gr_char(ps);
+                long ch = gr_char(ps, false);
                 if (ch < 0)
                     return -1;
                 gr_range rg = {(uint32_t)ch, (uint32_t)ch};

@@ -110,6 +110,36 @@ static void test_refused(void **state)
     tg_refused("root ::= \"\\q\"", "unknown escape \\q");
     tg_refused("root ::= \"a\" )", "unbalanced ')'");
     tg_refused("root ::= @", "unexpected '@'");
+    tg_refused("root ::= \"\\uD9b1\"", "line 1, column 11: \\uD9B1 is half of a UTF-16 pair");
+    tg_refused("root ::= \"\\uDC00\\uD800\"", "\\uDC00 is half of a UTF-16 pair");
+}
+
+/* Surrogates: a pair of escapes is one character, a class may run through them, and a class of
+ * surrogates alone matches (and forces) nothing. */
+static void test_surrogates(void **state)
+{
+    (void)state;
+    grammar *g = tg_parse("root ::= \"\\uD83D\\uDE00\" [\\u0000-\\uFFFF]");
+    assert_true(tg_match(g, "\xf0\x9f\x98\x80" "a"));
+    assert_true(tg_match(g, "\xf0\x9f\x98\x80\xef\xbf\xbd"));
+    assert_false(tg_match(g, "\xf0\x9f\x98\x80\xed\xa0\x80")); /* U+D800 as UTF-8 */
+    grammar_state *s = grammar_start(g);
+    char out[64];
+    assert_int_equal(grammar_forced(s, out, sizeof out), 4);
+    assert_memory_equal(out, "\xf0\x9f\x98\x80", 4);
+    grammar_state_free(&s);
+    grammar_free(&g);
+
+    g = tg_parse("root ::= [\\uD800] | \"x\"");
+    assert_false(tg_match(g, "\xed\xa0\x80"));
+    assert_true(tg_match(g, "x"));
+    s = grammar_start(g);
+    size_t n = grammar_forced(s, out, sizeof out);
+    assert_true(n == 0 || (n == 1 && out[0] == 'x'));
+    if (n)
+        assert_int_equal(grammar_feed(s, out, n), 0);
+    grammar_state_free(&s);
+    grammar_free(&g);
 }
 
 static void test_feed_and_forced(void **state)
@@ -347,6 +377,7 @@ int main(void)
     const struct CMUnitTest plain[] = {
         cmocka_unit_test(test_language),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_surrogates),
         cmocka_unit_test(test_feed_and_forced),
     };
     const struct CMUnitTest model[] = {
