@@ -36,6 +36,7 @@
 #define GR_MAX_DEPTH 256   /* stack elements: deeper nesting is refused */
 #define GR_MAX_STACKS 4096 /* parses followed at once: more is refused (an ambiguous grammar) */
 #define GR_MAX_REPEAT 4096 /* x{m,n}: bounds above this are refused */
+#define GR_MAX_WORK 65536  /* expansion steps for one character: more is refused */
 #define GR_CACHE 16        /* masks kept per matcher */
 
 enum { GE_END, GE_CHAR, GE_RULE };
@@ -88,6 +89,9 @@ struct grammar_state {
     uint32_t pend; /* a character begun: its bits so far */
     int pend_need; /* continuation bytes still to come (0: none begun) */
     int pend_len;  /* the begun character's length in bytes */
+    int32_t *ht;   /* while stacks are added: a hash set of their indices + 1 (0: free) */
+    int ht_cap;    /* its slots, a power of two, at least twice n (0: none yet) */
+    int work;      /* gr_expand calls since the position was cleared */
 };
 
 /* ==== growing arrays ========================================================================== */
@@ -784,6 +788,9 @@ static void gr_state_clear(grammar_state *s)
     s->n_pool = 0;
     s->pend = 0;
     s->pend_need = 0;
+    s->work = 0;
+    if (s->ht_cap)
+        memset(s->ht, 0, (size_t)s->ht_cap * sizeof *s->ht);
 }
 
 static bool gr_same(const grammar_state *s, int i, const int32_t *st, int len)
@@ -798,12 +805,49 @@ static inline int32_t gr_top(const grammar_state *s, int i)
     return s->pool[s->st[i].off + s->st[i].len - 1];
 }
 
+static uint32_t gr_hash(const int32_t *st, int len)
+{
+    uint32_t h = 2166136261u ^ (uint32_t)len;
+    for (int i = 0; i < len; i++)
+        h = (h ^ (uint32_t)st[i]) * 16777619u;
+    return h;
+}
+
+/* The hash set's slot for st: the one holding an equal stack, else the free one to take. Slots
+ * naming a stack past n (a set left from before a copy) count as taken by another. */
+static int32_t *gr_slot(grammar_state *s, const int32_t *st, int len)
+{
+    uint32_t m = (uint32_t)s->ht_cap - 1;
+    for (uint32_t i = gr_hash(st, len) & m;; i = (i + 1) & m) {
+        int32_t k = s->ht[i];
+        if (!k || (k <= s->n && gr_same(s, k - 1, st, len)))
+            return &s->ht[i];
+    }
+}
+
+/* Doubles the hash set (at least 64 slots) and enters every stack. */
+static int gr_rehash(grammar_state *s)
+{
+    int cap = s->ht_cap ? 2 * s->ht_cap : 64;
+    int32_t *ht = calloc((size_t)cap, sizeof *ht);
+    if (!ht)
+        return -1;
+    free(s->ht);
+    s->ht = ht;
+    s->ht_cap = cap;
+    for (int i = 0; i < s->n; i++)
+        *gr_slot(s, s->pool + s->st[i].off, s->st[i].len) = i + 1;
+    return 0;
+}
+
 /* Adds stack st (len elements) unless already there; -1 when out of memory or too many. */
 static int gr_add_stack(grammar_state *s, const int32_t *st, int len)
 {
-    for (int i = 0; i < s->n; i++)
-        if (gr_same(s, i, st, len))
-            return 0;
+    if (2 * (s->n + 1) > s->ht_cap && gr_rehash(s))
+        return -1;
+    int32_t *slot = gr_slot(s, st, len);
+    if (*slot)
+        return 0;
     if (s->n >= GR_MAX_STACKS || gr_grow((void **)&s->st, &s->cap, s->n + 1, sizeof *s->st) ||
         gr_grow((void **)&s->pool, &s->cap_pool, s->n_pool + len, sizeof *s->pool))
         return -1;
@@ -811,6 +855,7 @@ static int gr_add_stack(grammar_state *s, const int32_t *st, int len)
         memcpy(s->pool + s->n_pool, st, (size_t)len * sizeof *st);
     s->st[s->n++] = (gr_span){s->n_pool, len};
     s->n_pool += len;
+    *slot = s->n;
     return 0;
 }
 
@@ -819,6 +864,8 @@ static int gr_add_stack(grammar_state *s, const int32_t *st, int len)
 static int gr_expand(grammar_state *s, int32_t *st, int len)
 {
     const grammar *g = s->g;
+    if (++s->work > GR_MAX_WORK) /* an ambiguous grammar (nested repetitions): refused */
+        return -1;
     for (;;) {
         if (!len)
             return gr_add_stack(s, st, 0);
@@ -997,6 +1044,7 @@ static void gr_state_release(grammar_state *s)
 {
     free(s->pool);
     free(s->st);
+    free(s->ht);
 }
 
 void grammar_state_free(grammar_state **sp)
@@ -1077,7 +1125,7 @@ size_t grammar_forced(const grammar_state *s, char *out, size_t cap)
             bool one = r && !k->neg && k->n == 1 && r->lo == r->hi;
             cp = one && (cp < 0 || cp == (long)r->lo) ? (long)r->lo : -2;
         }
-        if (cp < 0)
+        if (cp < 0 || (cp >= 0xD800 && cp <= 0xDFFF)) /* a surrogate is no text */
             break;
         char u[4];
         size_t m = utf8_put((uint32_t)cp, u);

@@ -140,6 +140,35 @@ static void test_surrogates(void **state)
         assert_int_equal(grammar_feed(s, out, n), 0);
     grammar_state_free(&s);
     grammar_free(&g);
+
+    g = tg_parse("root ::= [\\uD800] \"x\"");
+    s = grammar_start(g);
+    assert_int_equal(grammar_forced(s, out, sizeof out), 0); /* a surrogate is no text */
+    grammar_state_free(&s);
+    grammar_free(&g);
+}
+
+/* Nested repetitions multiply the parses of each character: the stacks are found again through
+ * a hash set (a linear search took seconds a byte at 14 levels), and past GR_MAX_WORK offers for
+ * one character the text is refused, as past GR_MAX_STACKS. An ambiguous grammar still works. */
+static void test_ambiguous_bounded(void **state)
+{
+    (void)state;
+    grammar *g = tg_parse("root ::= z\nz ::= .++++");
+    assert_true(tg_match(g, "a"));
+    assert_true(tg_match(g, "qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq"));
+    grammar_free(&g);
+    g = tg_parse("root ::= z\nz ::= .++++++++++++++");
+    assert_true(tg_match(g, "a"));
+    char text[97];
+    memset(text, 'q', 96);
+    text[96] = 0;
+    assert_false(tg_match(g, text)); /* past GR_MAX_WORK */
+    grammar_free(&g);
+    g = tg_parse("root ::= (\"a\" | \"ab\")* \"c\"");
+    assert_true(tg_match(g, "aababababc"));
+    assert_false(tg_match(g, "abb"));
+    grammar_free(&g);
 }
 
 static void test_feed_and_forced(void **state)
@@ -378,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_language),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_surrogates),
+        cmocka_unit_test(test_ambiguous_bounded),
         cmocka_unit_test(test_feed_and_forced),
     };
     const struct CMUnitTest model[] = {
