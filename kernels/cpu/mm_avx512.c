@@ -6,7 +6,8 @@
  *   - 4-bit weights: the nibbles are the unsigned operand of vpdpbusd against the low and high
  *     signed bytes of the activations (four columns per instruction and lane, int32 accumulation:
  *     exact), combined as 256 * hi + lo per block. A block is unpacked once per tile of up to 8
- *     tokens, so a verification step of W <= 8 reads and unpacks each weight once.
+ *     tokens (4 with 16-bit activations: QT4H), so a verification step of W <= 8 reads each
+ *     weight from memory once.
  *   - Q8_0: int8 weights widened to int16 pairs, vpdpwssd; with 8-bit activations the weights
  *     (+128) take vpdpbusd four columns at a time (a5_q8_tile).
  *   - 8-bit activations (mm_xq.bits = 8): the 4-bit and K-family tiles leave out the high-byte
@@ -29,6 +30,12 @@
 
 #define AI static inline __attribute__((always_inline))
 #define QT 8 /* tokens per quantized tile */
+/* Tokens per Q4_0/Q4_1 tile with 16-bit activations: 8 tokens' low and high chains and float
+ * sums (24 zmm) with the unpacked weights spill; 4 do not. AMD Zen 5, 2 threads, Q4_1
+ * SmolLM2-135M, `orochi bench --widths 8,16,32 --act-bits 16` interleaved twice: W = 8 5.43/5.65
+ * -> 5.03/4.83 ms, W = 16 10.05/10.16 -> 9.34/9.02, W = 32 19.94/19.45 -> 18.13/17.76 (6 tokens
+ * in between). */
+#define QT4H 4
 #define FT 6  /* tokens per float tile of two groups (2 accumulators per group each) */
 #define FT1 8 /* tokens per float tile of one group */
 /* Steps of up to FT_ONE tokens work one group after the other (one sequential weight stream,
@@ -179,8 +186,9 @@ AI void a5_q8_tile(const int E8, int NT, const uint8_t *pk, const mm_xq *xq, int
 AI void a5_qgroup_h(const int H, uint32_t type, const uint8_t *pk, const mm_xq *xq, int n_tok,
                     float *out)
 {
-    for (int t0 = 0; t0 < n_tok; t0 += QT) {
-        int nt = n_tok - t0 < QT ? n_tok - t0 : QT;
+    const int qt = H && type != KT_Q8_0 ? QT4H : QT;
+    for (int t0 = 0; t0 < n_tok; t0 += qt) {
+        int nt = n_tok - t0 < qt ? n_tok - t0 : qt;
         if (type == KT_Q8_0) {
 #define C8(N) a5_q8_tile(!H, N, pk, xq, t0, out)
             A5_Q_CASES(C8)
