@@ -225,9 +225,10 @@ def main():
                 srv = LlamaServer(a.llama_server, a.model, a.threads, a.peer_slots or n_max, ctx)
                 port = srv.port
             else:
-                # the group's sequence slots: as many as the clients, up to its most (RT_MAX_SEQ),
-                # and steps of at least as many rows (prefill width)
-                slots = min(n_max, 32)
+                # the group's sequence slots: as many as the clients, up to its most (RT_MAX_SEQ,
+                # 64; --max-batch auto would give 64 here), and a prompt's steps as wide as the
+                # slots past 16 (more prompt rows a step: the measurements of docs/performance.md)
+                slots = min(n_max, 64)
                 extra = ["--max-batch", str(slots), "--n-ctx", str(ctx)]
                 if slots > 16:
                     extra += ["--prefill-width", str(slots)]

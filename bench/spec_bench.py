@@ -42,7 +42,8 @@ what speculation can give this group at most; with --extra "--max-draft D").
                             keeps N in flight while any of --concurrency-jobs (default 3 x the
                             largest level) is left, waves sends N at a time and waits for the
                             longest of each; the group's speculators: --concurrency-spec ngram
-                            (default; none: no speculator); --rounds R repeats the levels
+                            (default; none: no speculator; replay: a perfect drafter, the
+                            sequential answers); --rounds R repeats the levels
                             interleaved, medians of the per-round ratios to one request
 """
 import argparse
@@ -290,7 +291,7 @@ def main():
                                            extra_value(a, "--act-bits"), extra_value(a, "--kv"))
         base[p["id"]] = {"ids": ids, "tok_s": len(ids) / wall, "decode_tok_s": dec_tps}
 
-    if "replay" in configs:
+    if "replay" in configs or "replay" in a.concurrency_spec.split(","):
         corpus = os.path.join(os.path.dirname(a.json), "replay-corpus.txt")
         with open(corpus, "w") as f:
             for p in prompts:
@@ -613,7 +614,8 @@ def concurrency(a, prompts, base, out):
     tok/s and the median over rounds of its ratio to level 1 of the same round."""
     levels = [int(x) for x in a.concurrency.split(",")]
     run_dir = a.run_dir + "-concurrency"
-    specs = [k for k in a.concurrency_spec.split(",") if k and k != "none"]
+    # a configuration's name (replay: the sequential answers, a perfect drafter) or speculators
+    specs = [s for k in a.concurrency_spec.split(",") if k and k != "none" for s in CONFIGS.get(k, [k])]
     g = Group(a.bin_dir, a.model, run_dir, a.workers, a.threads_per_worker, specs, a.extra.split(),
               ["--", "--max-batch", str(max(levels))])
     ok = True

@@ -132,7 +132,8 @@ typedef struct {
     int kv_dup_opt;       /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     int prefill_width; /* --prefill-width: the most rows of a step carrying a prompt chunk */
-    int step_rows;     /* the larger of the two: the rows any step may carry (arena layout) */
+    int chunk_rows;    /* the larger of the two: the rows of a step carrying a prompt chunk */
+    int step_rows;     /* that or --max-batch, the larger: the rows any step may carry (arena) */
     char worker_device[RT_MAX_WORKERS][4]; /* "cpu" or "gpu" per worker (--workers cpu:N,gpu:M) */
     /* --gpu-memory, --gpu-graphs, --gpu-fuse, --gpu-att-parts, --gpu-matmul for GPU workers ("":
      * the worker's default) */

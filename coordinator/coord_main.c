@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -157,7 +158,7 @@ static void coord_usage(FILE *out)
         "         [--dead-ms MS] [--tree on|off] [--vote majority|union|off]\n"
         "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
-        "         [--decision-threshold N] [--max-batch N] [--prefill-width N]\n"
+        "         [--decision-threshold N] [--max-batch N|auto] [--prefill-width N]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
@@ -182,7 +183,12 @@ static void coord_usage(FILE *out)
         "  Grammar drafts (default on): the text a request's grammar forces (structured output,\n"
         "  a tool call) is drafted as a chain and verified, with or without speculators.\n"
         "  Prompts are computed in steps of up to --prefill-width rows (default 12, at least\n"
-        "  --max-width), which also carry a token of each other active request.\n"
+        "  --max-width), which also carry a token of each other active request (in turns when\n"
+        "  more are active than half the rows hold).\n"
+        "  --max-batch (requests decoded together, the sequence slots): auto (default) gives a\n"
+        "  group of CPU workers as many as half the memory holds at full --n-ctx (at most %d;\n"
+        "  the K/V rows take memory only once written), one with a GPU worker 4 (the\n"
+        "  registered arena is pinned whole); docs/memory.md, \"Sequence slots\".\n"
         "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
         "  connected or the guard keeping them off, are decoded by the workers themselves\n"
         "  (each step's argmax is the next token); the coordinator takes the tokens every\n"
@@ -223,9 +229,10 @@ static void coord_usage(FILE *out)
         "  SIGTERM drains: new requests get 503, admitted ones finish (at most --drain-ms,\n"
         "  default 10000), then the group stops; a second SIGTERM stops at once.\n"
         "  Access: the API key is --api-key, else the first line of --api-key-file, else\n"
-        "  $OROCHI_API_KEY; none: no authentication. At most --max-queue (64) requests wait\n"
+        "  $OROCHI_API_KEY; none: no authentication. At most --max-queue (256) requests wait\n"
         "  for a sequence slot; more get 429 with Retry-After. RUN_DIR (the control socket's\n"
-        "  directory) is made private to the user (0700). See docs/security.md.\n");
+        "  directory) is made private to the user (0700). See docs/security.md.\n",
+        RT_MAX_SEQ);
 }
 
 /* The API key: --api-key, else the first line of key_file, else $OROCHI_API_KEY (a key on the
@@ -462,7 +469,7 @@ static int coord_parse(coord *c, int argc, char **argv)
             }
             break;
         case 5: c->opt.decision_threshold = atoi(optarg); break;
-        case 8: c->opt.n_seq = atoi(optarg); break;
+        case 8: c->opt.n_seq = !strcmp(optarg, "auto") ? 0 : atoi(optarg) > 0 ? atoi(optarg) : -1; break;
         case 9:
             c->opt.draft_wait_fixed = !strcmp(optarg, "fixed");
             bad |= strcmp(optarg, "fixed") && strcmp(optarg, "measured");
@@ -496,8 +503,8 @@ static int coord_parse(coord *c, int argc, char **argv)
         fprintf(stderr, "orochi-coordinator: --max-queue must be 1..%d\n", COORD_QUEUE);
         return 2;
     }
-    if (c->opt.n_seq < 1 || c->opt.n_seq > RT_MAX_SEQ) {
-        fprintf(stderr, "orochi-coordinator: --max-batch must be 1..%d\n", RT_MAX_SEQ);
+    if (c->opt.n_seq < 0 || c->opt.n_seq > RT_MAX_SEQ) {
+        fprintf(stderr, "orochi-coordinator: --max-batch must be 1..%d or auto\n", RT_MAX_SEQ);
         return 2;
     }
     if (c->width < 1 || c->width > c->opt.max_width || c->opt.decision_threshold < 1 ||
@@ -515,15 +522,11 @@ static int coord_parse(coord *c, int argc, char **argv)
         fprintf(stderr, "orochi-coordinator: --prefill-width must be 1..%d\n", RT_MAX_WIDTH);
         return 2;
     }
-    c->opt.step_rows =
+    c->opt.chunk_rows =
         c->opt.prefill_width > c->opt.max_width ? c->opt.prefill_width : c->opt.max_width;
-    if (c->opt.n_seq > c->opt.step_rows) { /* every active request takes a row of each step */
-        fprintf(stderr,
-                "orochi-coordinator: --max-batch %d needs steps of as many rows: raise "
-                "--prefill-width or --max-width to %d (now %d)\n",
-                c->opt.n_seq, c->opt.n_seq, c->opt.step_rows);
-        return 2;
-    }
+    /* every active request takes a row of each step: the arena's steps hold a row per slot
+     * (--max-batch auto widens them in coord_auto_slots) */
+    c->opt.step_rows = c->opt.n_seq > c->opt.chunk_rows ? c->opt.n_seq : c->opt.chunk_rows;
     if (c->opt.n_workers < 1 || c->opt.n_workers > RT_MAX_WORKERS ||
         c->opt.threads_per_worker < 1 || c->opt.max_width < 1 || c->opt.max_width > RT_MAX_WIDTH ||
         c->opt.max_draft < 1 || c->opt.max_draft >= c->opt.max_width + 1 || c->opt.port < 0 ||
@@ -549,6 +552,56 @@ static void coord_bin_dir(coord *c)
     }
     self[n] = 0;
     snprintf(c->opt.bin_dir, sizeof c->opt.bin_dir, "%s", dirname(self));
+}
+
+/* Bytes of memory the sequence slots may take: half of the smaller of the memory available
+ * (/proc/meminfo) and the room left in the file system of POSIX shared memory (/dev/shm), where
+ * the arena lives; 0 when neither can be read. */
+static uint64_t coord_slot_budget(void)
+{
+    uint64_t avail = 0, room = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+                avail = (uint64_t)kb * 1024;
+        fclose(f);
+    }
+    struct statvfs vs;
+    if (!statvfs("/dev/shm", &vs))
+        room = (uint64_t)vs.f_bavail * vs.f_frsize;
+    uint64_t m = avail && room ? (avail < room ? avail : room) : avail ? avail : room;
+    return m / 2;
+}
+
+/* --max-batch auto: a group of CPU workers takes as many sequence slots as the budget holds with
+ * every slot's K/V at full --n-ctx (RT_MAX_SEQ at most, 1 at least), a group with a GPU worker 4
+ * (the arena registered with CUDA is pinned whole). A slot's rows are written as its request
+ * grows and the shared-memory file commits pages only when written, so the slots cost what their
+ * requests hold; the budget keeps their sum within memory even when every slot fills. The
+ * arena's steps grow to a row per slot; a prompt's steps keep --prefill-width rows. */
+static void coord_auto_slots(coord *c, bool all_cpu)
+{
+    const llama_config *cfg = &c->model->cfg;
+    uint64_t per = (uint64_t)cfg->n_layers * 2 * (uint64_t)cfg->n_kv_heads *
+                   (uint64_t)cfg->head_dim * (c->opt.kv_elem == KV_F16 ? 2u : 4u) *
+                   (uint64_t)c->opt.n_ctx;
+    uint64_t budget = coord_slot_budget();
+    int n = 4;
+    if (all_cpu) {
+        uint64_t fit = per ? budget / per : RT_MAX_SEQ;
+        n = fit > RT_MAX_SEQ ? RT_MAX_SEQ : fit < 1 ? 1 : (int)fit;
+    }
+    c->opt.n_seq = n;
+    if (n > c->opt.step_rows)
+        c->opt.step_rows = n;
+    rt_log("coordinator",
+           "sequence slots: %d (--max-batch auto: %s; K/V %.0f MB a slot at --n-ctx %d, taken as "
+           "written; budget %.1f GB, half the free memory); steps of up to %d rows, a prompt's %d",
+           n, all_cpu ? "as many as the budget holds" : "4 with a GPU worker", (double)per / 1e6,
+           c->opt.n_ctx, (double)budget / 1e9, c->opt.step_rows, c->opt.chunk_rows);
 }
 
 static int coord_setup(coord *c)
@@ -587,6 +640,8 @@ static int coord_setup(coord *c)
     }
     if (c->opt.n_ctx <= 0 || c->opt.n_ctx > c->model->cfg.ctx)
         c->opt.n_ctx = c->model->cfg.ctx < 4096 ? c->model->cfg.ctx : 4096;
+    if (!c->opt.n_seq)
+        coord_auto_slots(c, all_cpu);
     uint64_t h = 0;
     for (int32_t i = 0; i < tokenizer_vocab_size(c->tok); i++) {
         const char *t = tokenizer_token_text(c->tok, i);
@@ -708,7 +763,7 @@ int main(int argc, char **argv)
                        .n_workers = 2,
                        .threads_per_worker = 1,
                        .max_width = 8,
-                       .max_queue = 64,
+                       .max_queue = 256,
                        .act_bits = LLAMA_ACT_AUTO,
                        .kv_dup_opt = -1,
                        .max_draft = 4,
@@ -726,7 +781,7 @@ int main(int argc, char **argv)
                        .guard_window = 8,
                        .guard_probe = 48,
                        .decision_threshold = 8,
-                       .n_seq = 4,
+                       .n_seq = 0, /* auto */
                        .prefill_width = 12,
                        .drain_ms = 10000},
                .plan_bucket = -1};

@@ -673,7 +673,7 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
          * holds, they take turns (from a start that moves each step), so a long prompt neither
          * starves behind them nor stalls any of them for more than a step or two */
         int pig_all[RT_MAX_SEQ], n_cand = engine_piggyback_slots(c, s, pig_all);
-        int left = sl->n_all - prefix[s], W = c->opt.step_rows;
+        int left = sl->n_all - prefix[s], W = c->opt.chunk_rows;
         int floor_w = (W + 1) / 2 < left ? (W + 1) / 2 : left;
         int n_pig = n_cand < W - floor_w ? n_cand : W - floor_w;
         int pig[RT_MAX_SEQ];

@@ -25,7 +25,7 @@
 #define RT_REGION_HIDDEN "hidden" /* rt_hidden: the target's last hidden state (Medusa heads) */
 
 #define RT_MAX_WIDTH 64
-#define RT_MAX_SEQ 32     /* sequence slots: requests verified together in one step */
+#define RT_MAX_SEQ 64     /* sequence slots: requests verified together in one step */
 #define RT_MAX_SPECULATORS 8
 #define RT_DRAFT_SLOTS 8
 

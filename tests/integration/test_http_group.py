@@ -201,6 +201,45 @@ def test_http_group_concurrent_requests_and_client_gone():
 
 
 @t.case
+def test_http_group_64_concurrent_with_default_slots():
+    # --max-batch auto: a CPU group takes as many sequence slots as half the free memory holds at
+    # full context (64 for this small model), says so in its log, and decodes 64 requests sent
+    # together in shared steps, each answer equal to the same request sent alone
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, type="f32", seed=5)
+    with G.Group("http-64", model, workers=1) as g:
+        m = re.search(r"sequence slots: (\d+) \(--max-batch auto", g.log("coordinator"))
+        G.check(m, "no sequence-slot line in the coordinator's log:\n%s", g.log("coordinator")[-2000:])
+        slots = int(m.group(1))
+        G.log("  the group chose %d sequence slots" % slots)
+        prompts = ["%s %d" % (w, i) for i, w in enumerate(["one two", "abc abc", "x y z", "hello"] * 16)]
+        got, errors = {}, []
+
+        def one(p):
+            try:
+                got[p] = g.ids(p, 24)
+            except Exception as e:  # noqa: BLE001 - collected and reported below
+                errors.append(repr(e))
+        threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(180)
+        G.check(not errors, "concurrent requests failed: %s", errors[:3])
+        body = g.http("/metrics").body.decode()
+        for p in prompts:
+            G.check_eq(got[p], g.ids(p, 24), "request %r sent with 63 others and alone" % p)
+        if slots < 16:
+            G.log("  SKIP the batch-width check: only %d slots fit this machine's free memory" % slots)
+            return
+        buckets = dict(re.findall(r'orochi_batch_size_bucket\{le="([^"]+)"\} (\d+)', body))
+        total, le16 = int(buckets["+Inf"]), int(buckets["16"])
+        G.check(le16 < total, "no step verified more than 16 requests (%d of %d steps at 16 or fewer)",
+                le16, total)
+        G.log("  64 requests together: %d of %d steps held more than 16 of them; every answer "
+              "equal to the request alone" % (total - le16, total))
+
+
+@t.case
 def test_http_group_openai_shapes():
     model = G.default_model() or tiny()
     with G.Group("http-openai", model, workers=2, speculators=["ngram"]) as g:
