@@ -20,7 +20,9 @@ round without it: what a long prompt arriving costs the requests already decodin
 Servers: "orochi" (deploy/orochi-launch: --workers W x --threads-per-worker, --speculator ...,
 --extra coordinator options) and, with --llama-server BIN, llama.cpp's llama-server started as
 `llama-server -m FILE -t THREADS -np N -c CTX*N --cont-batching` (N: --peer-slots, default the
-clients, like the group's slots). --configs names more orochi groups, e.g. "plain=,ngram=ngram". Results: a table,
+clients, like the group's slots; the group gets `--max-batch` = the clients, and a prompt step
+as wide past 16, unless --group-defaults leaves both at the group's defaults). --configs names
+more orochi groups, e.g. "plain=,ngram=ngram". Results: a table,
 JSON lines (--json), every answer checked to be complete (finish_reason stop or length). The load
 average is printed before every round.
 
@@ -188,6 +190,9 @@ def main():
     ap.add_argument("--workers", type=int, default=1, help="orochi workers (threads split among them)")
     ap.add_argument("--configs", default="orochi=", help="orochi groups: NAME=SPEC[+SPEC...] comma list")
     ap.add_argument("--extra", default="", help="coordinator options of every orochi group")
+    ap.add_argument("--group-defaults", action="store_true",
+                    help="orochi groups with their own sequence slots and prompt step width "
+                         "(--max-batch auto, --prefill-width 12) instead of one slot per client")
     ap.add_argument("--llama-server", default="", help="llama-server binary (none: orochi only)")
     ap.add_argument("--peer-slots", type=int, default=0, help="llama-server -np (default: the clients)")
     ap.add_argument("--concurrency", default="8", help="clients, e.g. 8,32 (each level in every round)")
@@ -229,9 +234,11 @@ def main():
                 # 64; --max-batch auto would give 64 here), and a prompt's steps as wide as the
                 # slots past 16 (more prompt rows a step: the measurements of docs/performance.md)
                 slots = min(n_max, 64)
-                extra = ["--max-batch", str(slots), "--n-ctx", str(ctx)]
-                if slots > 16:
-                    extra += ["--prefill-width", str(slots)]
+                extra = ["--n-ctx", str(ctx)]
+                if not a.group_defaults:
+                    extra += ["--max-batch", str(slots)]
+                    if slots > 16:
+                        extra += ["--prefill-width", str(slots)]
                 extra += a.extra.split()
                 srv = Group(a.bin_dir, a.model, "/tmp/orochi-serve-%s-r%d" % (name, rnd), a.workers,
                             max(1, a.threads // a.workers), specs, extra)
