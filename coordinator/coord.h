@@ -216,6 +216,9 @@ typedef struct {
     int spec_len, width;
     bool guard_on;
     uint64_t len_changes, guard_switches_off;
+    int slots_active;       /* sequence slots with a request */
+    uint64_t kv_held;       /* K/V bytes the slots' committed rows have written (whole pages) */
+    uint64_t kv_full;       /* every slot at its full context */
     coord_latency ttft;   /* a request's arrival to its first token */
     coord_latency itl;    /* between a request's tokens (coord_latency_observe_gap) */
     struct cJSON *status; /* the group for GET /status, rebuilt by the main loop (coord_status.c) */

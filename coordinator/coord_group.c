@@ -782,6 +782,9 @@ void coord_group_write_status(coord *c)
             : c->guard.on     ? "on (speculating)"
                               : "off (plain)",
             c->guard.base * 1e3, c->guard.spec * 1e3, c->opt.plan_path ? c->opt.plan_path : "none");
+    fprintf(f, "%-16s %d  active %d  K/V held %.1f MB (every slot at full context: %.1f GB)\n",
+            "slots", c->opt.n_seq, c->met.slots_active, (double)c->met.kv_held / 1e6,
+            (double)c->met.kv_full / 1e9);
     /* the speculator gauges for /metrics */
     char text[sizeof c->met.spec_text];
     size_t n = 0;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "coordinator/coord.h"
+#include "coordinator/engine.h"
 #include "base/buf.h"
 
 /* the histograms' upper bounds, seconds (one step of the default model is ~5 ms; a long prompt
@@ -38,9 +39,30 @@ void coord_metrics_cycle_locked(coord *c, int requests, int rows, int tokens, in
                           .ms = (float)ms};
 }
 
+/* K/V bytes of `rows` rows in every (layer, K or V, KV head) region of a slot, in whole pages:
+ * what the arena's file has committed for them. */
+static uint64_t metrics_kv_bytes(const coord *c, int rows)
+{
+    const llama_config *cfg = &c->model->cfg;
+    uint64_t row = (uint64_t)cfg->head_dim * (c->opt.kv_elem == KV_F16 ? 2u : 4u), page = 4096;
+    uint64_t per_region = ((uint64_t)rows * row + page - 1) / page * page;
+    return per_region * (uint64_t)cfg->n_layers * 2 * (uint64_t)cfg->n_kv_heads;
+}
+
 void coord_metrics_controllers(coord *c)
 {
+    int active = 0;
+    uint64_t held = 0;
+    for (int s = 0; c->eng && c->model && s < c->opt.n_seq; s++) {
+        active += c->eng->slots[s].used;
+        if (c->eng->prefix[s] > c->eng->held[s])
+            c->eng->held[s] = c->eng->prefix[s];
+        held += metrics_kv_bytes(c, c->eng->held[s]);
+    }
     pthread_mutex_lock(&c->met.lock);
+    c->met.slots_active = active;
+    c->met.kv_held = held;
+    c->met.kv_full = c->model ? (uint64_t)c->opt.n_seq * metrics_kv_bytes(c, c->opt.n_ctx) : 0;
     c->met.spec_len = c->spec_len;
     c->met.width = c->width;
     c->met.len_changes = c->len.changes;
@@ -149,6 +171,15 @@ char *coord_engine_metrics(void *ctx)
       "orochi_guard_switches_off_total %llu\n",
       c->met.spec_len, (unsigned long long)c->met.len_changes, c->met.width,
       c->met.guard_on ? 1 : 0, (unsigned long long)c->met.guard_switches_off);
+    M("# HELP orochi_sequence_slots Requests the group decodes together (--max-batch).\n"
+      "# TYPE orochi_sequence_slots gauge\norochi_sequence_slots %d\n"
+      "# TYPE orochi_sequence_slots_active gauge\norochi_sequence_slots_active %d\n"
+      "# HELP orochi_kv_bytes_held K/V bytes the slots have written into the arena (pages "
+      "committed), and what every slot at its full context would take.\n"
+      "# TYPE orochi_kv_bytes_held gauge\norochi_kv_bytes_held %llu\n"
+      "# TYPE orochi_kv_bytes_full gauge\norochi_kv_bytes_full %llu\n",
+      c->opt.n_seq, c->met.slots_active, (unsigned long long)c->met.kv_held,
+      (unsigned long long)c->met.kv_full);
     M("%s", c->met.spec_text);
     M("%s", c->met.mem_text);
     pthread_mutex_unlock(&c->met.lock);

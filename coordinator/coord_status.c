@@ -157,6 +157,13 @@ static cJSON *status_build(coord *c)
         if (c->grp.peers[i].role == PEER_SPECULATOR)
             cJSON_AddItemToArray(procs, status_peer(c, &c->grp.peers[i], now));
     cJSON_AddItemToObject(root, "controllers", status_controllers(c));
+    cJSON *slots = cJSON_AddObjectToObject(root, "slots");
+    if (slots) {
+        cJSON_AddNumberToObject(slots, "slots", c->opt.n_seq);
+        cJSON_AddNumberToObject(slots, "active", c->met.slots_active);
+        cJSON_AddNumberToObject(slots, "kv_bytes_held", (double)c->met.kv_held);
+        cJSON_AddNumberToObject(slots, "kv_bytes_full", (double)c->met.kv_full);
+    }
 
     pthread_mutex_lock(&c->met.lock);
     cJSON_AddNumberToObject(co, "steps", (double)c->met.steps);

@@ -226,6 +226,15 @@ def test_http_group_64_concurrent_with_default_slots():
             th.join(180)
         G.check(not errors, "concurrent requests failed: %s", errors[:3])
         body = g.http("/metrics").body.decode()
+        gauge = dict(re.findall(r"^(orochi_sequence_slots|orochi_kv_bytes_held|orochi_kv_bytes_full) (\d+)$",
+                                body, re.M))
+        G.check(int(gauge.get("orochi_sequence_slots", -1)) == slots, "orochi_sequence_slots %s, the log %d",
+                gauge.get("orochi_sequence_slots"), slots)
+        # a slot that served has written a page or more of each K/V region (2 layers x K, V x 2 KV
+        # heads), the 24-token answers far from the slots' full contexts
+        held, full = int(gauge.get("orochi_kv_bytes_held", 0)), int(gauge.get("orochi_kv_bytes_full", 0))
+        G.check(2 * 2 * 2 * 4096 <= held < full / 2, "K/V held %d bytes of %d", held, full)
+        G.log("  K/V held after the burst: %.1f MB of %.1f MB at full context" % (held / 1e6, full / 1e6))
         for p in prompts:
             G.check_eq(got[p], g.ids(p, 24), "request %r sent with 63 others and alone" % p)
         if slots < 16:
