@@ -140,6 +140,7 @@ typedef struct {
     char gpu_memory[8], gpu_graphs[4], gpu_fuse[4], gpu_att_parts[8], gpu_matmul[8];
     bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
     int n_seq;             /* requests verified together (sequence slots, --max-batch) */
+    int kv_release_s;      /* --kv-release: seconds a slot idles before its K/V pages go back */
     int heartbeat_ms, dead_ms;
     int drain_ms; /* SIGTERM: how long admitted requests may take to finish */
     bool trace, no_spawn;
@@ -256,6 +257,7 @@ struct coord {
      * generation: bumped with every change, carried by each step in the arena (rt_step) */
     llama_partition part;
     bool part_set;
+    bool kv_release_ok; /* every worker a CPU: idle slots' K/V pages may go back (--kv-release) */
     uint32_t part_gen;
 
     /* the model (weights stay unmapped but for metadata: the coordinator computes nothing) */
@@ -321,6 +323,9 @@ void coord_latency_observe(coord_latency *h, double seconds, uint64_t times);
 /* copy the controllers' state (length, its changes, width, guard) into c->met for /metrics: the
  * engine calls it after every tick, so /metrics is never behind a finished request */
 void coord_metrics_controllers(coord *c);
+/* K/V bytes of `rows` rows in every (layer, K or V, KV head) region of a sequence slot, in whole
+ * pages: what the arena's file has committed for them. */
+uint64_t coord_kv_bytes(const coord *c, int rows);
 /* Records a verification cycle (steps 1) or a free run's take (its steps) in met.recent, the
  * timeline of GET /status; met.lock held. */
 void coord_metrics_cycle_locked(coord *c, int requests, int rows, int tokens, int steps, double ms);

@@ -387,6 +387,36 @@ bool coord_engine_busy(coord *c)
     return queued;
 }
 
+/* --kv-release: the K/V pages of slots idle that long go back to the system (llama_kv_release),
+ * and with them the rows a later prompt could have started from. Groups of CPU workers only: a
+ * GPU worker's registered arena is pinned, and its mirror keeps rows of its own. */
+static void engine_release_idle(coord *c)
+{
+    static uint64_t last_us;
+    uint64_t now = rt_now_us(), after = (uint64_t)c->opt.kv_release_s * 1000000u;
+    if (c->opt.kv_release_s <= 0 || !c->kv_release_ok || now - last_us < 1000000u)
+        return; /* a look a second: at most a line a second in the log */
+    last_us = now;
+    uint64_t held = 0;
+    int n = 0;
+    for (int s = 0; s < c->opt.n_seq; s++) {
+        struct coord_engine_state *e = c->eng;
+        if (e->slots[s].used || e->held[s] <= 0 || now - e->idle_since[s] < after)
+            continue;
+        held += coord_kv_bytes(c, e->held[s]);
+        llama_kv_release(c->kv, s, 0);
+        free(e->kept[s]);
+        e->kept[s] = NULL;
+        e->n_kept[s] = 0;
+        e->held[s] = 0;
+        e->prefix[s] = 0;
+        n++;
+    }
+    if (n)
+        rt_log("coordinator", "gave back the K/V pages of %d slot%s idle for %d s (%.1f MB written)",
+               n, n == 1 ? "" : "s", c->opt.kv_release_s, held / 1e6);
+}
+
 void coord_engine_tick(coord *c)
 {
     /* admit queued requests into free slots (FIFO) */
@@ -408,5 +438,6 @@ void coord_engine_tick(coord *c)
         engine_slot_start(c, s, req, queued_us);
     }
     engine_step_all(c);
+    engine_release_idle(c);
     coord_metrics_controllers(c);
 }

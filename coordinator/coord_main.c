@@ -159,6 +159,7 @@ static void coord_usage(FILE *out)
         "         [--adaptive on|off] [--width N] [--acr-reward-threshold R]\n"
         "         [--acr-punish-threshold P] [--reward-factor F] [--punish-factor F]\n"
         "         [--decision-threshold N] [--max-batch N|auto] [--prefill-width N]\n"
+        "         [--kv-release S]\n"
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
@@ -189,6 +190,9 @@ static void coord_usage(FILE *out)
         "  group of CPU workers as many as half the memory holds at full --n-ctx (at most %d;\n"
         "  the K/V rows take memory only once written), one with a GPU worker 4 (the\n"
         "  registered arena is pinned whole); docs/memory.md, \"Sequence slots\".\n"
+        "  --kv-release S (default 30; 0: never): a slot idle for S seconds gives its K/V pages\n"
+        "  back to the system, and with them the rows a later prompt could start from (CPU\n"
+        "  groups).\n"
         "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
         "  connected or the guard keeping them off, are decoded by the workers themselves\n"
         "  (each step's argmax is the next token); the coordinator takes the tokens every\n"
@@ -324,6 +328,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-matmul", required_argument, 0, 27},
                                          {"chat-template", required_argument, 0, 28},
                                          {"prefill-width", required_argument, 0, 29},
+                                         {"kv-release", required_argument, 0, 31},
                                          {"grammar-drafts", required_argument, 0, 30},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
@@ -423,6 +428,7 @@ static int coord_parse(coord *c, int argc, char **argv)
             break;
         case 28: c->opt.chat_template = optarg; break;
         case 29: c->opt.prefill_width = atoi(optarg); break;
+        case 31: c->opt.kv_release_s = atoi(optarg) >= 0 ? atoi(optarg) : -1; break;
         case 27:
             if (llama_gpu_matmul_parse(optarg) < 0) {
                 fprintf(stderr,
@@ -499,6 +505,10 @@ static int coord_parse(coord *c, int argc, char **argv)
         c->width = c->opt.max_width;
     if (coord_api_key(c, key_file))
         return 2;
+    if (c->opt.kv_release_s < 0) {
+        fprintf(stderr, "orochi-coordinator: --kv-release takes seconds (0: never)\n");
+        return 2;
+    }
     if (c->opt.max_queue < 1 || c->opt.max_queue > COORD_QUEUE) {
         fprintf(stderr, "orochi-coordinator: --max-queue must be 1..%d\n", COORD_QUEUE);
         return 2;
@@ -629,6 +639,7 @@ static int coord_setup(coord *c)
         return 2;
     }
     c->opt.kv_dup = c->opt.kv_dup_opt == 1 || (c->opt.kv_dup_opt < 0 && all_cpu);
+    c->kv_release_ok = all_cpu;
     int even_max = c->opt.kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads;
     if (c->opt.n_workers > even_max && !c->part_set) {
         rt_log("coordinator",
@@ -782,6 +793,7 @@ int main(int argc, char **argv)
                        .guard_probe = 48,
                        .decision_threshold = 8,
                        .n_seq = 0, /* auto */
+                       .kv_release_s = 30,
                        .prefill_width = 12,
                        .drain_ms = 10000},
                .plan_bucket = -1};

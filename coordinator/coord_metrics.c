@@ -39,9 +39,7 @@ void coord_metrics_cycle_locked(coord *c, int requests, int rows, int tokens, in
                           .ms = (float)ms};
 }
 
-/* K/V bytes of `rows` rows in every (layer, K or V, KV head) region of a slot, in whole pages:
- * what the arena's file has committed for them. */
-static uint64_t metrics_kv_bytes(const coord *c, int rows)
+uint64_t coord_kv_bytes(const coord *c, int rows)
 {
     const llama_config *cfg = &c->model->cfg;
     uint64_t row = (uint64_t)cfg->head_dim * (c->opt.kv_elem == KV_F16 ? 2u : 4u), page = 4096;
@@ -57,12 +55,12 @@ void coord_metrics_controllers(coord *c)
         active += c->eng->slots[s].used;
         if (c->eng->prefix[s] > c->eng->held[s])
             c->eng->held[s] = c->eng->prefix[s];
-        held += metrics_kv_bytes(c, c->eng->held[s]);
+        held += coord_kv_bytes(c, c->eng->held[s]);
     }
     pthread_mutex_lock(&c->met.lock);
     c->met.slots_active = active;
     c->met.kv_held = held;
-    c->met.kv_full = c->model ? (uint64_t)c->opt.n_seq * metrics_kv_bytes(c, c->opt.n_ctx) : 0;
+    c->met.kv_full = c->model ? (uint64_t)c->opt.n_seq * coord_kv_bytes(c, c->opt.n_ctx) : 0;
     c->met.spec_len = c->spec_len;
     c->met.width = c->width;
     c->met.len_changes = c->len.changes;

@@ -55,7 +55,10 @@ static void engine_slot_release(coord *c, int s)
         grammar_state_free(&sl->gnode[i]);
     coord_request_unref(&sl->req);
     memset(sl, 0, sizeof *sl);
+    if (c->eng->prefix[s] > c->eng->held[s]) /* the rows written stay until --kv-release */
+        c->eng->held[s] = c->eng->prefix[s];
     c->eng->prefix[s] = 0;
+    c->eng->idle_since[s] = rt_now_us();
 }
 
 bool engine_slot_shaped(const engine_slot *sl)

@@ -67,6 +67,7 @@ struct coord_engine_state {
     engine_slot slots[RT_MAX_SEQ];
     int prefix[RT_MAX_SEQ]; /* committed length per sequence slot */
     int held[RT_MAX_SEQ];   /* the most rows each slot has committed: its arena pages written */
+    uint64_t idle_since[RT_MAX_SEQ]; /* when each slot's last request ended (rt_now_us) */
     /* an idle slot's committed tokens (its last request's), whose K/V rows are still in its
      * region of the cache: a new prompt that begins with them starts from them */
     int32_t *kept[RT_MAX_SEQ];

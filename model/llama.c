@@ -285,6 +285,32 @@ int llama_kv_copy_prefix(llama_ctx *x, int src, int dst, int n, char *err, size_
     return 0;
 }
 
+size_t llama_kv_release(llama_ctx *x, int seq, int from)
+{
+    if (seq < 0 || seq >= x->p.n_seq || from < 0 || from >= x->p.n_ctx || x->p.prefix_src)
+        return 0;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t freed = 0;
+    for (int l = 0; l < x->m->cfg.n_layers; l++)
+        for (int w = 0; w < 2; w++) {
+            uint8_t *base = kv_layer(x, l, w);
+            for (int kvh = x->own0; kvh < x->own1; kvh++) {
+                int64_t row0 = (int64_t)seq * x->p.n_ctx;
+                uintptr_t a = (uintptr_t)kv_head_row(x, base, kvh, row0 + from),
+                          b = (uintptr_t)kv_head_row(x, base, kvh, row0 + x->p.n_ctx);
+                a = (a + page - 1) / page * page;
+                b = b / page * page;
+                if (b > a && !madvise((void *)a, b - a, MADV_REMOVE))
+                    freed += b - a;
+            }
+        }
+    if (x->prefix[seq] > from)
+        x->prefix[seq] = from;
+    x->tree_open = false;
+    kv_epoch_bump(x, seq);
+    return freed;
+}
+
 int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq)
 {
     return seq >= 0 && seq < ctx->p.n_seq ? ctx->prefix[seq] : 0;

@@ -261,6 +261,12 @@ int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq);
  * only sets the length. Returns 0, or -1 with err for a slot or length out of range or a context
  * that reads its prefix from another (prefix_src). */
 int llama_kv_copy_prefix(llama_ctx *ctx, int src, int dst, int n, char *err, size_t errlen);
+/* Gives the memory of slot seq's rows [from, n_ctx) back to the system: the whole pages they
+ * span in every K/V region of the heads this context owns are removed from the shared block's
+ * file (madvise MADV_REMOVE; they read as zeros, and take memory again when written). The slot's
+ * committed length drops to at most `from`. Returns the bytes given back; 0 where the block is
+ * not a shared file (a private block keeps its pages) or nothing whole lay in the range. */
+size_t llama_kv_release(llama_ctx *ctx, int seq, int from);
 void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n);
 const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
 /* Which sequence slot of params.prefix_src the prefix is read from (ignored without one). */

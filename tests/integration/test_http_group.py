@@ -249,6 +249,28 @@ def test_http_group_64_concurrent_with_default_slots():
 
 
 @t.case
+def test_http_group_idle_slots_give_back_kv():
+    # --kv-release 1: a slot idle for a second gives its K/V pages back (the held gauge drops to
+    # 0, the log says so) and the next request, which can no longer start from the kept rows,
+    # computes its prompt again and answers the same
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=256, type="f32", seed=5)
+    with G.Group("http-kv-release", model, workers=1, extra=["--kv-release", "1"]) as g:
+        first = g.complete("one two three four", 40)
+        held = lambda: int(re.search(r"^orochi_kv_bytes_held (\d+)$", g.http("/metrics").body.decode(),  # noqa: E731
+                                     re.M).group(1))
+        G.check(held() > 0, "no K/V held after a request")
+        G.check(g.wait_log("coordinator", "gave back the K/V pages of 1 slot idle for 1 s", 10),
+                "no release in the log:\n%s", g.log("coordinator")[-1500:])
+        deadline = time.time() + 5
+        while held() and time.time() < deadline:
+            time.sleep(0.2)
+        G.check_eq(held(), 0, "K/V bytes held after the release")
+        again = g.complete("one two three four", 40)
+        G.check_eq(again["orochi"]["token_ids"], first["orochi"]["token_ids"], "the answer after the release")
+        G.log("  a slot idle for 1 s gave its K/V back; the same request answered the same after it")
+
+
+@t.case
 def test_http_group_openai_shapes():
     model = G.default_model() or tiny()
     with G.Group("http-openai", model, workers=2, speculators=["ngram"]) as g:
