@@ -187,7 +187,7 @@ static void coord_usage(FILE *out)
         "  --max-width), which also carry a token of each other active request (in turns when\n"
         "  more are active than half the rows hold).\n"
         "  --max-batch (requests decoded together, the sequence slots): auto (default) gives a\n"
-        "  group of CPU workers as many as half the memory holds at full --n-ctx (at most %d;\n"
+        "  group of CPU workers as many as half the memory holds at full --n-ctx (4 to %d;\n"
         "  the K/V rows take memory only once written), one with a GPU worker 4 (the\n"
         "  registered arena is pinned whole); docs/memory.md, \"Sequence slots\".\n"
         "  --kv-release S (default 30; 0: never): a slot idle for S seconds gives its K/V pages\n"
@@ -587,7 +587,7 @@ static uint64_t coord_slot_budget(void)
 }
 
 /* --max-batch auto: a group of CPU workers takes as many sequence slots as the budget holds with
- * every slot's K/V at full --n-ctx (RT_MAX_SEQ at most, 1 at least), a group with a GPU worker 4
+ * every slot's K/V at full --n-ctx (RT_MAX_SEQ at most, 4 at least), a group with a GPU worker 4
  * (the arena registered with CUDA is pinned whole). A slot's rows are written as its request
  * grows and the shared-memory file commits pages only when written, so the slots cost what their
  * requests hold; the budget keeps their sum within memory even when every slot fills. The
@@ -602,7 +602,9 @@ static void coord_auto_slots(coord *c, bool all_cpu)
     int n = 4;
     if (all_cpu) {
         uint64_t fit = per ? budget / per : RT_MAX_SEQ;
-        n = fit > RT_MAX_SEQ ? RT_MAX_SEQ : fit < 1 ? 1 : (int)fit;
+        /* never fewer than 4, the fixed default before: a small /dev/shm (a container's
+         * 64 MB) still holds 4 slots' rows as they are written, as it always did */
+        n = fit > RT_MAX_SEQ ? RT_MAX_SEQ : fit < 4 ? 4 : (int)fit;
     }
     c->opt.n_seq = n;
     if (n > c->opt.step_rows)
