@@ -255,15 +255,22 @@ def test_free_run_of_a_batch():
     want = [G.run_ids(m, p, n) for p, n in jobs]
     for workers in (1, 2):
         with G.Group("free-batch%d" % workers, m, workers=workers) as g:
-            got = [r["orochi"]["token_ids"] for r in at_once(g, jobs)]
-            free, three = metric(g, "orochi_free_run_tokens_total"), batch_steps(g, 3)
-        for i, ids in enumerate(got):
-            G.check_eq(ids, want[i], "request %d (%d tokens) of the batch, %d workers" % (
-                i, jobs[i][1], workers))
-        G.check(three > 0, "no step carried all three requests (%d workers)", workers)
-        G.check(free > sum(len(w) for w in want) // 2,
+            # the three must overlap: under a loaded suite the third can arrive after the first
+            # ended (200 tokens take ~20 ms here), so the three are sent again, up to 3 times,
+            # until a step carried all of them; every answer is checked each time
+            for attempt in range(3):
+                got = [r["orochi"]["token_ids"] for r in at_once(g, jobs)]
+                for i, ids in enumerate(got):
+                    G.check_eq(ids, want[i], "request %d (%d tokens) of the batch, %d workers" % (
+                        i, jobs[i][1], workers))
+                free, three = metric(g, "orochi_free_run_tokens_total"), batch_steps(g, 3)
+                if three > 0:
+                    break
+                G.log("  attempt %d: the three did not overlap (sent again)" % (attempt + 1))
+        G.check(three > 0, "no step carried all three requests in 3 tries (%d workers)", workers)
+        G.check(free > (attempt + 1) * sum(len(w) for w in want) // 2,
                 "only %d of %d tokens were made free-running (%d workers)", free,
-                sum(len(w) for w in want), workers)
+                (attempt + 1) * sum(len(w) for w in want), workers)
         G.log("  %d workers: identical; %d steps carried all three, %d of %d tokens free-running" % (
             workers, three, free, sum(len(w) for w in want)))
 
