@@ -21,6 +21,7 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -212,36 +213,62 @@ def test_http_group_64_concurrent_with_default_slots():
         slots = int(m.group(1))
         G.log("  the group chose %d sequence slots" % slots)
         prompts = ["%s %d" % (w, i) for i, w in enumerate(["one two", "abc abc", "x y z", "hello"] * 16)]
-        got, errors = {}, []
 
-        def one(p):
+        def burst():
+            got, errors = {}, []
+
+            def one(p):
+                try:
+                    got[p] = g.ids(p, 120)
+                except Exception as e:  # noqa: BLE001 - collected and reported below
+                    errors.append(repr(e))
+            # the worker is held while the 64 arrive (an answer takes ~15 ms here, and a loaded
+            # machine may start the client threads later than that); 1 s is far inside --dead-ms
+            pids = [d["pid"] for r, d in g.status().items() if r.startswith("worker-") and d["pid"]]
+            threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
             try:
-                got[p] = g.ids(p, 24)
-            except Exception as e:  # noqa: BLE001 - collected and reported below
-                errors.append(repr(e))
-        threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(180)
-        G.check(not errors, "concurrent requests failed: %s", errors[:3])
-        body = g.http("/metrics").body.decode()
+                for th in threads:
+                    th.start()
+                time.sleep(1)
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+            for th in threads:
+                th.join(180)
+            G.check(not errors, "concurrent requests failed: %s", errors[:3])
+            return got
+
+        def buckets():
+            body = g.http("/metrics").body.decode()
+            return body, dict(re.findall(r'orochi_batch_size_bucket\{le="([^"]+)"\} (\d+)', body))
+
+        got = burst()
+        body, b = buckets()
+        # should a step still never have held more than 16 of them, the burst is sent again, up to
+        # twice more
+        for attempt in range(2):
+            if slots < 16 or int(b["16"]) < int(b["+Inf"]):
+                break
+            G.log("  burst %d: no step held more than 16 requests (sent again)" % (attempt + 1))
+            burst()
+            body, b = buckets()
         gauge = dict(re.findall(r"^(orochi_sequence_slots|orochi_kv_bytes_held|orochi_kv_bytes_full) (\d+)$",
                                 body, re.M))
         G.check(int(gauge.get("orochi_sequence_slots", -1)) == slots, "orochi_sequence_slots %s, the log %d",
                 gauge.get("orochi_sequence_slots"), slots)
         # a slot that served has written a page or more of each K/V region (2 layers x K, V x 2 KV
-        # heads), the 24-token answers far from the slots' full contexts
+        # heads), the 120-token answers at most half of the slots' 256-row contexts
         held, full = int(gauge.get("orochi_kv_bytes_held", 0)), int(gauge.get("orochi_kv_bytes_full", 0))
-        G.check(2 * 2 * 2 * 4096 <= held < full / 2, "K/V held %d bytes of %d", held, full)
+        G.check(2 * 2 * 2 * 4096 <= held <= full / 2, "K/V held %d bytes of %d", held, full)
         G.log("  K/V held after the burst: %.1f MB of %.1f MB at full context" % (held / 1e6, full / 1e6))
         for p in prompts:
-            G.check_eq(got[p], g.ids(p, 24), "request %r sent with 63 others and alone" % p)
+            G.check_eq(got[p], g.ids(p, 120), "request %r sent with 63 others and alone" % p)
         if slots < 16:
             G.log("  SKIP the batch-width check: only %d slots fit this machine's free memory" % slots)
             return
-        buckets = dict(re.findall(r'orochi_batch_size_bucket\{le="([^"]+)"\} (\d+)', body))
-        total, le16 = int(buckets["+Inf"]), int(buckets["16"])
+        total, le16 = int(b["+Inf"]), int(b["16"])
         G.check(le16 < total, "no step verified more than 16 requests (%d of %d steps at 16 or fewer)",
                 le16, total)
         G.log("  64 requests together: %d of %d steps held more than 16 of them; every answer "
