@@ -594,10 +594,7 @@ static uint64_t coord_slot_budget(void)
  * arena's steps grow to a row per slot; a prompt's steps keep --prefill-width rows. */
 static void coord_auto_slots(coord *c, bool all_cpu)
 {
-    const llama_config *cfg = &c->model->cfg;
-    uint64_t per = (uint64_t)cfg->n_layers * 2 * (uint64_t)cfg->n_kv_heads *
-                   (uint64_t)cfg->head_dim * (c->opt.kv_elem == KV_F16 ? 2u : 4u) *
-                   (uint64_t)c->opt.n_ctx;
+    uint64_t per = coord_kv_bytes(c, c->opt.n_ctx); /* a full slot, in whole pages */
     uint64_t budget = coord_slot_budget();
     int n = 4;
     if (all_cpu) {

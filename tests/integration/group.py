@@ -442,6 +442,26 @@ class Group:
             return {}
         return parse_status(lines)
 
+    def send_held(self, calls, seconds):
+        """Runs each of `calls` in a thread of its own while the workers are stopped (SIGSTOP),
+        lets them go on (SIGCONT) `seconds` later, and waits for the threads: every request the
+        calls send is in the group before its first step. A tiny model answers in milliseconds and
+        a loaded machine may start client threads later than that; `seconds` must stay far inside
+        --dead-ms (3 s)."""
+        pids = [d["pid"] for r, d in self.status().items() if r.startswith("worker-") and d["pid"]]
+        threads = [threading.Thread(target=f) for f in calls]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            for th in threads:
+                th.start()
+            time.sleep(seconds)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        for th in threads:
+            th.join(180)
+
     def wait_status(self, pred, timeout, what):
         deadline = time.time() + timeout
         st = {}

@@ -23,7 +23,6 @@ time (coordinator/coord_freerun.c, engine_run_free; workers/worker.c, worker_run
 """
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -72,24 +71,18 @@ def batch_steps(g, size):
 
 def at_once(g, jobs, hold=False):
     """Send every (prompt, max_tokens) of jobs at the same time; the completions in job order.
-    hold: the workers are stopped (SIGSTOP) while the requests arrive and go on 0.5 s later, so
-    all of them are in the group before its first step (a tiny model answers in milliseconds,
-    and a loaded machine may start the client threads later than that)."""
+    hold: the workers are stopped while the requests arrive and go on 0.5 s later (Group.send_held),
+    so all of them are in the group before its first step."""
     got = [None] * len(jobs)
-    workers = [d["pid"] for r, d in g.status().items() if r.startswith("worker-") and d["pid"]] if hold else []
 
     def one(i):
         got[i] = g.complete(jobs[i][0], jobs[i][1])
+    if hold:
+        g.send_held([lambda i=i: one(i) for i in range(len(jobs))], 0.5)
+        return got
     th = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
-    for pid in workers:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        for x in th:
-            x.start()
-        time.sleep(0.5 if workers else 0)
-    finally:
-        for pid in workers:
-            os.kill(pid, signal.SIGCONT)
+    for x in th:
+        x.start()
     for x in th:
         x.join()
     return got

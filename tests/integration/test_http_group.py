@@ -21,7 +21,6 @@ import json
 import os
 import re
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -222,21 +221,8 @@ def test_http_group_64_concurrent_with_default_slots():
                     got[p] = g.ids(p, 120)
                 except Exception as e:  # noqa: BLE001 - collected and reported below
                     errors.append(repr(e))
-            # the worker is held while the 64 arrive (an answer takes ~15 ms here, and a loaded
-            # machine may start the client threads later than that); 1 s is far inside --dead-ms
-            pids = [d["pid"] for r, d in g.status().items() if r.startswith("worker-") and d["pid"]]
-            threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-            try:
-                for th in threads:
-                    th.start()
-                time.sleep(1)
-            finally:
-                for pid in pids:
-                    os.kill(pid, signal.SIGCONT)
-            for th in threads:
-                th.join(180)
+            # the worker is held while the 64 arrive (an answer takes ~15 ms here)
+            g.send_held([lambda p=p: one(p) for p in prompts], 1)
             G.check(not errors, "concurrent requests failed: %s", errors[:3])
             return got
 
