@@ -138,6 +138,7 @@ typedef struct {
     /* --gpu-memory, --gpu-graphs, --gpu-fuse, --gpu-att-parts, --gpu-matmul for GPU workers ("":
      * the worker's default) */
     char gpu_memory[8], gpu_graphs[4], gpu_fuse[4], gpu_att_parts[8], gpu_matmul[8];
+    char gpu_weights[8], gpu_limit[24]; /* --gpu-weights, --gpu-memory-limit (passed on) */
     bool draft_wait_fixed; /* --draft-wait fixed: every fed speculator up to draft_wait_ms */
     int n_seq;             /* requests verified together (sequence slots, --max-batch) */
     int kv_release_s;      /* --kv-release: seconds a slot idles before its K/V pages go back */

@@ -281,26 +281,19 @@ int coord_group_spawn_all(coord *c)
         group_argv(p, 9, bin, "--run-dir", c->opt.run_dir, "--index", idx, "--threads", thr,
                    "--device", c->opt.worker_device[i][0] ? c->opt.worker_device[i] : "cpu");
         if (!strcmp(c->opt.worker_device[i], "gpu")) {
-            if (c->opt.gpu_memory[0]) {
-                group_argv_add(p, "--gpu-memory");
-                group_argv_add(p, c->opt.gpu_memory);
-            }
-            if (c->opt.gpu_graphs[0]) {
-                group_argv_add(p, "--gpu-graphs");
-                group_argv_add(p, c->opt.gpu_graphs);
-            }
-            if (c->opt.gpu_fuse[0]) {
-                group_argv_add(p, "--gpu-fuse");
-                group_argv_add(p, c->opt.gpu_fuse);
-            }
-            if (c->opt.gpu_att_parts[0]) {
-                group_argv_add(p, "--gpu-att-parts");
-                group_argv_add(p, c->opt.gpu_att_parts);
-            }
-            if (c->opt.gpu_matmul[0]) {
-                group_argv_add(p, "--gpu-matmul");
-                group_argv_add(p, c->opt.gpu_matmul);
-            }
+            /* the GPU settings the coordinator was given, each passed on as is */
+            const char *gpu_opts[][2] = {{"--gpu-memory", c->opt.gpu_memory},
+                                         {"--gpu-graphs", c->opt.gpu_graphs},
+                                         {"--gpu-fuse", c->opt.gpu_fuse},
+                                         {"--gpu-att-parts", c->opt.gpu_att_parts},
+                                         {"--gpu-matmul", c->opt.gpu_matmul},
+                                         {"--gpu-weights", c->opt.gpu_weights},
+                                         {"--gpu-memory-limit", c->opt.gpu_limit}};
+            for (size_t k = 0; k < sizeof gpu_opts / sizeof gpu_opts[0]; k++)
+                if (gpu_opts[k][1][0]) {
+                    group_argv_add(p, gpu_opts[k][0]);
+                    group_argv_add(p, gpu_opts[k][1]);
+                }
         }
     }
     for (int i = 0; i < c->opt.n_spec_specs; i++)

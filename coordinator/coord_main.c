@@ -165,7 +165,8 @@ static void coord_usage(FILE *out)
         "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
         "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
-        "         [--gpu-matmul auto|cuda|tensor] [--chat-template FILE] [--trace]\n"
+        "         [--gpu-matmul auto|cuda|tensor] [--gpu-weights auto|device|mapped]\n"
+        "         [--gpu-memory-limit BYTES] [--chat-template FILE] [--trace]\n"
         "         [--grammar-drafts on|off]\n"
         "  Serves the OpenAI-compatible API on http://ADDR:P (default 127.0.0.1:8080) with N\n"
         "  CPU workers (default 2) splitting the target by columns (gpu:M adds GPU workers, in\n"
@@ -220,6 +221,10 @@ static void coord_usage(FILE *out)
         "  op (the same bits), and how many parts its attention cuts a long key stream into\n"
         "  (auto: by length and width; 1: never; docs/gpu.md); --gpu-matmul (auto): the\n"
         "  quantized matrices on tensor cores (auto, tensor) or CUDA cores (cuda).\n"
+        "  --gpu-weights (auto) and --gpu-memory-limit (none) go to them too: a GPU part keeps\n"
+        "  only its partition's rows of the weights in device memory (device), or reads them\n"
+        "  in place from the model file (mapped; auto: mapped on an integrated GPU), within\n"
+        "  that much device memory (e.g. 40G; docs/gpu.md, \"One copy\").\n"
         "  Chat requests are rendered with the model file's chat template, run as written by\n"
         "  orochi's Jinja interpreter (docs/models.md); --chat-template FILE uses that Jinja\n"
         "  template instead. A conversation the template refuses (raise_exception) or a\n"
@@ -279,6 +284,47 @@ static int coord_api_key(coord *c, const char *key_file)
     return 0;
 }
 
+/* A GPU setting (option code o of coord_parse), checked and kept as given: the coordinator passes
+ * it on to its GPU workers (coord_group.c). 0, or -1 after saying what the option takes. */
+static int coord_gpu_opt(coord *c, int o, const char *val)
+{
+    size_t bytes;
+    struct {
+        int code;
+        const char *name, *takes;
+        bool ok;
+        char *dst;
+        size_t len;
+    } t[] = {
+        {23, "gpu-memory", "auto, mapped or mirror", llama_gpu_memory_parse(val) >= 0,
+         c->opt.gpu_memory, sizeof c->opt.gpu_memory},
+        {24, "gpu-graphs", "on or off", !strcmp(val, "on") || !strcmp(val, "off"),
+         c->opt.gpu_graphs, sizeof c->opt.gpu_graphs},
+        {25, "gpu-fuse", "on or off", !strcmp(val, "on") || !strcmp(val, "off"), c->opt.gpu_fuse,
+         sizeof c->opt.gpu_fuse},
+        {26, "gpu-att-parts", "auto or 1..256", llama_gpu_att_parts_parse(val) >= 0,
+         c->opt.gpu_att_parts, sizeof c->opt.gpu_att_parts},
+        {27, "gpu-matmul", "auto, cuda or tensor", llama_gpu_matmul_parse(val) >= 0,
+         c->opt.gpu_matmul, sizeof c->opt.gpu_matmul},
+        {32, "gpu-weights", "auto, device or mapped", llama_gpu_weights_parse(val) >= 0,
+         c->opt.gpu_weights, sizeof c->opt.gpu_weights},
+        {33, "gpu-memory-limit", "a byte count (40G, 512M; 0: none)",
+         !llama_gpu_bytes_parse(val, &bytes), c->opt.gpu_limit, sizeof c->opt.gpu_limit},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (t[i].code != o)
+            continue;
+        if (!t[i].ok || strlen(val) >= t[i].len) {
+            fprintf(stderr, "orochi-coordinator: --%s takes %s, got '%s'\n", t[i].name, t[i].takes,
+                    val);
+            return -1;
+        }
+        snprintf(t[i].dst, t[i].len, "%s", val);
+        return 0;
+    }
+    return -1;
+}
+
 static int coord_parse(coord *c, int argc, char **argv)
 {
     static const struct option opts[] = {{"run-dir", required_argument, 0, 'r'},
@@ -326,6 +372,8 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"gpu-fuse", required_argument, 0, 25},
                                          {"gpu-att-parts", required_argument, 0, 26},
                                          {"gpu-matmul", required_argument, 0, 27},
+                                         {"gpu-weights", required_argument, 0, 32},
+                                         {"gpu-memory-limit", required_argument, 0, 33},
                                          {"chat-template", required_argument, 0, 28},
                                          {"prefill-width", required_argument, 0, 29},
                                          {"kv-release", required_argument, 0, 31},
@@ -417,48 +465,18 @@ static int coord_parse(coord *c, int argc, char **argv)
             bad |= strcmp(optarg, "f32") && strcmp(optarg, "f16");
             break;
         case 23:
-            if (llama_gpu_memory_parse(optarg) < 0) {
-                fprintf(stderr,
-                        "orochi-coordinator: --gpu-memory takes auto, mapped or mirror, "
-                        "got '%s'\n",
-                        optarg);
+        case 24:
+        case 25:
+        case 26:
+        case 27:
+        case 32:
+        case 33:
+            if (coord_gpu_opt(c, o, optarg))
                 return 2;
-            }
-            snprintf(c->opt.gpu_memory, sizeof c->opt.gpu_memory, "%s", optarg);
             break;
         case 28: c->opt.chat_template = optarg; break;
         case 29: c->opt.prefill_width = atoi(optarg); break;
         case 31: c->opt.kv_release_s = atoi(optarg) >= 0 ? atoi(optarg) : -1; break;
-        case 27:
-            if (llama_gpu_matmul_parse(optarg) < 0) {
-                fprintf(stderr,
-                        "orochi-coordinator: --gpu-matmul takes auto, cuda or tensor, "
-                        "got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            snprintf(c->opt.gpu_matmul, sizeof c->opt.gpu_matmul, "%s", optarg);
-            break;
-        case 26:
-            if (llama_gpu_att_parts_parse(optarg) < 0) {
-                fprintf(stderr,
-                        "orochi-coordinator: --gpu-att-parts takes auto or 1..256, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            snprintf(c->opt.gpu_att_parts, sizeof c->opt.gpu_att_parts, "%s", optarg);
-            break;
-        case 24:
-        case 25:
-            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-                fprintf(stderr, "orochi-coordinator: --%s takes on or off, got '%s'\n",
-                        o == 24 ? "gpu-graphs" : "gpu-fuse", optarg);
-                return 2;
-            }
-            /* both fields hold "on" or "off" */
-            snprintf(o == 24 ? c->opt.gpu_graphs : c->opt.gpu_fuse, sizeof c->opt.gpu_fuse, "%s",
-                     optarg);
-            break;
         case 19:
             c->opt.kv_dup_opt = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
             if (c->opt.kv_dup_opt == -2) {

@@ -77,6 +77,18 @@ static size_t gpu_stage_at(gpu_stage *s, uint8_t *base, size_t W, size_t heads, 
 
 #define GPU_MAX_GRAPHS 256
 
+/* One weight matrix on the device: rows [lo, hi) of src in `block` (dst->data points lo rows
+ * before it, so a kernel finds row r where a whole copy would have it; only rows inside the
+ * window are ever read). The window's kind (gpu_win_need) says which rows a partition needs. */
+typedef enum { GW_Q, GW_KV, GW_WO, GW_FFN_UP, GW_DOWN, GW_LM_HEAD, GW_ALL } gpu_win_kind;
+typedef struct {
+    const kmat *src;
+    kmat *dst;
+    gpu_win_kind kind;
+    void *block;
+    int64_t lo, hi;
+} gpu_win;
+
 typedef struct {
     int n, from, base, att_parts;
     bool att_tiles;
@@ -93,8 +105,23 @@ struct llama_gpu {
     gpu_layer *layers;
     kmat tok_embd, lm_head;
     float *out_norm;
-    void **allocs; /* device blocks owned */
+    void **allocs; /* device blocks owned (the buffers, the norms and biases) */
     int n_allocs, cap_allocs;
+    /* the weight matrices: with device weights each a window of the rows the part computes
+     * (gpu_win_fit), grown when a new partition needs rows it lacks; with mapped weights the
+     * model file's own pages, registered (wmap_*) */
+    gpu_win *wins;
+    int n_wins;
+    llama_gpu_weights weights; /* DEVICE or MAPPED once resolved */
+    const uint8_t *wmap_host;
+    uint8_t *wmap_dev;
+    size_t wmap_bytes;
+    bool wmap_registered;
+    size_t limit;            /* llama_gpu_params.memory_limit (0: none) */
+    size_t buf_bytes;        /* device memory of the allocs */
+    size_t win_bytes;        /* device memory of the windows */
+    long rewindowed;         /* windows uploaded again for a new partition */
+    bool placed;             /* the weights placed at the start (llama_gpu_new) */
     float *xb, *attp, *xs; /* normed x; merged attention; a Megatron linear's input slice */
     /* the step's small arrays (gpu_stage_at): filled on the host in a registered (page-locked)
      * block, sent to the device's twin in one copy */
@@ -122,7 +149,7 @@ struct llama_gpu {
     int n_rec;
     int64_t rec_bnd[LP_N][LLAMA_MAX_PARTS + 1];
     long replayed, recorded;
-    char describe[320];
+    char describe[480];
 };
 
 static void *gpu_alloc(llama_gpu *gp, size_t bytes)
@@ -136,16 +163,19 @@ static void *gpu_alloc(llama_gpu *gp, size_t bytes)
         gp->cap_allocs = cap;
     }
     void *p = kcuda_alloc(bytes);
-    if (p)
+    if (p) {
         gp->allocs[gp->n_allocs++] = p;
+        gp->buf_bytes += bytes;
+    }
     return p;
 }
 
 #define LLAMA_MAX_KV_HEADS_GPU 256 /* KV heads a step's per-head lists hold */
 
-/* A device copy of a matrix's GGUF rows. */
-static int gpu_matrix(llama_gpu *gp, const kmat *src, kmat *dst, const char *what, char *err,
-                      size_t errlen)
+/* A weight matrix of the part: checked for a type the GPU takes, its window empty until
+ * gpu_win_fit (or, with mapped weights, gpu_win_map) places it. */
+static int gpu_win_add(llama_gpu *gp, const kmat *src, kmat *dst, gpu_win_kind kind,
+                       const char *what, char *err, size_t errlen)
 {
     if (!kcuda_type_ok(src->type)) {
         snprintf(err, errlen,
@@ -156,14 +186,178 @@ static int gpu_matrix(llama_gpu *gp, const kmat *src, kmat *dst, const char *wha
     }
     *dst = *src;
     dst->packed = NULL;
-    size_t bytes = (size_t)src->rows * src->row_bytes;
-    void *d = gpu_alloc(gp, bytes);
-    if (!d) {
-        snprintf(err, errlen, "%s: cannot allocate %zu bytes of GPU memory", what, bytes);
+    dst->data = NULL;
+    gp->wins[gp->n_wins++] = (gpu_win){src, dst, kind, NULL, 0, 0};
+    return 0;
+}
+
+/* The rows [lo, hi) of a window's matrix (rows in all) that the context's partition gives it. */
+static void gpu_win_need(const llama_ctx *x, const llama_part_cols *pc, gpu_win_kind k,
+                         int64_t rows, int64_t *lo, int64_t *hi)
+{
+    int64_t r[GW_ALL][2] = {{pc->q0, pc->q1}, {pc->k0, pc->k1}, {pc->d0, pc->d1},
+                            {pc->f0, pc->f1}, {pc->e0, pc->e1}, {pc->v0, pc->v1}};
+    /* Megatron: wo and down by input columns, every output row */
+    bool whole = k == GW_ALL || (x->megatron && (k == GW_WO || k == GW_DOWN));
+    *lo = whole ? 0 : r[k][0];
+    *hi = whole ? rows : r[k][1];
+}
+
+static size_t gpu_rows_bytes(const kmat *m, int64_t lo, int64_t hi)
+{
+    return hi > lo ? (size_t)(hi - lo) * m->row_bytes : 0;
+}
+
+static double gpu_mib(size_t bytes)
+{
+    return (double)bytes / (1 << 20);
+}
+
+size_t llama_gpu_share_bytes(const llama_ctx *x)
+{
+    const llama_model *m = x->m;
+    llama_part_cols pc;
+    llama_part_cols_of(x, &pc);
+    int64_t lo, hi;
+    size_t sum = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const llama_layer *L = &m->layers[l];
+        const kmat *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        static const gpu_win_kind kind[7] = {GW_Q, GW_KV, GW_KV, GW_WO, GW_FFN_UP, GW_FFN_UP,
+                                             GW_DOWN};
+        for (int k = 0; k < 7; k++) {
+            gpu_win_need(x, &pc, kind[k], w[k]->rows, &lo, &hi);
+            sum += gpu_rows_bytes(w[k], lo, hi);
+        }
+    }
+    sum += gpu_rows_bytes(&m->tok_embd, 0, m->tok_embd.rows);
+    if (!m->tied) {
+        gpu_win_need(x, &pc, GW_LM_HEAD, m->lm_head.rows, &lo, &hi);
+        sum += gpu_rows_bytes(&m->lm_head, lo, hi);
+    }
+    return sum;
+}
+
+/* Device weights: every window holds at least the rows the current partition needs. A window
+ * that lacks some is uploaded again, holding its old rows too (the union) while the memory limit
+ * allows it, else exactly the rows needed — every window then, so the whole fits wherever the
+ * needed rows do. The recordings (which hold the old addresses) are dropped. 0, or -1 with err
+ * naming the bytes needed against the limit. Called between steps, the stream drained. */
+static void gpu_graphs_drop(llama_gpu *gp);
+static int gpu_win_fit(llama_gpu *gp, char *err, size_t errlen)
+{
+    if (gp->weights != LLAMA_GPU_WEIGHTS_DEVICE)
+        return 0;
+    llama_part_cols pc;
+    llama_part_cols_of(gp->x, &pc);
+    size_t exact = 0, uni = 0;
+    bool lacking = false;
+    for (int i = 0; i < gp->n_wins; i++) {
+        gpu_win *w = &gp->wins[i];
+        int64_t lo, hi;
+        gpu_win_need(gp->x, &pc, w->kind, w->src->rows, &lo, &hi);
+        exact += gpu_rows_bytes(w->src, lo, hi);
+        bool has = hi <= lo || (lo >= w->lo && hi <= w->hi);
+        lacking |= !has;
+        if (has || w->hi <= w->lo)
+            uni += has ? gpu_rows_bytes(w->src, w->lo, w->hi) : gpu_rows_bytes(w->src, lo, hi);
+        else
+            uni += gpu_rows_bytes(w->src, lo < w->lo ? lo : w->lo, hi > w->hi ? hi : w->hi);
+    }
+    if (!lacking)
+        return 0;
+    if (gp->limit && gp->buf_bytes + exact > gp->limit) {
+        snprintf(err, errlen,
+                 "the GPU part needs %.1f MiB of device memory (its share of the weights %.1f "
+                 "MiB, buffers %.1f MiB), over --gpu-memory-limit %.1f MiB: give the GPU a smaller "
+                 "share (orochi bench --plans --search PLAN --devices gpu,cpu --gpu-memory-limit "
+                 "finds one) or --gpu-weights mapped",
+                 gpu_mib(gp->buf_bytes + exact), gpu_mib(exact), gpu_mib(gp->buf_bytes),
+                 gpu_mib(gp->limit));
         return -1;
     }
-    dst->data = d;
-    return kcuda_upload(gp->g, d, src->data, bytes, err, errlen);
+    bool tight = gp->limit && gp->buf_bytes + uni > gp->limit;
+    gpu_graphs_drop(gp);
+    for (int i = 0; i < gp->n_wins; i++) {
+        gpu_win *w = &gp->wins[i];
+        int64_t lo, hi;
+        gpu_win_need(gp->x, &pc, w->kind, w->src->rows, &lo, &hi);
+        bool has = hi <= lo || (lo >= w->lo && hi <= w->hi);
+        bool exactly = hi <= lo ? w->hi <= w->lo : w->lo == lo && w->hi == hi;
+        if (tight ? exactly : has)
+            continue;
+        if (!tight && w->hi > w->lo) { /* the union */
+            lo = lo < w->lo ? lo : w->lo;
+            hi = hi > w->hi ? hi : w->hi;
+        }
+        kcuda_free(w->block);
+        gp->win_bytes -= gpu_rows_bytes(w->src, w->lo, w->hi);
+        w->block = NULL;
+        w->lo = w->hi = 0;
+        w->dst->data = NULL;
+        size_t bytes = gpu_rows_bytes(w->src, lo, hi);
+        if (!bytes)
+            continue; /* none of its rows needed (tight): the window stays empty */
+        void *d = kcuda_alloc(bytes);
+        if (!d) {
+            snprintf(err, errlen, "cannot allocate %.1f MiB of GPU memory for a weight matrix",
+                     gpu_mib(bytes));
+            return -1;
+        }
+        if (kcuda_upload(gp->g, d, (const uint8_t *)w->src->data + (size_t)lo * w->src->row_bytes,
+                         bytes, err, errlen)) {
+            kcuda_free(d);
+            return -1;
+        }
+        w->block = d;
+        w->lo = lo;
+        w->hi = hi;
+        /* row r at data + r * row_bytes, as in a whole copy: rows before lo are never read */
+        w->dst->data = (uint8_t *)d - (size_t)lo * w->src->row_bytes;
+        gp->win_bytes += bytes;
+        gp->rewindowed += gp->placed;
+    }
+    return kcuda_sync(gp->g, err, errlen);
+}
+
+/* Mapped weights: the model file's pages registered read-only; every matrix read where the file
+ * has it (one that lies outside the file is uploaded whole). 0, or -1 with err. */
+static int gpu_win_map(llama_gpu *gp, char *err, size_t errlen)
+{
+    const gguf_file *f = gp->x->m->file;
+    void *dev;
+    int rc = kcuda_register_ro(f->base, f->size, &dev, err, errlen);
+    if (rc < 0)
+        return -1;
+    gp->wmap_registered = rc == 0;
+    gp->wmap_host = f->base;
+    gp->wmap_dev = dev;
+    gp->wmap_bytes = f->size;
+    for (int i = 0; i < gp->n_wins; i++) {
+        gpu_win *w = &gp->wins[i];
+        const uint8_t *p = w->src->data;
+        size_t bytes = gpu_rows_bytes(w->src, 0, w->src->rows);
+        if (p >= f->base && p + bytes <= f->base + f->size) {
+            w->dst->data = gp->wmap_dev + (p - f->base);
+            w->lo = 0;
+            w->hi = w->src->rows;
+            continue;
+        }
+        void *d = kcuda_alloc(bytes);
+        if (!d) {
+            snprintf(err, errlen, "cannot allocate %.1f MiB of GPU memory for a weight matrix",
+                     gpu_mib(bytes));
+            return -1;
+        }
+        w->block = d;
+        w->lo = 0;
+        w->hi = w->src->rows;
+        w->dst->data = d;
+        gp->win_bytes += bytes;
+        if (kcuda_upload(gp->g, d, p, bytes, err, errlen))
+            return -1;
+    }
+    return 0;
 }
 
 static float *gpu_floats(llama_gpu *gp, const float *src, size_t n, char *err, size_t errlen)
@@ -295,8 +489,10 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->registered = true;
     gp->dev_base = dev;
     gp->layers = calloc((size_t)c->n_layers, sizeof *gp->layers);
-    if (!gp->layers)
+    gp->wins = calloc((size_t)c->n_layers * 7 + 2, sizeof *gp->wins);
+    if (!gp->layers || !gp->wins)
         goto oom;
+    gp->limit = prm->memory_limit;
     char what[64];
     for (int l = 0; l < c->n_layers; l++) {
         const llama_layer *L = &m->layers[l];
@@ -305,9 +501,11 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
         kmat *dst[7] = {&G->wq, &G->wk, &G->wv, &G->wo, &G->w_gate, &G->w_up, &G->w_down};
         static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
                                        "ffn_up", "ffn_down"};
+        static const gpu_win_kind kind[7] = {GW_Q, GW_KV, GW_KV, GW_WO, GW_FFN_UP, GW_FFN_UP,
+                                             GW_DOWN};
         for (int k = 0; k < 7; k++) {
             snprintf(what, sizeof what, "blk.%d.%s", l, names[k]);
-            if (gpu_matrix(gp, src[k], dst[k], what, err, errlen))
+            if (gpu_win_add(gp, src[k], dst[k], kind[k], what, err, errlen))
                 goto fail;
         }
         G->qkv_alike = G->wq.type == G->wk.type && G->wq.type == G->wv.type;
@@ -324,11 +522,9 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
             if (vs[k] && !(*vd[k] = gpu_floats(gp, vs[k], vn[k], err, errlen)))
                 goto fail;
     }
-    if (gpu_matrix(gp, &m->tok_embd, &gp->tok_embd, "token_embd", err, errlen))
-        goto fail;
-    if (m->tied)
-        gp->lm_head = gp->tok_embd;
-    else if (gpu_matrix(gp, &m->lm_head, &gp->lm_head, "output", err, errlen))
+    if (gpu_win_add(gp, &m->tok_embd, &gp->tok_embd, GW_ALL, "token_embd", err, errlen) ||
+        (!m->tied && gpu_win_add(gp, &m->lm_head, &gp->lm_head, GW_LM_HEAD, "output", err,
+                                 errlen)))
         goto fail;
     if (!(gp->out_norm = gpu_floats(gp, m->out_norm, (size_t)c->dim, err, errlen)))
         goto fail;
@@ -369,14 +565,46 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     } else {
         gp->dev = gp->shb;
     }
+    /* the weights last, when the buffers' bytes are known (the limit counts both) */
+    gp->weights = prm->weights != LLAMA_GPU_WEIGHTS_AUTO ? prm->weights
+                  : kcuda_integrated(gp->g)              ? LLAMA_GPU_WEIGHTS_MAPPED
+                                                         : LLAMA_GPU_WEIGHTS_DEVICE;
+    if (gp->weights == LLAMA_GPU_WEIGHTS_MAPPED && gpu_win_map(gp, err, errlen)) {
+        if (prm->weights == LLAMA_GPU_WEIGHTS_MAPPED)
+            goto fail;
+        fprintf(stderr, "GPU: weights in device memory: the model file could not be mapped for "
+                        "the device (%s)\n", err);
+        gp->weights = LLAMA_GPU_WEIGHTS_DEVICE;
+    }
+    if (gp->weights == LLAMA_GPU_WEIGHTS_MAPPED && gp->limit &&
+        gp->buf_bytes + gp->win_bytes > gp->limit) {
+        snprintf(err, errlen, "the GPU part needs %.1f MiB of device memory (buffers), over "
+                              "--gpu-memory-limit %.1f MiB",
+                 gpu_mib(gp->buf_bytes + gp->win_bytes), gpu_mib(gp->limit));
+        goto fail;
+    }
+    if (gpu_win_fit(gp, err, errlen))
+        goto fail;
+    gp->placed = true;
+    if (m->tied)
+        gp->lm_head = gp->tok_embd;
+    char weights[200], limit[64] = "";
+    if (gp->limit)
+        snprintf(limit, sizeof limit, "; %.1f MiB of %.1f MiB allowed", gpu_mib(gp->buf_bytes + gp->win_bytes),
+                 gpu_mib(gp->limit));
+    if (gp->weights == LLAMA_GPU_WEIGHTS_MAPPED)
+        snprintf(weights, sizeof weights, "weights mapped in place%s", limit);
+    else
+        snprintf(weights, sizeof weights, "weights on the device (the part's rows, %.1f MiB%s)",
+                 gpu_mib(gp->win_bytes), limit);
     char dev_name[160];
     kcuda_describe(gp->g, dev_name, sizeof dev_name);
     char parts[32] = "by length";
     if (gp->att_ask)
         snprintf(parts, sizeof parts, "%d", gp->att_ask);
     snprintf(gp->describe, sizeof gp->describe,
-             "%s; memory %s, graphs %s, launches %s, attention parts %s, tiles %s", dev_name,
-             llama_gpu_memory_name(gp->memory),
+             "%s; %s, memory %s, graphs %s, launches %s, attention parts %s, tiles %s", dev_name,
+             weights, llama_gpu_memory_name(gp->memory),
              !gp->graphs ? "off" : x->p.n_parts > 1 ? "on (not used: several parts)" : "on",
              gp->fuse ? "fused" : "one per op", parts,
              prm->att_tile == KCUDA_TILE_ON    ? "on"
@@ -407,6 +635,11 @@ void llama_gpu_destroy(llama_gpu **gpp)
     for (int i = 0; i < gp->n_allocs; i++)
         kcuda_free(gp->allocs[i]);
     free(gp->allocs);
+    for (int i = 0; i < gp->n_wins; i++)
+        kcuda_free(gp->wins[i].block);
+    free(gp->wins);
+    if (gp->wmap_registered)
+        kcuda_unregister((void *)gp->wmap_host);
     if (gp->registered)
         kcuda_unregister(gp->host_base);
     if (gp->stage_registered)
@@ -441,6 +674,14 @@ long llama_gpu_launches(const llama_gpu *gp)
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gp)
 {
     return gp->how;
+}
+
+void llama_gpu_memory_use(const llama_gpu *gp, size_t *weights, size_t *total, long *rewindowed)
+{
+    *weights = gp->win_bytes;
+    *total = gp->win_bytes + gp->buf_bytes;
+    if (rewindowed)
+        *rewindowed = gp->rewindowed;
 }
 
 /* The attention arguments of layer l (K/V blocks at offsets kl, vl of the step's K/V). */
@@ -920,7 +1161,7 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     kcuda *g = gp->g;
     const llama_config *c = &x->m->cfg;
     int n = b->n, W = x->p.max_width;
-    if (llama_batch_prepare(x, b, err, errlen))
+    if (llama_batch_prepare(x, b, err, errlen) || gpu_win_fit(gp, err, errlen))
         return -1;
     int from = b->logits_from < 0 ? 0 : b->logits_from;
     if (logits && from < n && !gpu_in_map(gp, logits, (size_t)(n - from) * (size_t)c->vocab * 4)) {

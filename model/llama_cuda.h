@@ -37,9 +37,24 @@ typedef enum {
     LLAMA_GPU_MIRROR, /* activations and K/V in device memory, the shared block the source */
 } llama_gpu_memory;
 
+/* Where the weight matrices live (llama_gpu_params.weights):
+ *   - device: in device memory, and only the rows this part computes under its partition (its
+ *     share of each matrix's output rows; under a Megatron plan the whole of wo and down, which it
+ *     reads by input columns; the token embedding whole). A new partition that needs rows a
+ *     matrix lacks uploads that matrix again, holding the rows of both partitions when the
+ *     memory limit allows it, so plans that take turns do not upload at every switch;
+ *   - mapped: read in place from the model file's pages (registered read-only with the device):
+ *     no copy at all — one copy of the weights on the machine, shared by every process that
+ *     maps the file. The memory itself on an integrated GPU; over the bus on a discrete card;
+ *   - auto: mapped on an integrated GPU, device on a discrete one. */
+typedef enum { LLAMA_GPU_WEIGHTS_AUTO, LLAMA_GPU_WEIGHTS_DEVICE, LLAMA_GPU_WEIGHTS_MAPPED } llama_gpu_weights;
+
 typedef struct {
     int device;              /* CUDA device index */
     llama_gpu_memory memory; /* where the activations and the K/V rows live */
+    llama_gpu_weights weights; /* where the weight matrices live */
+    size_t memory_limit;     /* device memory this part may take (0: no limit): a part whose
+                                weights and buffers would need more is refused, naming both */
     bool graphs;             /* a sole part replays its steps as CUDA graphs */
     bool unfused;            /* one launch per op, not the fused launches (for comparison) */
     int matmul_unroll;       /* kcuda_set_matmul_unroll's groups (0: by the step's width) */
@@ -85,6 +100,49 @@ static inline int llama_gpu_att_parts_parse(const char *s)
     return *s && v >= 1 && v <= 256 ? v : -1; /* 256: KCUDA_ATT_MAX_PARTS */
 }
 
+/* "auto", "device", "mapped" to llama_gpu_weights; -1 for another word. */
+static inline int llama_gpu_weights_parse(const char *s)
+{
+    return !strcmp(s, "auto")     ? LLAMA_GPU_WEIGHTS_AUTO
+           : !strcmp(s, "device") ? LLAMA_GPU_WEIGHTS_DEVICE
+           : !strcmp(s, "mapped") ? LLAMA_GPU_WEIGHTS_MAPPED
+                                  : -1;
+}
+static inline const char *llama_gpu_weights_name(llama_gpu_weights w)
+{
+    return w == LLAMA_GPU_WEIGHTS_DEVICE ? "device" : w == LLAMA_GPU_WEIGHTS_MAPPED ? "mapped"
+                                                                                     : "auto";
+}
+/* A byte count with an optional K, M, G or T suffix (powers of 1024; "0": no limit) into *out;
+ * -1 for anything else. For --gpu-memory-limit. */
+static inline int llama_gpu_bytes_parse(const char *s, size_t *out)
+{
+    double v = 0, scale = 1;
+    int n = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++, n++)
+        v = v * 10 + (*p - '0');
+    if (*p == '.') {
+        double f = 0.1;
+        for (p++; *p >= '0' && *p <= '9'; p++, n++, f /= 10)
+            v += (*p - '0') * f;
+    }
+    if (!n)
+        return -1;
+    switch (*p) {
+    case 'K': case 'k': scale = 1024.0; p++; break;
+    case 'M': case 'm': scale = 1024.0 * 1024; p++; break;
+    case 'G': case 'g': scale = 1024.0 * 1024 * 1024; p++; break;
+    case 'T': case 't': scale = 1024.0 * 1024 * 1024 * 1024; p++; break;
+    default: break;
+    }
+    if (*p == 'B' || *p == 'b' || (*p == 'i' && p[1] == 'B'))
+        p += *p == 'i' ? 2 : 1;
+    if (*p || v * scale > 1e18)
+        return -1;
+    *out = (size_t)(v * scale + 0.5);
+    return 0;
+}
 static inline const char *llama_gpu_memory_name(llama_gpu_memory m)
 {
     return m == LLAMA_GPU_MAPPED ? "mapped" : m == LLAMA_GPU_MIRROR ? "mirror" : "auto";
@@ -121,5 +179,13 @@ typedef struct {
     bool tensor_cores;
 } llama_gpu_how;
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gpu);
+/* The device memory the part holds: its weight matrices' (0 with mapped weights), and in all
+ * (the weights, the norms, biases and buffers); the windows uploaded again for a new partition
+ * since the start (may be NULL). */
+void llama_gpu_memory_use(const llama_gpu *gpu, size_t *weights, size_t *total, long *rewindowed);
+/* The device memory of the weight rows a part needs under ctx's current partition with device
+ * weights (what llama_gpu_new would upload, the windows' exact rows): the part's share of every
+ * matrix, the embedding whole. Needs no device (plans are sized with it). */
+size_t llama_gpu_share_bytes(const llama_ctx *ctx);
 
 #endif

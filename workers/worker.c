@@ -71,6 +71,8 @@ typedef struct {
 typedef struct {
     const char *run_dir, *device;
     const char *gpu_memory; /* --gpu-memory: auto, mapped, mirror */
+    const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
+    size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
     bool gpu_graphs;        /* --gpu-graphs on|off */
     bool gpu_fuse;          /* --gpu-fuse on|off */
     int gpu_att_parts;      /* --gpu-att-parts auto|N (0: auto) */
@@ -121,7 +123,8 @@ static void worker_usage(FILE *out)
     fprintf(out, "usage: orochi-worker --run-dir D --index I [--threads T] [--device cpu|gpu]\n"
                  "                     [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
                  "                     [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
-                 "                     [--gpu-matmul auto|cuda|tensor] [--orphan-ms MS]\n"
+                 "                     [--gpu-matmul auto|cuda|tensor] [--gpu-weights auto|device|mapped]\n"
+                 "                     [--gpu-memory-limit BYTES] [--orphan-ms MS]\n"
                  "                     [--stall-ms MS] [--trace]\n"
                  "  Joins the process group whose coordinator listens in run dir D and computes\n"
                  "  column part I of the target model for every verification step.\n"
@@ -138,6 +141,12 @@ static void worker_usage(FILE *out)
                  "  --gpu-matmul (auto): the quantized matrices on tensor cores (f16 products,\n"
                  "  every step width-invariant; auto) or on CUDA cores (cuda: f32, faster for\n"
                  "  one-token steps, 4-6x slower for trees of 16-64; docs/gpu.md).\n"
+                 "  --gpu-weights (auto): device keeps in device memory only the weight rows this\n"
+                 "  part computes under its partition; mapped reads them in place from the model\n"
+                 "  file's pages (no copy; the memory itself on a GPU sharing the host's); auto:\n"
+                 "  mapped on an integrated GPU, device on a discrete one.\n"
+                 "  --gpu-memory-limit (none): the device memory this part may take, e.g. 40G; a\n"
+                 "  share that needs more is refused, naming the bytes (docs/gpu.md, \"One copy\").\n"
                  "  --orphan-ms (10000): exit when the coordinator has been silent this long.\n"
                  "  --stall-ms (30000): stop heartbeating when the compute thread has been inside\n"
                  "  one op this long (so the coordinator replaces a wedged worker).\n");
@@ -393,14 +402,16 @@ static int worker_join(worker *w)
                                .graphs = w->gpu_graphs,
                                .unfused = !w->gpu_fuse,
                                .att_parts = w->gpu_att_parts,
-                               .matmul_kind = w->gpu_matmul};
+                               .matmul_kind = w->gpu_matmul,
+                               .weights = (llama_gpu_weights)llama_gpu_weights_parse(w->gpu_weights),
+                               .memory_limit = w->gpu_limit};
         w->gpu = llama_gpu_new(w->ctx, &gp, arena_base(w->arena), (size_t)arena_size(w->arena),
                                err, sizeof err);
         if (!w->gpu) {
             rt_log(w->role, "GPU: %s", err);
             goto done;
         }
-        rt_log(w->role, "GPU: %s; weights copied to device memory, the arena mapped for it",
+        rt_log(w->role, "GPU: %s; the arena mapped for it",
                llama_gpu_describe(w->gpu));
     }
 #endif
@@ -701,6 +712,8 @@ static int worker_parse(worker *w, int argc, char **argv)
                                          {"gpu-fuse", required_argument, 0, 'f'},
                                          {"gpu-att-parts", required_argument, 0, 'a'},
                                          {"gpu-matmul", required_argument, 0, 'k'},
+                                         {"gpu-weights", required_argument, 0, 'W'},
+                                         {"gpu-memory-limit", required_argument, 0, 'L'},
                                          {"orphan-ms", required_argument, 0, 'o'},
                                          {"stall-ms", required_argument, 0, 's'},
                                          {"trace", no_argument, 0, 'v'},
@@ -732,6 +745,21 @@ static int worker_parse(worker *w, int argc, char **argv)
         case 'k':
             if ((w->gpu_matmul = llama_gpu_matmul_parse(optarg)) < 0) {
                 fprintf(stderr, "orochi-worker: --gpu-matmul %s: auto, cuda or tensor\n", optarg);
+                return 2;
+            }
+            break;
+        case 'W':
+            if (llama_gpu_weights_parse(optarg) < 0) {
+                fprintf(stderr, "orochi-worker: --gpu-weights %s: auto, device or mapped\n",
+                        optarg);
+                return 2;
+            }
+            w->gpu_weights = optarg;
+            break;
+        case 'L':
+            if (llama_gpu_bytes_parse(optarg, &w->gpu_limit)) {
+                fprintf(stderr, "orochi-worker: --gpu-memory-limit %s: a byte count, e.g. 40G, "
+                                "512M or 0 (none)\n", optarg);
                 return 2;
             }
             break;
@@ -770,7 +798,7 @@ static int worker_parse(worker *w, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    worker w = {.device = "cpu", .gpu_memory = "auto", .gpu_graphs = true, .gpu_fuse = true, .threads = 1,
+    worker w = {.device = "cpu", .gpu_memory = "auto", .gpu_weights = "auto", .gpu_graphs = true, .gpu_fuse = true, .threads = 1,
                 .orphan_ms = 10000, .life.stall_ms = STALL_MS_DEFAULT};
     int rc = worker_parse(&w, argc, argv);
     if (rc)

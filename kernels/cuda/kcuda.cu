@@ -219,6 +219,26 @@ int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errle
     return 0;
 }
 
+int kcuda_register_ro(const void *host, size_t bytes, void **dev, char *err, size_t errlen)
+{
+    void *h = (void *)host; /* the device only reads it */
+    cudaError_t e = cudaHostRegister(h, bytes, cudaHostRegisterMapped | cudaHostRegisterReadOnly);
+    int rc = 0;
+    if (e == cudaErrorHostMemoryAlreadyRegistered) { /* another context of this process did */
+        cudaGetLastError();
+        rc = 1;
+    } else if (kcuda_fail(e, "cudaHostRegister (read-only)", err, errlen)) {
+        return -1;
+    }
+    if (kcuda_fail(cudaHostGetDevicePointer(dev, h, 0), "cudaHostGetDevicePointer", err,
+                   errlen)) {
+        if (!rc)
+            cudaHostUnregister(h);
+        return -1;
+    }
+    return rc;
+}
+
 void kcuda_unregister(void *host)
 {
     cudaHostUnregister(host);

@@ -72,6 +72,11 @@ int kcuda_copy2d(kcuda *g, void *dst, size_t dpitch, const void *src, size_t spi
 /* Map `bytes` of host memory at `host` for the device (page-locked, mapped): *dev receives the
  * address kernels use for it. 0, or -1 with err. */
 int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errlen);
+/* kcuda_register for memory the device only reads (a model file's read-only mapping): registered
+ * read-only, so pages that may not be written (PROT_READ) can be mapped. 0: registered here
+ * (kcuda_unregister it); 1: this process had registered it already (*dev still set; leave it);
+ * -1 with err. */
+int kcuda_register_ro(const void *host, size_t bytes, void **dev, char *err, size_t errlen);
 void kcuda_unregister(void *host);
 /* depth x height blocks of `width` bytes: block (z, y) from src + z * pitch_z + y * pitch_y to the
  * same offset from dst; any mix of device and mapped host addresses, by a kernel (one launch

@@ -174,6 +174,11 @@ int kcuda_register(void *host, size_t bytes, void **dev, char *err, size_t errle
     return 0;
 }
 
+int kcuda_register_ro(const void *host, size_t bytes, void **dev, char *err, size_t errlen)
+{
+    return kcuda_register((void *)host, bytes, dev, err, errlen);
+}
+
 void kcuda_unregister(void *host)
 {
     (void)host;

@@ -94,6 +94,9 @@ typedef struct {
     size_t block_bytes, shared_bytes;
     pthread_barrier_t *barrier;
     long replayed, launches;
+    const llama_partition *plan2; /* the plan both parts switch to after the prompts (or NULL) */
+    size_t weights, total, share; /* a GPU part's device memory, and llama_gpu_share_bytes */
+    long rewindowed;
     int rc;
     char err[512];
 } part_arg;
@@ -135,6 +138,7 @@ static int part_steps(part_run_ctx *r)
     llama_batch tree1 = {.n = N_TOK, .tokens = OTHER, .parent = PARENT, .seq = ON_SLOT1};
     if (fwd(r, &pre, -1) || llama_commit(ctx, path, 3, a->err, sizeof a->err) ||
         fwd(r, &pre1, -1) || llama_commit(ctx, path, 3, a->err, sizeof a->err) ||
+        (a->plan2 && llama_ctx_set_partition(ctx, a->plan2, a->err, sizeof a->err)) ||
         fwd(r, &tree, 0) || fwd(r, &app, 1) || llama_commit(ctx, &one, 1, a->err, sizeof a->err))
         return -1;
     for (int k = 0; k < 3; k++)
@@ -162,11 +166,14 @@ static void *part_run(void *argp)
     if (a->gpu && !(r.gpu = llama_gpu_new(r.ctx, &a->gp, a->block, a->block_bytes, a->err,
                                           sizeof a->err)))
         goto out;
+    if (r.gpu)
+        a->share = llama_gpu_share_bytes(r.ctx);
     a->rc = part_steps(&r);
     if (r.gpu) {
         long recorded;
         llama_gpu_graph_counts(r.gpu, &a->replayed, &recorded);
         a->launches = llama_gpu_launches(r.gpu);
+        llama_gpu_memory_use(r.gpu, &a->weights, &a->total, &a->rewindowed);
     }
 out:
     llama_gpu_destroy(&r.gpu);
@@ -284,8 +291,14 @@ static void test_tiles_by_default(void)
 #endif
 }
 
-/* The device ops part 0 queued in the last run (llama_gpu_launches). */
-static long run_launches;
+/* The device ops part 0 queued in the last run (llama_gpu_launches); its device memory at the
+ * end (weights, in all), the share of the weights it needed at the start, the windows uploaded
+ * again, and the refusal of a part that failed. run_plan2: the plan the next runs switch to
+ * after their prompts. */
+static long run_launches, run_rewindowed;
+static size_t run_weights, run_total, run_share;
+static char run_err[512];
+static const llama_partition *run_plan2;
 
 /* Run the parts (gpu_mask: which run on the GPU, with gp); the logits slots are copied to out.
  * *replayed (may be NULL): the graph replays of part 0. */
@@ -304,7 +317,7 @@ static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
     for (int i = 0; i < n_parts; i++) {
         args[i] = (part_arg){.m = m, .part = i, .n_parts = n_parts, .gpu = (gpu_mask >> i) & 1,
                              .kv = kv, .plan = plan, .block = block, .block_bytes = bytes,
-                             .shared_bytes = shared, .barrier = &barrier};
+                             .shared_bytes = shared, .barrier = &barrier, .plan2 = run_plan2};
         if (gp)
             args[i].gp = *gp;
         pthread_create(&th[i], NULL, part_run, &args[i]);
@@ -321,6 +334,11 @@ static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
     if (replayed)
         *replayed = args[0].replayed;
     run_launches = args[0].launches;
+    run_weights = args[0].weights;
+    run_total = args[0].total;
+    run_share = args[0].share;
+    run_rewindowed = args[0].rewindowed;
+    snprintf(run_err, sizeof run_err, "%s", rc ? args[0].err : "");
     memcpy(out, (char *)block + shared, lbytes);
     pthread_barrier_destroy(&barrier);
     free(block);
@@ -489,6 +507,111 @@ static void test_families(void)
     }
 }
 
+/* One copy of the weights (llama_gpu_params.weights, memory_limit): a GPU part beside a CPU part
+ * holds only its share of the rows (what llama_gpu_share_bytes says, well under the whole), and
+ * its logits agree; a new partition that needs more rows uploads them (the windows grow) and the
+ * logits still agree; mapped weights read the model file in place (no weight bytes on the
+ * device) with the same bits; a memory limit under the whole model refuses the GPU alone with
+ * the bytes it needs, and takes the pair whose GPU share fits. */
+static void test_one_copy(void)
+{
+    llama_model *m = fwd_model(FWD_TAG("cuda-onecopy"), "q4_0",
+                               "--layers 2 --dim 128 --ffn 256 --heads 4 --kv-heads 2 "
+                               "--vocab 301 --ctx 64");
+    if (!m) {
+        failures++;
+        return;
+    }
+    size_t n = (size_t)N_OUT * N_TOK * m->cfg.vocab;
+    float *ref = calloc(n, 4), *got = calloc(n, 4);
+    printf("one copy of the weights (q4_0):\n");
+    if (run(m, KV_F32, 1, 0, NULL, NULL, ref, NULL)) {
+        failures++;
+        goto out;
+    }
+    llama_gpu_params dev = {.memory = LLAMA_GPU_MAPPED, .weights = LLAMA_GPU_WEIGHTS_DEVICE};
+    if (run(m, KV_F32, 1, 1, &dev, NULL, got, NULL)) {
+        failures++;
+        goto out;
+    }
+    compare("the GPU alone, device weights", got, ref, m->cfg.vocab, EXACT(3e-3));
+    size_t whole = run_weights, whole_total = run_total;
+    bool ok = whole == run_share && whole > 0;
+    printf("    device memory %zu bytes, of which weights %zu (the whole model: %zu) %s\n",
+           whole_total, whole, run_share, ok ? "ok" : "FAILED");
+    failures += !ok;
+
+    llama_partition p3, p7;
+    plan_07(&p7);
+    plan_07(&p3);
+    for (int k = 0; k < LP_N; k++) {
+        p3.frac[k][0] = 0.3f;
+        p3.frac[k][1] = 0.7f;
+    }
+    if (run(m, KV_F32, 2, 1, &dev, &p3, got, NULL)) {
+        failures++;
+        goto out;
+    }
+    compare("GPU 0.3 + CPU 0.7, device weights", got, ref, m->cfg.vocab, EXACT(3e-3));
+    size_t w3 = run_weights;
+    ok = w3 == run_share && w3 < whole / 2 && run_rewindowed == 0;
+    printf("    weights on the device %zu bytes, its share %zu, the whole %zu (want the share, "
+           "under half) %s\n",
+           w3, run_share, whole, ok ? "ok" : "FAILED");
+    failures += !ok;
+
+    run_plan2 = &p7; /* 0.3 for the prompts, then 0.7: the windows grow */
+    int rc = run(m, KV_F32, 2, 1, &dev, &p3, got, NULL);
+    run_plan2 = NULL;
+    if (rc) {
+        failures++;
+        goto out;
+    }
+    compare("GPU 0.3 then 0.7 + CPU, device weights", got, ref, m->cfg.vocab, EXACT(3e-3));
+    ok = run_rewindowed > 0 && run_weights > w3 && run_weights < whole;
+    printf("    windows uploaded again %ld, weights %zu bytes after (0.3: %zu, whole %zu) %s\n",
+           run_rewindowed, run_weights, w3, whole, ok ? "ok" : "FAILED");
+    failures += !ok;
+
+    llama_gpu_params mapped = {.memory = LLAMA_GPU_MAPPED, .weights = LLAMA_GPU_WEIGHTS_MAPPED};
+    for (int parts = 1; parts <= 2; parts++) {
+        if (run(m, KV_F32, parts, 1, &mapped, parts == 2 ? &p3 : NULL, got, NULL)) {
+            failures++;
+            continue;
+        }
+        compare(parts == 1 ? "the GPU alone, weights mapped in place"
+                           : "GPU 0.3 + CPU 0.7, weights mapped in place",
+                got, ref, m->cfg.vocab, EXACT(3e-3));
+        ok = run_weights == 0 && run_total < whole_total - whole / 2;
+        printf("    weights on the device %zu bytes, in all %zu %s\n", run_weights, run_total,
+               ok ? "ok" : "FAILED");
+        failures += !ok;
+    }
+
+    /* a limit under the whole model: the GPU alone is refused, naming what it needs */
+    llama_gpu_params lim = dev;
+    lim.memory_limit = whole_total - whole / 2;
+    printf("  (a refusal is expected next)\n");
+    rc = run(m, KV_F32, 1, 1, &lim, NULL, got, NULL);
+    ok = rc && strstr(run_err, "over --gpu-memory-limit") && strstr(run_err, "its share");
+    printf("  %-52s %s\n", "the GPU alone over --gpu-memory-limit: refused",
+           ok ? "ok" : "FAILED");
+    failures += !ok;
+    if (run(m, KV_F32, 2, 1, &lim, &p3, got, NULL)) {
+        failures++;
+        goto out;
+    }
+    compare("GPU 0.3 + CPU 0.7 within --gpu-memory-limit", got, ref, m->cfg.vocab, EXACT(3e-3));
+    ok = run_total <= lim.memory_limit;
+    printf("    device memory %zu bytes, the limit %zu %s\n", run_total, lim.memory_limit,
+           ok ? "ok" : "FAILED");
+    failures += !ok;
+out:
+    free(ref);
+    free(got);
+    llama_model_destroy(&m);
+}
+
 int main(void)
 {
     char why[256];
@@ -643,6 +766,7 @@ int main(void)
         llama_model_destroy(&m);
     }
     test_tiles_by_default();
+    test_one_copy();
     test_more_types();
     test_families();
     printf("unit_cuda_forward: %s\n", failures ? "FAILED" : "all agree");

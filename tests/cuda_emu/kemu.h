@@ -169,6 +169,7 @@ enum cudaStreamCaptureMode {
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrIntegrated = 18 };
 #define cudaStreamNonBlocking 0x01
 #define cudaHostRegisterMapped 0x02
+#define cudaHostRegisterReadOnly 0x08
 
 struct cudaDeviceProp {
     char name[256];

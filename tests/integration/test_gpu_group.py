@@ -15,9 +15,13 @@ equal `orochi run --temp 0` token for token:
   through the slot's epoch);
 - f16 K/V with a GPU worker equals `orochi run --kv f16`;
 - kill -9 of the GPU worker mid-request: the answer is exact, and the replacement mirrors the
-  arena from scratch.
+  arena from scratch;
+- one copy of the weights: cpu:1,gpu:1 with --gpu-weights device holds only its half of the rows
+  on the device (the log's figure under the model's matrices), with --gpu-weights mapped none
+  (read in place from the file), within --gpu-memory-limit; the answers as `orochi run`.
 """
 import os
+import re
 import signal
 import sys
 
@@ -112,6 +116,30 @@ def gpu_worker_sigkill_mid_request():
         g.wait_status(lambda s: s.get("worker-1", {}).get("connected") and s["worker-1"]["pid"] != pid, 60,
                       "worker-1 back")
         G.check_eq(g.ids(PROMPTS[1], 200), want[:200], "a request after the GPU worker's restart")
+
+
+@t.case
+def gpu_group_one_copy_of_the_weights():
+    gpu_worker_bin()
+    model = tiny()
+    want = {p: G.run_ids(model, p, N) for p in PROMPTS}
+    size_mib = os.path.getsize(model) / 2**20
+    for weights in ("device", "mapped"):
+        extra = ["--gpu-weights", weights, "--gpu-memory-limit", "64M"]
+        with G.Group("gpu-w-" + weights, model, devices="cpu:1,gpu:1", extra=extra) as g:
+            for p in PROMPTS:
+                G.check_eq(g.ids(p, N), want[p], "cpu:1,gpu:1 (--gpu-weights %s), prompt %r" % (weights, p))
+            wlog = g.log("worker-1")
+            G.check("of 64.0 MiB allowed" in wlog, "the GPU worker's log does not say the limit:\n%s",
+                    wlog[-1500:])
+            if weights == "mapped":
+                G.check("weights mapped in place" in wlog, "no 'weights mapped in place':\n%s", wlog[-1500:])
+                continue
+            m = re.search(r"weights on the device \(the part's rows, ([0-9.]+) MiB", wlog)
+            G.check(m is not None, "the GPU worker's log does not give its rows:\n%s", wlog[-1500:])
+            G.check(float(m.group(1)) < 0.7 * size_mib,
+                    "the GPU part holds %s MiB of a %.2f MiB model: not its half of the rows", m.group(1),
+                    size_mib)
 
 
 if __name__ == "__main__":
