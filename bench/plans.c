@@ -18,6 +18,7 @@
  * Reported per plan and width: the median step time over --reps, t(W)/t(1), and the weight bytes
  * read per step over that time (GB/s); a table on stdout and JSON lines in --json FILE.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,8 @@ typedef struct {
     int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
     int gpu_att_tile;  /* --gpu-att-tile: attention by tiles, llama_gpu_params.att_tile */
     const char *search; /* --search FILE: find the partition, write it there */
+    const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
+    size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
 } pb_opts;
 
 /* What the part threads share. */
@@ -70,6 +73,14 @@ typedef struct {
                            the matmul's groups in flight) */
     int failed;
     char err[512];
+    /* --gpu-memory-limit: the plan the contexts start and prefill under (the GPU parts given
+     * nothing, so any limit holds their start); per plan, whether a GPU part's share is over the
+     * limit (the plan is not timed: its times read INFINITY) and the most device memory a GPU part
+     * would need for it */
+    llama_partition start;
+    bool over[PB_MAX_PLANS];
+    size_t need[PB_MAX_PLANS];
+    pthread_mutex_t lock;
 } pb_run;
 
 typedef struct {
@@ -92,7 +103,8 @@ static void pb_usage(FILE *out)
             "                    [--gpu-fuse on|off] [--gpu-unroll auto|1|2|4]\n"
             "                    [--gpu-matmul auto|cuda|tensor]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
-            "                    [--gpu-att-tile auto|on|off] [--search PLAN]\n"
+            "                    [--gpu-att-tile auto|on|off] [--gpu-weights auto|device|mapped]\n"
+            "                    [--gpu-memory-limit BYTES] [--search PLAN]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -114,7 +126,12 @@ static void pb_usage(FILE *out)
             "  split per device): each part alone first, then shares moved between parts kind\n"
             "  by kind while the step time summed over --widths falls (policy/control.h,\n"
             "  ctl_split_search); the found partition is printed and put into the plan file\n"
-            "  PLAN (its other keys kept; a new file holds the partition alone).\n");
+            "  PLAN (its other keys kept; a new file holds the partition alone). Then the\n"
+            "  devices are chosen (ctl_device_choice): the fastest part alone unless the split\n"
+            "  beats it by 1%%; the plan's partition says which and why (\"devices\", \"why\").\n"
+            "  --gpu-weights and --gpu-memory-limit as orochi-worker takes them: under a limit\n"
+            "  a split whose GPU share would not fit is not timed (over the limit), and a GPU\n"
+            "  that cannot hold the model is never chosen alone.\n");
 }
 
 /* "hcmp:0.7/0.3" into a plan of n parts; false with one line. */
@@ -186,8 +203,8 @@ static void *pb_part_main(void *argp)
     char err[400];
     llama_ctx_params cp = {.n_threads = o->threads, .max_width = W, .n_ctx = o->ctx + W,
                            .kv = KV_F32, .part = me, .n_parts = o->parts,
-                           .plan = &o->plans[0], .shared = r->block, .sync = pb_sync,
-                           .sync_arg = &r->barrier};
+                           .plan = o->gpu_limit ? &r->start : &o->plans[0], .shared = r->block,
+                           .sync = pb_sync, .sync_arg = &r->barrier};
     llama_ctx *x = llama_ctx_new(r->m, &cp, err, sizeof err);
     if (!x) {
         pb_fail(r, me, err);
@@ -202,7 +219,9 @@ static void *pb_part_main(void *argp)
                              .matmul_kind = o->gpu_matmul,
                              .att_parts = o->gpu_att_parts,
                              .att_keys = o->gpu_att_keys,
-                             .att_tile = o->gpu_att_tile};
+                             .att_tile = o->gpu_att_tile,
+                             .weights = (llama_gpu_weights)llama_gpu_weights_parse(o->gpu_weights),
+                             .memory_limit = o->gpu_limit};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
         pb_fail(r, me, err);
         llama_ctx_destroy(&x);
@@ -226,9 +245,39 @@ static void *pb_part_main(void *argp)
             break;
         }
     }
+#ifdef OROCHI_HAVE_CUDA
+    /* a memory limit: which plans give a GPU part more than it may hold */
+    for (int pl = 0; gpu && o->gpu_limit && pl < o->n_plans && !r->failed; pl++) {
+        size_t weights, total;
+        llama_gpu_memory_use(gpu, &weights, &total, NULL);
+        if (llama_ctx_set_partition(x, &o->plans[pl], err, sizeof err)) {
+            pb_fail(r, me, err);
+            break;
+        }
+        size_t need = total - weights + llama_gpu_share_bytes(x);
+        if (llama_ctx_set_partition(x, &r->start, err, sizeof err)) {
+            pb_fail(r, me, err);
+            break;
+        }
+        pthread_mutex_lock(&r->lock);
+        r->need[pl] = need > r->need[pl] ? need : r->need[pl];
+        r->over[pl] |= need > o->gpu_limit;
+        pthread_mutex_unlock(&r->lock);
+    }
+#endif
+    if (o->gpu_limit && pb_sync(&r->barrier)) /* every part reads the same verdicts */
+        pb_fail(r, me, "a part was lost");
     for (int rep = -1; rep < o->reps && !r->failed; rep++) /* rep -1: the warm-up */
         for (int pl = 0; pl < o->n_plans && !r->failed; pl++) {
+            if (r->over[pl])
+                continue;
             if (llama_ctx_set_partition(x, &o->plans[pl], err, sizeof err)) {
+                pb_fail(r, me, err);
+                break;
+            }
+            /* under a limit a GPU part's windows may be uploaded again at a switch: not timed */
+            llama_batch one = {.n = 1, .tokens = ids + o->ctx, .logits_from = 0};
+            if (o->gpu_limit && (pb_sync(&r->barrier) || PB_FORWARD(&one, r->logits))) {
                 pb_fail(r, me, err);
                 break;
             }
@@ -348,6 +397,18 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             /* the word's index: llama_gpu_params.matmul_kind */
             if ((o->gpu_matmul = pb_word(a, val, pb_matmul_word, 3)) < 0)
                 return 2;
+        } else if (!strcmp(a, "--gpu-weights")) {
+            if (llama_gpu_weights_parse(val) < 0) {
+                fprintf(stderr, "orochi bench: --gpu-weights %s: auto, device or mapped\n", val);
+                return 2;
+            }
+            o->gpu_weights = val;
+        } else if (!strcmp(a, "--gpu-memory-limit")) {
+            if (llama_gpu_bytes_parse(val, &o->gpu_limit)) {
+                fprintf(stderr, "orochi bench: --gpu-memory-limit %s: a byte count (40G, 512M; 0: "
+                                "none)\n", val);
+                return 2;
+            }
         } else if (!strcmp(a, "--gpu-fuse")) {
             if (!pb_on_off(a, val, &o->gpu_fuse))
                 return 2;
@@ -424,6 +485,8 @@ static int pb_measure(pb_run *r)
         return -1;
     }
     r->failed = 0;
+    memset(r->over, 0, sizeof r->over);
+    memset(r->need, 0, sizeof r->need);
     arena_barrier_init(&r->barrier, (uint32_t)o->parts);
     pthread_t th[LLAMA_MAX_PARTS];
     pb_part pp[LLAMA_MAX_PARTS];
@@ -441,6 +504,8 @@ static double pb_median(const pb_run *r, int pl, int wi)
 {
     const pb_opts *o = r->o;
     double v[1000];
+    if (r->over[pl]) /* a GPU part could not hold its share: not timed */
+        return INFINITY;
     for (int k = 0; k < o->reps; k++)
         v[k] = r->ms[((size_t)k * o->n_plans + pl) * o->n_widths + wi];
     return cli_median(v, o->reps);
@@ -494,9 +559,16 @@ static int pb_search_eval(const float *cands, int n, double *ms, void *arg)
 }
 
 /* The partition as the plan file's "partition" object (docs/speculation.md, "The partition"). */
-static void pb_partition_json(FILE *f, const pb_opts *o, const float *shares, const char *indent)
+static void pb_partition_json(FILE *f, const pb_opts *o, const float *shares, const char *why,
+                              const char *indent)
 {
-    fprintf(f, "{\n%s  \"parts\": %d,\n%s  \"style\": \"hcmp\"", indent, o->parts, indent);
+    fprintf(f, "{\n%s  \"parts\": %d,\n%s  \"style\": \"hcmp\",\n%s  \"devices\": [", indent,
+            o->parts, indent, indent);
+    for (int i = 0; i < o->parts; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", o->gpu[i] ? "gpu" : "cpu");
+    fprintf(f, "]");
+    if (why) /* the sentence holds no quote or backslash (ctl_device_choice's names and times) */
+        fprintf(f, ",\n%s  \"why\": \"%s\"", indent, why);
     for (int k = 0; k < LP_N; k++) {
         fprintf(f, ",\n%s  \"%s\": [", indent, llama_part_kind_names[k]);
         for (int i = 0; i < o->parts; i++)
@@ -509,8 +581,8 @@ static void pb_partition_json(FILE *f, const pb_opts *o, const float *shares, co
 #ifndef OROCHI_CORE_ONLY
 #include <cjson/cJSON.h>
 /* Put the partition into the plan file at path (its other keys kept). 0, or -1 with err. */
-static int pb_merge_partition(const char *path, const pb_opts *o, const float *shares, char *err,
-                              size_t errlen)
+static int pb_merge_partition(const char *path, const pb_opts *o, const float *shares,
+                              const char *why, char *err, size_t errlen)
 {
     char *text = cli_read_file(path, NULL); /* none yet: a new plan */
     cJSON *plan = text ? cJSON_Parse(text) : cJSON_CreateObject();
@@ -524,7 +596,7 @@ static int pb_merge_partition(const char *path, const pb_opts *o, const float *s
     size_t printed_len = 0;
     FILE *mf = open_memstream(&printed, &printed_len);
     if (mf) {
-        pb_partition_json(mf, o, shares, "");
+        pb_partition_json(mf, o, shares, why, "");
         fclose(mf);
     }
     cJSON *part = printed ? cJSON_Parse(printed) : NULL;
@@ -566,13 +638,21 @@ static int pb_search_run(pb_opts *o, pb_run *r)
         for (int k = 0; k < LP_N; k++)
             c[(size_t)p * one + (size_t)k * P + (size_t)p] = 1.0f;
     int rc = pb_search_eval(c, P, ms, &s);
+    const char *names[LLAMA_MAX_PARTS];
+    char name_buf[LLAMA_MAX_PARTS][16];
     for (int p = 0; !rc && p < P; p++) {
         part_ms[p] = ms[p];
-        fprintf(stderr, "orochi bench --search: part %d (%s) alone: %.3f ms\n", p,
-                o->gpu[p] ? "gpu" : "cpu", ms[p]);
+        snprintf(name_buf[p], sizeof name_buf[p], "part %d (%s)", p, o->gpu[p] ? "gpu" : "cpu");
+        names[p] = name_buf[p];
+        if (isfinite(ms[p]))
+            fprintf(stderr, "orochi bench --search: %s alone: %.3f ms\n", names[p], ms[p]);
+        else
+            fprintf(stderr, "orochi bench --search: %s alone: needs %.1f MiB of device memory, "
+                            "over --gpu-memory-limit %.1f MiB: not timed\n",
+                    names[p], (double)r->need[p] / (1 << 20), (double)o->gpu_limit / (1 << 20));
     }
     ctl_split_opts so = {.groups = LP_N, .parts = P, .delta = 0.1, .min_delta = 0.02,
-                         .margin = 0.01, .max_rounds = 12};
+                         .margin = 0.01, .max_rounds = o->gpu_limit ? 20 : 12};
     int rounds = 0;
     if (!rc)
         rc = ctl_split_search(&so, part_ms, pb_search_eval, &s, best, &best_ms, &rounds);
@@ -590,11 +670,20 @@ static int pb_search_run(pb_opts *o, pb_run *r)
     printf("partition search: %d parts, %d rounds; summed over the widths, the even split %.3f ms, "
            "the found one %.3f ms (%.2fx); load average %.2f\n",
            P, rounds, ms[0], ms[1], ms[0] / ms[1], cli_loadavg());
-    pb_partition_json(stdout, o, best, "");
+    /* ARCA's choice of devices: a part alone where the split does not pay */
+    char why[512];
+    int alone = ctl_device_choice(part_ms, names, P, ms[1], so.margin, why, sizeof why);
+    if (alone >= 0)
+        for (int k = 0; k < LP_N; k++)
+            for (int p = 0; p < P; p++)
+                best[k * P + p] = p == alone ? 1.0f : 0.0f;
+    printf("devices: %s%s\n", why,
+           alone >= 0 ? " (a group of that worker alone skips the others' synchronisation)" : "");
+    pb_partition_json(stdout, o, best, why, "");
     printf("\n");
 #ifndef OROCHI_CORE_ONLY
     char err[512];
-    if (pb_merge_partition(o->search, o, best, err, sizeof err)) {
+    if (pb_merge_partition(o->search, o, best, why, err, sizeof err)) {
         fprintf(stderr, "orochi bench: %s\n", err);
         return 1;
     }
@@ -606,7 +695,7 @@ static int pb_search_run(pb_opts *o, pb_run *r)
         return 1;
     }
     fprintf(f, "{\n  \"partition\": ");
-    pb_partition_json(f, o, best, "  ");
+    pb_partition_json(f, o, best, why, "  ");
     fprintf(f, "\n}\n");
     fclose(f);
     fprintf(stderr, "orochi bench: the partition is in %s (this build writes a plan of its own)\n",
@@ -624,6 +713,7 @@ int bench_plans(int argc, char **argv)
                  .ctx = 256,
                  .reps = 5,
                  .gpu_memory = "auto",
+                 .gpu_weights = "auto",
                  .gpu_graphs = true,
                  .gpu_fuse = true};
     o.n_widths = cli_int_list("bench", "--widths", "1,2,4,8,16,32,64", 1, 64, o.widths,
@@ -632,12 +722,17 @@ int bench_plans(int argc, char **argv)
     if (rc)
         return rc;
     char err[512];
-    pb_run r = {.o = &o};
+    pb_run r = {.o = &o, .lock = PTHREAD_MUTEX_INITIALIZER};
+    /* under a memory limit the contexts start with nothing on their GPU parts */
     bool all_gpu = true, any_gpu = false; /* all: no part multiplies on the CPU, no repacking */
     for (int i = 0; i < o.parts; i++) {
         all_gpu &= o.gpu[i];
         any_gpu |= o.gpu[i];
     }
+    llama_partition_even(&r.start, o.parts);
+    for (int k = 0; k < LP_N && !all_gpu; k++)
+        for (int i = 0; i < o.parts; i++)
+            r.start.frac[k][i] = o.gpu[i] ? 0.0f : 1.0f;
     r.m = all_gpu ? llama_model_load_unpacked(o.model, err, sizeof err)
                   : llama_model_load(o.model, err, sizeof err);
     if (!r.m) {

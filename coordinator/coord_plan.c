@@ -133,6 +133,29 @@ static int plan_partition(const coord *c, const cJSON *o, llama_partition *lp, c
             lp->frac[k][i] = a ? (float)v->valuedouble : 1.0f;
         }
     }
+    /* "devices" (orochi bench --search writes it): the partition was found for workers of these
+     * kinds in this order; shares for a GPU put on a CPU worker would be wrong, not slow */
+    const cJSON *devs = cJSON_GetObjectItemCaseSensitive(o, "devices");
+    for (int i = 0; devs && i < n; i++) {
+        const cJSON *d = cJSON_GetArrayItem(devs, i);
+        const char *mine = c->opt.worker_device[i][0] ? c->opt.worker_device[i] : "cpu";
+        if (!cJSON_IsArray(devs) || cJSON_GetArraySize(devs) != n || !cJSON_IsString(d)) {
+            snprintf(err, errlen, "the plan %s: the partition's \"devices\" must be %d words "
+                                  "(cpu or gpu), one per worker", c->opt.plan_path, n);
+            return -1;
+        }
+        if (strcmp(d->valuestring, mine)) {
+            snprintf(err, errlen,
+                     "the plan %s: the partition was found for worker %d on the %s, and this "
+                     "group's worker %d runs on the %s (--workers: the same devices in the same "
+                     "order, or a new search)",
+                     c->opt.plan_path, i, d->valuestring, i, mine);
+            return -1;
+        }
+    }
+    const cJSON *reason = cJSON_GetObjectItemCaseSensitive(o, "why");
+    if (cJSON_IsString(reason))
+        rt_log("coordinator", "the plan's devices: %s", reason->valuestring);
     char why[256];
     if (llama_partition_check(lp, why, sizeof why)) {
         snprintf(err, errlen, "the plan %s: %s", c->opt.plan_path, why);

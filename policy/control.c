@@ -5,6 +5,8 @@
 #include "policy/control.h"
 
 #include <limits.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -759,9 +761,9 @@ int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_e
         speed[p] = part_ms && part_ms[p] > 0 ? 1.0 / part_ms[p] : 1.0;
         total += speed[p];
     }
-    for (int g = 0; g < G; g++)
+    for (int g = 0; g < G; g++) /* nothing can run alone: an even start */
         for (int p = 0; p < P; p++)
-            best[g * P + p] = (float)(speed[p] / total);
+            best[g * P + p] = total > 0 ? (float)(speed[p] / total) : 1.0f / (float)P;
     int rc = -1, r = 0;
     if (eval(best, 1, best_ms, arg))
         goto out;
@@ -817,4 +819,35 @@ out:
     free(cand);
     free(ms);
     return rc;
+}
+
+int ctl_device_choice(const double *part_ms, const char *const *names, int parts, double split_ms,
+                      double margin, char *why, size_t len)
+{
+    int fast = -1;
+    for (int p = 0; p < parts; p++)
+        if (isfinite(part_ms[p]) && (fast < 0 || part_ms[p] < part_ms[fast]))
+            fast = p;
+    size_t at = 0;
+    why[0] = 0;
+    for (int p = 0; p < parts && at < len; p++) /* who cannot run alone */
+        if (!isfinite(part_ms[p]))
+            at += (size_t)snprintf(why + at, len - at, "%s cannot hold the model alone; ",
+                                   names[p]);
+    if (at >= len)
+        at = len - 1;
+    if (fast < 0) {
+        snprintf(why + at, len - at, "no part can hold the model alone: the split (%.3f ms)",
+                 split_ms);
+        return -1;
+    }
+    if (split_ms < part_ms[fast] * (1.0 - margin)) {
+        snprintf(why + at, len - at, "the split %.3f ms, %.2fx the %s alone (%.3f ms): the split",
+                 split_ms, part_ms[fast] / split_ms, names[fast], part_ms[fast]);
+        return -1;
+    }
+    snprintf(why + at, len - at, "%s alone %.3f ms; the split %.3f ms does not beat it by %.0f%%: "
+                                 "%s alone",
+             names[fast], part_ms[fast], split_ms, margin * 100, names[fast]);
+    return fast;
 }

@@ -274,7 +274,9 @@ int ctl_cost_curve(const int *w, const double *t, int n, int wcap, float *cost);
  * current split first (eval: the candidates side by side, so the machine's noise falls on all
  * alike), and keeps the best if it beats the current split's new time by more than `margin`
  * (relative); a round without a gain halves delta, and the search ends below min_delta or after
- * max_rounds. */
+ * max_rounds. A part that cannot run alone (part_ms INFINITY: its memory cannot hold every
+ * weight) starts with nothing, and a candidate eval cannot run measures INFINITY: the search then
+ * gives that part work up to what it can hold. */
 typedef struct {
     int groups, parts; /* at most CTL_SPLIT_MAX_GROUPS, CTL_SPLIT_MAX_PARTS */
     double delta, min_delta, margin;
@@ -289,5 +291,14 @@ typedef int (*ctl_split_eval)(const float *cands, int n, double *ms, void *arg);
  * Returns 0, or -1 when eval failed or the options are out of range. */
 int ctl_split_search(const ctl_split_opts *o, const double *part_ms, ctl_split_eval eval,
                      void *arg, float *best, double *best_ms, int *rounds);
+
+/* ARCA's choice of devices once a split has been found: part_ms[p] is part p's time with all the
+ * work (INFINITY: it cannot hold the model alone, e.g. over its --gpu-memory-limit), split_ms the
+ * best split's time over the same steps. The fastest part alone is chosen unless the split beats
+ * it by more than `margin` (relative): a split's synchronisation points cost something, so it
+ * must pay. Returns that part's index, or -1 for the split; why receives a sentence naming the
+ * times ("gpu alone 10.0 ms; the split 9.9 ms does not beat it by 1%: gpu alone"). */
+int ctl_device_choice(const double *part_ms, const char *const *names, int parts, double split_ms,
+                      double margin, char *why, size_t len);
 
 #endif

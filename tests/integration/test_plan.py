@@ -10,8 +10,10 @@
   restart; a plan whose tree shape is a chain keeps the output lossless; a plan that is not a
   plan, or whose tree is malformed, is refused at start with the reason;
 - `orochi bench --plans --search PLAN` puts a partition for two parts into a plan (its other keys
-  kept), every kind's shares summing to 1, and a group of two workers following that plan answers
-  exactly like `orochi run --temp 0`.
+  kept), every kind's shares summing to 1, the devices it was found for and why they were chosen
+  (the coordinator logs the reason), and a group of two workers following that plan answers
+  exactly like `orochi run --temp 0`; the same partition marked as found for gpu,cpu is refused
+  by a group of CPU workers, naming the worker.
 """
 import json
 import os
@@ -167,11 +169,26 @@ def partition_search_writes_the_plan_a_group_follows():
         v = part.get(kind)
         G.check(isinstance(v, list) and len(v) == 2 and min(v) >= 0 and abs(sum(v) - 1) < 2e-3,
                 "the %s shares are not two that sum to 1: %s", kind, v)
+    G.check(part.get("devices") == ["cpu", "cpu"] and "alone" in part.get("why", ""),
+            "the partition does not say its devices and why: %s", part)
+    G.check("devices: " in r.stdout, "the search did not print its choice of devices:\n%s", r.stdout)
     prompts = ["one two three four", "the cat sat on"]
     want = {p: G.run_ids(model, p, 20) for p in prompts}
     with G.Group("plan-search", model, workers=2, extra=["--plan", path]) as g:
         for p in prompts:
             G.check_eq(g.ids(p, 20), want[p], "a group on the searched partition, prompt %r" % p)
+        G.check("the plan's devices: " + part["why"] in g.log("coordinator"),
+                "the coordinator did not log the plan's reason:\n%s", g.log("coordinator")[-1500:])
+    # a partition found for a GPU worker first is refused by a group of CPU workers
+    part["devices"] = ["gpu", "cpu"]
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    g = G.Group("plan-devices", model, workers=2, extra=["--plan", path])
+    r = g.launch(*g.up_args(), timeout=60, check=False)
+    G.check(r.returncode != 0, "a group of CPU workers started on a partition found for gpu,cpu")
+    G.check("found for worker 0 on the gpu, and this group's worker 0 runs on the cpu" in
+            (r.stdout + r.stderr + g.log("coordinator")), "the refusal does not say why:\n%s%s", r.stdout,
+            r.stderr)
 
 
 if __name__ == "__main__":

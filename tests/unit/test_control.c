@@ -624,6 +624,9 @@ static void cost_curve_from_step_times(void **state)
 typedef struct {
     int groups, parts, calls, fail_at;
     double v[4][4];
+    double cap0; /* > 0: part 0 holds at most this share of the work in all (its memory), more
+                    measures as INFINITY (the bench does not time a split whose part cannot hold
+                    its weights) */
 } split_fixture;
 
 static int split_eval(const float *cands, int n, double *ms, void *arg)
@@ -640,7 +643,10 @@ static int split_eval(const float *cands, int n, double *ms, void *arg)
                 t += c[g * f->parts + p] / f->v[g][p];
             worst = t > worst ? t : worst;
         }
-        ms[i] = worst;
+        double held = 0;
+        for (int g = 0; g < f->groups; g++)
+            held += c[g * f->parts] / f->groups;
+        ms[i] = f->cap0 > 0 && held > f->cap0 + 1e-6 ? INFINITY : worst;
     }
     return 0;
 }
@@ -698,6 +704,60 @@ static void split_search_balances_parts(void **state)
     assert_int_equal(ctl_split_search(&o, NULL, split_eval, &f, best, &ms, &rounds), -1);
 }
 
+/* A part whose memory holds at most half the weights (--gpu-memory-limit): it cannot run alone
+ * (its time alone is INFINITY), so the search starts with nothing on it and gives it work up to
+ * its cap — the balance of the speeds (0.8) is out of reach, the cap (0.5) is the best split;
+ * every part unable to run alone: an even start, not a division by zero. */
+static void split_search_respects_a_memory_cap(void **state)
+{
+    (void)state;
+    ctl_split_opts o = {.groups = 1, .parts = 2, .delta = 0.1, .min_delta = 0.02, .margin = 0.001,
+                        .max_rounds = 40};
+    float best[2];
+    double ms, rounds_ms;
+    int rounds;
+    split_fixture f = {.groups = 1, .parts = 2, .v = {{4, 1}}, .cap0 = 0.5};
+    double part_ms[2] = {INFINITY, 1.0};
+    assert_int_equal(ctl_split_search(&o, part_ms, split_eval, &f, best, &ms, &rounds), 0);
+    assert_true(best[0] <= 0.5f + 1e-5f && best[0] >= 0.45f);
+    assert_true(isfinite(ms) && ms <= 0.55);
+    /* without the cap the same search goes past it, to the balance */
+    split_fixture g = {.groups = 1, .parts = 2, .v = {{4, 1}}};
+    assert_int_equal(ctl_split_search(&o, NULL, split_eval, &g, best, &rounds_ms, &rounds), 0);
+    assert_true(fabsf(best[0] - 0.8f) <= 0.03f);
+    double none[2] = {INFINITY, INFINITY};
+    split_fixture h = {.groups = 1, .parts = 2, .v = {{1, 1}}};
+    assert_int_equal(ctl_split_search(&o, none, split_eval, &h, best, &ms, &rounds), 0);
+    assert_true(fabsf(best[0] - 0.5f) < 1e-5f);
+}
+
+/* ARCA's choice of devices: the fastest part alone unless a split beats it by the margin; a part
+ * that cannot hold the model alone is never chosen alone, and the sentence says why. */
+static void device_choice_on_fixtures(void **state)
+{
+    (void)state;
+    const char *names[2] = {"gpu", "cpu"};
+    char why[400];
+    /* the model fits the GPU, which is 4x the CPU: the GPU alone, the split adds nothing */
+    double a[2] = {10.0, 40.0};
+    assert_int_equal(ctl_device_choice(a, names, 2, 9.95, 0.01, why, sizeof why), 0);
+    assert_non_null(strstr(why, "gpu alone"));
+    /* the split clearly faster: the split */
+    assert_int_equal(ctl_device_choice(a, names, 2, 8.0, 0.01, why, sizeof why), -1);
+    assert_non_null(strstr(why, "1.25x"));
+    /* the GPU over its memory limit: never alone; the split beats the CPU alone */
+    double b[2] = {INFINITY, 40.0};
+    assert_int_equal(ctl_device_choice(b, names, 2, 25.0, 0.01, why, sizeof why), -1);
+    assert_non_null(strstr(why, "gpu cannot hold the model alone"));
+    assert_non_null(strstr(why, "1.60x the cpu alone"));
+    /* ... and a split no better than the CPU alone: the CPU alone */
+    assert_int_equal(ctl_device_choice(b, names, 2, 41.0, 0.01, why, sizeof why), 1);
+    /* nothing can run alone: the split, saying so */
+    double c[2] = {INFINITY, INFINITY};
+    assert_int_equal(ctl_device_choice(c, names, 2, 41.0, 0.01, why, sizeof why), -1);
+    assert_non_null(strstr(why, "no part can hold the model alone"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -720,6 +780,8 @@ int main(void)
         cmocka_unit_test(lookup_estimates_and_lengths),
         cmocka_unit_test(cost_curve_from_step_times),
         cmocka_unit_test(split_search_balances_parts),
+        cmocka_unit_test(split_search_respects_a_memory_cap),
+        cmocka_unit_test(device_choice_on_fixtures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
