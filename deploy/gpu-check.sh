@@ -19,7 +19,7 @@
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
 #   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,fusion,attention,
-#                          groups,bandwidth,plans,sanitizer
+#                          groups,bandwidth,plans,onecopy,sanitizer
 #   GPU_CHECK_ROOFLINE="SHAPE:TYPE ..."  the roofline stage's models (default "1b:q4_k 8b:q4_k
 #                          8b:q8_0 8b:bf16"; shapes 1b and 8b, any orochi mkmodel type)
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
@@ -42,7 +42,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,fusion,attention,groups,bandwidth,plans,sanitizer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -287,6 +287,26 @@ if stage plans 30; then
         plan "$m: two CPU parts, HCMP against Megatron ($half threads each)" "${common[@]}" \
             --parts 2 --devices cpu,cpu --threads-per-part "$half" --plan hcmp:even --plan megatron:even
     done
+fi
+
+# one copy of the weights and the devices chosen by measurement, on the 8B shape at Q4_K: the GPU
+# alone with its weights in device memory and read in place from the file (mapped: over the bus
+# on a discrete card), then the partition search for GPU + CPU with a device-memory limit of half
+# the model — the GPU cannot run alone, and the search must find a split that beats the CPU alone
+# (its "devices:" line says which and why)
+if stage onecopy 90; then
+    m=/tmp/gc-8b-q4_k.gguf
+    [ -f "$m" ] || { echo "== making $m"; gpu_model_8b "$m" q4_k; }
+    for w in device mapped; do
+        plan "$m: GPU alone, weights $w" --model "$m" --parts 1 --devices gpu --plan hcmp:even \
+            --widths 1,8 --reps 3 --ctx 256 --gpu-weights "$w" --json "$out/plans.jsonl"
+    done
+    halfm=$(( $(stat -c %s "$m") / 2 / 1048576 ))M
+    rm -f /tmp/gc-limit.json
+    plan "$m: the partition search for GPU + CPU under --gpu-memory-limit $halfm" --model "$m" \
+        --parts 2 --devices gpu,cpu --threads-per-part "$half" --widths 1,8 --reps 2 --ctx 256 \
+        --gpu-memory-limit "$halfm" --search /tmp/gc-limit.json
+    cp /tmp/gc-limit.json "$out/onecopy-plan.json" 2>/dev/null || true
 fi
 
 echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) after $(( SECONDS - start )) s (results in $out)"

@@ -21,6 +21,9 @@
  * A sole part has no synchronisation points: the step is queued whole and, with graphs on,
  * recorded once per shape (width, logits start, appended-batch offset, logits address, the parts
  * attention cuts its key streams into) and replayed; a new partition drops the recordings.
+ * The weights (gpu_win): each matrix a window of the rows the partition gives this part, uploaded
+ * again (grown) before a step whose partition needs rows it lacks, within the part's memory limit;
+ * or the model file's own pages, registered read-only (mapped weights).
  */
 #include <math.h>
 #include <stdio.h>

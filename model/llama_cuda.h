@@ -8,8 +8,10 @@
  * other parts at the same synchronisation points, with the GPU op set (kernels/cuda): so CPU and
  * GPU workers mix in one group under any partition plan. The shared block — the KV cache and the
  * activations parts exchange, normally the shared-memory arena — stays in host memory and is
- * mapped for the device (cudaHostRegister); the weight matrices and norms are copied into device
- * memory once. Where the forward keeps the rest is the memory mode:
+ * mapped for the device (cudaHostRegister); the norms are copied into device memory, and the weight
+ * matrices either as the rows this part computes (grown when a new partition needs more) or not at
+ * all, read in place from the model file (llama_gpu_weights). Where the forward keeps the rest is
+ * the memory mode:
  *   - mapped: kernels read and write the shared block in place — the unified-memory path of
  *     machines whose CPU and GPU share memory;
  *   - mirror (discrete cards): the activations live in device memory and only the columns parts
