@@ -289,11 +289,12 @@ if stage plans 30; then
     done
 fi
 
-# one copy of the weights and the devices chosen by measurement, on the 8B shape at Q4_K: the GPU
-# alone with its weights in device memory and read in place from the file (mapped: over the bus
-# on a discrete card), then the partition search for GPU + CPU with a device-memory limit of half
-# the model — the GPU cannot run alone, and the search must find a split that beats the CPU alone
-# (its "devices:" line says which and why)
+# one copy of the weights and the devices chosen by measurement: the GPU alone on the 8B shape at
+# Q4_K with its weights in device memory and read in place from the file (mapped: over the bus on
+# a discrete card); then the partition search for GPU + CPU on the 1B shape at Q4_K with a
+# device-memory limit of half the model — the GPU cannot run alone, and the search must find a
+# split that beats the CPU alone (its "devices:" line says which and why; the 1B shape keeps the
+# CPU's share of each candidate to tens of milliseconds)
 if stage onecopy 90; then
     m=/tmp/gc-8b-q4_k.gguf
     [ -f "$m" ] || { echo "== making $m"; gpu_model_8b "$m" q4_k; }
@@ -301,10 +302,12 @@ if stage onecopy 90; then
         plan "$m: GPU alone, weights $w" --model "$m" --parts 1 --devices gpu --plan hcmp:even \
             --widths 1,8 --reps 3 --ctx 256 --gpu-weights "$w" --json "$out/plans.jsonl"
     done
+    m=/tmp/gc-1b-q4_k.gguf
+    [ -f "$m" ] || gpu_model_1b "$m" q4_k
     halfm=$(( $(stat -c %s "$m") / 2 / 1048576 ))M
     rm -f /tmp/gc-limit.json
     plan "$m: the partition search for GPU + CPU under --gpu-memory-limit $halfm" --model "$m" \
-        --parts 2 --devices gpu,cpu --threads-per-part "$half" --widths 1,8 --reps 2 --ctx 256 \
+        --parts 2 --devices gpu,cpu --threads-per-part "$half" --widths 1,8 --reps 1 --ctx 256 \
         --gpu-memory-limit "$halfm" --search /tmp/gc-limit.json
     cp /tmp/gc-limit.json "$out/onecopy-plan.json" 2>/dev/null || true
 fi
