@@ -575,7 +575,14 @@ static void test_one_copy(void)
 
     llama_gpu_params mapped = {.memory = LLAMA_GPU_MAPPED, .weights = LLAMA_GPU_WEIGHTS_MAPPED};
     for (int parts = 1; parts <= 2; parts++) {
-        if (run(m, KV_F32, parts, 1, &mapped, parts == 2 ? &p3 : NULL, got, NULL)) {
+        int rc_m = run(m, KV_F32, parts, 1, &mapped, parts == 2 ? &p3 : NULL, got, NULL);
+        if (rc_m && strstr(run_err, "cudaHostRegister (read-only)")) {
+            /* a device without read-only registration of pageable memory refuses mapped
+             * weights by name (auto then keeps them on the device) */
+            printf("  mapped weights: SKIPPED: this device refuses them (%s)\n", run_err);
+            break;
+        }
+        if (rc_m) {
             failures++;
             continue;
         }
