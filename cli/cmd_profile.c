@@ -34,6 +34,7 @@
 #include "cli/util.h"
 #include "policy/control.h"
 #include "model/llama.h"
+#include "model/llama_cuda.h"
 #include "model/medusa.h"
 #include "model/ngram.h"
 #include "model/tokenizer.h"
@@ -62,6 +63,9 @@ typedef struct {
 
 typedef struct {
     const char *model, *prompts, *calib, *out, *plot;
+    /* --devices (the group's workers, in order: its partition is searched and the devices
+     * chosen), and the GPU settings the search passes on */
+    const char *devices, *gpu_limit, *gpu_weights;
     int threads, n_gen, depth, ranks, per_cat, reps, act_bits;
     kv_type kv; /* --kv: the K/V type the group runs with (the step times) */
     bool plain; /* --plain: prompts as completions, not chat messages */
@@ -81,6 +85,8 @@ static void pf_usage(FILE *out)
             "                      [--calibrate CATEGORY] [--per-category N] [-n TOKENS]\n"
             "                      [--depth D] [--ranks R] [--reps N] [--out plan.json]\n"
             "                      [--plot plan.png] [--plain] [--act-bits auto|16|8] [--kv f32|f16]\n"
+            "                      [--devices cpu,gpu,...] [--gpu-memory-limit BYTES]\n"
+            "                      [--gpu-weights auto|device|mapped]\n"
             "  Measures the step time per width and context bucket and each speculator's\n"
             "  acceptance by depth and candidate rank on a calibration prompt set (JSON lines\n"
             "  with id, category, prompt; default bench/prompts.jsonl), then writes the plan:\n"
@@ -94,7 +100,11 @@ static void pf_usage(FILE *out)
             "  are completions (no chat template). --act-bits: the activation precision the\n"
             "  group runs with (orochi-coordinator --act-bits; it sets the step times), --kv\n"
             "  its K/V type (orochi-coordinator --kv; the step times too). The plot needs\n"
-            "  python3 with matplotlib.\n");
+            "  python3 with matplotlib. --devices: the group's workers in order (as its\n"
+            "  --workers gives them); with two or more, the partition is searched too and the\n"
+            "  devices chosen by measurement (orochi bench --plans --search: the fastest device\n"
+            "  alone unless a split beats it; a GPU over --gpu-memory-limit never alone), and\n"
+            "  the plan's \"partition\" says which and why (docs/gpu.md, \"Which devices\").\n");
 }
 
 static int pf_list(const char *opt, const char *s, int *out, int max, long lo, long hi)
@@ -186,6 +196,12 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
             o->out = v;
         else if (!strcmp(a, "--plot"))
             o->plot = v;
+        else if (!strcmp(a, "--devices"))
+            o->devices = v;
+        else if (!strcmp(a, "--gpu-memory-limit"))
+            o->gpu_limit = v;
+        else if (!strcmp(a, "--gpu-weights"))
+            o->gpu_weights = v;
         else if (!strcmp(a, "--widths")) {
             if ((o->n_widths = pf_list(a, v, o->widths, PF_MAX_W, 1, PF_CHUNK)) < 1)
                 return -1;
@@ -226,6 +242,33 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
     }
     if (!o->model) {
         fprintf(stderr, "orochi profile: --model is required\n");
+        return -1;
+    }
+    /* what the search at the end takes, checked before the minutes of profiling */
+    char devs[256];
+    snprintf(devs, sizeof devs, "%s", o->devices ? o->devices : "");
+    for (char *save = NULL, *t = strtok_r(devs, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (strcmp(t, "cpu") && strcmp(t, "gpu")) {
+            fprintf(stderr, "orochi profile: --devices %s: cpu or gpu for each worker\n",
+                    o->devices);
+            return -1;
+        }
+#ifndef OROCHI_HAVE_CUDA
+    if (o->devices && strstr(o->devices, "gpu")) {
+        fprintf(stderr, "orochi profile: --devices %s: this build has no CUDA (CMake builds the "
+                        "GPU worker when it finds nvcc)\n", o->devices);
+        return -1;
+    }
+#endif
+    size_t bytes;
+    if (o->gpu_limit && llama_gpu_bytes_parse(o->gpu_limit, &bytes)) {
+        fprintf(stderr, "orochi profile: --gpu-memory-limit %s: a byte count (40G, 512M)\n",
+                o->gpu_limit);
+        return -1;
+    }
+    if (o->gpu_weights && llama_gpu_weights_parse(o->gpu_weights) < 0) {
+        fprintf(stderr, "orochi profile: --gpu-weights %s: auto, device or mapped\n",
+                o->gpu_weights);
         return -1;
     }
     if (o->widths[0] != 1) {
@@ -687,6 +730,42 @@ static int pf_write(const pf_opts *o, const int *best_s, const int *best_w, cons
     return rc;
 }
 
+/* --devices with two or more: the partition search on the profiled widths (bench --plans
+ * --search, the parts' threads the group's shared out), which chooses the devices and writes
+ * the partition into the plan just written. 0, or its exit status. */
+static int pf_devices(const pf_opts *o)
+{
+    int parts = 1;
+    for (const char *p = o->devices; *p; p++)
+        parts += *p == ',';
+    if (parts < 2)
+        return 0; /* one worker: nothing to split */
+    char np[16], tpp[16], widths[128], ctx[16], reps[16];
+    snprintf(np, sizeof np, "%d", parts);
+    snprintf(tpp, sizeof tpp, "%d", o->threads / parts > 0 ? o->threads / parts : 1);
+    size_t at = 0;
+    for (int i = 0; i < o->n_widths && at < sizeof widths; i++)
+        at += (size_t)snprintf(widths + at, sizeof widths - at, "%s%d", i ? "," : "",
+                               o->widths[i]);
+    snprintf(ctx, sizeof ctx, "%d", o->ctxs[0]);
+    snprintf(reps, sizeof reps, "%d", o->reps < 3 ? o->reps : 3);
+    const char *argv[32] = {"--plans", "--model", o->model, "--parts", np, "--devices",
+                            o->devices, "--threads-per-part", tpp, "--widths", widths, "--ctx",
+                            ctx, "--reps", reps, "--search", o->out, "--json", "/dev/null"};
+    int argc = 19;
+    if (o->gpu_limit) {
+        argv[argc++] = "--gpu-memory-limit";
+        argv[argc++] = o->gpu_limit;
+    }
+    if (o->gpu_weights) {
+        argv[argc++] = "--gpu-weights";
+        argv[argc++] = o->gpu_weights;
+    }
+    fprintf(stderr, "orochi profile: the partition for workers %s and the choice of devices "
+                    "(bench --plans --search)...\n", o->devices);
+    return bench_plans(argc, (char **)argv);
+}
+
 int cmd_profile(int argc, char **argv)
 {
     static pf_opts o;
@@ -887,7 +966,9 @@ int cmd_profile(int argc, char **argv)
     }
     if (pf_write(&o, best_s, best_w, best_rate, plain_rate))
         goto done;
-    rc = 0;
+    rc = o.devices ? pf_devices(&o) : 0;
+    if (rc)
+        goto done;
     if (o.plot) {
         char cmd[4096];
         snprintf(cmd, sizeof cmd, "%s '%s/bench/plot_plan.py' '%s' '%s'",

@@ -5,7 +5,8 @@
   width, the step-time curve and per-category acceptance; the tables are printed;
 - bad input: widths that do not start with 1, a missing prompt file, an unknown speculator kind
   exit 2 with one line naming the problem;
-- a group started with `--plan` (guard on, as in production) answers greedy requests exactly like
+- a group started with `--plan` (guard on, as in production; the profile given the group's devices,
+  so the plan also holds their partition, its devices and why) answers greedy requests exactly like
   `orochi run --temp 0`, shows the plan in its status, and picks up a rewritten plan without a
   restart; a plan whose tree shape is a chain keeps the output lossless; a plan that is not a
   plan, or whose tree is malformed, is refused at start with the reason;
@@ -98,8 +99,13 @@ def group_follows_the_plan_and_rereads_it():
     model = model_or_skip()
     tmp = G.env()["tmp"]
     plan_path = os.path.join(tmp, "plan-group-%d.json" % os.getpid())
-    r = profile(model, plan_path)
+    # the group's two workers named: the profile also searches their partition and chooses them
+    r = profile(model, plan_path, "--devices", "cpu,cpu")
     G.check(r.returncode == 0, "orochi profile failed: %s", r.stderr[-2000:])
+    part = json.load(open(plan_path)).get("partition", {})
+    G.check(part.get("parts") == 2 and part.get("devices") == ["cpu", "cpu"] and part.get("why"),
+            "the profile with --devices cpu,cpu wrote no partition with its devices and why: %s", part)
+    G.check("devices: " in r.stdout, "the profile did not print its choice of devices:\n%s", r.stdout[-1500:])
     prompts = ["Write a Python function that adds two numbers.", "Summarize: the cat sat on the mat. The cat sat."]
     with G.Group("plan", model, workers=2, speculators=["layerskip", "ngram"], guard=True,
                  extra=["--plan", plan_path]) as g:
