@@ -270,12 +270,18 @@ static int gpu_win_fit(llama_gpu *gp, char *err, size_t errlen)
     if (!lacking)
         return 0;
     if (gp->limit && gp->buf_bytes + exact > gp->limit) {
+        char mirror[160] = "";
+        if (gp->kv_bytes) /* mirror mode: the device copy of the K/V cache is among the buffers */
+            snprintf(mirror, sizeof mirror,
+                     ", of which the K/V cache's device copy %.1f MiB (--gpu-memory mapped reads "
+                     "it in place; --kv f16 halves it)",
+                     gpu_mib(gp->kv_bytes));
         snprintf(err, errlen,
                  "the GPU part needs %.1f MiB of device memory (its share of the weights %.1f "
-                 "MiB, buffers %.1f MiB), over --gpu-memory-limit %.1f MiB: give the GPU a smaller "
-                 "share (orochi bench --plans --search PLAN --devices gpu,cpu --gpu-memory-limit "
-                 "finds one) or --gpu-weights mapped",
-                 gpu_mib(gp->buf_bytes + exact), gpu_mib(exact), gpu_mib(gp->buf_bytes),
+                 "MiB, buffers %.1f MiB%s), over --gpu-memory-limit %.1f MiB: give the GPU a "
+                 "smaller share (orochi bench --plans --search PLAN --devices gpu,cpu "
+                 "--gpu-memory-limit finds one) or --gpu-weights mapped",
+                 gpu_mib(gp->buf_bytes + exact), gpu_mib(exact), gpu_mib(gp->buf_bytes), mirror,
                  gpu_mib(gp->limit));
         return -1;
     }
