@@ -134,7 +134,12 @@ struct llama_gpu {
     gpu_stage h, d;
     llama_gpu_memory memory; /* MAPPED or MIRROR once resolved */
     gpu_bufs shb, dev;       /* the shared block's addresses; where the step works */
-    size_t kv_bytes;
+    /* mirror: the device copy of the K/V cache holds KV heads [m0, m1) only — every head this
+     * part stores or whose rows its attention reads — each layer's K and V blocks mlkv bytes
+     * (the shared block's hold every head, layer_kv_bytes); kv_pitch: a head's region */
+    size_t kv_bytes, mlkv, kv_pitch;
+    int m0, m1;
+    void *mkv; /* its allocation (dev.kv), replaced when a partition needs other heads */
     /* mirror: per slot the committed rows copied so far and the epoch they were copied under;
      * per KV head whether attention reads its prefix (need_p) and tree rows (need_t) */
     int *mir_len, *mir_stamp;
@@ -391,6 +396,68 @@ static bool gpu_in_map(const llama_gpu *gp, const void *p, size_t bytes)
     return b >= gp->host_base && b + bytes <= gp->host_base + gp->map_bytes;
 }
 
+static void gpu_mirror_needs(llama_gpu *gp);
+
+/* The K (v = 0) or V (v = 1) block of layer l where the step works (dev: the mirror in mirror
+ * mode) or in the shared block, as the address of KV head 0's region: the kernels add a head's.
+ * The mirror's blocks hold heads [m0, m1) only, so its address lies m0 regions before them. */
+static uint8_t *gpu_kv(const llama_gpu *gp, bool dev, int l, int v)
+{
+    if (dev && gp->memory == LLAMA_GPU_MIRROR)
+        return gp->dev.kv + (size_t)(2 * l + v) * gp->mlkv - (size_t)gp->m0 * gp->kv_pitch;
+    return gp->shb.kv + (size_t)(2 * l + v) * gp->x->sh.layer_kv_bytes;
+}
+
+/* Mirror: the device copy of the K/V cache holds every KV head the partition has this part store
+ * or read. When it lacks one, it is allocated again for the heads of both partitions (the union,
+ * within the memory limit; else exactly the heads needed) and every slot's rows are copied again
+ * (the recordings, holding the old address, are dropped). 0, or -1 with err. */
+static void gpu_graphs_drop(llama_gpu *gp);
+static int gpu_mirror_fit(llama_gpu *gp, char *err, size_t errlen)
+{
+    llama_ctx *x = gp->x;
+    const llama_config *c = &x->m->cfg;
+    gpu_mirror_needs(gp);
+    int m0 = c->n_kv_heads, m1 = 0;
+    for (int h = 0; h < c->n_kv_heads; h++)
+        if (gp->need_p[h] || gp->need_t[h] || (h >= x->kvh0 && h < x->kvh1)) {
+            m0 = h < m0 ? h : m0;
+            m1 = h + 1;
+        }
+    if (m1 <= m0 || (gp->mkv && m0 >= gp->m0 && m1 <= gp->m1))
+        return 0;
+    if (gp->mkv) { /* the union, where the limit allows it */
+        int u0 = m0 < gp->m0 ? m0 : gp->m0, u1 = m1 > gp->m1 ? m1 : gp->m1;
+        size_t ub = 2 * (size_t)c->n_layers * (size_t)(u1 - u0) * gp->kv_pitch;
+        if (!gp->limit || gp->buf_bytes - gp->kv_bytes + gp->win_bytes + ub <= gp->limit) {
+            m0 = u0;
+            m1 = u1;
+        }
+    }
+    size_t mlkv = (size_t)(m1 - m0) * gp->kv_pitch, bytes = 2 * (size_t)c->n_layers * mlkv;
+    gpu_graphs_drop(gp);
+    kcuda_free(gp->mkv);
+    gp->buf_bytes -= gp->kv_bytes;
+    gp->mkv = gp->dev.kv = NULL;
+    gp->kv_bytes = 0;
+    if (!(gp->mkv = kcuda_alloc(bytes))) {
+        snprintf(err, errlen,
+                 "mirror: cannot allocate the device copy of the KV cache (%.1f MiB for KV heads "
+                 "%d..%d); --gpu-memory mapped reads it in place",
+                 (double)bytes / (1 << 20), m0, m1 - 1);
+        return -1;
+    }
+    gp->dev.kv = gp->mkv;
+    gp->kv_bytes = bytes;
+    gp->buf_bytes += bytes;
+    gp->mlkv = mlkv;
+    gp->m0 = m0;
+    gp->m1 = m1;
+    gp->rewindowed += gp->placed;
+    memset(gp->mir_len, 0, (size_t)x->p.n_seq * sizeof *gp->mir_len); /* copied again */
+    return 0;
+}
+
 /* The mirror's device buffers, each the shape of its shared-block twin. */
 static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
 {
@@ -398,9 +465,8 @@ static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
     const llama_config *c = &x->m->cfg;
     size_t W = (size_t)x->p.max_width, qd = (size_t)c->n_heads * c->head_dim;
     size_t kvr = (size_t)x->kv_row, rec = (size_t)c->n_heads * 2 * ((size_t)c->head_dim + 2);
-    gp->kv_bytes = 2 * x->sh.layer_kv_bytes * (size_t)c->n_layers;
     gpu_bufs *d = &gp->dev;
-    d->kv = gpu_alloc(gp, gp->kv_bytes);
+    d->kv = NULL; /* gpu_mirror_fit: the heads the partition needs */
     d->x = gpu_alloc(gp, W * (size_t)c->dim * 4);
     d->q = gpu_alloc(gp, W * qd * 4);
     d->att = gpu_alloc(gp, W * qd * 4);
@@ -412,12 +478,10 @@ static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
     d->ap = gpu_alloc(gp, W * rec * 4);
     d->mp = gpu_alloc(gp, (size_t)x->p.n_parts * W * (size_t)c->dim * 4);
     d->logits = gpu_alloc(gp, W * (size_t)c->vocab * 4);
-    if (!d->kv || !d->x || !d->q || !d->att || !d->xb2 || !d->hg || !d->hu || !d->kk || !d->vv ||
-        !d->ap || !d->mp || !d->logits) {
-        snprintf(err, errlen,
-                 "mirror: cannot allocate the device copy of the KV cache (%.1f MiB) and the "
-                 "activations; --gpu-memory mapped reads them in place",
-                 (double)gp->kv_bytes / (1 << 20));
+    if (!d->x || !d->q || !d->att || !d->xb2 || !d->hg || !d->hu || !d->kk || !d->vv || !d->ap ||
+        !d->mp || !d->logits) {
+        snprintf(err, errlen, "mirror: cannot allocate the device copies of the activations; "
+                              "--gpu-memory mapped reads them in place");
         return -1;
     }
     int ns = x->p.n_seq, nkv = c->n_kv_heads;
@@ -431,7 +495,8 @@ static int gpu_mirror_new(llama_gpu *gp, char *err, size_t errlen)
     }
     gp->need_t = gp->need_p + nkv;
     gp->prev_need_p = gp->need_t + nkv;
-    return 0;
+    gp->kv_pitch = llama_kv_offset(x, 1, 0);
+    return gpu_mirror_fit(gp, err, errlen);
 }
 
 llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_base,
@@ -644,6 +709,7 @@ void llama_gpu_destroy(llama_gpu **gpp)
     for (int i = 0; i < gp->n_allocs; i++)
         kcuda_free(gp->allocs[i]);
     free(gp->allocs);
+    kcuda_free(gp->mkv);
     for (int i = 0; i < gp->n_wins; i++)
         kcuda_free(gp->wins[i].block);
     free(gp->wins);
@@ -685,22 +751,20 @@ llama_gpu_how llama_gpu_last_step(const llama_gpu *gp)
     return gp->how;
 }
 
-void llama_gpu_memory_use(const llama_gpu *gp, size_t *weights, size_t *total, long *rewindowed)
+llama_gpu_memory_used llama_gpu_memory_use(const llama_gpu *gp)
 {
-    *weights = gp->win_bytes;
-    *total = gp->win_bytes + gp->buf_bytes;
-    if (rewindowed)
-        *rewindowed = gp->rewindowed;
+    return (llama_gpu_memory_used){gp->win_bytes, gp->kv_bytes, gp->win_bytes + gp->buf_bytes,
+                                   gp->rewindowed};
 }
 
-/* The attention arguments of layer l (K/V blocks at offsets kl, vl of the step's K/V). */
-static kcuda_att gpu_att_of(const llama_gpu *gp, size_t kl, size_t vl)
+/* The attention arguments of layer l (the step's K/V blocks of that layer). */
+static kcuda_att gpu_att_of(const llama_gpu *gp, int l)
 {
     const llama_ctx *x = gp->x;
     const llama_config *c = &x->m->cfg;
     return (kcuda_att){.type = x->p.kv,
-                       .k = gp->dev.kv ? gp->dev.kv + kl : NULL,
-                       .v = gp->dev.kv ? gp->dev.kv + vl : NULL,
+                       .k = gp->dev.kv ? gpu_kv(gp, true, l, 0) : NULL,
+                       .v = gp->dev.kv ? gpu_kv(gp, true, l, 1) : NULL,
                        .head_rows = x->tree_row + x->p.max_width,
                        .tree_row = x->tree_row,
                        .head_dim = c->head_dim,
@@ -764,8 +828,8 @@ static void gpu_mirror_rows(llama_gpu *gp, const uint8_t *want, int l, int64_t r
 {
     const llama_ctx *x = gp->x;
     const llama_config *c = &x->m->cfg;
-    size_t lkv = x->sh.layer_kv_bytes, pitch = llama_kv_offset(x, 1, 0);
-    size_t first = l < 0 ? 0 : (size_t)(2 * l) * lkv, depth = l < 0 ? 2 * (size_t)c->n_layers : 2;
+    size_t lkv = x->sh.layer_kv_bytes, pitch = gp->kv_pitch;
+    int first = l < 0 ? 0 : l, depth = l < 0 ? 2 * c->n_layers : 2;
     for (int h = 0; h < c->n_kv_heads;) {
         if (!want[h]) {
             h++;
@@ -774,10 +838,11 @@ static void gpu_mirror_rows(llama_gpu *gp, const uint8_t *want, int l, int64_t r
         int h1 = h;
         while (h1 < c->n_kv_heads && want[h1])
             h1++;
-        size_t off = first + llama_kv_offset(x, h, r);
-        kcuda_copy3d(gp->g, gp->dev.kv + off, gp->shb.kv + off,
-                     (size_t)count * (size_t)c->head_dim * x->kv_elem, (size_t)(h1 - h), pitch,
-                     depth, lkv);
+        size_t off = llama_kv_offset(x, h, r); /* within a layer's block, either side */
+        kcuda_copy3d_pz(gp->g, gpu_kv(gp, true, first, 0) + off, gp->mlkv,
+                        gpu_kv(gp, false, first, 0) + off, lkv,
+                        (size_t)count * (size_t)c->head_dim * x->kv_elem, (size_t)(h1 - h), pitch,
+                        (size_t)depth);
         h = h1;
     }
 }
@@ -910,13 +975,13 @@ static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *bias, const f
 /* A layer's q, k and v rows of the part, RoPE, and its K/V rows into the tree area of the layer's
  * blocks (kl, vl: their offsets) — the shared block's, which commits move, and a mirror's own.
  * Fused: one matmul launch and one RoPE-and-store launch. */
-static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t vl,
-                   const llama_part_cols *pc, char *err, size_t errlen)
+static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, int l, const llama_part_cols *pc,
+                   char *err, size_t errlen)
 {
     llama_ctx *x = gp->x;
     kcuda *g = gp->g;
     const llama_config *c = &x->m->cfg;
-    const gpu_bufs *D = &gp->dev, *S = &gp->shb;
+    const gpu_bufs *D = &gp->dev;
     bool mirror = gp->memory == LLAMA_GPU_MIRROR;
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = x->kv_row, hd = c->head_dim;
     int half = c->rot_dim / 2, qh = (int)((pc->q1 - pc->q0) / hd);
@@ -938,11 +1003,11 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
         kcuda_rope(g, D->q + pc->q0, n, qd, qh, (int)hd, half, gp->d.cs, gp->d.sn);
         kcuda_rope(g, D->kk + pc->k0, n, kvd, x->kvh1 - x->kvh0, (int)hd, half, gp->d.cs,
                    gp->d.sn);
-        gpu_kv_store(gp, S->kv + kl, D->kk, n);
-        gpu_kv_store(gp, S->kv + vl, D->vv, n);
+        gpu_kv_store(gp, gpu_kv(gp, false, l, 0), D->kk, n);
+        gpu_kv_store(gp, gpu_kv(gp, false, l, 1), D->vv, n);
         if (mirror) {
-            gpu_kv_store(gp, D->kv + kl, D->kk, n);
-            gpu_kv_store(gp, D->kv + vl, D->vv, n);
+            gpu_kv_store(gp, gpu_kv(gp, true, l, 0), D->kk, n);
+            gpu_kv_store(gp, gpu_kv(gp, true, l, 1), D->vv, n);
         }
         return 0;
     }
@@ -961,8 +1026,8 @@ static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, size_t kl, size_t v
                        .type = x->p.kv,
                        .head_rows = x->tree_row + x->p.max_width,
                        .r0 = x->tree_row + x->batch_base,
-                       .k_dst = {S->kv + kl, D->kv + kl},
-                       .v_dst = {S->kv + vl, D->kv + vl},
+                       .k_dst = {gpu_kv(gp, false, l, 0), gpu_kv(gp, true, l, 0)},
+                       .v_dst = {gpu_kv(gp, false, l, 1), gpu_kv(gp, true, l, 1)},
                        .n_dst = mirror ? 2 : 1,
                        .neox = c->rope_neox,
                        .bq = L->bq ? L->bq + pc->q0 : NULL,
@@ -1009,7 +1074,6 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
     int64_t d0 = pc.d0, d1 = pc.d1, e0 = pc.e0, e1 = pc.e1, f0 = pc.f0, f1 = pc.f1;
     int64_t q0 = pc.q0, q1 = pc.q1, v0 = pc.v0, v1 = pc.v1;
     int64_t rec = hd + 2, rec_tok = (int64_t)c->n_heads * 2 * rec;
-    size_t lkv = x->sh.layer_kv_bytes;
     /* the tree rows of heads another part projects, which a mirror reads after they are stored */
     uint8_t foreign[LLAMA_MAX_KV_HEADS_GPU];
     bool any_foreign = false;
@@ -1027,15 +1091,15 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
         gpu_mirror_prefix(gp, n);
     for (int l = 0; l < c->n_layers; l++) {
         const gpu_layer *L = &gp->layers[l];
-        size_t kl = (size_t)(2 * l) * lkv, vl = kl + lkv;
+
         kcuda_rmsnorm(g, gp->xb, D->x, L->attn_norm, (int)dim, n, c->norm_eps);
-        if (gpu_qkv(gp, L, n, kl, vl, &pc, err, errlen))
+        if (gpu_qkv(gp, L, n, l, &pc, err, errlen))
             return -1;
         if (x->att_sync && gpu_meet(gp, D->q, S->q, n, qd, q0, q1, err, errlen))
             return -1;
         if (any_foreign)
             gpu_mirror_rows(gp, foreign, l, x->tree_row + x->batch_base, n);
-        kcuda_att a = gpu_att_of(gp, kl, vl);
+        kcuda_att a = gpu_att_of(gp, l);
         /* one launch per run of units of one mode over consecutive query heads */
         for (int u = 0, u1; u < x->n_units; u = u1) {
             const struct att_unit *un = &x->units[u];
@@ -1195,7 +1259,7 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
         if (h->n_prefix[i] + h->n_anc[i] > gp->att_keys)
             gp->att_keys = h->n_prefix[i] + h->n_anc[i];
     }
-    kcuda_att a = gpu_att_of(gp, 0, 0);
+    kcuda_att a = gpu_att_of(gp, 0);
     gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n), kcuda_att_tiles(g, &a, n) != 0,
                               kcuda_matmul_unroll(g, n),
                               kcuda_matmul_kind(g, x->m->layers[0].wq.type) == KCUDA_MM_TC};
@@ -1206,7 +1270,8 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     if (kcuda_upload(g, gp->d_block, gp->h_block, used, err, errlen))
         return -1;
     if (gp->memory == LLAMA_GPU_MIRROR) {
-        gpu_mirror_needs(gp);
+        if (gpu_mirror_fit(gp, err, errlen)) /* calls gpu_mirror_needs */
+            return -1;
         if (x->p.n_parts <= 1)
             gpu_mirror_prefix(gp, n);
     }

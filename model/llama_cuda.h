@@ -181,10 +181,15 @@ typedef struct {
     bool tensor_cores;
 } llama_gpu_how;
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gpu);
-/* The device memory the part holds: its weight matrices' (0 with mapped weights), and in all
- * (the weights, the norms, biases and buffers); the windows uploaded again for a new partition
- * since the start (may be NULL). */
-void llama_gpu_memory_use(const llama_gpu *gpu, size_t *weights, size_t *total, long *rewindowed);
+/* The device memory the part holds: its weight matrices' (0 with mapped weights), the device
+ * copy of the K/V cache (mirror mode: the KV heads it stores or reads), and in all (with the
+ * norms, biases and activations); the windows and K/V copies made again for a new partition since
+ * the start. */
+typedef struct {
+    size_t weights, kv, total;
+    long rewindowed;
+} llama_gpu_memory_used;
+llama_gpu_memory_used llama_gpu_memory_use(const llama_gpu *gpu);
 /* The device memory of the weight rows a part needs under ctx's current partition with device
  * weights (what llama_gpu_new would upload, the windows' exact rows): the part's share of every
  * matrix, the embedding whole. Needs no device (plans are sized with it). */

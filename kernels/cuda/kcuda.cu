@@ -248,33 +248,40 @@ void kcuda_unregister(void *host)
 
 /* Block (blockIdx.z, blockIdx.y); the x dimension strides over its units (T: 16 or 4 bytes). */
 template <typename T>
-__global__ void k_copy3d_kernel(uint8_t *dst, const uint8_t *src, size_t units, size_t pitch_y,
-                                size_t pitch_z)
+__global__ void k_copy3d_kernel(uint8_t *dst, size_t dst_pitch_z, const uint8_t *src,
+                                size_t src_pitch_z, size_t units, size_t pitch_y)
 {
-    size_t off = (size_t)blockIdx.z * pitch_z + (size_t)blockIdx.y * pitch_y;
-    T *d = (T *)(dst + off);
-    const T *s = (const T *)(src + off);
+    size_t row = (size_t)blockIdx.y * pitch_y;
+    T *d = (T *)(dst + (size_t)blockIdx.z * dst_pitch_z + row);
+    const T *s = (const T *)(src + (size_t)blockIdx.z * src_pitch_z + row);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < units;
          i += (size_t)gridDim.x * blockDim.x)
         d[i] = s[i];
 }
 
-void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
-                  size_t pitch_y, size_t depth, size_t pitch_z)
+void kcuda_copy3d_pz(kcuda *g, void *dst, size_t dst_pitch_z, const void *src, size_t src_pitch_z,
+                     size_t width, size_t height, size_t pitch_y, size_t depth)
 {
     if (!width || !height || !depth)
         return;
-    bool wide = !(((uintptr_t)dst | (uintptr_t)src | width | pitch_y | pitch_z) & 15);
+    bool wide = !(((uintptr_t)dst | (uintptr_t)src | width | pitch_y | dst_pitch_z | src_pitch_z) &
+                  15);
     size_t unit = wide ? 16 : 4, units = width / unit;
     unsigned bx = (unsigned)((units + 255) / 256);
     dim3 grid(bx < 32 ? bx : 32, (unsigned)height, (unsigned)depth);
     g->launches++;
     if (wide)
-        k_copy3d_kernel<uint4><<<grid, 256, 0, g->stream>>>((uint8_t *)dst, (const uint8_t *)src,
-                                                            units, pitch_y, pitch_z);
+        k_copy3d_kernel<uint4><<<grid, 256, 0, g->stream>>>(
+            (uint8_t *)dst, dst_pitch_z, (const uint8_t *)src, src_pitch_z, units, pitch_y);
     else
         k_copy3d_kernel<uint32_t><<<grid, 256, 0, g->stream>>>(
-            (uint8_t *)dst, (const uint8_t *)src, units, pitch_y, pitch_z);
+            (uint8_t *)dst, dst_pitch_z, (const uint8_t *)src, src_pitch_z, units, pitch_y);
+}
+
+void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
+                  size_t pitch_y, size_t depth, size_t pitch_z)
+{
+    kcuda_copy3d_pz(g, dst, pitch_z, src, pitch_z, width, height, pitch_y, depth);
 }
 
 /* One block per (row, head): its head_dim values, rounded to the block's type. */

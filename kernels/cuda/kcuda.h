@@ -84,6 +84,10 @@ void kcuda_unregister(void *host);
  * apart). Sizes, pitches and addresses multiples of 4 bytes. */
 void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
                   size_t pitch_y, size_t depth, size_t pitch_z);
+/* kcuda_copy3d whose planes lie dst_pitch_z apart in dst and src_pitch_z apart in src (a copy
+ * between blocks laid out alike but for their plane pitch). */
+void kcuda_copy3d_pz(kcuda *g, void *dst, size_t dst_pitch_z, const void *src, size_t src_pitch_z,
+                     size_t width, size_t height, size_t pitch_y, size_t depth);
 /* The device's copy bandwidth: `reps` device-to-device copies of `bytes` (after one unmeasured),
  * timed on the host around a sync; *gbps gets bytes read plus bytes written per second over 1e9
  * (the roofline a step's weight reads are compared with). 0, or -1 with err. */

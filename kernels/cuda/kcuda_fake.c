@@ -187,24 +187,29 @@ void kcuda_unregister(void *host)
 typedef struct {
     void *dst;
     const void *src;
-    size_t width, height, pitch_y, depth, pitch_z;
+    size_t width, height, pitch_y, depth, dst_pitch_z, src_pitch_z;
 } copy3d_args;
 
 static void copy3d_run(const void *p)
 {
     const copy3d_args *a = p;
     for (size_t z = 0; z < a->depth; z++)
-        for (size_t y = 0; y < a->height; y++) {
-            size_t off = z * a->pitch_z + y * a->pitch_y;
-            memmove((char *)a->dst + off, (const char *)a->src + off, a->width);
-        }
+        for (size_t y = 0; y < a->height; y++)
+            memmove((char *)a->dst + z * a->dst_pitch_z + y * a->pitch_y,
+                    (const char *)a->src + z * a->src_pitch_z + y * a->pitch_y, a->width);
+}
+
+void kcuda_copy3d_pz(kcuda *g, void *dst, size_t dst_pitch_z, const void *src, size_t src_pitch_z,
+                     size_t width, size_t height, size_t pitch_y, size_t depth)
+{
+    copy3d_args a = {dst, src, width, height, pitch_y, depth, dst_pitch_z, src_pitch_z};
+    FAKE_QUEUE(g, copy3d_run, a);
 }
 
 void kcuda_copy3d(kcuda *g, void *dst, const void *src, size_t width, size_t height,
                   size_t pitch_y, size_t depth, size_t pitch_z)
 {
-    copy3d_args a = {dst, src, width, height, pitch_y, depth, pitch_z};
-    FAKE_QUEUE(g, copy3d_run, a);
+    kcuda_copy3d_pz(g, dst, pitch_z, src, pitch_z, width, height, pitch_y, depth);
 }
 
 int kcuda_reserve(kcuda *g, size_t bytes, char *err, size_t errlen)

@@ -95,8 +95,8 @@ typedef struct {
     pthread_barrier_t *barrier;
     long replayed, launches;
     const llama_partition *plan2; /* the plan both parts switch to after the prompts (or NULL) */
-    size_t weights, total, share; /* a GPU part's device memory, and llama_gpu_share_bytes */
-    long rewindowed;
+    llama_gpu_memory_used use; /* a GPU part's device memory at the end */
+    size_t share;              /* llama_gpu_share_bytes at the start */
     int rc;
     char err[512];
 } part_arg;
@@ -173,7 +173,7 @@ static void *part_run(void *argp)
         long recorded;
         llama_gpu_graph_counts(r.gpu, &a->replayed, &recorded);
         a->launches = llama_gpu_launches(r.gpu);
-        llama_gpu_memory_use(r.gpu, &a->weights, &a->total, &a->rewindowed);
+        a->use = llama_gpu_memory_use(r.gpu);
     }
 out:
     llama_gpu_destroy(&r.gpu);
@@ -291,12 +291,12 @@ static void test_tiles_by_default(void)
 #endif
 }
 
-/* The device ops part 0 queued in the last run (llama_gpu_launches); its device memory at the
- * end (weights, in all), the share of the weights it needed at the start, the windows uploaded
- * again, and the refusal of a part that failed. run_plan2: the plan the next runs switch to
+/* The device ops part 0 queued in the last run (llama_gpu_launches); the first GPU part's device
+ * memory at the end (weights, the K/V cache's device copy, in all), the share of the weights it
+ * needed at the start, the windows and K/V copies made again, and its refusal if it failed. run_plan2: the plan the next runs switch to
  * after their prompts. */
 static long run_launches, run_rewindowed;
-static size_t run_weights, run_total, run_share;
+static size_t run_weights, run_total, run_share, run_kv;
 static char run_err[512];
 static const llama_partition *run_plan2;
 
@@ -334,11 +334,13 @@ static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
     if (replayed)
         *replayed = args[0].replayed;
     run_launches = args[0].launches;
-    run_weights = args[0].weights;
-    run_total = args[0].total;
-    run_share = args[0].share;
-    run_rewindowed = args[0].rewindowed;
-    snprintf(run_err, sizeof run_err, "%s", rc ? args[0].err : "");
+    const part_arg *gpu = &args[gpu_mask & 1 ? 0 : 1]; /* the first GPU part */
+    run_weights = gpu->use.weights;
+    run_total = gpu->use.total;
+    run_kv = gpu->use.kv;
+    run_share = gpu->share;
+    run_rewindowed = gpu->use.rewindowed;
+    snprintf(run_err, sizeof run_err, "%.500s", rc ? gpu->err : "");
     memcpy(out, (char *)block + shared, lbytes);
     pthread_barrier_destroy(&barrier);
     free(block);
@@ -511,8 +513,9 @@ static void test_families(void)
  * holds only its share of the rows (what llama_gpu_share_bytes says, well under the whole), and
  * its logits agree; a new partition that needs more rows uploads them (the windows grow) and the
  * logits still agree; mapped weights read the model file in place (no weight bytes on the
- * device) with the same bits; a memory limit under the whole model refuses the GPU alone with
- * the bytes it needs, and takes the pair whose GPU share fits. */
+ * device) with the same bits; a mirror's K/V copy holds only the part's KV heads, and grows when
+ * a partition needs more; a memory limit under the whole model refuses the GPU alone with the
+ * bytes it needs, and takes the pair whose GPU share fits. */
 static void test_one_copy(void)
 {
     llama_model *m = fwd_model(FWD_TAG("cuda-onecopy"), "q4_0",
@@ -594,6 +597,42 @@ static void test_one_copy(void)
                ok ? "ok" : "FAILED");
         failures += !ok;
     }
+
+    /* mirror mode: the K/V cache's device copy holds the KV heads the GPU part stores or reads.
+     * The GPU as part 1 of an even pair takes KV head 1 (of 2): half the copy, its address one
+     * head's region before it; then a plan that gives it all attention needs head 0 too: the copy
+     * is made again for both and the rows of every slot copied again */
+    llama_gpu_params mir = {.memory = LLAMA_GPU_MIRROR, .weights = LLAMA_GPU_WEIGHTS_DEVICE};
+    if (run(m, KV_F32, 1, 1, &mir, NULL, got, NULL)) {
+        failures++;
+        goto out;
+    }
+    size_t kv_all = run_kv;
+    llama_partition half, att;
+    llama_partition_even(&half, 2);
+    att = half;
+    att.frac[LP_ATT_DENSE][0] = att.frac[LP_ATT_SPARSE][0] = 0;
+    if (run(m, KV_F32, 2, 2, &mir, &half, got, NULL)) {
+        failures++;
+        goto out;
+    }
+    compare("CPU 0.5 + GPU 0.5 (part 1, mirror of head 1)", got, ref, m->cfg.vocab, EXACT(3e-3));
+    ok = kv_all > 0 && run_kv * 2 == kv_all;
+    printf("    the K/V cache's device copy %zu bytes, the GPU alone's %zu (want half) %s\n", run_kv,
+           kv_all, ok ? "ok" : "FAILED");
+    failures += !ok;
+    run_plan2 = &att;
+    rc = run(m, KV_F32, 2, 2, &mir, &half, got, NULL);
+    run_plan2 = NULL;
+    if (rc) {
+        failures++;
+        goto out;
+    }
+    compare("... then all attention on the GPU (both heads)", got, ref, m->cfg.vocab, EXACT(3e-3));
+    ok = run_kv == kv_all && run_rewindowed > 0;
+    printf("    the copy %zu bytes after (want %zu), made again %ld %s\n", run_kv, kv_all,
+           run_rewindowed, ok ? "ok" : "FAILED");
+    failures += !ok;
 
     /* a limit under the whole model: the GPU alone is refused, naming what it needs */
     llama_gpu_params lim = dev;

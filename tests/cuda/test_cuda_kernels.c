@@ -20,7 +20,8 @@
  *               each output within 5e-6 of the size of the two terms it sums.
  *   matmul over input columns [64, 192) (the Megatron partial; [48, 192) for the float types,
  *               a short last block) against kmat_mul_cols, the same tolerances.
- *   kv_store    f32 rows copied and f16 rows rounded bit for bit as kt_f32_to_f16; copy3d copies
+ *   kv_store    f32 rows copied and f16 rows rounded bit for bit as kt_f32_to_f16; copy3d (and
+ *               copy3d_pz, planes apart by other pitches on each side) copies
  *               exactly its blocks; a captured graph replays an op on new input (1e-5).
  *   fused      kcuda_matmul_multi, kcuda_matmul_add, kcuda_matmul_silu (every type, widths 1, 17)
  *               and kcuda_rope_store (f32, f16 K/V) bit for bit the ops each replaces; matrices
@@ -696,6 +697,20 @@ static void test_copies(void)
         from_dev(b, db, total);
         bool same = !memcmp(b, want, total);
         printf("  copy3d width %zu: %s\n", width, same ? "ok" : "FAILED");
+        failures += !same;
+        /* planes closer together in dst (a K/V mirror holding some heads: kcuda_copy3d_pz) */
+        size_t dplane = 3 * plane / 4;
+        memset(b, 0xee, total);
+        memcpy(want, b, total);
+        for (size_t z = 0; z < 8; z++)
+            for (size_t y = 0; y < 6; y++)
+                memcpy(want + off + z * dplane + y * pitch, a + off + z * plane + y * pitch, width);
+        kcuda_free(db);
+        db = to_dev(b, total);
+        kcuda_copy3d_pz(g, db + off, dplane, da + off, plane, width, 6, pitch, 8);
+        from_dev(b, db, total);
+        same = !memcmp(b, want, total);
+        printf("  copy3d_pz width %zu: %s\n", width, same ? "ok" : "FAILED");
         failures += !same;
         kcuda_free(da);
         kcuda_free(db);
