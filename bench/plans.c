@@ -248,12 +248,11 @@ static void *pb_part_main(void *argp)
 #ifdef OROCHI_HAVE_CUDA
     /* a memory limit: which plans give a GPU part more than it may hold */
     for (int pl = 0; gpu && o->gpu_limit && pl < o->n_plans && !r->failed; pl++) {
-        llama_gpu_memory_used use = llama_gpu_memory_use(gpu);
         if (llama_ctx_set_partition(x, &o->plans[pl], err, sizeof err)) {
             pb_fail(r, me, err);
             break;
         }
-        size_t need = use.total - use.weights + llama_gpu_share_bytes(x);
+        size_t need = llama_gpu_need_bytes(gpu);
         if (llama_ctx_set_partition(x, &r->start, err, sizeof err)) {
             pb_fail(r, me, err);
             break;

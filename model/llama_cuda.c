@@ -412,29 +412,51 @@ static uint8_t *gpu_kv(const llama_gpu *gp, bool dev, int l, int v)
  * or read. When it lacks one, it is allocated again for the heads of both partitions (the union,
  * within the memory limit; else exactly the heads needed) and every slot's rows are copied again
  * (the recordings, holding the old address, are dropped). 0, or -1 with err. */
+/* The KV heads [*m0, *m1) a mirror needs under the context's partition: those the part stores
+ * (its own) and those its attention units read. */
+static void gpu_mirror_range(const llama_ctx *x, int *m0, int *m1)
+{
+    *m0 = x->kvh1 > x->kvh0 ? x->kvh0 : x->m->cfg.n_kv_heads;
+    *m1 = x->kvh1 > x->kvh0 ? x->kvh1 : 0;
+    for (int u = 0; u < x->n_units; u++) {
+        int h = x->units[u].kvh;
+        *m0 = h < *m0 ? h : *m0;
+        *m1 = h + 1 > *m1 ? h + 1 : *m1;
+    }
+}
+
+static size_t gpu_mirror_bytes(const llama_gpu *gp, int m0, int m1)
+{
+    return m1 > m0 ? 2 * (size_t)gp->x->m->cfg.n_layers * (size_t)(m1 - m0) * gp->kv_pitch : 0;
+}
+
 static void gpu_graphs_drop(llama_gpu *gp);
 static int gpu_mirror_fit(llama_gpu *gp, char *err, size_t errlen)
 {
     llama_ctx *x = gp->x;
-    const llama_config *c = &x->m->cfg;
     gpu_mirror_needs(gp);
-    int m0 = c->n_kv_heads, m1 = 0;
-    for (int h = 0; h < c->n_kv_heads; h++)
-        if (gp->need_p[h] || gp->need_t[h] || (h >= x->kvh0 && h < x->kvh1)) {
-            m0 = h < m0 ? h : m0;
-            m1 = h + 1;
-        }
+    int m0, m1;
+    gpu_mirror_range(x, &m0, &m1);
     if (m1 <= m0 || (gp->mkv && m0 >= gp->m0 && m1 <= gp->m1))
         return 0;
+    size_t others = gp->buf_bytes - gp->kv_bytes + gp->win_bytes;
+    if (gp->limit && others + gpu_mirror_bytes(gp, m0, m1) > gp->limit) {
+        snprintf(err, errlen,
+                 "the GPU part needs %.1f MiB of device memory for the device copy of the K/V "
+                 "cache of KV heads %d..%d beside %.1f MiB, over --gpu-memory-limit %.1f MiB "
+                 "(--gpu-memory mapped reads it in place; --kv f16 halves it)",
+                 gpu_mib(gpu_mirror_bytes(gp, m0, m1)), m0, m1 - 1, gpu_mib(others),
+                 gpu_mib(gp->limit));
+        return -1;
+    }
     if (gp->mkv) { /* the union, where the limit allows it */
         int u0 = m0 < gp->m0 ? m0 : gp->m0, u1 = m1 > gp->m1 ? m1 : gp->m1;
-        size_t ub = 2 * (size_t)c->n_layers * (size_t)(u1 - u0) * gp->kv_pitch;
-        if (!gp->limit || gp->buf_bytes - gp->kv_bytes + gp->win_bytes + ub <= gp->limit) {
+        if (!gp->limit || others + gpu_mirror_bytes(gp, u0, u1) <= gp->limit) {
             m0 = u0;
             m1 = u1;
         }
     }
-    size_t mlkv = (size_t)(m1 - m0) * gp->kv_pitch, bytes = 2 * (size_t)c->n_layers * mlkv;
+    size_t mlkv = (size_t)(m1 - m0) * gp->kv_pitch, bytes = gpu_mirror_bytes(gp, m0, m1);
     gpu_graphs_drop(gp);
     kcuda_free(gp->mkv);
     gp->buf_bytes -= gp->kv_bytes;
@@ -749,6 +771,18 @@ long llama_gpu_launches(const llama_gpu *gp)
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gp)
 {
     return gp->how;
+}
+
+size_t llama_gpu_need_bytes(const llama_gpu *gp)
+{
+    size_t kv = 0;
+    if (gp->memory == LLAMA_GPU_MIRROR) {
+        int m0, m1;
+        gpu_mirror_range(gp->x, &m0, &m1);
+        kv = gpu_mirror_bytes(gp, m0, m1);
+    }
+    size_t w = gp->weights == LLAMA_GPU_WEIGHTS_DEVICE ? llama_gpu_share_bytes(gp->x) : gp->win_bytes;
+    return gp->buf_bytes - gp->kv_bytes + kv + w;
 }
 
 llama_gpu_memory_used llama_gpu_memory_use(const llama_gpu *gp)

@@ -190,6 +190,11 @@ typedef struct {
     long rewindowed;
 } llama_gpu_memory_used;
 llama_gpu_memory_used llama_gpu_memory_use(const llama_gpu *gpu);
+/* The device memory the part would hold under its context's partition as it stands now (set by
+ * llama_ctx_set_partition; the part places itself at its next step): the buffers, the K/V copy of
+ * the heads it would store or read (mirror mode), and its share of the weights (device weights).
+ * A plan whose figure passes the memory limit would be refused at that step. */
+size_t llama_gpu_need_bytes(const llama_gpu *gpu);
 /* The device memory of the weight rows a part needs under ctx's current partition with device
  * weights (what llama_gpu_new would upload, the windows' exact rows): the part's share of every
  * matrix, the embedding whole. Needs no device (plans are sized with it). */

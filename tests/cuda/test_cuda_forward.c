@@ -97,6 +97,7 @@ typedef struct {
     const llama_partition *plan2; /* the plan both parts switch to after the prompts (or NULL) */
     llama_gpu_memory_used use; /* a GPU part's device memory at the end */
     size_t share;              /* llama_gpu_share_bytes at the start */
+    size_t need;               /* llama_gpu_need_bytes at the end */
     int rc;
     char err[512];
 } part_arg;
@@ -174,6 +175,7 @@ static void *part_run(void *argp)
         llama_gpu_graph_counts(r.gpu, &a->replayed, &recorded);
         a->launches = llama_gpu_launches(r.gpu);
         a->use = llama_gpu_memory_use(r.gpu);
+        a->need = llama_gpu_need_bytes(r.gpu);
     }
 out:
     llama_gpu_destroy(&r.gpu);
@@ -296,7 +298,7 @@ static void test_tiles_by_default(void)
  * needed at the start, the windows and K/V copies made again, and its refusal if it failed. run_plan2: the plan the next runs switch to
  * after their prompts. */
 static long run_launches, run_rewindowed;
-static size_t run_weights, run_total, run_share, run_kv;
+static size_t run_weights, run_total, run_share, run_kv, run_need;
 static char run_err[512];
 static const llama_partition *run_plan2;
 
@@ -338,6 +340,7 @@ static int run(llama_model *m, kv_type kv, int n_parts, unsigned gpu_mask,
     run_weights = gpu->use.weights;
     run_total = gpu->use.total;
     run_kv = gpu->use.kv;
+    run_need = gpu->need;
     run_share = gpu->share;
     run_rewindowed = gpu->use.rewindowed;
     snprintf(run_err, sizeof run_err, "%.500s", rc ? gpu->err : "");
@@ -557,10 +560,10 @@ static void test_one_copy(void)
     }
     compare("GPU 0.3 + CPU 0.7, device weights", got, ref, m->cfg.vocab, EXACT(3e-3));
     size_t w3 = run_weights;
-    ok = w3 == run_share && w3 < whole / 2 && run_rewindowed == 0;
+    ok = w3 == run_share && w3 < whole / 2 && run_rewindowed == 0 && run_need == run_total;
     printf("    weights on the device %zu bytes, its share %zu, the whole %zu (want the share, "
-           "under half) %s\n",
-           w3, run_share, whole, ok ? "ok" : "FAILED");
+           "under half); in all %zu, llama_gpu_need_bytes %zu (want the same) %s\n",
+           w3, run_share, whole, run_total, run_need, ok ? "ok" : "FAILED");
     failures += !ok;
 
     run_plan2 = &p7; /* 0.3 for the prompts, then 0.7: the windows grow */
@@ -617,9 +620,10 @@ static void test_one_copy(void)
         goto out;
     }
     compare("CPU 0.5 + GPU 0.5 (part 1, mirror of head 1)", got, ref, m->cfg.vocab, EXACT(3e-3));
-    ok = kv_all > 0 && run_kv * 2 == kv_all;
-    printf("    the K/V cache's device copy %zu bytes, the GPU alone's %zu (want half) %s\n", run_kv,
-           kv_all, ok ? "ok" : "FAILED");
+    ok = kv_all > 0 && run_kv * 2 == kv_all && run_need == run_total;
+    printf("    the K/V cache's device copy %zu bytes, the GPU alone's %zu (want half); in all %zu, "
+           "llama_gpu_need_bytes %zu %s\n",
+           run_kv, kv_all, run_total, run_need, ok ? "ok" : "FAILED");
     failures += !ok;
     run_plan2 = &att;
     rc = run(m, KV_F32, 2, 2, &mir, &half, got, NULL);
