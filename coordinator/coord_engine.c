@@ -19,8 +19,9 @@
  *      later (averages per speculator; see engine_draft_budget_us). An instant answer costs no
  *      wait; --draft-wait-ms caps every wait, --draft-wait fixed waits up to it for everyone, and
  *      so does a request that samples with a seed (its output depends on the trees verified).
- *      Each slot's drafts are merged; the width is shared out by what was drafted and each slot's
- *      trie voted into one tree within its share;
+ *      Each slot's drafts are merged; the batch's width (each request's width, up to a step's
+ *      rows) is shared out by what was drafted and each slot's trie voted into one tree within
+ *      its share;
  *   2. verify: all slots' trees in one target step through the workers (the arena doorbell; a
  *      lost worker makes the step fail and be re-run once the worker is back: inputs and the
  *      committed KV are in the arena, untouched);
@@ -139,7 +140,12 @@ static void engine_step_all(coord *c)
      * copies cost every HTTP connection thread their size in zeroed TLS */
     static coord_tree merged[RT_MAX_SEQ];
     int32_t tokens[RT_MAX_WIDTH], parent[RT_MAX_WIDTH], seq[RT_MAX_WIDTH];
-    int n = 0, width = c->width < RT_MAX_WIDTH ? c->width : RT_MAX_WIDTH;
+    /* the batch's width: each request's (the plan's or --max-width), up to a step's rows — a
+     * request in a batch has the room for its tree it would have alone (a fixed total would leave
+     * none once the requests fill it: at --max-width 8 and 8 requests, no drafted node at all) */
+    int width = n_act * c->width, n = 0;
+    width = width < c->opt.step_rows ? width : c->opt.step_rows;
+    width = width < RT_MAX_WIDTH ? width : RT_MAX_WIDTH;
     int budget[RT_MAX_SEQ], cap[RT_MAX_SEQ];
     for (int k = 0; k < n_act; k++) {
         int s = active[k];

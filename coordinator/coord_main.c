@@ -284,6 +284,18 @@ static int coord_api_key(coord *c, const char *key_file)
     return 0;
 }
 
+/* The rows a step may carry (the arena's): a prompt chunk's, a row for every slot, and room for
+ * every request's tree at once — --max-width each, as a request alone has it, so that speculation
+ * still has room when the slots fill (a batch's verification width grows with its requests:
+ * coord_engine.c) — up to RT_MAX_WIDTH. */
+static void coord_set_step_rows(coord *c)
+{
+    int trees = c->opt.n_seq * c->opt.max_width, rows = c->opt.chunk_rows;
+    rows = c->opt.n_seq > rows ? c->opt.n_seq : rows;
+    rows = trees > rows ? trees : rows;
+    c->opt.step_rows = rows < RT_MAX_WIDTH ? rows : RT_MAX_WIDTH;
+}
+
 /* A GPU setting (option code o of coord_parse), checked and kept as given: the coordinator passes
  * it on to its GPU workers (coord_group.c). 0, or -1 after saying what the option takes. */
 static int coord_gpu_opt(coord *c, int o, const char *val)
@@ -552,9 +564,7 @@ static int coord_parse(coord *c, int argc, char **argv)
     }
     c->opt.chunk_rows =
         c->opt.prefill_width > c->opt.max_width ? c->opt.prefill_width : c->opt.max_width;
-    /* every active request takes a row of each step: the arena's steps hold a row per slot
-     * (--max-batch auto widens them in coord_auto_slots) */
-    c->opt.step_rows = c->opt.n_seq > c->opt.chunk_rows ? c->opt.n_seq : c->opt.chunk_rows;
+    coord_set_step_rows(c); /* again in coord_auto_slots, once the slots are known */
     if (c->opt.n_workers < 1 || c->opt.n_workers > RT_MAX_WORKERS ||
         c->opt.threads_per_worker < 1 || c->opt.max_width < 1 || c->opt.max_width > RT_MAX_WIDTH ||
         c->opt.max_draft < 1 || c->opt.max_draft >= c->opt.max_width + 1 || c->opt.port < 0 ||
@@ -604,6 +614,7 @@ static uint64_t coord_slot_budget(void)
     return m / 2;
 }
 
+
 /* --max-batch auto: a group of CPU workers takes as many sequence slots as the budget holds with
  * every slot's K/V at full --n-ctx (RT_MAX_SEQ at most, 4 at least), a group with a GPU worker 4
  * (the arena registered with CUDA is pinned whole). A slot's rows are written as its request
@@ -622,8 +633,7 @@ static void coord_auto_slots(coord *c, bool all_cpu)
         n = fit > RT_MAX_SEQ ? RT_MAX_SEQ : fit < 4 ? 4 : (int)fit;
     }
     c->opt.n_seq = n;
-    if (n > c->opt.step_rows)
-        c->opt.step_rows = n;
+    coord_set_step_rows(c);
     rt_log("coordinator",
            "sequence slots: %d (--max-batch auto: %s; K/V %.0f MB a slot at --n-ctx %d, taken as "
            "written; budget %.1f GB, half the free memory); steps of up to %d rows, a prompt's %d",

@@ -308,7 +308,8 @@ def test_speculative_replay_perfect_drafter():
     """The replay speculator fed the target's own greedy answers (prompt ids and answer, one line
     each) is a perfect drafter: every answer equals `orochi run --temp 0` token for token and its
     chains are accepted whole (mean accepted >= 3 with --max-draft 4, where one token a step is
-    plain decoding); fed unrelated ids instead, the answers stay identical. A replay speculator
+    plain decoding), also with three requests in one batch (each with its own width's room:
+    mean accepted >= 2.0 at --max-width 4); fed unrelated ids instead, the answers stay identical. A replay speculator
     without --corpus, with a corpus holding no ids, or with a stray character is refused naming
     it."""
     model = G.default_model()
@@ -336,6 +337,19 @@ def test_speculative_replay_perfect_drafter():
             if floor:
                 G.check(min(means) >= floor, "the perfect drafter's chains were not accepted "
                         "whole: mean accepted %s (want >= %.1f)", means, floor)
+    # the three at once, each with the room for its tree it has alone: --max-width 4 is each
+    # request's (a fixed 4 in all would leave one drafted node for the three)
+    with G.Group("replay-batch", model, workers=1, speculators=["replay:corpus=%s" % corpus],
+                 max_width=4, max_draft=3, extra=["--free-run", "off"]) as g:
+        got = {}
+        g.send_held([lambda p=p: got.__setitem__(p, g.complete(p, n)) for p in REAL_PROMPTS], 0.5)
+        means = []
+        for p in REAL_PROMPTS:
+            check_answer(got[p], want[p], "replay, three at once, prompt %r" % p[:40])
+            means.append(got[p]["orochi"]["mean_accepted"])
+        G.log("  replay, three at once: identical; mean accepted %s" % ", ".join("%.2f" % m for m in means))
+        G.check(min(means) >= 2.0, "three requests at once had no room for their trees: mean accepted %s "
+                "(want >= 2.0 of the 4 rows each; 1.24-1.41 when the three shared 4)", means)
     spec = os.path.join(os.path.dirname(G.env()["bin"]), "orochi-speculator")
     bad = os.path.join(G.env()["tmp"], "replay-bad.txt")
     with open(bad, "w") as f:
