@@ -637,7 +637,7 @@ static int pb_search_run(pb_opts *o, pb_run *r)
             c[(size_t)p * one + (size_t)k * P + (size_t)p] = 1.0f;
     int rc = pb_search_eval(c, P, ms, &s);
     const char *names[LLAMA_MAX_PARTS];
-    char name_buf[LLAMA_MAX_PARTS][16];
+    char name_buf[LLAMA_MAX_PARTS][32];
     for (int p = 0; !rc && p < P; p++) {
         part_ms[p] = ms[p];
         snprintf(name_buf[p], sizeof name_buf[p], "part %d (%s)", p, o->gpu[p] ? "gpu" : "cpu");
