@@ -79,6 +79,7 @@ static size_t gpu_stage_at(gpu_stage *s, uint8_t *base, size_t W, size_t heads, 
 }
 
 #define GPU_MAX_GRAPHS 256
+#define GPU_WIN_ALIGN 16 /* a weight window's rows start and end on multiples of this */
 
 /* One weight matrix on the device: rows [lo, hi) of src in `block` (dst->data points lo rows
  * before it, so a kernel finds row r where a whole copy would have it; only rows inside the
@@ -209,6 +210,14 @@ static void gpu_win_need(const llama_ctx *x, const llama_part_cols *pc, gpu_win_
     bool whole = k == GW_ALL || (x->megatron && (k == GW_WO || k == GW_DOWN));
     *lo = whole ? 0 : r[k][0];
     *hi = whole ? rows : r[k][1];
+    /* whole groups of GPU_WIN_ALIGN rows: a range need not fall on them (an even split of a
+     * 300-token vocabulary gives rows 150..299), and the CPU stand-in's twin (kmat_mul) reads the
+     * 16-row groups its range touches */
+    if (*hi > *lo) {
+        *lo -= *lo % GPU_WIN_ALIGN;
+        *hi = (*hi + GPU_WIN_ALIGN - 1) / GPU_WIN_ALIGN * GPU_WIN_ALIGN;
+        *hi = *hi < rows ? *hi : rows;
+    }
 }
 
 static size_t gpu_rows_bytes(const kmat *m, int64_t lo, int64_t hi)
