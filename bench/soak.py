@@ -17,11 +17,7 @@ costs the server a thread each). At the end it reports and checks:
               answers that differ from the calm group's is reported as `sampled differ`).
   rss         coordinator memory after warm-up (the first --warmup fraction of the run) and at the
               end: growth in percent of its private resident set (RssAnon: heap and stacks, where
-              a leak or allocator retention shows), which the check judges by its floor (the least
-              of the first quarter of the samples against the least of the last quarter: a sample
-              taken while requests are in flight holds their buffers, about 1 MB each for a
-              sampled request on the default model, so single samples differ by megabytes either
-              way, where a leak raises the floor); the whole VmRSS and the
+              a leak or allocator retention shows), which the check judges; the whole VmRSS and the
               resident pages of the arena (RssShmem) are reported beside it. The arena is a
               fixed-size shared mapping whose pages become resident in the coordinator as it first
               reads them (wider batches, more sequence slots), so VmRSS can rise by megabytes that
@@ -379,13 +375,7 @@ def main():
     anon = [r[1] for r in warm_all]      # RssAnon: what the check judges
     shmem = [r[2] for r in warm_all]
     growth_rss = 100.0 * (warm[-1] - warm[0]) / warm[0] if len(warm) >= 2 else 0.0
-    # the check compares floors: the least private RSS of the first quarter of the samples after
-    # warm-up against the least of the last quarter. A sample taken while requests are in flight
-    # holds their buffers (a sampled request's scratch is ~1 MB on the default model's vocabulary),
-    # so two single samples differ by megabytes either way; a leak raises the floor
-    q = max(1, len(anon) // 4)
-    floor0, floor1 = (min(anon[:q]), min(anon[-q:])) if anon else (0, 0)
-    growth = 100.0 * (floor1 - floor0) / floor0 if len(anon) >= 2 and floor0 else 0.0
+    growth = 100.0 * (anon[-1] - anon[0]) / anon[0] if len(anon) >= 2 and anon[0] else 0.0
     load = os.getloadavg()[0]
     kills = sum(1 for k, _ in soak.actions if k == "kill")
     stops = len(soak.actions) - kills
@@ -396,9 +386,9 @@ def main():
     print("all                %5d %5d %11d   (sampled differ from the calm group: %d)"
           % (soak.ok, soak.lost, soak.mismatched, soak.sampled_differ))
     print("chaos: %d SIGKILL, %d SIGSTOP; load average %.2f" % (kills, stops, load))
-    print("coordinator after warm-up: private RSS (RssAnon) %s -> %s kB, its floor %s -> %s kB "
-          "(%+.2f%%, the check); whole RSS %s -> %s kB (%+.2f%%), of which arena pages %s -> %s kB"
-          % (anon[0] if anon else "?", anon[-1] if anon else "?", floor0, floor1, growth,
+    print("coordinator after warm-up: private RSS (RssAnon) %s -> %s kB (%+.2f%%, the check); "
+          "whole RSS %s -> %s kB (%+.2f%%), of which arena pages %s -> %s kB"
+          % (anon[0] if anon else "?", anon[-1] if anon else "?", growth,
              warm[0] if warm else "?", warm[-1] if warm else "?", growth_rss,
              shmem[0] if shmem else "?", shmem[-1] if shmem else "?"))
     print("leaks: %d processes alive after down %s, %d shared-memory segments left %s"
@@ -412,7 +402,7 @@ def main():
            "kills": kills, "stops": stops, "rss_warm_kb": warm[0] if warm else None,
            "rss_end_kb": warm[-1] if warm else None, "rss_growth_pct": round(growth_rss, 3),
            "anon_warm_kb": anon[0] if anon else None, "anon_end_kb": anon[-1] if anon else None,
-           "anon_floor_warm_kb": floor0, "anon_floor_end_kb": floor1, "anon_growth_pct": round(growth, 3), "shmem_warm_kb": shmem[0] if shmem else None,
+           "anon_growth_pct": round(growth, 3), "shmem_warm_kb": shmem[0] if shmem else None,
            "shmem_end_kb": shmem[-1] if shmem else None,
            "procs_left": alive, "shm_left": shm_left, "load1": round(load, 2),
            "by_mode": soak.by_mode, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -797,12 +797,6 @@ int main(int argc, char **argv)
      * of connections (bench/http_mutate.py: +4.8% over 5 passes of 1000 requests from 8 clients).
      * Two arenas are plenty for a process that computes nothing. */
     mallopt(M_ARENA_MAX, 2);
-    /* A request's scratch (sampling: ~1 MB on a 49152-token vocabulary; the penalties' counts) is
-     * allocated when it starts and freed when it ends. glibc raises its mmap threshold to the size
-     * of the first such block freed, after which they come from the heap and their pages stay
-     * with the process; a fixed threshold keeps them mapped and returned at every free (bench/
-     * soak.py: the private RSS's growth over 2 minutes of 6 clients +1284 kB -> +352 kB). */
-    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     coord c = {.opt = {.port = 8080,
                        .n_workers = 2,
                        .threads_per_worker = 1,
