@@ -81,6 +81,9 @@ static size_t gpu_stage_at(gpu_stage *s, uint8_t *base, size_t W, size_t heads, 
 #define GPU_MAX_GRAPHS 256
 #define GPU_WIN_ALIGN 16 /* a weight window's rows start and end on multiples of this */
 
+/* A layer's seven matrices in the order every loop over them takes, and the rows each needs */
+#define GPU_LAYER_MATS(L) {&(L)->wq, &(L)->wk, &(L)->wv, &(L)->wo, &(L)->w_gate, &(L)->w_up, &(L)->w_down}
+
 /* One weight matrix on the device: rows [lo, hi) of src in `block` (dst->data points lo rows
  * before it, so a kernel finds row r where a whole copy would have it; only rows inside the
  * window are ever read). The window's kind (gpu_win_need) says which rows a partition needs. */
@@ -92,6 +95,8 @@ typedef struct {
     void *block;
     int64_t lo, hi;
 } gpu_win;
+static const gpu_win_kind gpu_layer_kind[7] = {GW_Q,      GW_KV,     GW_KV,  GW_WO,
+                                               GW_FFN_UP, GW_FFN_UP, GW_DOWN};
 
 typedef struct {
     int n, from, base, att_parts;
@@ -117,14 +122,14 @@ struct llama_gpu {
     gpu_win *wins;
     int n_wins;
     llama_gpu_weights weights; /* DEVICE or MAPPED once resolved */
-    const uint8_t *wmap_host;
-    uint8_t *wmap_dev;
-    size_t wmap_bytes;
+    const uint8_t *wmap_host; /* the file's mapping, registered by this part (wmap_registered) */
     bool wmap_registered;
     size_t limit;            /* llama_gpu_params.memory_limit (0: none) */
     size_t buf_bytes;        /* device memory of the allocs */
     size_t win_bytes;        /* device memory of the windows */
     long rewindowed;         /* windows uploaded again for a new partition */
+    llama_part_cols win_pc;  /* the ranges the windows were last fitted to (win_megatron too) */
+    bool win_megatron;
     bool placed;             /* the weights placed at the start (llama_gpu_new) */
     float *xb, *attp, *xs; /* normed x; merged attention; a Megatron linear's input slice */
     /* the step's small arrays (gpu_stage_at): filled on the host in a registered (page-locked)
@@ -180,6 +185,8 @@ static void *gpu_alloc(llama_gpu *gp, size_t bytes)
 }
 
 #define LLAMA_MAX_KV_HEADS_GPU 256 /* KV heads a step's per-head lists hold */
+
+static void gpu_graphs_drop(llama_gpu *gp);
 
 /* A weight matrix of the part: checked for a type the GPU takes, its window empty until
  * gpu_win_fit (or, with mapped weights, gpu_win_map) places it. */
@@ -239,11 +246,9 @@ size_t llama_gpu_share_bytes(const llama_ctx *x)
     size_t sum = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const llama_layer *L = &m->layers[l];
-        const kmat *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        static const gpu_win_kind kind[7] = {GW_Q, GW_KV, GW_KV, GW_WO, GW_FFN_UP, GW_FFN_UP,
-                                             GW_DOWN};
+        const kmat *w[7] = GPU_LAYER_MATS(L);
         for (int k = 0; k < 7; k++) {
-            gpu_win_need(x, &pc, kind[k], w[k]->rows, &lo, &hi);
+            gpu_win_need(x, &pc, gpu_layer_kind[k], w[k]->rows, &lo, &hi);
             sum += gpu_rows_bytes(w[k], lo, hi);
         }
     }
@@ -255,18 +260,53 @@ size_t llama_gpu_share_bytes(const llama_ctx *x)
     return sum;
 }
 
+/* Window w as rows [lo, hi) of its matrix in a device block of their own (its old block freed
+ * first): the kmat the kernels get points lo rows before the block, so row r is where a whole
+ * copy would have it and rows before lo are never read. 0, or -1 with err. */
+static int gpu_win_load(llama_gpu *gp, gpu_win *w, int64_t lo, int64_t hi, char *err,
+                        size_t errlen)
+{
+    kcuda_free(w->block);
+    gp->win_bytes -= gpu_rows_bytes(w->src, w->lo, w->hi);
+    w->block = NULL;
+    w->lo = w->hi = 0;
+    w->dst->data = NULL;
+    size_t bytes = gpu_rows_bytes(w->src, lo, hi);
+    if (!bytes)
+        return 0; /* none of its rows needed: the window stays empty */
+    void *d = kcuda_alloc(bytes);
+    if (!d) {
+        snprintf(err, errlen, "cannot allocate %.1f MiB of GPU memory for a weight matrix",
+                 gpu_mib(bytes));
+        return -1;
+    }
+    const uint8_t *src = (const uint8_t *)w->src->data + (size_t)lo * w->src->row_bytes;
+    if (kcuda_upload(gp->g, d, src, bytes, err, errlen)) {
+        kcuda_free(d);
+        return -1;
+    }
+    w->block = d;
+    w->lo = lo;
+    w->hi = hi;
+    w->dst->data = (uint8_t *)d - (size_t)lo * w->src->row_bytes;
+    gp->win_bytes += bytes;
+    return 0;
+}
+
 /* Device weights: every window holds at least the rows the current partition needs. A window
  * that lacks some is uploaded again, holding its old rows too (the union) while the memory limit
  * allows it, else exactly the rows needed — every window then, so the whole fits wherever the
  * needed rows do. The recordings (which hold the old addresses) are dropped. 0, or -1 with err
  * naming the bytes needed against the limit. Called between steps, the stream drained. */
-static void gpu_graphs_drop(llama_gpu *gp);
 static int gpu_win_fit(llama_gpu *gp, char *err, size_t errlen)
 {
     if (gp->weights != LLAMA_GPU_WEIGHTS_DEVICE)
         return 0;
     llama_part_cols pc;
     llama_part_cols_of(gp->x, &pc);
+    if (gp->placed && gp->win_megatron == gp->x->megatron &&
+        !memcmp(&pc, &gp->win_pc, sizeof pc))
+        return 0; /* the partition of the last fit: every window holds its rows */
     size_t exact = 0, uni = 0;
     bool lacking = false;
     for (int i = 0; i < gp->n_wins; i++) {
@@ -282,7 +322,7 @@ static int gpu_win_fit(llama_gpu *gp, char *err, size_t errlen)
             uni += gpu_rows_bytes(w->src, lo < w->lo ? lo : w->lo, hi > w->hi ? hi : w->hi);
     }
     if (!lacking)
-        return 0;
+        goto fitted;
     if (gp->limit && gp->buf_bytes + exact > gp->limit) {
         char mirror[160] = "";
         if (gp->kv_bytes) /* mirror mode: the device copy of the K/V cache is among the buffers */
@@ -313,34 +353,16 @@ static int gpu_win_fit(llama_gpu *gp, char *err, size_t errlen)
             lo = lo < w->lo ? lo : w->lo;
             hi = hi > w->hi ? hi : w->hi;
         }
-        kcuda_free(w->block);
-        gp->win_bytes -= gpu_rows_bytes(w->src, w->lo, w->hi);
-        w->block = NULL;
-        w->lo = w->hi = 0;
-        w->dst->data = NULL;
-        size_t bytes = gpu_rows_bytes(w->src, lo, hi);
-        if (!bytes)
-            continue; /* none of its rows needed (tight): the window stays empty */
-        void *d = kcuda_alloc(bytes);
-        if (!d) {
-            snprintf(err, errlen, "cannot allocate %.1f MiB of GPU memory for a weight matrix",
-                     gpu_mib(bytes));
+        if (gpu_win_load(gp, w, lo, hi, err, errlen))
             return -1;
-        }
-        if (kcuda_upload(gp->g, d, (const uint8_t *)w->src->data + (size_t)lo * w->src->row_bytes,
-                         bytes, err, errlen)) {
-            kcuda_free(d);
-            return -1;
-        }
-        w->block = d;
-        w->lo = lo;
-        w->hi = hi;
-        /* row r at data + r * row_bytes, as in a whole copy: rows before lo are never read */
-        w->dst->data = (uint8_t *)d - (size_t)lo * w->src->row_bytes;
-        gp->win_bytes += bytes;
-        gp->rewindowed += gp->placed;
+        gp->rewindowed += gp->placed && hi > lo;
     }
-    return kcuda_sync(gp->g, err, errlen);
+    if (kcuda_sync(gp->g, err, errlen))
+        return -1;
+fitted:
+    gp->win_pc = pc;
+    gp->win_megatron = gp->x->megatron;
+    return 0;
 }
 
 /* Mapped weights: the model file's pages registered read-only; every matrix read where the file
@@ -354,31 +376,16 @@ static int gpu_win_map(llama_gpu *gp, char *err, size_t errlen)
         return -1;
     gp->wmap_registered = rc == 0;
     gp->wmap_host = f->base;
-    gp->wmap_dev = dev;
-    gp->wmap_bytes = f->size;
     for (int i = 0; i < gp->n_wins; i++) {
         gpu_win *w = &gp->wins[i];
         const uint8_t *p = w->src->data;
-        size_t bytes = gpu_rows_bytes(w->src, 0, w->src->rows);
-        if (p >= f->base && p + bytes <= f->base + f->size) {
-            w->dst->data = gp->wmap_dev + (p - f->base);
+        if (p >= f->base && p + gpu_rows_bytes(w->src, 0, w->src->rows) <= f->base + f->size) {
+            w->dst->data = (uint8_t *)dev + (p - f->base);
             w->lo = 0;
             w->hi = w->src->rows;
-            continue;
-        }
-        void *d = kcuda_alloc(bytes);
-        if (!d) {
-            snprintf(err, errlen, "cannot allocate %.1f MiB of GPU memory for a weight matrix",
-                     gpu_mib(bytes));
+        } else if (gpu_win_load(gp, w, 0, w->src->rows, err, errlen)) {
             return -1;
         }
-        w->block = d;
-        w->lo = 0;
-        w->hi = w->src->rows;
-        w->dst->data = d;
-        gp->win_bytes += bytes;
-        if (kcuda_upload(gp->g, d, p, bytes, err, errlen))
-            return -1;
     }
     return 0;
 }
@@ -417,10 +424,6 @@ static uint8_t *gpu_kv(const llama_gpu *gp, bool dev, int l, int v)
     return gp->shb.kv + (size_t)(2 * l + v) * gp->x->sh.layer_kv_bytes;
 }
 
-/* Mirror: the device copy of the K/V cache holds every KV head the partition has this part store
- * or read. When it lacks one, it is allocated again for the heads of both partitions (the union,
- * within the memory limit; else exactly the heads needed) and every slot's rows are copied again
- * (the recordings, holding the old address, are dropped). 0, or -1 with err. */
 /* The KV heads [*m0, *m1) a mirror needs under the context's partition: those the part stores
  * (its own) and those its attention units read. */
 static void gpu_mirror_range(const llama_ctx *x, int *m0, int *m1)
@@ -439,7 +442,10 @@ static size_t gpu_mirror_bytes(const llama_gpu *gp, int m0, int m1)
     return m1 > m0 ? 2 * (size_t)gp->x->m->cfg.n_layers * (size_t)(m1 - m0) * gp->kv_pitch : 0;
 }
 
-static void gpu_graphs_drop(llama_gpu *gp);
+/* Mirror: the device copy of the K/V cache holds every KV head the partition has this part store
+ * or read. When it lacks one, it is allocated again for the heads of both partitions (the union,
+ * within the memory limit; else exactly the heads needed) and every slot's rows are copied again
+ * (the recordings, holding the old address, are dropped). 0, or -1 with err. */
 static int gpu_mirror_fit(llama_gpu *gp, char *err, size_t errlen)
 {
     llama_ctx *x = gp->x;
@@ -475,7 +481,7 @@ static int gpu_mirror_fit(llama_gpu *gp, char *err, size_t errlen)
         snprintf(err, errlen,
                  "mirror: cannot allocate the device copy of the KV cache (%.1f MiB for KV heads "
                  "%d..%d); --gpu-memory mapped reads it in place",
-                 (double)bytes / (1 << 20), m0, m1 - 1);
+                 gpu_mib(bytes), m0, m1 - 1);
         return -1;
     }
     gp->dev.kv = gp->mkv;
@@ -602,15 +608,13 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     for (int l = 0; l < c->n_layers; l++) {
         const llama_layer *L = &m->layers[l];
         gpu_layer *G = &gp->layers[l];
-        const kmat *src[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        kmat *dst[7] = {&G->wq, &G->wk, &G->wv, &G->wo, &G->w_gate, &G->w_up, &G->w_down};
+        const kmat *src[7] = GPU_LAYER_MATS(L);
+        kmat *dst[7] = GPU_LAYER_MATS(G);
         static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
                                        "ffn_up", "ffn_down"};
-        static const gpu_win_kind kind[7] = {GW_Q, GW_KV, GW_KV, GW_WO, GW_FFN_UP, GW_FFN_UP,
-                                             GW_DOWN};
         for (int k = 0; k < 7; k++) {
             snprintf(what, sizeof what, "blk.%d.%s", l, names[k]);
-            if (gpu_win_add(gp, src[k], dst[k], kind[k], what, err, errlen))
+            if (gpu_win_add(gp, src[k], dst[k], gpu_layer_kind[k], what, err, errlen))
                 goto fail;
         }
         G->qkv_alike = G->wq.type == G->wk.type && G->wq.type == G->wv.type;
@@ -1015,8 +1019,8 @@ static int gpu_megatron(llama_gpu *gp, const kmat *w, const float *bias, const f
     return gpu_meet(gp, D->x, S->x, n, dim, r0, r1, err, errlen);
 }
 
-/* A layer's q, k and v rows of the part, RoPE, and its K/V rows into the tree area of the layer's
- * blocks (kl, vl: their offsets) — the shared block's, which commits move, and a mirror's own.
+/* A layer's q, k and v rows of the part, RoPE, and its K/V rows into the tree area of layer l's
+ * blocks (gpu_kv) — the shared block's, which commits move, and a mirror's own.
  * Fused: one matmul launch and one RoPE-and-store launch. */
 static int gpu_qkv(llama_gpu *gp, const gpu_layer *L, int n, int l, const llama_part_cols *pc,
                    char *err, size_t errlen)
@@ -1134,7 +1138,6 @@ static int gpu_step(llama_gpu *gp, int n, int from, float *logits, char *err, si
         gpu_mirror_prefix(gp, n);
     for (int l = 0; l < c->n_layers; l++) {
         const gpu_layer *L = &gp->layers[l];
-
         kcuda_rmsnorm(g, gp->xb, D->x, L->attn_norm, (int)dim, n, c->norm_eps);
         if (gpu_qkv(gp, L, n, l, &pc, err, errlen))
             return -1;
