@@ -1,8 +1,9 @@
 /*
  * coordinator/coord_drafts.c — the speculators' side of a verification cycle.
  *
- * Feedback tells the speculators a request's committed context (model speculators follow the
- * oldest request, ngram and replay every one; a speculator whose drafting costs more than it
+ * Feedback tells the speculators a request's committed context (a model speculator with a private
+ * K/V follows the oldest request; ngram, replay and a model speculator that reads the target's
+ * K/V — it says so in its DraftReady — every one; a speculator whose drafting costs more than it
  * brings is benched and fed again now and then to re-measure it). DraftReady marks a draft in the
  * speculator's arena ring. engine_gather_drafts waits for the fed speculators' answers, each only
  * as long as its draft pays (engine_draft_budget_us: a draft bringing a accepted tokens is waited
@@ -23,6 +24,11 @@ static bool engine_fed(const coord_peer *p, int slot, uint64_t req_id, int n_all
 
 void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftReady *r)
 {
+    if (r->every_request && !p->multi) {
+        p->multi = true;
+        rt_log("coordinator", "%s drafts for every request (batched): fed every active request",
+               p->name);
+    }
     if (r->draft_end_us > r->draft_start_us && r->draft_start_us) {
         double us = (double)(r->draft_end_us - r->draft_start_us);
         p->draft_work_ema_us = engine_ema(p->draft_work_ema_us, p->draft_work_n++, us);
@@ -62,6 +68,10 @@ void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftRea
  * it); the interval doubles with every probe that finds it still benched. */
 static bool engine_benched(const coord *c, coord_peer *p)
 {
+    /* a model drafter fed every request drafts for all of them in one batch: with several
+     * active, whether that pays is the batch guard's to judge, not one request's gain */
+    if (p->multi && !p->lookup && engine_active(c) > 1)
+        return false;
     if (p->draft_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
         c->step_ema_us <= 0 || c->opt.draft_wait_fixed ||
         p->draft_ema_us < 0.1 * c->step_ema_us || /* drafting nearly free (ngram): never benched */
@@ -170,7 +180,9 @@ static uint64_t engine_draft_budget_us(const coord *c, const coord_peer *p, uint
     if (fixed || c->opt.draft_wait_fixed || p->reply_n < ENGINE_WAIT_WARMUP ||
         p->accept_n < ENGINE_WAIT_WARMUP || c->step_ema_us <= 0)
         return (uint64_t)cap;
-    double gain = p->accept_ema * c->step_ema_us;
+    /* a batched drafter's draft comes with every other request's: waiting for it pays for all */
+    int n_act = p->multi && !p->lookup ? engine_active(c) : 1;
+    double gain = p->accept_ema * c->step_ema_us * (n_act > 1 ? n_act : 1);
     /* its expected reply: after an incremental Feedback the drafting latency, the one benching
      * judges by (a fed speculator is then one worth waiting for); after a reset, any reply's */
     double lat =

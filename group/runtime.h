@@ -27,7 +27,7 @@
 #define RT_MAX_WIDTH 64
 #define RT_MAX_SEQ 64     /* sequence slots: requests verified together in one step */
 #define RT_MAX_SPECULATORS 8
-#define RT_DRAFT_SLOTS 8
+#define RT_DRAFT_SLOTS RT_MAX_SEQ /* drafts a speculator's ring holds: one per sequence slot */
 
 #define RT_MAX_WORKERS 8
 #define RT_RUN_MAX 256     /* steps one free-running decode may make (rt_step.run_max) */

@@ -198,6 +198,9 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
         x->rope_mscale = llama_rope_inv(m, x->rope_inv);
     x->seq = malloc(W * sizeof *x->seq);
     x->prefix = calloc((size_t)x->p.n_seq, sizeof *x->prefix);
+    x->src_of = calloc((size_t)x->p.n_seq, sizeof *x->src_of);
+    for (int s = 0; x->src_of && x->p.prefix_src && s < x->p.n_seq; s++)
+        x->src_of[s] = s < x->p.prefix_src_n_seq ? s : 0; /* slot s reads slot s */
     x->scratch = malloc(kmat_scratch_bytes(wide, (int)W, kpool_threads(x->pool)));
     x->split_heads = malloc((size_t)c->n_heads * sizeof *x->split_heads);
     x->units = malloc((size_t)c->n_heads * sizeof *x->units);
@@ -205,7 +208,7 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->attp = malloc(W * (size_t)qd * 4);
     x->xs = malloc(W * (size_t)wide * 4);
     if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix ||
-        !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn || !x->split_heads ||
+        !x->src_of || !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn || !x->split_heads ||
         !x->units || !x->singles || !x->attp || !x->xs)
         goto oom;
     if (llama_ctx_set_partition(x, p->plan, err, errlen)) {
@@ -238,6 +241,7 @@ void llama_ctx_destroy(llama_ctx **ctx)
     free(x->rope_sn);
     free(x->seq);
     free(x->prefix);
+    free(x->src_of);
     free(x->scratch);
     free(x->split_heads);
     free(x->units);
@@ -339,12 +343,18 @@ const llama_shared *llama_ctx_shared(const llama_ctx *ctx)
     return &ctx->sh;
 }
 
+void llama_ctx_map_prefix_source(llama_ctx *ctx, int seq, int src)
+{
+    if (!ctx->p.prefix_src || seq < 0 || seq >= ctx->p.n_seq || src < 0 ||
+        src >= ctx->p.prefix_src_n_seq || ctx->src_of[seq] == src)
+        return;
+    ctx->src_of[seq] = src;
+    ctx->tree_open = false; /* the tree attended to another prefix */
+}
+
 void llama_ctx_set_prefix_source_seq(llama_ctx *ctx, int seq)
 {
-    if (!ctx->p.prefix_src || seq < 0 || seq >= ctx->p.prefix_src_n_seq || seq == ctx->src_seq)
-        return;
-    ctx->src_seq = seq;
-    ctx->tree_open = false; /* the tree attended to another prefix */
+    llama_ctx_map_prefix_source(ctx, 0, seq);
 }
 
 void llama_ctx_reset(llama_ctx *ctx)
@@ -397,13 +407,14 @@ static void *kv_head_row(const llama_ctx *x, uint8_t *base, int kvh, int64_t p)
     return base + llama_kv_offset(x, kvh, p);
 }
 
-/* The first prefix row of KV head kvh in layer rows `base` of the prefix source (its layout:
- * per KV head, n_seq * n_ctx prefix rows then max_width tree rows). */
-static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh)
+/* The first prefix row of KV head kvh of this context's sequence slot seq in layer rows `base` of
+ * the prefix source (its layout: per KV head, n_seq * n_ctx prefix rows then max_width tree
+ * rows; the slot read is src_of[seq]). */
+static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh, int seq)
 {
     const llama_ctx_params *p = &x->p;
     int64_t rows = (int64_t)p->prefix_src_n_seq * p->prefix_src_n_ctx + p->prefix_src_max_width;
-    int64_t r = (int64_t)kvh * rows + (int64_t)x->src_seq * p->prefix_src_n_ctx;
+    int64_t r = (int64_t)kvh * rows + (int64_t)x->src_of[seq] * p->prefix_src_n_ctx;
     return base + (size_t)r * (size_t)x->m->cfg.head_dim * x->kv_elem;
 }
 
@@ -518,8 +529,8 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
                 .type = x->p.kv,
                 .stride = hd,
                 .n_prefix = n_prefix,
-                .k = src_kl ? src_head_row(x, src_kl, kvh) : kv_head_row(x, kl, kvh, seq_row),
-                .v = src_vl ? src_head_row(x, src_vl, kvh) : kv_head_row(x, vl, kvh, seq_row),
+                .k = src_kl ? src_head_row(x, src_kl, kvh, seq) : kv_head_row(x, kl, kvh, seq_row),
+                .v = src_vl ? src_head_row(x, src_vl, kvh, seq) : kv_head_row(x, vl, kvh, seq_row),
                 .tree_k = llama_tree_row(x, j->layer, 0, kvh, 0),
                 .tree_v = llama_tree_row(x, j->layer, 1, kvh, 0),
                 .tree_slot = x->anc + (int64_t)slot * x->p.max_width,

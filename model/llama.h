@@ -221,7 +221,7 @@ typedef struct {
      * that is a re-quantized copy of the target attends to the target's K/V in the arena: no
      * prefill, no commits of its own). NULL: this context's own prefix rows. The source must have
      * this model's layer count and KV shape and this context's kv type; the sequence slot read is
-     * set by llama_ctx_set_prefix_source_seq. llama_commit and llama_prefill are refused. */
+     * set by llama_ctx_map_prefix_source. llama_commit and llama_prefill are refused. */
     const llama_shared *prefix_src;
     int prefix_src_n_ctx, prefix_src_max_width, prefix_src_n_seq; /* the source's layout */
     /* > 0 with a model that has a screening head (llama_model_screen_head): logits come from it,
@@ -269,7 +269,12 @@ int llama_kv_copy_prefix(llama_ctx *ctx, int src, int dst, int n, char *err, siz
 size_t llama_kv_release(llama_ctx *ctx, int seq, int from);
 void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n);
 const llama_shared *llama_ctx_shared(const llama_ctx *ctx);
-/* Which sequence slot of params.prefix_src the prefix is read from (ignored without one). */
+/* Which sequence slot of params.prefix_src the prefix of this context's slot `seq` is read from
+ * (ignored without a source, or for a slot out of range); by default slot s reads slot s (0 where
+ * the source has fewer). A drafter that drafts for several requests in one batch gives each its
+ * own slot here, mapped to the target's slot of that request. */
+void llama_ctx_map_prefix_source(llama_ctx *ctx, int seq, int src);
+/* The same for slot 0. */
 void llama_ctx_set_prefix_source_seq(llama_ctx *ctx, int seq);
 /* Forget the committed prefix. */
 void llama_ctx_reset(llama_ctx *ctx);

@@ -59,7 +59,7 @@ struct llama_ctx {
     int batch_n;  /* tokens of the tree the lists describe (all batches since the last fresh one) */
     int batch_base; /* tree slot of the running batch's first token (> 0 for an appended batch) */
     bool tree_open; /* the tree may be appended to: the prefix has not moved since it started */
-    int src_seq;    /* the slot of params.prefix_src the prefix is read from */
+    int *src_of;    /* per sequence slot: the slot of params.prefix_src its prefix is read from */
     void *scratch;  /* matmul scratch */
 };
 

@@ -212,6 +212,76 @@ static int spec_top(const float *logits, int V, int k, float (*out)[2])
     return n;
 }
 
+/* One round of LLMCad's tree growth over nodes[0 .. *n) (each forwarded; rows[i + 1] their
+ * logits, rows[0] the root's while the tree is empty). The pacer gives branch x the share
+ * M * C_x / sum(C) of the node budget M (C: the branch's cumulative confidence) and extends the
+ * open leaves furthest below their share first (max-min fairness). A leaf's best candidate extends
+ * its branch; other candidates whose probability passes the branch threshold open new branches.
+ * Returns the nodes grown; 0 also when the tree-cumulative confidence (the best branch's C) has
+ * dropped below alpha — LLMCad's fallback: time to verify. */
+int spec_grow_round(const spec *s, spec_node *nodes, int *n_io, int max_nodes, int max_depth,
+                    const float *const *rows)
+{
+    int V = s->model->cfg.vocab, n = *n_io;
+    int leaves[ARENA_DRAFT_MAX + 1], n_leaves = 0;
+    double total = 0;
+    if (n == 0) {
+        leaves[n_leaves++] = -1;
+        total = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (!nodes[i].children && nodes[i].depth < max_depth) {
+            leaves[n_leaves++] = i;
+            total += nodes[i].cum;
+        }
+    if (!n_leaves)
+        return 0;
+    double deficit[ARENA_DRAFT_MAX + 1];
+    for (int l = 0; l < n_leaves; l++) {
+        const spec_node *nd = leaves[l] < 0 ? NULL : &nodes[leaves[l]];
+        double c = nd ? nd->cum : 1.0;
+        deficit[l] = max_nodes * c / (total > 0 ? total : 1) - (nd ? nd->depth : 0);
+    }
+    for (int a = 1; a < n_leaves; a++) /* insertion sort, largest deficit first */
+        for (int b = a; b > 0 && deficit[b] > deficit[b - 1]; b--) {
+            double td = deficit[b];
+            deficit[b] = deficit[b - 1];
+            deficit[b - 1] = td;
+            int tl = leaves[b];
+            leaves[b] = leaves[b - 1];
+            leaves[b - 1] = tl;
+        }
+    int grown = 0;
+    for (int l = 0; l < n_leaves && n < max_nodes; l++) {
+        int leaf = leaves[l];
+        if (n > 0 && deficit[l] <= 0 && grown)
+            break; /* this branch already has its share: let the others catch up next round */
+        float top[4][2];
+        int k = spec_top(rows[leaf + 1], V, s->tree ? 4 : 1, top);
+        double base = leaf < 0 ? 1.0 : nodes[leaf].cum;
+        int depth = leaf < 0 ? 1 : nodes[leaf].depth + 1;
+        for (int c = 0; c < k && n < max_nodes; c++) {
+            if (c > 0 && top[c][0] < s->branch.value)
+                break;
+            nodes[n] = (spec_node){.token = (int32_t)top[c][1],
+                                   .parent = leaf,
+                                   .conf = top[c][0],
+                                   .cum = base * top[c][0],
+                                   .depth = depth};
+            if (leaf >= 0)
+                nodes[leaf].children++;
+            n++;
+            grown++;
+        }
+    }
+    *n_io = n;
+    double tc = 0; /* tree-cumulative confidence: the best branch */
+    for (int i = 0; i < n; i++)
+        if (!nodes[i].children && nodes[i].cum > tc)
+            tc = nodes[i].cum;
+    return tc < s->alpha ? 0 : grown;
+}
+
 /* Grow a draft tree for the committed context with the draft model (LLMCad's tree generation).
  *
  * The trunk: when the Feedback confirmed everything the speculator had drafted ahead (see
@@ -228,12 +298,8 @@ static int spec_top(const float *logits, int V, int k, float (*out)[2])
  * every node is forwarded once and a chain of depth d costs d token-forwards, not 1 + 2 + ... + d.
  * Appending gives bit-identical logits to re-running the whole tree (tests/unit/test_draft_kv.c),
  * so the tree is the one a full forward per round grows. After each round the leaves the
- * confidence-based pacer picks are extended. The pacer gives branch x the share M * C_x / sum(C)
- * of the node budget M (C: the branch's cumulative confidence) and extends the branches furthest
- * below their share first (max-min fairness). A leaf's best candidate extends its branch; other
- * candidates whose probability passes the branch threshold open new branches. Growth stops when
- * the tree-cumulative confidence (the best branch's C) drops below alpha — LLMCad's fallback:
- * time to verify — or the budget (nodes, depth) is spent. */
+ * confidence-based pacer picks are extended (spec_grow_round). Growth stops when the
+ * tree-cumulative confidence drops below alpha or the budget (nodes, depth) is spent. */
 int spec_grow_model(spec *s)
 {
     int V = s->model->cfg.vocab, n = 0;
@@ -285,8 +351,8 @@ int spec_grow_model(spec *s)
             }
             b.n = n - n_run;
         }
-        float *rows = s->tree_logits + (size_t)(round == m ? 0 : n_run - m + 1) * V;
-        if (llama_forward(s->ctx, &b, rows, err, sizeof err)) {
+        float *out = s->tree_logits + (size_t)(round == m ? 0 : n_run - m + 1) * V;
+        if (llama_forward(s->ctx, &b, out, err, sizeof err)) {
             rt_log(s->role, "draft model: %s", err);
             if (sh)
                 s->tree_branchy = true; /* whatever the tree holds now, it is no chain */
@@ -298,66 +364,12 @@ int spec_grow_model(spec *s)
             s->logits_at = -1; /* the chain's last logits were for a row now past the tree */
         }
         n_run = n;
-        /* the open leaves (the root on the first round), ordered by the pacer */
-        int leaves[ARENA_DRAFT_MAX + 1], n_leaves = 0;
-        double total = 0;
-        if (n == 0) {
-            leaves[n_leaves++] = -1;
-            total = 1;
-        }
-        for (int i = 0; i < n; i++)
-            if (!s->nodes[i].children && s->nodes[i].depth < s->max_depth) {
-                leaves[n_leaves++] = i;
-                total += s->nodes[i].cum;
-            }
-        if (!n_leaves)
-            break;
-        double deficit[ARENA_DRAFT_MAX + 1];
-        for (int l = 0; l < n_leaves; l++) {
-            const spec_node *nd = leaves[l] < 0 ? NULL : &s->nodes[leaves[l]];
-            double c = nd ? nd->cum : 1.0;
-            deficit[l] = s->max_nodes * c / (total > 0 ? total : 1) - (nd ? nd->depth : 0);
-        }
-        for (int a = 1; a < n_leaves; a++) /* insertion sort, largest deficit first */
-            for (int b2 = a; b2 > 0 && deficit[b2] > deficit[b2 - 1]; b2--) {
-                double td = deficit[b2];
-                deficit[b2] = deficit[b2 - 1];
-                deficit[b2 - 1] = td;
-                int tl = leaves[b2];
-                leaves[b2] = leaves[b2 - 1];
-                leaves[b2 - 1] = tl;
-            }
-        int grown = 0;
-        for (int l = 0; l < n_leaves && n < s->max_nodes; l++) {
-            int leaf = leaves[l];
-            if (n > 0 && deficit[l] <= 0 && grown)
-                break; /* this branch already has its share: let the others catch up next round */
-            const float *row = s->tree_logits + (size_t)(leaf - m + 1) * V;
-            float top[4][2];
-            int k = spec_top(row, V, s->tree ? 4 : 1, top);
-            double base = leaf < 0 ? 1.0 : s->nodes[leaf].cum;
-            int depth = leaf < 0 ? 1 : s->nodes[leaf].depth + 1;
-            for (int c = 0; c < k && n < s->max_nodes; c++) {
-                if (c > 0 && top[c][0] < s->branch.value)
-                    break;
-                s->nodes[n] = (spec_node){.token = (int32_t)top[c][1],
-                                          .parent = leaf,
-                                          .conf = top[c][0],
-                                          .cum = base * top[c][0],
-                                          .depth = depth};
-                if (leaf >= 0)
-                    s->nodes[leaf].children++;
-                n++;
-                grown++;
-            }
-        }
-        if (!grown)
-            break;
-        double tc = 0; /* tree-cumulative confidence: the best branch */
-        for (int i = 0; i < n; i++)
-            if (!s->nodes[i].children && s->nodes[i].cum > tc)
-                tc = s->nodes[i].cum;
-        if (tc < s->alpha)
+        /* node i's logits: tree row i - m + 1 (the growth root's, row 0, for node m - 1 or, with
+         * no trunk, for the root itself) */
+        const float *rows[ARENA_DRAFT_MAX + 1];
+        for (int i = m - 1; i < n; i++)
+            rows[i + 1] = s->tree_logits + (size_t)(i - m + 1) * V;
+        if (!spec_grow_round(s, s->nodes, &n, s->max_nodes, s->max_depth, rows))
             break;
     }
     s->tree_ok = m == 0 && n_run > 0;
@@ -494,32 +506,34 @@ bool spec_work_ahead(spec *s)
     return s->kv_len < s->n_committed + s->n_chain;
 }
 
-/* LLMCad's threshold update from the verification of our last tree (ctl_alpha_update). */
-void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc)
+/* LLMCad's threshold update from the verification of a tree we published (ctl_alpha_update). */
+void spec_update_alpha(spec *s, const spec_node *nodes, int n_nodes, const int32_t *accepted,
+                       int n_acc)
 {
-    if (!s->n_nodes || s->alpha_off)
+    if (!n_nodes || s->alpha_off)
         return;
     int32_t token[ARENA_DRAFT_MAX], parent[ARENA_DRAFT_MAX];
-    for (int i = 0; i < s->n_nodes; i++)
-        token[i] = s->nodes[i].token, parent[i] = s->nodes[i].parent;
-    s->alpha = ctl_alpha_update(s->alpha, token, parent, s->n_nodes, accepted, n_acc);
+    for (int i = 0; i < n_nodes; i++)
+        token[i] = nodes[i].token, parent[i] = nodes[i].parent;
+    s->alpha = ctl_alpha_update(s->alpha, token, parent, n_nodes, accepted, n_acc);
 }
 
-/* Count the branch points of our last tree on the accepted path, and the side branches the
+/* Count the branch points of a tree we published on the accepted path, and the side branches the
  * target took there, for the branch threshold (ctl_branch_update). */
-void spec_update_branch(spec *s, const int32_t *accepted, int n_acc)
+void spec_update_branch(spec *s, const spec_node *nodes, int n_nodes, const int32_t *accepted,
+                        int n_acc)
 {
-    if (!s->tree || !s->n_nodes)
+    if (!s->tree || !n_nodes)
         return;
     int parent = -1, points = 0, side = 0;
     for (int k = 0; k < n_acc; k++) {
         int first = -1, hit = -1, kids = 0;
-        for (int i = 0; i < s->n_nodes; i++)
-            if (s->nodes[i].parent == parent) {
+        for (int i = 0; i < n_nodes; i++)
+            if (nodes[i].parent == parent) {
                 kids++;
                 if (first < 0)
                     first = i;
-                if (hit < 0 && s->nodes[i].token == accepted[k])
+                if (hit < 0 && nodes[i].token == accepted[k])
                     hit = i;
             }
         if (hit < 0)
@@ -531,6 +545,77 @@ void spec_update_branch(spec *s, const int32_t *accepted, int n_acc)
         parent = hit;
     }
     ctl_branch_update(&s->branch, points, side);
+}
+
+/* Draft for k requests at once (every_request; k <= SPEC_BATCH_MAX): a tree per request, rooted at
+ * its last committed token in the drafter's sequence slot r, which reads the target's K/V of the
+ * request's slot, grown round by round as spec_grow_model grows one (spec_grow_round) — but each
+ * round's forward carries the new nodes of every request, so k requests cost one forward of their
+ * joint width a round instead of k forwards. The tree area is shared: each request gets at most
+ * ARENA_DRAFT_MAX / k - 1 nodes (and the Feedback's budget). No trunk and no work-ahead: the tree
+ * area holds the batch. Each request's tree goes to reqs[r]->nodes. */
+void spec_grow_batch(spec *s, spec_req *const *reqs, int k)
+{
+    int V = s->model->cfg.vocab, budget = ARENA_DRAFT_MAX / k - 1;
+    if (budget > s->max_nodes)
+        budget = s->max_nodes;
+    int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX], seq[ARENA_DRAFT_MAX];
+    /* request r's root at tree index at[r][0], its node i at at[r][i + 1]; ran[r]: nodes forwarded */
+    int at[SPEC_BATCH_MAX][ARENA_DRAFT_MAX + 1], ran[SPEC_BATCH_MAX];
+    bool open[SPEC_BATCH_MAX];
+    char err[256];
+    for (int r = 0; r < k; r++) {
+        spec_req *q = reqs[r];
+        q->n_nodes = 0;
+        llama_ctx_map_prefix_source(s->ctx, r, q->slot);
+        llama_ctx_set_seq_prefix_len(s->ctx, r, q->n - 1);
+        tok[r] = q->tokens[q->n - 1];
+        par[r] = -1;
+        seq[r] = r;
+        at[r][0] = r;
+        ran[r] = 0;
+        open[r] = budget > 0;
+    }
+    llama_batch b = {.n = k, .tokens = tok, .parent = par, .seq = seq};
+    if (llama_forward(s->ctx, &b, s->tree_logits, err, sizeof err)) {
+        rt_log(s->role, "draft model (a batch of %d): %s", k, err);
+        return;
+    }
+    int T = k; /* the tree's rows */
+    for (int round = 0; round < s->max_depth; round++) {
+        int nb = 0;
+        for (int r = 0; r < k; r++) {
+            spec_req *q = reqs[r];
+            if (!open[r])
+                continue;
+            const float *rows[ARENA_DRAFT_MAX + 1];
+            for (int i = -1; i < q->n_nodes; i++)
+                rows[i + 1] = s->tree_logits + (size_t)at[r][i + 1] * V;
+            open[r] = spec_grow_round(s, q->nodes, &q->n_nodes, budget, s->max_depth, rows) > 0 &&
+                      q->n_nodes < budget;
+            if (!open[r] || round + 1 >= s->max_depth)
+                continue; /* its new nodes are leaves for good: no logits needed */
+            for (int i = ran[r]; i < q->n_nodes; i++) {
+                int pi = q->nodes[i].parent;
+                tok[nb] = q->nodes[i].token;
+                par[nb] = at[r][pi + 1];
+                seq[nb] = r;
+                at[r][i + 1] = T + nb;
+                nb++;
+            }
+            ran[r] = q->n_nodes;
+        }
+        if (!nb || round + 1 >= s->max_depth)
+            break;
+        llama_batch a = {.n = nb, .tokens = tok, .parent = par, .seq = seq, .append = true};
+        if (llama_forward(s->ctx, &a, s->tree_logits + (size_t)T * V, err, sizeof err)) {
+            rt_log(s->role, "draft model (a batch of %d): %s", k, err);
+            for (int r = 0; r < k; r++) /* what was grown stands; nothing grows on it */
+                open[r] = false;
+            break;
+        }
+        T += nb;
+    }
 }
 
 /* kv_shared, all n tokens of a Feedback as drafted ahead: the target has committed the root and

@@ -161,65 +161,175 @@ static void *spec_heartbeat_thread(void *arg)
 
 /* ===== drafting ===== */
 
-
-
-
-
-
-
-
-
-
-
-
-
-
+/* Publish a draft of n nodes for a request's context of n_committed tokens (last: its last
+ * token) into the ring and tell the coordinator (an empty draft too). */
+static void spec_send_draft(spec *s, uint64_t request_id, int n_committed, int32_t last,
+                            const spec_node *nodes, int n, uint64_t fb_us, uint64_t fb_end_us,
+                            uint64_t t0, uint64_t t1)
+{
+    arena_draft d = {0};
+    d.request_id = request_id;
+    d.ctx_len = (uint64_t)n_committed;
+    d.last_token = last;
+    d.n = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        d.tokens[i] = nodes[i].token;
+        d.parent[i] = nodes[i].parent;
+        d.conf[i] = nodes[i].conf;
+    }
+    uint32_t slot = arena_draft_ring_put(s->ring, &d);
+    Orochi__DraftReady r = OROCHI__DRAFT_READY__INIT;
+    r.request_id = request_id;
+    r.ctx_len = d.ctx_len;
+    r.slot = slot;
+    r.n_tokens = d.n;
+    r.feedback_us = fb_us;
+    r.feedback_end_us = fb_end_us;
+    r.draft_start_us = t0;
+    r.draft_end_us = t1;
+    r.every_request = s->every_request;
+    spec_send(s, OROCHI__ENVELOPE__BODY_DRAFT_READY, &r);
+    s->drafts++;
+    __atomic_store_n(&s->hb_drafts, s->drafts, __ATOMIC_RELAXED);
+}
 
 /* Draft for the current context and publish it (an empty draft too). */
 static void spec_publish(spec *s)
 {
     uint64_t t0 = rt_now_us();
     s->n_nodes = s->d->grow(s);
-    arena_draft d = {0};
-    d.request_id = s->request_id;
-    d.ctx_len = (uint64_t)s->n_committed;
-    d.last_token = s->n_committed ? s->tokens[s->n_committed - 1] : -1;
-    d.n = (uint32_t)s->n_nodes;
-    for (int i = 0; i < s->n_nodes; i++) {
-        d.tokens[i] = s->nodes[i].token;
-        d.parent[i] = s->nodes[i].parent;
-        d.conf[i] = s->nodes[i].conf;
-    }
-    uint32_t slot = arena_draft_ring_put(s->ring, &d);
-    Orochi__DraftReady r = OROCHI__DRAFT_READY__INIT;
-    r.request_id = s->request_id;
-    r.ctx_len = d.ctx_len;
-    r.slot = slot;
-    r.n_tokens = d.n;
-    r.feedback_us = s->fb_us;
-    r.feedback_end_us = s->fb_end_us;
-    r.draft_start_us = t0;
-    r.draft_end_us = rt_now_us();
+    spec_send_draft(s, s->request_id, s->n_committed,
+                    s->n_committed ? s->tokens[s->n_committed - 1] : -1, s->nodes, s->n_nodes,
+                    s->fb_us, s->fb_end_us, t0, rt_now_us());
     s->fb_us = s->fb_end_us = 0;
-    spec_send(s, OROCHI__ENVELOPE__BODY_DRAFT_READY, &r);
     s->published = true;
-    s->drafts++;
-    __atomic_store_n(&s->hb_drafts, s->drafts, __ATOMIC_RELAXED);
     int ahead = s->n_chain; /* drafted ahead for this context before the Feedback came */
     spec_set_chain(s);
     spec_keep_main_branch(s);
     if (s->trace)
         rt_log(s->role,
-               "draft of %u tokens for context %d in %.1f ms (%d drafted ahead, alpha %.4g, "
+               "draft of %d tokens for context %d in %.1f ms (%d drafted ahead, alpha %.4g, "
                "branch threshold %.3g)",
-               d.n, s->n_committed, (rt_now_us() - t0) / 1e3, ahead, s->alpha, s->branch.value);
+               s->n_nodes, s->n_committed, (rt_now_us() - t0) / 1e3, ahead, s->alpha,
+               s->branch.value);
 }
 
+/* ===== every_request: several requests, one batched draft ===== */
 
+/* The entry of request id (make: a free one if it has none; NULL when the table is full). */
+static spec_req *spec_req_of(spec *s, uint64_t id, bool make)
+{
+    spec_req *free_e = NULL;
+    for (int i = 0; i < RT_MAX_SEQ; i++) {
+        if (s->reqs[i].request_id == id)
+            return &s->reqs[i];
+        if (!free_e && !s->reqs[i].request_id)
+            free_e = &s->reqs[i];
+    }
+    if (!make || !free_e)
+        return NULL;
+    free_e->request_id = id;
+    free_e->n = free_e->n_nodes = 0;
+    free_e->pending = false;
+    return free_e;
+}
 
+static int spec_reqs_live(const spec *s)
+{
+    int n = 0;
+    for (int i = 0; i < RT_MAX_SEQ; i++)
+        n += s->reqs[i].request_id != 0;
+    return n;
+}
 
+/* Apply a Feedback to its request's entry: the whole context (reset) or the tokens appended; when
+ * the step verified nodes of the tree last published for it, alpha and the branch threshold learn
+ * from what the target accepted. Returns the entry (NULL: done, or no room, or past the context
+ * this speculator keeps). */
+static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
+{
+    spec_req *q = spec_req_of(s, fb->request_id, !fb->done && fb->reset);
+    if (!q)
+        return NULL;
+    if (fb->done) {
+        q->request_id = 0;
+        return NULL;
+    }
+    int old = q->n, want = fb->reset ? (int)fb->n_tokens : q->n + (int)fb->n_tokens;
+    if (want >= SPEC_MAX_TOKENS) {
+        q->request_id = 0;
+        return NULL;
+    }
+    if (want > q->cap) {
+        int cap = want * 2 < SPEC_MAX_TOKENS ? want * 2 : SPEC_MAX_TOKENS;
+        int32_t *t = realloc(q->tokens, (size_t)cap * sizeof *t);
+        if (!t) {
+            q->request_id = 0;
+            return NULL;
+        }
+        q->tokens = t;
+        q->cap = cap;
+    }
+    /* the tokens past what it knew: from a reset, those past its old context if that begins it */
+    const int32_t *added = NULL;
+    int n_added = 0;
+    if (!fb->reset) {
+        memcpy(q->tokens + q->n, fb->tokens, fb->n_tokens * sizeof *q->tokens);
+        added = fb->tokens;
+        n_added = (int)fb->n_tokens;
+    } else {
+        if (old > 0 && want > old && !memcmp(q->tokens, fb->tokens, (size_t)old * sizeof *q->tokens)) {
+            added = fb->tokens + old;
+            n_added = want - old;
+        }
+        memcpy(q->tokens, fb->tokens, fb->n_tokens * sizeof *q->tokens);
+    }
+    q->n = want;
+    if (fb->drafted && added) {
+        spec_update_alpha(s, q->nodes, q->n_nodes, added, n_added);
+        spec_update_branch(s, q->nodes, q->n_nodes, added, n_added);
+    }
+    q->slot = (int)fb->seq_slot;
+    q->pending = true;
+    return q;
+}
 
-
+/* Draft for the pending requests, SPEC_BATCH_MAX at a time, and publish each one's tree. */
+static void spec_publish_batch(spec *s)
+{
+    spec_req *todo[SPEC_BATCH_MAX];
+    int k = 0;
+    for (int i = 0; i <= RT_MAX_SEQ; i++) {
+        spec_req *q = i < RT_MAX_SEQ ? &s->reqs[i] : NULL;
+        if (q && (!q->request_id || !q->pending))
+            continue;
+        if (q && (q->n < 1 || q->n + s->max_depth + 1 >= s->target_ctx)) {
+            q->n_nodes = 0; /* no room for a tree: an empty draft */
+            q->pending = false;
+            uint64_t t = rt_now_us();
+            spec_send_draft(s, q->request_id, q->n, q->n ? q->tokens[q->n - 1] : -1, q->nodes, 0,
+                            q->fb_us, q->fb_end_us, t, t);
+            continue;
+        }
+        if (q)
+            todo[k++] = q;
+        if (k && (k == SPEC_BATCH_MAX || !q)) {
+            uint64_t t0 = rt_now_us();
+            spec_grow_batch(s, todo, k);
+            uint64_t t1 = rt_now_us();
+            for (int r = 0; r < k; r++) {
+                spec_req *d = todo[r];
+                spec_send_draft(s, d->request_id, d->n, d->tokens[d->n - 1], d->nodes, d->n_nodes,
+                                d->fb_us, d->fb_end_us, t0, t1);
+                d->pending = false;
+            }
+            if (s->trace)
+                rt_log(s->role, "a batch of %d drafts in %.1f ms (alpha %.4g)", k,
+                       (t1 - t0) / 1e3, s->alpha);
+            k = 0;
+        }
+    }
+}
 
 static void spec_feedback(spec *s, const Orochi__Feedback *fb)
 {
@@ -273,8 +383,8 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
             return;
         }
         if (fb->drafted) { /* a draft the step never saw says nothing about alpha */
-            spec_update_alpha(s, fb->tokens, n);
-            spec_update_branch(s, fb->tokens, n);
+            spec_update_alpha(s, s->nodes, s->n_nodes, fb->tokens, n);
+            spec_update_branch(s, s->nodes, s->n_nodes, fb->tokens, n);
         }
         spec_commit_accepted(s, fb->tokens, n);
         while (keep < n && keep < s->n_chain &&
@@ -306,6 +416,43 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
         rt_log(s->role, "context length %d disagrees with the coordinator's %llu", s->n_committed,
                (unsigned long long)fb->ctx_len);
     s->published = false;
+}
+
+/* A Feedback, routed. every_request: its request's entry first; with one request known the
+ * single-request path takes it (from a reset built out of the entry when that path does not hold
+ * this request: after a batch, or when the coordinator sent only the appended tokens), with
+ * several the entry waits for the next batch (spec_publish_batch) and the single-request path
+ * starts over from a reset when it is one again. */
+static void spec_route_feedback(spec *s, const Orochi__Feedback *fb)
+{
+    if (!s->every_request || fb->done) {
+        if (s->every_request)
+            spec_req_feedback(s, fb);
+        spec_feedback(s, fb);
+        return;
+    }
+    spec_req *q = spec_req_feedback(s, fb);
+    if (!q)
+        return;
+    q->fb_us = s->fb_us;
+    q->fb_end_us = rt_now_us();
+    if (spec_reqs_live(s) > 1) {
+        s->active = false;
+        s->request_id = 0;
+        return;
+    }
+    q->pending = false;
+    q->n_nodes = 0; /* the single-request path keeps its own tree and learns from it */
+    if (s->active && s->request_id == fb->request_id) {
+        spec_feedback(s, fb);
+        return;
+    }
+    Orochi__Feedback r = *fb;
+    r.reset = true;
+    r.tokens = q->tokens;
+    r.n_tokens = (size_t)q->n;
+    r.drafted = 0;
+    spec_feedback(s, &r);
 }
 
 /* ===== joining ===== */
@@ -348,11 +495,6 @@ static int spec_load(spec *s, char *err, size_t errlen, uint32_t *vocab, uint64_
     tokenizer_destroy(&tok);
     return 0;
 }
-
-
-
-
-
 
 static int spec_join(spec *s)
 {
@@ -432,6 +574,11 @@ static int spec_join(spec *s)
                 rt_free(e);
                 return -1;
             }
+            /* reading the target's K/V, it drafts for every request: a slot per request of a
+             * batched draft (their prefix rows here are never written: address space only) */
+            s->every_request = s->kv_shared;
+            if (s->every_request)
+                p.n_seq = SPEC_BATCH_MAX;
             s->ctx = llama_ctx_new(s->model, &p, err, sizeof err);
             s->ctx_params = p;
             s->logits = malloc((size_t)s->model->cfg.vocab * sizeof *s->logits);
@@ -670,9 +817,12 @@ int main(int argc, char **argv)
             rt_log(s.role, "coordinator silent for %d ms: exiting", s.orphan_ms);
             break;
         }
-        /* draft and publish as soon as the context moved; then work ahead between polls */
+        /* draft and publish as soon as the context moved (every_request with several requests:
+         * one batch for all that moved); then work ahead between polls */
         if (s.active && !s.published)
             spec_publish(&s);
+        if (s.every_request)
+            spec_publish_batch(&s);
         spec_place_if_idle(&s);
         bool more = spec_work_ahead(&s);
         pthread_mutex_lock(&s.sock_lock);
@@ -698,15 +848,22 @@ int main(int argc, char **argv)
                 s.fb_us = s.last_coord_us;
                 if (s.place_pending && !env->feedback->done)
                     spec_place(&s, "at the first draft");
-                spec_feedback(&s, env->feedback);
+                spec_route_feedback(&s, env->feedback);
                 s.fb_end_us = rt_now_us();
                 /* ngram is fed every active request in turn: answer each before the next
                  * Feedback replaces its context (a model kind answers the latest only) */
                 if (s.kind == SPEC_NGRAM && s.active && !s.published)
                     spec_publish(&s);
-            } else if (env->body_case == OROCHI__ENVELOPE__BODY_DRAFT_REQUEST && s.active &&
-                       env->draft_request->request_id == s.request_id)
-                s.published = false; /* asked again (e.g. after a lost reply) */
+            } else if (env->body_case == OROCHI__ENVELOPE__BODY_DRAFT_REQUEST) {
+                /* asked again (e.g. after a lost reply) */
+                spec_req *q = s.every_request && !s.active
+                                  ? spec_req_of(&s, env->draft_request->request_id, false)
+                                  : NULL;
+                if (q)
+                    q->pending = true;
+                else if (s.active && env->draft_request->request_id == s.request_id)
+                    s.published = false;
+            }
             else if (env->body_case == OROCHI__ENVELOPE__BODY_SHUTDOWN)
                 spec_stop = 1;
             rt_free(env);
@@ -724,6 +881,8 @@ out:
         rt_log(s.role, "removed the arena %s (its coordinator is gone)", arena_nm);
     free(s.logits);
     free(s.tokens);
+    for (int i = 0; i < RT_MAX_SEQ; i++)
+        free(s.reqs[i].tokens);
     free(s.tree_logits);
     free(s.hbuf);
     free(s.corpus);

@@ -41,6 +41,21 @@ typedef struct {
 
 typedef struct spec spec;
 
+#define SPEC_BATCH_MAX 16 /* requests one batched draft grows trees for (each >= 3 nodes) */
+
+/* every_request: a request the speculator is fed (several at once: drafted in one batch). */
+typedef struct {
+    uint64_t request_id; /* 0: a free entry */
+    int slot;            /* the target's sequence slot of the request */
+    int32_t *tokens;     /* its committed context */
+    int n, cap;
+    bool pending; /* its latest context has no draft yet */
+    /* the tree last published for it (its alpha and branch updates) */
+    spec_node nodes[ARENA_DRAFT_MAX];
+    int n_nodes;
+    uint64_t fb_us, fb_end_us; /* its latest Feedback: arrived, applied */
+} spec_req;
+
 /* One kind of drafter (workers/draft_*.c). */
 typedef struct {
     const char *name; /* --kind, and the kind in Hello */
@@ -138,6 +153,11 @@ struct spec {
     bool tree_ok;
     int tree_run, tree_root_pos;
     float *tree_logits; /* (ARENA_DRAFT_MAX + 1) x vocab */
+    /* every_request (a model drafter reading the target's K/V): fed every active request; one
+     * request at a time it drafts as above (work-ahead and all), several in one batched growth
+     * per Feedback round (spec_grow_batch): the requests it knows, by Feedback */
+    bool every_request;
+    spec_req reqs[RT_MAX_SEQ];
     /* medusa */
     medusa *heads;
     int tmpl[16], tmpl_len;
@@ -156,8 +176,13 @@ void spec_kv_truncate(spec *s, int len);
 void spec_set_chain(spec *s);
 void spec_keep_main_branch(spec *s);
 bool spec_work_ahead(spec *s);
-void spec_update_alpha(spec *s, const int32_t *accepted, int n_acc);
-void spec_update_branch(spec *s, const int32_t *accepted, int n_acc);
+int spec_grow_round(const spec *s, spec_node *nodes, int *n_io, int max_nodes, int max_depth,
+                    const float *const *rows);
+void spec_grow_batch(spec *s, spec_req *const *reqs, int k);
+void spec_update_alpha(spec *s, const spec_node *nodes, int n_nodes, const int32_t *accepted,
+                       int n_acc);
+void spec_update_branch(spec *s, const spec_node *nodes, int n_nodes, const int32_t *accepted,
+                        int n_acc);
 void spec_shared_advance(spec *s, int n);
 void spec_commit_accepted(spec *s, const int32_t *acc, int n);
 int spec_share_target_kv(spec *s, const Orochi__Welcome *w, llama_ctx_params *p, char *err,

@@ -265,6 +265,39 @@ static void test_draft_kv_prefix_source(void **state)
     llama_ctx_set_prefix_source_seq(drafter, 0);
     forward_ok(drafter, &all, got);
     assert_true(memcmp(got, want, (size_t)V * sizeof *got) != 0);
+    /* two requests in one batch: the drafter's slot 0 reads the owner's slot 1, its slot 1 the
+     * owner's slot 0; each tree's logits are those of the same tree drafted alone */
+    enum { HALF = 6 };
+    float *other_want = malloc((size_t)HALF * V * sizeof *other_want);
+    llama_ctx_set_prefix_len(drafter, 3);
+    llama_batch half = {.n = HALF, .tokens = TOKENS, .parent = PARENT};
+    forward_ok(drafter, &half, other_want); /* alone: slot 0 reading the owner's slot 0 */
+    llama_ctx_params dp2 = drafter_params(owner, 2);
+    dp2.n_seq = 2;
+    llama_ctx *two = llama_ctx_new(m, &dp2, err, sizeof err);
+    assert_non_null(two);
+    llama_ctx_map_prefix_source(two, 0, 1);
+    llama_ctx_map_prefix_source(two, 1, 0);
+    llama_ctx_set_seq_prefix_len(two, 0, N_PROMPT);
+    llama_ctx_set_seq_prefix_len(two, 1, 3);
+    int32_t tok2[2 * HALF], par2[2 * HALF], seq2[2 * HALF];
+    for (int i = 0; i < HALF; i++) {
+        tok2[i] = tok2[HALF + i] = TOKENS[i];
+        par2[i] = PARENT[i];
+        par2[HALF + i] = PARENT[i] < 0 ? -1 : PARENT[i] + HALF;
+        seq2[i] = 0;
+        seq2[HALF + i] = 1;
+    }
+    llama_batch both = {.n = 2 * HALF, .tokens = tok2, .parent = par2, .seq = seq2};
+    forward_ok(two, &both, got);
+    for (int i = 0; i < HALF; i++) {
+        expect_same("two requests, the first", "q4_1", "f32", i, got + (size_t)i * V,
+                    want + (size_t)i * V, V);
+        expect_same("two requests, the second", "q4_1", "f32", i, got + (size_t)(HALF + i) * V,
+                    other_want + (size_t)i * V, V);
+    }
+    llama_ctx_destroy(&two);
+    free(other_want);
     /* its prefix is not its own to change */
     int32_t root[] = {0};
     assert_int_equal(llama_commit(drafter, root, 1, err, sizeof err), -1);
