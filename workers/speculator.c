@@ -44,6 +44,13 @@
  * says how many of its nodes were verified) alpha is updated by LLMCad's rule (see
  * spec_update_alpha).
  *
+ * A model drafter reading the target's K/V drafts for every request (every_request, said in its
+ * DraftReady; the coordinator then feeds it every active request): its requests' contexts live in
+ * a table (spec_req, by request); with one request known it drafts as above, with several it
+ * grows every moved request's tree in one batched growth after reading the round's Feedbacks
+ * (spec_publish_batch, spec_grow_batch: a draft-context slot per request, reading the target's
+ * slot of that request), without the work-ahead.
+ *
  * Liveness: the main loop heartbeats when it goes round, but a reset Feedback with a long prompt
  * keeps it in the draft model's prefill for seconds. A heartbeat thread covers that time: it sends
  * the heartbeat whenever the main loop has not for RT_HEARTBEAT_MS, as long as the main thread shows
