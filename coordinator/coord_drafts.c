@@ -111,7 +111,9 @@ void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *all, in
     /* a seeded request's trees must not depend on timing: the fixed length, not the adaptive */
     bool seeded = engine_slot_seeded(c, slot);
     int fixed_len = c->opt.max_draft < c->width - 1 ? c->opt.max_draft : c->width - 1;
-    uint32_t max_depth = (uint32_t)(seeded ? (fixed_len > 0 ? fixed_len : 1) : c->spec_len);
+    /* with other requests in flight, the request's own length (engine_slot_len) */
+    int len = engine_active(c) > 1 ? c->eng->slots[slot].spec_len : c->spec_len;
+    uint32_t max_depth = (uint32_t)(seeded ? (fixed_len > 0 ? fixed_len : 1) : len);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->grp.peers[i];
         if (p->role != PEER_SPECULATOR || !p->connected || (multi_only && !p->multi))

@@ -106,9 +106,15 @@ int coord_engine_health(void *ctx, char *msg, size_t len)
     return 0;
 }
 
-/* One verification step for every active slot: each gets its share of the width, the drafts for
- * its context merged and voted into a tree, all trees in one target step; then per slot: verify,
- * commit, emit, feed back. */
+/* A request's own speculation length in batch cycles (ctl_reqlen): after a cycle in which it had a
+ * draft, from how many of its drafted tokens were accepted; the group's length (ctl_length, on
+ * measured cost per token) learns from single-request cycles. */
+static void engine_slot_len(engine_slot *sl)
+{
+    if (sl->used && sl->tree.n > 1 && sl->last_added >= 1)
+        sl->spec_len = ctl_reqlen_sample(&sl->len, sl->last_added - 1);
+}
+
 static void engine_step_all(coord *c)
 {
     struct coord_engine_state *e = c->eng;
@@ -311,6 +317,9 @@ static void engine_step_all(coord *c)
     if (yielded && c->width > 1) {
         if (c->opt.adaptive && speculating && n_act == 1)
             c->spec_len = ctl_length_sample(&c->len, cycle, yielded);
+        if (c->opt.adaptive && speculating && n_act > 1)
+            for (int k = 0; k < n_act; k++)
+                engine_slot_len(&e->slots[active[k]]);
         if (c->opt.guard_enabled) {
             ctl_guard *g = n_act > 1 ? &c->guard_batch : &c->guard;
             bool was_on = g->on, on = ctl_guard_sample(g, speculating, cycle, yielded);

@@ -422,6 +422,7 @@ void engine_slot_finish(coord *c, int s)
     stats.mean_accepted =
         sl->verify_steps ? (double)(sl->accepted_total + sl->verify_steps) / sl->verify_steps : 1.0;
     snprintf(stats.draft_kinds, sizeof stats.draft_kinds, "%s", sl->kinds);
+    stats.speculation_length = engine_active(c) > 1 ? sl->spec_len : c->spec_len;
     uint64_t now = rt_now_us();
     stats.queued_ms = (double)(sl->admitted_us - sl->queued_us) / 1e3;
     stats.prompt_ms = (double)(sl->first_us - sl->admitted_us) / 1e3;
@@ -603,6 +604,8 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     sl->req_id = ++c->next_request_id;
     sl->finish = "length";
     c->eng->prefix[s] = 0;
+    sl->spec_len = c->spec_len; /* its own length in batches starts from the group's */
+    ctl_reqlen_init(&sl->len, c->spec_len, c->len.lo, c->len.hi, c->len.window);
     char err[512];
     int V = c->model->cfg.vocab;
     char *text = coord_render_prompt(c->tok, sl->prm, err, sizeof err);

@@ -50,6 +50,10 @@ typedef struct {
     uint64_t first_us;               /* the first token was drawn (the prompt's time ends) */
     uint64_t emit_us;                /* its latest tokens were emitted (0: none yet) */
     int cached;                      /* prompt tokens whose K/V came from another request */
+    /* its own speculation length while it shares cycles with other requests (ctl_reqlen: about
+     * as deep as its drafts are accepted) */
+    ctl_reqlen len;
+    int spec_len;
     /* logit_bias and the penalties (engine_slot_shape): how often each generated token occurred
      * (V counts, NULL until the first shaped row), the ids counted so far, and how far into
      * all[] the counts reach */

@@ -876,6 +876,7 @@ static cJSON *oa_orochi_json(coord_request *req, const coord_outcome *o)
     cJSON_AddNumberToObject(obj, "cached_tokens", o->stats.cached_tokens);
     cJSON_AddNumberToObject(obj, "steps", o->stats.steps);
     cJSON_AddNumberToObject(obj, "mean_accepted", o->stats.mean_accepted);
+    cJSON_AddNumberToObject(obj, "speculation_length", o->stats.speculation_length);
     cJSON *kinds = cJSON_AddArrayToObject(obj, "draft_kinds");
     const char *s = o->stats.draft_kinds;
     while (*s) {

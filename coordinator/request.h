@@ -110,6 +110,7 @@ typedef struct {
     int completion_tokens;
     int steps;                               /* verification steps (forward passes) */
     double mean_accepted;                    /* tokens accepted per step */
+    int speculation_length; /* the draft depth it was last given (its own, in batches) */
     char draft_kinds[COORD_DRAFT_KINDS_LEN]; /* comma separated, e.g. "ngram,model"; "" if none */
     double queued_ms;                        /* from arrival to admission into a sequence slot */
     double prompt_ms; /* from admission to the first generated token (tokenize, prefill, sample) */

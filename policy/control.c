@@ -259,6 +259,36 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens)
     return l->len;
 }
 
+void ctl_reqlen_init(ctl_reqlen *l, int start, int lo, int hi, int window)
+{
+    memset(l, 0, sizeof *l);
+    l->lo = lo < 1 ? 1 : lo;
+    l->hi = hi < l->lo ? l->lo : hi;
+    l->len = start < l->lo ? l->lo : start > l->hi ? l->hi : start;
+    l->window = window < 1 ? 1 : window;
+}
+
+int ctl_reqlen_sample(ctl_reqlen *l, int accepted)
+{
+    if (accepted < 0)
+        return l->len;
+    l->acc += accepted;
+    l->full += accepted >= l->len;
+    ++l->n;
+    bool saturated = l->full == l->n && l->len < l->hi;
+    if (l->n < l->window && !(saturated && 2 * l->n >= l->window))
+        return l->len;
+    int len;
+    if (saturated)
+        len = l->len + (l->len / 2 < 1 ? 1 : l->len / 2);
+    else
+        len = (int)floor((double)l->acc / l->n + 0.5) + 1;
+    l->len = len < l->lo ? l->lo : len > l->hi ? l->hi : len;
+    l->n = l->full = l->acc = 0;
+    l->decisions++;
+    return l->len;
+}
+
 /* ===== the drafter's fallback threshold ===== */
 
 float ctl_alpha_update(float alpha, const int32_t *token, const int32_t *parent, int n,

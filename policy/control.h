@@ -7,6 +7,7 @@
  *   ctl_tree    the merged draft trie and the vote that cuts it to the verified tree
  *   ctl_acr     a speculator's average acceptance rate and vote weight (Minions 3.2)
  *   ctl_length  the adaptive speculation length: hill-climbs on measured cost per token
+ *   ctl_reqlen  a request's own length while it shares cycles: follows its accepted depth
  *   ctl_guard   the fallback guard: speculation off when it is slower than plain decoding
  *   ctl_branch  a tree drafter's branch threshold, raised while side branches are not taken
  *   ctl_plan_*  ARCA: the best tree per width from per-depth/rank accuracies, its acceptance on
@@ -131,6 +132,25 @@ typedef struct {
 void ctl_length_init(ctl_length *l, int start, int lo, int hi, int window, int stale);
 /* Returns the length to use from now on. */
 int ctl_length_sample(ctl_length *l, double seconds, int tokens);
+
+/* ===== a request's own speculation length while it shares cycles ===== */
+/* With other requests in flight a drafted row takes room and time from all of them (a batch's
+ * step costs about its rows), and timing one request's share of a shared cycle says little
+ * about its own drafts. So a request in a batch drafts about as deep as its drafts are accepted:
+ * after `window` cycles in which it had a draft, its length becomes the window's mean accepted
+ * drafted tokens (rounded) plus one, within [lo, hi]; a window whose every draft was accepted
+ * whole at the full length is decided after half its cycles and climbs by half the length (at
+ * least 1), as ctl_length does. */
+typedef struct {
+    int len, lo, hi, window;
+    int n, full, acc; /* cycles in the window, full ones, accepted drafted tokens summed */
+    uint64_t decisions;
+} ctl_reqlen;
+
+void ctl_reqlen_init(ctl_reqlen *l, int start, int lo, int hi, int window);
+/* One cycle of the request with a draft: `accepted` of its drafted tokens were accepted (at most
+ * the length). Returns the length to use from now on. */
+int ctl_reqlen_sample(ctl_reqlen *l, int accepted);
 
 /* ===== the fallback guard ===== */
 /* Speculation must never be slower than plain decoding. While on, every `window` cycles the

@@ -258,6 +258,45 @@ def test_speculative_layerskip_every_request():
 
 
 @t.case
+def test_speculative_length_per_request():
+    """With several requests in flight each has its own speculation length, hill-climbed on its
+    share of each cycle's time per token it yielded: a replay drafter right for two prompts and
+    wrong for the third (a corpus of other ids) keeps the two at long drafts while the third's
+    length falls (its rejected rows cost it alone); every answer equal to `orochi run`."""
+    model = tiny()
+    good, bad = TINY_PROMPTS[:2], TINY_PROMPTS[2]
+    n_good, n_bad = 150, 16  # the wrong one ends while the two are still in flight
+    want = {p: G.run_ids(model, p, n_good) for p in good}
+    want[bad] = G.run_ids(model, bad, n_bad)
+    corpus = os.path.join(G.env()["tmp"], "length-corpus.txt")
+    with open(corpus, "w") as f:
+        for p in good + [bad]:
+            r = subprocess.run([G.env()["bin"], "tokenize", "--model", model, "--ids-only", p],
+                               capture_output=True, text=True, timeout=60, check=True)
+            # the wrong one: each of its tokens followed by another, so every lookup drafts and
+            # every draft is rejected at its first token
+            ids = want[p] if p in good else [y for x in want[p] for y in (x, (x * 7 + 3) % 300)][1:]
+            f.write("%s %s\n" % (r.stdout.strip(), " ".join(map(str, ids))))
+    with G.Group("length-per-request", model, workers=1, speculators=["replay:corpus=%s" % corpus],
+                 max_width=8, max_draft=7,
+                 extra=["--free-run", "off", "--decision-threshold", "4", "--draft-wait", "fixed"]) as g:
+        got = {}
+        g.send_held([lambda p=p: got.__setitem__(p, g.complete(p, n_good if p in good else n_bad))
+                     for p in good + [bad]], 0.5)
+        for p in want:
+            check_answer(got[p], want[p], "length per request, prompt %r" % p[:40])
+        lens = {p: got[p]["orochi"]["speculation_length"] for p in want}
+        G.log("  speculation length per request: %s; mean accepted %s" % (
+            [lens[p] for p in want], ["%.2f" % got[p]["orochi"]["mean_accepted"] for p in want]))
+        G.check(got[bad]["orochi"]["steps"] < min(got[p]["orochi"]["steps"] for p in good),
+                "the wrong one did not end inside the batch: steps %r",
+                [got[p]["orochi"]["steps"] for p in want])
+        G.check(lens[bad] <= 2 and min(lens[p] for p in good) >= 5,
+                "the lengths did not follow each request's drafts: %s for the two right, %s for "
+                "the wrong one (want >= 5 and <= 2)", [lens[p] for p in good], lens[bad])
+
+
+@t.case
 def test_speculative_kv_f16():
     # --kv f16 puts the arena's K/V cache in half precision for every role: the group's greedy
     # output equals `orochi run --kv f16`, plain (free run) and with a layerskip drafter that

@@ -173,6 +173,44 @@ static void length_grows_and_shrinks_to_the_cheapest(void **state)
     assert_float_equal(l.cost[3], 0.5, 1e-12);
 }
 
+/* A request's own length in a batch: rejected drafts bring it to the bottom after one window, a
+ * partly accepted depth gives its rounded mean plus one, whole drafts climb by half the length
+ * after half a window, up to hi; a cycle without a draft is not counted (the caller's part). */
+static void reqlen_follows_the_accepted_depth(void **state)
+{
+    (void)state;
+    ctl_reqlen l;
+    ctl_reqlen_init(&l, 7, 1, 7, 4);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(ctl_reqlen_sample(&l, 0), 7);
+    assert_int_equal(ctl_reqlen_sample(&l, 0), 1); /* nothing accepted: 0 + 1 */
+    /* whole drafts at length 1: decided after 2 cycles, +1; at 2: +1; at 3: +1; at 4: +2 */
+    const int path[] = {2, 3, 4, 6, 7};
+    for (int d = 0; d < 5; d++) {
+        assert_int_equal(ctl_reqlen_sample(&l, l.len), l.len);
+        assert_int_equal(ctl_reqlen_sample(&l, l.len), path[d]);
+    }
+    assert_int_equal(ctl_reqlen_sample(&l, 7), 7); /* at the top: whole windows again */
+    assert_int_equal(l.n, 1);
+    /* partly accepted: 2, 3, 2, 3 of 7 -> mean 2.5 -> 3 (+ 1 = 4 after rounding 2.5 up) */
+    ctl_reqlen_init(&l, 7, 1, 7, 4);
+    const int acc[] = {2, 3, 2, 3};
+    for (int k = 0; k < 4; k++)
+        ctl_reqlen_sample(&l, acc[k]);
+    assert_int_equal(l.len, 4);
+    assert_int_equal(l.decisions, 1);
+    /* 1, 1, 2, 1 -> mean 1.25 -> 2; clamped below by lo */
+    const int acc2[] = {1, 1, 2, 1};
+    for (int k = 0; k < 4; k++)
+        ctl_reqlen_sample(&l, acc2[k]);
+    assert_int_equal(l.len, 2);
+    ctl_reqlen_init(&l, 5, 3, 6, 2);
+    ctl_reqlen_sample(&l, 0);
+    assert_int_equal(ctl_reqlen_sample(&l, 0), 3);
+    assert_int_equal(ctl_reqlen_sample(&l, -1), 3); /* no verdict */
+    assert_int_equal(l.n, 0);
+}
+
 /* Full cycles (every drafted token accepted) decide after half a window and climb by half the
  * length; one cycle short of full keeps the whole window and the one-step climb. */
 static void length_climbs_fast_while_drafts_are_full(void **state)
@@ -767,6 +805,7 @@ int main(void)
         cmocka_unit_test(acr_rewards_and_punishes),
         cmocka_unit_test(length_grows_and_shrinks_to_the_cheapest),
         cmocka_unit_test(length_climbs_fast_while_drafts_are_full),
+        cmocka_unit_test(reqlen_follows_the_accepted_depth),
         cmocka_unit_test(guard_switches_off_and_back_on),
         cmocka_unit_test(guard_keeps_a_good_drafter_on),
         cmocka_unit_test(guard_probes_within_budget),
