@@ -350,8 +350,7 @@ static void engine_step_all(coord *c)
         if (!sl->used)
             continue;
         int a_step = sl->last_added - 1; /* accepted drafts: all appended tokens but the last */
-        if (sl->req_id == focus)
-            engine_publish_hidden(c, sl->req_id, sl->n_all, sl->last_row);
+        engine_publish_hidden(c, s, sl->req_id, sl->n_all, sl->last_row);
         engine_feedback(c, s, sl->req_id, sl->all, sl->n_all, sl->all + sl->n_all - sl->last_added,
                         sl->last_added, a_step, &sl->tree, sl->req_id != focus);
     }

@@ -436,7 +436,9 @@ static void group_hello(coord *c, const uint8_t *id, size_t id_len, const Orochi
         w.draft_ring = (uint32_t)ring;
         memset(p->draft_ready, 0, sizeof p->draft_ready);
         memset(p->slot_fed_req, 0, sizeof p->slot_fed_req);
-        p->multi = !strcmp(p->kind, "ngram") || !strcmp(p->kind, "replay");
+        /* state per request that a Feedback carries or the arena holds: fed every request */
+        p->multi = !strcmp(p->kind, "ngram") || !strcmp(p->kind, "replay") ||
+                   !strcmp(p->kind, "medusa");
         p->lookup = !strcmp(p->kind, "ngram");
         p->fed_req = p->fed_ctx = p->fed_us = 0;
     } else {

@@ -701,7 +701,7 @@ static int coord_setup(coord *c)
         {RT_REGION_LLAMA, llama_bytes},
         {RT_REGION_LOGITS, (uint64_t)c->opt.step_rows * (uint64_t)c->model->cfg.vocab * 4},
         {RT_REGION_DRAFTS, (uint64_t)RT_MAX_SPECULATORS * c->grp.ring_bytes},
-        {RT_REGION_HIDDEN, sizeof(rt_hidden) + (uint64_t)c->model->cfg.dim * sizeof(float)},
+        {RT_REGION_HIDDEN, (uint64_t)RT_MAX_SEQ * rt_hidden_stride(c->model->cfg.dim)},
     };
     char name[64];
     rt_arena_name(c->opt.run_dir, name, sizeof name);
@@ -716,7 +716,8 @@ static int coord_setup(coord *c)
     c->grp.logits = arena_region_find(c->grp.arena, RT_REGION_LOGITS, NULL);
     c->grp.rings = arena_region_find(c->grp.arena, RT_REGION_DRAFTS, NULL);
     c->grp.hidden = arena_region_find(c->grp.arena, RT_REGION_HIDDEN, NULL);
-    c->grp.hidden->dim = (uint32_t)c->model->cfg.dim;
+    for (int s = 0; s < RT_MAX_SEQ; s++)
+        rt_hidden_at(c->grp.hidden, c->model->cfg.dim, s)->dim = (uint32_t)c->model->cfg.dim;
     llama_ctx_params p = {.n_threads = 1,
                           .max_width = c->opt.step_rows,
                           .n_ctx = c->opt.n_ctx,

@@ -261,11 +261,11 @@ int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_
     return prm->grammar ? engine_grammar_rows(c, sl, rows, tok, parent, n) : 0;
 }
 
-/* Publish the target's hidden state of batch row `row` (just computed) for the request's context
- * of ctx_len tokens: Medusa speculators draft from it. */
-void engine_publish_hidden(coord *c, uint64_t req_id, int ctx_len, int row)
+/* Publish the target's hidden state of batch row `row` (just computed) for the request in
+ * sequence slot `slot`, its context of ctx_len tokens: Medusa speculators draft from it. */
+void engine_publish_hidden(coord *c, int slot, uint64_t req_id, int ctx_len, int row)
 {
-    rt_hidden *h = c->grp.hidden;
+    rt_hidden *h = rt_hidden_at(c->grp.hidden, c->model->cfg.dim, slot);
     const float *x = llama_ctx_shared(c->kv)->x + (size_t)row * c->model->cfg.dim;
     __atomic_store_n(&h->seq, h->seq + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
@@ -755,8 +755,7 @@ int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us)
     }
     if (engine_speculating(c, engine_active(c))) {
         bool focus = engine_focus(c) == sl->req_id;
-        if (focus)
-            engine_publish_hidden(c, sl->req_id, sl->n_all, w_last);
+        engine_publish_hidden(c, s, sl->req_id, sl->n_all, w_last);
         engine_feedback(c, s, sl->req_id, sl->all, sl->n_all, NULL, 0, 0, NULL, !focus);
     }
     return 0;

@@ -170,7 +170,7 @@ int engine_slot_shape(const coord *c, engine_slot *sl, float *rows, const int32_
 /* the request model speculators draft for: the oldest active one */
 uint64_t engine_focus(const coord *c);
 /* publish the target's hidden state of batch row `row` for the medusa speculators */
-void engine_publish_hidden(coord *c, uint64_t req_id, int ctx_len, int row);
+void engine_publish_hidden(coord *c, int slot, uint64_t req_id, int ctx_len, int row);
 
 /* ===== coord_freerun.c ===== */
 

@@ -22,7 +22,7 @@
 #define RT_REGION_LLAMA "llama"   /* llama_shared block: KV cache + shared activations */
 #define RT_REGION_LOGITS "logits" /* max_width x vocab floats */
 #define RT_REGION_DRAFTS "drafts" /* RT_MAX_SPECULATORS draft rings */
-#define RT_REGION_HIDDEN "hidden" /* rt_hidden: the target's last hidden state (Medusa heads) */
+#define RT_REGION_HIDDEN "hidden" /* rt_hidden per slot: the target's last hidden state (Medusa) */
 
 #define RT_MAX_WIDTH 64
 #define RT_MAX_SEQ 64     /* sequence slots: requests verified together in one step */
@@ -111,8 +111,9 @@ static inline size_t rt_ring_stride(void)
 }
 
 /* The target's final hidden state (residual stream after the last layer, before the output norm)
- * at the last accepted token of the request the speculators draft for, published after each
- * step under a seqlock. Medusa heads draft from it. */
+ * at the last accepted token of a request, published after each step under a seqlock, one per
+ * sequence slot (RT_MAX_SEQ of them, rt_hidden_stride bytes apart: rt_hidden_at). Medusa heads
+ * draft from it. */
 typedef struct {
     uint32_t seq;        /* odd while being written */
     uint32_t dim;
@@ -120,6 +121,17 @@ typedef struct {
     uint64_t ctx_len;    /* committed length it belongs to (the root token included) */
     float h[];           /* dim floats */
 } rt_hidden;
+
+static inline size_t rt_hidden_stride(int dim)
+{
+    return (sizeof(rt_hidden) + (size_t)dim * sizeof(float) + 63) & ~(size_t)63;
+}
+
+/* Sequence slot `slot`'s hidden state in the region at `base`. */
+static inline rt_hidden *rt_hidden_at(void *base, int dim, int slot)
+{
+    return (rt_hidden *)((uint8_t *)base + (size_t)slot * rt_hidden_stride(dim));
+}
 
 /* ===== logging ===== */
 

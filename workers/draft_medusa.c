@@ -1,6 +1,7 @@
 /*
  * workers/draft_medusa.c — the Medusa drafter: heads (--heads, docs/medusa.md) applied to the
- * target's hidden state at the last accepted token, which the coordinator publishes in the arena.
+ * target's hidden state at the last accepted token, which the coordinator publishes in the arena
+ * for every sequence slot (so the drafter answers every request it is fed).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +28,8 @@ static int spec_prepare_medusa(spec *s, char *err, size_t errlen)
  * (the calibrated tree, drafted exactly), else it follows the template (--template). */
 int spec_grow_medusa(spec *s)
 {
-    const rt_hidden *h = s->hidden;
     uint32_t dim = (uint32_t)s->model->cfg.dim;
+    const rt_hidden *h = rt_hidden_at(s->hidden, (int)dim, s->seq_slot);
     for (int tries = 0; tries < 3; tries++) {
         uint32_t before = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
         if (before & 1)

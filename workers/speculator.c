@@ -15,7 +15,7 @@
  *   ngram      prompt lookup: the continuation of the most recent earlier occurrence of the
  *              context's last n tokens (n from --ngram down to 1); no model at all.
  *   medusa     Medusa heads (--heads) on the target's hidden state, which the coordinator
- *              publishes in the arena.
+ *              publishes in the arena for every sequence slot (fed every request).
  *   replay     the same lookup in a corpus of token-id sequences (--corpus) instead of the
  *              context, n up to 64: given the target's own greedy answers, a perfect drafter
  *              (what speculation could give at most, measured through the whole group).
@@ -357,6 +357,7 @@ static void spec_feedback(spec *s, const Orochi__Feedback *fb)
             s->shape_rank[i] = (int32_t)fb->shape_rank[i];
             s->n_shape++;
         }
+    s->seq_slot = fb->seq_slot < RT_MAX_SEQ ? (int)fb->seq_slot : 0;
     if (s->kv_shared)
         llama_ctx_set_prefix_source_seq(s->ctx, (int)fb->seq_slot);
     if (fb->reset || fb->request_id != s->request_id) {
@@ -559,7 +560,7 @@ static int spec_join(spec *s)
             uint64_t hb = 0;
             s->hidden = arena_region_find(s->arena, RT_REGION_HIDDEN, &hb);
             if (!s->hidden ||
-                hb < sizeof(rt_hidden) + (uint64_t)s->model->cfg.dim * sizeof(float)) {
+                hb < (uint64_t)RT_MAX_SEQ * rt_hidden_stride(s->model->cfg.dim)) {
                 rt_log(s->role, "arena %s has no hidden-state region for this model",
                        w->arena_name);
                 rt_free(e);
@@ -857,9 +858,10 @@ int main(int argc, char **argv)
                     spec_place(&s, "at the first draft");
                 spec_route_feedback(&s, env->feedback);
                 s.fb_end_us = rt_now_us();
-                /* ngram is fed every active request in turn: answer each before the next
-                 * Feedback replaces its context (a model kind answers the latest only) */
-                if (s.kind == SPEC_NGRAM && s.active && !s.published)
+                /* ngram and medusa are fed every active request in turn: answer each before
+                 * the next Feedback replaces its context (a model kind answers the latest only,
+                 * or with every_request all of them in one batch) */
+                if ((s.kind == SPEC_NGRAM || s.kind == SPEC_MEDUSA) && s.active && !s.published)
                     spec_publish(&s);
             } else if (env->body_case == OROCHI__ENVELOPE__BODY_DRAFT_REQUEST) {
                 /* asked again (e.g. after a lost reply) */

@@ -161,7 +161,8 @@ struct spec {
     /* medusa */
     medusa *heads;
     int tmpl[16], tmpl_len;
-    const rt_hidden *hidden;
+    rt_hidden *hidden; /* the arena's hidden states, one per sequence slot (rt_hidden_at) */
+    int seq_slot;      /* the target's sequence slot of the current request */
     float *hbuf;
 };
 

@@ -114,6 +114,40 @@ def medusa_random_heads_lossless():
 
 
 @t.case
+def medusa_drafts_for_every_request():
+    """The coordinator publishes the target's hidden state for every sequence slot, so a Medusa
+    drafter is fed and drafts for every request in flight, not only the oldest: a long request
+    first, then two short ones while it runs; the heads' drafts are verified for all three (they
+    were for the oldest only before) and every answer equals `orochi run`."""
+    model = tiny()
+    heads = os.path.join(G.env()["tmp"], "models", "medusa-tiny.gguf")
+    subprocess.run([G.env()["bin"], "mkmedusa", "--target", model, "--out", heads, "--heads", "3",
+                    "--seed", "5"], check=True, capture_output=True)
+    long_p, short = PROMPTS[0], PROMPTS[1:3]
+    want = {long_p: G.run_ids(model, long_p, 200)}
+    want.update({p: G.run_ids(model, p, 16) for p in short})
+    with G.Group("medusa-every", model, workers=1, speculators=["medusa:heads=%s,template=3-2-1" % heads],
+                 extra=["--draft-wait", "fixed", "--free-run", "off"]) as g:
+        first = G.Background(g, long_p, 200)
+        first.wait_started()
+        got = {}
+        th = [threading.Thread(target=lambda p=p: got.__setitem__(p, g.complete(p, max_tokens=16)))
+              for p in short]
+        for x in th:
+            x.start()
+        for x in th:
+            x.join(120)
+        G.check_eq(first.result(), want[long_p], "the long request's ids")
+        kinds = {long_p: first.orochi["draft_kinds"]}
+        for p in short:
+            G.check_eq(got[p]["orochi"]["token_ids"], want[p], "ids of %r beside the long one" % p)
+            kinds[p] = got[p]["orochi"]["draft_kinds"]
+        G.log("  draft kinds verified per request: %s" % [kinds[p] for p in want])
+        G.check(all("medusa" in kinds[p] for p in want),
+                "the heads did not draft for every request in flight: draft_kinds %r", kinds)
+
+
+@t.case
 def six_concurrent_requests_equal_single():
     model = tiny()
     prompts = PROMPTS + ["the quick brown fox", "int main(void) {", "a b c d e f"]
