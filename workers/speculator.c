@@ -223,14 +223,24 @@ static void spec_publish(spec *s)
 
 /* ===== every_request: several requests, one batched draft ===== */
 
+/* An entry not fed for this long is taken for gone (its done never came: a restarted
+ * coordinator), so it neither holds a place nor keeps the speculator batching. */
+#define SPEC_REQ_STALE_US (30 * 1000000ull)
+
+static bool spec_req_live(const spec_req *q, uint64_t now)
+{
+    return q->request_id && now - q->seen_us < SPEC_REQ_STALE_US;
+}
+
 /* The entry of request id (make: a free one if it has none; NULL when the table is full). */
 static spec_req *spec_req_of(spec *s, uint64_t id, bool make)
 {
     spec_req *free_e = NULL;
+    uint64_t now = rt_now_us();
     for (int i = 0; i < RT_MAX_SEQ; i++) {
         if (s->reqs[i].request_id == id)
             return &s->reqs[i];
-        if (!free_e && !s->reqs[i].request_id)
+        if (!free_e && !spec_req_live(&s->reqs[i], now))
             free_e = &s->reqs[i];
     }
     if (!make || !free_e)
@@ -244,8 +254,9 @@ static spec_req *spec_req_of(spec *s, uint64_t id, bool make)
 static int spec_reqs_live(const spec *s)
 {
     int n = 0;
+    uint64_t now = rt_now_us();
     for (int i = 0; i < RT_MAX_SEQ; i++)
-        n += s->reqs[i].request_id != 0;
+        n += spec_req_live(&s->reqs[i], now);
     return n;
 }
 
@@ -296,8 +307,9 @@ static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
         spec_update_alpha(s, q->nodes, q->n_nodes, added, n_added);
         spec_update_branch(s, q->nodes, q->n_nodes, added, n_added);
     }
-    q->slot = (int)fb->seq_slot;
+    q->slot = fb->seq_slot < RT_MAX_SEQ ? (int)fb->seq_slot : 0;
     q->pending = true;
+    q->seen_us = rt_now_us();
     return q;
 }
 
@@ -440,8 +452,10 @@ static void spec_route_feedback(spec *s, const Orochi__Feedback *fb)
         return;
     }
     spec_req *q = spec_req_feedback(s, fb);
-    if (!q)
+    if (!q) { /* not one it knows (no room, or an append it never saw the start of) */
+        spec_feedback(s, fb);
         return;
+    }
     q->fb_us = s->fb_us;
     q->fb_end_us = rt_now_us();
     if (spec_reqs_live(s) > 1) {

@@ -54,6 +54,7 @@ typedef struct {
     spec_node nodes[ARENA_DRAFT_MAX];
     int n_nodes;
     uint64_t fb_us, fb_end_us; /* its latest Feedback: arrived, applied */
+    uint64_t seen_us;          /* ... and when it was taken in (an entry long unfed is free) */
 } spec_req;
 
 /* One kind of drafter (workers/draft_*.c). */
