@@ -22,7 +22,7 @@
 #define RT_REGION_LLAMA "llama"   /* llama_shared block: KV cache + shared activations */
 #define RT_REGION_LOGITS "logits" /* max_width x vocab floats */
 #define RT_REGION_DRAFTS "drafts" /* RT_MAX_SPECULATORS draft rings */
-#define RT_REGION_HIDDEN "hidden" /* rt_hidden per slot: the target's last hidden state (Medusa) */
+#define RT_REGION_HIDDEN "hidden" /* rt_hidden per slot: the last hidden state (Medusa) */
 
 #define RT_MAX_WIDTH 64
 #define RT_MAX_SEQ 64     /* sequence slots: requests verified together in one step */

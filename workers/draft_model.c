@@ -560,7 +560,8 @@ void spec_grow_batch(spec *s, spec_req *const *reqs, int k)
     if (budget > s->max_nodes)
         budget = s->max_nodes;
     int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX], seq[ARENA_DRAFT_MAX];
-    /* request r's root at tree index at[r][0], its node i at at[r][i + 1]; ran[r]: nodes forwarded */
+    /* request r's root at tree index at[r][0], its node i at at[r][i + 1]; ran[r]: its nodes
+     * forwarded */
     int at[SPEC_BATCH_MAX][ARENA_DRAFT_MAX + 1], ran[SPEC_BATCH_MAX];
     bool open[SPEC_BATCH_MAX];
     char err[256];

@@ -296,7 +296,8 @@ static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
         added = fb->tokens;
         n_added = (int)fb->n_tokens;
     } else {
-        if (old > 0 && want > old && !memcmp(q->tokens, fb->tokens, (size_t)old * sizeof *q->tokens)) {
+        if (old > 0 && want > old &&
+            !memcmp(q->tokens, fb->tokens, (size_t)old * sizeof *q->tokens)) {
             added = fb->tokens + old;
             n_added = want - old;
         }
