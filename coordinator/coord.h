@@ -73,8 +73,8 @@ typedef struct {
         bool fresh;
     } draft_ready[RT_MAX_SEQ];
     uint64_t slot_fed_req[RT_MAX_SEQ], slot_fed_ctx[RT_MAX_SEQ]; /* latest Feedback per slot */
-    bool multi;  /* switching requests costs it nothing (ngram, replay, and a model drafter that
-                  * says every_request in its DraftReady): it is fed every active request */
+    bool multi;  /* it is fed every active request: ngram, replay, medusa, and a model drafter
+                  * that says every_request in its DraftReady (it drafts for all in a batch) */
     bool lookup; /* ngram: what it drafts, the workers' free run finds by itself */
     uint64_t fed_req, fed_ctx; /* latest Feedback sent (the context it holds) */
     /* what the draft wait learns about it (coord_drafts.c, engine_draft_budget_us) */

@@ -1,9 +1,9 @@
 /*
  * coordinator/coord_drafts.c — the speculators' side of a verification cycle.
  *
- * Feedback tells the speculators a request's committed context (a model speculator with a private
- * K/V follows the oldest request; ngram, replay and a model speculator that reads the target's
- * K/V — it says so in its DraftReady — every one; a speculator whose drafting costs more than it
+ * Feedback tells the speculators a request's committed context (ngram, replay, medusa and a model
+ * speculator that says every_request in its DraftReady are fed every active request, another
+ * the oldest; a speculator whose drafting costs more than it
  * brings is benched and fed again now and then to re-measure it). DraftReady marks a draft in the
  * speculator's arena ring. engine_gather_drafts waits for the fed speculators' answers, each only
  * as long as its draft pays (engine_draft_budget_us: a draft bringing a accepted tokens is waited

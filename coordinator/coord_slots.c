@@ -275,9 +275,10 @@ void engine_publish_hidden(coord *c, int slot, uint64_t req_id, int ctx_len, int
     __atomic_store_n(&h->seq, h->seq + 1, __ATOMIC_RELEASE);
 }
 
-/* The request the model speculators draft for: the oldest active one. Such a speculator keeps one
- * request's state (private KV and all), so feeding it every slot in turn would make it start over
- * each step. Speculators that switch requests for free (ngram) are fed every active request. */
+/* The request a speculator that has not said it drafts for every request is fed: the oldest active
+ * one (a model drafter before its first DraftReady, which keeps one request's state then). The
+ * others (ngram, replay, medusa, a model drafter once it said every_request) are fed every
+ * active request. */
 uint64_t engine_focus(const coord *c)
 {
     uint64_t best = 0;

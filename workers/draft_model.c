@@ -547,13 +547,64 @@ void spec_update_branch(spec *s, const spec_node *nodes, int n_nodes, const int3
     ctl_branch_update(&s->branch, points, side);
 }
 
+/* With a private K/V (every_request, no kv_shared): make each request's slot of the draft context
+ * hold the rows of all its committed tokens but the last (the tree's root), forwarding the
+ * missing ones of every request together, up to the context's width a forward, each request's
+ * run committed into its slot. Returns 0, or -1 (logged) when a forward fails: the slots then
+ * hold what was committed before. */
+int spec_batch_catch_up(spec *s, spec_req *const *reqs, int k)
+{
+    int W = s->ctx_params.max_width;
+    int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX], seq[ARENA_DRAFT_MAX];
+    int take[SPEC_BATCH_MAX];
+    char err[256];
+    for (;;) {
+        int nb = 0;
+        for (int r = 0; r < k; r++) {
+            spec_req *q = reqs[r];
+            int want = q->n - 1 - q->kv_n;
+            take[r] = want < W - nb ? want : W - nb;
+            if (take[r] <= 0) {
+                take[r] = 0;
+                continue;
+            }
+            llama_ctx_set_seq_prefix_len(s->ctx, q->ctx_slot, q->kv_n);
+            for (int i = 0; i < take[r]; i++, nb++) {
+                tok[nb] = q->tokens[q->kv_n + i];
+                par[nb] = i ? nb - 1 : -1;
+                seq[nb] = q->ctx_slot;
+            }
+        }
+        if (!nb)
+            return 0;
+        llama_batch b = {.n = nb, .tokens = tok, .parent = par, .seq = seq, .logits_from = nb - 1};
+        if (llama_forward(s->ctx, &b, NULL, err, sizeof err)) {
+            rt_log(s->role, "draft model (catching up a batch of %d): %s", k, err);
+            return -1;
+        }
+        for (int r = 0, at = 0; r < k; at += take[r], r++) {
+            int32_t path[ARENA_DRAFT_MAX];
+            for (int i = 0; i < take[r]; i++)
+                path[i] = at + i;
+            if (take[r] && llama_commit(s->ctx, path, take[r], err, sizeof err)) {
+                rt_log(s->role, "draft model (catching up a batch of %d): %s", k, err);
+                return -1;
+            }
+            reqs[r]->kv_n += take[r];
+        }
+        rt_stamp(&s->life.alive_us); /* a sign of life between chunks: the heartbeats go on */
+    }
+}
+
 /* Draft for k requests at once (every_request; k <= SPEC_BATCH_MAX): a tree per request, rooted at
- * its last committed token in the drafter's sequence slot r, which reads the target's K/V of the
- * request's slot, grown round by round as spec_grow_model grows one (spec_grow_round) — but each
- * round's forward carries the new nodes of every request, so k requests cost one forward of their
- * joint width a round instead of k forwards. The tree area is shared: each request gets at most
- * ARENA_DRAFT_MAX / k - 1 nodes (and the Feedback's budget). No trunk and no work-ahead: the tree
- * area holds the batch. Each request's tree goes to reqs[r]->nodes. */
+ * its last committed token in its sequence slot of the draft context — slot r reading the
+ * target's K/V of the request's slot (kv_shared), or the request's own slot of private K/V rows
+ * (spec_batch_catch_up first) —, grown round by round as spec_grow_model grows one
+ * (spec_grow_round); but each round's forward carries the new nodes of every request, so k
+ * requests cost one forward of their joint width a round instead of k forwards. The tree area is
+ * shared: each request gets at most ARENA_DRAFT_MAX / k - 1 nodes (and the Feedback's budget). No
+ * trunk and no work-ahead: the tree area holds the batch. Each request's tree goes to
+ * reqs[r]->nodes. */
 void spec_grow_batch(spec *s, spec_req *const *reqs, int k)
 {
     int V = s->model->cfg.vocab, budget = ARENA_DRAFT_MAX / k - 1;
@@ -565,14 +616,20 @@ void spec_grow_batch(spec *s, spec_req *const *reqs, int k)
     int at[SPEC_BATCH_MAX][ARENA_DRAFT_MAX + 1], ran[SPEC_BATCH_MAX];
     bool open[SPEC_BATCH_MAX];
     char err[256];
+    for (int r = 0; r < k; r++)
+        reqs[r]->n_nodes = 0;
+    if (!s->kv_shared && spec_batch_catch_up(s, reqs, k))
+        return;
     for (int r = 0; r < k; r++) {
         spec_req *q = reqs[r];
-        q->n_nodes = 0;
-        llama_ctx_map_prefix_source(s->ctx, r, q->slot);
-        llama_ctx_set_seq_prefix_len(s->ctx, r, q->n - 1);
+        if (s->kv_shared) {
+            q->ctx_slot = r;
+            llama_ctx_map_prefix_source(s->ctx, r, q->slot);
+        }
+        llama_ctx_set_seq_prefix_len(s->ctx, q->ctx_slot, q->n - 1);
         tok[r] = q->tokens[q->n - 1];
         par[r] = -1;
-        seq[r] = r;
+        seq[r] = q->ctx_slot;
         at[r][0] = r;
         ran[r] = 0;
         open[r] = budget > 0;
@@ -600,7 +657,7 @@ void spec_grow_batch(spec *s, spec_req *const *reqs, int k)
                 int pi = q->nodes[i].parent;
                 tok[nb] = q->nodes[i].token;
                 par[nb] = at[r][pi + 1];
-                seq[nb] = r;
+                seq[nb] = q->ctx_slot;
                 at[r][i + 1] = T + nb;
                 nb++;
             }
@@ -849,6 +906,8 @@ void spec_place(spec *s, const char *when)
             s->ctx = fresh;
             s->ctx_params = p;
             s->threads = want;
+            for (int i = 0; i < RT_MAX_SEQ; i++) /* a batch slot's private rows went with it */
+                s->reqs[i].kv_n = 0;
         } else
             ok = false;
     }

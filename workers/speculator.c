@@ -44,12 +44,12 @@
  * says how many of its nodes were verified) alpha is updated by LLMCad's rule (see
  * spec_update_alpha).
  *
- * A model drafter reading the target's K/V drafts for every request (every_request, said in its
- * DraftReady; the coordinator then feeds it every active request): its requests' contexts live in
- * a table (spec_req, by request); with one request known it drafts as above, with several it
- * grows every moved request's tree in one batched growth after reading the round's Feedbacks
+ * A model drafter drafts for every request (every_request, said in its DraftReady; the
+ * coordinator then feeds it every active request): its requests' contexts live in a table
+ * (spec_req, by request); with one request known it drafts as above, with several it grows every
+ * moved request's tree in one batched growth after reading the round's Feedbacks
  * (spec_publish_batch, spec_grow_batch: a draft-context slot per request, reading the target's
- * slot of that request), without the work-ahead.
+ * slot of that request or holding the request's own K/V rows), without the work-ahead.
  *
  * Liveness: the main loop heartbeats when it goes round, but a reset Feedback with a long prompt
  * keeps it in the draft model's prefill for seconds. A heartbeat thread covers that time: it sends
@@ -232,6 +232,16 @@ static bool spec_req_live(const spec_req *q, uint64_t now)
     return q->request_id && now - q->seen_us < SPEC_REQ_STALE_US;
 }
 
+/* Let go of an entry: its private K/V slot, if it had one, is free for another request. */
+static void spec_req_drop(spec *s, spec_req *q)
+{
+    if (!s->kv_shared && q->ctx_slot > 0 && q->ctx_slot <= SPEC_BATCH_MAX)
+        s->ctx_slot_used[q->ctx_slot] = false;
+    q->ctx_slot = -1;
+    q->kv_n = 0;
+    q->request_id = 0;
+}
+
 /* The entry of request id (make: a free one if it has none; NULL when the table is full). */
 static spec_req *spec_req_of(spec *s, uint64_t id, bool make)
 {
@@ -245,8 +255,12 @@ static spec_req *spec_req_of(spec *s, uint64_t id, bool make)
     }
     if (!make || !free_e)
         return NULL;
+    if (free_e->request_id) /* one long unfed */
+        spec_req_drop(s, free_e);
     free_e->request_id = id;
     free_e->n = free_e->n_nodes = 0;
+    free_e->ctx_slot = -1;
+    free_e->kv_n = 0;
     free_e->pending = false;
     return free_e;
 }
@@ -270,19 +284,19 @@ static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
     if (!q)
         return NULL;
     if (fb->done) {
-        q->request_id = 0;
+        spec_req_drop(s, q);
         return NULL;
     }
     int old = q->n, want = fb->reset ? (int)fb->n_tokens : q->n + (int)fb->n_tokens;
     if (want >= SPEC_MAX_TOKENS) {
-        q->request_id = 0;
+        spec_req_drop(s, q);
         return NULL;
     }
     if (want > q->cap) {
         int cap = want * 2 < SPEC_MAX_TOKENS ? want * 2 : SPEC_MAX_TOKENS;
         int32_t *t = realloc(q->tokens, (size_t)cap * sizeof *t);
         if (!t) {
-            q->request_id = 0;
+            spec_req_drop(s, q);
             return NULL;
         }
         q->tokens = t;
@@ -296,14 +310,20 @@ static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
         added = fb->tokens;
         n_added = (int)fb->n_tokens;
     } else {
-        if (old > 0 && want > old &&
-            !memcmp(q->tokens, fb->tokens, (size_t)old * sizeof *q->tokens)) {
+        int same = 0; /* the rows of a private K/V slot hold the tokens both contexts begin with */
+        while (same < old && same < want && q->tokens[same] == fb->tokens[same])
+            same++;
+        if (old > 0 && want > old && same == old) {
             added = fb->tokens + old;
             n_added = want - old;
         }
+        if (q->kv_n > same)
+            q->kv_n = same;
         memcpy(q->tokens, fb->tokens, fb->n_tokens * sizeof *q->tokens);
     }
     q->n = want;
+    if (q->kv_n > q->n - 1)
+        q->kv_n = q->n > 0 ? q->n - 1 : 0;
     if (fb->drafted && added) {
         spec_update_alpha(s, q->nodes, q->n_nodes, added, n_added);
         spec_update_branch(s, q->nodes, q->n_nodes, added, n_added);
@@ -330,6 +350,21 @@ static void spec_publish_batch(spec *s)
             spec_send_draft(s, q->request_id, q->n, q->n ? q->tokens[q->n - 1] : -1, q->nodes, 0,
                             q->fb_us, q->fb_end_us, t, t);
             continue;
+        }
+        if (q && !s->kv_shared && q->ctx_slot < 0) { /* a slot of private K/V rows of its own */
+            for (int c = 1; c <= SPEC_BATCH_MAX && q->ctx_slot < 0; c++)
+                if (!s->ctx_slot_used[c]) {
+                    s->ctx_slot_used[c] = true;
+                    q->ctx_slot = c;
+                    q->kv_n = 0;
+                }
+            if (q->ctx_slot < 0) { /* every slot holds another request's rows: no draft */
+                q->pending = false;
+                uint64_t t = rt_now_us();
+                spec_send_draft(s, q->request_id, q->n, q->tokens[q->n - 1], q->nodes, 0,
+                                q->fb_us, q->fb_end_us, t, t);
+                continue;
+            }
         }
         if (q)
             todo[k++] = q;
@@ -476,6 +511,13 @@ static void spec_route_feedback(spec *s, const Orochi__Feedback *fb)
     r.n_tokens = (size_t)q->n;
     r.drafted = 0;
     spec_feedback(s, &r);
+    /* a private K/V: the rows its batch slot holds need not be computed again */
+    char err[256];
+    if (!s->kv_shared && s->active && q->ctx_slot > 0 && q->kv_n > 0 &&
+        !llama_kv_copy_prefix(s->ctx, q->ctx_slot, 0, q->kv_n, err, sizeof err)) {
+        s->kv_len = q->kv_n;
+        s->logits_at = -1;
+    }
 }
 
 /* ===== joining ===== */
@@ -597,11 +639,13 @@ static int spec_join(spec *s)
                 rt_free(e);
                 return -1;
             }
-            /* reading the target's K/V, it drafts for every request: a slot per request of a
-             * batched draft (their prefix rows here are never written: address space only) */
-            s->every_request = s->kv_shared;
+            /* a model drafter drafts for every request: a slot per request of a batched draft —
+             * reading the target's K/V (those prefix rows here are never written: address space
+             * only), or with private K/V rows of its own (slots 1.., slot 0 the single-request
+             * path's), written as the requests' contexts are caught up */
+            s->every_request = s->kind == SPEC_MODEL || s->kind == SPEC_LAYERSKIP;
             if (s->every_request)
-                p.n_seq = SPEC_BATCH_MAX;
+                p.n_seq = SPEC_BATCH_MAX + (s->kv_shared ? 0 : 1);
             s->ctx = llama_ctx_new(s->model, &p, err, sizeof err);
             s->ctx_params = p;
             s->logits = malloc((size_t)s->model->cfg.vocab * sizeof *s->logits);

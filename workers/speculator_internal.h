@@ -47,6 +47,9 @@ typedef struct spec spec;
 typedef struct {
     uint64_t request_id; /* 0: a free entry */
     int slot;            /* the target's sequence slot of the request */
+    /* its sequence slot in the draft context for batches (-1: none yet) and, with a private K/V,
+     * how many of its committed tokens that slot holds the rows of */
+    int ctx_slot, kv_n;
     int32_t *tokens;     /* its committed context */
     int n, cap;
     bool pending; /* its latest context has no draft yet */
@@ -159,6 +162,7 @@ struct spec {
      * per Feedback round (spec_grow_batch): the requests it knows, by Feedback */
     bool every_request;
     spec_req reqs[RT_MAX_SEQ];
+    bool ctx_slot_used[SPEC_BATCH_MAX + 1]; /* private K/V: the draft context's batch slots (1..) */
     /* medusa */
     medusa *heads;
     int tmpl[16], tmpl_len;
@@ -181,6 +185,7 @@ bool spec_work_ahead(spec *s);
 int spec_grow_round(const spec *s, spec_node *nodes, int *n_io, int max_nodes, int max_depth,
                     const float *const *rows);
 void spec_grow_batch(spec *s, spec_req *const *reqs, int k);
+int spec_batch_catch_up(spec *s, spec_req *const *reqs, int k);
 void spec_update_alpha(spec *s, const spec_node *nodes, int n_nodes, const int32_t *accepted,
                        int n_acc);
 void spec_update_branch(spec *s, const spec_node *nodes, int n_nodes, const int32_t *accepted,

@@ -230,31 +230,38 @@ def test_speculative_layerskip_reads_target_kv():
 
 
 @t.case
-def test_speculative_layerskip_every_request():
-    """A layerskip drafter reading the target's K/V drafts for every request in flight, one batched
-    growth for all of them: with every layer kept its drafts are the target's, so three requests
-    at once each accept >= 2 tokens a step of --max-draft 3 (drafting for the oldest only left the
-    other two at 1.00), every answer equal to `orochi run`; the coordinator says it feeds the
-    drafter every request."""
+def test_speculative_every_request_batched():
+    """A model drafter drafts for every request in flight, one batched growth for all of them:
+    layerskip reading the target's K/V, and a `model` drafter with K/V rows of its own (a slot per
+    request, caught up together). With every layer kept (or the target as the draft) the drafts are
+    the target's, so three requests at once each accept >= 2 tokens a step of --max-draft 3
+    (drafting for the oldest only left the other two at 1.00), every answer equal to `orochi run`;
+    the coordinator says it feeds the drafter every request."""
     model = tiny()
     want = {p: G.run_ids(model, p, N) for p in TINY_PROMPTS[:3]}
-    with G.Group("layerskip-every", model, workers=1, speculators=["layerskip:layers=0-3"],
+    for spec in ("layerskip:layers=0-3", "model:draft=%s,target-kv=off" % model):
+        every_request_case(model, spec, want)
+
+
+def every_request_case(model, spec, want):
+    kind = spec.split(":")[0]
+    with G.Group("every-" + kind, model, workers=1, speculators=[spec],
                  max_width=4, max_draft=3,
                  extra=["--free-run", "off", "--draft-wait", "fixed", "--draft-wait-ms", "2000"]) as g:
         for p in TINY_PROMPTS[:1]:  # one alone first: its draft tells the coordinator
-            check_answer(g.complete(p, N), want[p], "layerskip alone, prompt %r" % p[:40])
+            check_answer(g.complete(p, N), want[p], "%s alone, prompt %r" % (kind, p[:40]))
         g.wait_log("coordinator", "drafts for every request (batched)", timeout=20)
         for rnd in range(2):
             got = {}
             g.send_held([lambda p=p: got.__setitem__(p, g.complete(p, N)) for p in want], 0.5)
             means = []
             for p in want:
-                check_answer(got[p], want[p], "layerskip, three at once, prompt %r" % p[:40])
+                check_answer(got[p], want[p], "%s, three at once, prompt %r" % (kind, p[:40]))
                 means.append(got[p]["orochi"]["mean_accepted"])
-            G.log("  layerskip, three at once (round %d): identical; mean accepted %s" % (
-                rnd + 1, ", ".join("%.2f" % m for m in means)))
-        G.check(min(means) >= 2.0, "the drafter did not draft for every request: mean accepted %s "
-                "(want >= 2.0 each)", means)
+            G.log("  %s, three at once (round %d): identical; mean accepted %s" % (
+                kind, rnd + 1, ", ".join("%.2f" % m for m in means)))
+        G.check(min(means) >= 2.0, "the %s drafter did not draft for every request: mean accepted "
+                "%s (want >= 2.0 each)", kind, means)
 
 
 @t.case
