@@ -66,11 +66,11 @@ void coord_engine_on_draft_ready(coord *c, coord_peer *p, const Orochi__DraftRea
  * every step slower even when the coordinator does not wait for it. After ENGINE_BENCH_PROBE
  * skipped Feedbacks it is fed once more, to measure it again (the text may have become easier for
  * it); the interval doubles with every probe that finds it still benched. */
-static bool engine_benched(const coord *c, coord_peer *p)
+static bool engine_benched(const coord *c, coord_peer *p, int n_act)
 {
     /* a model drafter fed every request drafts for all of them in one batch: with several
-     * active, whether that pays is the batch guard's to judge, not one request's gain */
-    if (p->multi && !p->lookup && engine_active(c) > 1)
+     * active (n_act), whether that pays is the batch guard's to judge, not one request's gain */
+    if (p->multi && !p->lookup && n_act > 1)
         return false;
     if (p->draft_n < ENGINE_WAIT_WARMUP || p->accept_n < ENGINE_WAIT_WARMUP ||
         c->step_ema_us <= 0 || c->opt.draft_wait_fixed ||
@@ -112,13 +112,14 @@ void engine_feedback(coord *c, int slot, uint64_t req_id, const int32_t *all, in
     bool seeded = engine_slot_seeded(c, slot);
     int fixed_len = c->opt.max_draft < c->width - 1 ? c->opt.max_draft : c->width - 1;
     /* with other requests in flight, the request's own length (engine_slot_len) */
-    int len = engine_active(c) > 1 ? c->eng->slots[slot].spec_len : c->spec_len;
+    int n_act = engine_active(c);
+    int len = n_act > 1 ? c->eng->slots[slot].spec_len : c->spec_len;
     uint32_t max_depth = (uint32_t)(seeded ? (fixed_len > 0 ? fixed_len : 1) : len);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->grp.peers[i];
         if (p->role != PEER_SPECULATOR || !p->connected || (multi_only && !p->multi))
             continue;
-        if (!seeded && engine_benched(c, p))
+        if (!seeded && engine_benched(c, p, n_act))
             continue;
         Orochi__Feedback fb = OROCHI__FEEDBACK__INIT;
         fb.request_id = req_id;
@@ -173,18 +174,19 @@ void engine_feedback_done(coord *c, uint64_t req_id)
  * acceptance samples, so after ENGINE_WAIT_PROBE steps without one it is waited on once more (up to
  * twice its reply latency) to measure it again. Before enough samples, with --draft-wait fixed,
  * and when `fixed` (see engine_gather_drafts) the wait is --draft-wait-ms, which caps every wait.
- * *probe tells a probe. */
+ * n_act: the requests active (a batched drafter's draft serves them all). *probe tells a probe. */
 static uint64_t engine_draft_budget_us(const coord *c, const coord_peer *p, uint64_t t0, bool fixed,
-                                       bool *probe)
+                                       int n_act, bool *probe)
 {
     double cap = c->opt.draft_wait_ms > 0 ? c->opt.draft_wait_ms * 1000.0 : 0, w;
     *probe = false;
     if (fixed || c->opt.draft_wait_fixed || p->reply_n < ENGINE_WAIT_WARMUP ||
         p->accept_n < ENGINE_WAIT_WARMUP || c->step_ema_us <= 0)
         return (uint64_t)cap;
-    /* a batched drafter's draft comes with every other request's: waiting for it pays for all */
-    int n_act = p->multi && !p->lookup ? engine_active(c) : 1;
-    double gain = p->accept_ema * c->step_ema_us * (n_act > 1 ? n_act : 1);
+    /* a batched drafter's draft comes with every other request's (n_act active): waiting for it
+     * pays for all */
+    int served = p->multi && !p->lookup && n_act > 1 ? n_act : 1;
+    double gain = p->accept_ema * c->step_ema_us * served;
     /* its expected reply: after an incremental Feedback the drafting latency, the one benching
      * judges by (a fed speculator is then one worth waiting for); after a reset, any reply's */
     double lat =
@@ -213,12 +215,13 @@ int engine_gather_drafts(coord *c, int slot, uint64_t req_id, const int32_t *all
     if (!coord_group_count(c, PEER_SPECULATOR, true))
         return 0;
     uint64_t t0 = rt_now_us(), until[COORD_MAX_PEERS] = {0};
+    int n_act = engine_active(c);
     for (int i = 0; i < COORD_MAX_PEERS; i++) {
         coord_peer *p = &c->grp.peers[i];
         if (p->role != PEER_SPECULATOR || !p->connected || !engine_fed(p, slot, req_id, n_all))
             continue;
         bool probe;
-        until[i] = t0 + engine_draft_budget_us(c, p, t0, fixed, &probe);
+        until[i] = t0 + engine_draft_budget_us(c, p, t0, fixed, n_act, &probe);
         if (probe)
             p->unscored = 0; /* one probe, then the gain rules again */
         if (c->opt.trace)

@@ -115,6 +115,9 @@ static void engine_slot_len(engine_slot *sl)
         sl->spec_len = ctl_reqlen_sample(&sl->len, sl->last_added - 1);
 }
 
+/* One verification step for every active slot: each gets its share of the width, the drafts for
+ * its context merged and voted into a tree, all trees in one target step; then per slot: verify,
+ * commit, emit, feed back. */
 static void engine_step_all(coord *c)
 {
     struct coord_engine_state *e = c->eng;

@@ -208,8 +208,8 @@ llama_ctx *llama_ctx_new(const llama_model *m, const llama_ctx_params *p, char *
     x->attp = malloc(W * (size_t)qd * 4);
     x->xs = malloc(W * (size_t)wide * 4);
     if (!x->xb || !x->row || !x->anc || !x->n_anc || !x->pos || !x->seq || !x->prefix ||
-        !x->src_of || !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn || !x->split_heads ||
-        !x->units || !x->singles || !x->attp || !x->xs)
+        !x->src_of || !x->scratch || !x->rope_inv || !x->rope_cs || !x->rope_sn ||
+        !x->split_heads || !x->units || !x->singles || !x->attp || !x->xs)
         goto oom;
     if (llama_ctx_set_partition(x, p->plan, err, errlen)) {
         llama_ctx_destroy(&x);

@@ -211,6 +211,13 @@ void ctl_length_init(ctl_length *l, int start, int lo, int hi, int window, int s
     l->stale = stale < 1 ? 1 : stale;
 }
 
+/* A saturated window's climb: half the length at once (at least 1), up to hi. */
+static int length_climb(int len, int hi)
+{
+    int step = len / 2 < 1 ? 1 : len / 2;
+    return len + step > hi ? hi : len + step;
+}
+
 static bool length_wants(const ctl_length *l, int x)
 {
     return x >= l->lo && x <= l->hi && (l->cost[x] <= 0 || l->age[x] >= (uint32_t)l->stale);
@@ -240,8 +247,7 @@ int ctl_length_sample(ctl_length *l, double seconds, int tokens)
      * neighbour whose figure is missing or stale (up first) */
     int cur = l->len, best = cur;
     if (saturated) {
-        int step = cur / 2 < 1 ? 1 : cur / 2;
-        l->len = cur + step > l->hi ? l->hi : cur + step;
+        l->len = length_climb(cur, l->hi);
         l->changes++;
         return l->len;
     }
@@ -278,12 +284,12 @@ int ctl_reqlen_sample(ctl_reqlen *l, int accepted)
     bool saturated = l->full == l->n && l->len < l->hi;
     if (l->n < l->window && !(saturated && 2 * l->n >= l->window))
         return l->len;
-    int len;
-    if (saturated)
-        len = l->len + (l->len / 2 < 1 ? 1 : l->len / 2);
-    else
-        len = (int)floor((double)l->acc / l->n + 0.5) + 1;
-    l->len = len < l->lo ? l->lo : len > l->hi ? l->hi : len;
+    if (saturated) {
+        l->len = length_climb(l->len, l->hi);
+    } else {
+        int len = (int)floor((double)l->acc / l->n + 0.5) + 1;
+        l->len = len < l->lo ? l->lo : len > l->hi ? l->hi : len;
+    }
     l->n = l->full = l->acc = 0;
     l->decisions++;
     return l->len;

@@ -334,6 +334,14 @@ static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
     return q;
 }
 
+/* Publish the tree an entry holds (n_nodes 0: an empty draft), drafted from t0 to t1. */
+static void spec_req_answer(spec *s, spec_req *q, uint64_t t0, uint64_t t1)
+{
+    spec_send_draft(s, q->request_id, q->n, q->n ? q->tokens[q->n - 1] : -1, q->nodes, q->n_nodes,
+                    q->fb_us, q->fb_end_us, t0, t1);
+    q->pending = false;
+}
+
 /* Draft for the pending requests, SPEC_BATCH_MAX at a time, and publish each one's tree. */
 static void spec_publish_batch(spec *s)
 {
@@ -344,11 +352,9 @@ static void spec_publish_batch(spec *s)
         if (q && (!q->request_id || !q->pending))
             continue;
         if (q && (q->n < 1 || q->n + s->max_depth + 1 >= s->target_ctx)) {
-            q->n_nodes = 0; /* no room for a tree: an empty draft */
-            q->pending = false;
             uint64_t t = rt_now_us();
-            spec_send_draft(s, q->request_id, q->n, q->n ? q->tokens[q->n - 1] : -1, q->nodes, 0,
-                            q->fb_us, q->fb_end_us, t, t);
+            q->n_nodes = 0; /* no room for a tree: an empty draft */
+            spec_req_answer(s, q, t, t);
             continue;
         }
         if (q && !s->kv_shared && q->ctx_slot < 0) { /* a slot of private K/V rows of its own */
@@ -359,10 +365,9 @@ static void spec_publish_batch(spec *s)
                     q->kv_n = 0;
                 }
             if (q->ctx_slot < 0) { /* every slot holds another request's rows: no draft */
-                q->pending = false;
                 uint64_t t = rt_now_us();
-                spec_send_draft(s, q->request_id, q->n, q->tokens[q->n - 1], q->nodes, 0,
-                                q->fb_us, q->fb_end_us, t, t);
+                q->n_nodes = 0;
+                spec_req_answer(s, q, t, t);
                 continue;
             }
         }
@@ -372,12 +377,8 @@ static void spec_publish_batch(spec *s)
             uint64_t t0 = rt_now_us();
             spec_grow_batch(s, todo, k);
             uint64_t t1 = rt_now_us();
-            for (int r = 0; r < k; r++) {
-                spec_req *d = todo[r];
-                spec_send_draft(s, d->request_id, d->n, d->tokens[d->n - 1], d->nodes, d->n_nodes,
-                                d->fb_us, d->fb_end_us, t0, t1);
-                d->pending = false;
-            }
+            for (int r = 0; r < k; r++)
+                spec_req_answer(s, todo[r], t0, t1);
             if (s->trace)
                 rt_log(s->role, "a batch of %d drafts in %.1f ms (alpha %.4g)", k,
                        (t1 - t0) / 1e3, s->alpha);
