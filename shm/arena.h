@@ -21,8 +21,9 @@
 #include <stdint.h>
 
 #define ARENA_MAGIC 0x4f524f4348494131ull /* "OROCHIA1" */
-#define ARENA_LAYOUT_VERSION                                                                       \
-    3 /* 2: drafts are trees (parent indices); 3: the KV cache is head-major */
+/* 2: drafts are trees (parent indices); 3: the KV cache is head-major; 4: a draft ring slot and a
+ * hidden state per sequence slot */
+#define ARENA_LAYOUT_VERSION 4
 #define ARENA_MAX_REGIONS 32
 #define ARENA_NAME_LEN 32
 
