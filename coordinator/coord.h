@@ -129,6 +129,7 @@ typedef struct {
     kv_type kv_elem; /* --kv: the K/V cache's element type in the arena (every role's) */
     bool kv_dup;     /* the even split divides query heads (llama_ctx_params.kv_dup) */
     bool no_prefix_reuse; /* --prefix-reuse off: every prompt is computed whole */
+    bool no_prefix_share; /* --prefix-share off: a reused beginning is copied, not read in place */
     int kv_dup_opt;       /* --kv-dup: -1 auto (on when every worker is a CPU), 0 off, 1 on */
     int port, n_workers, threads_per_worker, max_width, n_ctx, max_draft, draft_wait_ms;
     int prefill_width; /* --prefill-width: the most rows of a step carrying a prompt chunk */
@@ -220,6 +221,7 @@ typedef struct {
     uint64_t len_changes, guard_switches_off;
     int slots_active;       /* sequence slots with a request */
     uint64_t kv_held;       /* K/V bytes the slots' committed rows have written (whole pages) */
+    uint64_t kv_lent;       /* K/V bytes slots read from another slot's rows (whole pages) */
     uint64_t kv_full;       /* every slot at its full context */
     coord_latency ttft;   /* a request's arrival to its first token */
     coord_latency itl;    /* between a request's tokens (coord_latency_observe_gap) */
@@ -259,6 +261,7 @@ struct coord {
     llama_partition part;
     bool part_set;
     bool kv_release_ok; /* every worker a CPU: idle slots' K/V pages may go back (--kv-release) */
+    bool kv_share_ok;   /* every worker a CPU and --prefix-share on: slots may borrow rows */
     uint32_t part_gen;
 
     /* the model (weights stay unmapped but for metadata: the coordinator computes nothing) */

@@ -418,8 +418,16 @@ static void engine_release_idle(coord *c)
     int n = 0;
     for (int s = 0; s < c->opt.n_seq; s++) {
         struct coord_engine_state *e = c->eng;
-        if (e->slots[s].used || e->held[s] <= 0 || now - e->idle_since[s] < after)
+        if (e->slots[s].used || e->held[s] <= 0 || now - e->idle_since[s] < after ||
+            engine_slot_lends(c, s)) /* its rows are an active request's too */
             continue;
+        for (int b = 0; b < c->opt.n_seq; b++) { /* idle borrowers forget what they kept */
+            int from;
+            if (b != s && llama_kv_lent(c->kv, b, &from) > 0 && from == s) {
+                llama_kv_unshare(c->kv, b, 0, false);
+                e->n_kept[b] = 0;
+            }
+        }
         held += coord_kv_bytes(c, e->held[s]);
         llama_kv_release(c->kv, s, 0);
         free(e->kept[s]);
@@ -436,10 +444,15 @@ static void engine_release_idle(coord *c)
 
 void coord_engine_tick(coord *c)
 {
-    /* admit queued requests into free slots (FIFO) */
-    for (int s = 0; s < c->opt.n_seq; s++) {
-        if (c->eng->slots[s].used)
-            continue;
+    /* admit queued requests into free slots (FIFO), first those no active request borrows rows
+     * of (a lender's rows must be copied into its borrowers before they are written again) */
+    for (;;) {
+        int s = -1;
+        for (int t = 0; t < c->opt.n_seq && (s < 0 || engine_slot_lends(c, s)); t++)
+            if (!c->eng->slots[t].used && (s < 0 || !engine_slot_lends(c, t)))
+                s = t;
+        if (s < 0)
+            break;
         uint64_t queued_us = 0;
         coord_request *req = engine_pop(c, &queued_us);
         if (!req)

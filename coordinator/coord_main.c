@@ -163,6 +163,7 @@ static void coord_usage(FILE *out)
         "         [--guard on|off] [--guard-window N] [--guard-probe N] [--plan FILE]\n"
         "         [--drain-ms MS] [--api-key-file F] [--max-queue N] [--free-run on|off]\n"
         "         [--act-bits auto|16|8] [--kv-dup on|off] [--prefix-reuse on|off]\n"
+        "         [--prefix-share on|off]\n"
         "         [--lookup-run on|off] [--kv f32|f16] [--gpu-memory auto|mapped|mirror]\n"
         "         [--gpu-graphs on|off] [--gpu-fuse on|off] [--gpu-att-parts auto|N]\n"
         "         [--gpu-matmul auto|cuda|tensor] [--gpu-weights auto|device|mapped]\n"
@@ -194,6 +195,9 @@ static void coord_usage(FILE *out)
         "  --kv-release S (default 30; 0: never): a slot idle for S seconds gives its K/V pages\n"
         "  back to the system, and with them the rows a later prompt could start from (CPU\n"
         "  groups).\n"
+        "  --prefix-share (default on; CPU groups): a prompt that begins as another slot's\n"
+        "  rows reads those rows where they are instead of a copy of them, so a common\n"
+        "  beginning (a system prompt, a conversation's earlier turns) is held once.\n"
         "  Free run (default on): greedy requests, alone or batched, with no speculator\n"
         "  connected or the guard keeping them off, are decoded by the workers themselves\n"
         "  (each step's argmax is the next token); the coordinator takes the tokens every\n"
@@ -389,6 +393,7 @@ static int coord_parse(coord *c, int argc, char **argv)
                                          {"chat-template", required_argument, 0, 28},
                                          {"prefill-width", required_argument, 0, 29},
                                          {"kv-release", required_argument, 0, 31},
+                                         {"prefix-share", required_argument, 0, 34},
                                          {"grammar-drafts", required_argument, 0, 30},
                                          {"trace", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
@@ -468,6 +473,10 @@ static int coord_parse(coord *c, int argc, char **argv)
             c->opt.no_prefix_reuse = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
             break;
+        case 34:
+            c->opt.no_prefix_share = !strcmp(optarg, "off");
+            bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
+            break;
         case 21:
             c->opt.no_lookup_run = !strcmp(optarg, "off");
             bad |= strcmp(optarg, "on") && strcmp(optarg, "off");
@@ -526,7 +535,7 @@ static int coord_parse(coord *c, int argc, char **argv)
         if (bad)
             fprintf(stderr,
                     "orochi-coordinator: --tree/--adaptive/--guard/--free-run/--grammar-drafts/"
-                    "--prefix-reuse/--lookup-run take on|off, --kv f32|f16, --vote "
+                    "--prefix-reuse/--prefix-share/--lookup-run take on|off, --kv f32|f16, --vote "
                     "majority|union|off, --draft-wait measured|fixed\n");
         coord_usage(stderr);
         return 2;
@@ -667,6 +676,8 @@ static int coord_setup(coord *c)
     }
     c->opt.kv_dup = c->opt.kv_dup_opt == 1 || (c->opt.kv_dup_opt < 0 && all_cpu);
     c->kv_release_ok = all_cpu;
+    /* a GPU worker's attention reads a slot's rows from its own place only */
+    c->kv_share_ok = all_cpu && !c->opt.no_prefix_share;
     int even_max = c->opt.kv_dup ? c->model->cfg.n_heads : c->model->cfg.n_kv_heads;
     if (c->opt.n_workers > even_max && !c->part_set) {
         rt_log("coordinator",

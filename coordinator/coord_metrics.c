@@ -39,27 +39,38 @@ void coord_metrics_cycle_locked(coord *c, int requests, int rows, int tokens, in
                           .ms = (float)ms};
 }
 
-uint64_t coord_kv_bytes(const coord *c, int rows)
+/* rows' bytes in every K/V region, in whole pages: those they touch (up) or lie whole in. */
+static uint64_t kv_pages_bytes(const coord *c, int rows, bool up)
 {
     const llama_config *cfg = &c->model->cfg;
     uint64_t row = (uint64_t)cfg->head_dim * (c->opt.kv_elem == KV_F16 ? 2u : 4u), page = 4096;
-    uint64_t per_region = ((uint64_t)rows * row + page - 1) / page * page;
+    uint64_t per_region = ((uint64_t)rows * row + (up ? page - 1 : 0)) / page * page;
     return per_region * (uint64_t)cfg->n_layers * 2 * (uint64_t)cfg->n_kv_heads;
+}
+
+uint64_t coord_kv_bytes(const coord *c, int rows)
+{
+    return kv_pages_bytes(c, rows, true);
 }
 
 void coord_metrics_controllers(coord *c)
 {
     int active = 0;
-    uint64_t held = 0;
+    uint64_t held = 0, lent = 0;
     for (int s = 0; c->eng && c->model && s < c->opt.n_seq; s++) {
         active += c->eng->slots[s].used;
         if (c->eng->prefix[s] > c->eng->held[s])
             c->eng->held[s] = c->eng->prefix[s];
-        held += coord_kv_bytes(c, c->eng->held[s]);
+        /* the pages of the rows a slot borrows are its lender's (--prefix-share) */
+        uint64_t h = coord_kv_bytes(c, c->eng->held[s]);
+        uint64_t l = c->kv ? kv_pages_bytes(c, llama_kv_lent(c->kv, s, NULL), false) : 0;
+        held += h > l ? h - l : 0;
+        lent += l;
     }
     pthread_mutex_lock(&c->met.lock);
     c->met.slots_active = active;
     c->met.kv_held = held;
+    c->met.kv_lent = lent;
     c->met.kv_full = c->model ? (uint64_t)c->opt.n_seq * coord_kv_bytes(c, c->opt.n_ctx) : 0;
     c->met.spec_len = c->spec_len;
     c->met.width = c->width;
@@ -175,9 +186,12 @@ char *coord_engine_metrics(void *ctx)
       "# HELP orochi_kv_bytes_held K/V bytes the slots have written into the arena (pages "
       "committed), and what every slot at its full context would take.\n"
       "# TYPE orochi_kv_bytes_held gauge\norochi_kv_bytes_held %llu\n"
-      "# TYPE orochi_kv_bytes_full gauge\norochi_kv_bytes_full %llu\n",
+      "# TYPE orochi_kv_bytes_full gauge\norochi_kv_bytes_full %llu\n"
+      "# HELP orochi_kv_bytes_lent K/V bytes slots read in place from another slot's rows (a "
+      "common beginning held once, --prefix-share): whole pages.\n"
+      "# TYPE orochi_kv_bytes_lent gauge\norochi_kv_bytes_lent %llu\n",
       c->opt.n_seq, c->met.slots_active, (unsigned long long)c->met.kv_held,
-      (unsigned long long)c->met.kv_full);
+      (unsigned long long)c->met.kv_full, (unsigned long long)c->met.kv_lent);
     M("%s", c->met.spec_text);
     M("%s", c->met.mem_text);
     pthread_mutex_unlock(&c->met.lock);

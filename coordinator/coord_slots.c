@@ -509,14 +509,59 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
     return i;
 }
 
+/* The tokens slot b's rows hold: an active request's, or what an idle slot kept. */
+static const int32_t *engine_slot_tokens(const coord *c, int b, int *n)
+{
+    const engine_slot *o = &c->eng->slots[b];
+    *n = o->used ? o->n_all : c->eng->n_kept[b];
+    return o->used ? o->all : c->eng->kept[b];
+}
+
+/* Before slot s's own rows are written for the sequence toks[0..n): every slot that borrows rows
+ * of s keeps borrowing only those whose positions its tokens share with that sequence (such a row
+ * is written again with the same bytes: a position's K/V depend only on the tokens up to it). An
+ * active borrower gets the rest copied into its own rows; an idle one forgets the rest of what it
+ * kept. */
+static void engine_unshare_from(coord *c, int s, const int32_t *toks, int n)
+{
+    for (int b = 0; b < c->opt.n_seq; b++) {
+        int from, lent = llama_kv_lent(c->kv, b, &from), nb;
+        if (b == s || lent == 0 || from != s)
+            continue;
+        const int32_t *bt = engine_slot_tokens(c, b, &nb);
+        int k = bt ? common_prefix(bt, nb, toks, n) : 0;
+        if (lent <= k)
+            continue;
+        bool active = c->eng->slots[b].used;
+        llama_kv_unshare(c->kv, b, k, active);
+        if (!active && c->eng->n_kept[b] > k)
+            c->eng->n_kept[b] = k;
+    }
+}
+
+/* Whether an active request borrows rows of slot s. */
+bool engine_slot_lends(const coord *c, int s)
+{
+    for (int b = 0; b < c->opt.n_seq; b++) {
+        int from;
+        if (b != s && c->eng->slots[b].used && llama_kv_lent(c->kv, b, &from) > 0 && from == s)
+            return true;
+    }
+    return false;
+}
+
 /* Start slot s's prompt from the longest committed beginning it shares with any slot — an active
  * one's committed tokens, an idle one's kept tokens (its own included: then the rows are already
- * in place) — leaving at least its last token to prefill (its logits draw the first token). The
- * rows are copied within the cache (llama_kv_copy_prefix); the workers read them from there. */
+ * in place) — leaving at least its last token to prefill (its logits draw the first token). With
+ * --prefix-share (CPU groups) another slot's rows are borrowed, read where they lie
+ * (llama_kv_share_prefix), from ENGINE_SHARE_MIN rows up; otherwise copied within the cache
+ * (llama_kv_copy_prefix). The workers read them from there. */
+#define ENGINE_SHARE_MIN 16 /* a page of one KV head's f32 rows of 64: fewer are copied */
 static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
 {
     engine_slot *sl = &c->eng->slots[s];
     int best = 0, from = s;
+    engine_unshare_from(c, s, sl->all, sl->n_all); /* first: it may shorten what others kept */
     for (int t = 0; t < (c->opt.no_prefix_reuse ? 0 : c->opt.n_seq); t++) {
         const engine_slot *o = &c->eng->slots[t];
         const int32_t *toks = t != s && o->used ? o->all : c->eng->kept[t];
@@ -530,7 +575,9 @@ static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
         }
     }
     c->eng->n_kept[s] = 0; /* the slot's rows are this request's from here on */
-    if (llama_kv_copy_prefix(c->kv, from, s, best, err, errlen))
+    bool share = c->kv_share_ok && from != s && best >= ENGINE_SHARE_MIN;
+    if (share ? llama_kv_share_prefix(c->kv, from, s, best, err, errlen)
+              : llama_kv_copy_prefix(c->kv, from, s, best, err, errlen))
         return -1;
     c->eng->prefix[s] = best;
     return 0;

@@ -163,6 +163,7 @@ static cJSON *status_build(coord *c)
         cJSON_AddNumberToObject(slots, "active", c->met.slots_active);
         cJSON_AddNumberToObject(slots, "kv_bytes_held", (double)c->met.kv_held);
         cJSON_AddNumberToObject(slots, "kv_bytes_full", (double)c->met.kv_full);
+        cJSON_AddNumberToObject(slots, "kv_bytes_lent", (double)c->met.kv_lent);
     }
 
     pthread_mutex_lock(&c->met.lock);

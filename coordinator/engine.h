@@ -136,6 +136,8 @@ void engine_merge_drafts(coord *c, int slot, int32_t root, coord_tree *merged);
 
 /* take a request into slot s: tokenize, check it fits, prefill; 0, or -1 (the request failed) */
 int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us);
+/* Whether an active request borrows rows of slot s (--prefix-share). */
+bool engine_slot_lends(const coord *c, int s);
 /* emit n new tokens (rows: their logits rows, for logprobs); sets sl->stop at its end */
 int engine_slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows,
                      int n);

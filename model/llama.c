@@ -79,6 +79,7 @@ size_t llama_shared_layout(const llama_config *c, int n_ctx, int max_width, int 
     SH_PLACE(ap, W * (size_t)c->n_heads * 2 * ((size_t)c->head_dim + 2) * 4)
     SH_PLACE(mp, (size_t)LLAMA_MAX_PARTS * W * (size_t)c->dim * 4)
     SH_PLACE(epoch, (size_t)n_seq * 4)
+    SH_PLACE(lend, (size_t)n_seq * 8)
 #undef SH_PLACE
     o.layer_kv_bytes = layer_kv;
     if (offsets)
@@ -104,6 +105,25 @@ void llama_shared_bind(llama_shared *sh, void *base, const llama_config *c, int 
     sh->ap = (float *)(b + sh->ap_off);
     sh->mp = (float *)(b + sh->mp_off);
     sh->epoch = (uint32_t *)(b + sh->epoch_off);
+    sh->lend = (int32_t *)(b + sh->lend_off);
+}
+
+/* The rows slot seq borrows (the shared block's lend table), and from which slot. */
+static int sh_lent(const llama_shared *sh, int n_seq, int seq, int *from)
+{
+    int n = __atomic_load_n(&sh->lend[2 * seq + 1], __ATOMIC_ACQUIRE);
+    int f = __atomic_load_n(&sh->lend[2 * seq], __ATOMIC_RELAXED);
+    if (n <= 0 || f < 0 || f >= n_seq)
+        n = 0, f = seq;
+    if (from)
+        *from = f;
+    return n;
+}
+
+static void sh_lend(llama_shared *sh, int seq, int from, int n)
+{
+    __atomic_store_n(&sh->lend[2 * seq], from, __ATOMIC_RELAXED);
+    __atomic_store_n(&sh->lend[2 * seq + 1], n, __ATOMIC_RELEASE);
 }
 
 /* The slot's committed rows changed other than by growing (llama_shared.epoch). */
@@ -265,28 +285,92 @@ void llama_ctx_set_prefix_len(llama_ctx *ctx, int n)
 
 static void *kv_head_row(const llama_ctx *x, uint8_t *base, int kvh, int64_t p);
 
+/* Copy the rows [a, b) of every layer and owned KV head from slot src's own rows to slot dst's
+ * own rows. */
+static void kv_copy_rows(llama_ctx *x, int src, int dst, int a, int b)
+{
+    if (b <= a || src == dst)
+        return;
+    size_t len = (size_t)(b - a) * (size_t)x->m->cfg.head_dim * x->kv_elem;
+    for (int l = 0; l < x->m->cfg.n_layers; l++)
+        for (int w = 0; w < 2; w++) {
+            uint8_t *base = kv_layer(x, l, w);
+            for (int kvh = x->own0; kvh < x->own1; kvh++)
+                memcpy(kv_head_row(x, base, kvh, (int64_t)dst * x->p.n_ctx + a),
+                       kv_head_row(x, base, kvh, (int64_t)src * x->p.n_ctx + a), len);
+        }
+}
+
+static int kv_slot_check(const llama_ctx *x, const char *what, int src, int dst, int n, char *err,
+                         size_t errlen)
+{
+    if (src >= 0 && dst >= 0 && src < x->p.n_seq && dst < x->p.n_seq && n >= 0 &&
+        n <= x->p.n_ctx && !x->p.prefix_src)
+        return 0;
+    snprintf(err, errlen, "%s: %d rows from slot %d to slot %d (%d slots of %d)", what, n, src,
+             dst, x->p.n_seq, x->p.n_ctx);
+    return -1;
+}
+
 int llama_kv_copy_prefix(llama_ctx *x, int src, int dst, int n, char *err, size_t errlen)
 {
-    if (src < 0 || dst < 0 || src >= x->p.n_seq || dst >= x->p.n_seq || n < 0 ||
-        n > x->p.n_ctx || x->p.prefix_src) {
-        snprintf(err, errlen, "copy prefix: %d rows from slot %d to slot %d (%d slots of %d)", n,
-                 src, dst, x->p.n_seq, x->p.n_ctx);
+    if (kv_slot_check(x, "copy prefix", src, dst, n, err, errlen))
         return -1;
-    }
-    if (src != dst && n > 0) {
-        size_t len = (size_t)n * (size_t)x->m->cfg.head_dim * x->kv_elem;
-        for (int l = 0; l < x->m->cfg.n_layers; l++)
-            for (int w = 0; w < 2; w++) {
-                uint8_t *base = kv_layer(x, l, w);
-                for (int kvh = x->own0; kvh < x->own1; kvh++)
-                    memcpy(kv_head_row(x, base, kvh, (int64_t)dst * x->p.n_ctx),
-                           kv_head_row(x, base, kvh, (int64_t)src * x->p.n_ctx), len);
-            }
+    int from, lent = sh_lent(&x->sh, x->p.n_seq, src, &from);
+    if (src == dst) {
+        if (lent > n)
+            sh_lend(&x->sh, dst, from, n);
+    } else {
+        int cut = lent < n ? lent : n; /* rows [0, cut) lie in the lender's rows */
+        sh_lend(&x->sh, dst, dst, 0);
+        kv_copy_rows(x, from, dst, 0, cut);
+        kv_copy_rows(x, src, dst, cut, n);
     }
     x->prefix[dst] = n;
     x->tree_open = false;
     kv_epoch_bump(x, dst);
     return 0;
+}
+
+int llama_kv_share_prefix(llama_ctx *x, int src, int dst, int n, char *err, size_t errlen)
+{
+    if (kv_slot_check(x, "share prefix", src, dst, n, err, errlen))
+        return -1;
+    if (src == dst)
+        return llama_kv_copy_prefix(x, src, dst, n, err, errlen);
+    int from, lent = sh_lent(&x->sh, x->p.n_seq, src, &from);
+    if (lent == 0)
+        from = src, lent = n;
+    int cut = lent < n ? lent : n;
+    /* a slot that lent src its rows has them in place: it need borrow none of them */
+    sh_lend(&x->sh, dst, from, from == dst ? 0 : cut);
+    kv_copy_rows(x, src, dst, cut, n);
+    x->prefix[dst] = n;
+    x->tree_open = false;
+    kv_epoch_bump(x, dst);
+    return 0;
+}
+
+int llama_kv_lent(const llama_ctx *x, int seq, int *from)
+{
+    if (seq < 0 || seq >= x->p.n_seq) {
+        if (from)
+            *from = seq;
+        return 0;
+    }
+    return sh_lent(&x->sh, x->p.n_seq, seq, from);
+}
+
+void llama_kv_unshare(llama_ctx *x, int seq, int keep, bool copy)
+{
+    int from, lent = llama_kv_lent(x, seq, &from);
+    if (keep < 0)
+        keep = 0;
+    if (lent <= keep)
+        return;
+    if (copy)
+        kv_copy_rows(x, from, seq, keep, lent);
+    sh_lend(&x->sh, seq, from, keep);
 }
 
 size_t llama_kv_release(llama_ctx *x, int seq, int from)
@@ -310,6 +394,9 @@ size_t llama_kv_release(llama_ctx *x, int seq, int from)
         }
     if (x->prefix[seq] > from)
         x->prefix[seq] = from;
+    int lender, lent = sh_lent(&x->sh, x->p.n_seq, seq, &lender);
+    if (lent > from)
+        sh_lend(&x->sh, seq, lender, from);
     x->tree_open = false;
     kv_epoch_bump(x, seq);
     return freed;
@@ -359,9 +446,11 @@ void llama_ctx_set_prefix_source_seq(llama_ctx *ctx, int seq)
 
 void llama_ctx_reset(llama_ctx *ctx)
 {
-    for (int s = 0; s < ctx->p.n_seq; s++)
+    for (int s = 0; s < ctx->p.n_seq; s++) {
         if (ctx->prefix[s])
             kv_epoch_bump(ctx, s);
+        sh_lend(&ctx->sh, s, s, 0);
+    }
     memset(ctx->prefix, 0, (size_t)ctx->p.n_seq * sizeof *ctx->prefix);
     ctx->tree_open = false;
 }
@@ -410,11 +499,11 @@ static void *kv_head_row(const llama_ctx *x, uint8_t *base, int kvh, int64_t p)
 /* The first prefix row of KV head kvh of this context's sequence slot seq in layer rows `base` of
  * the prefix source (its layout: per KV head, n_seq * n_ctx prefix rows then max_width tree
  * rows; the slot read is src_of[seq]). */
-static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh, int seq)
+static const void *src_head_row(const llama_ctx *x, const uint8_t *base, int kvh, int src_slot)
 {
     const llama_ctx_params *p = &x->p;
     int64_t rows = (int64_t)p->prefix_src_n_seq * p->prefix_src_n_ctx + p->prefix_src_max_width;
-    int64_t r = (int64_t)kvh * rows + (int64_t)x->src_of[seq] * p->prefix_src_n_ctx;
+    int64_t r = (int64_t)kvh * rows + (int64_t)src_slot * p->prefix_src_n_ctx;
     return base + (size_t)r * (size_t)x->m->cfg.head_dim * x->kv_elem;
 }
 
@@ -529,12 +618,26 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
                 .type = x->p.kv,
                 .stride = hd,
                 .n_prefix = n_prefix,
-                .k = src_kl ? src_head_row(x, src_kl, kvh, seq) : kv_head_row(x, kl, kvh, seq_row),
-                .v = src_vl ? src_head_row(x, src_vl, kvh, seq) : kv_head_row(x, vl, kvh, seq_row),
                 .tree_k = llama_tree_row(x, j->layer, 0, kvh, 0),
                 .tree_v = llama_tree_row(x, j->layer, 1, kvh, 0),
                 .tree_slot = x->anc + (int64_t)slot * x->p.max_width,
             };
+            /* the slot's own rows, and the first ones another slot lends it */
+            int lender;
+            if (src) {
+                int ss = x->src_of[seq];
+                keys[t].n_lent = sh_lent(src, x->p.prefix_src_n_seq, ss, &lender);
+                keys[t].k = src_head_row(x, src_kl, kvh, ss);
+                keys[t].v = src_head_row(x, src_vl, kvh, ss);
+                keys[t].lent_k = src_head_row(x, src_kl, kvh, lender);
+                keys[t].lent_v = src_head_row(x, src_vl, kvh, lender);
+            } else {
+                keys[t].n_lent = sh_lent(&x->sh, x->p.n_seq, seq, &lender);
+                keys[t].k = kv_head_row(x, kl, kvh, seq_row);
+                keys[t].v = kv_head_row(x, vl, kvh, seq_row);
+                keys[t].lent_k = kv_head_row(x, kl, kvh, (int64_t)lender * x->p.n_ctx);
+                keys[t].lent_v = kv_head_row(x, vl, kvh, (int64_t)lender * x->p.n_ctx);
+            }
             n_keys[t] = n_prefix + x->n_anc[slot];
             if (u->mode == ATT_FULL) {
                 outs[t] = x->sh.att + (int64_t)i * c->n_heads * hd + (int64_t)u->h0 * hd;
@@ -547,6 +650,8 @@ static void att_run(void *argp, int64_t begin, int64_t end, int thread)
                 }
                 outs[t] = att_partial(x, i, u->h0, u->mode == ATT_SPARSE);
             }
+            if (keys[t].n_lent > keys[t].n_prefix)
+                keys[t].n_lent = keys[t].n_prefix;
         }
         /* st holds ATT_BLOCK_MAX x 64 queries: heads 64 at a time (katt_causal_tokens cuts its
          * own work into what its stack arrays take) */

@@ -117,7 +117,7 @@ double llama_model_step_macs(const llama_model *m);
  * block can be a region of the shared-memory arena. */
 typedef struct {
     size_t kv_off, x_off, q_off, att_off, xb2_off, hg_off, hu_off, kk_off, vv_off, ap_off, mp_off,
-        epoch_off;
+        epoch_off, lend_off;
     size_t layer_kv_bytes; /* bytes of one layer's K (or V) rows */
     /* bound pointers (llama_shared_bind) */
     void *base;
@@ -133,6 +133,10 @@ typedef struct {
      * growing (the length set lower, a reset, a copied prefix): a process that keeps its own copy
      * of committed rows (a GPU worker's device mirror) knows from it when to read them again */
     uint32_t *epoch;
+    /* per sequence slot, the rows another slot lends it (llama_kv_share_prefix): lend[2 s] the
+     * lending slot, lend[2 s + 1] how many of slot s's first rows are read from there instead of
+     * from its own (0: none). Every process that attends reads it here. */
+    int32_t *lend;
 } llama_shared;
 
 /* Bytes of the shared block for this shape (n_seq sequence slots of n_ctx prefix rows each, then
@@ -254,17 +258,32 @@ int llama_ctx_syncs_per_layer(const llama_ctx *ctx);
  * sequence argument: slot 0. */
 void llama_ctx_set_prefix_len(llama_ctx *ctx, int n);
 int llama_ctx_seq_prefix_len(const llama_ctx *ctx, int seq);
-/* Copy the K/V rows of positions [0, n) of sequence slot src to slot dst (every layer, the KV
- * heads this context owns) and make n dst's committed length: a prompt that begins with tokens
+/* Copy the K/V rows of positions [0, n) of sequence slot src (where they lie: its own rows or
+ * the ones it borrows) to slot dst's own rows (every layer, the KV heads this context owns; dst
+ * borrows nothing after it) and make n dst's committed length: a prompt that begins with tokens
  * another slot has already committed starts from them (a position's K/V depend only on the
  * tokens up to it, so the rows are the ones a prefill would compute, bit for bit). src == dst
- * only sets the length. Returns 0, or -1 with err for a slot or length out of range or a context
+ * only sets the length (and borrows at most n rows). Returns 0, or -1 with err for a slot or length out of range or a context
  * that reads its prefix from another (prefix_src). */
 int llama_kv_copy_prefix(llama_ctx *ctx, int src, int dst, int n, char *err, size_t errlen);
+/* Make slot dst's first n rows those of slot src, read in place: dst borrows them (the lend
+ * table of the shared block, which every process's attention reads), so a common beginning is
+ * held once however many slots start with it. Where src itself borrows its first p rows, dst
+ * borrows min(n, p) from the same lender and the rows [p, n) are copied from src's own; n is
+ * dst's committed length. The lender's rows [0, n) must stay as they are while dst borrows them:
+ * before a slot's own rows below a borrower's count are written again, llama_kv_unshare that
+ * borrower. Returns 0, or -1 with err (slots or n out of range, a context with a prefix source). */
+int llama_kv_share_prefix(llama_ctx *ctx, int src, int dst, int n, char *err, size_t errlen);
+/* How many of slot seq's first rows it borrows, and from which slot (*from, may be NULL). */
+int llama_kv_lent(const llama_ctx *ctx, int seq, int *from);
+/* Slot seq stops borrowing from row `keep` on (keep 0: borrows nothing), so it no longer needs
+ * the lender's rows past keep: with `copy` the rows [keep, n) it borrowed are copied into its own
+ * first; without, its caller forgets them (its own rows there hold nothing of its sequence). */
+void llama_kv_unshare(llama_ctx *ctx, int seq, int keep, bool copy);
 /* Gives the memory of slot seq's rows [from, n_ctx) back to the system: the whole pages they
  * span in every K/V region of the heads this context owns are removed from the shared block's
  * file (madvise MADV_REMOVE; they read as zeros, and take memory again when written). The slot's
- * committed length drops to at most `from`. Returns the bytes given back; 0 where the block is
+ * committed length, and the rows it borrows, drop to at most `from`. Returns the bytes given back; 0 where the block is
  * not a shared file (a private block keeps its pages) or nothing whole lay in the range. */
 size_t llama_kv_release(llama_ctx *ctx, int seq, int from);
 void llama_ctx_set_seq_prefix_len(llama_ctx *ctx, int seq, int n);

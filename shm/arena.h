@@ -22,8 +22,9 @@
 
 #define ARENA_MAGIC 0x4f524f4348494131ull /* "OROCHIA1" */
 /* 2: drafts are trees (parent indices); 3: the KV cache is head-major; 4: a draft ring slot and a
- * hidden state per sequence slot */
-#define ARENA_LAYOUT_VERSION 4
+ * hidden state per sequence slot; 5: the llama block's lend table (the rows a slot reads from
+ * another's) */
+#define ARENA_LAYOUT_VERSION 5
 #define ARENA_MAX_REGIONS 32
 #define ARENA_NAME_LEN 32
 

@@ -238,10 +238,14 @@ void katt_extend(const float *q, const katt_kv *kv, const int32_t *idx, int n, i
 /* Merge partial b into a (online softmax): a becomes the partial over both key sets. */
 void katt_merge(katt_stat *a, float *out_a, const katt_stat *b, const float *out_b, int head_dim);
 /* The key stream of one KV head for a causal query: position j < n_prefix is prefix row j,
- * position j >= n_prefix is tree row tree_slot[j - n_prefix] (the query's ancestors, in order). */
+ * position j >= n_prefix is tree row tree_slot[j - n_prefix] (the query's ancestors, in order).
+ * A prefix row j < n_lent is read from lent_k / lent_v (the rows another sequence lends this one:
+ * the same positions of a prompt they share) instead of k / v; n_lent 0: none. */
 typedef struct {
     kv_type type;
     const void *k, *v;           /* prefix rows */
+    const void *lent_k, *lent_v; /* prefix rows below n_lent */
+    int n_lent;
     const void *tree_k, *tree_v; /* tree rows */
     int64_t stride;              /* elements between consecutive rows */
     int n_prefix;

@@ -306,7 +306,7 @@ def proto_seeds():
 # ---- fuzz_arena: flags (bit 0 magic, 1 version, 2 total_size, 3-4 padding, 5 scribble,
 #      6 unlink_stale, 7 our pid) + the object's bytes from the header on
 
-ARENA_MAGIC, ARENA_LAYOUT_VERSION, ARENA_MAX_REGIONS = 0x4F524F4348494131, 4, 32
+ARENA_MAGIC, ARENA_LAYOUT_VERSION, ARENA_MAX_REGIONS = 0x4F524F4348494131, 5, 32
 ARENA_HEADER = 40 + ARENA_MAX_REGIONS * 48  # sizeof(arena_header)
 ARENA_FIRST = (ARENA_HEADER + 63) // 64 * 64
 DRAFT_BYTES = 32 + 3 * 64 * 4  # sizeof(arena_draft)

@@ -284,6 +284,52 @@ def test_http_group_idle_slots_give_back_kv():
 
 
 @t.case
+def test_http_group_shared_prefix():
+    # --prefix-share (default on in CPU groups): requests whose prompts begin alike read that
+    # beginning's K/V rows where the first of them wrote them. Two workers (both read the lend
+    # table) and a layerskip drafter reading the target's rows in place: bursts of 8 requests
+    # with one long beginning, then 8 with another (the lenders' slots written again while
+    # their borrowers live), then the first again mixed with the second: every answer equals
+    # `orochi run`; the gauge says rows are lent, and a group with --prefix-share off lends none
+    # and holds more.
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=1024, type="f32", seed=9)
+    head_a = " ".join("alpha%d beta" % i for i in range(40))
+    head_b = " ".join("gamma%d delta" % i for i in range(40))
+    bursts = [[head_a + " q%d" % i for i in range(8)], [head_b + " r%d" % i for i in range(8)],
+              [(head_a if i % 2 else head_b) + " s%d" % i for i in range(8)]]
+    want = {p: G.run_ids(model, p, 24) for b in bursts for p in b}
+    gauges = {}
+    for share in ("on", "off"):
+        with G.Group("http-share-" + share, model, workers=2, speculators=["layerskip"],
+                     extra=["--max-batch", "8", "--prefix-share", share]) as g:
+            for k, burst in enumerate(bursts):
+                got, errors = {}, []
+
+                def one(p):
+                    try:
+                        got[p] = g.ids(p, 24)
+                    except Exception as e:  # noqa: BLE001 - collected and reported below
+                        errors.append(repr(e))
+                g.send_held([lambda p=p: one(p) for p in burst], 0.5)
+                G.check(not errors, "--prefix-share %s, burst %d: %s", share, k, errors[:3])
+                for p in burst:
+                    G.check_eq(got[p], want[p], "--prefix-share %s, burst %d: %r" % (share, k, p[-4:]))
+                if k == 0:
+                    body = g.http("/metrics").body.decode()
+                    gauges[share] = {n: int(v) for n, v in re.findall(
+                        r"^(orochi_kv_bytes_held|orochi_kv_bytes_lent) (\d+)$", body, re.M)}
+    G.log("  after the first burst: %r" % gauges)
+    G.check(gauges["on"]["orochi_kv_bytes_lent"] > 0, "nothing lent with --prefix-share on: %r", gauges)
+    G.check_eq(gauges["off"]["orochi_kv_bytes_lent"], 0, "bytes lent with --prefix-share off")
+    G.check(gauges["on"]["orochi_kv_bytes_held"] < gauges["off"]["orochi_kv_bytes_held"],
+            "sharing holds no less: %r", gauges)
+    G.log("  24 requests in bursts of 8 sharing two beginnings: every answer equal to orochi run, "
+          "%.1f kB lent, %.1f kB held (%.1f kB without sharing)" % (
+              gauges["on"]["orochi_kv_bytes_lent"] / 1e3, gauges["on"]["orochi_kv_bytes_held"] / 1e3,
+              gauges["off"]["orochi_kv_bytes_held"] / 1e3))
+
+
+@t.case
 def test_http_group_openai_shapes():
     model = G.default_model() or tiny()
     with G.Group("http-openai", model, workers=2, speculators=["ngram"]) as g:
