@@ -22,7 +22,10 @@ Servers: "orochi" (deploy/orochi-launch: --workers W x --threads-per-worker, --s
 `llama-server -m FILE -t THREADS -np N -c CTX*N --cont-batching` (N: --peer-slots, default the
 clients, like the group's slots; the group gets `--max-batch` = the clients, and a prompt step
 as wide past 16, unless --group-defaults leaves both at the group's defaults). --configs names
-more orochi groups, e.g. "plain=,ngram=ngram". Results: a table,
+more orochi groups, e.g. "plain=,ngram=ngram"; a spec beginning with "--" is a coordinator option
+of that group ("noshare=--prefix-share=off"). --system-words N begins every request with the same
+N words (a shared system prompt). Results: a table (with the peak of /dev/shm above its level
+before each load: an orochi group's K/V pages as written; the group's K/V gauges go to the JSON),
 JSON lines (--json), every answer checked to be complete (finish_reason stop or length). The load
 average is printed before every round.
 
@@ -35,9 +38,11 @@ import http.client
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -131,9 +136,10 @@ def load(port, jobs, n_clients, a, long_job=None):
     def body(prompt, n):
         b = {"max_tokens": n, "temperature": 0}
         if a.completions:
-            b["prompt"] = prompt
+            b["prompt"] = (a.system_text + "\n" if a.system_text else "") + prompt
         else:
-            b["messages"] = [{"role": "user", "content": prompt}]
+            b["messages"] = ([{"role": "system", "content": a.system_text}] if a.system_text else []) + \
+                [{"role": "user", "content": prompt}]
         return b
 
     def one(i):
@@ -155,6 +161,33 @@ def load(port, jobs, n_clients, a, long_job=None):
 
     res, wall = closed_loop_run(len(jobs), n_clients, one, [long_client] if long_job else [])
     return res, wall, (long_rec[0] if long_rec else None)
+
+
+class ShmPeak:
+    """The most /dev/shm held above what it held when sampling began, sampled every 20 ms while
+    a load runs (one server at a time: the orochi group's arena pages as its requests write
+    them)."""
+
+    def __init__(self):
+        self.base = self.used()
+        self.peak = 0
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    @staticmethod
+    def used():
+        st = os.statvfs("/dev/shm")
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def run(self):
+        while not self.stop.wait(0.02):
+            self.peak = max(self.peak, self.used() - self.base)
+
+    def done(self):
+        self.stop.set()
+        self.th.join()
+        return self.peak
 
 
 def summarize(res, wall, window=None):
@@ -203,6 +236,9 @@ def main():
     ap.add_argument("--ctx", type=int, default=0, help="context per request (default: what the prompts need)")
     ap.add_argument("--long-prompt", type=int, default=0, help="words of one long prompt sent into the load")
     ap.add_argument("--long-delay", type=float, default=0.3, help="seconds into the load it is sent")
+    ap.add_argument("--system-words", type=int, default=0,
+                    help="every request begins with the same N words (a chat's system message; a "
+                         "completion's first line): a common beginning, as many users of one app send")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -212,12 +248,17 @@ def main():
         pool = [random_text(rng, 24) for _ in range(64)]
     else:
         pool = [p["prompt"] for p in load_prompts(a.prompts, 99)]
-    ctx = a.ctx or (a.max_tokens + 256 + (a.long_prompt * 2 if a.long_prompt else 0))
+    a.system_text = random_text(random.Random(11), a.system_words) if a.system_words else ""
+    ctx = a.ctx or (a.max_tokens + 256 + (a.long_prompt * 2 if a.long_prompt else 0) + 2 * a.system_words)
     long_job = random_text(rng, a.long_prompt) if a.long_prompt else None
     servers = []
+    opts = {}  # per orochi group: the coordinator options among its specs (--opt=value)
     for spec in a.configs.split(","):
         name, _, sp = spec.partition("=")
-        servers.append(("orochi" if name == "" else name, [s for s in sp.split("+") if s]))
+        name = "orochi" if name == "" else name
+        items = [s for s in sp.split("+") if s]
+        servers.append((name, [s for s in items if not s.startswith("--")]))
+        opts[name] = [s for s in items if s.startswith("--")]
     if a.llama_server:
         servers.append(("llama-server", None))
     out = open(a.json, "a") if a.json else None
@@ -239,7 +280,7 @@ def main():
                     extra += ["--max-batch", str(slots)]
                     if slots > 16:
                         extra += ["--prefill-width", str(slots)]
-                extra += a.extra.split()
+                extra += a.extra.split() + opts[name]
                 srv = Group(a.bin_dir, a.model, "/tmp/orochi-serve-%s-r%d" % (name, rnd), a.workers,
                             max(1, a.threads // a.workers), specs, extra)
                 port = srv.port
@@ -250,9 +291,17 @@ def main():
                 for n in levels:
                     jobs = [pool[i % len(pool)] for i in range(a.requests or 2 * n)]
                     load_avg = os.getloadavg()[0]
+                    shm = ShmPeak()
                     res, wall, _ = load(port, jobs, n, a)
                     row = dict(bench="serve", round=rnd + 1, server=name, clients=n, load=load_avg,
-                               **summarize(res, wall))
+                               shm_peak=shm.done(), system_words=a.system_words, **summarize(res, wall))
+                    if specs is not None:  # the group's own K/V gauges after the load
+                        body = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                        body.request("GET", "/metrics")
+                        text = body.getresponse().read().decode()
+                        for g in ("orochi_kv_bytes_held", "orochi_kv_bytes_lent"):
+                            m = re.search(r"^%s (\d+)$" % g, text, re.M)
+                            row[g[len("orochi_"):]] = int(m.group(1)) if m else None
                     if long_job:
                         res2, wall2, lr = load(port, jobs, n, a, long_job)
                         w = (lr["start"], lr["start"] + lr["ttft"]) if lr else None
@@ -265,22 +314,23 @@ def main():
                         out.write(json.dumps(row) + "\n")
                         out.flush()
                     print("round %d %-14s %3d clients: %7.1f tok/s, ttft p50/p95 %.3f/%.3f s, itl %.1f/%.1f ms, "
-                          "latency p95 %.2f s, failed %d (load %.2f)"
+                          "latency p95 %.2f s, /dev/shm peak +%.1f MB, failed %d (load %.2f)"
                           % (rnd + 1, name, n, row["tok_s"], row["ttft_p50"], row["ttft_p95"], 1e3 * row["itl_p50"],
-                             1e3 * row["itl_p95"], row["lat_p95"], row["failed"], load_avg), file=sys.stderr)
+                             1e3 * row["itl_p95"], row["lat_p95"], row["shm_peak"] / 1e6, row["failed"], load_avg),
+                          file=sys.stderr)
             finally:
                 srv.down()
-    print("\n%-14s %7s %9s %9s %9s %9s %9s %9s %9s" % ("server", "clients", "tok/s", "ttft p50", "ttft p95",
-                                                        "itl p50", "itl p95", "gap p95", "lat p95"))
+    print("\n%-14s %7s %9s %9s %9s %9s %9s %9s %9s %9s" % ("server", "clients", "tok/s", "ttft p50", "ttft p95",
+                                                             "itl p50", "itl p95", "gap p95", "lat p95", "shm peak"))
     failed = 0
     for name, _ in servers:
         for n in levels:
             rs = [r for r in rows if r["server"] == name and r["clients"] == n]
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
             failed += sum(r["failed"] for r in rs)
-            print("%-14s %7d %9.1f %8.3fs %8.3fs %7.1fms %7.1fms %7.1fms %8.2fs"
+            print("%-14s %7d %9.1f %8.3fs %8.3fs %7.1fms %7.1fms %7.1fms %8.2fs %7.1fMB"
                   % (name, n, med("tok_s"), med("ttft_p50"), med("ttft_p95"), 1e3 * med("itl_p50"),
-                     1e3 * med("itl_p95"), 1e3 * med("gap_p95"), med("lat_p95")))
+                     1e3 * med("itl_p95"), 1e3 * med("gap_p95"), med("lat_p95"), med("shm_peak") / 1e6))
             if long_job:
                 print("%-14s %7s a %d-word prompt in flight: others' gap p95 %.1f ms, itl p95 %.1f ms "
                       "(without: %.1f, %.1f ms)" % ("", "", a.long_prompt, 1e3 * med("during_gap_p95"),
