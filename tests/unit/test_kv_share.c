@@ -4,7 +4,7 @@
  * on a borrowing slot, on a slot borrowing through a borrower (the chain resolved to the first
  * lender, the rest copied), and by a drafter reading the borrowing slot through a prefix source
  * gives the logits of a private context that prefilled the same tokens, bit for bit, with f32
- * and f16 rows, the lent part ending inside an attention chunk. Unsharing keeps a borrower right
+ * and f16 rows and heads of 16 and 64, the lent part ending inside an attention chunk. Unsharing keeps a borrower right
  * after its lender's rows are written again (and one that still borrows them is then wrong: the
  * lend table is what attention reads); releasing and resetting end what a slot borrows.
  */
@@ -94,11 +94,11 @@ static void expect_bits(const char *what, const float *got, const float *want, s
     }
 }
 
-static void run(kv_type kv)
+/* extra: mkmodel's shape (NULL: the small default, heads of 16) */
+static void run(kv_type kv, const char *tag, const char *extra)
 {
     char err[256];
-    llama_model *m =
-        llama_model_load(tu_make_model("kvshare", "q4_1", NULL), err, sizeof err);
+    llama_model *m = llama_model_load(tu_make_model(tag, "q4_1", extra), err, sizeof err);
     if (!m)
         fail_msg("%s", err);
     size_t nl = (size_t)N_TREE * (size_t)m->cfg.vocab;
@@ -189,16 +189,21 @@ static void run(kv_type kv)
     llama_model_destroy(&m);
 }
 
+/* heads of 64: the AVX-512 chunk loop where the machine has it, f16 rows read raw */
+#define HEAD64 "--layers 2 --dim 256 --ffn 256 --heads 4 --kv-heads 2 --vocab 300 --ctx 128"
+
 static void test_kv_share_f32(void **state)
 {
     (void)state;
-    run(KV_F32);
+    run(KV_F32, "kvshare", NULL);
+    run(KV_F32, "kvshare64", HEAD64);
 }
 
 static void test_kv_share_f16(void **state)
 {
     (void)state;
-    run(KV_F16);
+    run(KV_F16, "kvshare", NULL);
+    run(KV_F16, "kvshare64", HEAD64);
 }
 
 int main(void)
