@@ -547,9 +547,65 @@ void spec_update_branch(spec *s, const spec_node *nodes, int n_nodes, const int3
     ctl_branch_update(&s->branch, points, side);
 }
 
+/* The longest run of tokens both a[0..na) and b[0..nb) begin with. */
+static int spec_common(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+#define SPEC_SHARE_MIN 16 /* fewer missing rows than this are forwarded, not borrowed */
+
+/* Private K/V batch slots hold a common beginning once, as the target's slots do (docs/memory.md,
+ * "A common beginning held once"): before request q's slot gets rows for its tokens, every slot
+ * borrowing rows of q's slot keeps borrowing only the positions its tokens share with q's (those
+ * rows are written again with the same bytes), the rest copied into its own rows, and q's slot
+ * borrows no further than the rows it keeps; then, when another live request's slot holds rows
+ * of SPEC_SHARE_MIN or more of q's missing tokens, q's slot borrows them
+ * (llama_kv_share_prefix) instead of forwarding them. */
+static void spec_batch_share(spec *s, spec_req *q)
+{
+    int c = q->ctx_slot, best = 0, from = -1;
+    for (int i = 0; i < RT_MAX_SEQ; i++) {
+        spec_req *b = &s->reqs[i];
+        int lender, lent;
+        if (b == q || !b->request_id || b->ctx_slot <= 0 ||
+            (lent = llama_kv_lent(s->ctx, b->ctx_slot, &lender)) == 0 || lender != c)
+            continue;
+        int k = spec_common(b->tokens, b->kv_n, q->tokens, q->n - 1);
+        if (lent > k)
+            llama_kv_unshare(s->ctx, b->ctx_slot, k, true);
+    }
+    llama_kv_unshare(s->ctx, c, q->kv_n, false);
+    if (q->n - 1 - q->kv_n < SPEC_SHARE_MIN)
+        return;
+    for (int i = 0; i < RT_MAX_SEQ; i++) {
+        const spec_req *p = &s->reqs[i];
+        if (p == q || !p->request_id || p->ctx_slot <= 0 || p->kv_n <= best)
+            continue;
+        int k = spec_common(p->tokens, p->kv_n, q->tokens, q->n - 1);
+        if (k > best)
+            best = k, from = p->ctx_slot;
+    }
+    char err[256];
+    if (from > 0 && best >= q->kv_n + SPEC_SHARE_MIN) {
+        if (llama_kv_share_prefix(s->ctx, from, c, best, err, sizeof err)) {
+            rt_log(s->role, "draft model: %s", err);
+            return;
+        }
+        if (q->kv_n == 0)
+            rt_log(s->role, "request %llu: %d committed rows borrowed from another request's",
+                   (unsigned long long)q->request_id, best);
+        q->kv_n = best;
+    }
+}
+
 /* With a private K/V (every_request, no kv_shared): make each request's slot of the draft context
- * hold the rows of all its committed tokens but the last (the tree's root), forwarding the
- * missing ones of every request together, up to the context's width a forward, each request's
+ * hold the rows of all its committed tokens but the last (the tree's root), borrowing what
+ * another request's slot holds of them (spec_batch_share) and forwarding the missing ones of
+ * every request together, up to the context's width a forward, each request's
  * run committed into its slot. Returns 0, or -1 (logged) when a forward fails: the slots then
  * hold what was committed before. */
 int spec_batch_catch_up(spec *s, spec_req *const *reqs, int k)
@@ -558,6 +614,8 @@ int spec_batch_catch_up(spec *s, spec_req *const *reqs, int k)
     int32_t tok[ARENA_DRAFT_MAX], par[ARENA_DRAFT_MAX], seq[ARENA_DRAFT_MAX];
     int take[SPEC_BATCH_MAX];
     char err[256];
+    for (int r = 0; r < k; r++)
+        spec_batch_share(s, reqs[r]);
     for (;;) {
         int nb = 0;
         for (int r = 0; r < k; r++) {

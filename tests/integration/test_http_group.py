@@ -291,7 +291,7 @@ def test_http_group_shared_prefix():
     # with one long beginning, then 8 with another (the lenders' slots written again while
     # their borrowers live), then the first again mixed with the second: every answer equals
     # `orochi run`; the gauge says rows are lent, and a group with --prefix-share off lends none
-    # and holds more.
+    # and holds more. Then idle lenders and borrowers give their pages back and answer the same.
     model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=1024, type="f32", seed=9)
     head_a = " ".join("alpha%d beta" % i for i in range(40))
     head_b = " ".join("gamma%d delta" % i for i in range(40))
@@ -323,6 +323,21 @@ def test_http_group_shared_prefix():
     G.check_eq(gauges["off"]["orochi_kv_bytes_lent"], 0, "bytes lent with --prefix-share off")
     G.check(gauges["on"]["orochi_kv_bytes_held"] < gauges["off"]["orochi_kv_bytes_held"],
             "sharing holds no less: %r", gauges)
+    # idle lenders and borrowers give their pages back (--kv-release 1) and answer the same after
+    with G.Group("http-share-release", model, workers=1, extra=["--max-batch", "8", "--kv-release", "1"]) as g:
+        for k in range(2):
+            got = {}
+            g.send_held([lambda p=p: got.__setitem__(p, g.ids(p, 24)) for p in bursts[0]], 0.5)
+            for p in bursts[0]:
+                G.check_eq(got.get(p), want[p], "after %d releases: %r" % (k, p[-4:]))
+            if k == 0:
+                g.wait_log("coordinator", "gave back the K/V pages of", 15)
+                gauge = lambda: sum(int(v) for v in re.findall(  # noqa: E731
+                    r"^orochi_kv_bytes_(?:lent|held) (\d+)$", g.http("/metrics").body.decode(), re.M))
+                deadline = time.time() + 10
+                while gauge() and time.time() < deadline:
+                    time.sleep(0.2)
+                G.check_eq(gauge(), 0, "K/V bytes held or lent after the idle slots' release")
     G.log("  24 requests in bursts of 8 sharing two beginnings: every answer equal to orochi run, "
           "%.1f kB lent, %.1f kB held (%.1f kB without sharing)" % (
               gauges["on"]["orochi_kv_bytes_lent"] / 1e3, gauges["on"]["orochi_kv_bytes_held"] / 1e3,

@@ -265,6 +265,37 @@ def every_request_case(model, spec, want):
 
 
 @t.case
+def test_speculative_drafter_shares_beginning():
+    """A drafter with K/V rows of its own holds a beginning its requests share once: three prompts
+    with one long beginning sent together, the target itself as a `model` drafter with
+    target-kv=off (its drafts are the target's as long as its rows are right). The later requests'
+    slots borrow the beginning's rows from the first's (its log says so) and still draft the
+    target's tokens (>= 2 accepted a step each); every answer equal to `orochi run`."""
+    model = tiny()
+    head = "one two three four five six seven eight nine ten " * 4
+    prompts = [head + tail for tail in ("alpha", "beta gamma", "delta")]
+    want = {p: G.run_ids(model, p, N) for p in prompts}
+    with G.Group("drafter-shares", model, workers=1, speculators=["model:draft=%s,target-kv=off" % model],
+                 max_width=4, max_draft=3,
+                 extra=["--free-run", "off", "--draft-wait", "fixed", "--draft-wait-ms", "2000"]) as g:
+        check_answer(g.complete(TINY_PROMPTS[0], N), G.run_ids(model, TINY_PROMPTS[0], N), "alone")
+        g.wait_log("coordinator", "drafts for every request (batched)", timeout=20)
+        got = {}
+        g.send_held([lambda p=p: got.__setitem__(p, g.complete(p, N)) for p in prompts], 0.5)
+        means = []
+        for p in prompts:
+            check_answer(got[p], want[p], "three with one beginning, prompt %r" % p[-12:])
+            means.append(got[p]["orochi"]["mean_accepted"])
+        lines = [l for l in g.log("model").splitlines() if "borrowed from another request's" in l]
+        G.check(lines, "no request's slot borrowed the shared beginning: %r", g.log("model")[-1500:])
+        G.check(min(means) >= 2.0, "drafts off the target's after borrowing: mean accepted %s", means)
+        G.check("draft model:" not in g.log("model"), "the drafter reported an error: %r",
+                [l for l in g.log("model").splitlines() if "draft model:" in l][:3])
+        G.log("  three prompts with one beginning: %s; mean accepted %s" % (
+            lines[0].split(": ", 1)[-1], ", ".join("%.2f" % m for m in means)))
+
+
+@t.case
 def test_speculative_length_per_request():
     """With several requests in flight each has its own speculation length, hill-climbed on its
     share of each cycle's time per token it yielded: a replay drafter right for two prompts and
