@@ -422,8 +422,7 @@ static void engine_release_idle(coord *c)
             engine_slot_lends(c, s)) /* its rows are an active request's too */
             continue;
         for (int b = 0; b < c->opt.n_seq; b++) { /* idle borrowers forget what they kept */
-            int from;
-            if (b != s && llama_kv_lent(c->kv, b, &from) > 0 && from == s) {
+            if (engine_lent_by(c, b, s)) {
                 llama_kv_unshare(c->kv, b, 0, false);
                 e->n_kept[b] = 0;
             }
@@ -444,13 +443,9 @@ static void engine_release_idle(coord *c)
 
 void coord_engine_tick(coord *c)
 {
-    /* admit queued requests into free slots (FIFO), first those no active request borrows rows
-     * of (a lender's rows must be copied into its borrowers before they are written again) */
+    /* admit queued requests into free slots (FIFO; engine_free_slot) */
     for (;;) {
-        int s = -1;
-        for (int t = 0; t < c->opt.n_seq && (s < 0 || engine_slot_lends(c, s)); t++)
-            if (!c->eng->slots[t].used && (s < 0 || !engine_slot_lends(c, t)))
-                s = t;
+        int s = engine_free_slot(c);
         if (s < 0)
             break;
         uint64_t queued_us = 0;

@@ -17,6 +17,7 @@
 #include "base/buf.h"
 
 #include "coordinator/engine.h"
+#include "model/ngram.h"
 
 /* the request's span on its slot's track of the timeline */
 static void engine_slot_trace(coord *c, int s, int status)
@@ -500,15 +501,6 @@ int engine_active(const coord *c)
     return n;
 }
 
-/* The longest run of tokens that begins both a and b (at most n). */
-static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
-{
-    int n = na < nb ? na : nb, i = 0;
-    while (i < n && a[i] == b[i])
-        i++;
-    return i;
-}
-
 /* The tokens slot b's rows hold: an active request's, or what an idle slot kept. */
 static const int32_t *engine_slot_tokens(const coord *c, int b, int *n)
 {
@@ -525,11 +517,11 @@ static const int32_t *engine_slot_tokens(const coord *c, int b, int *n)
 static void engine_unshare_from(coord *c, int s, const int32_t *toks, int n)
 {
     for (int b = 0; b < c->opt.n_seq; b++) {
-        int from, lent = llama_kv_lent(c->kv, b, &from), nb;
-        if (b == s || lent == 0 || from != s)
+        int lent = engine_lent_by(c, b, s), nb;
+        if (lent == 0)
             continue;
         const int32_t *bt = engine_slot_tokens(c, b, &nb);
-        int k = bt ? common_prefix(bt, nb, toks, n) : 0;
+        int k = bt ? ngram_common_prefix(bt, nb, toks, n) : 0;
         if (lent <= k)
             continue;
         bool active = c->eng->slots[b].used;
@@ -539,15 +531,32 @@ static void engine_unshare_from(coord *c, int s, const int32_t *toks, int n)
     }
 }
 
-/* Whether an active request borrows rows of slot s. */
+int engine_lent_by(const coord *c, int b, int s)
+{
+    int from, lent = b != s ? llama_kv_lent(c->kv, b, &from) : 0;
+    return lent > 0 && from == s ? lent : 0;
+}
+
 bool engine_slot_lends(const coord *c, int s)
 {
-    for (int b = 0; b < c->opt.n_seq; b++) {
-        int from;
-        if (b != s && c->eng->slots[b].used && llama_kv_lent(c->kv, b, &from) > 0 && from == s)
+    for (int b = 0; b < c->opt.n_seq; b++)
+        if (c->eng->slots[b].used && engine_lent_by(c, b, s))
             return true;
-    }
     return false;
+}
+
+int engine_free_slot(const coord *c)
+{
+    int first = -1;
+    for (int s = 0; s < c->opt.n_seq; s++) {
+        if (c->eng->slots[s].used)
+            continue;
+        if (!engine_slot_lends(c, s))
+            return s;
+        if (first < 0)
+            first = s;
+    }
+    return first;
 }
 
 /* Start slot s's prompt from the longest committed beginning it shares with any slot — an active
@@ -568,7 +577,7 @@ static int engine_reuse_prefix(coord *c, int s, char *err, size_t errlen)
         int n = t != s && o->used ? c->eng->prefix[t] : c->eng->n_kept[t];
         if (!toks || n <= 0)
             continue;
-        int k = common_prefix(toks, n, sl->all, sl->n_all - 1);
+        int k = ngram_common_prefix(toks, n, sl->all, sl->n_all - 1);
         if (k > best || (k == best && t == s)) {
             best = k;
             from = t;

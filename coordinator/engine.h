@@ -136,8 +136,13 @@ void engine_merge_drafts(coord *c, int slot, int32_t root, coord_tree *merged);
 
 /* take a request into slot s: tokenize, check it fits, prefill; 0, or -1 (the request failed) */
 int engine_slot_start(coord *c, int s, coord_request *req, uint64_t queued_us);
-/* Whether an active request borrows rows of slot s (--prefix-share). */
+/* The rows slot b borrows from slot s (--prefix-share; 0: none, or b == s). */
+int engine_lent_by(const coord *c, int b, int s);
+/* Whether an active request borrows rows of slot s. */
 bool engine_slot_lends(const coord *c, int s);
+/* A free slot for the next request, one no active request borrows rows of when there is one
+ * (a lender's rows must be copied into its borrowers before they are written again); -1: none. */
+int engine_free_slot(const coord *c);
 /* emit n new tokens (rows: their logits rows, for logprobs); sets sl->stop at its end */
 int engine_slot_emit(coord *c, engine_slot *sl, const int32_t *ids, const float *const *rows,
                      int n);

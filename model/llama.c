@@ -318,8 +318,7 @@ int llama_kv_copy_prefix(llama_ctx *x, int src, int dst, int n, char *err, size_
         return -1;
     int from, lent = sh_lent(&x->sh, x->p.n_seq, src, &from);
     if (src == dst) {
-        if (lent > n)
-            sh_lend(&x->sh, dst, from, n);
+        llama_kv_unshare(x, dst, n, false);
     } else {
         int cut = lent < n ? lent : n; /* rows [0, cut) lie in the lender's rows */
         sh_lend(&x->sh, dst, dst, 0);
@@ -394,9 +393,7 @@ size_t llama_kv_release(llama_ctx *x, int seq, int from)
         }
     if (x->prefix[seq] > from)
         x->prefix[seq] = from;
-    int lender, lent = sh_lent(&x->sh, x->p.n_seq, seq, &lender);
-    if (lent > from)
-        sh_lend(&x->sh, seq, lender, from);
+    llama_kv_unshare(x, seq, from, false);
     x->tree_open = false;
     kv_epoch_bump(x, seq);
     return freed;

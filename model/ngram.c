@@ -37,3 +37,11 @@ int ngram_lookup_corpus(const int32_t *ids, int len, const int32_t *corpus, int 
     }
     return -1;
 }
+
+int ngram_common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/ngram.h"
 #include "workers/speculator_internal.h"
 
 /* layerskip: keep --layers of the target (default its first half) */
@@ -547,15 +548,6 @@ void spec_update_branch(spec *s, const spec_node *nodes, int n_nodes, const int3
     ctl_branch_update(&s->branch, points, side);
 }
 
-/* The longest run of tokens both a[0..na) and b[0..nb) begin with. */
-static int spec_common(const int32_t *a, int na, const int32_t *b, int nb)
-{
-    int n = na < nb ? na : nb, i = 0;
-    while (i < n && a[i] == b[i])
-        i++;
-    return i;
-}
-
 #define SPEC_SHARE_MIN 16 /* fewer missing rows than this are forwarded, not borrowed */
 
 /* Private K/V batch slots hold a common beginning once, as the target's slots do (docs/memory.md,
@@ -574,7 +566,7 @@ static void spec_batch_share(spec *s, spec_req *q)
         if (b == q || !b->request_id || b->ctx_slot <= 0 ||
             (lent = llama_kv_lent(s->ctx, b->ctx_slot, &lender)) == 0 || lender != c)
             continue;
-        int k = spec_common(b->tokens, b->kv_n, q->tokens, q->n - 1);
+        int k = ngram_common_prefix(b->tokens, b->kv_n, q->tokens, q->n - 1);
         if (lent > k)
             llama_kv_unshare(s->ctx, b->ctx_slot, k, true);
     }
@@ -585,7 +577,7 @@ static void spec_batch_share(spec *s, spec_req *q)
         const spec_req *p = &s->reqs[i];
         if (p == q || !p->request_id || p->ctx_slot <= 0 || p->kv_n <= best)
             continue;
-        int k = spec_common(p->tokens, p->kv_n, q->tokens, q->n - 1);
+        int k = ngram_common_prefix(p->tokens, p->kv_n, q->tokens, q->n - 1);
         if (k > best)
             best = k, from = p->ctx_slot;
     }

@@ -310,9 +310,8 @@ static spec_req *spec_req_feedback(spec *s, const Orochi__Feedback *fb)
         added = fb->tokens;
         n_added = (int)fb->n_tokens;
     } else {
-        int same = 0; /* the rows of a private K/V slot hold the tokens both contexts begin with */
-        while (same < old && same < want && q->tokens[same] == fb->tokens[same])
-            same++;
+        /* the rows of a private K/V slot hold the tokens both contexts begin with */
+        int same = ngram_common_prefix(q->tokens, old, fb->tokens, want);
         if (old > 0 && want > old && same == old) {
             added = fb->tokens + old;
             n_added = want - old;

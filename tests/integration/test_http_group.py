@@ -51,6 +51,20 @@ def expect(r, status, words, what, param=None, code=None):
     G.log("  %-34s -> %d %s" % (what, r.status, msg))
 
 
+def held_ids(g, prompts, n, seconds):
+    """Each prompt's generated ids, the requests sent together while the workers are held
+    (Group.send_held), and the errors of those that failed."""
+    got, errors = {}, []
+
+    def one(p):
+        try:
+            got[p] = g.ids(p, n)
+        except Exception as e:  # noqa: BLE001 - returned for the caller to report
+            errors.append(repr(e))
+    g.send_held([lambda p=p: one(p) for p in prompts], seconds)
+    return got, errors
+
+
 def metric(g, route, code):
     """The value of orochi_http_requests_total{route, code} (0 when absent)."""
     body = g.http("/metrics").body.decode()
@@ -214,15 +228,8 @@ def test_http_group_64_concurrent_with_default_slots():
         prompts = ["%s %d" % (w, i) for i, w in enumerate(["one two", "abc abc", "x y z", "hello"] * 16)]
 
         def burst():
-            got, errors = {}, []
-
-            def one(p):
-                try:
-                    got[p] = g.ids(p, 120)
-                except Exception as e:  # noqa: BLE001 - collected and reported below
-                    errors.append(repr(e))
             # the worker is held while the 64 arrive (an answer takes ~15 ms here)
-            g.send_held([lambda p=p: one(p) for p in prompts], 1)
+            got, errors = held_ids(g, prompts, 120, 1)
             G.check(not errors, "concurrent requests failed: %s", errors[:3])
             return got
 
@@ -303,14 +310,7 @@ def test_http_group_shared_prefix():
         with G.Group("http-share-" + share, model, workers=2, speculators=["layerskip"],
                      extra=["--max-batch", "8", "--prefix-share", share]) as g:
             for k, burst in enumerate(bursts):
-                got, errors = {}, []
-
-                def one(p):
-                    try:
-                        got[p] = g.ids(p, 24)
-                    except Exception as e:  # noqa: BLE001 - collected and reported below
-                        errors.append(repr(e))
-                g.send_held([lambda p=p: one(p) for p in burst], 0.5)
+                got, errors = held_ids(g, burst, 24, 0.5)
                 G.check(not errors, "--prefix-share %s, burst %d: %s", share, k, errors[:3])
                 for p in burst:
                     G.check_eq(got[p], want[p], "--prefix-share %s, burst %d: %r" % (share, k, p[-4:]))
@@ -326,8 +326,8 @@ def test_http_group_shared_prefix():
     # idle lenders and borrowers give their pages back (--kv-release 1) and answer the same after
     with G.Group("http-share-release", model, workers=1, extra=["--max-batch", "8", "--kv-release", "1"]) as g:
         for k in range(2):
-            got = {}
-            g.send_held([lambda p=p: got.__setitem__(p, g.ids(p, 24)) for p in bursts[0]], 0.5)
+            got, errors = held_ids(g, bursts[0], 24, 0.5)
+            G.check(not errors, "after %d releases: %s", k, errors[:3])
             for p in bursts[0]:
                 G.check_eq(got.get(p), want[p], "after %d releases: %r" % (k, p[-4:]))
             if k == 0:
