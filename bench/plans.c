@@ -54,6 +54,7 @@ typedef struct {
     int gpu_att_parts; /* --gpu-att-parts: attention's key streams cut into N (0: by length) */
     int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
     int gpu_att_tile;  /* --gpu-att-tile: attention by tiles, llama_gpu_params.att_tile */
+    int gpu_frag;      /* --gpu-frag: llama_gpu_params.matmul_frag (pb_tile_word's index) */
     const char *search; /* --search FILE: find the partition, write it there */
     const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
     size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
@@ -93,6 +94,16 @@ static int pb_sync(void *arg)
     return arena_barrier_wait(arg, -1, PB_SPIN);
 }
 
+/* The flops of every matmul of a step, per token: 2 per weight of the layers' seven matrices
+ * and the LM head (what a wide step's time is set against the tensor cores' rate with). */
+static double pb_matmul_flops(const llama_config *c)
+{
+    double dim = c->dim, qd = (double)c->n_heads * c->head_dim,
+           kvd = (double)c->n_kv_heads * c->head_dim;
+    double layer = dim * qd + 2 * dim * kvd + qd * dim + 3 * dim * c->ffn;
+    return 2.0 * (layer * c->n_layers + (double)c->vocab * dim);
+}
+
 static void pb_usage(FILE *out)
 {
     fprintf(out,
@@ -101,7 +112,7 @@ static void pb_usage(FILE *out)
             "                    [--reps 5] [--plan hcmp|split|megatron:S]... [--json FILE]\n"
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "                    [--gpu-fuse on|off] [--gpu-unroll auto|1|2|4]\n"
-            "                    [--gpu-matmul auto|cuda|tensor]\n"
+            "                    [--gpu-matmul auto|cuda|tensor] [--gpu-frag auto|on|off]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
             "                    [--gpu-att-tile auto|on|off] [--gpu-weights auto|device|mapped]\n"
             "                    [--gpu-memory-limit BYTES] [--search PLAN]\n"
@@ -115,7 +126,9 @@ static void pb_usage(FILE *out)
             "  takes them, docs/gpu.md); --gpu-unroll: the groups a lane of the GPU's quantized\n"
             "  matmul loads before it adds them (the same bits; auto: 2 up to width 4, else 1);\n"
             "  --gpu-matmul: the quantized matmul on CUDA cores or tensor cores (f16 products;\n"
-            "  auto: tensor cores);\n"
+            "  auto: tensor cores); --gpu-frag: the tensor-core matmul's inputs rounded once\n"
+            "  into fragment order by a launch of their own, the same bits (auto: from 17\n"
+            "  tokens; on: from 2; off: every warp reads the f32 rows);\n"
             "  --gpu-att-parts: the parts GPU attention cuts each key stream into (auto: by\n"
             "  length and width; 1: never; the same answer within rounding); --gpu-att-keys: the\n"
             "  keys a warp of it scores at once (4; 1 to compare); --gpu-att-tile: the tiled\n"
@@ -220,6 +233,7 @@ static void *pb_part_main(void *argp)
                              .att_parts = o->gpu_att_parts,
                              .att_keys = o->gpu_att_keys,
                              .att_tile = o->gpu_att_tile,
+                             .matmul_frag = o->gpu_frag,
                              .weights = (llama_gpu_weights)llama_gpu_weights_parse(o->gpu_weights),
                              .memory_limit = o->gpu_limit};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
@@ -312,7 +326,8 @@ static void *pb_part_main(void *argp)
     return NULL;
 }
 
-/* --gpu-att-tile's words by pb_opts.gpu_att_tile (KCUDA_TILE_AUTO, _ON, _OFF) */
+/* --gpu-att-tile's words by pb_opts.gpu_att_tile (KCUDA_TILE_AUTO, _ON, _OFF), and --gpu-frag's
+ * by pb_opts.gpu_frag (KCUDA_FRAG_AUTO, _ON, _OFF) */
 static const char *const pb_tile_word[] = {"auto", "on", "off"};
 /* --gpu-matmul's words by pb_opts.gpu_matmul (KCUDA_MM_AUTO, _SIMT, _TC) */
 static const char *const pb_matmul_word[] = {"auto", "cuda", "tensor"};
@@ -390,6 +405,10 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--gpu-att-tile")) {
             /* the word's index: llama_gpu_params.att_tile */
             if ((o->gpu_att_tile = pb_word(a, val, pb_tile_word, 3)) < 0)
+                return 2;
+        } else if (!strcmp(a, "--gpu-frag")) {
+            /* the word's index: llama_gpu_params.matmul_frag */
+            if ((o->gpu_frag = pb_word(a, val, pb_tile_word, 3)) < 0)
                 return 2;
         } else if (!strcmp(a, "--gpu-matmul")) {
             /* the word's index: llama_gpu_params.matmul_kind */
@@ -771,8 +790,9 @@ int bench_plans(int argc, char **argv)
         fprintf(stderr, "orochi bench: %s\n", r.err);
         return 1;
     }
-    /* the roofline: the device's copy bandwidth (read + write), where a part ran on it */
-    double copy = 0;
+    /* the roofline: the device's copy bandwidth (read + write), where a part ran on it; and the
+     * rate of the tensor cores' instruction, which a wide step's matmul flops are set against */
+    double copy = 0, tc = 0;
 #ifdef OROCHI_HAVE_CUDA
     if (any_gpu) {
         kcuda *kg = kcuda_new(0, err, sizeof err);
@@ -780,12 +800,17 @@ int bench_plans(int argc, char **argv)
             fprintf(stderr, "orochi bench: %s (no roofline fraction reported)\n", err);
             copy = 0;
         }
+        if (kg && kcuda_mma_tflops(kg, 0.3, &tc, err, sizeof err)) {
+            fprintf(stderr, "orochi bench: %s (no tensor-core fraction reported)\n", err);
+            tc = 0;
+        }
         kcuda_destroy(&kg);
     }
 #else
     (void)any_gpu;
 #endif
     double gb = (double)llama_model_step_bytes(r.m) / 1e9, la = cli_loadavg();
+    double tflop = pb_matmul_flops(&r.m->cfg) / 1e12; /* a token's, every matmul of a step */
     FILE *js = cli_open_append(o.json);
     const char *base = strrchr(o.model, '/');
     printf("model %s, %d parts (%s) x %d threads, context %d, load average %.2f\n",
@@ -814,15 +839,19 @@ int bench_plans(int argc, char **argv)
                         "\"gpu_att_ask\":%d,\"gpu_att_parts\":%d,\"gpu_att_keys\":%d,"
                         "\"gpu_att_tile_ask\":\"%s\",\"gpu_att_tile\":%s,"
                         "\"gpu_matmul_ask\":\"%s\",\"gpu_matmul\":\"%s\","
-                        "\"copy_gbps\":%.1f,\"roofline\":%.4f}\n",
+                        "\"gpu_frag_ask\":\"%s\",\"gpu_frag\":%s,"
+                        "\"copy_gbps\":%.1f,\"roofline\":%.4f,\"mma_tflops\":%.4g,"
+                        "\"tc_share\":%.4f}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
                         o.threads, o.ctx, o.reps, base ? base + 1 : o.model, la, o.gpu_memory,
                         o.gpu_graphs ? "true" : "false", o.gpu_fuse ? "true" : "false",
                         r.ops[(size_t)p * o.n_widths + wi], o.gpu_unroll, how.unroll,
                         o.gpu_att_parts, how.att_parts, o.gpu_att_keys ? o.gpu_att_keys : 4,
                         pb_tile_word[o.gpu_att_tile], how.att_tiles ? "true" : "false",
-                        pb_matmul_word[o.gpu_matmul], how.tensor_cores ? "tensor" : "cuda", copy,
-                        copy > 0 ? gb / (med / 1e3) / copy : 0.0);
+                        pb_matmul_word[o.gpu_matmul], how.tensor_cores ? "tensor" : "cuda",
+                        pb_tile_word[o.gpu_frag], how.frag ? "true" : "false", copy,
+                        copy > 0 ? gb / (med / 1e3) / copy : 0.0, tc,
+                        tc > 0 ? tflop * o.widths[wi] / (med / 1e3) / tc : 0.0);
         }
         printf("\n");
     }
@@ -843,6 +872,9 @@ int bench_plans(int argc, char **argv)
             printf(" W=%d %d", o.widths[wi], r.how[wi].unroll);
         printf("\nquantized matmul on (%s): %s cores", pb_matmul_word[o.gpu_matmul],
                r.how[0].tensor_cores ? "tensor" : "CUDA");
+        printf("\ntensor-core inputs in fragment order (%s):", pb_tile_word[o.gpu_frag]);
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %s", o.widths[wi], r.how[wi].frag ? "yes" : "no");
         printf("\n");
     }
     if (copy > 0) { /* the weights' GB/s over the device's copy GB/s (read + write) */
@@ -851,6 +883,15 @@ int bench_plans(int argc, char **argv)
                copy, o.names[0]);
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" W=%d %.1f%%", o.widths[wi], 100.0 * gb / (pb_median(&r, 0, wi) / 1e3) / copy);
+        printf("\n");
+    }
+    if (tc > 0) { /* the matmuls' flops a step over the tensor cores' rate */
+        printf("tensor cores %.4g TFLOP/s (mma.sync f16, f32 sums); the matmuls' flops a step "
+               "over it, %s:",
+               tc, o.names[0]);
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %.1f%%", o.widths[wi],
+                   100.0 * tflop * o.widths[wi] / (pb_median(&r, 0, wi) / 1e3) / tc);
         printf("\n");
     }
     if (js)

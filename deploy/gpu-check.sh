@@ -18,8 +18,8 @@
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
-#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,fusion,attention,
-#                          groups,bandwidth,plans,onecopy,sanitizer
+#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,frag,fusion,
+#                          attention,groups,bandwidth,plans,onecopy,sanitizer
 #   GPU_CHECK_ROOFLINE="SHAPE:TYPE ..."  the roofline stage's models (default "1b:q4_k 8b:q4_k
 #                          8b:q8_0 8b:bf16"; shapes 1b and 8b, any orochi mkmodel type)
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
@@ -42,7 +42,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -171,6 +171,25 @@ if stage roofline 60; then
         for mm in $kinds; do
             gpu_alone "$m" "quantized matmul on $mm cores" --widths 1,2,4,8,16,32,64 --ctx 256 \
                 --gpu-matmul "$mm"
+        done
+    done
+fi
+
+# the tensor-core matmul's inputs in fragment order (--gpu-frag: rounded once by a launch of
+# their own, then one 512-byte load a warp per token tile) by default (from 17 tokens), from 2
+# tokens, and never: the GPU alone (mirror, graphs on) on the 8B and 1B shapes at Q4_K (the
+# roofline stage's files, made here where missing), the variants alternating over two rounds; the
+# same bits in all three (unit_cuda_kernels), so only the time may differ
+if stage frag 60; then
+    for spec in 8b:q4_k 1b:q4_k; do
+        shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
+        [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
+        [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
+        for round in 1 2; do
+            for f in auto off on; do
+                gpu_alone "$m" "tensor cores, inputs in fragment order $f (round $round)" \
+                    --widths 1,2,8,16,17,32,64 --ctx 256 --gpu-matmul tensor --gpu-frag "$f"
+            done
         done
     done
 fi

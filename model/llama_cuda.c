@@ -379,7 +379,10 @@ static int gpu_win_map(llama_gpu *gp, char *err, size_t errlen)
     for (int i = 0; i < gp->n_wins; i++) {
         gpu_win *w = &gp->wins[i];
         const uint8_t *p = w->src->data;
-        if (p >= f->base && p + gpu_rows_bytes(w->src, 0, w->src->rows) <= f->base + f->size) {
+        /* in place where the file holds it at an address the kernels can read (kcuda_aligned:
+         * GGUF aligns tensor data to 32 bytes unless the file says otherwise), else uploaded */
+        if (p >= f->base && p + gpu_rows_bytes(w->src, 0, w->src->rows) <= f->base + f->size &&
+            kcuda_aligned(w->src)) {
             w->dst->data = (uint8_t *)dev + (p - f->base);
             w->lo = 0;
             w->hi = w->src->rows;
@@ -594,6 +597,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     if (prm->att_keys)
         kcuda_set_att_keys(gp->g, prm->att_keys);
     kcuda_set_att_tile(gp->g, prm->att_tile);
+    kcuda_set_matmul_frag(gp->g, prm->matmul_frag);
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -649,6 +653,15 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     gp->h_block = aligned_alloc(4096, gp->stage_bytes);
     if (!gp->xb || !gp->attp || !gp->xs || !gp->d_block || !gp->h_block)
         goto oom;
+    /* the tensor-core matmul's inputs in fragment order (kcuda_set_matmul_frag) for the widest
+     * step over the longest rows: made before any step is captured, counted with the buffers */
+    if (prm->matmul_kind != KCUDA_MM_SIMT && kcuda_frag_rule(prm->matmul_frag, (int)W)) {
+        size_t cols = qd > (size_t)c->ffn ? qd : (size_t)c->ffn;
+        size_t fb = kcuda_frag_bytes((int)W, (int64_t)(cols > (size_t)c->dim ? cols : (size_t)c->dim));
+        if (kcuda_reserve(gp->g, fb, err, errlen))
+            goto fail;
+        gp->buf_bytes += fb;
+    }
     memset(gp->h_block, 0, gp->stage_bytes);
     gpu_stage_at(&gp->h, gp->h_block, W, heads, half);
     gpu_stage_at(&gp->d, gp->d_block, W, heads, half);
@@ -1306,9 +1319,10 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
             gp->att_keys = h->n_prefix[i] + h->n_anc[i];
     }
     kcuda_att a = gpu_att_of(gp, 0);
+    uint32_t wq = x->m->layers[0].wq.type;
     gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n), kcuda_att_tiles(g, &a, n) != 0,
-                              kcuda_matmul_unroll(g, n),
-                              kcuda_matmul_kind(g, x->m->layers[0].wq.type) == KCUDA_MM_TC};
+                              kcuda_matmul_unroll(g, n), kcuda_matmul_kind(g, wq) == KCUDA_MM_TC,
+                              kcuda_matmul_frag(g, wq, n) != 0};
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
     /* up to the last ancestor list this step uses (the arrays before it are whole) */

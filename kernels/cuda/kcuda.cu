@@ -11,14 +11,6 @@
 
 #include "kernels/cuda/kcuda_internal.h"
 
-/* Seconds on the monotonic clock. */
-static double kcuda_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 #define KCUDA_BLAS_WS ((size_t)32 << 20) /* bytes of cuBLAS workspace (its Hopper guidance) */
 
 int kcuda_devices(char *why, size_t whylen)
@@ -150,7 +142,9 @@ void *kcuda_scratch(kcuda *g, size_t bytes)
 {
     if (bytes <= g->scratch_bytes)
         return g->scratch;
-    if (g->capturing) /* no wait or allocation inside a capture: kcuda_reserve first */
+    /* no wait or allocation inside a capture (kcuda_reserve first), and none after one: a
+     * recorded graph may hold the scratch's address */
+    if (g->capturing || g->captured)
         return NULL;
     cudaStreamSynchronize(g->stream); /* queued ops may still read the old buffer */
     cudaFree(g->scratch);
@@ -324,6 +318,7 @@ int kcuda_capture_begin(kcuda *g, char *err, size_t errlen)
                    "cudaStreamBeginCapture", err, errlen))
         return -1;
     g->capturing = true;
+    g->captured = true;
     return 0;
 }
 

@@ -92,8 +92,16 @@ void kcuda_copy3d_pz(kcuda *g, void *dst, size_t dst_pitch_z, const void *src, s
  * timed on the host around a sync; *gbps gets bytes read plus bytes written per second over 1e9
  * (the roofline a step's weight reads are compared with). 0, or -1 with err. */
 int kcuda_copy_gbps(kcuda *g, size_t bytes, int reps, double *gbps, char *err, size_t errlen);
-/* Make the context's scratch (the 16-bit activations of a cuBLAS matmul) at least `bytes`, so
- * that no op allocates while a graph is being captured. 0, or -1 with err. */
+/* The rate of the instruction the tensor-core matmul runs (mma.sync m16n8k16, f16 inputs, f32
+ * sums): 2 blocks of 4 warps a multiprocessor, each warp 4 independent chains of them on
+ * registers, launched until `seconds` have passed (after one unmeasured launch); *tflops gets
+ * 4096 flops an instruction per second over 1e12 (what a wide step's matmul flops are compared
+ * with). 0, or -1 with err. */
+int kcuda_mma_tflops(kcuda *g, double seconds, double *tflops, char *err, size_t errlen);
+/* Make the context's scratch (the 16-bit activations of a cuBLAS matmul, the tensor-core matmul's
+ * inputs in fragment order) at least `bytes`, so that no op allocates while a graph is being
+ * captured; once a graph has been captured the scratch never moves (a recording may hold its
+ * address), so this belongs before the first capture. 0, or -1 with err. */
 int kcuda_reserve(kcuda *g, size_t bytes, char *err, size_t errlen);
 
 /* CUDA graphs: the ops queued on the context's stream between kcuda_capture_begin and
@@ -189,6 +197,26 @@ enum { KCUDA_MM_AUTO = 0, KCUDA_MM_SIMT = 1, KCUDA_MM_TC = 2 };
 void kcuda_set_matmul_kind(kcuda *g, int kind);
 /* KCUDA_MM_SIMT or KCUDA_MM_TC: what a matmul of `type` runs on under the context's setting. */
 int kcuda_matmul_kind(const kcuda *g, uint32_t type);
+/* The tensor-core matmul's inputs: read from the f32 rows by every warp, each lane its 8 columns
+ * of a token, rounded to f16 where they are multiplied (KCUDA_FRAG_OFF); or first rounded once
+ * into fragment order by one launch more (k_xfrag), so that a warp's B fragments of a token tile
+ * are one load of 512 consecutive bytes (KCUDA_FRAG_ON, from 2 tokens a step). The same f16
+ * values in the same sums: the same bits either way. KCUDA_FRAG_AUTO (until set; another value
+ * too): from KCUDA_FRAG_AUTO_N tokens, where every warp reading 16 bytes of each of 8 tokens'
+ * rows per block was most of a wide step's load instructions (docs/gpu.md). The order lives in
+ * the context's scratch: a step captured into a graph uses it only if kcuda_reserve made room
+ * before (else the f32 rows, the same bits). */
+enum { KCUDA_FRAG_AUTO = 0, KCUDA_FRAG_ON = 1, KCUDA_FRAG_OFF = 2 };
+#define KCUDA_FRAG_AUTO_N 17
+void kcuda_set_matmul_frag(kcuda *g, int how);
+/* 1 when a matmul of `type` over n tokens asks for its inputs in fragment order. */
+int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n);
+/* The scratch bytes the fragment order of n tokens of `cols` inputs takes (kcuda_reserve): 8-token
+ * tiles of f16 values. */
+static inline size_t kcuda_frag_bytes(int n, int64_t cols)
+{
+    return (size_t)((n + 7) / 8) * 8 * (size_t)cols * 2;
+}
 /* Ops queued on the context's stream since it was made: each kernel launch, copy and graph launch
  * counts one (a step's launch count, for tests and profiles). */
 long kcuda_launches(const kcuda *g);

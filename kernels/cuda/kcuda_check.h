@@ -30,6 +30,21 @@ static inline int64_t kcuda_type_block(uint32_t t)
 /* kcuda_matmul_cols's: a GPU type with columns on 32-blocks (256 for the K-quants); input columns
  * [c0, c1) inside the row, on the type's blocks for the quantized types (a float type takes any
  * range). */
+/* The alignment the kernels need of a type's rows: 16 for Q4_K's and Q5_K's super-blocks (144
+ * and 176 bytes, read by 16-byte words: their d, dmin and scales in one load); the others are
+ * read by words their blocks' own sizes allow (kcuda_group), which any GGUF row start keeps. */
+static inline size_t kcuda_type_align(uint32_t type)
+{
+    return type == KT_Q4_K || type == KT_Q5_K ? 16 : 1;
+}
+
+/* Whether w's rows lie where the kernels can read them (kcuda_type_align). */
+static inline bool kcuda_aligned(const kmat *w)
+{
+    size_t a = kcuda_type_align(w->type);
+    return (uintptr_t)w->data % a == 0 && w->row_bytes % a == 0;
+}
+
 static inline int kcuda_check_matmul(const kmat *w, int64_t c0, int64_t c1, char *err,
                                      size_t errlen)
 {
@@ -46,6 +61,12 @@ static inline int kcuda_check_matmul(const kmat *w, int64_t c0, int64_t c1, char
         snprintf(err, errlen, "matmul over input columns [%lld, %lld) of %lld: %s",
                  (long long)c0, (long long)c1, (long long)w->cols,
                  c1 <= c0 || c0 < 0 || c1 > w->cols ? "out of range" : "not on the type's blocks");
+        return -1;
+    }
+    if (!kcuda_aligned(w)) {
+        snprintf(err, errlen, "matmul of %s rows at %p (%zu bytes a row): the GPU reads them by "
+                 "%zu-byte words", kt_traits_of(w->type)->name, w->data, (size_t)w->row_bytes,
+                 kcuda_type_align(w->type));
         return -1;
     }
     return 0;
@@ -129,6 +150,15 @@ static inline int kcuda_mm_rule(int set, uint32_t type)
     return set == KCUDA_MM_SIMT ? KCUDA_MM_SIMT : KCUDA_MM_TC;
 }
 
+/* Whether a tensor-core matmul of n tokens takes its inputs in fragment order (kcuda_set_matmul_frag's
+ * `set`). */
+static inline bool kcuda_frag_rule(int set, int n)
+{
+    if (set == KCUDA_FRAG_OFF || n < 2)
+        return false;
+    return set == KCUDA_FRAG_ON || n >= KCUDA_FRAG_AUTO_N;
+}
+
 /* kcuda_att_parts for a device of `sms` multiprocessors, `tile` as kcuda_att_tiled takes it (the
  * CUDA op set and its stand-in share the rule, so both count the same launches). */
 static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int tile)
@@ -155,6 +185,11 @@ static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int t
 /* kcuda_embed's: a table type with a GPU dequantizer. */
 static inline int kcuda_check_embed(const kmat *table, char *err, size_t errlen)
 {
+    if (kcuda_type_ok(table->type) && !kcuda_aligned(table)) {
+        snprintf(err, errlen, "embedding of %s rows at %p: the GPU reads them by %zu-byte words",
+                 kt_traits_of(table->type)->name, table->data, kcuda_type_align(table->type));
+        return -1;
+    }
     if (kcuda_type_ok(table->type))
         return 0;
     snprintf(err, errlen, "embedding of type %u: the GPU reads " KT_SUPPORTED_LIST, table->type);

@@ -36,7 +36,15 @@ struct kcuda {
     long launches; /* ops queued (kcuda_launches) */
     int att_tile;  /* kcuda_set_att_tile's setting: the stand-in decides as a device would */
     int mm_kind;   /* kcuda_set_matmul_kind's, reported as a device would */
+    int frag;      /* kcuda_set_matmul_frag's: the launches counted as a device counts them */
 };
+
+/* The launch a device queues before a tensor-core matmul whose inputs go into fragment order
+ * (kcuda_matmul_frag): counted, with nothing to do (the CPU twins read the f32 rows). */
+static void fake_frag(kcuda *g, uint32_t type, int n)
+{
+    g->launches += kcuda_matmul_frag(g, type, n);
+}
 
 struct kcuda_graph {
     fake_op *ops;
@@ -300,6 +308,7 @@ int kcuda_matmul_cols(kcuda *g, const kmat *w, int64_t lo, int64_t hi, int64_t c
         return -1;
     matmul_args a = {*w, lo, hi, c0, c1, ldy, x, y, n};
     a.w.packed = NULL; /* the GGUF rows at w->data */
+    fake_frag(g, w->type, n);
     FAKE_QUEUE(g, matmul_run, a);
     return 0;
 }
@@ -439,6 +448,7 @@ static int fused_queue(kcuda *g, const kmat *w, const kmat *up, int64_t lo, int6
         a.up = *up;
         a.up.packed = NULL;
     }
+    fake_frag(g, w->type, n);
     FAKE_QUEUE(g, fused_run, a);
     return 0;
 }
@@ -480,8 +490,10 @@ int kcuda_matmul_multi(kcuda *g, const kcuda_mm *mm, int count, const float *x, 
                                mm[i].y, n};
             m->w.packed = NULL;
         }
-    if (n > 0 && a.count)
+    if (n > 0 && a.count) {
+        fake_frag(g, mm[0].w->type, n);
         FAKE_QUEUE(g, multi_run, a);
+    }
     return 0;
 }
 
@@ -615,6 +627,13 @@ int kcuda_copy_gbps(kcuda *g, size_t bytes, int reps, double *gbps, char *err, s
     return -1;
 }
 
+int kcuda_mma_tflops(kcuda *g, double seconds, double *tflops, char *err, size_t errlen)
+{
+    (void)g, (void)seconds, (void)tflops;
+    snprintf(err, errlen, "tensor cores: the CPU stand-in has none to time");
+    return -1;
+}
+
 void kcuda_set_matmul_kind(kcuda *g, int kind)
 {
     g->mm_kind = kind; /* the CPU twins compute the same answer either way */
@@ -623,6 +642,16 @@ void kcuda_set_matmul_kind(kcuda *g, int kind)
 int kcuda_matmul_kind(const kcuda *g, uint32_t type)
 {
     return kcuda_mm_rule(g->mm_kind, type);
+}
+
+void kcuda_set_matmul_frag(kcuda *g, int how)
+{
+    g->frag = how == KCUDA_FRAG_ON || how == KCUDA_FRAG_OFF ? how : KCUDA_FRAG_AUTO;
+}
+
+int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n)
+{
+    return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC && kcuda_frag_rule(g->frag, n);
 }
 
 void kcuda_set_att_keys(kcuda *g, int keys)

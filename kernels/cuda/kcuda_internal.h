@@ -6,6 +6,8 @@
 #ifndef OROCHI_KCUDA_INTERNAL_H
 #define OROCHI_KCUDA_INTERNAL_H
 
+#include <time.h>
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,19 +20,29 @@ struct kcuda {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *scratch; /* the 16-bit activations of a cuBLAS matmul */
+    void *scratch; /* the 16-bit activations of a cuBLAS matmul or of the tensor cores' fragments */
     size_t scratch_bytes;
     void *blas_ws; /* cuBLAS's workspace, set once so that a captured matmul allocates nothing */
     bool capturing;
+    bool captured; /* a graph was recorded: the scratch no longer moves (kcuda_scratch) */
     long launches; /* ops queued (kcuda_launches) */
     int unroll;    /* quantized matmul: groups a lane loads before adding, 0 by the step
                       (kcuda_set_matmul_unroll) */
     int mm_kind;   /* quantized matmul: KCUDA_MM_* (kcuda_set_matmul_kind) */
+    int frag;      /* tensor-core matmul's inputs: KCUDA_FRAG_* (kcuda_set_matmul_frag) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
     int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
     int att_tile;    /* attention by tiles: KCUDA_TILE_* (kcuda_set_att_tile) */
     float *att_part; /* attention's part records, KCUDA_ATT_PART_FLOATS (NULL: streams not cut) */
 };
+
+/* Seconds on the monotonic clock (the op set's timings: copy bandwidth, the tensor cores' rate). */
+static inline double kcuda_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* -1 with "what: cuda's reason" in err unless e is cudaSuccess. */
 int kcuda_fail(cudaError_t e, const char *what, char *err, size_t errlen);
@@ -84,15 +96,27 @@ __device__ static inline float kcuda_iq4nl(uint32_t code)
     return (float)(int8_t)((code < 8 ? lo : hi) >> (8 * (code & 7)));
 }
 
+/* The f16 number whose bits are the low 16 of v. */
+__device__ static inline float kcuda_half_bits(uint32_t v)
+{
+    return __half2float(__ushort_as_half((unsigned short)(v & 0xffff)));
+}
+
+/* Byte k (0..11) of the 12 scale bytes of a Q4_K / Q5_K super-block, held as three words. */
+__device__ static inline uint32_t kcuda_s12(const uint32_t s[3], int k)
+{
+    return (s[k >> 2] >> (8 * (k & 3))) & 0xff;
+}
+
 /* Sub-block j (0..7) of the 6-bit scales and mins of Q4_K / Q5_K (ktk_scale_min). */
-__device__ static inline void kcuda_scale_min(const uint8_t *s, int j, float *sc, float *mn)
+__device__ static inline void kcuda_scale_min(const uint32_t s[3], int j, float *sc, float *mn)
 {
     if (j < 4) {
-        *sc = (float)(s[j] & 63);
-        *mn = (float)(s[j + 4] & 63);
+        *sc = (float)(kcuda_s12(s, j) & 63);
+        *mn = (float)(kcuda_s12(s, j + 4) & 63);
     } else {
-        *sc = (float)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-        *mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+        *sc = (float)((kcuda_s12(s, j + 4) & 15) | ((kcuda_s12(s, j - 4) >> 6) << 4));
+        *mn = (float)((kcuda_s12(s, j + 4) >> 4) | ((kcuda_s12(s, j) >> 6) << 4));
     }
 }
 
@@ -100,6 +124,21 @@ __device__ static inline void kcuda_scale_min(const uint8_t *s, int j, float *sc
 __host__ __device__ static inline bool kcuda_quant(uint32_t t)
 {
     return t != KT_F32 && t != KT_F16 && t != KT_BF16;
+}
+
+/* Where the inputs of lane `sub`'s (0..3) 8 weights of a 32-column block lie (kcuda_group): the
+ * first 4 from column *a of the block, the last 4 from *bo. The same for every block of a type. */
+template <uint32_t TYPE>
+__host__ __device__ static inline void kcuda_group_cols(int sub, int *a, int *bo)
+{
+    if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
+        TYPE == KT_IQ4_NL) {
+        *a = 4 * sub;
+        *bo = 16 + 4 * sub;
+    } else {
+        *a = 8 * sub;
+        *bo = 8 * sub + 4;
+    }
 }
 
 /* The 8 weights lane `sub` (0..3) of a row's 32-column block b takes, and where their inputs lie:
@@ -146,8 +185,7 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
                 w[4 + i] = d * (float)((int)hi - z);
             }
         }
-        *a = 4 * sub;
-        *bo = 16 + 4 * sub;
+        kcuda_group_cols<TYPE>(sub, a, bo);
         return;
     }
     if (TYPE == KT_Q8_0) {
@@ -158,28 +196,32 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
             w[2 * i] = d * (float)(int8_t)(h[i] & 0xff);
             w[2 * i + 1] = d * (float)(int8_t)(h[i] >> 8);
         }
-        *a = 8 * sub;
-        *bo = 8 * sub + 4;
+        kcuda_group_cols<TYPE>(sub, a, bo);
         return;
     }
     /* the K-quants */
     int64_t S = b >> 3;
     int j = (int)(b & 7), n = j >> 2, jj = j & 3;
-    *a = 8 * sub;
-    *bo = 8 * sub + 4;
+    kcuda_group_cols<TYPE>(sub, a, bo);
     if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
         /* d, dmin, scales[12], (Q5_K: qh[32]), qs[128]: sub-block 2p + h is the nibble h of
          * qs[32p + l], Q5_K's fifth bit bit j of qh[l] */
-        /* 144- and 176-byte super-blocks: 4-aligned words (a row starts 4-aligned) */
+        /* 144- and 176-byte super-blocks, 16-aligned (kcuda_check_matmul: a row starts so): the
+         * 16 bytes of d, dmin and the scales in one load, the lane's 8 quant bytes (and 8 qh
+         * bytes) in one each */
         const uint8_t *q = row + (size_t)S * (TYPE == KT_Q4_K ? 144 : 176);
+        uint4 hd = *(const uint4 *)q;
+        const uint32_t s12[3] = {hd.y, hd.z, hd.w};
         float sc, mn;
-        kcuda_scale_min(q + 4, j, &sc, &mn);
-        float ds = kcuda_half(q) * sc, dm = kcuda_half(q + 2) * mn;
+        kcuda_scale_min(s12, j, &sc, &mn);
+        float ds = kcuda_half_bits(hd.x) * sc, dm = kcuda_half_bits(hd.x >> 16) * mn;
         const uint8_t *qs = q + (TYPE == KT_Q4_K ? 16 : 48) + 32 * (j >> 1) + 8 * sub;
-        uint32_t v[2] = {kcuda_u32(qs), kcuda_u32(qs + 4)}, h[2] = {0, 0};
+        uint2 qv = *(const uint2 *)qs;
+        uint32_t v[2] = {qv.x, qv.y}, h[2] = {0, 0};
         if (TYPE == KT_Q5_K) {
-            h[0] = kcuda_u32(q + 16 + 8 * sub);
-            h[1] = kcuda_u32(q + 20 + 8 * sub);
+            uint2 hv = *(const uint2 *)(q + 16 + 8 * sub);
+            h[0] = hv.x;
+            h[1] = hv.y;
         }
         int sh = 4 * (j & 1);
         for (int k = 0; k < 2; k++)

@@ -128,6 +128,7 @@ struct kq_job {
     int n_seg;
     int64_t cols; /* the input columns multiplied: x's row length */
     const float *x;
+    const uint4 *xf; /* tensor cores: x in fragment order (k_xfrag), or NULL */
     int n;
 };
 
@@ -203,7 +204,14 @@ __global__ void k_matmul(kq_job j)
  * over its warp's blocks in one order, then the warps in one order: a token's result depends
  * neither on the batch it came in, nor on which of the 8 columns of a tile it took, nor on R and
  * NT (chosen by the step's width: R = 2 tiles a block from 17 tokens, whose warps of one k-slice
- * read the same inputs, once from L2 for both). KM_SPLIT is fixed: the order of the sums. */
+ * read the same inputs, once from L2 for both). KM_SPLIT is fixed: the order of the sums.
+ *
+ * The inputs (B) either come from x's f32 rows, each lane loading its token's 8 columns of the
+ * block (16 bytes at two places of a row: 8 rows touched a warp per token tile) and rounding them,
+ * or, for the widths kcuda_set_matmul_frag picks, from x in fragment order: one launch before
+ * (k_xfrag) rounds each lane's 8 values once into the 16 bytes it will load, so a warp's B of a
+ * token tile and block is one load of 512 consecutive bytes, half the bytes, no conversion — the
+ * same f16 values, so the same bits. */
 #define KM_SPLIT 8
 #define KM_ROWS 16
 #define KM_TILES 8 /* token tiles of 8 a pass at most: 64 tokens */
@@ -302,7 +310,51 @@ __device__ static inline void km_mul(const uint32_t A[8], int a, int bo, int64_t
     }
 }
 
-template <uint32_t TYPE, int OP, int NT, int U, int R>
+/* The same, with the inputs in fragment order (k_xfrag): lane L's B fragments of token tile tt and
+ * block b are the 16 bytes xf[(tt * nb + b) * 32 + L], one load of a warp's 512 consecutive
+ * bytes. The same f16 values as km_mul's (rounded alike, zero past the step's tokens), so the same
+ * sums. */
+template <int NT>
+__device__ static inline void km_mul_frag(const uint32_t A[8], const uint4 *xf, int64_t nb,
+                                          int64_t b, int t0, int n, int lane, float acc[NT][4])
+{
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        int64_t tt = t0 / 8 + i;
+        uint4 v = {0u, 0u, 0u, 0u};
+        if (8 * tt < n)
+            v = xf[(tt * nb + b) * 32 + lane];
+        uint32_t B0[2] = {v.x, v.y}, B1[2] = {v.z, v.w};
+        km_mma(acc[i], A, B0);
+        km_mma(acc[i], A + 4, B1);
+    }
+}
+
+/* x (n rows of `cols` floats) into fragment order for TYPE's groups: entry (tt * nb + b) * 32 + L
+ * holds, for token 8 tt + L / 4 and the lane L % 4 of block b, the f16 pairs of the 4 inputs from
+ * column a and the 4 from bo (kcuda_group_cols) as km_mul forms them; zeros past the n tokens. */
+template <uint32_t TYPE>
+__global__ void k_xfrag(const float *x, int64_t cols, int n, uint4 *xf)
+{
+    int64_t nb = cols / 32, total = (int64_t)((n + 7) / 8) * nb * 32;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int lane = (int)(i & 31), a, bo;
+        int64_t b = (i >> 5) % nb, tok = (i >> 5) / nb * 8 + (lane >> 2);
+        kcuda_group_cols<TYPE>(lane & 3, &a, &bo);
+        float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (tok < n) {
+            const float *xr = x + tok * cols + b * 32;
+            u = *(const float4 *)(xr + a);
+            v = *(const float4 *)(xr + bo);
+        }
+        uint4 o;
+        o.x = km_h2(u.x, u.y), o.y = km_h2(u.z, u.w), o.z = km_h2(v.x, v.y), o.w = km_h2(v.z, v.w);
+        xf[i] = o;
+    }
+}
+
+template <uint32_t TYPE, int OP, int NT, int U, int R, bool XF>
 __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -334,12 +386,18 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
                     km_load<TYPE>(rowa, rowb, b + u * KM_SPLIT, t, A[u], &a, &bo);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    km_mul<NT>(A[u], a, bo, b + u * KM_SPLIT, j.x, j.cols, t0, j.n, g, acc);
+                    if (XF)
+                        km_mul_frag<NT>(A[u], j.xf, nb, b + u * KM_SPLIT, t0, j.n, lane, acc);
+                    else
+                        km_mul<NT>(A[u], a, bo, b + u * KM_SPLIT, j.x, j.cols, t0, j.n, g, acc);
             }
             for (; b < nb; b += KM_SPLIT) {
                 uint32_t A[8];
                 km_load<TYPE>(rowa, rowb, b, t, A, &a, &bo);
-                km_mul<NT>(A, a, bo, b, j.x, j.cols, t0, j.n, g, acc);
+                if (XF)
+                    km_mul_frag<NT>(A, j.xf, nb, b, t0, j.n, lane, acc);
+                else
+                    km_mul<NT>(A, a, bo, b, j.x, j.cols, t0, j.n, g, acc);
             }
             /* the tile's partial sums added in warp order: warp 0 writes, then 1, 2, ... add */
             for (int k = 0; k < KM_SPLIT; k++) {
@@ -376,19 +434,84 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
 
 /* A quantized type on tensor cores: the token tiles a pass takes and the blocks a warp loads
  * before it multiplies by the step's width (a token's bits depend on neither). */
-template <uint32_t TYPE, int OP>
+template <uint32_t TYPE, int OP, bool XF>
 static void km_launch(kcuda *g, dim3 grid, const kq_job &j)
 {
     dim3 one(32 * KM_SPLIT), two(32 * KM_SPLIT * 2);
     static_assert(KM_TILES == 8, "km_launch takes 1, 2, 4 or 8 token tiles a pass");
     if (j.n <= 8)
-        k_mma<TYPE, OP, 1, 4, 1><<<grid, one, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 1, 4, 1, XF><<<grid, one, 0, g->stream>>>(j);
     else if (j.n <= 16)
-        k_mma<TYPE, OP, 2, 4, 1><<<grid, one, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 2, 4, 1, XF><<<grid, one, 0, g->stream>>>(j);
     else if (j.n <= 32)
-        k_mma<TYPE, OP, 4, 2, 2><<<grid, two, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 4, 2, 2, XF><<<grid, two, 0, g->stream>>>(j);
     else
-        k_mma<TYPE, OP, 8, 2, 2><<<grid, two, 0, g->stream>>>(j);
+        k_mma<TYPE, OP, 8, 2, 2, XF><<<grid, two, 0, g->stream>>>(j);
+}
+
+/* A quantized type on tensor cores: its inputs in fragment order first where the rule asks for it
+ * (kcuda_frag_rule) and the scratch can hold them (a capture cannot grow it: kcuda_reserve);
+ * either way the same bits. */
+template <uint32_t TYPE, int OP>
+static void km_run(kcuda *g, dim3 grid, const kq_job &j)
+{
+    size_t bytes = kcuda_frag_bytes(j.n, j.cols);
+    uint4 *xf = kcuda_frag_rule(g->frag, j.n) ? (uint4 *)kcuda_scratch(g, bytes) : NULL;
+    if (!xf) {
+        km_launch<TYPE, OP, false>(g, grid, j);
+        return;
+    }
+    int64_t units = (int64_t)(bytes / 16);
+    int blocks = (int)((units + 255) / 256);
+    k_xfrag<TYPE><<<blocks < 4096 ? blocks : 4096, 256, 0, g->stream>>>(j.x, j.cols, j.n, xf);
+    g->launches++;
+    kq_job jf = j;
+    jf.xf = xf;
+    km_launch<TYPE, OP, true>(g, grid, jf);
+}
+
+/* mma.sync at its rate: KM_PEAK_CHAINS independent accumulators a warp, `iters` rounds of them;
+ * `never` is NULL and the sums are positive, so nothing is written, yet nothing can be left out. */
+#define KM_PEAK_CHAINS 4
+#define KM_PEAK_ITERS 256
+__global__ void k_mma_peak(int iters, float *never)
+{
+    uint32_t A[4], B[2];
+    for (int i = 0; i < 4; i++)
+        A[i] = km_h2(1e-3f, 2e-3f);
+    B[0] = B[1] = km_h2(1e-3f, 1e-3f);
+    float d[KM_PEAK_CHAINS][4] = {};
+    for (int i = 0; i < iters; i++)
+#pragma unroll
+        for (int c = 0; c < KM_PEAK_CHAINS; c++)
+            km_mma(d[c], A, B);
+    float s = 0.0f;
+    for (int c = 0; c < KM_PEAK_CHAINS; c++)
+        s += d[c][0] + d[c][1] + d[c][2] + d[c][3];
+    if (s < 0.0f)
+        *never = s;
+}
+
+int kcuda_mma_tflops(kcuda *g, double seconds, double *tflops, char *err, size_t errlen)
+{
+    dim3 grid(2 * (g->sms > 0 ? g->sms : 1)), block(128);
+    k_mma_peak<<<grid, block, 0, g->stream>>>(KM_PEAK_ITERS, (float *)NULL); /* not timed */
+    if (kcuda_sync(g, err, errlen))
+        return -1;
+    double t0 = kcuda_now(), dt = 0;
+    long launches = 0;
+    /* doubling batches of launches until `seconds` have passed (a sync between batches) */
+    for (long batch = 1; dt < seconds && launches < (1L << 20); batch *= 2) {
+        for (long i = 0; i < batch; i++)
+            k_mma_peak<<<grid, block, 0, g->stream>>>(KM_PEAK_ITERS, (float *)NULL);
+        launches += batch;
+        if (kcuda_sync(g, err, errlen))
+            return -1;
+        dt = kcuda_now() - t0;
+    }
+    double mma = (double)launches * grid.x * (block.x / 32) * KM_PEAK_ITERS * KM_PEAK_CHAINS;
+    *tflops = mma * 4096.0 / (dt > 0 ? dt : 1e-9) / 1e12;
+    return 0;
 }
 
 template <typename T>
@@ -435,7 +558,7 @@ template <uint32_t TYPE, int OP>
 static void kq_launch_quant(kcuda *g, dim3 grid, dim3 block, const kq_job &j)
 {
     if (kcuda_mm_rule(g->mm_kind, TYPE) == KCUDA_MM_TC) {
-        km_launch<TYPE, OP>(g, grid, j);
+        km_run<TYPE, OP>(g, grid, j);
         return;
     }
     switch (kcuda_unroll_rule(g->unroll, j.n)) {
@@ -487,6 +610,16 @@ void kcuda_set_matmul_kind(kcuda *g, int kind)
 int kcuda_matmul_kind(const kcuda *g, uint32_t type)
 {
     return kcuda_mm_rule(g->mm_kind, type);
+}
+
+void kcuda_set_matmul_frag(kcuda *g, int how)
+{
+    g->frag = how == KCUDA_FRAG_ON || how == KCUDA_FRAG_OFF ? how : KCUDA_FRAG_AUTO;
+}
+
+int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n)
+{
+    return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC && kcuda_frag_rule(g->frag, n);
 }
 
 /* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */

@@ -3,10 +3,13 @@
  * CPU twin (kernels/cpu) on fresh random inputs (the seed is printed; OROCHI_SEED=N repeats a run),
  * within the tolerances stated per op below:
  *   matmul      rows [13, 90) of 97 x 256, widths 1, 3, 8, 17, 64, every GPU type; rows outside
- *               the range untouched. Relative L2 against kmat_mul: F32, F16, BF16 1e-5;
+ *               the range untouched (Q4_K rows off 16-byte words refused, saying so). Relative
+ *               L2 against kmat_mul: F32, F16, BF16 1e-5;
  *               Q8_0/Q4_0/Q4_1 2e-3 (the CPU rounds activations to 16 bits for its integer dot
  *               products). Every token's result bit for bit the same token's computed alone
- *               (the sums do not depend on the batch). kcuda_matmul_blas (cuBLAS) for the float
+ *               (the sums do not depend on the batch); on tensor cores also with the inputs in
+ *               fragment order from 2 tokens and with none (kcuda_set_matmul_frag), and the rule
+ *               choosing it on fixtures. kcuda_matmul_blas (cuBLAS) for the float
  *               types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations to the weight's
  *               type).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
@@ -191,6 +194,25 @@ static void matmul_case(uint32_t type, int kind, const float *wf, const float *x
             check(what, e, tol_blas);
         }
     }
+    /* tensor cores with the inputs in fragment order from 2 tokens (k_xfrag) and with none:
+     * every token the bits of the token alone (which reads the f32 rows) */
+    for (int f = 0; kind == KCUDA_MM_TC && f < 2; f++) {
+        kcuda_set_matmul_frag(g, f ? KCUDA_FRAG_OFF : KCUDA_FRAG_ON);
+        for (int n = 3; n <= 64; n = n == 3 ? 17 : 64) {
+            must(kcuda_matmul(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err), "matmul");
+            from_dev(got, dy, (size_t)(n * rows) * 4);
+            bool same = true;
+            for (int i = 0; i < n; i++)
+                same &= !memcmp(got + i * rows + lo, alone + i * rows + lo,
+                                (size_t)(hi - lo) * 4);
+            printf("  matmul %s width %d, tensor cores, inputs %s: %s\n", tn, n,
+                   f ? "read in place" : "in fragment order", same ? "ok" : "FAILED");
+            failures += !same;
+            if (n == 64)
+                break;
+        }
+    }
+    kcuda_set_matmul_frag(g, KCUDA_FRAG_AUTO);
     /* input columns [c0, c1) only (the Megatron partial), x holding that slice: [48, 192) for
      * the float types (a short last block of 32), [64, 192) for the 32-blocks, [256, 512) for
      * the K-quants (whole super-blocks) */
@@ -259,6 +281,14 @@ static void test_matmul(void)
     kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
     check_int("Q4_K by default runs on tensor cores", kcuda_matmul_kind(g, KT_Q4_K), KCUDA_MM_TC);
     check_int("F16 by default runs on CUDA cores", kcuda_matmul_kind(g, KT_F16), KCUDA_MM_SIMT);
+    /* Q4_K rows are read by 16-byte words: rows at an address off them are refused, saying so */
+    uint8_t *odd = kcuda_alloc(2 * 144 + 16);
+    kmat wodd = {.type = KT_Q4_K, .rows = 2, .cols = 256, .row_bytes = 144, .data = odd + 8};
+    int bad = kcuda_matmul(g, &wodd, 0, 2, dx, 1, dy, 2, err, sizeof err);
+    bool said = bad && strstr(err, "by 16-byte words");
+    printf("  matmul of Q4_K rows off 16-byte words refused: %s (%s)\n", said ? "ok" : "FAILED", err);
+    failures += !said;
+    kcuda_free(odd);
     kcuda_free(dx);
     kcuda_free(dy);
     free(wf);
@@ -642,6 +672,24 @@ static void test_att_parts_rule(void)
         snprintf(what, sizeof what, "matmul groups in flight, set %d, %d columns", u[i].set, u[i].n);
         check_int(what, kcuda_unroll_rule(u[i].set, u[i].n), u[i].want);
     }
+    /* the tensor-core matmul's inputs in fragment order: by default from KCUDA_FRAG_AUTO_N
+     * tokens, when on from 2, never when off, never on CUDA cores nor for a float type */
+    static const struct {
+        int set, n, want;
+    } fr[] = {{KCUDA_FRAG_AUTO, 1, 0},  {KCUDA_FRAG_AUTO, 16, 0}, {KCUDA_FRAG_AUTO, 17, 1},
+             {KCUDA_FRAG_AUTO, 64, 1}, {KCUDA_FRAG_ON, 1, 0},    {KCUDA_FRAG_ON, 2, 1},
+             {KCUDA_FRAG_OFF, 64, 0},  {7, 17, 1}};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "matmul inputs in fragment order, set %d, %d columns",
+                 fr[i].set, fr[i].n);
+        check_int(what, kcuda_frag_rule(fr[i].set, fr[i].n), fr[i].want);
+    }
+    kcuda_set_matmul_kind(g, KCUDA_MM_SIMT);
+    check_int("fragment order on CUDA cores", kcuda_matmul_frag(g, KT_Q4_K, 64), 0);
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+    check_int("fragment order for F16", kcuda_matmul_frag(g, KT_F16, 64), 0);
+    check_int("fragment order for Q4_K at 64 by default", kcuda_matmul_frag(g, KT_Q4_K, 64), 1);
 }
 
 /* The unified-memory path: kernels write host memory registered for the device. */

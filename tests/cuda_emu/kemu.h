@@ -49,6 +49,9 @@ struct uint3 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
@@ -104,6 +107,12 @@ struct __half {
         memcpy(&bits, &h, 2);
     }
 };
+static inline __half __ushort_as_half(unsigned short v)
+{
+    __half h;
+    h.bits = v;
+    return h;
+}
 static inline float __half2float(__half h)
 {
     _Float16 v;

@@ -31,8 +31,10 @@ commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in 
 with graphs off and on, with one launch per op (whose steps queue 11 more ops a layer), with
 the quantized matmul's other loads in flight and its default (2 at width 1, 1 at 8), with
 attention cut into 3 parts (one join launch more a layer) and one key a warp, tiles off, with the
-tiled attention cut into 2, and no tiles by default at this short context; bad --gpu-att-parts,
---gpu-att-keys, --gpu-att-tile and --gpu-unroll values refused; GPU + CPU under HCMP, the dense/sparse split and
+tiled attention cut into 2, and no tiles by default at this short context, with the tensor-core
+matmul's inputs in fragment order from 2 tokens (one launch more before each matmul at width 8,
+none at 1); bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll and --gpu-frag
+values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 """
 import json
@@ -157,7 +159,8 @@ def gpu_check_bench_commands_run_over_the_emulation():
                                                                          "--gpu-att-keys", "1",
                                                                          "--gpu-att-tile", "off"]),
                                            ("mirror", "off", "on", "1", ["--gpu-att-parts", "2",
-                                                                         "--gpu-att-tile", "on"])):
+                                                                         "--gpu-att-tile", "on"]),
+                                           ("mirror", "off", "on", "auto", ["--gpu-frag", "on"])):
         runs.append(common + ["--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--gpu-memory", mem,
                               "--gpu-graphs", graphs, "--gpu-fuse", fuse, "--gpu-unroll", unroll] + cut)
     for mem in ("mapped", "mirror"):
@@ -170,7 +173,7 @@ def gpu_check_bench_commands_run_over_the_emulation():
                 r.stderr[-1500:])
     with open(js) as f:
         rows = [json.loads(x) for x in f]
-    G.check(len(rows) == 7 * 2 + 2 * 3 * 2, "%d JSON rows, not 26", len(rows))
+    G.check(len(rows) == 8 * 2 + 2 * 3 * 2, "%d JSON rows, not 28", len(rows))
     G.check([x["gpu_fuse"] for x in rows[:10]] == [True] * 8 + [False] * 2 and
             [x["gpu_unroll"] for x in rows[:10]] == [1] * 2 + [2, 1] + [4] * 2 + [1] * 2 + [2] * 2 and
             [x["gpu_unroll_ask"] for x in rows[:4]] == [1, 1, 0, 0],
@@ -189,9 +192,21 @@ def gpu_check_bench_commands_run_over_the_emulation():
             "the rows do not say how attention ran: %r", how)
     joins = [rows[k + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for k in (10, 12) for i in range(2)]
     G.check(joins == [4] * 4, "ops a step the parts' joins add over 4 layers: %r (want 4)", joins)
+    # the tensor-core matmul's inputs in fragment order: by default not at widths 1 and 8, asked
+    # from 2 tokens: at 8 one launch more before each matmul launch (4 a layer and the LM head)
+    frag = [(x["gpu_frag_ask"], x["gpu_frag"]) for x in rows[2:4] + rows[14:16]]
+    G.check(frag == [("auto", False)] * 2 + [("on", False), ("on", True)],
+            "the rows do not say where the inputs went in fragment order: %r", frag)
+    more = [rows[14 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
+    G.check(more == [0, 4 * 4 + 1], "ops a step the fragment order adds over 4 layers: %r (want 0, 17)", more)
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
+    # the tensor cores' instruction timed (over the emulation: its own slow rate), and each step's
+    # matmul flops set against it
+    G.check(all(x["mma_tflops"] > 0 and x["tc_share"] > 0 for x in rows),
+            "a row without the tensor cores' rate or its share: %r", [(x["mma_tflops"], x["tc_share"]) for x in rows])
     for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4"),
-                            ("--gpu-att-tile", "yes", "auto, on or off"), ("--gpu-unroll", "3", "auto, 1, 2 or 4")):
+                            ("--gpu-att-tile", "yes", "auto, on or off"), ("--gpu-unroll", "3", "auto, 1, 2 or 4"),
+                            ("--gpu-frag", "2", "auto, on or off")):
         r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
                 "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
