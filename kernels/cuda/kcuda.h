@@ -93,7 +93,7 @@ void kcuda_copy3d_pz(kcuda *g, void *dst, size_t dst_pitch_z, const void *src, s
  * (the roofline a step's weight reads are compared with). 0, or -1 with err. */
 int kcuda_copy_gbps(kcuda *g, size_t bytes, int reps, double *gbps, char *err, size_t errlen);
 /* The rate of the instruction the tensor-core matmul runs (mma.sync m16n8k16, f16 inputs, f32
- * sums): 2 blocks of 4 warps a multiprocessor, each warp 4 independent chains of them on
+ * sums): 2 blocks of 4 warps a multiprocessor, each warp 8 independent chains of them on
  * registers, launched until `seconds` have passed (after one unmeasured launch); *tflops gets
  * 4096 flops an instruction per second over 1e12 (what a wide step's matmul flops are compared
  * with). 0, or -1 with err. */

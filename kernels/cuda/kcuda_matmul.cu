@@ -472,8 +472,8 @@ static void km_run(kcuda *g, dim3 grid, const kq_job &j)
 
 /* mma.sync at its rate: KM_PEAK_CHAINS independent accumulators a warp, `iters` rounds of them;
  * `never` is NULL and the sums are positive, so nothing is written, yet nothing can be left out. */
-#define KM_PEAK_CHAINS 4
-#define KM_PEAK_ITERS 256
+#define KM_PEAK_CHAINS 8
+#define KM_PEAK_ITERS 128
 __global__ void k_mma_peak(int iters, float *never)
 {
     uint32_t A[4], B[2];
