@@ -74,14 +74,31 @@ __device__ static inline float kcuda_silu_mul1(float g, float u)
     return g / (1.0f + expf(-g)) * u;
 }
 
-/* Two bytes, and four bytes as two 2-byte loads (the blocks of several types are only 2-aligned). */
+/* Two bytes; four bytes at a 2-aligned address: one load where the address is 4-aligned, else
+ * two 2-byte loads (the blocks of several types are only 2-aligned; a warp's lanes mostly share
+ * the address's parity, so the branch is mostly uniform). */
 __device__ static inline uint32_t kcuda_u16(const uint8_t *p)
 {
     return *(const uint16_t *)p;
 }
 __device__ static inline uint32_t kcuda_u32h(const uint8_t *p)
 {
+    if (((uintptr_t)p & 3) == 0)
+        return *(const uint32_t *)p;
     return kcuda_u16(p) | kcuda_u16(p + 2) << 16;
+}
+/* Eight bytes at a 2-aligned address into v[0] (the first four) and v[1]: two 4-byte loads where
+ * it is 4-aligned, else a 2-byte, a 4-byte and a 2-byte one (none past the 8 bytes). */
+__device__ static inline void kcuda_u64h(const uint8_t *p, uint32_t v[2])
+{
+    if (((uintptr_t)p & 3) == 0) {
+        v[0] = *(const uint32_t *)p;
+        v[1] = *(const uint32_t *)(p + 4);
+        return;
+    }
+    uint32_t m = *(const uint32_t *)(p + 2);
+    v[0] = kcuda_u16(p) | m << 16;
+    v[1] = m >> 16 | kcuda_u16(p + 6) << 16;
 }
 /* Four bytes at a 4-aligned address. */
 __device__ static inline uint32_t kcuda_u32(const uint8_t *p)
@@ -191,11 +208,10 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
     if (TYPE == KT_Q8_0) {
         const uint8_t *q = row + (size_t)b * 34;
         float d = kcuda_half(q);
-        const uint16_t *h = (const uint16_t *)(q + 2 + 8 * sub); /* 34-byte blocks: 2-aligned */
-        for (int i = 0; i < 4; i++) {
-            w[2 * i] = d * (float)(int8_t)(h[i] & 0xff);
-            w[2 * i + 1] = d * (float)(int8_t)(h[i] >> 8);
-        }
+        uint32_t v[2]; /* 34-byte blocks: 2-aligned */
+        kcuda_u64h(q + 2 + 8 * sub, v);
+        for (int i = 0; i < 8; i++)
+            w[i] = d * (float)(int8_t)((v[i >> 2] >> (8 * (i & 3))) & 0xff);
         kcuda_group_cols<TYPE>(sub, a, bo);
         return;
     }
@@ -238,8 +254,11 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
         float ds = kcuda_half(q + 208) * (float)(int8_t)q[192 + 8 * n + 2 * jj + (sub >> 1)];
         const uint8_t *ql = q + 64 * n + 32 * (jj & 1) + 8 * sub, *qh = q + 128 + 32 * n + 8 * sub;
         int sh = 4 * (jj >> 1);
+        uint32_t Lv[2], Hv[2];
+        kcuda_u64h(ql, Lv);
+        kcuda_u64h(qh, Hv);
         for (int k = 0; k < 2; k++) {
-            uint32_t L = kcuda_u32h(ql + 4 * k), H = kcuda_u32h(qh + 4 * k);
+            uint32_t L = Lv[k], H = Hv[k];
             for (int i = 0; i < 4; i++) {
                 int c = (int)(((L >> (8 * i + sh)) & 0xf) | ((H >> (8 * i + 2 * jj)) & 3) << 4);
                 w[4 * k + i] = ds * (float)(c - 32);
