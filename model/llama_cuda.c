@@ -656,8 +656,9 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     /* the tensor-core matmul's inputs in fragment order (kcuda_set_matmul_frag) for the widest
      * step over the longest rows: made before any step is captured, counted with the buffers */
     if (prm->matmul_kind != KCUDA_MM_SIMT && kcuda_frag_rule(prm->matmul_frag, (int)W)) {
-        size_t cols = qd > (size_t)c->ffn ? qd : (size_t)c->ffn;
-        size_t fb = kcuda_frag_bytes((int)W, (int64_t)(cols > (size_t)c->dim ? cols : (size_t)c->dim));
+        size_t cols = qd > (size_t)c->ffn ? qd : (size_t)c->ffn; /* as gp->xs's rows */
+        cols = cols > (size_t)c->dim ? cols : (size_t)c->dim;
+        size_t fb = kcuda_frag_bytes((int)W, (int64_t)cols);
         if (kcuda_reserve(gp->g, fb, err, errlen))
             goto fail;
         gp->buf_bytes += fb;

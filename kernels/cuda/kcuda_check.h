@@ -27,9 +27,6 @@ static inline int64_t kcuda_type_block(uint32_t t)
     return tr ? tr->block : 1;
 }
 
-/* kcuda_matmul_cols's: a GPU type with columns on 32-blocks (256 for the K-quants); input columns
- * [c0, c1) inside the row, on the type's blocks for the quantized types (a float type takes any
- * range). */
 /* The alignment the kernels need of a type's rows: 16 for Q4_K's and Q5_K's super-blocks (144
  * and 176 bytes, read by 16-byte words: their d, dmin and scales in one load); the others are
  * read by words their blocks' own sizes allow (kcuda_group), which any GGUF row start keeps. */
@@ -45,6 +42,9 @@ static inline bool kcuda_aligned(const kmat *w)
     return (uintptr_t)w->data % a == 0 && w->row_bytes % a == 0;
 }
 
+/* kcuda_matmul_cols's: a GPU type with columns on 32-blocks (256 for the K-quants); input columns
+ * [c0, c1) inside the row, on the type's blocks for the quantized types (a float type takes any
+ * range); its rows where the kernels can read them (kcuda_aligned). */
 static inline int kcuda_check_matmul(const kmat *w, int64_t c0, int64_t c1, char *err,
                                      size_t errlen)
 {
@@ -185,15 +185,17 @@ static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int t
 /* kcuda_embed's: a table type with a GPU dequantizer. */
 static inline int kcuda_check_embed(const kmat *table, char *err, size_t errlen)
 {
-    if (kcuda_type_ok(table->type) && !kcuda_aligned(table)) {
+    if (!kcuda_type_ok(table->type)) {
+        snprintf(err, errlen, "embedding of type %u: the GPU reads " KT_SUPPORTED_LIST,
+                 table->type);
+        return -1;
+    }
+    if (!kcuda_aligned(table)) {
         snprintf(err, errlen, "embedding of %s rows at %p: the GPU reads them by %zu-byte words",
                  kt_traits_of(table->type)->name, table->data, kcuda_type_align(table->type));
         return -1;
     }
-    if (kcuda_type_ok(table->type))
-        return 0;
-    snprintf(err, errlen, "embedding of type %u: the GPU reads " KT_SUPPORTED_LIST, table->type);
-    return -1;
+    return 0;
 }
 
 #endif

@@ -289,6 +289,23 @@ __device__ static inline void km_load(const uint8_t *ra, const uint8_t *rb, int6
     A[6] = km_h2(wa[6], wa[7]), A[7] = km_h2(wb[6], wb[7]);
 }
 
+/* Token tok's B fragments of block b, both k-steps: the 4 inputs from column a of the block and
+ * the 4 from bo, rounded to f16 pairs (zeros for a token past the step's n). The one rounding of
+ * the inputs: km_mul forms them where it multiplies, k_xfrag once for a step's fragment order. */
+__device__ static inline uint4 km_b(const float *x, int64_t cols, int64_t tok, int n, int64_t b,
+                                    int a, int bo)
+{
+    float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (tok < n) {
+        const float *xr = x + tok * cols + b * 32;
+        u = *(const float4 *)(xr + a);
+        v = *(const float4 *)(xr + bo);
+    }
+    uint4 o;
+    o.x = km_h2(u.x, u.y), o.y = km_h2(u.z, u.w), o.z = km_h2(v.x, v.y), o.w = km_h2(v.z, v.w);
+    return o;
+}
+
 /* Block b's fragments times the pass's tokens [t0, t0 + NT * 8) of n, into acc[NT][4]. */
 template <int NT>
 __device__ static inline void km_mul(const uint32_t A[8], int a, int bo, int64_t b, const float *x,
@@ -296,15 +313,8 @@ __device__ static inline void km_mul(const uint32_t A[8], int a, int bo, int64_t
 {
 #pragma unroll
     for (int i = 0; i < NT; i++) {
-        int tok = t0 + 8 * i + g;
-        float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (tok < n) {
-            const float *xr = x + (int64_t)tok * cols + b * 32;
-            u = *(const float4 *)(xr + a);
-            v = *(const float4 *)(xr + bo);
-        }
-        uint32_t B0[2] = {km_h2(u.x, u.y), km_h2(u.z, u.w)};
-        uint32_t B1[2] = {km_h2(v.x, v.y), km_h2(v.z, v.w)};
+        uint4 v = km_b(x, cols, t0 + 8 * i + g, n, b, a, bo);
+        uint32_t B0[2] = {v.x, v.y}, B1[2] = {v.z, v.w};
         km_mma(acc[i], A, B0);
         km_mma(acc[i], A + 4, B1);
     }
@@ -332,7 +342,8 @@ __device__ static inline void km_mul_frag(const uint32_t A[8], const uint4 *xf, 
 
 /* x (n rows of `cols` floats) into fragment order for TYPE's groups: entry (tt * nb + b) * 32 + L
  * holds, for token 8 tt + L / 4 and the lane L % 4 of block b, the f16 pairs of the 4 inputs from
- * column a and the 4 from bo (kcuda_group_cols) as km_mul forms them; zeros past the n tokens. */
+ * column a and the 4 from bo (kcuda_group_cols) as km_mul forms them (km_b); zeros past the n
+ * tokens. */
 template <uint32_t TYPE>
 __global__ void k_xfrag(const float *x, int64_t cols, int n, uint4 *xf)
 {
@@ -342,15 +353,7 @@ __global__ void k_xfrag(const float *x, int64_t cols, int n, uint4 *xf)
         int lane = (int)(i & 31), a, bo;
         int64_t b = (i >> 5) % nb, tok = (i >> 5) / nb * 8 + (lane >> 2);
         kcuda_group_cols<TYPE>(lane & 3, &a, &bo);
-        float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (tok < n) {
-            const float *xr = x + tok * cols + b * 32;
-            u = *(const float4 *)(xr + a);
-            v = *(const float4 *)(xr + bo);
-        }
-        uint4 o;
-        o.x = km_h2(u.x, u.y), o.y = km_h2(u.z, u.w), o.z = km_h2(v.x, v.y), o.w = km_h2(v.z, v.w);
-        xf[i] = o;
+        xf[i] = km_b(x, cols, tok, n, b, a, bo);
     }
 }
 
