@@ -1,16 +1,29 @@
 #!/usr/bin/env python3
 """Summarise an Nsight Compute CSV of one GPU forward run (bench/gpu-profile.sh writes it): per
 kernel and launch shape, the launches, the summed and mean device time, the share of the whole and
-the DRAM bytes read over the time (GB/s); then the sum per kernel name, and per forward step where
-the embedding kernel (once a step) counts the steps.
+the DRAM bytes read over the time (GB/s), and, where the CSV has them, what bounds the kernel (the
+time-weighted mean over its launches, % of the peak: achieved occupancy, issue slots, L1, L2 and
+DRAM throughput; a latency-bound kernel is low in all); then the sum per kernel name, and per
+forward step where the embedding kernel (once a step) counts the steps.
 
     bench/gpu_profile.py PROFILE.csv [--title TEXT]
 
-The CSV is `ncu --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum`.
+The CSV is `ncu --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum`
+with, optionally, the metrics of BOUNDS (bench/gpu-profile.sh asks for them all).
 """
 import csv
 import sys
 from collections import defaultdict
+
+
+# what bounds a kernel: (column, ncu metric), each a % of its peak
+BOUNDS = (
+    ("occ%", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+    ("issue%", "sm__inst_issued.avg.pct_of_peak_sustained_active"),
+    ("L1%", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
+    ("L2%", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("DRAM%", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+)
 
 
 def short(name):
@@ -49,28 +62,44 @@ def main():
             pass
     if not launches:
         sys.exit("%s: no kernel launches in the profile" % sys.argv[1])
-    by_shape = defaultdict(lambda: [0, 0.0, 0.0])
-    by_name = defaultdict(lambda: [0, 0.0, 0.0])
+    bounds = [(col, m) for col, m in BOUNDS if any(m in e for e in launches.values())]
+    # per key: launches, ns, bytes read, then each bound's ns-weighted sum and the ns it covers
+    by_shape = defaultdict(lambda: [0, 0.0, 0.0] + [0.0] * (2 * len(bounds)))
+    by_name = defaultdict(lambda: [0, 0.0, 0.0] + [0.0] * (2 * len(bounds)))
     for e in launches.values():
         ns, rd = e.get("gpu__time_duration.sum", 0.0), e.get("dram__bytes_read.sum", 0.0)
         for agg, k in ((by_shape, (e["name"], e["grid"], e["block"])), (by_name, e["name"])):
-            agg[k][0] += 1
-            agg[k][1] += ns
-            agg[k][2] += rd
+            v = agg[k]
+            v[0] += 1
+            v[1] += ns
+            v[2] += rd
+            for i, (_, m) in enumerate(bounds):
+                if m in e:
+                    v[3 + 2 * i] += e[m] * ns
+                    v[4 + 2 * i] += ns
+
+    def bound_cols(v):
+        return "".join(" %6s" % ("%.0f" % (v[3 + 2 * i] / v[4 + 2 * i]) if v[4 + 2 * i] else "-")
+                       for i in range(len(bounds)))
+
+    heads = "".join(" %6s" % col for col, _ in bounds)
     total = sum(v[1] for v in by_name.values())
     steps = max((v[0] for k, v in by_name.items() if "embed" in k), default=0)
     print("== %s: %d launches, %.3f ms of kernel time%s" % (
         title, len(launches), total / 1e6,
         ", %d steps: %.3f ms a step" % (steps, total / 1e6 / steps) if steps else ""))
-    print("%-34s %-16s %7s %10s %9s %6s %8s" % ("kernel", "grid", "launches", "total ms", "mean us",
-                                                 "share", "GB/s"))
-    for (name, grid, block), (n, ns, rd) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])[:24]:
-        print("%-34s %-16s %7d %10.3f %9.2f %5.1f%% %8.1f" % (name[:34], grid[:16], n, ns / 1e6, ns / n / 1e3,
-                                                            100 * ns / total, rd / ns if ns else 0))
+    print("%-34s %-16s %7s %10s %9s %6s %8s%s" % ("kernel", "grid", "launches", "total ms", "mean us",
+                                                   "share", "GB/s", heads))
+    for (name, grid, block), v in sorted(by_shape.items(), key=lambda kv: -kv[1][1])[:24]:
+        n, ns, rd = v[:3]
+        print("%-34s %-16s %7d %10.3f %9.2f %5.1f%% %8.1f%s" % (
+            name[:34], grid[:16], n, ns / 1e6, ns / n / 1e3, 100 * ns / total, rd / ns if ns else 0,
+            bound_cols(v)))
     print("by kernel:")
-    for name, (n, ns, rd) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-        print("  %-40s %7d launches %10.3f ms %5.1f%% %8.1f GB/s" % (name[:40], n, ns / 1e6, 100 * ns / total,
-                                                                    rd / ns if ns else 0))
+    for name, v in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+        n, ns, rd = v[:3]
+        print("  %-40s %7d launches %10.3f ms %5.1f%% %8.1f GB/s%s" % (
+            name[:40], n, ns / 1e6, 100 * ns / total, rd / ns if ns else 0, bound_cols(v)))
 
 
 if __name__ == "__main__":

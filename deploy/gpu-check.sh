@@ -13,13 +13,20 @@
 # (--gpu-memory mapped: the arena read in place; mirror: device copies) and, for the GPU alone,
 # with CUDA graphs off and on, and (mirror, graphs on) with one launch per op against the fused
 # launches. Right after the tests: the GPU forward test under compute-sanitizer memcheck and the op
-# set's test under racecheck.
+# set's test under racecheck. Last, where a CUDA build of llama.cpp was carried (bench/peer-cuda.sh),
+# its llama-bench beside orochi on the 8B shape.
 #   usage: deploy/gpu-check.sh [OUT_DIR]     (default $OUT, else /tmp/gpu-check)
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
 #   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,frag,fusion,
-#                          attention,groups,bandwidth,plans,onecopy,sanitizer
+#                          attention,groups,bandwidth,plans,onecopy,sanitizer,peer
+#   GPU_CHECK_PEER=DIR     llama.cpp built with CUDA (bench/peer-cuda.sh: llama-bench and its
+#                          libraries in one folder; default build/peer-cuda, carried to the
+#                          machine): the peer stage times it beside orochi on the 8B shape
+#   GPU_CHECK_PEER_MODELS="TYPE ..."  the peer stage's 8B files (default "q4_k"; any of the
+#                          roofline stage's types, made here where missing; q4_k_m: the peer's
+#                          own, its llama-quantize of the BF16 file)
 #   GPU_CHECK_ROOFLINE="SHAPE:TYPE ..."  the roofline stage's models (default "1b:q4_k 8b:q4_k
 #                          8b:q8_0 8b:bf16"; shapes 1b and 8b, any orochi mkmodel type)
 #   GPU_CHECK_MODEL=PATH   the trained model for the agreement and the groups (default
@@ -30,8 +37,8 @@
 #   GPU_CHECK_GROUP_BIN=D  a full build's bin directory for the groups (default build/bin);
 #   GPU_CHECK_GROUP_LIBS=D its shared libraries, where the machine lacks them (the groups only)
 # Writes OUT_DIR/gpu.txt (the card), build.log, ctest.log, plans.txt (the agreement and bench
-# tables), plans.jsonl (their JSON lines), group.log, bandwidth.txt and sanitizer.log: 8 files,
-# what the device tool brings back; exits non-zero when the build, a test, a run or the sanitizer
+# tables), plans.jsonl (their JSON lines), group.log, bandwidth.txt and sanitizer.log, and where
+# their stages ran onecopy-plan.json, peer.md and peer.jsonl: what the device tool brings back; exits non-zero when the build, a test, a run or the sanitizer
 # fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,7 +49,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -329,6 +336,52 @@ if stage onecopy 90; then
         --parts 2 --devices gpu,cpu --threads-per-part "$half" --widths 1,8 --reps 1 --ctx 256 \
         --gpu-memory-limit "$halfm" --search /tmp/gc-limit.json
     cp /tmp/gc-limit.json "$out/onecopy-plan.json" 2>/dev/null || true
+fi
+
+# the peer on the same card and files: llama.cpp's llama-bench (built with CUDA for this card's
+# kind by bench/peer-cuda.sh, carried here) on the 8B shape, all layers on the GPU: a width-1 step
+# (tg128), a 64-token prompt (pp64: one step of 64) and a 2048-token one (pp2048); beside it
+# orochi's GPU alone (mirror, graphs on, the defaults) at widths 1 and 64, at contexts 256 and 1024
+# (the middle of a 2048-token prompt); the two alternate over two rounds. peer.md holds the
+# peer's table, its JSON lines go into peer.jsonl, orochi's into plans.jsonl.
+if stage peer 60; then
+    pdir="${GPU_CHECK_PEER:-build/peer-cuda}"
+    if [ -x "$pdir/llama-bench" ]; then
+        : >"$out/peer.md"
+        for t in ${GPU_CHECK_PEER_MODELS:-q4_k}; do
+            m=/tmp/gc-8b-$t.gguf
+            [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
+            if [ ! -f "$m" ] && [ "$t" = q4_k_m ]; then
+                # the peer's own file: its llama-quantize from the BF16 one
+                [ -f /tmp/gc-8b-bf16.gguf ] || { echo "== making /tmp/gc-8b-bf16.gguf"; gpu_model_8b /tmp/gc-8b-bf16.gguf bf16; }
+                echo "== making $m with the peer's llama-quantize"
+                LD_LIBRARY_PATH="$(cd "$pdir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                    bounded "$pdir/llama-quantize" /tmp/gc-8b-bf16.gguf "$m" Q4_K_M >"$out/quantize.log" 2>&1 ||
+                    { status=1; tail -5 "$out/quantize.log"; continue; }
+            fi
+            [ -f "$m" ] || { echo "== making $m"; gpu_model_8b "$m" "$t"; }
+            for round in 1 2; do
+                for side in orochi peer; do
+                    [ $round = 2 ] && side=$([ $side = orochi ] && echo peer || echo orochi)
+                    if [ $side = orochi ]; then
+                        for ctx in 256 1024; do
+                            gpu_alone "$m" "the defaults, context $ctx (beside the peer, round $round)" \
+                                --widths 1,64 --ctx "$ctx"
+                        done
+                    else
+                        echo "== $m: llama-bench, all layers on the GPU (round $round)" | tee -a "$out/peer.md"
+                        LD_LIBRARY_PATH="$(cd "$pdir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                            bounded "$pdir/llama-bench" -m "$m" -ngl 99 -p 64,2048 -n 128 -r 3 \
+                            -o jsonl -oe md >>"$out/peer.jsonl" 2>>"$out/peer.md" || status=1
+                        tail -6 "$out/peer.md"
+                    fi
+                done
+            done
+        done
+    else
+        echo "== peer: no llama-bench at $pdir (bench/peer-cuda.sh builds it; carry that folder): not run" |
+            tee -a "$out/plans.txt"
+    fi
 fi
 
 echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) after $(( SECONDS - start )) s (results in $out)"

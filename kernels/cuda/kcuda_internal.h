@@ -282,17 +282,23 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
         dm = kcuda_half(q + 82) * (float)(q[s] >> 4);
     }
     const uint8_t *qs = q + (q3 ? 32 : 16) + 32 * n + 8 * sub;
-    for (int k = 0; k < 2; k++) {
-        /* Q2_K's 84-byte super-blocks are 4-aligned, Q3_K's 110-byte ones 2-aligned */
-        uint32_t v = q3 ? kcuda_u32h(qs + 4 * k) : kcuda_u32(qs + 4 * k);
-        uint32_t H = q3 ? kcuda_u32h(q + 8 * sub + 4 * k) : 0;
+    /* the lane's 8 quant bytes (and Q3_K's 8 hmask bytes): Q2_K's 84-byte super-blocks are
+     * 4-aligned, Q3_K's 110-byte ones 2-aligned */
+    uint32_t v[2], H[2] = {0, 0};
+    if (q3) {
+        kcuda_u64h(qs, v);
+        kcuda_u64h(q + 8 * sub, H);
+    } else {
+        v[0] = kcuda_u32(qs);
+        v[1] = kcuda_u32(qs + 4);
+    }
+    for (int k = 0; k < 2; k++)
         for (int i = 0; i < 4; i++) {
-            int c = (int)((v >> (8 * i + 2 * jj)) & 3);
+            int c = (int)((v[k] >> (8 * i + 2 * jj)) & 3);
             if (q3)
-                c += 4 * (int)((H >> (8 * i + 4 * n + jj)) & 1) - 4;
+                c += 4 * (int)((H[k] >> (8 * i + 4 * n + jj)) & 1) - 4;
             w[4 * k + i] = ds * (float)c - dm;
         }
-    }
 }
 
 /* Element c of a quantized row, through the lane of its block that holds it. */

@@ -36,6 +36,11 @@ matmul's inputs in fragment order from 2 tokens (one launch more before each mat
 none at 1); bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll and --gpu-frag
 values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
+
+bench/gpu_profile.py (the summary of bench/gpu-profile.sh's Nsight Compute CSV) on a CSV written
+here: the launches, times and GB/s per kernel and shape, what bounds each kernel as the
+time-weighted mean of its launches' occupancy, issue, L1, L2 and DRAM shares, and no such columns
+for a CSV without those metrics.
 """
 import json
 import subprocess
@@ -222,6 +227,55 @@ def gpu_check_bench_commands_run_over_the_emulation():
     G.check(part["parts"] == 2 and all(abs(sum(part[k]) - 1) < 1e-3 for k in ("qkv", "wo", "lm_head")),
             "the search wrote no two-part partition: %r", part)
     G.log("  partition found for GPU + CPU over the emulation: qkv %r, ffn_up %r" % (part["qkv"], part["ffn_up"]))
+
+
+NCU_HEAD = ['"ID"', '"Kernel Name"', '"Block Size"', '"Grid Size"', '"Metric Name"', '"Metric Unit"', '"Metric Value"']
+
+
+def ncu_csv(path, launches, bounds):
+    """An Nsight Compute CSV (--csv --print-units base) of `launches`: (id, name, grid, ns, bytes,
+    occupancy %) each, the occupancy and a flat 50% of every other bound metric when `bounds`."""
+    lines = [",".join(NCU_HEAD)]
+    extra = ["sm__inst_issued.avg.pct_of_peak_sustained_active", "l1tex__throughput.avg.pct_of_peak_sustained_active",
+             "lts__throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed"]
+    for i, name, grid, ns, rd, occ in launches:
+        metrics = [("gpu__time_duration.sum", "ns", ns), ("dram__bytes_read.sum", "byte", rd)]
+        if bounds:
+            metrics.append(("sm__warps_active.avg.pct_of_peak_sustained_active", "%", occ))
+            metrics += [(m, "%", 50.0) for m in extra]
+        for m, unit, v in metrics:
+            lines.append('"%d","%s","(256, 1, 1)","%s","%s","%s","%s"' % (i, name, grid, m, unit, "{:,}".format(v)))
+    with open(path, "w") as f:
+        f.write("==PROF== Connected to process\n" + "\n".join(lines) + "\n")
+
+
+@t.case
+def gpu_profile_summary_reads_bounds():
+    tool = os.path.join(G.env()["source"], "bench", "gpu_profile.py")
+    path = os.path.join(G.env()["tmp"], "ncu-fixture.csv")
+    mma = "void k_mma<24u, 0, 1, 4, 1, false>(kq_job)"
+    launches = [(0, "void k_embed<12u>(const unsigned char *, int)", "(1, 1, 1)", 1000.0, 0.0, 10.0),
+                (1, mma, "(256, 1, 1)", 3000.0, 3.0e6, 20.0),
+                (2, mma, "(256, 1, 1)", 1000.0, 1.0e6, 60.0)]
+    ncu_csv(path, launches, True)
+    r = subprocess.run([sys.executable, tool, path, "--title", "fixture"], capture_output=True, text=True, timeout=60)
+    G.check(r.returncode == 0, "gpu_profile.py failed (%d): %s", r.returncode, r.stderr)
+    lines = r.stdout.splitlines()
+    G.check(lines[0] == "== fixture: 3 launches, 0.005 ms of kernel time, 1 steps: 0.005 ms a step",
+            "the summary's first line: %r", lines[0])
+    G.check(lines[1].split()[-5:] == ["occ%", "issue%", "L1%", "L2%", "DRAM%"], "the bound columns: %r", lines[1])
+    row = next(x for x in lines if x.startswith("void k_mma<24u, 0, 1, 4, 1, false>") and "(256, 1, 1)" in x).split()
+    # 2 launches, 4 us, 80% of the time, 1000 GB/s; occupancy weighted by time: (3 * 20 + 1 * 60) / 4 = 30
+    G.check(row[-10:] == ["2", "0.004", "2.00", "80.0%", "1000.0", "30", "50", "50", "50", "50"],
+            "the k_mma row: %r", row)
+    ncu_csv(path, launches, False)
+    r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, timeout=60)
+    G.check(r.returncode == 0 and "occ%" not in r.stdout and r.stdout.splitlines()[1].split()[-1] == "GB/s",
+            "without the bound metrics the summary still printed their columns (%d): %s", r.returncode, r.stdout)
+    with open(path, "w") as f:
+        f.write("not a profile\n")
+    r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, timeout=60)
+    G.check(r.returncode != 0 and "no ncu CSV header" in r.stderr, "a file without a header: %d %s", r.returncode, r.stderr)
 
 
 if __name__ == "__main__":
