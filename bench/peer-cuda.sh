@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The speed peer with CUDA, for a lent GPU machine: builds llama.cpp (CUDA on, one card kind's
 # architecture, shared libraries) on this machine, which has nvcc but may have no GPU, and packs
-# llama-bench and llama-quantize with the libraries they load, stripped, into one folder that the
-# device tool carries (64 MiB at most) and deploy/gpu-check.sh's peer stage runs (it sets
-# LD_LIBRARY_PATH to the folder; the CUDA runtime and cuBLAS come from the machine's toolkit, which
-# must be the same major version as the nvcc used here).
+# llama-bench and llama-quantize with the libraries they load, stripped, as one xz tarball
+# (peer.tar.xz: the CUDA library alone is about 90 MB for one architecture, 32 MB packed) in a
+# folder that the device tool carries (64 MiB at most); deploy/gpu-check.sh's peer stage unpacks
+# and runs it (LD_LIBRARY_PATH at the unpacked folder; the CUDA runtime and cuBLAS come from the
+# machine's toolkit, which must be the same major version as the nvcc used here, and the driver
+# library from the machine: it is left unresolved at the link, as this machine has none).
 #   usage: bench/peer-cuda.sh SRC [PACK_DIR]
 #   SRC        a llama.cpp source tree, or a bare git directory (what the search tool's fetch of
 #              github:ggerganov/llama.cpp brings)
@@ -34,22 +36,28 @@ fi
 echo "peer-cuda: configuring in $work (CUDA architecture $arch)"
 cmake -S "$work" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DBUILD_SHARED_LIBS=ON \
-    -DLLAMA_BUILD_TESTS=OFF >"$work/configure.log" 2>&1 ||
+    -DLLAMA_BUILD_TESTS=OFF -DCMAKE_EXE_LINKER_FLAGS="-Wl,--unresolved-symbols=ignore-in-shared-libs" \
+    >"$work/configure.log" 2>&1 ||
     { tail -20 "$work/configure.log"; exit 1; }
 echo "peer-cuda: building llama-bench and llama-quantize (log: $work/build.log)"
 cmake --build "$work/build" -j"$(nproc)" --target llama-bench llama-quantize >"$work/build.log" 2>&1 ||
     { tail -30 "$work/build.log"; exit 1; }
+bin="$work/build/bin"
+stage="$work/pack"
+rm -rf "$stage"
+mkdir -p "$stage"
+cp "$bin/llama-bench" "$bin/llama-quantize" "$stage/"
+# the libraries the two were linked with from the build (ldd cannot list them where the driver
+# library is missing, so by their names in the build's bin folder), not the system's
+cp "$bin"/lib*.so* "$stage/"
+strip --strip-unneeded "$stage"/*
 rm -rf "$pack"
 mkdir -p "$pack"
-bin="$work/build/bin"
-cp "$bin/llama-bench" "$bin/llama-quantize" "$pack/"
-# the libraries the two load from the build (not the system's: those the machine has)
-for l in $(ldd "$bin/llama-bench" "$bin/llama-quantize" | awk -v b="$work/build" '$3 ~ "^" b {print $3}' | sort -u); do
-    cp -L "$l" "$pack/"
-done
-strip --strip-unneeded "$pack"/*
-git --git-dir="$src" rev-parse HEAD >"$pack/SOURCE" 2>/dev/null || echo "$src" >"$pack/SOURCE"
-echo "CUDA architecture $arch, nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" >>"$pack/SOURCE"
+echo "peer-cuda: packing $(du -sm "$stage" | cut -f1) MiB into $pack/peer.tar.xz"
+tar -C "$stage" -cf - . | xz -9 -T"$(nproc)" >"$pack/peer.tar.xz"
+{ git --git-dir="$src" rev-parse HEAD 2>/dev/null || echo "$src"
+  echo "CUDA architecture $arch, nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  echo "files: $(ls "$stage" | tr '\n' ' ')"; } >"$pack/SOURCE"
 mib=$(du -sm "$pack" | cut -f1)
-echo "peer-cuda: $pack, $mib MiB: $(ls "$pack" | tr '\n' ' ')"
+echo "peer-cuda: $pack, $mib MiB ($(cat "$pack/SOURCE" | tr '\n' ';'))"
 [ "$mib" -le 64 ] || echo "peer-cuda: over the device tool's 64 MiB carry" >&2

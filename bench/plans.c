@@ -16,7 +16,10 @@
  *   megatron:S   the Megatron-style baseline: the second linear of each pair by input columns,
  *                partial sums reduced (S: the reduce and gate/up shares; heads by KV heads).
  * Reported per plan and width: the median step time over --reps, t(W)/t(1), and the weight bytes
- * read per step over that time (GB/s); a table on stdout and JSON lines in --json FILE.
+ * read per step over that time (GB/s); a table on stdout and JSON lines in --json FILE. With
+ * --prompt P, each repetition also times, per plan, a P-token prompt from position 0 in chunks of
+ * 64 committed one after another (the last chunk's last token with logits), as a server takes a
+ * prompt: its time, tokens/s and, on a GPU, its matmul flops over the tensor cores' rate.
  */
 #include <math.h>
 #include <pthread.h>
@@ -58,6 +61,7 @@ typedef struct {
     const char *search; /* --search FILE: find the partition, write it there */
     const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
     size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
+    int prompt;              /* --prompt: the tokens of a prompt timed from position 0 (0: none) */
 } pb_opts;
 
 /* What the part threads share. */
@@ -69,6 +73,7 @@ typedef struct {
     float *logits;
     arena_barrier barrier;
     double *ms; /* [rep][plan][width] step times of part 0 */
+    double *pms; /* [rep][plan] --prompt's times */
     long *ops;  /* [plan][width] device ops part 0 queued for its last such step (a GPU part) */
     llama_gpu_how *how; /* [plan][width] how its kernels ran then (attention's parts, tiles,
                            the matmul's groups in flight) */
@@ -115,7 +120,7 @@ static void pb_usage(FILE *out)
             "                    [--gpu-matmul auto|cuda|tensor] [--gpu-frag auto|on|off]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
             "                    [--gpu-att-tile auto|on|off] [--gpu-weights auto|device|mapped]\n"
-            "                    [--gpu-memory-limit BYTES] [--search PLAN]\n"
+            "                    [--gpu-memory-limit BYTES] [--search PLAN] [--prompt P]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -135,6 +140,8 @@ static void pb_usage(FILE *out)
             "  attention kernel, where the queries of a KV head and a sequence share each K/V\n"
             "  load (auto: streams of 1024 keys or more whose queries a KV head x keys reach\n"
             "  28672; on; off). JSON lines go to --json FILE (bench/results/plans.jsonl).\n"
+            "  --prompt P: each repetition also times a P-token prompt from position 0 per\n"
+            "  plan, in chunks of 64 (1..16384; not with --search).\n"
             "  --search PLAN: instead of timing plans, find the partition for these parts (ARCA's\n"
             "  split per device): each part alone first, then shares moved between parts kind\n"
             "  by kind while the step time summed over --widths falls (policy/control.h,\n"
@@ -207,6 +214,44 @@ static void pb_fail(pb_run *r, int part, const char *err)
 }
 
 /* One part: prefill, then the timed steps. */
+/* The positions a context holds: the timed steps' (--ctx, then up to 64 tokens), or a --prompt's
+ * chunks of 64 from position 0, whichever reaches further. */
+static int pb_ctx_len(const pb_opts *o)
+{
+    return (o->prompt > o->ctx ? o->prompt : o->ctx) + 64;
+}
+
+/* One forward step of a part: on its GPU where it has one. */
+static int pb_forward(llama_ctx *x, llama_gpu *gpu, const llama_batch *b, float *logits, char *err,
+                      size_t errlen)
+{
+#ifdef OROCHI_HAVE_CUDA
+    if (gpu)
+        return llama_gpu_forward(gpu, b, logits, err, errlen);
+#else
+    (void)gpu;
+#endif
+    return llama_forward(x, b, logits, err, errlen);
+}
+
+/* --prompt's tokens ids[0, P) from position 0 in chunks of 64, each committed, the last token's
+ * logits into `logits`; then the committed length back at --ctx. 0, or -1 with err. */
+static int pb_prompt(llama_ctx *x, llama_gpu *gpu, const pb_opts *o, const int32_t *ids,
+                     const int32_t *path, float *logits, char *err, size_t errlen)
+{
+    int rc = 0;
+    llama_ctx_set_prefix_len(x, 0);
+    for (int at = 0; at < o->prompt && !rc; at += 64) {
+        int n = o->prompt - at < 64 ? o->prompt - at : 64;
+        bool last = at + n >= o->prompt;
+        llama_batch b = {.n = n, .tokens = ids + at, .logits_from = last ? n - 1 : n};
+        rc = pb_forward(x, gpu, &b, last ? logits : NULL, err, errlen) ||
+             llama_commit(x, path, n, err, errlen);
+    }
+    llama_ctx_set_prefix_len(x, o->ctx);
+    return rc ? -1 : 0;
+}
+
 static void *pb_part_main(void *argp)
 {
     pb_part *pp = argp;
@@ -214,7 +259,7 @@ static void *pb_part_main(void *argp)
     const pb_opts *o = r->o;
     int me = pp->part, W = 64;
     char err[400];
-    llama_ctx_params cp = {.n_threads = o->threads, .max_width = W, .n_ctx = o->ctx + W,
+    llama_ctx_params cp = {.n_threads = o->threads, .max_width = W, .n_ctx = pb_ctx_len(o),
                            .kv = KV_F32, .part = me, .n_parts = o->parts,
                            .plan = o->gpu_limit ? &r->start : &o->plans[0], .shared = r->block,
                            .sync = pb_sync, .sync_arg = &r->barrier};
@@ -223,8 +268,8 @@ static void *pb_part_main(void *argp)
         pb_fail(r, me, err);
         return NULL;
     }
-#ifdef OROCHI_HAVE_CUDA
     llama_gpu *gpu = NULL;
+#ifdef OROCHI_HAVE_CUDA
     llama_gpu_params gprm = {.memory = (llama_gpu_memory)llama_gpu_memory_parse(o->gpu_memory),
                              .graphs = o->gpu_graphs,
                              .unfused = !o->gpu_fuse,
@@ -241,13 +286,10 @@ static void *pb_part_main(void *argp)
         llama_ctx_destroy(&x);
         return NULL;
     }
-#define PB_FORWARD(b, lg) (gpu ? llama_gpu_forward(gpu, b, lg, err, sizeof err) \
-                               : llama_forward(x, b, lg, err, sizeof err))
-#else
-#define PB_FORWARD(b, lg) llama_forward(x, b, lg, err, sizeof err)
 #endif
-    int32_t *ids = malloc((size_t)(o->ctx + W) * sizeof *ids), path[64];
-    cli_synthetic_ids(ids, o->ctx + W, r->m->cfg.vocab);
+#define PB_FORWARD(b, lg) pb_forward(x, gpu, b, lg, err, sizeof err)
+    int32_t *ids = malloc((size_t)pb_ctx_len(o) * sizeof *ids), path[64];
+    cli_synthetic_ids(ids, pb_ctx_len(o), r->m->cfg.vocab);
     for (int i = 0; i < W; i++)
         path[i] = i;
     /* the context, in chunks of the width, committed */
@@ -316,6 +358,19 @@ static void *pb_part_main(void *argp)
                 if (me == 0 && rep >= 0)
                     r->ms[((size_t)rep * o->n_plans + pl) * o->n_widths + wi] =
                         (cli_now() - t0) * 1e3;
+            }
+            /* a prompt from position 0 over the context's rows: the same ids as the context's
+             * prefill, so the rows [0, ctx) it leaves are the ones the widths read */
+            if (o->prompt && !r->failed && !pb_sync(&r->barrier)) {
+                double t0 = cli_now();
+                if (pb_prompt(x, gpu, o, ids, path, r->logits, err, sizeof err)) {
+                    pb_fail(r, me, err);
+                    break;
+                }
+                if (pb_sync(&r->barrier))
+                    break;
+                if (me == 0 && rep >= 0)
+                    r->pms[(size_t)rep * o->n_plans + pl] = (cli_now() - t0) * 1e3;
             }
         }
     free(ids);
@@ -439,18 +494,26 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             if ((o->n_widths = cli_int_list("bench", a, val, 1, 64, o->widths, PB_MAX_WIDTHS)) < 1)
                 return 2;
         } else if (!strcmp(a, "--parts") || !strcmp(a, "--threads-per-part") ||
-                   !strcmp(a, "--ctx") || !strcmp(a, "--reps")) {
-            long hi = !strcmp(a, "--parts") ? LLAMA_MAX_PARTS : !strcmp(a, "--ctx") ? 65536 : 1000;
+                   !strcmp(a, "--ctx") || !strcmp(a, "--reps") || !strcmp(a, "--prompt")) {
+            long hi = !strcmp(a, "--parts")    ? LLAMA_MAX_PARTS
+                      : !strcmp(a, "--ctx")    ? 65536
+                      : !strcmp(a, "--prompt") ? 16384
+                                               : 1000;
             if (!cli_int("bench", a, val, 1, hi, &v))
                 return 2;
             *(!strcmp(a, "--parts")           ? &o->parts
               : !strcmp(a, "--threads-per-part") ? &o->threads
               : !strcmp(a, "--ctx")           ? &o->ctx
+              : !strcmp(a, "--prompt")        ? &o->prompt
                                               : &o->reps) = (int)v;
         } else {
             fprintf(stderr, "orochi bench: unknown option '%s' for --plans\n", a);
             return 2;
         }
+    }
+    if (o->prompt && o->search) {
+        fprintf(stderr, "orochi bench: --prompt times plans; --search finds one: not both\n");
+        return 2;
     }
     if (!n_plans) {
         plans[n_plans++] = "hcmp:even";
@@ -492,12 +555,14 @@ static int pb_measure(pb_run *r)
 {
     const pb_opts *o = r->o;
     free(r->ms);
+    free(r->pms);
     free(r->ops);
     free(r->how);
     r->ms = calloc((size_t)o->reps * (size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ms);
+    r->pms = calloc((size_t)o->reps * (size_t)o->n_plans, sizeof *r->pms);
     r->ops = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->ops);
     r->how = calloc((size_t)o->n_plans * (size_t)o->n_widths, sizeof *r->how);
-    if (!r->ms || !r->ops || !r->how) {
+    if (!r->ms || !r->pms || !r->ops || !r->how) {
         snprintf(r->err, sizeof r->err, "out of memory");
         return -1;
     }
@@ -721,6 +786,40 @@ static int pb_search_run(pb_opts *o, pb_run *r)
     return 0;
 }
 
+/* --prompt's line per plan (the median over reps; a plan over the memory limit: not timed) and
+ * its JSON line: the time, tokens/s and the matmuls' flops over the tensor cores' rate (tc > 0). */
+static void pb_prompt_report(const pb_run *r, FILE *js, double tflop, double tc, double la,
+                             const char *devs)
+{
+    const pb_opts *o = r->o;
+    const char *base = strrchr(o->model, '/');
+    printf("a %d-token prompt from position 0 in chunks of 64 (ms, median of %d; tokens/s%s):\n",
+           o->prompt, o->reps, tc > 0 ? "; the matmuls' flops over the tensor cores' rate" : "");
+    for (int p = 0; p < o->n_plans; p++) {
+        double v[1000];
+        if (r->over[p]) {
+            printf("  %-22s not timed: a GPU part's share is over --gpu-memory-limit\n", o->names[p]);
+            continue;
+        }
+        for (int k = 0; k < o->reps; k++)
+            v[k] = r->pms[(size_t)k * o->n_plans + p];
+        double med = cli_median(v, o->reps), tps = o->prompt / (med / 1e3), share = tc > 0 ? tflop * tps / tc : 0.0;
+        printf("  %-22s %9.2f ms %9.1f tok/s", o->names[p], med, tps);
+        if (tc > 0)
+            printf(" %5.1f%% of the tensor cores", 100.0 * share);
+        printf("\n");
+        if (js)
+            fprintf(js,
+                    "{\"bench\":\"plans_prompt\",\"plan\":\"%s\",\"prompt\":%d,\"ms\":%.4f,"
+                    "\"tok_s\":%.2f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
+                    "\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,\"gpu_matmul_ask\":\"%s\","
+                    "\"gpu_frag_ask\":\"%s\",\"mma_tflops\":%.4g,\"tc_share\":%.4f}\n",
+                    o->names[p], o->prompt, med, tps, o->parts, devs, o->threads, o->reps,
+                    base ? base + 1 : o->model, la, pb_matmul_word[o->gpu_matmul],
+                    pb_tile_word[o->gpu_frag], tc, share);
+    }
+}
+
 int bench_plans(int argc, char **argv)
 {
     pb_opts o = {.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -756,7 +855,7 @@ int bench_plans(int argc, char **argv)
         fprintf(stderr, "orochi bench: %s\n", err);
         return 2;
     }
-    size_t shared = llama_shared_layout(&r.m->cfg, o.ctx + 64, 64, 1, KV_F32, NULL);
+    size_t shared = llama_shared_layout(&r.m->cfg, pb_ctx_len(&o), 64, 1, KV_F32, NULL);
     size_t lbytes = (size_t)64 * (size_t)r.m->cfg.vocab * 4;
     r.block_bytes = (shared + lbytes + 4095) & ~(size_t)4095;
     r.block = aligned_alloc(4096, r.block_bytes);
@@ -777,6 +876,7 @@ int bench_plans(int argc, char **argv)
                 o.parts, devs, o.threads, o.ctx, o.reps);
         rc = pb_search_run(&o, &r);
         free(r.ms);
+        free(r.pms);
         free(r.ops);
         free(r.how);
         free(r.block);
@@ -894,10 +994,13 @@ int bench_plans(int argc, char **argv)
                    100.0 * tflop * o.widths[wi] / (pb_median(&r, 0, wi) / 1e3) / tc);
         printf("\n");
     }
+    if (o.prompt)
+        pb_prompt_report(&r, js, tflop, tc, la, devs);
     if (js)
         fclose(js);
     fprintf(stderr, "orochi bench: JSON lines appended to %s\n", o.json);
     free(r.ms);
+    free(r.pms);
     free(r.ops);
     free(r.how);
     free(r.block);

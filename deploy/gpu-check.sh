@@ -341,11 +341,21 @@ fi
 # the peer on the same card and files: llama.cpp's llama-bench (built with CUDA for this card's
 # kind by bench/peer-cuda.sh, carried here) on the 8B shape, all layers on the GPU: a width-1 step
 # (tg128), a 64-token prompt (pp64: one step of 64) and a 2048-token one (pp2048); beside it
-# orochi's GPU alone (mirror, graphs on, the defaults) at widths 1 and 64, at contexts 256 and 1024
-# (the middle of a 2048-token prompt); the two alternate over two rounds. peer.md holds the
-# peer's table, its JSON lines go into peer.jsonl, orochi's into plans.jsonl.
+# orochi's GPU alone (mirror, graphs on, the defaults) at widths 1 and 64 (context 256) and a
+# 2048-token prompt (bench --plans --prompt: chunks of 64 from position 0); the two alternate over
+# two rounds. The peer comes as bench/peer-cuda.sh packs it (peer.tar.xz, unpacked into
+# /tmp/gc-peer) or unpacked. peer.md holds the peer's tables, its JSON lines go into peer.jsonl,
+# orochi's into plans.jsonl.
 if stage peer 60; then
     pdir="${GPU_CHECK_PEER:-build/peer-cuda}"
+    if [ ! -x "$pdir/llama-bench" ] && [ -f "$pdir/peer.tar.xz" ]; then
+        echo "== unpacking the peer ($(head -1 "$pdir/SOURCE" 2>/dev/null)) into /tmp/gc-peer"
+        rm -rf /tmp/gc-peer && mkdir -p /tmp/gc-peer
+        tar -xJf "$pdir/peer.tar.xz" -C /tmp/gc-peer 2>/dev/null ||
+            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+                "$pdir/peer.tar.xz" /tmp/gc-peer
+        pdir=/tmp/gc-peer
+    fi
     if [ -x "$pdir/llama-bench" ]; then
         : >"$out/peer.md"
         for t in ${GPU_CHECK_PEER_MODELS:-q4_k}; do
@@ -364,16 +374,21 @@ if stage peer 60; then
                 for side in orochi peer; do
                     [ $round = 2 ] && side=$([ $side = orochi ] && echo peer || echo orochi)
                     if [ $side = orochi ]; then
-                        for ctx in 256 1024; do
-                            gpu_alone "$m" "the defaults, context $ctx (beside the peer, round $round)" \
-                                --widths 1,64 --ctx "$ctx"
-                        done
+                        gpu_alone "$m" "the defaults, a 2048-token prompt (beside the peer, round $round)" \
+                            --widths 1,64 --ctx 256 --prompt 2048
                     else
                         echo "== $m: llama-bench, all layers on the GPU (round $round)" | tee -a "$out/peer.md"
                         LD_LIBRARY_PATH="$(cd "$pdir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                             bounded "$pdir/llama-bench" -m "$m" -ngl 99 -p 64,2048 -n 128 -r 3 \
                             -o jsonl -oe md >>"$out/peer.jsonl" 2>>"$out/peer.md" || status=1
                         tail -6 "$out/peer.md"
+                        # a peer that found no GPU ran on the host's cores: say so, time no more
+                        if grep -q '"gpu_info": ""' "$out/peer.jsonl"; then
+                            echo "== peer: llama-bench found no GPU (its figures are the CPU's): stopped" |
+                                tee -a "$out/peer.md"
+                            status=1
+                            break 3
+                        fi
                     fi
                 done
             done

@@ -33,7 +33,7 @@ the quantized matmul's other loads in flight and its default (2 at width 1, 1 at
 attention cut into 3 parts (one join launch more a layer) and one key a warp, tiles off, with the
 tiled attention cut into 2, and no tiles by default at this short context, with the tensor-core
 matmul's inputs in fragment order from 2 tokens (one launch more before each matmul at width 8,
-none at 1); bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll and --gpu-frag
+none at 1); a 70-token prompt (--prompt) timed with its share of the tensor cores; bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll and --gpu-frag
 values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 
@@ -215,6 +215,21 @@ def gpu_check_bench_commands_run_over_the_emulation():
         r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
                 "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
+    # a prompt from position 0 in chunks of 64 (64 + 6 tokens) on the GPU alone, its matmul flops
+    # set against the tensor cores' rate
+    pjs = js + ".prompt"
+    if os.path.exists(pjs):
+        os.remove(pjs)
+    r = subprocess.run([cli, "bench", "--plans", "--model", model, "--widths", "1", "--reps", "1", "--ctx", "16",
+                        "--prompt", "70", "--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--json", pjs],
+                       capture_output=True, text=True, timeout=300)
+    G.check(r.returncode == 0 and "a 70-token prompt from position 0" in r.stdout and
+            "of the tensor cores" in r.stdout, "bench --prompt on the GPU (%d): %s%s", r.returncode, r.stdout,
+            r.stderr[-1500:])
+    with open(pjs) as f:
+        prow = [json.loads(x) for x in f if '"plans_prompt"' in x]
+    G.check(len(prow) == 1 and prow[0]["prompt"] == 70 and prow[0]["devices"] == "gpu" and
+            prow[0]["tc_share"] > 0 and prow[0]["mma_tflops"] > 0, "the prompt's row: %r", prow)
     plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
     if os.path.exists(plan):
         os.remove(plan)

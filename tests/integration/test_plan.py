@@ -15,6 +15,9 @@
   (the coordinator logs the reason), and a group of two workers following that plan answers
   exactly like `orochi run --temp 0`; the same partition marked as found for gpu,cpu is refused
   by a group of CPU workers, naming the worker.
+- `orochi bench --plans --prompt P` times a P-token prompt (chunks of 64 from position 0) per plan
+  on two CPU parts: one JSON line a plan with its tokens/s the prompt over its time, the table's
+  line; --prompt 0 and --prompt with --search are refused, naming the problem.
 """
 import json
 import os
@@ -195,6 +198,36 @@ def partition_search_writes_the_plan_a_group_follows():
     G.check("found for worker 0 on the gpu, and this group's worker 0 runs on the cpu" in
             (r.stdout + r.stderr + g.log("coordinator")), "the refusal does not say why:\n%s%s", r.stdout,
             r.stderr)
+
+
+@t.case
+def bench_plans_times_a_prompt():
+    model = G.mkmodel(layers=2, dim=128, ffn=256, heads=4, kv_heads=2, vocab=300, ctx=512, type="q4_1")
+    e = G.env()
+    js = os.path.join(e["tmp"], "plans-prompt-%d.jsonl" % os.getpid())
+    if os.path.exists(js):
+        os.remove(js)
+    # 130 tokens: chunks of 64, 64 and 2, past the context of 32 the widths are timed at
+    r = subprocess.run([e["bin"], "bench", "--plans", "--model", model, "--parts", "2", "--widths", "1,4",
+                        "--reps", "2", "--ctx", "32", "--prompt", "130", "--plan", "hcmp:even",
+                        "--plan", "megatron:even", "--json", js],
+                       capture_output=True, text=True, timeout=300)
+    G.check(r.returncode == 0, "bench --prompt failed (%d):\n%s%s", r.returncode, r.stdout, r.stderr[-2000:])
+    G.check("a 130-token prompt from position 0 in chunks of 64" in r.stdout,
+            "no prompt table:\n%s", r.stdout)
+    with open(js) as f:
+        rows = [json.loads(line) for line in f]
+    prompt = [x for x in rows if x["bench"] == "plans_prompt"]
+    G.check([x["plan"] for x in prompt] == ["hcmp:even", "megatron:even"], "the prompt's rows: %r", prompt)
+    for x in prompt:
+        G.check(x["prompt"] == 130 and x["ms"] > 0 and abs(x["tok_s"] - 130 / (x["ms"] / 1e3)) < 0.01 * x["tok_s"]
+                and x["tc_share"] == 0 and x["parts"] == 2, "a prompt row: %r", x)
+    G.check(len([x for x in rows if x["bench"] == "plans"]) == 4, "the widths' rows: %r", rows)
+    for extra, says in ((["--prompt", "0"], "--prompt expects an integer in [1, 16384], got '0'"),
+                        (["--prompt", "8", "--search", js + ".plan"], "--prompt times plans; --search finds one")):
+        r = subprocess.run([e["bin"], "bench", "--plans", "--model", model] + extra,
+                           capture_output=True, text=True, timeout=60)
+        G.check(r.returncode == 2 and says in r.stderr, "%r was not refused (%d): %s", extra, r.returncode, r.stderr)
 
 
 if __name__ == "__main__":
