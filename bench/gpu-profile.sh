@@ -3,7 +3,7 @@
 # Nsight Compute (docs/gpu.md, "Profiling the GPU forward"): `orochi bench --plans` on the GPU alone
 # (mirror memory, graphs off, so each kernel is its own launch) under
 # `ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum` and what bounds each kernel
-# (achieved occupancy, issue slots, L1, L2 and DRAM throughput, % of peak), at width 1 and width
+# (registers a thread; achieved occupancy, issue slots, L1, L2 and DRAM throughput, % of peak), at width 1 and width
 # 16, on a random-weight model (default: the 1B shape of deploy/gpu-check.sh), summarised by
 # bench/gpu_profile.py: per kernel and launch shape the device time, its share, the DRAM bytes
 # read over it (GB/s) and those bounds.
@@ -29,7 +29,8 @@ if [ "$model" = 8b ]; then
     [ -f "$model" ] || gpu_model_8b "$model" q4_k
 fi
 [ -f "$model" ] || gpu_model_1b "$model"
-metrics=gpu__time_duration.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+metrics=gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread
+metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__inst_issued.avg.pct_of_peak_sustained_active,l1tex__throughput.avg.pct_of_peak_sustained_active
 metrics+=,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed
 : >"$out/profile.txt"

@@ -2,8 +2,8 @@
 """Summarise an Nsight Compute CSV of one GPU forward run (bench/gpu-profile.sh writes it): per
 kernel and launch shape, the launches, the summed and mean device time, the share of the whole and
 the DRAM bytes read over the time (GB/s), and, where the CSV has them, what bounds the kernel (the
-time-weighted mean over its launches, % of the peak: achieved occupancy, issue slots, L1, L2 and
-DRAM throughput; a latency-bound kernel is low in all); then the sum per kernel name, and per
+time-weighted mean over its launches: the registers a thread, then % of the peak: achieved
+occupancy, issue slots, L1, L2 and DRAM throughput; a latency-bound kernel is low in all); then the sum per kernel name, and per
 forward step where the embedding kernel (once a step) counts the steps.
 
     bench/gpu_profile.py PROFILE.csv [--title TEXT]
@@ -16,8 +16,10 @@ import sys
 from collections import defaultdict
 
 
-# what bounds a kernel: (column, ncu metric), each a % of its peak
+# what bounds a kernel: (column, ncu metric), each a % of its peak but the registers a thread
+# (which, times the block's threads, cap the blocks a multiprocessor holds)
 BOUNDS = (
+    ("regs", "launch__registers_per_thread"),
     ("occ%", "sm__warps_active.avg.pct_of_peak_sustained_active"),
     ("issue%", "sm__inst_issued.avg.pct_of_peak_sustained_active"),
     ("L1%", "l1tex__throughput.avg.pct_of_peak_sustained_active"),

@@ -58,6 +58,7 @@ typedef struct {
     int gpu_att_keys;  /* --gpu-att-keys: keys an attention warp scores at once (0: the default) */
     int gpu_att_tile;  /* --gpu-att-tile: attention by tiles, llama_gpu_params.att_tile */
     int gpu_frag;      /* --gpu-frag: llama_gpu_params.matmul_frag (pb_tile_word's index) */
+    int gpu_groups;    /* --gpu-groups: llama_gpu_params.matmul_groups (0: the default) */
     const char *search; /* --search FILE: find the partition, write it there */
     const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
     size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
@@ -118,6 +119,7 @@ static void pb_usage(FILE *out)
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "                    [--gpu-fuse on|off] [--gpu-unroll auto|1|2|4]\n"
             "                    [--gpu-matmul auto|cuda|tensor] [--gpu-frag auto|on|off]\n"
+            "                    [--gpu-groups auto|1|2|4|8]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
             "                    [--gpu-att-tile auto|on|off] [--gpu-weights auto|device|mapped]\n"
             "                    [--gpu-memory-limit BYTES] [--search PLAN] [--prompt P]\n"
@@ -133,7 +135,9 @@ static void pb_usage(FILE *out)
             "  --gpu-matmul: the quantized matmul on CUDA cores or tensor cores (f16 products;\n"
             "  auto: tensor cores); --gpu-frag: the tensor-core matmul's inputs rounded once\n"
             "  into fragment order by a launch of their own, the same bits (auto: from 17\n"
-            "  tokens; on: from 2; off: every warp reads the f32 rows);\n"
+            "  tokens; on: from 2; off: every warp reads the f32 rows); --gpu-groups: the\n"
+            "  tensor-core matmul's token groups a launch, each its own blocks (the same bits;\n"
+            "  auto: 1);\n"
             "  --gpu-att-parts: the parts GPU attention cuts each key stream into (auto: by\n"
             "  length and width; 1: never; the same answer within rounding); --gpu-att-keys: the\n"
             "  keys a warp of it scores at once (4; 1 to compare); --gpu-att-tile: the tiled\n"
@@ -279,6 +283,7 @@ static void *pb_part_main(void *argp)
                              .att_keys = o->gpu_att_keys,
                              .att_tile = o->gpu_att_tile,
                              .matmul_frag = o->gpu_frag,
+                             .matmul_groups = o->gpu_groups,
                              .weights = (llama_gpu_weights)llama_gpu_weights_parse(o->gpu_weights),
                              .memory_limit = o->gpu_limit};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
@@ -446,6 +451,13 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_unroll = atoi(val); /* auto: 0 */
+        } else if (!strcmp(a, "--gpu-groups")) {
+            if (strcmp(val, "auto") && strcmp(val, "1") && strcmp(val, "2") && strcmp(val, "4") &&
+                strcmp(val, "8")) {
+                fprintf(stderr, "orochi bench: --gpu-groups %s: auto, 1, 2, 4 or 8\n", val);
+                return 2;
+            }
+            o->gpu_groups = atoi(val); /* auto: 0 */
         } else if (!strcmp(a, "--gpu-att-parts")) {
             if ((o->gpu_att_parts = llama_gpu_att_parts_parse(val)) < 0) {
                 fprintf(stderr, "orochi bench: --gpu-att-parts %s: auto or 1..256\n", val);
@@ -813,10 +825,11 @@ static void pb_prompt_report(const pb_run *r, FILE *js, double tflop, double tc,
                     "{\"bench\":\"plans_prompt\",\"plan\":\"%s\",\"prompt\":%d,\"ms\":%.4f,"
                     "\"tok_s\":%.2f,\"parts\":%d,\"devices\":\"%s\",\"threads\":%d,"
                     "\"reps\":%d,\"model\":\"%s\",\"loadavg\":%.2f,\"gpu_matmul_ask\":\"%s\","
-                    "\"gpu_frag_ask\":\"%s\",\"mma_tflops\":%.4g,\"tc_share\":%.4f}\n",
+                    "\"gpu_frag_ask\":\"%s\",\"gpu_groups_ask\":%d,\"mma_tflops\":%.4g,"
+                    "\"tc_share\":%.4f}\n",
                     o->names[p], o->prompt, med, tps, o->parts, devs, o->threads, o->reps,
                     base ? base + 1 : o->model, la, pb_matmul_word[o->gpu_matmul],
-                    pb_tile_word[o->gpu_frag], tc, share);
+                    pb_tile_word[o->gpu_frag], o->gpu_groups, tc, share);
     }
 }
 
@@ -940,6 +953,7 @@ int bench_plans(int argc, char **argv)
                         "\"gpu_att_tile_ask\":\"%s\",\"gpu_att_tile\":%s,"
                         "\"gpu_matmul_ask\":\"%s\",\"gpu_matmul\":\"%s\","
                         "\"gpu_frag_ask\":\"%s\",\"gpu_frag\":%s,"
+                        "\"gpu_groups_ask\":%d,\"gpu_groups\":%d,"
                         "\"copy_gbps\":%.1f,\"roofline\":%.4f,\"mma_tflops\":%.4g,"
                         "\"tc_share\":%.4f}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
@@ -949,7 +963,8 @@ int bench_plans(int argc, char **argv)
                         o.gpu_att_parts, how.att_parts, o.gpu_att_keys ? o.gpu_att_keys : 4,
                         pb_tile_word[o.gpu_att_tile], how.att_tiles ? "true" : "false",
                         pb_matmul_word[o.gpu_matmul], how.tensor_cores ? "tensor" : "cuda",
-                        pb_tile_word[o.gpu_frag], how.frag ? "true" : "false", copy,
+                        pb_tile_word[o.gpu_frag], how.frag ? "true" : "false", o.gpu_groups,
+                        how.groups, copy,
                         copy > 0 ? gb / (med / 1e3) / copy : 0.0, tc,
                         tc > 0 ? tflop * o.widths[wi] / (med / 1e3) / tc : 0.0);
         }
@@ -975,6 +990,9 @@ int bench_plans(int argc, char **argv)
         printf("\ntensor-core inputs in fragment order (%s):", pb_tile_word[o.gpu_frag]);
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" W=%d %s", o.widths[wi], r.how[wi].frag ? "yes" : "no");
+        printf("\ntensor-core token groups (%s):", o.gpu_groups ? "asked" : "auto");
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %d", o.widths[wi], r.how[wi].groups);
         printf("\n");
     }
     if (copy > 0) { /* the weights' GB/s over the device's copy GB/s (read + write) */

@@ -19,8 +19,8 @@
 #   GPU_CHECK_QUICK=1      widths 1,8,64 and 2 repetitions (a first look in a few minutes)
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
-#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,frag,fusion,
-#                          attention,groups,bandwidth,plans,onecopy,sanitizer,peer
+#   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,frag,tgroups,
+#                          fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer
 #   GPU_CHECK_PEER=DIR     llama.cpp built with CUDA (bench/peer-cuda.sh: llama-bench and its
 #                          libraries in one folder; default build/peer-cuda, carried to the
 #                          machine): the peer stage times it beside orochi on the 8B shape
@@ -49,7 +49,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,tgroups,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -196,6 +196,27 @@ if stage frag 60; then
             for f in auto off on; do
                 gpu_alone "$m" "tensor cores, inputs in fragment order $f (round $round)" \
                     --widths 1,2,8,16,17,32,64 --ctx 256 --gpu-matmul tensor --gpu-frag "$f"
+            done
+        done
+    done
+fi
+
+# the tensor-core matmul's token tiles dealt to 1 (the default), 2, 4 and 8 groups of blocks a
+# launch (--gpu-groups: more blocks, each with fewer accumulators, for the wide steps whose blocks
+# are too few or too large to fill the card): the GPU alone (mirror, graphs on) on the 8B shape at
+# Q4_K, widths 16, 32 and 64 and a 2048-token prompt, and on the 1B shape at the widths, the
+# variants alternating over two rounds; the same bits in all (unit_cuda_kernels)
+if stage tgroups 60; then
+    for spec in 8b:q4_k 1b:q4_k; do
+        shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
+        [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
+        [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
+        prompt=()
+        [ "$shape" = 8b ] && prompt=(--prompt 2048)
+        for round in 1 2; do
+            for gr in auto 2 4 8; do
+                gpu_alone "$m" "tensor cores, token groups $gr (round $round)" --widths 16,32,64 \
+                    --ctx 256 --gpu-matmul tensor --gpu-groups "$gr" ${prompt[@]+"${prompt[@]}"}
             done
         done
     done
@@ -378,14 +399,17 @@ if stage peer 60; then
                             --widths 1,64 --ctx 256 --prompt 2048
                     else
                         echo "== $m: llama-bench, all layers on the GPU (round $round)" | tee -a "$out/peer.md"
+                        seen=$(wc -l <"$out/peer.md")
+                        prc=0
                         LD_LIBRARY_PATH="$(cd "$pdir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                             bounded "$pdir/llama-bench" -m "$m" -ngl 99 -p 64,2048 -n 128 -r 3 \
-                            -o jsonl -oe md >>"$out/peer.jsonl" 2>>"$out/peer.md" || status=1
-                        tail -6 "$out/peer.md"
-                        # a peer that found no GPU ran on the host's cores: say so, time no more
-                        if grep -q '"gpu_info": ""' "$out/peer.jsonl"; then
-                            echo "== peer: llama-bench found no GPU (its figures are the CPU's): stopped" |
-                                tee -a "$out/peer.md"
+                            -o jsonl -oe md >>"$out/peer.jsonl" 2>>"$out/peer.md" || prc=$?
+                        sed -n "$((seen + 1)),\$p" "$out/peer.md" | grep -v '^ggml_cuda_init\|^  Device'
+                        # a peer that did not run, or found no GPU and ran on the host's cores:
+                        # say so, time it no more
+                        if [ $prc != 0 ] || grep -q '"gpu_info": ""' "$out/peer.jsonl"; then
+                            echo "== peer: llama-bench $([ $prc != 0 ] && echo "failed (status $prc)" ||
+                                echo "found no GPU (its figures are the CPU's)"): stopped" | tee -a "$out/peer.md"
                             status=1
                             break 3
                         fi

@@ -598,6 +598,7 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
         kcuda_set_att_keys(gp->g, prm->att_keys);
     kcuda_set_att_tile(gp->g, prm->att_tile);
     kcuda_set_matmul_frag(gp->g, prm->matmul_frag);
+    kcuda_set_matmul_groups(gp->g, prm->matmul_groups);
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -1323,7 +1324,7 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
     uint32_t wq = x->m->layers[0].wq.type;
     gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n), kcuda_att_tiles(g, &a, n) != 0,
                               kcuda_matmul_unroll(g, n), kcuda_matmul_kind(g, wq) == KCUDA_MM_TC,
-                              kcuda_matmul_frag(g, wq, n) != 0};
+                              kcuda_matmul_frag(g, wq, n) != 0, kcuda_matmul_groups(g, wq, n)};
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
     /* up to the last ancestor list this step uses (the arrays before it are whole) */

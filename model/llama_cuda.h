@@ -71,6 +71,9 @@ typedef struct {
     int matmul_frag;         /* the tensor-core matmul's inputs in fragment order:
                                 kcuda_set_matmul_frag's 0 (by the step's width), 1 (from 2
                                 tokens) or 2 (never); the same bits */
+    int matmul_groups;       /* the tensor-core matmul's token groups a launch:
+                                kcuda_set_matmul_groups's 0 (the default), 1, 2, 4 or 8; the
+                                same bits */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
@@ -176,13 +179,15 @@ long llama_gpu_launches(const llama_gpu *gpu);
 /* How the last step's kernels ran: the parts attention cut each token's key stream into
  * (kcuda_att_parts), whether attention ran by tiles (kcuda_att_tiles), the quantized matmul's
  * groups in flight (kcuda_matmul_unroll), whether the first layer's q projection ran on tensor
- * cores (kcuda_matmul_kind) and with its inputs in fragment order (kcuda_matmul_frag). */
+ * cores (kcuda_matmul_kind), with its inputs in fragment order (kcuda_matmul_frag) and in how many
+ * token groups (kcuda_matmul_groups). */
 typedef struct {
     int att_parts;
     bool att_tiles;
     int unroll;
     bool tensor_cores;
     bool frag;
+    int groups;
 } llama_gpu_how;
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gpu);
 /* The device memory the part holds: its weight matrices' (0 with mapped weights), the device

@@ -211,6 +211,15 @@ enum { KCUDA_FRAG_AUTO = 0, KCUDA_FRAG_ON = 1, KCUDA_FRAG_OFF = 2 };
 void kcuda_set_matmul_frag(kcuda *g, int how);
 /* 1 when a matmul of `type` over n tokens asks for its inputs in fragment order. */
 int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n);
+/* The tensor-core matmul's token groups: a launch's blocks take its rows once per group
+ * (gridDim.y), each block the token tiles of its group, where one block took them all — G times
+ * the blocks of a wide step, each with a G-th of the accumulators, for the steps whose blocks are
+ * too few or too large to fill the card; every output the same sums in the same order, so the
+ * same bits. 1, 2, 4 or 8 groups at most (no more than the step's 8-token tiles); 0 (until set;
+ * another value too): kcuda_groups_rule's default, one group until a timing says otherwise. */
+void kcuda_set_matmul_groups(kcuda *g, int groups);
+/* The groups a matmul of `type` over n tokens runs in (1 on CUDA cores and for a float type). */
+int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n);
 /* The scratch bytes the fragment order of n tokens of `cols` inputs takes (kcuda_reserve): 8-token
  * tiles of f16 values. */
 static inline size_t kcuda_frag_bytes(int n, int64_t cols)

@@ -159,6 +159,28 @@ static inline bool kcuda_frag_rule(int set, int n)
     return set == KCUDA_FRAG_ON || n >= KCUDA_FRAG_AUTO_N;
 }
 
+/* The 8-token tiles one pass of a tensor-core block takes for n tokens in `groups` groups
+ * (kcuda_set_matmul_groups' setting): the power of two at or above the tiles a group needs, 8 at
+ * most (a pass of 64 tokens; a group of more takes several passes). */
+static inline int kcuda_pass_tiles(int n, int groups)
+{
+    int tiles = (n + 7) / 8, g = groups == 2 || groups == 4 || groups == 8 ? groups : 1;
+    int need = (tiles + g - 1) / g, nt = 1;
+    while (nt < need && nt < 8)
+        nt *= 2;
+    return nt;
+}
+
+/* The token groups (blocks a row tile, gridDim.y) a tensor-core matmul of n tokens runs in under
+ * kcuda_set_matmul_groups' setting: as set (1, 2, 4, 8), no more than its passes; by default 1. */
+static inline int kcuda_groups_rule(int set, int n)
+{
+    if (set != 2 && set != 4 && set != 8)
+        return 1;
+    int tiles = (n + 7) / 8, nt = kcuda_pass_tiles(n, set), passes = (tiles + nt - 1) / nt;
+    return passes < 1 ? 1 : passes < set ? passes : set;
+}
+
 /* kcuda_att_parts for a device of `sms` multiprocessors, `tile` as kcuda_att_tiled takes it (the
  * CUDA op set and its stand-in share the rule, so both count the same launches). */
 static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int tile)

@@ -37,6 +37,7 @@ struct kcuda {
     int att_tile;  /* kcuda_set_att_tile's setting: the stand-in decides as a device would */
     int mm_kind;   /* kcuda_set_matmul_kind's, reported as a device would */
     int frag;      /* kcuda_set_matmul_frag's: the launches counted as a device counts them */
+    int groups;    /* kcuda_set_matmul_groups', reported as a device would */
 };
 
 /* The launch a device queues before a tensor-core matmul whose inputs go into fragment order
@@ -652,6 +653,16 @@ void kcuda_set_matmul_frag(kcuda *g, int how)
 int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n)
 {
     return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC && kcuda_frag_rule(g->frag, n);
+}
+
+void kcuda_set_matmul_groups(kcuda *g, int groups)
+{
+    g->groups = groups == 1 || groups == 2 || groups == 4 || groups == 8 ? groups : 0;
+}
+
+int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n)
+{
+    return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC ? kcuda_groups_rule(g->groups, n) : 1;
 }
 
 void kcuda_set_att_keys(kcuda *g, int keys)

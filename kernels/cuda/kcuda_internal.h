@@ -30,6 +30,7 @@ struct kcuda {
                       (kcuda_set_matmul_unroll) */
     int mm_kind;   /* quantized matmul: KCUDA_MM_* (kcuda_set_matmul_kind) */
     int frag;      /* tensor-core matmul's inputs: KCUDA_FRAG_* (kcuda_set_matmul_frag) */
+    int groups;    /* tensor-core matmul's token groups as set (kcuda_set_matmul_groups) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
     int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
     int att_tile;    /* attention by tiles: KCUDA_TILE_* (kcuda_set_att_tile) */

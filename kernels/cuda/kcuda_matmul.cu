@@ -203,8 +203,10 @@ __global__ void k_matmul(kq_job j)
  * sums are added in warp order through shared memory. Every output is one lane's accumulator
  * over its warp's blocks in one order, then the warps in one order: a token's result depends
  * neither on the batch it came in, nor on which of the 8 columns of a tile it took, nor on R and
- * NT (chosen by the step's width: R = 2 tiles a block from 17 tokens, whose warps of one k-slice
- * read the same inputs, once from L2 for both). KM_SPLIT is fixed: the order of the sums.
+ * NT (chosen by the tiles a pass takes: R = 2 tiles a block from 4 token tiles a pass, whose warps
+ * of one k-slice read the same inputs, once from L2 for both), nor on which block took its pass:
+ * kcuda_set_matmul_groups deals the passes to G blocks of each row tile (gridDim.y), each pass
+ * then a G-th of the step's tiles (kcuda_pass_tiles). KM_SPLIT is fixed: the order of the sums.
  *
  * The inputs (B) either come from x's f32 rows, each lane loading its token's 8 columns of the
  * block (16 bytes at two places of a row: 8 rows touched a warp per token tile) and rounding them,
@@ -216,10 +218,10 @@ __global__ void k_matmul(kq_job j)
 #define KM_ROWS 16
 #define KM_TILES 8 /* token tiles of 8 a pass at most: 64 tokens */
 
-/* The row tiles a block of a step of n tokens takes. */
-static inline int km_tiles_per_block(int n)
+/* The row tiles a block takes, by the token tiles of its passes (kcuda_pass_tiles). */
+static inline int km_tiles_per_block(int pass_tiles)
 {
-    return n > 16 ? 2 : 1;
+    return pass_tiles > 2 ? 2 : 1;
 }
 
 __device__ static inline uint32_t km_h2(float lo, float hi)
@@ -370,7 +372,8 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
     const int NM = OP == KQ_SILU ? 2 : 1;
     __shared__ float red[NM][R][NT * 4][32];
     int64_t nb = j.cols / 32;
-    for (int t0 = 0; t0 < j.n; t0 += NT * 8) {
+    /* the passes of NT token tiles, dealt to the launch's token groups (blockIdx.y) in turn */
+    for (int t0 = blockIdx.y * NT * 8; t0 < j.n; t0 += gridDim.y * NT * 8) {
         for (int m = 0; m < NM; m++) {
             const uint8_t *w = m ? s.w2 : s.w;
             const uint8_t *rowa = w + (size_t)ra * s.row_bytes, *rowb = w + (size_t)rb * s.row_bytes;
@@ -435,21 +438,21 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
     }
 }
 
-/* A quantized type on tensor cores: the token tiles a pass takes and the blocks a warp loads
- * before it multiplies by the step's width (a token's bits depend on neither). */
+/* A quantized type on tensor cores: the token tiles a pass takes (by the step's width and its
+ * token groups: kcuda_pass_tiles), the blocks a warp loads before it multiplies, and the groups
+ * as gridDim.y (a token's bits depend on none of them). */
 template <uint32_t TYPE, int OP, bool XF>
 static void km_launch(kcuda *g, dim3 grid, const kq_job &j)
 {
     dim3 one(32 * KM_SPLIT), two(32 * KM_SPLIT * 2);
     static_assert(KM_TILES == 8, "km_launch takes 1, 2, 4 or 8 token tiles a pass");
-    if (j.n <= 8)
-        k_mma<TYPE, OP, 1, 4, 1, XF><<<grid, one, 0, g->stream>>>(j);
-    else if (j.n <= 16)
-        k_mma<TYPE, OP, 2, 4, 1, XF><<<grid, one, 0, g->stream>>>(j);
-    else if (j.n <= 32)
-        k_mma<TYPE, OP, 4, 2, 2, XF><<<grid, two, 0, g->stream>>>(j);
-    else
-        k_mma<TYPE, OP, 8, 2, 2, XF><<<grid, two, 0, g->stream>>>(j);
+    grid.y = (unsigned)kcuda_groups_rule(g->groups, j.n);
+    switch (kcuda_pass_tiles(j.n, g->groups)) {
+    case 1: k_mma<TYPE, OP, 1, 4, 1, XF><<<grid, one, 0, g->stream>>>(j); return;
+    case 2: k_mma<TYPE, OP, 2, 4, 1, XF><<<grid, one, 0, g->stream>>>(j); return;
+    case 4: k_mma<TYPE, OP, 4, 2, 2, XF><<<grid, two, 0, g->stream>>>(j); return;
+    default: k_mma<TYPE, OP, 8, 2, 2, XF><<<grid, two, 0, g->stream>>>(j); return;
+    }
 }
 
 /* A quantized type on tensor cores: its inputs in fragment order first where the rule asks for it
@@ -625,13 +628,23 @@ int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n)
     return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC && kcuda_frag_rule(g->frag, n);
 }
 
+void kcuda_set_matmul_groups(kcuda *g, int groups)
+{
+    g->groups = groups == 1 || groups == 2 || groups == 4 || groups == 8 ? groups : 0;
+}
+
+int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n)
+{
+    return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC ? kcuda_groups_rule(g->groups, n) : 1;
+}
+
 /* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */
 static void kq_add(const kcuda *g, kq_job *j, const kmat *w, const kmat *w2, int64_t lo, int64_t hi,
                    int64_t c0, float *y, int64_t ldy)
 {
     /* a block's rows: a warp's on CUDA cores, its 16-row tiles on tensor cores */
     int64_t rpb = kcuda_mm_rule(g->mm_kind, w->type) == KCUDA_MM_TC
-                      ? KM_ROWS * km_tiles_per_block(j->n)
+                      ? KM_ROWS * km_tiles_per_block(kcuda_pass_tiles(j->n, g->groups))
                       : KQ_WARPS;
     size_t at = kt_row_bytes(w->type, (uint64_t)c0); /* on a block: kcuda_check_matmul */
     unsigned b0 = j->n_seg ? j->s[j->n_seg - 1].b1 : 0;

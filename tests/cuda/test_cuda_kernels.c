@@ -9,7 +9,8 @@
  *               products). Every token's result bit for bit the same token's computed alone
  *               (the sums do not depend on the batch); on tensor cores also with the inputs in
  *               fragment order from 2 tokens and with none (kcuda_set_matmul_frag), and the rule
- *               choosing it on fixtures. kcuda_matmul_blas (cuBLAS) for the float
+ *               choosing it on fixtures; and with the token tiles dealt to 2, 4 and 8 groups of
+ *               blocks (kcuda_set_matmul_groups) at widths 17, 40, 64, and its rule on fixtures. kcuda_matmul_blas (cuBLAS) for the float
  *               types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations to the weight's
  *               type).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
@@ -121,6 +122,31 @@ static const uint32_t all_types[] = {KT_F32,   KT_F16,    KT_BF16, KT_Q8_0, KT_Q
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 #define N_FLOAT 3
 
+/* Whether a matmul of n tokens (rows [lo, hi) of dw into dy, `rows` apart) gives every token the
+ * bits of the same token alone (`alone`): over a sentinel, so that a pass no block took shows;
+ * with `add` also as the residual form over ones (1 + the token alone's, bit for bit), so that a
+ * pass two blocks took shows. */
+static bool alone_bits(const kmat *dw, int64_t lo, int64_t hi, int64_t rows, const float *dx, int n,
+                       float *dy, float *got, const float *alone, bool add)
+{
+    size_t count = (size_t)n * (size_t)rows;
+    bool same = true;
+    for (int form = 0; form < (add ? 2 : 1); form++) {
+        for (size_t i = 0; i < count; i++)
+            got[i] = form ? 1.0f : 12345.0f;
+        must(kcuda_upload(g, dy, got, count * 4, err, sizeof err), "upload");
+        must(form ? kcuda_matmul_add(g, dw, lo, hi, dx, n, dy, rows, err, sizeof err)
+                  : kcuda_matmul(g, dw, lo, hi, dx, n, dy, rows, err, sizeof err),
+             "matmul");
+        from_dev(got, dy, count * 4);
+        for (int i = 0; i < n; i++)
+            for (int64_t r = lo; r < hi; r++)
+                same &= form ? got[i * rows + r] == 1.0f + alone[i * rows + r]
+                             : !memcmp(&got[i * rows + r], &alone[i * rows + r], 4);
+    }
+    return same;
+}
+
 /* The quantized matmul of one type on kind `kind` (KCUDA_MM_SIMT or _TC) against kmat_mul: rows
  * [lo, hi) of 97 x 512 at widths 1, 3, 8, 17, 64, every token's bits those of the token alone,
  * and input columns [c0, c1) (the Megatron partial). */
@@ -199,12 +225,7 @@ static void matmul_case(uint32_t type, int kind, const float *wf, const float *x
     for (int f = 0; kind == KCUDA_MM_TC && f < 2; f++) {
         kcuda_set_matmul_frag(g, f ? KCUDA_FRAG_OFF : KCUDA_FRAG_ON);
         for (int n = 3; n <= 64; n = n == 3 ? 17 : 64) {
-            must(kcuda_matmul(g, &dw, lo, hi, dx, n, dy, rows, err, sizeof err), "matmul");
-            from_dev(got, dy, (size_t)(n * rows) * 4);
-            bool same = true;
-            for (int i = 0; i < n; i++)
-                same &= !memcmp(got + i * rows + lo, alone + i * rows + lo,
-                                (size_t)(hi - lo) * 4);
+            bool same = alone_bits(&dw, lo, hi, rows, dx, n, dy, got, alone, false);
             printf("  matmul %s width %d, tensor cores, inputs %s: %s\n", tn, n,
                    f ? "read in place" : "in fragment order", same ? "ok" : "FAILED");
             failures += !same;
@@ -212,6 +233,25 @@ static void matmul_case(uint32_t type, int kind, const float *wf, const float *x
                 break;
         }
     }
+    kcuda_set_matmul_frag(g, KCUDA_FRAG_AUTO);
+    /* tensor cores with the token tiles dealt to 2, 4 and 8 groups of blocks (gridDim.y), the
+     * inputs in fragment order and not: every token the bits of the token alone */
+    for (int gr = 2; kind == KCUDA_MM_TC && gr <= 8; gr *= 2) {
+        kcuda_set_matmul_groups(g, gr);
+        for (int f = 0; f < 2; f++) {
+            kcuda_set_matmul_frag(g, f ? KCUDA_FRAG_OFF : KCUDA_FRAG_ON);
+            for (int n = 17; n <= 64; n = n == 17 ? 40 : 64) {
+                bool same = alone_bits(&dw, lo, hi, rows, dx, n, dy, got, alone, true);
+                printf("  matmul %s width %d, tensor cores, %d token groups (%d used)%s: %s\n",
+                       tn, n, gr, kcuda_matmul_groups(g, type, n),
+                       f ? "" : ", fragment order", same ? "ok" : "FAILED");
+                failures += !same;
+                if (n == 64)
+                    break;
+            }
+        }
+    }
+    kcuda_set_matmul_groups(g, 0);
     kcuda_set_matmul_frag(g, KCUDA_FRAG_AUTO);
     /* input columns [c0, c1) only (the Megatron partial), x holding that slice: [48, 192) for
      * the float types (a short last block of 32), [64, 192) for the 32-blocks, [256, 512) for
@@ -690,6 +730,29 @@ static void test_att_parts_rule(void)
     kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
     check_int("fragment order for F16", kcuda_matmul_frag(g, KT_F16, 64), 0);
     check_int("fragment order for Q4_K at 64 by default", kcuda_matmul_frag(g, KT_Q4_K, 64), 1);
+    /* the tensor-core matmul's token groups: the token tiles a pass takes (a power of two at or
+     * above a group's share, 8 at most) and the groups used (no more than the passes) */
+    static const struct {
+        int set, n, tiles, groups;
+    } tg[] = {{0, 1, 1, 1},  {0, 9, 2, 1},  {0, 17, 4, 1}, {0, 64, 8, 1},  {0, 100, 8, 1},
+              {2, 64, 4, 2}, {4, 64, 2, 4}, {8, 64, 1, 8}, {8, 17, 1, 3},  {4, 40, 2, 3},
+              {2, 8, 1, 1},  {3, 64, 8, 1}, {2, 200, 8, 2}, {8, 0, 1, 1}};
+    for (size_t i = 0; i < sizeof tg / sizeof tg[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "matmul token groups set %d, %d columns: tiles a pass",
+                 tg[i].set, tg[i].n);
+        check_int(what, kcuda_pass_tiles(tg[i].n, tg[i].set), tg[i].tiles);
+        snprintf(what, sizeof what, "matmul token groups set %d, %d columns: groups", tg[i].set,
+                 tg[i].n);
+        check_int(what, kcuda_groups_rule(tg[i].set, tg[i].n), tg[i].groups);
+    }
+    kcuda_set_matmul_groups(g, 4);
+    check_int("token groups for Q4_K at 64, set 4", kcuda_matmul_groups(g, KT_Q4_K, 64), 4);
+    check_int("token groups for F16", kcuda_matmul_groups(g, KT_F16, 64), 1);
+    kcuda_set_matmul_kind(g, KCUDA_MM_SIMT);
+    check_int("token groups on CUDA cores", kcuda_matmul_groups(g, KT_Q4_K, 64), 1);
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+    kcuda_set_matmul_groups(g, 0);
 }
 
 /* The unified-memory path: kernels write host memory registered for the device. */

@@ -33,8 +33,9 @@ the quantized matmul's other loads in flight and its default (2 at width 1, 1 at
 attention cut into 3 parts (one join launch more a layer) and one key a warp, tiles off, with the
 tiled attention cut into 2, and no tiles by default at this short context, with the tensor-core
 matmul's inputs in fragment order from 2 tokens (one launch more before each matmul at width 8,
-none at 1); a 70-token prompt (--prompt) timed with its share of the tensor cores; bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll and --gpu-frag
-values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
+none at 1); a 70-token prompt (--prompt) timed with its share of the tensor cores, the token
+tiles in 4 groups of blocks (--gpu-groups: 4 used at width 32, 1 at width 1); bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll, --gpu-frag
+and --gpu-groups values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 
 bench/gpu_profile.py (the summary of bench/gpu-profile.sh's Nsight Compute CSV) on a CSV written
@@ -211,25 +212,31 @@ def gpu_check_bench_commands_run_over_the_emulation():
             "a row without the tensor cores' rate or its share: %r", [(x["mma_tflops"], x["tc_share"]) for x in rows])
     for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4"),
                             ("--gpu-att-tile", "yes", "auto, on or off"), ("--gpu-unroll", "3", "auto, 1, 2 or 4"),
-                            ("--gpu-frag", "2", "auto, on or off")):
+                            ("--gpu-frag", "2", "auto, on or off"), ("--gpu-groups", "3", "auto, 1, 2, 4 or 8")):
         r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
                 "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
     # a prompt from position 0 in chunks of 64 (64 + 6 tokens) on the GPU alone, its matmul flops
-    # set against the tensor cores' rate
+    # set against the tensor cores' rate; the tensor-core matmul's token tiles in 4 groups of
+    # blocks (one group at width 1, 4 at width 32)
     pjs = js + ".prompt"
     if os.path.exists(pjs):
         os.remove(pjs)
-    r = subprocess.run([cli, "bench", "--plans", "--model", model, "--widths", "1", "--reps", "1", "--ctx", "16",
-                        "--prompt", "70", "--parts", "1", "--devices", "gpu", "--plan", "hcmp:even", "--json", pjs],
+    r = subprocess.run([cli, "bench", "--plans", "--model", model, "--widths", "1,32", "--reps", "1", "--ctx", "16",
+                        "--prompt", "70", "--parts", "1", "--devices", "gpu", "--plan", "hcmp:even",
+                        "--gpu-groups", "4", "--json", pjs],
                        capture_output=True, text=True, timeout=300)
     G.check(r.returncode == 0 and "a 70-token prompt from position 0" in r.stdout and
-            "of the tensor cores" in r.stdout, "bench --prompt on the GPU (%d): %s%s", r.returncode, r.stdout,
-            r.stderr[-1500:])
+            "of the tensor cores" in r.stdout and "tensor-core token groups (asked): W=1 1 W=32 4" in r.stdout,
+            "bench --prompt on the GPU (%d): %s%s", r.returncode, r.stdout, r.stderr[-1500:])
     with open(pjs) as f:
-        prow = [json.loads(x) for x in f if '"plans_prompt"' in x]
+        prows = [json.loads(x) for x in f]
+    prow = [x for x in prows if x["bench"] == "plans_prompt"]
     G.check(len(prow) == 1 and prow[0]["prompt"] == 70 and prow[0]["devices"] == "gpu" and
-            prow[0]["tc_share"] > 0 and prow[0]["mma_tflops"] > 0, "the prompt's row: %r", prow)
+            prow[0]["tc_share"] > 0 and prow[0]["mma_tflops"] > 0 and prow[0]["gpu_groups_ask"] == 4,
+            "the prompt's row: %r", prow)
+    G.check([(x["gpu_groups_ask"], x["gpu_groups"]) for x in prows if x["bench"] == "plans"] == [(4, 1), (4, 4)],
+            "the rows do not say the token groups: %r", prows)
     plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
     if os.path.exists(plan):
         os.remove(plan)
@@ -249,13 +256,15 @@ NCU_HEAD = ['"ID"', '"Kernel Name"', '"Block Size"', '"Grid Size"', '"Metric Nam
 
 def ncu_csv(path, launches, bounds):
     """An Nsight Compute CSV (--csv --print-units base) of `launches`: (id, name, grid, ns, bytes,
-    occupancy %) each, the occupancy and a flat 50% of every other bound metric when `bounds`."""
+    occupancy %) each, 40 registers a thread, the occupancy and a flat 50% of every other bound
+    metric when `bounds`."""
     lines = [",".join(NCU_HEAD)]
     extra = ["sm__inst_issued.avg.pct_of_peak_sustained_active", "l1tex__throughput.avg.pct_of_peak_sustained_active",
              "lts__throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed"]
     for i, name, grid, ns, rd, occ in launches:
         metrics = [("gpu__time_duration.sum", "ns", ns), ("dram__bytes_read.sum", "byte", rd)]
         if bounds:
+            metrics.append(("launch__registers_per_thread", "register/thread", 40))
             metrics.append(("sm__warps_active.avg.pct_of_peak_sustained_active", "%", occ))
             metrics += [(m, "%", 50.0) for m in extra]
         for m, unit, v in metrics:
@@ -278,14 +287,15 @@ def gpu_profile_summary_reads_bounds():
     lines = r.stdout.splitlines()
     G.check(lines[0] == "== fixture: 3 launches, 0.005 ms of kernel time, 1 steps: 0.005 ms a step",
             "the summary's first line: %r", lines[0])
-    G.check(lines[1].split()[-5:] == ["occ%", "issue%", "L1%", "L2%", "DRAM%"], "the bound columns: %r", lines[1])
+    G.check(lines[1].split()[-6:] == ["regs", "occ%", "issue%", "L1%", "L2%", "DRAM%"], "the bound columns: %r",
+            lines[1])
     row = next(x for x in lines if x.startswith("void k_mma<24u, 0, 1, 4, 1, false>") and "(256, 1, 1)" in x).split()
     # 2 launches, 4 us, 80% of the time, 1000 GB/s; occupancy weighted by time: (3 * 20 + 1 * 60) / 4 = 30
-    G.check(row[-10:] == ["2", "0.004", "2.00", "80.0%", "1000.0", "30", "50", "50", "50", "50"],
+    G.check(row[-11:] == ["2", "0.004", "2.00", "80.0%", "1000.0", "40", "30", "50", "50", "50", "50"],
             "the k_mma row: %r", row)
     ncu_csv(path, launches, False)
     r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, timeout=60)
-    G.check(r.returncode == 0 and "occ%" not in r.stdout and r.stdout.splitlines()[1].split()[-1] == "GB/s",
+    G.check(r.returncode == 0 and "occ%" not in r.stdout and "regs" not in r.stdout and r.stdout.splitlines()[1].split()[-1] == "GB/s",
             "without the bound metrics the summary still printed their columns (%d): %s", r.returncode, r.stdout)
     with open(path, "w") as f:
         f.write("not a profile\n")
