@@ -38,7 +38,8 @@
 #   GPU_CHECK_GROUP_LIBS=D its shared libraries, where the machine lacks them (the groups only)
 # Writes OUT_DIR/gpu.txt (the card), build.log, ctest.log, plans.txt (the agreement and bench
 # tables), plans.jsonl (their JSON lines), group.log, bandwidth.txt and sanitizer.log, and where
-# their stages ran onecopy-plan.json, peer.md and peer.jsonl: what the device tool brings back; exits non-zero when the build, a test, a run or the sanitizer
+# their stages ran onecopy-plan.json, peer.md and peer.jsonl, and summary.md (bench/gpu_summary.py:
+# the issue's rows, the matmul's variants, the peer beside orochi): what the device tool brings back; exits non-zero when the build, a test, a run or the sanitizer
 # fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -421,6 +422,12 @@ if stage peer 60; then
         echo "== peer: no llama-bench at $pdir (bench/peer-cuda.sh builds it; carry that folder): not run" |
             tee -a "$out/plans.txt"
     fi
+fi
+
+# the issue's rows, the variants and the peer in three tables
+if [ -s "$out/plans.jsonl" ]; then
+    python3 bench/gpu_summary.py "$out/plans.jsonl" "$out/peer.jsonl" >"$out/summary.md" 2>&1 || status=1
+    cat "$out/summary.md"
 fi
 
 echo "== gpu-check: $([ $status = 0 ] && echo ok || echo FAILED) after $(( SECONDS - start )) s (results in $out)"

@@ -42,6 +42,11 @@ bench/gpu_profile.py (the summary of bench/gpu-profile.sh's Nsight Compute CSV) 
 here: the launches, times and GB/s per kernel and shape, what bounds each kernel as the
 time-weighted mean of its launches' occupancy, issue, L1, L2 and DRAM shares, and no such columns
 for a CSV without those metrics.
+
+bench/gpu_summary.py (deploy/gpu-check.sh's summary.md) on JSON lines written here: the issue's
+rows from the fastest default run (its roofline share, the width-64 over width-1 ratio, the
+prompt's share of the tensor cores, each met or short against the 8B and 1B targets), the
+tensor-core variants with the fastest marked, and the peer's rates on a GPU beside orochi's.
 """
 import json
 import subprocess
@@ -301,6 +306,50 @@ def gpu_profile_summary_reads_bounds():
         f.write("not a profile\n")
     r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, timeout=60)
     G.check(r.returncode != 0 and "no ncu CSV header" in r.stderr, "a file without a header: %d %s", r.returncode, r.stderr)
+
+
+def plans_row(model, kind, width, ms, roofline=0.0, frag="auto", groups=0):
+    return {"bench": "plans", "plan": "hcmp:even", "width": width, "ms": ms, "parts": 1, "devices": "gpu",
+            "model": model, "gpu_memory": "mirror", "gpu_graphs": True, "gpu_fuse": True, "gpu_unroll_ask": 0,
+            "gpu_att_ask": 0, "gpu_matmul": kind, "gpu_frag_ask": frag, "gpu_groups_ask": groups,
+            "roofline": roofline}
+
+
+@t.case
+def gpu_summary_reports_the_issue_rows():
+    tool = os.path.join(G.env()["source"], "bench", "gpu_summary.py")
+    plans = os.path.join(G.env()["tmp"], "summary-plans.jsonl")
+    peer = os.path.join(G.env()["tmp"], "summary-peer.jsonl")
+    b8, b1 = "gc-8b-q4_k.gguf", "gc-1b-q4_k.gguf"
+    rows = [plans_row(b8, "tensor", 1, 10.0, 0.10), plans_row(b8, "tensor", 1, 8.0, 0.62),
+            plans_row(b8, "tensor", 64, 15.0), plans_row(b8, "cuda", 1, 20.0, 0.31),
+            plans_row(b8, "tensor", 64, 14.0, frag="on"), plans_row(b8, "tensor", 64, 12.0, groups=4),
+            plans_row(b1, "tensor", 1, 2.0, 0.30),
+            dict(plans_row(b8, "tensor", 1, 1.0, 0.99), devices="gpu,cpu", parts=2)]  # not the GPU alone
+    for ms, share in ((1000.0, 0.45), (1500.0, 0.30)):
+        rows.append({"bench": "plans_prompt", "plan": "hcmp:even", "prompt": 2048, "ms": ms, "tok_s": 2048 / (ms / 1e3),
+                     "parts": 1, "devices": "gpu", "model": b8, "gpu_matmul_ask": "auto", "gpu_frag_ask": "auto",
+                     "gpu_groups_ask": 0, "tc_share": share})
+    with open(plans, "w") as f:
+        f.write("not json\n" + "".join(json.dumps(x) + "\n" for x in rows))
+    with open(peer, "w") as f:
+        for gen, prompt, ts, info in ((128, 0, 150.0, "NVIDIA H200"), (128, 0, 140.0, "NVIDIA H200"),
+                                      (0, 64, 2000.0, "NVIDIA H200"), (0, 2048, 5000.0, "NVIDIA H200"),
+                                      (128, 0, 999.0, "")):
+            f.write(json.dumps({"model_filename": "/tmp/" + b8, "n_gen": gen, "n_prompt": prompt, "avg_ts": ts,
+                                "gpu_info": info}) + "\n")
+    r = subprocess.run([sys.executable, tool, plans, peer], capture_output=True, text=True, timeout=60)
+    G.check(r.returncode == 0, "gpu_summary.py failed (%d): %s", r.returncode, r.stderr)
+    lines = r.stdout.splitlines()
+    for want in ("| gc-8b-q4_k.gguf | tensor | 8.00 | 62.0% met | 15.00 | 1.88 met | 1000.00 | 45.0% met |",
+                 "| gc-8b-q4_k.gguf | cuda | 20.00 | 31.0% short | - | - | - | - |",
+                 "| gc-1b-q4_k.gguf | tensor | 2.00 | 30.0% short | - | - | - | - |",
+                 "| model | W | frag auto, groups 4 | frag auto, groups auto | frag on, groups auto |",
+                 "| gc-8b-q4_k.gguf | 64 | 12.00* | 15.00 | 14.00 |",
+                 "| gc-8b-q4_k.gguf | 150.0 | 125.0 | 2000.0 | 4266.7 | 5000.0 | 2048.0 |"):
+        G.check(want in lines, "no line %r in the summary:\n%s", want, r.stdout)
+    r = subprocess.run([sys.executable, tool, plans], capture_output=True, text=True, timeout=60)
+    G.check(r.returncode == 0 and "peer" not in r.stdout, "without the peer's file (%d): %s", r.returncode, r.stdout)
 
 
 if __name__ == "__main__":
