@@ -47,6 +47,10 @@ bench/gpu_summary.py (deploy/gpu-check.sh's summary.md) on JSON lines written he
 rows from the fastest default run (its roofline share, the width-64 over width-1 ratio, the
 prompt's share of the tensor cores, each met or short against the 8B and 1B targets), the
 tensor-core variants with the fastest marked, and the peer's rates on a GPU beside orochi's.
+
+bench/sass_mix.py's reading of cuobjdump's listing (written here): each kernel's hot loop is the
+backward branch with the most global loads, its instructions counted by opcode without their
+predicates and modifiers, loads, products and both kinds of conversion apart.
 """
 import json
 import subprocess
@@ -350,6 +354,42 @@ def gpu_summary_reports_the_issue_rows():
         G.check(want in lines, "no line %r in the summary:\n%s", want, r.stdout)
     r = subprocess.run([sys.executable, tool, plans], capture_output=True, text=True, timeout=60)
     G.check(r.returncode == 0 and "peer" not in r.stdout, "without the peer's file (%d): %s", r.returncode, r.stdout)
+
+
+SASS_FIXTURE = """
+Fatbin elf code:
+	code for sm_90
+		Function : _Z3fooi
+	.headerflags	@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                  /* 0x00000a0000017a02 */
+        /*0010*/                   LDG.E R2, desc[UR4][R2.64] ;            /* 0x0000000402027981 */
+        /*0020*/                   I2F.U8 R3, R2 ;                         /* 0x0000000200037306 */
+        /*0030*/                   LDG.E R4, desc[UR4][R4.64] ;            /* 0x0000000404047981 */
+        /*0040*/                   I2FP.F32.U32 R5, R4 ;                   /* 0x0000000400057245 */
+        /*0050*/                   HMMA.16816.F32 R8, R4, R6, R8 ;         /* 0x000000060408723c */
+        /*0060*/              @!P0 BRA 0x30 ;                              /* 0xfffffffc00f08947 */
+        /*0070*/                   LDG.E R4, desc[UR4][R4.64] ;            /* 0x0000000404047981 */
+        /*0080*/               @P1 LDG.E.128 R4, desc[UR4][R6.64] ;        /* 0x0000000406041981 */
+        /*0090*/                   I2F.S8 R7, R4 ;                         /* 0x0000000400077306 */
+        /*00a0*/               @P0 BRA 0x70 ;                              /* 0xfffffffc00f00947 */
+        /*00b0*/                   BRA 0xb0 ;                              /* 0xfffffffc00fc7947 */
+"""
+
+
+@t.case
+def sass_mix_finds_the_hot_loop():
+    sys.path.insert(0, os.path.join(G.env()["source"], "bench"))
+    import sass_mix  # noqa: E402
+    funcs = sass_mix.parse(SASS_FIXTURE)
+    G.check(len(funcs) == 1, "kernels read from the listing: %r", list(funcs))
+    name, ins = next(iter(funcs.items()))
+    G.check(name in ("foo(int)", "_Z3fooi") and len(ins) == 12, "the kernel %r, %d instructions", name, len(ins))
+    body = sass_mix.hot_loop(ins)
+    G.check(body == [t for a, t in ins if 0x70 <= a <= 0xa0], "the hot loop: %r", body)
+    s = sass_mix.summary(body)
+    G.check((s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"]) == (4, 2, 0, 1, 0), "its counts: %r", s)
+    s = sass_mix.summary([t for a, t in ins if 0x30 <= a <= 0x60])
+    G.check((s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"]) == (4, 1, 1, 0, 1), "the other loop's: %r", s)
 
 
 if __name__ == "__main__":
