@@ -264,11 +264,11 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
         kcuda_u64h(ql, Lv);
         kcuda_u64h(qh, Hv);
         for (int k = 0; k < 2; k++) {
-            uint32_t L = Lv[k], H = Hv[k];
-            for (int i = 0; i < 4; i++) {
-                int c = (int)(((L >> (8 * i + sh)) & 0xf) | ((H >> (8 * i + 2 * jj)) & 3) << 4);
-                w[4 * k + i] = ds * (float)(c - 32);
-            }
+            /* the 4 codes of a word at once (low nibble and high 2 bits in their byte), then
+             * each at its fixed place, masked to its 6 bits (as Q4_K's: bench/sass_mix.py) */
+            uint32_t c4 = ((Lv[k] >> sh) & 0x0F0F0F0Fu) | ((Hv[k] >> (2 * jj)) & 0x03030303u) << 4;
+            for (int i = 0; i < 4; i++)
+                w[4 * k + i] = ds * (float)((int)((c4 >> (8 * i)) & 0x3f) - 32);
         }
         return;
     }
