@@ -95,8 +95,10 @@ def main():
                 continue
             share = roof.get((m, kind))
             ratio = w64 / w1 if w1 and w64 else None
-            p = prompt.get((m, "auto")) if kind == "tensor" else prompt.get((m, "cuda"))
-            p = p or prompt.get((m, kind))
+            # the prompt asked for this kind, or for the default, which is tensor cores for the
+            # quantized types
+            asks = ("auto", "tensor") if kind == "tensor" else ("cuda",)
+            p = next((prompt[(m, a)] for a in asks if (m, a) in prompt), None)
             print("| %s | %s | %s | %s%s | %s | %s%s | %s | %s%s |" % (
                 m, kind, ms(w1), pct(share), mark(None if share is None else share >= target(m)),
                 ms(w64), "-" if ratio is None else "%.2f" % ratio, mark(None if ratio is None else ratio <= 2),

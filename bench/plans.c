@@ -593,16 +593,24 @@ static int pb_measure(pb_run *r)
     return r->failed ? -1 : 0;
 }
 
-/* The median over reps of plan pl at width index wi. */
+/* The median over reps of plan pl's times[rep * per_rep + at] (INFINITY where a GPU part could
+ * not hold the plan's share: not timed). */
+static double pb_median_of(const pb_run *r, const double *times, size_t per_rep, size_t at, int pl)
+{
+    double v[1000];
+    if (r->over[pl])
+        return INFINITY;
+    for (int k = 0; k < r->o->reps; k++)
+        v[k] = times[(size_t)k * per_rep + at];
+    return cli_median(v, r->o->reps);
+}
+
+/* The median step time over reps of plan pl at width index wi. */
 static double pb_median(const pb_run *r, int pl, int wi)
 {
     const pb_opts *o = r->o;
-    double v[1000];
-    if (r->over[pl]) /* a GPU part could not hold its share: not timed */
-        return INFINITY;
-    for (int k = 0; k < o->reps; k++)
-        v[k] = r->ms[((size_t)k * o->n_plans + pl) * o->n_widths + wi];
-    return cli_median(v, o->reps);
+    return pb_median_of(r, r->ms, (size_t)o->n_plans * o->n_widths, (size_t)pl * o->n_widths + wi,
+                        pl);
 }
 
 /* ===== --search: the partition for parts that differ ===== */
@@ -808,14 +816,12 @@ static void pb_prompt_report(const pb_run *r, FILE *js, double tflop, double tc,
     printf("a %d-token prompt from position 0 in chunks of 64 (ms, median of %d; tokens/s%s):\n",
            o->prompt, o->reps, tc > 0 ? "; the matmuls' flops over the tensor cores' rate" : "");
     for (int p = 0; p < o->n_plans; p++) {
-        double v[1000];
-        if (r->over[p]) {
+        double med = pb_median_of(r, r->pms, (size_t)o->n_plans, (size_t)p, p);
+        if (isinf(med)) {
             printf("  %-22s not timed: a GPU part's share is over --gpu-memory-limit\n", o->names[p]);
             continue;
         }
-        for (int k = 0; k < o->reps; k++)
-            v[k] = r->pms[(size_t)k * o->n_plans + p];
-        double med = cli_median(v, o->reps), tps = o->prompt / (med / 1e3), share = tc > 0 ? tflop * tps / tc : 0.0;
+        double tps = o->prompt / (med / 1e3), share = tc > 0 ? tflop * tps / tc : 0.0;
         printf("  %-22s %9.2f ms %9.1f tok/s", o->names[p], med, tps);
         if (tc > 0)
             printf(" %5.1f%% of the tensor cores", 100.0 * share);

@@ -76,6 +76,23 @@ bounded() {
     return $rc
 }
 
+# need_model SHAPE TYPE: m=/tmp/gc-SHAPE-TYPE.gguf, the random model of SHAPE (1b, 8b: gpu_model_*)
+# at TYPE, made here where missing (once per machine: a later run of this script reuses it)
+need_model() {
+    m=/tmp/gc-$1-$2.gguf
+    [ -f "$m" ] || { echo "== making $m"; "gpu_model_$1" "$m" "$2"; }
+}
+# stage_model SPEC: a stage's model SHAPE:TYPE into $shape, $t and $m (need_model); 1, saying so,
+# with under 40 s left for it
+stage_model() {
+    shape=${1%%:*} t=${1#*:} m=/tmp/gc-${1%%:*}-${1#*:}.gguf
+    if [ "$(left)" -lt 40 ]; then
+        echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"
+        return 1
+    fi
+    need_model "$shape" "$t"
+}
+
 echo "== the card"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $jobs CPUs, $(free -g | awk '/Mem:/{print $2}') GiB"
@@ -154,7 +171,7 @@ gpu_alone() {
 # quantized matmul on CUDA cores and on tensor cores
 if stage kquants 30; then
     for t in q4_k q6_k; do
-        [ -f /tmp/gc-1b-$t.gguf ] || gpu_model_1b /tmp/gc-1b-$t.gguf $t
+        need_model 1b "$t"
         for mm in cuda tensor; do
             echo "== /tmp/gc-1b-$t.gguf: the GPU forward's greedy agreement, matmul on $mm cores" |
                 tee -a "$out/plans.txt"
@@ -171,9 +188,7 @@ fi
 # bandwidth (read + write). A 2048-token prompt is 32 steps of 64.
 if stage roofline 60; then
     for spec in ${GPU_CHECK_ROOFLINE:-1b:q4_k 8b:q4_k 8b:q8_0 8b:bf16}; do
-        shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
-        [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
-        [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
+        stage_model "$spec" || continue
         kinds="cuda tensor"
         [ "$t" = bf16 ] && kinds=cuda  # the float types run on CUDA cores either way
         for mm in $kinds; do
@@ -190,9 +205,7 @@ fi
 # same bits in all three (unit_cuda_kernels), so only the time may differ
 if stage frag 60; then
     for spec in 8b:q4_k 1b:q4_k; do
-        shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
-        [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
-        [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
+        stage_model "$spec" || continue
         for round in 1 2; do
             for f in auto off on; do
                 gpu_alone "$m" "tensor cores, inputs in fragment order $f (round $round)" \
@@ -209,9 +222,7 @@ fi
 # variants alternating over two rounds; the same bits in all (unit_cuda_kernels)
 if stage tgroups 60; then
     for spec in 8b:q4_k 1b:q4_k; do
-        shape=${spec%%:*} t=${spec#*:} m=/tmp/gc-${spec%%:*}-${spec#*:}.gguf
-        [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
-        [ -f "$m" ] || { echo "== making $m"; "gpu_model_$shape" "$m" "$t"; }
+        stage_model "$spec" || continue
         prompt=()
         [ "$shape" = 8b ] && prompt=(--prompt 2048)
         for round in 1 2; do
@@ -306,7 +317,11 @@ half=$(( cores / 2 > 0 ? cores / 2 : 1 ))
 # plan RUN_TITLE ARGS...: one `orochi bench --plans` run, its table into plans.txt
 plan() {
     local title=$1; shift
-    stage plans 15 >/dev/null || return 0
+    # the caller's stage was asked for; with under 15 s left this run is skipped, saying so
+    if [ "$(left)" -lt 15 ]; then
+        echo "== $title: skipped, $(left) s left" | tee -a "$out/plans.txt"
+        return 0
+    fi
     echo "== $title" | tee -a "$out/plans.txt"
     bounded "$bin" bench --plans "$@" 2>&1 | tee -a "$out/plans.txt" || status=1
 }
@@ -344,14 +359,12 @@ fi
 # split that beats the CPU alone (its "devices:" line says which and why; the 1B shape keeps the
 # CPU's share of each candidate to tens of milliseconds)
 if stage onecopy 90; then
-    m=/tmp/gc-8b-q4_k.gguf
-    [ -f "$m" ] || { echo "== making $m"; gpu_model_8b "$m" q4_k; }
+    need_model 8b q4_k
     for w in device mapped; do
         plan "$m: GPU alone, weights $w" --model "$m" --parts 1 --devices gpu --plan hcmp:even \
             --widths 1,8 --reps 3 --ctx 256 --gpu-weights "$w" --json "$out/plans.jsonl"
     done
-    m=/tmp/gc-1b-q4_k.gguf
-    [ -f "$m" ] || gpu_model_1b "$m" q4_k
+    need_model 1b q4_k
     halfm=$(( $(stat -c %s "$m") / 2 / 1048576 ))M
     rm -f /tmp/gc-limit.json
     plan "$m: the partition search for GPU + CPU under --gpu-memory-limit $halfm" --model "$m" \
@@ -381,20 +394,20 @@ if stage peer 60; then
     if [ -x "$pdir/llama-bench" ]; then
         : >"$out/peer.md"
         for t in ${GPU_CHECK_PEER_MODELS:-q4_k}; do
-            m=/tmp/gc-8b-$t.gguf
-            [ "$(left)" -lt 40 ] && { echo "== $m: skipped, $(left) s left" | tee -a "$out/plans.txt"; continue; }
-            if [ ! -f "$m" ] && [ "$t" = q4_k_m ]; then
+            q=/tmp/gc-8b-$t.gguf
+            if [ "$t" = q4_k_m ] && [ ! -f "$q" ] && [ "$(left)" -ge 40 ]; then
                 # the peer's own file: its llama-quantize from the BF16 one
-                [ -f /tmp/gc-8b-bf16.gguf ] || { echo "== making /tmp/gc-8b-bf16.gguf"; gpu_model_8b /tmp/gc-8b-bf16.gguf bf16; }
-                echo "== making $m with the peer's llama-quantize"
+                need_model 8b bf16
+                echo "== making $q with the peer's llama-quantize"
                 LD_LIBRARY_PATH="$(cd "$pdir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-                    bounded "$pdir/llama-quantize" /tmp/gc-8b-bf16.gguf "$m" Q4_K_M >"$out/quantize.log" 2>&1 ||
+                    bounded "$pdir/llama-quantize" "$m" "$q" Q4_K_M >"$out/quantize.log" 2>&1 ||
                     { status=1; tail -5 "$out/quantize.log"; continue; }
             fi
-            [ -f "$m" ] || { echo "== making $m"; gpu_model_8b "$m" "$t"; }
+            stage_model "8b:$t" || continue
             for round in 1 2; do
-                for side in orochi peer; do
-                    [ $round = 2 ] && side=$([ $side = orochi ] && echo peer || echo orochi)
+                order="orochi peer"
+                [ $round = 2 ] && order="peer orochi"
+                for side in $order; do
                     if [ $side = orochi ]; then
                         gpu_alone "$m" "the defaults, a 2048-token prompt (beside the peer, round $round)" \
                             --widths 1,64 --ctx 256 --prompt 2048

@@ -159,12 +159,19 @@ static inline bool kcuda_frag_rule(int set, int n)
     return set == KCUDA_FRAG_ON || n >= KCUDA_FRAG_AUTO_N;
 }
 
+/* kcuda_set_matmul_groups' setting as the context keeps it: 1, 2, 4 or 8 as asked, else 0 (the
+ * default). The CUDA op set and its stand-in both keep it so. */
+static inline int kcuda_groups_set(int groups)
+{
+    return groups == 1 || groups == 2 || groups == 4 || groups == 8 ? groups : 0;
+}
+
 /* The 8-token tiles one pass of a tensor-core block takes for n tokens in `groups` groups
  * (kcuda_set_matmul_groups' setting): the power of two at or above the tiles a group needs, 8 at
  * most (a pass of 64 tokens; a group of more takes several passes). */
 static inline int kcuda_pass_tiles(int n, int groups)
 {
-    int tiles = (n + 7) / 8, g = groups == 2 || groups == 4 || groups == 8 ? groups : 1;
+    int tiles = (n + 7) / 8, g = kcuda_groups_set(groups) > 1 ? groups : 1;
     int need = (tiles + g - 1) / g, nt = 1;
     while (nt < need && nt < 8)
         nt *= 2;
@@ -175,7 +182,7 @@ static inline int kcuda_pass_tiles(int n, int groups)
  * kcuda_set_matmul_groups' setting: as set (1, 2, 4, 8), no more than its passes; by default 1. */
 static inline int kcuda_groups_rule(int set, int n)
 {
-    if (set != 2 && set != 4 && set != 8)
+    if (kcuda_groups_set(set) < 2)
         return 1;
     int tiles = (n + 7) / 8, nt = kcuda_pass_tiles(n, set), passes = (tiles + nt - 1) / nt;
     return passes < 1 ? 1 : passes < set ? passes : set;

@@ -630,7 +630,7 @@ int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n)
 
 void kcuda_set_matmul_groups(kcuda *g, int groups)
 {
-    g->groups = groups == 1 || groups == 2 || groups == 4 || groups == 8 ? groups : 0;
+    g->groups = kcuda_groups_set(groups);
 }
 
 int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n)
