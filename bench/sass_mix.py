@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The machine code of the GPU matmul kernels, counted without a GPU: for each kernel of a CUDA
-object (the build's kcuda_matmul.cu.o), the instructions of its hot loop — the backward branch
-whose body holds the most loads from global memory — by opcode, with its loads (LDG), tensor-core
-products (HMMA) and integer-to-float conversions (I2F: the conversion pipe; I2FP: the float
-pipe). Where a kernel issues more instructions than its loads can hide, these counts are its
-time; bench/gpu-profile.sh's issue share on a GPU says whether it does.
+object (the build's kcuda_matmul.cu.o), the instructions of its hot loop — the innermost
+backward branch whose body holds the most loads from global memory — by opcode, with its loads
+(LDG), tensor-core products (HMMA) and integer-to-float conversions (I2F: the conversion pipe;
+I2FP: the float pipe). Where a kernel issues more instructions than its loads can hide, these
+counts are its time; bench/gpu-profile.sh's issue share on a GPU says whether it does.
 
     bench/sass_mix.py OBJECT [OBJECT...] [--kernel REGEX]
 
@@ -77,17 +77,21 @@ def opcode(ins):
 
 
 def hot_loop(ins):
-    """The body of the backward branch holding the most global loads ([] without a loop)."""
-    best = (-1, [])
+    """The body of the innermost loop holding the most global loads ([] without a loop): of the
+    backward branches whose body loads, those that enclose no other such loop (a kernel's pass
+    loop around its loop over the weights would count the reduction and the tail with it)."""
+    loops = []
     for addr, text in ins:
         m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             top = int(m.group(1), 16)
             body = [t for a, t in ins if top <= a <= addr]
             loads = sum(opcode(t) == "LDG" for t in body)
-            if loads > best[0]:
-                best = (loads, body)
-    return best[1]
+            if loads:
+                loops.append((top, addr, loads, body))
+    inner = [l for l in loops
+             if not any(o is not l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
+    return max(inner, key=lambda l: l[2], default=(0, 0, 0, []))[3]
 
 
 def summary(body):

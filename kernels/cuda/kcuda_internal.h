@@ -120,17 +120,18 @@ __device__ static inline float kcuda_half_bits(uint32_t v)
     return __half2float(__ushort_as_half((unsigned short)(v & 0xffff)));
 }
 
-/* Sub-block j (0..7) of the 6-bit scales and mins of Q4_K / Q5_K (ktk_scale_min): with the 12
- * bytes as the words s[0..2] and sh = 8 (j mod 4), sub-blocks 0..3 take the low 6 bits of byte j
- * of s[0] (scale) and s[1] (min); 4..7 the nibbles of byte j - 4 of s[2] with the top 2 bits of
- * the same bytes of s[0] and s[1] above them. Shifts and one select, no branch nor byte indexing:
- * the same values as reading the bytes one by one, in fewer instructions. */
-__device__ static inline void kcuda_scale_min(const uint32_t s[3], int j, float *sc, float *mn)
+/* Sub-block j (0..7) of the 6-bit scales and mins of Q4_K / Q5_K (ktk_scale_min), from the 12
+ * bytes as the words s[0..2]: sub-blocks 0..3 take the low 6 bits of byte j of s[0] (scale) and
+ * s[1] (min); 4..7 the nibbles of byte j - 4 of s[2] with the top 2 bits of the same bytes of s[0]
+ * and s[1] above them. With the lane's constants (kcuda_place_of: sh = 8 (j mod 4); sha = sh, or
+ * sh + 2 to bring the top 2 bits to bits 4-5; ma = 63 or 0x30; mc = 0 or 15) each is two shifts and
+ * two logic operations, one formula for both halves: the same values as reading the bytes one by
+ * one, in fewer instructions. */
+__device__ static inline void kcuda_scale_min(const uint32_t s[3], uint32_t sh, uint32_t sha,
+                                              uint32_t ma, uint32_t mc, float *sc, float *mn)
 {
-    uint32_t sh = 8u * (uint32_t)(j & 3), a = s[0] >> sh, b = s[1] >> sh, c = s[2] >> sh;
-    bool lo = j < 4;
-    uint32_t scv = lo ? a & 63 : (c & 15) | ((a >> 2) & 48);
-    uint32_t mnv = lo ? b & 63 : ((c >> 4) & 15) | ((b >> 2) & 48);
+    uint32_t scv = ((s[0] >> sha) & ma) | ((s[2] >> sh) & mc);
+    uint32_t mnv = ((s[1] >> sha) & ma) | ((s[2] >> (sh + 4)) & mc);
     *sc = (float)scv;
     *mn = (float)mnv;
 }
@@ -139,6 +140,22 @@ __device__ static inline void kcuda_scale_min(const uint32_t s[3], int j, float 
 __host__ __device__ static inline bool kcuda_quant(uint32_t t)
 {
     return t != KT_F32 && t != KT_F16 && t != KT_BF16;
+}
+
+/* Bytes of 256 columns of a quantized row (a span): 8 blocks of 32, or one K super-block. */
+template <uint32_t TYPE>
+__host__ __device__ constexpr int kcuda_span_bytes()
+{
+    return TYPE == KT_Q4_0 || TYPE == KT_IQ4_NL ? 8 * 18
+           : TYPE == KT_Q4_1                    ? 8 * 20
+           : TYPE == KT_Q5_0                    ? 8 * 22
+           : TYPE == KT_Q5_1                    ? 8 * 24
+           : TYPE == KT_Q8_0                    ? 8 * 34
+           : TYPE == KT_Q2_K                    ? 84
+           : TYPE == KT_Q3_K                    ? 110
+           : TYPE == KT_Q4_K                    ? 144
+           : TYPE == KT_Q5_K                    ? 176
+                                                : 210; /* Q6_K */
 }
 
 /* Where the inputs of lane `sub`'s (0..3) 8 weights of a 32-column block lie (kcuda_group): the
@@ -156,38 +173,104 @@ __host__ __device__ static inline void kcuda_group_cols(int sub, int *a, int *bo
     }
 }
 
-/* The 8 weights lane `sub` (0..3) of a row's 32-column block b takes, and where their inputs lie:
- * w[0..3] multiply the 4 inputs from column *a of the block, w[4..7] the 4 from *bo (the layouts
- * are kernels/cpu/ktypes_k.c's and types.c's).
+/* A lane's place in the blocks it reads: block j = b mod 8 of its 256-column span, its group
+ * `sub` (0..3). Both matmuls walk a row by blocks b, b + 8, b + 16, ... (a warp's 8 blocks a span,
+ * or a tile's 8 warps), so a lane's place never changes on its walk: worked out once
+ * (kcuda_place_of), then each block is only its span's address (kcuda_group_at). Byte offsets are
+ * from the span's start; the fields a type does not use are 0.
+ *  - off: the 32-column block's bytes (32-blocks: j times their size; the K-quants: 0);
+ *  - qs, hs: the lane's quant bytes and high-bit bytes (Q5_0/Q5_1's qh word, Q5_K's qh, Q6_K's qh,
+ *    Q3_K's hmask);
+ *  - sc, sc2: Q6_K's, Q2_K's scale byte; Q3_K's two scale bytes;
+ *  - sh: the codes' shift in their bytes; hsh: the high bits' (32-blocks: 4 sub);
+ *  - ssh, ssh2: the scales' shifts (Q4_K/Q5_K: sh and sha of kcuda_scale_min; Q3_K: in their
+ *    two bytes); ma, mc: Q4_K/Q5_K's masks (kcuda_scale_min). */
+struct kcuda_place {
+    int off, qs, hs, sc, sc2;
+    uint32_t sh, hsh, ssh, ssh2, ma, mc;
+};
+
+template <uint32_t TYPE>
+__device__ static inline kcuda_place kcuda_place_of(int j, int sub)
+{
+    kcuda_place P = {0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, 0u, 0u};
+    const int n = j >> 2, jj = j & 3;
+    if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
+        TYPE == KT_IQ4_NL || TYPE == KT_Q8_0) {
+        const int bytes = kcuda_span_bytes<TYPE>() / 8;
+        /* the quants follow d (and m, and Q5's 4 qh bytes): a lane's 4 bytes, Q8_0's 8 */
+        const int q0 = TYPE == KT_Q4_1 ? 4 : TYPE == KT_Q5_0 ? 6 : TYPE == KT_Q5_1 ? 8 : 2;
+        P.off = j * bytes;
+        P.qs = P.off + q0 + (TYPE == KT_Q8_0 ? 8 : 4) * sub;
+        P.hs = P.off + q0 - 4;
+        P.hsh = 4u * (uint32_t)sub;
+    } else if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
+        /* d, dmin, scales[12], (Q5_K: qh[32]), qs[128]: sub-block 2p + h is the nibble h of
+         * qs[32p + l], Q5_K's fifth bit bit j of qh[l] */
+        P.qs = (TYPE == KT_Q4_K ? 16 : 48) + 32 * (j >> 1) + 8 * sub;
+        P.hs = 16 + 8 * sub;
+        P.sh = 4u * (uint32_t)(j & 1);
+        P.hsh = (uint32_t)j;
+        P.ssh = 8u * (uint32_t)jj;
+        P.ssh2 = P.ssh + (j < 4 ? 0u : 2u);
+        P.ma = j < 4 ? 63u : 0x30u;
+        P.mc = j < 4 ? 0u : 15u;
+    } else if (TYPE == KT_Q6_K) {
+        /* ql[128], qh[64], scales[16] (int8), d; sub-block j = 4n + jj: the low 4 bits in
+         * ql[64n + 32 (jj & 1) + l] (nibble jj >> 1), the high 2 in qh[32n + l] (bits 2 jj) */
+        P.qs = 64 * n + 32 * (jj & 1) + 8 * sub;
+        P.hs = 128 + 32 * n + 8 * sub;
+        P.sc = 192 + 8 * n + 2 * jj + (sub >> 1);
+        P.sh = 4u * (uint32_t)(jj >> 1);
+        P.hsh = 2u * (uint32_t)jj;
+    } else {
+        /* Q2_K (scales[16], qs[64], d, dmin) and Q3_K (hmask[32], qs[64], scales[12], d):
+         * sub-block j = 4n + jj is bits 2 jj of qs[32n + l], its scale s = 8n + 2jj + l / 16;
+         * Q3_K's third bit is bit 4n + jj of hmask[l], its scale the nibble s / 8 of byte s mod 8
+         * of the 12 with the 2 bits s / 4 of byte 8 + s mod 4 above it */
+        const bool q3 = TYPE == KT_Q3_K;
+        const int s = 8 * n + 2 * jj + (sub >> 1);
+        P.qs = (q3 ? 32 : 16) + 32 * n + 8 * sub;
+        P.hs = 8 * sub;
+        P.sh = 2u * (uint32_t)jj;
+        P.hsh = (uint32_t)(4 * n + jj);
+        P.sc = q3 ? 96 + s % 8 : s;
+        P.sc2 = 104 + s % 4;
+        P.ssh = 4u * (uint32_t)(s / 8);
+        P.ssh2 = 2u * (uint32_t)(s / 4);
+    }
+    return P;
+}
+
+/* The 8 weights a lane at place P (kcuda_place_of) takes of the block in the 256-column span
+ * starting at `span` (the layouts are kernels/cpu/ktypes_k.c's and types.c's):
  *  - 32-blocks with 4-bit codes (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): the 4 quant bytes 4*sub..; their
  *    low nibbles are columns 4*sub.., their high ones 16 + 4*sub..;
  *  - Q8_0: the 8 quants 8*sub..;
- *  - the K-quants: block b is sub-block b % 8 of super-block b / 8, and the lane takes its
+ *  - the K-quants: block j of the span is sub-block j of its super-block, and the lane takes its
  *    columns 8*sub .. 8*sub + 7, wherever the format keeps their bits.
- * So the 4 lanes of a block read its quants as one run of bytes and its inputs as one run of
- * floats, and 32 lanes (8 blocks) cover one K super-block. */
+ * w[0..3] multiply the 4 inputs from column a of the block, w[4..7] the 4 from bo
+ * (kcuda_group_cols). So the 4 lanes of a block read its quants as one run of bytes and its inputs
+ * as one run of floats, and 32 lanes (8 blocks) cover one span. */
 template <uint32_t TYPE>
-__device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub, float w[8], int *a,
-                                          int *bo)
+__device__ static inline void kcuda_group_at(const uint8_t *span, const kcuda_place &P, float w[8])
 {
     if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
         TYPE == KT_IQ4_NL) {
-        const int bytes = TYPE == KT_Q4_1 ? 20 : TYPE == KT_Q5_0 ? 22 : TYPE == KT_Q5_1 ? 24 : 18;
-        const int qs = TYPE == KT_Q4_1 ? 4 : TYPE == KT_Q5_0 ? 6 : TYPE == KT_Q5_1 ? 8 : 2;
-        const uint8_t *q = row + (size_t)b * bytes;
+        const uint8_t *q = span + P.off;
         float d = kcuda_half(q), m = 0.0f;
         if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1)
             m = kcuda_half(q + 2);
         /* Q4_1's and Q5_1's blocks are 4-aligned: one 4-byte load */
-        const bool al = bytes % 4 == 0;
-        uint32_t v = al ? *(const uint32_t *)(q + qs + 4 * sub) : kcuda_u32h(q + qs + 4 * sub);
+        const bool al = kcuda_span_bytes<TYPE>() / 8 % 4 == 0;
+        uint32_t v = al ? *(const uint32_t *)(span + P.qs) : kcuda_u32h(span + P.qs);
         uint32_t h = 0;
         if (TYPE == KT_Q5_0 || TYPE == KT_Q5_1)
-            h = al ? *(const uint32_t *)(q + qs - 4) : kcuda_u32h(q + qs - 4);
+            h = al ? *(const uint32_t *)(span + P.hs) : kcuda_u32h(span + P.hs);
         for (int i = 0; i < 4; i++) {
             uint32_t lo = (v >> (8 * i)) & 0xf, hi = (v >> (8 * i + 4)) & 0xf;
-            lo |= ((h >> (4 * sub + i)) & 1) << 4;
-            hi |= ((h >> (16 + 4 * sub + i)) & 1) << 4;
+            lo |= ((h >> (P.hsh + i)) & 1) << 4;
+            hi |= ((h >> (16 + P.hsh + i)) & 1) << 4;
             if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1) {
                 w[i] = d * (float)lo + m;
                 w[4 + i] = d * (float)hi + m;
@@ -200,42 +283,31 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
                 w[4 + i] = d * (float)((int)hi - z);
             }
         }
-        kcuda_group_cols<TYPE>(sub, a, bo);
         return;
     }
     if (TYPE == KT_Q8_0) {
-        const uint8_t *q = row + (size_t)b * 34;
-        float d = kcuda_half(q);
+        float d = kcuda_half(span + P.off);
         uint32_t v[2]; /* 34-byte blocks: 2-aligned */
-        kcuda_u64h(q + 2 + 8 * sub, v);
+        kcuda_u64h(span + P.qs, v);
         /* each quant sign-extended to 32 bits by two shifts, then converted: the float pipe's
          * I2FP (a conversion from an 8-bit type runs on the slower conversion pipe, I2F.S8) */
         for (int i = 0; i < 8; i++)
             w[i] = d * (float)((int32_t)(v[i >> 2] << (24 - 8 * (i & 3))) >> 24);
-        kcuda_group_cols<TYPE>(sub, a, bo);
         return;
     }
-    /* the K-quants */
-    int64_t S = b >> 3;
-    int j = (int)(b & 7), n = j >> 2, jj = j & 3;
-    kcuda_group_cols<TYPE>(sub, a, bo);
     if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
-        /* d, dmin, scales[12], (Q5_K: qh[32]), qs[128]: sub-block 2p + h is the nibble h of
-         * qs[32p + l], Q5_K's fifth bit bit j of qh[l] */
         /* 144- and 176-byte super-blocks, 16-aligned (kcuda_check_matmul: a row starts so): the
          * 16 bytes of d, dmin and the scales in one load, the lane's 8 quant bytes (and 8 qh
          * bytes) in one each */
-        const uint8_t *q = row + (size_t)S * (TYPE == KT_Q4_K ? 144 : 176);
-        uint4 hd = *(const uint4 *)q;
+        uint4 hd = *(const uint4 *)span;
         const uint32_t s12[3] = {hd.y, hd.z, hd.w};
         float sc, mn;
-        kcuda_scale_min(s12, j, &sc, &mn);
+        kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &sc, &mn);
         float ds = kcuda_half_bits(hd.x) * sc, dm = kcuda_half_bits(hd.x >> 16) * mn;
-        const uint8_t *qs = q + (TYPE == KT_Q4_K ? 16 : 48) + 32 * (j >> 1) + 8 * sub;
-        uint2 qv = *(const uint2 *)qs;
+        uint2 qv = *(const uint2 *)(span + P.qs);
         uint32_t v[2] = {qv.x, qv.y}, h[2] = {0, 0};
         if (TYPE == KT_Q5_K) {
-            uint2 hv = *(const uint2 *)(q + 16 + 8 * sub);
+            uint2 hv = *(const uint2 *)(span + P.hs);
             h[0] = hv.x;
             h[1] = hv.y;
         }
@@ -243,68 +315,67 @@ __device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub
          * byte), then each at its fixed place, masked to its 5 bits: so converted on the float
          * pipe (I2FP), where a whole byte would go to the conversion pipe (I2F.U8, an eighth of
          * the rate; bench/sass_mix.py counts them) */
-        int sh = 4 * (j & 1);
         for (int k = 0; k < 2; k++) {
-            uint32_t c4 = (v[k] >> sh) & 0x0F0F0F0Fu;
+            uint32_t c4 = (v[k] >> P.sh) & 0x0F0F0F0Fu;
             if (TYPE == KT_Q5_K)
-                c4 |= ((h[k] >> j) & 0x01010101u) << 4;
+                c4 |= ((h[k] >> P.hsh) & 0x01010101u) << 4;
             for (int i = 0; i < 4; i++)
                 w[4 * k + i] = ds * (float)(int32_t)((c4 >> (8 * i)) & 0x1f) - dm;
         }
         return;
     }
     if (TYPE == KT_Q6_K) {
-        /* ql[128], qh[64], scales[16] (int8), d; sub-block j = 4n + jj: the low 4 bits in
-         * ql[64n + 32 (jj & 1) + l] (nibble jj >> 1), the high 2 in qh[32n + l] (bits 2 jj) */
-        const uint8_t *q = row + (size_t)S * 210;
-        float ds = kcuda_half(q + 208) * (float)(int8_t)q[192 + 8 * n + 2 * jj + (sub >> 1)];
-        const uint8_t *ql = q + 64 * n + 32 * (jj & 1) + 8 * sub, *qh = q + 128 + 32 * n + 8 * sub;
-        int sh = 4 * (jj >> 1);
+        float ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
         uint32_t Lv[2], Hv[2];
-        kcuda_u64h(ql, Lv);
-        kcuda_u64h(qh, Hv);
+        kcuda_u64h(span + P.qs, Lv);
+        kcuda_u64h(span + P.hs, Hv);
         for (int k = 0; k < 2; k++) {
             /* the 4 codes of a word at once (low nibble and high 2 bits in their byte), then
              * each at its fixed place, masked to its 6 bits (as Q4_K's: bench/sass_mix.py) */
-            uint32_t c4 = ((Lv[k] >> sh) & 0x0F0F0F0Fu) | ((Hv[k] >> (2 * jj)) & 0x03030303u) << 4;
+            uint32_t c4 = ((Lv[k] >> P.sh) & 0x0F0F0F0Fu) | ((Hv[k] >> P.hsh) & 0x03030303u) << 4;
             for (int i = 0; i < 4; i++)
                 w[4 * k + i] = ds * (float)((int)((c4 >> (8 * i)) & 0x3f) - 32);
         }
         return;
     }
-    /* Q2_K (scales[16], qs[64], d, dmin) and Q3_K (hmask[32], qs[64], scales[12], d): sub-block
-     * j = 4n + jj is bits 2 jj of qs[32n + l], its scale 8n + 2jj + l / 16; Q3_K's third bit is bit
-     * 4n + jj of hmask[l] */
+    /* Q2_K and Q3_K */
     const bool q3 = TYPE == KT_Q3_K;
-    const uint8_t *q = row + (size_t)S * (q3 ? 110 : 84);
-    int s = 8 * n + 2 * jj + (sub >> 1);
     float ds, dm = 0.0f;
     if (q3) {
-        const uint8_t *s12 = q + 96;
-        int lo = (s12[s % 8] >> (4 * (s / 8))) & 15, hi = (s12[8 + s % 4] >> (2 * (s / 4))) & 3;
-        ds = kcuda_half(q + 108) * (float)((lo | hi << 4) - 32);
+        int lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
+        ds = kcuda_half(span + 108) * (float)((lo | hi << 4) - 32);
     } else {
-        ds = kcuda_half(q + 80) * (float)(q[s] & 15);
-        dm = kcuda_half(q + 82) * (float)(q[s] >> 4);
+        ds = kcuda_half(span + 80) * (float)(span[P.sc] & 15);
+        dm = kcuda_half(span + 82) * (float)(span[P.sc] >> 4);
     }
-    const uint8_t *qs = q + (q3 ? 32 : 16) + 32 * n + 8 * sub;
     /* the lane's 8 quant bytes (and Q3_K's 8 hmask bytes): Q2_K's 84-byte super-blocks are
      * 4-aligned, Q3_K's 110-byte ones 2-aligned */
     uint32_t v[2], H[2] = {0, 0};
     if (q3) {
-        kcuda_u64h(qs, v);
-        kcuda_u64h(q + 8 * sub, H);
+        kcuda_u64h(span + P.qs, v);
+        kcuda_u64h(span + P.hs, H);
     } else {
-        v[0] = kcuda_u32(qs);
-        v[1] = kcuda_u32(qs + 4);
+        v[0] = kcuda_u32(span + P.qs);
+        v[1] = kcuda_u32(span + P.qs + 4);
     }
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 4; i++) {
-            int c = (int)((v[k] >> (8 * i + 2 * jj)) & 3);
+            int c = (int)((v[k] >> (8 * i + P.sh)) & 3);
             if (q3)
-                c += 4 * (int)((H[k] >> (8 * i + 4 * n + jj)) & 1) - 4;
+                c += 4 * (int)((H[k] >> (8 * i + P.hsh)) & 1) - 4;
             w[4 * k + i] = ds * (float)c - dm;
         }
+}
+
+/* The 8 weights lane `sub` (0..3) of a row's 32-column block b takes (kcuda_group_at), and where
+ * their inputs lie (kcuda_group_cols): for one block; the matmuls keep their place and walk. */
+template <uint32_t TYPE>
+__device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub, float w[8], int *a,
+                                          int *bo)
+{
+    kcuda_group_at<TYPE>(row + (size_t)(b >> 3) * kcuda_span_bytes<TYPE>(),
+                         kcuda_place_of<TYPE>((int)(b & 7), sub), w);
+    kcuda_group_cols<TYPE>(sub, a, bo);
 }
 
 /* Element c of a quantized row, through the lane of its block that holds it. */

@@ -3,11 +3,11 @@
  *
  * kcuda_matmul / kcuda_matmul_cols, every type (k_matmul): one warp per output row, taking
  * 256 columns per iteration so that its loads of weights and inputs fall on consecutive
- * addresses (k_group: four lanes to a quantized block, each dequantizing 8 weights in registers;
- * float rows: lane l takes every 32nd column from l, the row's end possibly short). Each weight is
- * multiplied with up to KQ_TOK tokens at once, so it is read from memory once per KQ_TOK tokens;
- * the lanes' sums meet in a warp reduction. Each token's sum is taken in the same order
- * whatever the batch, so a token's result does not depend on the width of the batch it came in:
+ * addresses (kcuda_group_at: four lanes to a quantized block, each dequantizing 8 weights in
+ * registers; float rows: lane l takes every 32nd column from l, the row's end possibly short).
+ * Each weight is multiplied with up to KQ_TOK tokens at once, so it is read from memory once per
+ * KQ_TOK tokens; the lanes' sums meet in a warp reduction. Each token's sum is taken in the same
+ * order whatever the batch, so a token's result does not depend on the width of the batch it came in:
  * a tree's verification computes the bits sequential decoding computes (docs/gpu.md, "Why the
  * forward does not use cuBLAS").
  * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
@@ -34,8 +34,8 @@
 #define KQ_SPAN 256 /* a warp's columns per iteration: 8 quantized blocks, 4 lanes each */
 
 /* acc[t] += the 8 weights of one group times their inputs, for tokens t < nt (xb: token 0's
- * inputs of the group's block; a, bo: kcuda_group's offsets). One expression wherever it is used, so
- * that every caller sums alike. */
+ * inputs of the group's block; a, bo: kcuda_group_cols' offsets). One expression wherever it is
+ * used, so that every caller sums alike. */
 __device__ static inline void k_group_acc(const float w[8], int a, int bo, const float *xb,
                                           int64_t cols, int nt, float acc[KQ_TOK])
 {
@@ -66,21 +66,29 @@ __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const
     for (int t = 0; t < KQ_TOK; t++)
         acc[t] = 0.0f;
     if (quant) {
-        int sub = lane & 3, a = 0, bo = 0;
+        /* the lane's place in its blocks b, b + 8, ...: one for the whole row (kcuda_place_of);
+         * sp the 256 columns (span) block b lies in, xb its inputs */
+        static_assert(KQ_SPAN == 256, "a warp iteration covers one span of 8 blocks");
+        const int SB = kcuda_span_bytes<TYPE>(), sub = lane & 3;
+        const kcuda_place P = kcuda_place_of<TYPE>(lane >> 2, sub);
+        int a, bo;
+        kcuda_group_cols<TYPE>(sub, &a, &bo);
         int64_t b = lane >> 2, nb = cols / 32;
-        for (; b + (U - 1) * step < nb; b += U * step) {
+        const uint8_t *sp = row;
+        const float *xb = xt + b * 32;
+        for (; b + (U - 1) * step < nb; b += U * step, sp += U * SB, xb += U * KQ_SPAN) {
             float wv[U][8];
 #pragma unroll
             for (int u = 0; u < U; u++)
-                kcuda_group<TYPE>(row, b + u * step, sub, wv[u], &a, &bo);
+                kcuda_group_at<TYPE>(sp + u * SB, P, wv[u]);
 #pragma unroll
             for (int u = 0; u < U; u++)
-                k_group_acc(wv[u], a, bo, xt + (b + u * step) * 32, cols, nt, acc);
+                k_group_acc(wv[u], a, bo, xb + u * KQ_SPAN, cols, nt, acc);
         }
-        for (; b < nb; b += step) { /* the row's last blocks, fewer than U groups */
+        for (; b < nb; b += step, sp += SB, xb += KQ_SPAN) { /* the last blocks, fewer than U */
             float wv[8];
-            kcuda_group<TYPE>(row, b, sub, wv, &a, &bo);
-            k_group_acc(wv, a, bo, xt + b * 32, cols, nt, acc);
+            kcuda_group_at<TYPE>(sp, P, wv);
+            k_group_acc(wv, a, bo, xb, cols, nt, acc);
         }
     } else {
         for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
@@ -194,12 +202,13 @@ __global__ void k_matmul(kq_job j)
  *
  * A block takes R row tiles of 16 output rows (one m16n8k16 A tile each) of one matrix, with
  * KM_SPLIT warps a tile: warp s of a tile takes the row's 32-column blocks s, s + KM_SPLIT, ...,
- * and a lane (g = lane / 4, t = lane % 4) fills its A fragment with kcuda_group's 8 weights of
- * rows g and g + 8 for sub t (the first 4 go into the first k-step's slots, the last 4 into the
- * second's), its B fragment with the same columns of token g of the tile. A permutation of the
- * columns inside a k-step changes nothing as long as A and B follow it, so each lane loads exactly
- * the bytes the CUDA-core kernel's lane loads. The weights and the inputs are rounded to f16, the
- * products summed in f32. Tokens run in tiles of 8 (NT tiles a pass); a tile's KM_SPLIT partial
+ * and a lane (g = lane / 4, t = lane % 4) fills its A fragment with its 8 weights of rows g and
+ * g + 8 for sub t as f16 (the first 4 go into the first k-step's slots, the last 4 into the
+ * second's: km_load; the six commonest types straight from their codes, km_group_h2, the others
+ * through kcuda_group_at), its B fragment with the same columns of token g of the tile. A
+ * permutation of the columns inside a k-step changes nothing as long as A and B follow it, so each
+ * lane loads exactly the bytes the CUDA-core kernel's lane loads. The inputs are rounded to f16,
+ * the products summed in f32. Tokens run in tiles of 8 (NT tiles a pass); a tile's KM_SPLIT partial
  * sums are added in warp order through shared memory. Every output is one lane's accumulator
  * over its warp's blocks in one order, then the warps in one order: a token's result depends
  * neither on the batch it came in, nor on which of the 8 columns of a tile it took, nor on R and
@@ -244,6 +253,42 @@ static inline float km_f(uint32_t v, int hi)
 }
 #endif
 
+/* Words of two f16 values (the low half first): a - b, a * b, a * b + c, each half rounded once
+ * (PTX sub.rn/mul.rn/fma.rn.f16x2; over the emulation the same roundings: a difference or a
+ * product of two f16 values rounded to f32 and then to f16 is rounded once, as f32 has
+ * 2 x 11 + 2 bits; the fused form is kemu_hfma). */
+__device__ static inline uint32_t km_hsub2(uint32_t a, uint32_t b)
+{
+#ifdef OROCHI_KEMU_H
+    return km_h2(km_f(a, 0) - km_f(b, 0), km_f(a, 1) - km_f(b, 1));
+#else
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#endif
+}
+__device__ static inline uint32_t km_hmul2(uint32_t a, uint32_t b)
+{
+#ifdef OROCHI_KEMU_H
+    return km_h2(km_f(a, 0) * km_f(b, 0), km_f(a, 1) * km_f(b, 1));
+#else
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#endif
+}
+__device__ static inline uint32_t km_hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+#ifdef OROCHI_KEMU_H
+    return (uint32_t)kemu_hfma((uint16_t)a, (uint16_t)b, (uint16_t)c) |
+           (uint32_t)kemu_hfma((uint16_t)(a >> 16), (uint16_t)(b >> 16), (uint16_t)(c >> 16)) << 16;
+#else
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#endif
+}
+
 /* d += A (16 x 16, f16, row-major fragments) B (16 x 8, f16, column-major), f32 accumulation:
  * mma.sync m16n8k16 on the device; over the emulation the same product formed from the warp's
  * fragments through shuffles, k in order. */
@@ -275,24 +320,132 @@ __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint
 #endif
 }
 
-/* The A fragments of one 32-column block b of rows g and g + 8 (ra, rb: the two rows' bytes from
- * the first input column multiplied): A[0..3] the first k-step's, A[4..7] the second's. *a, *bo:
- * where the block's inputs of the lane's two k-steps lie. */
+/* Tensor cores take the types most files hold (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1) straight into
+ * f16 pairs: a lane's 8 codes of one row, two at a time, made f16 values by their bits
+ * (0x6400 | c is 1024 + c: the codes of bytes 0 and 2 of a word, then of 1 and 3; Q8_0's signed
+ * quants with their top bit flipped, q + 128), the 1024 and the type's offset taken off (exact:
+ * the code as an f16), then times the block's scale (HMUL2; the types with a min: plus the min,
+ * HFMA2, one fused rounding). Two weights an instruction or two, where the f32 path
+ * (kcuda_group_at) takes a byte out, converts, multiplies and rounds each.
+ *  - Q8_0, Q4_0, Q6_K: the weights' values are the f32 path's (d times the code is exact in f32,
+ *    then rounded to f16 once either way);
+ *  - Q4_1: d c + m rounded once, where the f32 path rounds in f32 and then to f16;
+ *  - Q4_K/Q5_K: d sc and dmin mn are rounded to f16 first (exact in f32), then c times the scale
+ *    less the min rounded once: at most a rounding of each part more than the f32 path, which
+ *    shows where the two nearly cancel (docs/gpu.md, "Codes straight into f16").
+ * h[0] = (w0, w2), h[1] = (w1, w3), h[2] = (w4, w6), h[3] = (w5, w7): km_load's slot order. */
 template <uint32_t TYPE>
-__device__ static inline void km_load(const uint8_t *ra, const uint8_t *rb, int64_t b, int t,
-                                      uint32_t A[8], int *a, int *bo)
+__device__ static inline bool km_h2_type()
 {
+    return TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q6_K || TYPE == KT_Q8_0 ||
+           TYPE == KT_Q4_0 || TYPE == KT_Q4_1;
+}
+
+template <uint32_t TYPE>
+__device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place &P, uint32_t h[4])
+{
+    const uint32_t K1024 = 0x64006400u; /* (1024, 1024) */
+    const bool with_min = TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q4_1;
+    uint32_t q[4], sc, mn = 0;
+    /* the pairs' bias: 1024 and the type's offset (Q6_K 32, Q8_0 128, Q4_0 8) */
+    const uint32_t off = TYPE == KT_Q6_K ? 0x64206420u
+                         : TYPE == KT_Q8_0 ? 0x64806480u
+                         : TYPE == KT_Q4_0 ? 0x64086408u
+                                           : K1024;
+    if (TYPE == KT_Q4_0 || TYPE == KT_Q4_1) {
+        /* the lane's 4 bytes: low nibbles columns 4 sub.., high ones 16 + 4 sub.. */
+        const uint8_t *blk = span + P.off;
+        uint32_t v, dm;
+        if (TYPE == KT_Q4_1) {
+            dm = kcuda_u32(blk); /* (d, m): 20-byte blocks, 4-aligned */
+            v = kcuda_u32(span + P.qs);
+            mn = __byte_perm(dm, 0, 0x3232);
+        } else {
+            dm = kcuda_u16(blk);
+            v = kcuda_u32h(span + P.qs);
+        }
+        sc = __byte_perm(dm, 0, 0x1010);
+        q[0] = (v & 0x000F000Fu) | K1024;
+        q[1] = ((v >> 8) & 0x000F000Fu) | K1024;
+        q[2] = ((v >> 4) & 0x000F000Fu) | K1024;
+        q[3] = ((v >> 12) & 0x000F000Fu) | K1024;
+    } else {
+        uint32_t c4[2];
+        if (TYPE == KT_Q8_0) {
+            sc = __byte_perm(kcuda_u16(span + P.off), 0, 0x1010);
+            kcuda_u64h(span + P.qs, c4); /* 34-byte blocks: 2-aligned */
+        } else if (TYPE == KT_Q6_K) {
+            /* as kcuda_group_at's Q6_K: a word's 4 low nibbles and 4 high pairs at once */
+            float ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
+            uint32_t Lv[2], Hv[2];
+            kcuda_u64h(span + P.qs, Lv);
+            kcuda_u64h(span + P.hs, Hv);
+            for (int k = 0; k < 2; k++)
+                c4[k] = ((Lv[k] >> P.sh) & 0x0F0F0F0Fu) | ((Hv[k] >> P.hsh) & 0x03030303u) << 4;
+            sc = km_h2(ds, ds);
+        } else {
+            /* as kcuda_group_at's Q4_K/Q5_K: the header in one load, the codes 4 at a time */
+            uint4 hd = *(const uint4 *)span;
+            const uint32_t s12[3] = {hd.y, hd.z, hd.w};
+            float fs, fm;
+            kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &fs, &fm);
+            /* (d, dmin) times (scale, -min) as f16 pairs: each product rounded once, as the f32
+             * product (exact: 11 by 6 bits) rounded; then each spread to both halves */
+            uint32_t dm = km_hmul2(hd.x, km_h2(fs, -fm));
+            sc = __byte_perm(dm, 0, 0x1010);
+            mn = __byte_perm(dm, 0, 0x3232);
+            uint2 qv = *(const uint2 *)(span + P.qs), hv = {0u, 0u};
+            if (TYPE == KT_Q5_K)
+                hv = *(const uint2 *)(span + P.hs);
+            const uint32_t v[2] = {qv.x, qv.y}, hb[2] = {hv.x, hv.y};
+            for (int k = 0; k < 2; k++) {
+                c4[k] = (v[k] >> P.sh) & 0x0F0F0F0Fu;
+                if (TYPE == KT_Q5_K)
+                    c4[k] |= ((hb[k] >> P.hsh) & 0x01010101u) << 4;
+            }
+        }
+        /* a byte a code (Q8_0: its top bit flipped, so q + 128) */
+        const uint32_t flip = TYPE == KT_Q8_0 ? 0x00800080u : 0u;
+        for (int k = 0; k < 2; k++) {
+            q[2 * k] = ((c4[k] & 0x00FF00FFu) | K1024) ^ flip;
+            q[2 * k + 1] = (((c4[k] >> 8) & 0x00FF00FFu) | K1024) ^ flip;
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        uint32_t c = km_hsub2(q[i], off);
+        h[i] = with_min ? km_hfma2(c, sc, mn) : km_hmul2(c, sc);
+    }
+}
+
+/* The A fragments of rows g and g + 8 of one 32-column block, at the lane's place P in the spans
+ * sa and sb of the two rows: A[0..3] the first k-step's, A[4..7] the second's. The columns go
+ * into k-slots as pairs (0, 2), (1, 3), (4, 6), (5, 7) of the lane's 8 (km_group_h2's order; km_b
+ * puts the inputs alike): the first pair in slots 2t and 2t + 1, the second in 2t + 8 and 2t + 9,
+ * and so on. */
+template <uint32_t TYPE>
+__device__ static inline void km_load(const uint8_t *sa, const uint8_t *sb, const kcuda_place &P,
+                                      uint32_t A[8])
+{
+    if (km_h2_type<TYPE>()) {
+        uint32_t ha[4], hb[4];
+        km_group_h2<TYPE>(sa, P, ha);
+        km_group_h2<TYPE>(sb, P, hb);
+        for (int i = 0; i < 4; i++)
+            A[2 * i] = ha[i], A[2 * i + 1] = hb[i];
+        return;
+    }
     float wa[8], wb[8];
-    kcuda_group<TYPE>(ra, b, t, wa, a, bo);
-    kcuda_group<TYPE>(rb, b, t, wb, a, bo);
-    A[0] = km_h2(wa[0], wa[1]), A[1] = km_h2(wb[0], wb[1]);
-    A[2] = km_h2(wa[2], wa[3]), A[3] = km_h2(wb[2], wb[3]);
-    A[4] = km_h2(wa[4], wa[5]), A[5] = km_h2(wb[4], wb[5]);
-    A[6] = km_h2(wa[6], wa[7]), A[7] = km_h2(wb[6], wb[7]);
+    kcuda_group_at<TYPE>(sa, P, wa);
+    kcuda_group_at<TYPE>(sb, P, wb);
+    A[0] = km_h2(wa[0], wa[2]), A[1] = km_h2(wb[0], wb[2]);
+    A[2] = km_h2(wa[1], wa[3]), A[3] = km_h2(wb[1], wb[3]);
+    A[4] = km_h2(wa[4], wa[6]), A[5] = km_h2(wb[4], wb[6]);
+    A[6] = km_h2(wa[5], wa[7]), A[7] = km_h2(wb[5], wb[7]);
 }
 
 /* Token tok's B fragments of block b, both k-steps: the 4 inputs from column a of the block and
- * the 4 from bo, rounded to f16 pairs (zeros for a token past the step's n). The one rounding of
+ * the 4 from bo, rounded to f16 pairs in km_load's slot order, (0, 2), (1, 3), (4, 6), (5, 7)
+ * (zeros for a token past the step's n). The one rounding of
  * the inputs: km_mul forms them where it multiplies, k_xfrag once for a step's fragment order. */
 __device__ static inline uint4 km_b(const float *x, int64_t cols, int64_t tok, int n, int64_t b,
                                     int a, int bo)
@@ -304,7 +457,7 @@ __device__ static inline uint4 km_b(const float *x, int64_t cols, int64_t tok, i
         v = *(const float4 *)(xr + bo);
     }
     uint4 o;
-    o.x = km_h2(u.x, u.y), o.y = km_h2(u.z, u.w), o.z = km_h2(v.x, v.y), o.w = km_h2(v.z, v.w);
+    o.x = km_h2(u.x, u.z), o.y = km_h2(u.y, u.w), o.z = km_h2(v.x, v.z), o.w = km_h2(v.y, v.w);
     return o;
 }
 
@@ -381,15 +534,22 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
 #pragma unroll
             for (int i = 0; i < NT; i++)
                 acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+            /* warp ks takes blocks ks, ks + 8, ...: the lane's place is the same in each
+             * (kcuda_place_of), spa and spb the two rows' spans of block b */
+            static_assert(KM_SPLIT == 8, "a tile's warps take the 8 blocks of a span");
+            const int SB = kcuda_span_bytes<TYPE>();
+            const kcuda_place P = kcuda_place_of<TYPE>(ks, t);
+            int a, bo;
+            kcuda_group_cols<TYPE>(t, &a, &bo);
             int64_t b = ks;
-            int a = 0, bo = 0;
+            const uint8_t *spa = rowa, *spb = rowb;
             /* U blocks' weights loaded before any is multiplied (loads in flight), multiplied in
              * the order of the blocks: the same sums for every U */
-            for (; b + (U - 1) * KM_SPLIT < nb; b += U * KM_SPLIT) {
+            for (; b + (U - 1) * KM_SPLIT < nb; b += U * KM_SPLIT, spa += U * SB, spb += U * SB) {
                 uint32_t A[U][8];
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    km_load<TYPE>(rowa, rowb, b + u * KM_SPLIT, t, A[u], &a, &bo);
+                    km_load<TYPE>(spa + u * SB, spb + u * SB, P, A[u]);
 #pragma unroll
                 for (int u = 0; u < U; u++)
                     if (XF)
@@ -397,9 +557,9 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
                     else
                         km_mul<NT>(A[u], a, bo, b + u * KM_SPLIT, j.x, j.cols, t0, j.n, g, acc);
             }
-            for (; b < nb; b += KM_SPLIT) {
+            for (; b < nb; b += KM_SPLIT, spa += SB, spb += SB) {
                 uint32_t A[8];
-                km_load<TYPE>(rowa, rowb, b, t, A, &a, &bo);
+                km_load<TYPE>(spa, spb, P, A);
                 if (XF)
                     km_mul_frag<NT>(A, j.xf, nb, b, t0, j.n, lane, acc);
                 else

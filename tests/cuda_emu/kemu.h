@@ -96,6 +96,17 @@ static inline float __fmul_rn(float a, float b)
     return a * b;
 }
 
+/* Bytes of x (0..3) and y (4..7) picked by the 4 low nibbles of the selector s, the first for
+ * the result's byte 0 (PRMT's default mode: each nibble's low 3 bits). */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (unsigned)(v >> (8 * ((s >> (4 * i)) & 7)) & 0xff) << (8 * i);
+    return r;
+}
+
 /* ===== 16-bit floats (round to nearest even, as the device converts) ===== */
 
 struct __half {
@@ -118,6 +129,20 @@ static inline float __half2float(__half h)
     _Float16 v;
     memcpy(&v, &h.bits, 2);
     return (float)v;
+}
+
+/* a * b + c of three f16 values (their bits), rounded once to f16, ties to even: the device's
+ * fma.rn.f16 (HFMA2). In double the product is exact (22 bits), and so is the sum unless its
+ * terms lie more than 53 bits apart: then either the product is the larger, at 2^29 or more
+ * (beyond f16, inf both ways), or c is, an f16 value the exact sum rounds to as the double does.
+ * So the double's one rounding to f16 is the only one. */
+static inline uint16_t kemu_hfma(uint16_t a, uint16_t b, uint16_t c)
+{
+    double p = (double)__half2float(__ushort_as_half(a)) * __half2float(__ushort_as_half(b));
+    _Float16 h = (_Float16)(p + __half2float(__ushort_as_half(c))); /* double to f16: once */
+    uint16_t r;
+    memcpy(&r, &h, 2);
+    return r;
 }
 
 struct __nv_bfloat16 {

@@ -9,7 +9,10 @@
  *     of pageable memory is refused, a graph runs its kernels only when launched, and each launch
  *     runs them again;
  *   - cuBLAS: SGEMM with a transposed A against a plain loop, and a leading dimension too small
- *     refused.
+ *     refused;
+ *   - the fused f16 multiply-add (kemu_hfma) against an exact reference in 128-bit integers,
+ *     rounded once, ties to even: random operands, and products on a midpoint between two f16
+ *     values with a tiny addend of either sign, or none (where a sum rounded to f32 first errs).
  * Compiled through unchevron.py as the GPU op set is; it exits 1 on the first disagreement.
  */
 #include <cublas_v2.h>
@@ -126,9 +129,91 @@ static void overrun()
     k_read<<<1, 1>>>(x, 1024 + 64, out);
 }
 
+/* The f16 of bits h as m * 2^(e - 24), m a signed integer (finite values only). */
+static void half_parts(uint16_t h, __int128 *m, int *e)
+{
+    int ex = (h >> 10) & 31, mant = h & 1023;
+    *m = ex ? 1024 + mant : mant;
+    *e = ex ? ex - 1 : 0; /* the value is m * 2^(e - 24) */
+    if (h & 0x8000)
+        *m = -*m;
+}
+
+/* The magnitude of a positive f16 code in units of 2^-48. */
+static __int128 half_value(uint16_t h)
+{
+    __int128 m;
+    int e;
+    half_parts(h, &m, &e);
+    return m * ((__int128)1 << (e + 24));
+}
+
+/* The f16 nearest to a * b + c, computed exactly in units of 2^-48, ties to the even code; inf
+ * past the largest finite value's rounding range. */
+static uint16_t exact_hfma(uint16_t a, uint16_t b, uint16_t c)
+{
+    __int128 ma, mb, mc;
+    int ea, eb, ec;
+    half_parts(a, &ma, &ea);
+    half_parts(b, &mb, &eb);
+    half_parts(c, &mc, &ec);
+    __int128 v = ma * mb * ((__int128)1 << (ea + eb)) + mc * ((__int128)1 << (ec + 24));
+    if (v == 0) /* an exact zero: -0 only as -0 + -0 */
+        return ma * mb == 0 && ((a ^ b) & 0x8000) && (c & 0x8000) ? 0x8000 : 0;
+    __int128 mag = v < 0 ? -v : v;
+    /* the finite codes are in the order of their values: the last at or below mag, by halves */
+    uint16_t lo = 0, hi = 0x7bff;
+    while (lo < hi) {
+        uint16_t mid = (uint16_t)((lo + hi + 1) / 2);
+        if (half_value(mid) <= mag)
+            lo = mid;
+        else
+            hi = (uint16_t)(mid - 1);
+    }
+    uint16_t best = lo;
+    if (lo < 0x7bff) {
+        __int128 below = mag - half_value(lo), above = half_value((uint16_t)(lo + 1)) - mag;
+        if (above < below || (above == below && (lo & 1)))
+            best = (uint16_t)(lo + 1);
+    }
+    /* beyond 65504 + 16 (half an ulp of the largest): inf */
+    if (mag >= (__int128)(65504 + 16) << 48)
+        best = 0x7c00;
+    return v < 0 ? (uint16_t)(best | 0x8000) : best;
+}
+
+static void check_hfma()
+{
+    srand(7);
+    int bad = 0, n = 0;
+    for (int i = 0; i < 20000; i++, n++) {
+        /* finite operands, exponents kept where the product stays finite */
+        uint16_t a = (uint16_t)((rand() & 0x83ff) | (rand() % 24) << 10);
+        uint16_t b = (uint16_t)((rand() & 0x83ff) | (rand() % 24) << 10);
+        uint16_t c = (uint16_t)((rand() & 0x83ff) | (rand() % 30) << 10);
+        bad += kemu_hfma(a, b, c) != exact_hfma(a, b, c);
+    }
+    expect(bad == 0, "f16 fused multiply-add, 20000 random operands, against the exact");
+    /* 3 (1 + k 2^-10), k odd, lies midway between two f16 values: the addend, the smallest
+     * subnormal of either sign, picks the side; with none, the even code */
+    bad = 0;
+    const uint16_t tiny[3] = {0x0001, 0x8001, 0x0000};
+    for (int k = 1; k < 200; k += 2)
+        for (int t = 0; t < 3; t++) {
+            uint16_t a = 0x4200, b = (uint16_t)(0x3c00 + k);
+            uint16_t got = kemu_hfma(a, b, tiny[t]), want = exact_hfma(a, b, tiny[t]);
+            bad += got != want;
+            /* the sides differ: up, down, even */
+            if (t == 0 && got == kemu_hfma(a, b, tiny[1]))
+                bad++;
+        }
+    expect(bad == 0, "f16 fused multiply-add on midpoints: the addend's sign picks the side");
+}
+
 int main()
 {
     printf("the CUDA emulation against CUDA's rules:\n");
+    check_hfma();
     int *coords;
     const int n_coords = 12 * 16;
     cudaMalloc(&coords, n_coords * sizeof *coords);

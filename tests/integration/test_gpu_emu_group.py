@@ -49,7 +49,8 @@ prompt's share of the tensor cores, each met or short against the 8B and 1B targ
 tensor-core variants with the fastest marked, and the peer's rates on a GPU beside orochi's.
 
 bench/sass_mix.py's reading of cuobjdump's listing (written here): each kernel's hot loop is the
-backward branch with the most global loads, its instructions counted by opcode without their
+innermost backward branch with the most global loads (not the loop around both loops, which
+holds more), its instructions counted by opcode without their
 predicates and modifiers, loads, products and both kinds of conversion apart.
 """
 import json
@@ -372,7 +373,8 @@ Fatbin elf code:
         /*0080*/               @P1 LDG.E.128 R4, desc[UR4][R6.64] ;        /* 0x0000000406041981 */
         /*0090*/                   I2F.S8 R7, R4 ;                         /* 0x0000000400077306 */
         /*00a0*/               @P0 BRA 0x70 ;                              /* 0xfffffffc00f00947 */
-        /*00b0*/                   BRA 0xb0 ;                              /* 0xfffffffc00fc7947 */
+        /*00b0*/               @P2 BRA 0x10 ;                              /* 0xfffffffc00f02947 */
+        /*00c0*/                   BRA 0xc0 ;                              /* 0xfffffffc00fc7947 */
 """
 
 
@@ -383,9 +385,12 @@ def sass_mix_finds_the_hot_loop():
     funcs = sass_mix.parse(SASS_FIXTURE)
     G.check(len(funcs) == 1, "kernels read from the listing: %r", list(funcs))
     name, ins = next(iter(funcs.items()))
-    G.check(name in ("foo(int)", "_Z3fooi") and len(ins) == 12, "the kernel %r, %d instructions", name, len(ins))
+    G.check(name in ("foo(int)", "_Z3fooi") and len(ins) == 13, "the kernel %r, %d instructions",
+            name, len(ins))
     body = sass_mix.hot_loop(ins)
     G.check(body == [t for a, t in ins if 0x70 <= a <= 0xa0], "the hot loop: %r", body)
+    G.check(len(sass_mix.hot_loop([(a, x) for a, x in ins if a != 0x70 and a != 0x80])) == 4,
+            "without the second loop's loads, the first loop: %r", ins)
     s = sass_mix.summary(body)
     G.check((s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"]) == (4, 2, 0, 1, 0), "its counts: %r", s)
     s = sass_mix.summary([t for a, t in ins if 0x30 <= a <= 0x60])
