@@ -200,7 +200,7 @@ int kcuda_matmul_kind(const kcuda *g, uint32_t type);
 /* The tensor-core matmul's inputs: read from the f32 rows by every warp, each lane its 8 columns
  * of a token, rounded to f16 where they are multiplied (KCUDA_FRAG_OFF); or first rounded once
  * into fragment order by one launch more (k_xfrag), so that a warp's B fragments of a token tile
- * are one load of 512 consecutive bytes (KCUDA_FRAG_ON, from 2 tokens a step). The same f16
+ * are one load of 512 consecutive bytes (KCUDA_FRAG_ON, from 1 token a step). The same f16
  * values in the same sums: the same bits either way. KCUDA_FRAG_AUTO (until set; another value
  * too): from KCUDA_FRAG_AUTO_N tokens, where every warp reading 16 bytes of each of 8 tokens'
  * rows per block was most of a wide step's load instructions (docs/gpu.md). The order lives in

@@ -154,7 +154,7 @@ static inline int kcuda_mm_rule(int set, uint32_t type)
  * `set`). */
 static inline bool kcuda_frag_rule(int set, int n)
 {
-    if (set == KCUDA_FRAG_OFF || n < 2)
+    if (set == KCUDA_FRAG_OFF || n < 1)
         return false;
     return set == KCUDA_FRAG_ON || n >= KCUDA_FRAG_AUTO_N;
 }

@@ -33,7 +33,7 @@
  *     recording at the crossing, the last step against the CPU;
  *   - the other types the CPU computes (test_more_types: Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL, dim 256):
  *     one GPU part on CUDA cores and on tensor cores, and the mixed pair, within 3e-3; on tensor
- *     cores with the inputs in fragment order from 2 tokens (matmul_frag, graphs on), the bits
+ *     cores with the inputs in fragment order from 1 token (matmul_frag, graphs on), the bits
  *     of the tensor cores reading them in place;
  *   - the families' pieces (test_families: qwen2, qwen3 with head size 96, a llama with biases and
  *     Llama 3.1's RoPE factors): one GPU part fused and one launch per op, the mixed pair and the

@@ -8,7 +8,7 @@
  *               Q8_0/Q4_0/Q4_1 2e-3 (the CPU rounds activations to 16 bits for its integer dot
  *               products). Every token's result bit for bit the same token's computed alone
  *               (the sums do not depend on the batch); on tensor cores also with the inputs in
- *               fragment order from 2 tokens and with none (kcuda_set_matmul_frag), and the rule
+ *               fragment order from 1 token and with none (kcuda_set_matmul_frag), and the rule
  *               choosing it on fixtures; and with the token tiles dealt to 2, 4 and 8 groups of
  *               blocks (kcuda_set_matmul_groups) at widths 17, 40, 64, and its rule on fixtures. kcuda_matmul_blas (cuBLAS) for the float
  *               types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations to the weight's
@@ -220,11 +220,11 @@ static void matmul_case(uint32_t type, int kind, const float *wf, const float *x
             check(what, e, tol_blas);
         }
     }
-    /* tensor cores with the inputs in fragment order from 2 tokens (k_xfrag) and with none:
+    /* tensor cores with the inputs in fragment order from 1 token (k_xfrag) and with none:
      * every token the bits of the token alone (which reads the f32 rows) */
     for (int f = 0; kind == KCUDA_MM_TC && f < 2; f++) {
         kcuda_set_matmul_frag(g, f ? KCUDA_FRAG_OFF : KCUDA_FRAG_ON);
-        for (int n = 3; n <= 64; n = n == 3 ? 17 : 64) {
+        for (int n = 1; n <= 64; n = n == 1 ? 3 : n == 3 ? 17 : 64) {
             bool same = alone_bits(&dw, lo, hi, rows, dx, n, dy, got, alone, false);
             printf("  matmul %s width %d, tensor cores, inputs %s: %s\n", tn, n,
                    f ? "read in place" : "in fragment order", same ? "ok" : "FAILED");
@@ -713,11 +713,11 @@ static void test_att_parts_rule(void)
         check_int(what, kcuda_unroll_rule(u[i].set, u[i].n), u[i].want);
     }
     /* the tensor-core matmul's inputs in fragment order: by default from KCUDA_FRAG_AUTO_N
-     * tokens, when on from 2, never when off, never on CUDA cores nor for a float type */
+     * tokens, when on from 1, never when off, never on CUDA cores nor for a float type */
     static const struct {
         int set, n, want;
     } fr[] = {{KCUDA_FRAG_AUTO, 1, 0},  {KCUDA_FRAG_AUTO, 16, 0}, {KCUDA_FRAG_AUTO, 17, 1},
-             {KCUDA_FRAG_AUTO, 64, 1}, {KCUDA_FRAG_ON, 1, 0},    {KCUDA_FRAG_ON, 2, 1},
+             {KCUDA_FRAG_AUTO, 64, 1}, {KCUDA_FRAG_ON, 1, 1},    {KCUDA_FRAG_ON, 2, 1},
              {KCUDA_FRAG_OFF, 64, 0},  {7, 17, 1}};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) {
         char what[96];
