@@ -6,6 +6,7 @@
 #ifndef OROCHI_KCUDA_INTERNAL_H
 #define OROCHI_KCUDA_INTERNAL_H
 
+#include <string.h>
 #include <time.h>
 
 #include <cublas_v2.h>
@@ -112,6 +113,14 @@ __device__ static inline float kcuda_iq4nl(uint32_t code)
 {
     const uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
     return (float)(int8_t)((code < 8 ? lo : hi) >> (8 * (code & 7)));
+}
+
+/* The f32 number whose bits are v. */
+__device__ static inline float kcuda_f32_bits(uint32_t v)
+{
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
 }
 
 /* The f16 number whose bits are the low 16 of v. */

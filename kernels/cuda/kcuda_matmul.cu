@@ -4,11 +4,12 @@
  * kcuda_matmul / kcuda_matmul_cols, every type (k_matmul): one warp per output row, taking
  * 256 columns per iteration so that its loads of weights and inputs fall on consecutive
  * addresses (kcuda_group_at: four lanes to a quantized block, each dequantizing 8 weights in
- * registers; float rows: lane l takes every 32nd column from l, the row's end possibly short).
+ * registers; float rows: lane l takes 8 consecutive columns of each 256 by one 16-byte load,
+ * or every 32nd column from l where the row lies off 16-byte words).
  * Each weight is multiplied with up to KQ_TOK tokens at once, so it is read from memory once per
  * KQ_TOK tokens; the lanes' sums meet in a warp reduction. Each token's sum is taken in the same
- * order whatever the batch, so a token's result does not depend on the width of the batch it came in:
- * a tree's verification computes the bits sequential decoding computes (docs/gpu.md, "Why the
+ * order whatever the batch, so a token's result does not depend on the width of the batch it came
+ * in: a tree's verification computes the bits sequential decoding computes (docs/gpu.md, "Why the
  * forward does not use cuBLAS").
  * Over a range of input columns only (kcuda_matmul_cols, the Megatron plan's partial sums),
  * every type starts its rows at the range's first column.
@@ -50,12 +51,36 @@ __device__ static inline void k_group_acc(const float w[8], int a, int bo, const
     }
 }
 
+/* 8 weights of a float row from column c (the row 16-byte aligned there), as f32: the values
+ * kcuda_dequant gives, by one 16-byte load (F32: two). */
+#define KQ_FLOAT_SPANS 4 /* a float row's 256-column spans a lane loads before it adds */
+template <uint32_t TYPE>
+__device__ static inline void k_float8(const uint8_t *row, int64_t c, float w[8])
+{
+    if (TYPE == KT_F32) {
+        const float4 *p = (const float4 *)(row + 4 * c);
+        float4 a = p[0], b = p[1];
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+        w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+        return;
+    }
+    uint4 v = *(const uint4 *)(row + 2 * c);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 4; i++) {
+        /* F16 by its bits; BF16 is the top half of an f32 */
+        w[2 * i] = TYPE == KT_F16 ? kcuda_half_bits(u[i]) : kcuda_f32_bits(u[i] << 16);
+        w[2 * i + 1] =
+            TYPE == KT_F16 ? kcuda_half_bits(u[i] >> 16) : kcuda_f32_bits(u[i] & 0xffff0000u);
+    }
+}
+
 /* The sums of one weight row (its columns from the first multiplied) with tokens [t0, t0 + nt)
  * of x (rows of `cols` values), this lane's share of them into acc[0..nt). Quantized rows: lane l
  * takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...), loading U groups before it adds
  * any of them (U loads in flight; the additions in the same order, so every U gives the same
- * bits); float rows: lane l takes columns l + 32 j. Each lane's sum per token runs over its
- * columns in one order, whatever n. */
+ * bits); float rows: lane l takes columns 8l .. 8l + 7 of each 256 (16-byte loads) where the row
+ * and the inputs lie on 16-byte words and the row is a multiple of 8 long, else columns l + 32 j.
+ * Each lane's sum per token runs over its columns in one order, whatever n. */
 template <uint32_t TYPE, int U>
 __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const float *xt, int nt,
                                          int lane, float acc[KQ_TOK])
@@ -90,7 +115,27 @@ __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const
             kcuda_group_at<TYPE>(sp, P, wv);
             k_group_acc(wv, a, bo, xb, cols, nt, acc);
         }
+    } else if (((uintptr_t)row | (uintptr_t)xt) % 16 == 0 && cols % 8 == 0) {
+        /* float rows on 16-byte words: lane l takes columns 8l .. 8l + 7 of each 256, one 16-byte
+         * load of weights (F32: two) for 8, KQ_FLOAT_SPANS of them loaded before any is added
+         * (a lane's 8 columns are whole or past the row: cols is a multiple of 8) */
+        int64_t c = 8 * lane;
+        for (; c + (KQ_FLOAT_SPANS - 1) * KQ_SPAN < cols; c += KQ_FLOAT_SPANS * KQ_SPAN) {
+            float wv[KQ_FLOAT_SPANS][8];
+#pragma unroll
+            for (int u = 0; u < KQ_FLOAT_SPANS; u++)
+                k_float8<TYPE>(row, c + u * KQ_SPAN, wv[u]);
+#pragma unroll
+            for (int u = 0; u < KQ_FLOAT_SPANS; u++)
+                k_group_acc(wv[u], 0, 4, xt + c + u * KQ_SPAN, cols, nt, acc);
+        }
+        for (; c < cols; c += KQ_SPAN) {
+            float wv[8];
+            k_float8<TYPE>(row, c, wv);
+            k_group_acc(wv, 0, 4, xt + c, cols, nt, acc);
+        }
     } else {
+        /* float rows off 16-byte words (a range starting off them, an odd length) */
         for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
             float wv[8];
 #pragma unroll

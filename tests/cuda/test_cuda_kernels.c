@@ -10,9 +10,12 @@
  *               (the sums do not depend on the batch); on tensor cores also with the inputs in
  *               fragment order from 1 token and with none (kcuda_set_matmul_frag), and the rule
  *               choosing it on fixtures; and with the token tiles dealt to 2, 4 and 8 groups of
- *               blocks (kcuda_set_matmul_groups) at widths 17, 40, 64, and its rule on fixtures. kcuda_matmul_blas (cuBLAS) for the float
- *               types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations to the weight's
- *               type).
+ *               blocks (kcuda_set_matmul_groups) at widths 17, 40, 64, and its rule on fixtures.
+ *               Float rows also of 288 columns (16-byte loads, a short last span) and over
+ *               columns [3, 199) (off 16-byte words: the strided reading), widths 1 and 5,
+ *               every token the bits of the token alone. kcuda_matmul_blas (cuBLAS)
+ *               for the float types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations
+ *               to the weight's type).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
  *   attention   FULL, DENSE, SPARSE over prefixes of 0..1030 rows and tree ancestors, f32 and f16
  *               K/V, each stream whole and cut into 3, 16 and 256 parts (kcuda_att_parts), a warp
@@ -292,6 +295,71 @@ static void matmul_case(uint32_t type, int kind, const float *wf, const float *x
     kcuda_free((void *)dw.data);
     free(wq);
     kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+}
+
+/* Float rows both ways k_matmul reads them: whole rows of 288 columns (16-byte loads, the last
+ * span of 256 short) and input columns [3, 199) (the rows off 16-byte words: every 32nd column a
+ * lane), each at widths 1 and 5 against kmat_mul / kmat_mul_cols within 1e-5, every token the bits
+ * of the token alone. */
+static void test_float_rows(void)
+{
+    const int64_t rows = 37, cols = 288, c0s[2] = {0, 3}, c1s[2] = {288, 199};
+    float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(5 * cols) * 4);
+    float ref[5 * 37], got[5 * 37], one[37];
+    fill(wf, (size_t)(rows * cols), 1.0f);
+    fill(x, (size_t)(5 * cols), 1.0f);
+    float *dy = kcuda_alloc((size_t)(5 * rows) * 4);
+    for (size_t t = 0; t < N_FLOAT; t++) {
+        size_t rb = kt_row_bytes(all_types[t], (uint64_t)cols);
+        uint8_t *wq = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++)
+            kt_quantize_row(all_types[t], wf + r * cols, wq + (size_t)r * rb, cols);
+        kmat w = {
+            .type = all_types[t], .rows = rows, .cols = cols, .row_bytes = rb, .data = wq};
+        kmat dw = w;
+        dw.data = to_dev(wq, rb * (size_t)rows);
+        for (int ci = 0; ci < 2; ci++) {
+            int64_t c0 = c0s[ci], c1 = c1s[ci], k = c1 - c0;
+            float *xs = malloc((size_t)(5 * k) * 4);
+            for (int i = 0; i < 5; i++)
+                memcpy(xs + i * k, x + i * cols + c0, (size_t)k * 4);
+            float *dxs = to_dev(xs, (size_t)(5 * k) * 4);
+            for (int n = 1; n <= 5; n += 4) {
+                if (kmat_mul_cols(NULL, &w, 0, rows, c0, c1, xs, n, ref, rows, NULL))
+                    failures++;
+                must(kcuda_matmul_cols(g, &dw, 0, rows, c0, c1, dxs, n, dy, rows, err,
+                                       sizeof err),
+                     "matmul_cols");
+                from_dev(got, dy, (size_t)(n * rows) * 4);
+                double e = 0;
+                bool same = true;
+                for (int i = 0; i < n; i++) {
+                    double ei = tu_rel_l2(got + i * rows, ref + i * rows, (size_t)rows);
+                    e = ei > e ? ei : e;
+                    must(kcuda_matmul_cols(g, &dw, 0, rows, c0, c1, dxs + i * k, 1, dy, rows,
+                                           err, sizeof err),
+                         "matmul_cols");
+                    from_dev(one, dy, (size_t)rows * 4);
+                    same &= !memcmp(one, got + i * rows, (size_t)rows * 4);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "matmul %s rows of %lld, columns [%lld, %lld) width %d",
+                         kt_traits_of(all_types[t])->name, (long long)cols, (long long)c0,
+                         (long long)c1, n);
+                check(what, e, 1e-5);
+                if (!same) {
+                    printf("  %s: a token's result differs from the same token alone\n", what);
+                    failures++;
+                }
+            }
+            kcuda_free(dxs);
+            free(xs);
+        }
+        kcuda_free((void *)dw.data);
+        free(wq);
+    }
+    kcuda_free(dy);
+    free(wf), free(x);
 }
 
 static void test_matmul(void)
@@ -1133,6 +1201,7 @@ int main(void)
         return 1;
     }
     test_matmul();
+    test_float_rows();
     test_elementwise();
     test_att_parts_rule();
     test_attention(KV_F32);
