@@ -322,6 +322,31 @@ __device__ static inline uint32_t km_hmul2(uint32_t a, uint32_t b)
     return r;
 #endif
 }
+/* -a of both halves (its sign bits flipped: exact; on the device an operand's sign, folded into the
+ * instruction that takes it). */
+__device__ static inline uint32_t km_hneg2(uint32_t a)
+{
+#ifdef OROCHI_KEMU_H
+    return a ^ 0x80008000u;
+#else
+    uint32_t r;
+    asm("neg.f16x2 %0, %1;" : "=r"(r) : "r"(a));
+    return r;
+#endif
+}
+/* (a & m) ^ k in one logic operation (LOP3: nvcc's own splits it in two when m and k are both
+ * constants) — the codes' f16 bits, k the exponent 0x6400 of each half (and Q8_0's flipped top
+ * bits), never overlapping a & m. */
+__device__ static inline uint32_t km_andxor(uint32_t a, uint32_t m, uint32_t k)
+{
+#ifdef OROCHI_KEMU_H
+    return (a & m) ^ k;
+#else
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(r) : "r"(a), "r"(m), "r"(k));
+    return r;
+#endif
+}
 __device__ static inline uint32_t km_hfma2(uint32_t a, uint32_t b, uint32_t c)
 {
 #ifdef OROCHI_KEMU_H
@@ -410,10 +435,10 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
             v = kcuda_u32h(span + P.qs);
         }
         sc = __byte_perm(dm, 0, 0x1010);
-        q[0] = (v & 0x000F000Fu) | K1024;
-        q[1] = ((v >> 8) & 0x000F000Fu) | K1024;
-        q[2] = ((v >> 4) & 0x000F000Fu) | K1024;
-        q[3] = ((v >> 12) & 0x000F000Fu) | K1024;
+        q[0] = km_andxor(v, 0x000F000Fu, K1024);
+        q[1] = km_andxor(v >> 8, 0x000F000Fu, K1024);
+        q[2] = km_andxor(v >> 4, 0x000F000Fu, K1024);
+        q[3] = km_andxor(v >> 12, 0x000F000Fu, K1024);
     } else {
         uint32_t c4[2];
         if (TYPE == KT_Q8_0) {
@@ -434,26 +459,28 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
             const uint32_t s12[3] = {hd.y, hd.z, hd.w};
             float fs, fm;
             kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &fs, &fm);
-            /* (d, dmin) times (scale, -min) as f16 pairs: each product rounded once, as the f32
-             * product (exact: 11 by 6 bits) rounded; then each spread to both halves */
-            uint32_t dm = km_hmul2(hd.x, km_h2(fs, -fm));
+            /* (d, dmin) times (scale, min) as f16 pairs: each product rounded once, as the f32
+             * product (exact: 11 by 6 bits) rounded; then each spread to both halves, the min
+             * negated */
+            uint32_t dm = km_hmul2(hd.x, km_h2(fs, fm));
             sc = __byte_perm(dm, 0, 0x1010);
-            mn = __byte_perm(dm, 0, 0x3232);
+            mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
             uint2 qv = *(const uint2 *)(span + P.qs), hv = {0u, 0u};
             if (TYPE == KT_Q5_K)
                 hv = *(const uint2 *)(span + P.hs);
             const uint32_t v[2] = {qv.x, qv.y}, hb[2] = {hv.x, hv.y};
             for (int k = 0; k < 2; k++) {
-                c4[k] = (v[k] >> P.sh) & 0x0F0F0F0Fu;
+                c4[k] = v[k] >> P.sh; /* Q4_K: masked with the exponents below */
                 if (TYPE == KT_Q5_K)
-                    c4[k] |= ((hb[k] >> P.hsh) & 0x01010101u) << 4;
+                    c4[k] = (c4[k] & 0x0F0F0F0Fu) | ((hb[k] >> P.hsh) & 0x01010101u) << 4;
             }
         }
-        /* a byte a code (Q8_0: its top bit flipped, so q + 128) */
-        const uint32_t flip = TYPE == KT_Q8_0 ? 0x00800080u : 0u;
-        for (int k = 0; k < 2; k++) {
-            q[2 * k] = ((c4[k] & 0x00FF00FFu) | K1024) ^ flip;
-            q[2 * k + 1] = (((c4[k] >> 8) & 0x00FF00FFu) | K1024) ^ flip;
+        /* a byte a code (Q8_0: its top bit flipped, so q + 128; Q4_K: its low nibble) */
+        const uint32_t k = TYPE == KT_Q8_0 ? K1024 ^ 0x00800080u : K1024;
+        const uint32_t m = TYPE == KT_Q4_K ? 0x000F000Fu : 0x00FF00FFu;
+        for (int w = 0; w < 2; w++) {
+            q[2 * w] = km_andxor(c4[w], m, k);
+            q[2 * w + 1] = km_andxor(c4[w] >> 8, m, k);
         }
     }
     for (int i = 0; i < 4; i++) {
