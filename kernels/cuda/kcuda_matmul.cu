@@ -249,7 +249,7 @@ __global__ void k_matmul(kq_job j)
  * KM_SPLIT warps a tile: warp s of a tile takes the row's 32-column blocks s, s + KM_SPLIT, ...,
  * and a lane (g = lane / 4, t = lane % 4) fills its A fragment with its 8 weights of rows g and
  * g + 8 for sub t as f16 (the first 4 go into the first k-step's slots, the last 4 into the
- * second's: km_load; the six commonest types straight from their codes, km_group_h2, the others
+ * second's: km_load; eight types straight from their codes, km_group_h2, the others
  * through kcuda_group_at), its B fragment with the same columns of token g of the tile. A
  * permutation of the columns inside a k-step changes nothing as long as A and B follow it, so each
  * lane loads exactly the bytes the CUDA-core kernel's lane loads. The inputs are rounded to f16,
@@ -390,37 +390,41 @@ __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint
 #endif
 }
 
-/* Tensor cores take the types most files hold (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1) straight into
- * f16 pairs: a lane's 8 codes of one row, two at a time, made f16 values by their bits
- * (0x6400 | c is 1024 + c: the codes of bytes 0 and 2 of a word, then of 1 and 3; Q8_0's signed
+/* Tensor cores take the types most files hold (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, and Q2_K,
+ * Q3_K) straight into f16 pairs: a lane's 8 codes of one row, two at a time, made f16 values by
+ * their bits (0x6400 | c is 1024 + c: the codes of bytes 0 and 2 of a word, then of 1 and 3; Q8_0's signed
  * quants with their top bit flipped, q + 128), the 1024 and the type's offset taken off (exact:
  * the code as an f16), then times the block's scale (HMUL2; the types with a min: plus the min,
  * HFMA2, one fused rounding). Two weights an instruction or two, where the f32 path
  * (kcuda_group_at) takes a byte out, converts, multiplies and rounds each.
- *  - Q8_0, Q4_0, Q6_K: the weights' values are the f32 path's (d times the code is exact in f32,
- *    then rounded to f16 once either way);
+ *  - Q8_0, Q4_0: the weights' values are the f32 path's (d times the code is exact in f32, then
+ *    rounded to f16 once either way);
+ *  - Q6_K, Q3_K: d times the sub-block's int scale is rounded to f16 first (exact in f32), then
+ *    times the code once more;
  *  - Q4_1: d c + m rounded once, where the f32 path rounds in f32 and then to f16;
- *  - Q4_K/Q5_K: d sc and dmin mn are rounded to f16 first (exact in f32), then c times the scale
- *    less the min rounded once: at most a rounding of each part more than the f32 path, which
- *    shows where the two nearly cancel (docs/gpu.md, "Codes straight into f16").
+ *  - Q4_K/Q5_K/Q2_K: d sc and dmin mn are rounded to f16 first (exact in f32), then c times the
+ *    scale less the min rounded once: at most a rounding of each part more than the f32 path,
+ *    which shows where the two nearly cancel (docs/gpu.md, "Codes straight into f16").
  * h[0] = (w0, w2), h[1] = (w1, w3), h[2] = (w4, w6), h[3] = (w5, w7): km_load's slot order. */
 template <uint32_t TYPE>
 __device__ static inline bool km_h2_type()
 {
     return TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q6_K || TYPE == KT_Q8_0 ||
-           TYPE == KT_Q4_0 || TYPE == KT_Q4_1;
+           TYPE == KT_Q4_0 || TYPE == KT_Q4_1 || TYPE == KT_Q2_K || TYPE == KT_Q3_K;
 }
 
 template <uint32_t TYPE>
 __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place &P, uint32_t h[4])
 {
     const uint32_t K1024 = 0x64006400u; /* (1024, 1024) */
-    const bool with_min = TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q4_1;
+    const bool with_min =
+        TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q4_1 || TYPE == KT_Q2_K;
     uint32_t q[4], sc, mn = 0;
-    /* the pairs' bias: 1024 and the type's offset (Q6_K 32, Q8_0 128, Q4_0 8) */
+    /* the pairs' bias: 1024 and the type's offset (Q6_K 32, Q8_0 128, Q4_0 8, Q3_K 4) */
     const uint32_t off = TYPE == KT_Q6_K ? 0x64206420u
                          : TYPE == KT_Q8_0 ? 0x64806480u
                          : TYPE == KT_Q4_0 ? 0x64086408u
+                         : TYPE == KT_Q3_K ? 0x64046404u
                                            : K1024;
     if (TYPE == KT_Q4_0 || TYPE == KT_Q4_1) {
         /* the lane's 4 bytes: low nibbles columns 4 sub.., high ones 16 + 4 sub.. */
@@ -444,6 +448,24 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
         if (TYPE == KT_Q8_0) {
             sc = __byte_perm(kcuda_u16(span + P.off), 0, 0x1010);
             kcuda_u64h(span + P.qs, c4); /* 34-byte blocks: 2-aligned */
+        } else if (TYPE == KT_Q2_K) {
+            /* as kcuda_group_at's Q2_K: the 2 bits of each byte, a 4-bit scale and min */
+            uint32_t sb = span[P.sc];
+            uint32_t dm = km_hmul2(kcuda_u32(span + 80), km_h2((float)(sb & 15), (float)(sb >> 4)));
+            sc = __byte_perm(dm, 0, 0x1010);
+            mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
+            for (int k = 0; k < 2; k++)
+                c4[k] = (kcuda_u32(span + P.qs + 4 * k) >> P.sh) & 0x03030303u;
+        } else if (TYPE == KT_Q3_K) {
+            /* as kcuda_group_at's Q3_K: 2 bits and the hmask bit above them, 6-bit signed scale */
+            int lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
+            float ds = kcuda_half(span + 108) * (float)((lo | hi << 4) - 32);
+            uint32_t v[2], H[2];
+            kcuda_u64h(span + P.qs, v);
+            kcuda_u64h(span + P.hs, H);
+            for (int k = 0; k < 2; k++)
+                c4[k] = ((v[k] >> P.sh) & 0x03030303u) | ((H[k] >> P.hsh) & 0x01010101u) << 2;
+            sc = km_h2(ds, ds);
         } else if (TYPE == KT_Q6_K) {
             /* as kcuda_group_at's Q6_K: a word's 4 low nibbles and 4 high pairs at once */
             float ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
