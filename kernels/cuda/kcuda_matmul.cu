@@ -456,24 +456,24 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
             mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
             for (int k = 0; k < 2; k++)
                 c4[k] = (kcuda_u32(span + P.qs + 4 * k) >> P.sh) & 0x03030303u;
-        } else if (TYPE == KT_Q3_K) {
-            /* as kcuda_group_at's Q3_K: 2 bits and the hmask bit above them, 6-bit signed scale */
-            int lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
-            float ds = kcuda_half(span + 108) * (float)((lo | hi << 4) - 32);
-            uint32_t v[2], H[2];
-            kcuda_u64h(span + P.qs, v);
+        } else if (TYPE == KT_Q3_K || TYPE == KT_Q6_K) {
+            /* as kcuda_group_at's: the low bits of each byte of one 8-byte run (Q6_K's 4 of ql,
+             * Q3_K's 2 of qs) with the high ones of another above them (Q6_K's 2 of qh, Q3_K's
+             * hmask bit), a 4 at a time; a signed integer scale */
+            const bool q6 = TYPE == KT_Q6_K;
+            float ds;
+            if (q6) {
+                ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
+            } else {
+                int lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
+                ds = kcuda_half(span + 108) * (float)((lo | hi << 4) - 32);
+            }
+            uint32_t L[2], H[2];
+            kcuda_u64h(span + P.qs, L);
             kcuda_u64h(span + P.hs, H);
+            const uint32_t ml = q6 ? 0x0F0F0F0Fu : 0x03030303u, mh = q6 ? 0x03030303u : 0x01010101u;
             for (int k = 0; k < 2; k++)
-                c4[k] = ((v[k] >> P.sh) & 0x03030303u) | ((H[k] >> P.hsh) & 0x01010101u) << 2;
-            sc = km_h2(ds, ds);
-        } else if (TYPE == KT_Q6_K) {
-            /* as kcuda_group_at's Q6_K: a word's 4 low nibbles and 4 high pairs at once */
-            float ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
-            uint32_t Lv[2], Hv[2];
-            kcuda_u64h(span + P.qs, Lv);
-            kcuda_u64h(span + P.hs, Hv);
-            for (int k = 0; k < 2; k++)
-                c4[k] = ((Lv[k] >> P.sh) & 0x0F0F0F0Fu) | ((Hv[k] >> P.hsh) & 0x03030303u) << 4;
+                c4[k] = ((L[k] >> P.sh) & ml) | ((H[k] >> P.hsh) & mh) << (q6 ? 4 : 2);
             sc = km_h2(ds, ds);
         } else {
             /* as kcuda_group_at's Q4_K/Q5_K: the header in one load, the codes 4 at a time */
