@@ -379,8 +379,8 @@ __device__ static inline void kcuda_group_at(const uint8_t *span, const kcuda_pl
 /* The 8 weights lane `sub` (0..3) of a row's 32-column block b takes (kcuda_group_at), and where
  * their inputs lie (kcuda_group_cols): for one block; the matmuls keep their place and walk. */
 template <uint32_t TYPE>
-__device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub, float w[8], int *a,
-                                          int *bo)
+__device__ static inline void kcuda_group(const uint8_t *row, int64_t b, int sub, float w[8],
+                                          int *a, int *bo)
 {
     kcuda_group_at<TYPE>(row + (size_t)(b >> 3) * kcuda_span_bytes<TYPE>(),
                          kcuda_place_of<TYPE>((int)(b & 7), sub), w);

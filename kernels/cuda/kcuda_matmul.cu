@@ -392,11 +392,11 @@ __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint
 
 /* Tensor cores take the types most files hold (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, and Q2_K,
  * Q3_K) straight into f16 pairs: a lane's 8 codes of one row, two at a time, made f16 values by
- * their bits (0x6400 | c is 1024 + c: the codes of bytes 0 and 2 of a word, then of 1 and 3; Q8_0's signed
- * quants with their top bit flipped, q + 128), the 1024 and the type's offset taken off (exact:
- * the code as an f16), then times the block's scale (HMUL2; the types with a min: plus the min,
- * HFMA2, one fused rounding). Two weights an instruction or two, where the f32 path
- * (kcuda_group_at) takes a byte out, converts, multiplies and rounds each.
+ * their bits (0x6400 | c is 1024 + c: the codes of bytes 0 and 2 of a word, then of 1 and 3;
+ * Q8_0's signed quants with their top bit flipped, q + 128), the 1024 and the type's offset
+ * taken off (exact: the code as an f16), then times the block's scale (HMUL2; the types with a
+ * min: plus the min, HFMA2, one fused rounding). Two weights an instruction or two, where the f32
+ * path (kcuda_group_at) takes a byte out, converts, multiplies and rounds each.
  *  - Q8_0, Q4_0: the weights' values are the f32 path's (d times the code is exact in f32, then
  *    rounded to f16 once either way);
  *  - Q6_K, Q3_K: d times the sub-block's int scale is rounded to f16 first (exact in f32), then

@@ -214,7 +214,8 @@ def gpu_check_bench_commands_run_over_the_emulation():
     G.check(frag == [("auto", False)] * 2 + [("on", True)] * 2,
             "the rows do not say where the inputs went in fragment order: %r", frag)
     more = [rows[14 + i]["gpu_ops"] - rows[2 + i]["gpu_ops"] for i in range(2)]
-    G.check(more == [4 * 4 + 1] * 2, "ops a step the fragment order adds over 4 layers: %r (want 17, 17)", more)
+    G.check(more == [4 * 4 + 1] * 2,
+            "ops a step the fragment order adds over 4 layers: %r (want 17, 17)", more)
     G.check(all(x["ms"] > 0 and "gpu" in x["devices"] for x in rows), "a row without a GPU step time: %r", rows)
     # the tensor cores' instruction timed (over the emulation: its own slow rate), and each step's
     # matmul flops set against it
