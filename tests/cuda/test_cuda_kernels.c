@@ -303,9 +303,10 @@ static void matmul_case(uint32_t type, int kind, const float *wf, const float *x
  * of the token alone. */
 static void test_float_rows(void)
 {
-    const int64_t rows = 37, cols = 288, c0s[2] = {0, 3}, c1s[2] = {288, 199};
+    enum { ROWS = 37 };
+    const int64_t rows = ROWS, cols = 288, c0s[2] = {0, 3}, c1s[2] = {288, 199};
     float *wf = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(5 * cols) * 4);
-    float ref[5 * 37], got[5 * 37], one[37];
+    float ref[5 * ROWS], got[5 * ROWS], one[ROWS];
     fill(wf, (size_t)(rows * cols), 1.0f);
     fill(x, (size_t)(5 * cols), 1.0f);
     float *dy = kcuda_alloc((size_t)(5 * rows) * 4);
