@@ -251,6 +251,81 @@ __device__ static inline kcuda_place kcuda_place_of(int j, int sub)
     return P;
 }
 
+/* The K-quants whose weights subtract a min (d sc c - dmin mn): Q4_K, Q5_K, Q2_K. */
+template <uint32_t TYPE>
+__host__ __device__ constexpr bool kcuda_kmin()
+{
+    return TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q2_K;
+}
+
+/* A K-quant lane's block at place P, as the format keeps it, for both matmuls' readers (the f32
+ * weights of kcuda_group_at, the tensor cores' f16 pairs of km_group_h2):
+ *  - c[0], c[1]: its 8 codes a byte each (byte i of c[k] is column 8 sub + 4k + i), the type's
+ *    offset not taken off (Q6_K's 32, Q3_K's 4). Q4_K's bytes keep the other sub-block's nibble
+ *    above the code: each reader masks it with the mask it applies anyway;
+ *  - d: the super-block's f16 d in the low half, dmin in the high half (kcuda_kmin types);
+ *  - sc, mn: the sub-block's integer scale and min (Q6_K's and Q3_K's signed; no min).
+ * The weights are d sc (c - offset) - dmin mn. Loads: Q4_K/Q5_K's 144- and 176-byte super-blocks
+ * are 16-aligned (kcuda_check_matmul: a row starts so), so d, dmin and the 12 scale bytes come in
+ * one load, the lane's 8 quant bytes (and Q5_K's 8 qh bytes) in one each; Q2_K's 84-byte ones
+ * are 4-aligned, Q3_K's 110 and Q6_K's 210 2-aligned (kcuda_u64h). */
+struct kcuda_kblock {
+    uint32_t c[2];
+    uint32_t d;
+    float sc, mn;
+};
+
+template <uint32_t TYPE>
+__device__ static inline kcuda_kblock kcuda_kblock_at(const uint8_t *span, const kcuda_place &P)
+{
+    kcuda_kblock B = {{0u, 0u}, 0u, 0.0f, 0.0f};
+    if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
+        const uint4 hd = *(const uint4 *)span;
+        const uint32_t s12[3] = {hd.y, hd.z, hd.w};
+        kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &B.sc, &B.mn);
+        B.d = hd.x;
+        const uint2 qv = *(const uint2 *)(span + P.qs);
+        uint2 hv = {0u, 0u};
+        if (TYPE == KT_Q5_K)
+            hv = *(const uint2 *)(span + P.hs);
+        const uint32_t v[2] = {qv.x, qv.y}, h[2] = {hv.x, hv.y};
+        for (int k = 0; k < 2; k++) {
+            B.c[k] = v[k] >> P.sh;
+            if (TYPE == KT_Q5_K)
+                B.c[k] = (B.c[k] & 0x0F0F0F0Fu) | ((h[k] >> P.hsh) & 0x01010101u) << 4;
+        }
+    } else if (TYPE == KT_Q2_K) {
+        /* scales[16], qs[64], d, dmin: the 2 bits of each byte, a 4-bit scale and min */
+        const uint32_t sb = span[P.sc];
+        B.sc = (float)(sb & 15);
+        B.mn = (float)(sb >> 4);
+        B.d = kcuda_u32(span + 80);
+        for (int k = 0; k < 2; k++)
+            B.c[k] = (kcuda_u32(span + P.qs + 4 * k) >> P.sh) & 0x03030303u;
+    } else {
+        /* Q6_K and Q3_K: the low bits of each byte of one 8-byte run (Q6_K's 4 of ql, Q3_K's 2
+         * of qs) with the high ones of another above them (Q6_K's 2 of qh, Q3_K's hmask bit),
+         * 4 at a time; a signed scale (Q6_K's int8: one conversion of a loaded byte, I2F.S8,
+         * whatever its spelling; Q3_K's assembled from two bytes) */
+        const bool q6 = TYPE == KT_Q6_K;
+        if (q6) {
+            B.sc = (float)(int8_t)span[P.sc];
+            B.d = kcuda_u16(span + 208);
+        } else {
+            const uint32_t lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
+            B.sc = (float)((int)(lo | hi << 4) - 32);
+            B.d = kcuda_u16(span + 108);
+        }
+        uint32_t L[2], H[2];
+        kcuda_u64h(span + P.qs, L);
+        kcuda_u64h(span + P.hs, H);
+        const uint32_t ml = q6 ? 0x0F0F0F0Fu : 0x03030303u, mh = q6 ? 0x03030303u : 0x01010101u;
+        for (int k = 0; k < 2; k++)
+            B.c[k] = ((L[k] >> P.sh) & ml) | ((H[k] >> P.hsh) & mh) << (q6 ? 4 : 2);
+    }
+    return B;
+}
+
 /* The 8 weights a lane at place P (kcuda_place_of) takes of the block in the 256-column span
  * starting at `span` (the layouts are kernels/cpu/ktypes_k.c's and types.c's):
  *  - 32-blocks with 4-bit codes (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): the 4 quant bytes 4*sub..; their
@@ -304,75 +379,23 @@ __device__ static inline void kcuda_group_at(const uint8_t *span, const kcuda_pl
             w[i] = d * (float)((int32_t)(v[i >> 2] << (24 - 8 * (i & 3))) >> 24);
         return;
     }
-    if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
-        /* 144- and 176-byte super-blocks, 16-aligned (kcuda_check_matmul: a row starts so): the
-         * 16 bytes of d, dmin and the scales in one load, the lane's 8 quant bytes (and 8 qh
-         * bytes) in one each */
-        uint4 hd = *(const uint4 *)span;
-        const uint32_t s12[3] = {hd.y, hd.z, hd.w};
-        float sc, mn;
-        kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &sc, &mn);
-        float ds = kcuda_half_bits(hd.x) * sc, dm = kcuda_half_bits(hd.x >> 16) * mn;
-        uint2 qv = *(const uint2 *)(span + P.qs);
-        uint32_t v[2] = {qv.x, qv.y}, h[2] = {0, 0};
-        if (TYPE == KT_Q5_K) {
-            uint2 hv = *(const uint2 *)(span + P.hs);
-            h[0] = hv.x;
-            h[1] = hv.y;
-        }
-        /* the 4 codes of a word at once (each nibble, and Q5_K's bit j above it, in its own
-         * byte), then each at its fixed place, masked to its 5 bits: so converted on the float
-         * pipe (I2FP), where a whole byte would go to the conversion pipe (I2F.U8, an eighth of
-         * the rate; bench/sass_mix.py counts them) */
-        for (int k = 0; k < 2; k++) {
-            uint32_t c4 = (v[k] >> P.sh) & 0x0F0F0F0Fu;
-            if (TYPE == KT_Q5_K)
-                c4 |= ((h[k] >> P.hsh) & 0x01010101u) << 4;
-            for (int i = 0; i < 4; i++)
-                w[4 * k + i] = ds * (float)(int32_t)((c4 >> (8 * i)) & 0x1f) - dm;
-        }
-        return;
-    }
-    if (TYPE == KT_Q6_K) {
-        float ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
-        uint32_t Lv[2], Hv[2];
-        kcuda_u64h(span + P.qs, Lv);
-        kcuda_u64h(span + P.hs, Hv);
-        for (int k = 0; k < 2; k++) {
-            /* the 4 codes of a word at once (low nibble and high 2 bits in their byte), then
-             * each at its fixed place, masked to its 6 bits (as Q4_K's: bench/sass_mix.py) */
-            uint32_t c4 = ((Lv[k] >> P.sh) & 0x0F0F0F0Fu) | ((Hv[k] >> P.hsh) & 0x03030303u) << 4;
-            for (int i = 0; i < 4; i++)
-                w[4 * k + i] = ds * (float)((int)((c4 >> (8 * i)) & 0x3f) - 32);
-        }
-        return;
-    }
-    /* Q2_K and Q3_K */
-    const bool q3 = TYPE == KT_Q3_K;
-    float ds, dm = 0.0f;
-    if (q3) {
-        int lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
-        ds = kcuda_half(span + 108) * (float)((lo | hi << 4) - 32);
-    } else {
-        ds = kcuda_half(span + 80) * (float)(span[P.sc] & 15);
-        dm = kcuda_half(span + 82) * (float)(span[P.sc] >> 4);
-    }
-    /* the lane's 8 quant bytes (and Q3_K's 8 hmask bytes): Q2_K's 84-byte super-blocks are
-     * 4-aligned, Q3_K's 110-byte ones 2-aligned */
-    uint32_t v[2], H[2] = {0, 0};
-    if (q3) {
-        kcuda_u64h(span + P.qs, v);
-        kcuda_u64h(span + P.hs, H);
-    } else {
-        v[0] = kcuda_u32(span + P.qs);
-        v[1] = kcuda_u32(span + P.qs + 4);
-    }
+    /* the K-quants: d sc (c - offset) - dmin mn, each code masked to its width so that it is
+     * converted on the float pipe (I2FP), where a whole byte would go to the conversion pipe
+     * (I2F.U8, an eighth of the rate; bench/sass_mix.py counts them) */
+    const kcuda_kblock B = kcuda_kblock_at<TYPE>(span, P);
+    const bool with_min = kcuda_kmin<TYPE>();
+    const float ds = kcuda_half_bits(B.d) * B.sc;
+    const float dm = with_min ? kcuda_half_bits(B.d >> 16) * B.mn : 0.0f;
+    const uint32_t mask = TYPE == KT_Q6_K   ? 63u
+                          : TYPE == KT_Q5_K ? 31u
+                          : TYPE == KT_Q4_K ? 15u
+                          : TYPE == KT_Q3_K ? 7u
+                                            : 3u;
+    const int z = TYPE == KT_Q6_K ? 32 : TYPE == KT_Q3_K ? 4 : 0;
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 4; i++) {
-            int c = (int)((v[k] >> (8 * i + P.sh)) & 3);
-            if (q3)
-                c += 4 * (int)((H[k] >> (8 * i + P.hsh)) & 1) - 4;
-            w[4 * k + i] = ds * (float)c - dm;
+            const float c = (float)((int)((B.c[k] >> (8 * i)) & mask) - z);
+            w[4 * k + i] = with_min ? ds * c - dm : ds * c;
         }
 }
 

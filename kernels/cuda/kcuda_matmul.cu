@@ -51,20 +51,19 @@ __device__ static inline void k_group_acc(const float w[8], int a, int bo, const
     }
 }
 
-/* 8 weights of a float row from column c (the row 16-byte aligned there), as f32: the values
- * kcuda_dequant gives, by one 16-byte load (F32: two). */
+/* The 8 weights of a float row at p (on a 16-byte word), as f32: the values kcuda_dequant gives,
+ * by one 16-byte load (F32: two). */
 #define KQ_FLOAT_SPANS 4 /* a float row's 256-column spans a lane loads before it adds */
 template <uint32_t TYPE>
-__device__ static inline void k_float8(const uint8_t *row, int64_t c, float w[8])
+__device__ static inline void k_float8(const uint8_t *p, float w[8])
 {
     if (TYPE == KT_F32) {
-        const float4 *p = (const float4 *)(row + 4 * c);
-        float4 a = p[0], b = p[1];
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
         w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
         w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
         return;
     }
-    uint4 v = *(const uint4 *)(row + 2 * c);
+    const uint4 v = *(const uint4 *)p;
     const uint32_t u[4] = {v.x, v.y, v.z, v.w};
     for (int i = 0; i < 4; i++) {
         /* F16 by its bits; BF16 is the top half of an f32 */
@@ -74,11 +73,37 @@ __device__ static inline void k_float8(const uint8_t *row, int64_t c, float w[8]
     }
 }
 
+/* A lane's walk over its n groups of one row, group i's bytes `step` after group i - 1's:
+ * load(o, w) fills the 8 weights w (a T, float[8]) of the group at byte offset o, use(i, w) adds
+ * group i's products. U groups are loaded before any is used (U loads in flight) and used in
+ * order, the last ones, fewer than U, one at a time: every U gives the same sums. The offset is
+ * carried from group to group, not multiplied out (an address a product of i: nvcc repeats the
+ * product for each of the U loads). Quantized and float rows walk so; k_mma keeps its own loop of
+ * the same shape, where nvcc makes better code of it (docs/gpu.md, "One walk"). */
+template <int U, typename T, typename Load, typename Use>
+__device__ static inline void k_walk(int64_t n, int step, const Load &load, const Use &use)
+{
+    int64_t i = 0, o = 0;
+    for (; i + U <= n; i += U, o += U * step) {
+        T v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            load(o + u * step, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            use(i + u, v[u]);
+    }
+    for (; i < n; i++, o += step) {
+        T v;
+        load(o, v);
+        use(i, v);
+    }
+}
+
 /* The sums of one weight row (its columns from the first multiplied) with tokens [t0, t0 + nt)
  * of x (rows of `cols` values), this lane's share of them into acc[0..nt). Quantized rows: lane l
- * takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...), loading U groups before it adds
- * any of them (U loads in flight; the additions in the same order, so every U gives the same
- * bits); float rows: lane l takes columns 8l .. 8l + 7 of each 256 (16-byte loads) where the row
+ * takes the group l % 4 of block l / 4 + 8 i (i = 0, 1, ...), U groups loaded at a time (k_walk);
+ * float rows: lane l takes columns 8l .. 8l + 7 of each 256 (16-byte loads, k_walk) where the row
  * and the inputs lie on 16-byte words and the row is a multiple of 8 long, else columns l + 32 j.
  * Each lane's sum per token runs over its columns in one order, whatever n. */
 template <uint32_t TYPE, int U>
@@ -91,49 +116,34 @@ __device__ static inline void k_row_sums(const uint8_t *row, int64_t cols, const
     for (int t = 0; t < KQ_TOK; t++)
         acc[t] = 0.0f;
     if (quant) {
-        /* the lane's place in its blocks b, b + 8, ...: one for the whole row (kcuda_place_of);
-         * sp the 256 columns (span) block b lies in, xb its inputs */
+        /* the lane's place in its blocks b, b + 8, ... (b = lane / 4): one for the whole row
+         * (kcuda_place_of); block b + 8 i lies in the row's span (256 columns) i */
         static_assert(KQ_SPAN == 256, "a warp iteration covers one span of 8 blocks");
-        const int SB = kcuda_span_bytes<TYPE>(), sub = lane & 3;
-        const kcuda_place P = kcuda_place_of<TYPE>(lane >> 2, sub);
+        const int sub = lane & 3;
+        const int64_t b = lane >> 2, nb = cols / 32;
+        const kcuda_place P = kcuda_place_of<TYPE>((int)b, sub);
         int a, bo;
         kcuda_group_cols<TYPE>(sub, &a, &bo);
-        int64_t b = lane >> 2, nb = cols / 32;
-        const uint8_t *sp = row;
+        const int SB = kcuda_span_bytes<TYPE>();
         const float *xb = xt + b * 32;
-        for (; b + (U - 1) * step < nb; b += U * step, sp += U * SB, xb += U * KQ_SPAN) {
-            float wv[U][8];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                kcuda_group_at<TYPE>(sp + u * SB, P, wv[u]);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                k_group_acc(wv[u], a, bo, xb + u * KQ_SPAN, cols, nt, acc);
-        }
-        for (; b < nb; b += step, sp += SB, xb += KQ_SPAN) { /* the last blocks, fewer than U */
-            float wv[8];
-            kcuda_group_at<TYPE>(sp, P, wv);
-            k_group_acc(wv, a, bo, xb, cols, nt, acc);
-        }
+        k_walk<U, float[8]>(
+            b < nb ? (nb - b + step - 1) / step : 0, SB,
+            [&](int64_t o, float (&w)[8]) { kcuda_group_at<TYPE>(row + o, P, w); },
+            [&](int64_t i, const float (&w)[8]) {
+                k_group_acc(w, a, bo, xb + i * KQ_SPAN, cols, nt, acc);
+            });
     } else if (((uintptr_t)row | (uintptr_t)xt) % 16 == 0 && cols % 8 == 0) {
         /* float rows on 16-byte words: lane l takes columns 8l .. 8l + 7 of each 256, one 16-byte
          * load of weights (F32: two) for 8, KQ_FLOAT_SPANS of them loaded before any is added
          * (a lane's 8 columns are whole or past the row: cols is a multiple of 8) */
-        int64_t c = 8 * lane;
-        for (; c + (KQ_FLOAT_SPANS - 1) * KQ_SPAN < cols; c += KQ_FLOAT_SPANS * KQ_SPAN) {
-            float wv[KQ_FLOAT_SPANS][8];
-#pragma unroll
-            for (int u = 0; u < KQ_FLOAT_SPANS; u++)
-                k_float8<TYPE>(row, c + u * KQ_SPAN, wv[u]);
-#pragma unroll
-            for (int u = 0; u < KQ_FLOAT_SPANS; u++)
-                k_group_acc(wv[u], 0, 4, xt + c + u * KQ_SPAN, cols, nt, acc);
-        }
-        for (; c < cols; c += KQ_SPAN) {
-            float wv[8];
-            k_float8<TYPE>(row, c, wv);
-            k_group_acc(wv, 0, 4, xt + c, cols, nt, acc);
-        }
+        const int es = TYPE == KT_F32 ? 4 : 2;
+        const int64_t c = 8 * lane;
+        k_walk<KQ_FLOAT_SPANS, float[8]>(
+            c < cols ? (cols - c + KQ_SPAN - 1) / KQ_SPAN : 0, es * KQ_SPAN,
+            [&](int64_t o, float (&w)[8]) { k_float8<TYPE>(row + es * c + o, w); },
+            [&](int64_t i, const float (&w)[8]) {
+                k_group_acc(w, 0, 4, xt + c + i * KQ_SPAN, cols, nt, acc);
+            });
     } else {
         /* float rows off 16-byte words (a range starting off them, an odd length) */
         for (int64_t c0 = 0; c0 < cols; c0 += KQ_SPAN) {
@@ -417,8 +427,7 @@ template <uint32_t TYPE>
 __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place &P, uint32_t h[4])
 {
     const uint32_t K1024 = 0x64006400u; /* (1024, 1024) */
-    const bool with_min =
-        TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q4_1 || TYPE == KT_Q2_K;
+    const bool with_min = kcuda_kmin<TYPE>() || TYPE == KT_Q4_1;
     uint32_t q[4], sc, mn = 0;
     /* the pairs' bias: 1024 and the type's offset (Q6_K 32, Q8_0 128, Q4_0 8, Q3_K 4) */
     const uint32_t off = TYPE == KT_Q6_K ? 0x64206420u
@@ -448,54 +457,22 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
         if (TYPE == KT_Q8_0) {
             sc = __byte_perm(kcuda_u16(span + P.off), 0, 0x1010);
             kcuda_u64h(span + P.qs, c4); /* 34-byte blocks: 2-aligned */
-        } else if (TYPE == KT_Q2_K) {
-            /* as kcuda_group_at's Q2_K: the 2 bits of each byte, a 4-bit scale and min */
-            uint32_t sb = span[P.sc];
-            uint32_t dm = km_hmul2(kcuda_u32(span + 80), km_h2((float)(sb & 15), (float)(sb >> 4)));
-            sc = __byte_perm(dm, 0, 0x1010);
-            mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
-            for (int k = 0; k < 2; k++)
-                c4[k] = (kcuda_u32(span + P.qs + 4 * k) >> P.sh) & 0x03030303u;
-        } else if (TYPE == KT_Q3_K || TYPE == KT_Q6_K) {
-            /* as kcuda_group_at's: the low bits of each byte of one 8-byte run (Q6_K's 4 of ql,
-             * Q3_K's 2 of qs) with the high ones of another above them (Q6_K's 2 of qh, Q3_K's
-             * hmask bit), a 4 at a time; a signed integer scale */
-            const bool q6 = TYPE == KT_Q6_K;
-            float ds;
-            if (q6) {
-                ds = kcuda_half(span + 208) * (float)(int8_t)span[P.sc];
-            } else {
-                int lo = (span[P.sc] >> P.ssh) & 15, hi = (span[P.sc2] >> P.ssh2) & 3;
-                ds = kcuda_half(span + 108) * (float)((lo | hi << 4) - 32);
-            }
-            uint32_t L[2], H[2];
-            kcuda_u64h(span + P.qs, L);
-            kcuda_u64h(span + P.hs, H);
-            const uint32_t ml = q6 ? 0x0F0F0F0Fu : 0x03030303u, mh = q6 ? 0x03030303u : 0x01010101u;
-            for (int k = 0; k < 2; k++)
-                c4[k] = ((L[k] >> P.sh) & ml) | ((H[k] >> P.hsh) & mh) << (q6 ? 4 : 2);
-            sc = km_h2(ds, ds);
         } else {
-            /* as kcuda_group_at's Q4_K/Q5_K: the header in one load, the codes 4 at a time */
-            uint4 hd = *(const uint4 *)span;
-            const uint32_t s12[3] = {hd.y, hd.z, hd.w};
-            float fs, fm;
-            kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &fs, &fm);
-            /* (d, dmin) times (scale, min) as f16 pairs: each product rounded once, as the f32
-             * product (exact: 11 by 6 bits) rounded; then each spread to both halves, the min
-             * negated */
-            uint32_t dm = km_hmul2(hd.x, km_h2(fs, fm));
-            sc = __byte_perm(dm, 0, 0x1010);
-            mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
-            uint2 qv = *(const uint2 *)(span + P.qs), hv = {0u, 0u};
-            if (TYPE == KT_Q5_K)
-                hv = *(const uint2 *)(span + P.hs);
-            const uint32_t v[2] = {qv.x, qv.y}, hb[2] = {hv.x, hv.y};
-            for (int k = 0; k < 2; k++) {
-                c4[k] = v[k] >> P.sh; /* Q4_K: masked with the exponents below */
-                if (TYPE == KT_Q5_K)
-                    c4[k] = (c4[k] & 0x0F0F0F0Fu) | ((hb[k] >> P.hsh) & 0x01010101u) << 4;
+            /* the K-quants as the format keeps them (kcuda_kblock_at, the f32 path's reader) */
+            const kcuda_kblock B = kcuda_kblock_at<TYPE>(span, P);
+            if (with_min) {
+                /* (d, dmin) times (scale, min) as f16 pairs: each product rounded once, as the
+                 * f32 product (exact: 11 by 6 bits) rounded; then each spread to both halves,
+                 * the min negated */
+                const uint32_t dm = km_hmul2(B.d, km_h2(B.sc, B.mn));
+                sc = __byte_perm(dm, 0, 0x1010);
+                mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
+            } else {
+                const float ds = kcuda_half_bits(B.d) * B.sc; /* exact in f32 */
+                sc = km_h2(ds, ds);
             }
+            c4[0] = B.c[0]; /* Q4_K: masked with the exponents below */
+            c4[1] = B.c[1];
         }
         /* a byte a code (Q8_0: its top bit flipped, so q + 128; Q4_K: its low nibble) */
         const uint32_t k = TYPE == KT_Q8_0 ? K1024 ^ 0x00800080u : K1024;
