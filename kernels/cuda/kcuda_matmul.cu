@@ -77,9 +77,9 @@ __device__ static inline void k_float8(const uint8_t *p, float w[8])
  * load(o, w) fills the 8 weights w (a T, float[8]) of the group at byte offset o, use(i, w) adds
  * group i's products. U groups are loaded before any is used (U loads in flight) and used in
  * order, the last ones, fewer than U, one at a time: every U gives the same sums. The offset is
- * carried from group to group, not multiplied out (an address a product of i: nvcc repeats the
- * product for each of the U loads). Quantized and float rows walk so; k_mma keeps its own loop of
- * the same shape, where nvcc makes better code of it (docs/gpu.md, "One walk"). */
+ * carried from group to group. Quantized and float rows walk so; k_mma keeps its own loop of the
+ * same shape, of which nvcc makes shorter code for some types (docs/gpu.md, "One reader of the
+ * K-quants' blocks, one walk of a row"). */
 template <int U, typename T, typename Load, typename Use>
 __device__ static inline void k_walk(int64_t n, int step, const Load &load, const Use &use)
 {
