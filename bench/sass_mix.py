@@ -3,7 +3,8 @@
 object (the build's kcuda_matmul.cu.o), the instructions of its hot loop — the innermost
 backward branch whose body holds the most loads from global memory — by opcode, with its loads
 (LDG), tensor-core products (HMMA) and integer-to-float conversions (I2F: the conversion pipe;
-I2FP: the float pipe). Where a kernel issues more instructions than its loads can hide, these
+I2FP: the float pipe), and its registers a thread (with the bytes it spills to local memory, if
+any: cuobjdump -res-usage). Where a kernel issues more instructions than its loads can hide, these
 counts are its time; bench/gpu-profile.sh's issue share on a GPU says whether it does.
 
     bench/sass_mix.py OBJECT [OBJECT...] [--kernel REGEX]
@@ -46,6 +47,29 @@ def sass(path):
     if r.returncode != 0:
         sys.exit("sass_mix: cuobjdump %s: %s" % (path, r.stderr.strip()[-500:]))
     return parse(r.stdout)
+
+
+def resources(path):
+    """{demangled kernel name: (registers, local bytes)} of an object (cuobjdump -res-usage);
+    {} where cuobjdump cannot say."""
+    cuobjdump = tool("cuobjdump")
+    r = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
+    return parse_resources(r.stdout) if r.returncode == 0 else {}
+
+
+def parse_resources(text):
+    res, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^\s*Function (\S+?):?\s*$", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"\bREG:(\d+)\b.*\bLOCAL:(\d+)", line)
+        if cur and m:
+            res[cur] = (int(m.group(1)), int(m.group(2)))
+            cur = None
+    names = demangle(list(res))
+    return {names.get(k, k): v for k, v in res.items()}
 
 
 def parse(text):
@@ -110,20 +134,25 @@ def main():
     if not args:
         sys.exit("usage: sass_mix.py OBJECT [OBJECT...] [--kernel REGEX]")
     objs = [sass(p) for p in args]
+    regs = [resources(p) for p in args]
     names = sorted(k for k in objs[0] if re.search(pattern, k))
     if not names:
         sys.exit("sass_mix: no kernel of %s matches %r" % (args[0], pattern))
-    print("hot loop of each kernel: instructions (LDG loads, HMMA products, I2F/I2FP conversions)")
+    print("hot loop of each kernel: instructions (LDG loads, HMMA products, I2F/I2FP conversions)"
+          "; the kernel's registers a thread (and local bytes: spills)")
     for name in names:
         cols = []
-        for o in objs:
+        for o, rg in zip(objs, regs):
             if name not in o:
                 cols.append("absent")
                 continue
             s = summary(hot_loop(o[name]))
-            cols.append("%5d (LDG %d, HMMA %d, I2F %d/%d) %s" % (
+            reg, local = rg.get(name, (None, 0))
+            cols.append("%5d (LDG %d, HMMA %d, I2F %d/%d) %s%s%s" % (
                 s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"],
-                " ".join("%s %d" % kv for kv in s["top"])))
+                " ".join("%s %d" % kv for kv in s["top"]),
+                "" if reg is None else "; %d registers" % reg,
+                ", %d local bytes" % local if local else ""))
         print(name)
         for path, c in zip(args, cols):
             print("  %s%s" % ("%s: " % path[-40:] if len(args) > 1 else "", c))

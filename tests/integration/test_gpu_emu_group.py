@@ -51,7 +51,8 @@ tensor-core variants with the fastest marked, and the peer's rates on a GPU besi
 bench/sass_mix.py's reading of cuobjdump's listing (written here): each kernel's hot loop is the
 innermost backward branch with the most global loads (not the loop around both loops, which
 holds more), its instructions counted by opcode without their
-predicates and modifiers, loads, products and both kinds of conversion apart.
+predicates and modifiers, loads, products and both kinds of conversion apart; cuobjdump's
+resource listing read into each kernel's registers and local (spilled) bytes.
 """
 import json
 import subprocess
@@ -378,6 +379,16 @@ Fatbin elf code:
         /*00c0*/                   BRA 0xc0 ;                              /* 0xfffffffc00fc7947 */
 """
 
+RES_FIXTURE = """
+Resource usage:
+ Common:
+  GLOBAL:0 CONSTANT[3]:12
+ Function _Z3fooi:
+  REG:74 STACK:0 SHARED:1536 LOCAL:0 CONSTANT[0]:760 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _Z3bari:
+  REG:128 STACK:16 SHARED:0 LOCAL:136 CONSTANT[0]:760 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
 
 @t.case
 def sass_mix_finds_the_hot_loop():
@@ -396,6 +407,9 @@ def sass_mix_finds_the_hot_loop():
     G.check((s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"]) == (4, 2, 0, 1, 0), "its counts: %r", s)
     s = sass_mix.summary([t for a, t in ins if 0x30 <= a <= 0x60])
     G.check((s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"]) == (4, 1, 1, 0, 1), "the other loop's: %r", s)
+    res = sass_mix.parse_resources(RES_FIXTURE)
+    got = {k.split("(")[0].replace("_Z3", "").rstrip("i"): v for k, v in res.items()}
+    G.check(got == {"foo": (74, 0), "bar": (128, 136)}, "registers and local bytes per kernel: %r", res)
 
 
 if __name__ == "__main__":
