@@ -3,8 +3,8 @@
 object (the build's kcuda_matmul.cu.o), the instructions of its hot loop — the innermost
 backward branch whose body holds the most loads from global memory — by opcode, with its loads
 (LDG), tensor-core products (HMMA) and integer-to-float conversions (I2F: the conversion pipe;
-I2FP: the float pipe), and its registers a thread (with the bytes it spills to local memory, if
-any: cuobjdump -res-usage). Where a kernel issues more instructions than its loads can hide, these
+I2FP: the float pipe), and its registers a thread with its stack frame, where spilled registers
+go, if it has one (cuobjdump -res-usage). Where a kernel issues more instructions than its loads can hide, these
 counts are its time; bench/gpu-profile.sh's issue share on a GPU says whether it does.
 
     bench/sass_mix.py OBJECT [OBJECT...] [--kernel REGEX]
@@ -50,8 +50,9 @@ def sass(path):
 
 
 def resources(path):
-    """{demangled kernel name: (registers, local bytes)} of an object (cuobjdump -res-usage);
-    {} where cuobjdump cannot say."""
+    """{demangled kernel name: (registers, stack bytes, local bytes)} of an object (cuobjdump
+    -res-usage; ptxas puts spilled registers in the stack frame, STACK, not in LOCAL); {} where
+    cuobjdump cannot say."""
     cuobjdump = tool("cuobjdump")
     r = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
     return parse_resources(r.stdout) if r.returncode == 0 else {}
@@ -64,9 +65,9 @@ def parse_resources(text):
         if m:
             cur = m.group(1)
             continue
-        m = re.search(r"\bREG:(\d+)\b.*\bLOCAL:(\d+)", line)
+        m = re.search(r"\bREG:(\d+)\b.*\bSTACK:(\d+)\b.*\bLOCAL:(\d+)", line)
         if cur and m:
-            res[cur] = (int(m.group(1)), int(m.group(2)))
+            res[cur] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
             cur = None
     names = demangle(list(res))
     return {names.get(k, k): v for k, v in res.items()}
@@ -139,7 +140,7 @@ def main():
     if not names:
         sys.exit("sass_mix: no kernel of %s matches %r" % (args[0], pattern))
     print("hot loop of each kernel: instructions (LDG loads, HMMA products, I2F/I2FP conversions)"
-          "; the kernel's registers a thread (and local bytes: spills)")
+          "; the kernel's registers a thread (and its stack: spills)")
     for name in names:
         cols = []
         for o, rg in zip(objs, regs):
@@ -147,11 +148,12 @@ def main():
                 cols.append("absent")
                 continue
             s = summary(hot_loop(o[name]))
-            reg, local = rg.get(name, (None, 0))
-            cols.append("%5d (LDG %d, HMMA %d, I2F %d/%d) %s%s%s" % (
+            reg, stack, local = rg.get(name, (None, 0, 0))
+            cols.append("%5d (LDG %d, HMMA %d, I2F %d/%d) %s%s%s%s" % (
                 s["instr"], s["LDG"], s["HMMA"], s["I2F"], s["I2FP"],
                 " ".join("%s %d" % kv for kv in s["top"]),
                 "" if reg is None else "; %d registers" % reg,
+                ", %d stack bytes" % stack if stack else "",
                 ", %d local bytes" % local if local else ""))
         print(name)
         for path, c in zip(args, cols):
