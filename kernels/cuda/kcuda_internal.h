@@ -108,11 +108,13 @@ __device__ static inline uint32_t kcuda_u32(const uint8_t *p)
     return *(const uint32_t *)p;
 }
 
-/* IQ4_NL's 16 levels (KTK_IQ4NL) as the bytes of two constants: no table in memory. */
+/* IQ4_NL's 16 levels (KTK_IQ4NL) as the signed bytes of two constants, levels 0-7 and 8-15: no
+ * table in memory (kcuda_iq4nl, and the tensor cores' km_iq4nl_levels). */
+#define KCUDA_IQ4NL_LO 0xF6EADDCFBFAD9881ull
+#define KCUDA_IQ4NL_HI 0x7159453526190D01ull
 __device__ static inline float kcuda_iq4nl(uint32_t code)
 {
-    const uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
-    return (float)(int8_t)((code < 8 ? lo : hi) >> (8 * (code & 7)));
+    return (float)(int8_t)((code < 8 ? KCUDA_IQ4NL_LO : KCUDA_IQ4NL_HI) >> (8 * (code & 7)));
 }
 
 /* The f32 number whose bits are v. */
@@ -167,13 +169,20 @@ __host__ __device__ constexpr int kcuda_span_bytes()
                                                 : 210; /* Q6_K */
 }
 
+/* The 32-blocks with 4-bit codes and a 2-byte d first (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL). */
+template <uint32_t TYPE>
+__host__ __device__ constexpr bool kcuda_b32()
+{
+    return TYPE == KT_Q4_0 || TYPE == KT_Q4_1 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
+           TYPE == KT_IQ4_NL;
+}
+
 /* Where the inputs of lane `sub`'s (0..3) 8 weights of a 32-column block lie (kcuda_group): the
  * first 4 from column *a of the block, the last 4 from *bo. The same for every block of a type. */
 template <uint32_t TYPE>
 __host__ __device__ static inline void kcuda_group_cols(int sub, int *a, int *bo)
 {
-    if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
-        TYPE == KT_IQ4_NL) {
+    if (kcuda_b32<TYPE>()) {
         *a = 4 * sub;
         *bo = 16 + 4 * sub;
     } else {
@@ -204,8 +213,7 @@ __device__ static inline kcuda_place kcuda_place_of(int j, int sub)
 {
     kcuda_place P = {0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, 0u, 0u};
     const int n = j >> 2, jj = j & 3;
-    if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
-        TYPE == KT_IQ4_NL || TYPE == KT_Q8_0) {
+    if (kcuda_b32<TYPE>() || TYPE == KT_Q8_0) {
         const int bytes = kcuda_span_bytes<TYPE>() / 8;
         /* the quants follow d (and m, and Q5's 4 qh bytes): a lane's 4 bytes, Q8_0's 8 */
         const int q0 = TYPE == KT_Q4_1 ? 4 : TYPE == KT_Q5_0 ? 6 : TYPE == KT_Q5_1 ? 8 : 2;
@@ -326,6 +334,31 @@ __device__ static inline kcuda_kblock kcuda_kblock_at(const uint8_t *span, const
     return B;
 }
 
+/* Such a lane's block at place P, as the format keeps it, for both matmuls' readers (as
+ * kcuda_kblock for the K-quants):
+ *  - v: its 4 quant bytes: low nibbles columns 4 sub + i, high ones 16 + 4 sub + i (i = 0..3);
+ *  - h: Q5_0's and Q5_1's qh word shifted to the lane: bit i the fifth bit of column 4 sub + i,
+ *    bit 16 + i that of column 16 + 4 sub + i (the other types: 0);
+ *  - dm: d's f16 bits in the low half, Q4_1's and Q5_1's m in the high half.
+ * Q4_1's 20-byte and Q5_1's 24-byte blocks are 4-aligned, one load a word; Q4_0's and IQ4_NL's 18
+ * and Q5_0's 22 are 2-aligned (kcuda_u32h). */
+struct kcuda_b32block {
+    uint32_t v, h, dm;
+};
+
+template <uint32_t TYPE>
+__device__ static inline kcuda_b32block kcuda_b32_at(const uint8_t *span, const kcuda_place &P)
+{
+    const bool al = kcuda_span_bytes<TYPE>() / 8 % 4 == 0;
+    kcuda_b32block B;
+    B.dm = al ? kcuda_u32(span + P.off) : kcuda_u16(span + P.off);
+    B.v = al ? kcuda_u32(span + P.qs) : kcuda_u32h(span + P.qs);
+    B.h = 0u;
+    if (TYPE == KT_Q5_0 || TYPE == KT_Q5_1)
+        B.h = (al ? kcuda_u32(span + P.hs) : kcuda_u32h(span + P.hs)) >> P.hsh;
+    return B;
+}
+
 /* The 8 weights a lane at place P (kcuda_place_of) takes of the block in the 256-column span
  * starting at `span` (the layouts are kernels/cpu/ktypes_k.c's and types.c's):
  *  - 32-blocks with 4-bit codes (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): the 4 quant bytes 4*sub..; their
@@ -339,22 +372,14 @@ __device__ static inline kcuda_kblock kcuda_kblock_at(const uint8_t *span, const
 template <uint32_t TYPE>
 __device__ static inline void kcuda_group_at(const uint8_t *span, const kcuda_place &P, float w[8])
 {
-    if (TYPE == KT_Q4_1 || TYPE == KT_Q4_0 || TYPE == KT_Q5_0 || TYPE == KT_Q5_1 ||
-        TYPE == KT_IQ4_NL) {
-        const uint8_t *q = span + P.off;
-        float d = kcuda_half(q), m = 0.0f;
-        if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1)
-            m = kcuda_half(q + 2);
-        /* Q4_1's and Q5_1's blocks are 4-aligned: one 4-byte load */
-        const bool al = kcuda_span_bytes<TYPE>() / 8 % 4 == 0;
-        uint32_t v = al ? *(const uint32_t *)(span + P.qs) : kcuda_u32h(span + P.qs);
-        uint32_t h = 0;
-        if (TYPE == KT_Q5_0 || TYPE == KT_Q5_1)
-            h = al ? *(const uint32_t *)(span + P.hs) : kcuda_u32h(span + P.hs);
+    if (kcuda_b32<TYPE>()) {
+        const kcuda_b32block B = kcuda_b32_at<TYPE>(span, P);
+        const float d = kcuda_half_bits(B.dm);
+        const float m = TYPE == KT_Q4_1 || TYPE == KT_Q5_1 ? kcuda_half_bits(B.dm >> 16) : 0.0f;
         for (int i = 0; i < 4; i++) {
-            uint32_t lo = (v >> (8 * i)) & 0xf, hi = (v >> (8 * i + 4)) & 0xf;
-            lo |= ((h >> (P.hsh + i)) & 1) << 4;
-            hi |= ((h >> (16 + P.hsh + i)) & 1) << 4;
+            uint32_t lo = (B.v >> (8 * i)) & 0xf, hi = (B.v >> (8 * i + 4)) & 0xf;
+            lo |= ((B.h >> i) & 1) << 4;
+            hi |= ((B.h >> (16 + i)) & 1) << 4;
             if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1) {
                 w[i] = d * (float)lo + m;
                 w[4 + i] = d * (float)hi + m;

@@ -259,8 +259,7 @@ __global__ void k_matmul(kq_job j)
  * KM_SPLIT warps a tile: warp s of a tile takes the row's 32-column blocks s, s + KM_SPLIT, ...,
  * and a lane (g = lane / 4, t = lane % 4) fills its A fragment with its 8 weights of rows g and
  * g + 8 for sub t as f16 (the first 4 go into the first k-step's slots, the last 4 into the
- * second's: km_load; eight types straight from their codes, km_group_h2, the others
- * through kcuda_group_at), its B fragment with the same columns of token g of the tile. A
+ * second's: km_load, every type straight from its codes, km_group_h2), its B fragment with the same columns of token g of the tile. A
  * permutation of the columns inside a k-step changes nothing as long as A and B follow it, so each
  * lane loads exactly the bytes the CUDA-core kernel's lane loads. The inputs are rounded to f16,
  * the products summed in f32. Tokens run in tiles of 8 (NT tiles a pass); a tile's KM_SPLIT partial
@@ -400,58 +399,84 @@ __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint
 #endif
 }
 
-/* Tensor cores take the types most files hold (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, and Q2_K,
- * Q3_K) straight into f16 pairs: a lane's 8 codes of one row, two at a time, made f16 values by
- * their bits (0x6400 | c is 1024 + c: the codes of bytes 0 and 2 of a word, then of 1 and 3;
- * Q8_0's signed quants with their top bit flipped, q + 128), the 1024 and the type's offset
- * taken off (exact: the code as an f16), then times the block's scale (HMUL2; the types with a
- * min: plus the min, HFMA2, one fused rounding). Two weights an instruction or two, where the f32
- * path (kcuda_group_at) takes a byte out, converts, multiplies and rounds each.
- *  - Q8_0, Q4_0: the weights' values are the f32 path's (d times the code is exact in f32, then
- *    rounded to f16 once either way);
+/* Tensor cores take every quantized type straight into f16 pairs: a lane's 8 codes of one row,
+ * two at a time, made f16 values by their bits (0x6400 | c is 1024 + c: the codes of bytes 0 and
+ * 2 of a word, then of 1 and 3; Q8_0's signed quants and IQ4_NL's signed levels with their top
+ * bit flipped, q + 128; Q5_0's and Q5_1's fifth bits put in at bit 4 of each half), the 1024 and
+ * the type's offset taken off (exact: the code as an f16), then times the block's scale (HMUL2;
+ * the types with a min: plus the min, HFMA2, one fused rounding). Two weights an instruction or
+ * two, where the f32 path (kcuda_group_at) takes a byte out, converts, multiplies and rounds each.
+ *  - Q8_0, Q4_0, Q5_0, IQ4_NL: the weights' values are the f32 path's (d times the code or level
+ *    is exact in f32, then rounded to f16 once either way);
  *  - Q6_K, Q3_K: d times the sub-block's int scale is rounded to f16 first (exact in f32), then
  *    times the code once more;
- *  - Q4_1: d c + m rounded once, where the f32 path rounds in f32 and then to f16;
+ *  - Q4_1, Q5_1: d c + m rounded once, where the f32 path rounds in f32 and then to f16;
  *  - Q4_K/Q5_K/Q2_K: d sc and dmin mn are rounded to f16 first (exact in f32), then c times the
  *    scale less the min rounded once: at most a rounding of each part more than the f32 path,
  *    which shows where the two nearly cancel (docs/gpu.md, "Codes straight into f16").
  * h[0] = (w0, w2), h[1] = (w1, w3), h[2] = (w4, w6), h[3] = (w5, w7): km_load's slot order. */
-template <uint32_t TYPE>
-__device__ static inline bool km_h2_type()
+
+/* IQ4_NL's levels of the 8 codes of a lane's quant word v, whose nibbles run lo0, hi0, lo1, hi1
+ * (its low half), lo2, hi2, lo3, hi3: L[0] the levels' bytes (w0, w4, w1, w5), L[1] (w2, w6, w3,
+ * w7). Three byte permutations a half: the codes' low 3 bits pick among levels 0-7 and among
+ * 8-15, their bit 3 (moved to bit 2 of the last selector) between the two. No selector nibble has
+ * its bit 3 set (PRMT's sign mode on the device). */
+__device__ static inline void km_iq4nl_levels(uint32_t v, uint32_t L[2])
 {
-    return TYPE == KT_Q4_K || TYPE == KT_Q5_K || TYPE == KT_Q6_K || TYPE == KT_Q8_0 ||
-           TYPE == KT_Q4_0 || TYPE == KT_Q4_1 || TYPE == KT_Q2_K || TYPE == KT_Q3_K;
+    const uint32_t t0 = (uint32_t)KCUDA_IQ4NL_LO, t1 = (uint32_t)(KCUDA_IQ4NL_LO >> 32);
+    const uint32_t t2 = (uint32_t)KCUDA_IQ4NL_HI, t3 = (uint32_t)(KCUDA_IQ4NL_HI >> 32);
+    const uint32_t s = v & 0x77777777u, pick = 0x32103210u | ((v >> 1) & 0x44444444u);
+    for (int k = 0; k < 2; k++) {
+        const uint32_t sk = s >> 16 * k;
+        L[k] = __byte_perm(__byte_perm(t0, t1, sk), __byte_perm(t2, t3, sk), pick >> 16 * k);
+    }
 }
 
 template <uint32_t TYPE>
 __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place &P, uint32_t h[4])
 {
     const uint32_t K1024 = 0x64006400u; /* (1024, 1024) */
-    const bool with_min = kcuda_kmin<TYPE>() || TYPE == KT_Q4_1;
+    const bool with_min = kcuda_kmin<TYPE>() || TYPE == KT_Q4_1 || TYPE == KT_Q5_1;
     uint32_t q[4], sc, mn = 0;
-    /* the pairs' bias: 1024 and the type's offset (Q6_K 32, Q8_0 128, Q4_0 8, Q3_K 4) */
-    const uint32_t off = TYPE == KT_Q6_K ? 0x64206420u
-                         : TYPE == KT_Q8_0 ? 0x64806480u
-                         : TYPE == KT_Q4_0 ? 0x64086408u
-                         : TYPE == KT_Q3_K ? 0x64046404u
-                                           : K1024;
-    if (TYPE == KT_Q4_0 || TYPE == KT_Q4_1) {
+    /* the pairs' bias: 1024 and the type's offset (Q6_K 32, Q8_0 and IQ4_NL 128, Q4_0 8, Q5_0
+     * 16, Q3_K 4) */
+    const uint32_t off = TYPE == KT_Q6_K                        ? 0x64206420u
+                         : TYPE == KT_Q8_0 || TYPE == KT_IQ4_NL ? 0x64806480u
+                         : TYPE == KT_Q4_0                      ? 0x64086408u
+                         : TYPE == KT_Q5_0                      ? 0x64106410u
+                         : TYPE == KT_Q3_K                      ? 0x64046404u
+                                                                : K1024;
+    /* Q8_0's and IQ4_NL's signed bytes: the top bit flipped with the exponents */
+    const uint32_t K8 = K1024 ^ 0x00800080u;
+    if (kcuda_b32<TYPE>()) {
         /* the lane's 4 bytes: low nibbles columns 4 sub.., high ones 16 + 4 sub.. */
-        const uint8_t *blk = span + P.off;
-        uint32_t v, dm;
-        if (TYPE == KT_Q4_1) {
-            dm = kcuda_u32(blk); /* (d, m): 20-byte blocks, 4-aligned */
-            v = kcuda_u32(span + P.qs);
-            mn = __byte_perm(dm, 0, 0x3232);
+        const kcuda_b32block B = kcuda_b32_at<TYPE>(span, P);
+        sc = __byte_perm(B.dm, 0, 0x1010);
+        if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1)
+            mn = __byte_perm(B.dm, 0, 0x3232);
+        if (TYPE == KT_IQ4_NL) {
+            uint32_t L[2];
+            km_iq4nl_levels(B.v, L);
+            const uint32_t pair[4] = {0x0400u, 0x0602u, 0x0501u, 0x0703u}; /* bytes of L[0], L[1] */
+            for (int i = 0; i < 4; i++)
+                q[i] = km_andxor(__byte_perm(L[0], L[1], pair[i]), 0x00FF00FFu, K8);
         } else {
-            dm = kcuda_u16(blk);
-            v = kcuda_u32h(span + P.qs);
+            /* Q5_0/Q5_1: each pair's two fifth bits (h's bits i and i + 2 of its half) at bits 4
+             * and 20, spread by one multiplication (h's 4 bits of a half land at bits 4, 12, 20,
+             * 28, no two terms overlapping), then with the exponents in one logic operation */
+            uint32_t k[4] = {K1024, K1024, K1024, K1024};
+            if (TYPE == KT_Q5_0 || TYPE == KT_Q5_1) {
+                const uint32_t lo = (B.h & 15u) * 0x02040810u, hi = (B.h >> 16 & 15u) * 0x02040810u;
+                k[0] = km_andxor(lo, 0x00100010u, K1024);
+                k[1] = km_andxor(lo >> 8, 0x00100010u, K1024);
+                k[2] = km_andxor(hi, 0x00100010u, K1024);
+                k[3] = km_andxor(hi >> 8, 0x00100010u, K1024);
+            }
+            q[0] = km_andxor(B.v, 0x000F000Fu, k[0]);
+            q[1] = km_andxor(B.v >> 8, 0x000F000Fu, k[1]);
+            q[2] = km_andxor(B.v >> 4, 0x000F000Fu, k[2]);
+            q[3] = km_andxor(B.v >> 12, 0x000F000Fu, k[3]);
         }
-        sc = __byte_perm(dm, 0, 0x1010);
-        q[0] = km_andxor(v, 0x000F000Fu, K1024);
-        q[1] = km_andxor(v >> 8, 0x000F000Fu, K1024);
-        q[2] = km_andxor(v >> 4, 0x000F000Fu, K1024);
-        q[3] = km_andxor(v >> 12, 0x000F000Fu, K1024);
     } else {
         uint32_t c4[2];
         if (TYPE == KT_Q8_0) {
@@ -475,7 +500,7 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
             c4[1] = B.c[1];
         }
         /* a byte a code (Q8_0: its top bit flipped, so q + 128; Q4_K: its low nibble) */
-        const uint32_t k = TYPE == KT_Q8_0 ? K1024 ^ 0x00800080u : K1024;
+        const uint32_t k = TYPE == KT_Q8_0 ? K8 : K1024;
         const uint32_t m = TYPE == KT_Q4_K ? 0x000F000Fu : 0x00FF00FFu;
         for (int w = 0; w < 2; w++) {
             q[2 * w] = km_andxor(c4[w], m, k);
@@ -497,21 +522,11 @@ template <uint32_t TYPE>
 __device__ static inline void km_load(const uint8_t *sa, const uint8_t *sb, const kcuda_place &P,
                                       uint32_t A[8])
 {
-    if (km_h2_type<TYPE>()) {
-        uint32_t ha[4], hb[4];
-        km_group_h2<TYPE>(sa, P, ha);
-        km_group_h2<TYPE>(sb, P, hb);
-        for (int i = 0; i < 4; i++)
-            A[2 * i] = ha[i], A[2 * i + 1] = hb[i];
-        return;
-    }
-    float wa[8], wb[8];
-    kcuda_group_at<TYPE>(sa, P, wa);
-    kcuda_group_at<TYPE>(sb, P, wb);
-    A[0] = km_h2(wa[0], wa[2]), A[1] = km_h2(wb[0], wb[2]);
-    A[2] = km_h2(wa[1], wa[3]), A[3] = km_h2(wb[1], wb[3]);
-    A[4] = km_h2(wa[4], wa[6]), A[5] = km_h2(wb[4], wb[6]);
-    A[6] = km_h2(wa[5], wa[7]), A[7] = km_h2(wb[5], wb[7]);
+    uint32_t ha[4], hb[4];
+    km_group_h2<TYPE>(sa, P, ha);
+    km_group_h2<TYPE>(sb, P, hb);
+    for (int i = 0; i < 4; i++)
+        A[2 * i] = ha[i], A[2 * i + 1] = hb[i];
 }
 
 /* Token tok's B fragments of block b, both k-steps: the 4 inputs from column a of the block and

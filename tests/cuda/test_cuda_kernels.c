@@ -16,6 +16,9 @@
  *               every token the bits of the token alone. kcuda_matmul_blas (cuBLAS)
  *               for the float types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations
  *               to the weight's type).
+ *   tc weights  the weights the tensor cores multiply, read out by one-hot inputs (Q8_0, Q4_0, Q5_0,
+ *               IQ4_NL: the CPU's dequantized weights rounded to f16, bit for bit; Q4_1, Q5_1:
+ *               within half an f16 step of them).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
  *   attention   FULL, DENSE, SPARSE over prefixes of 0..1030 rows and tree ancestors, f32 and f16
  *               K/V, each stream whole and cut into 3, 16 and 256 parts (kcuda_att_parts), a warp
@@ -405,6 +408,80 @@ static void test_matmul(void)
     free(ref);
     free(got);
     free(alone);
+}
+
+/* The weights the tensor cores multiply (km_group_h2: the codes straight into f16), read out by
+ * one-hot inputs: token i's input is 1 at column c0 + i and 0 elsewhere, so its output in row r is
+ * weight (r, c0 + i) as an f16 value (times 1, plus zeros: exact). Against the CPU's dequantized
+ * rows (kt_dequantize_row, a reader written apart): for Q8_0, Q4_0, Q5_0 and IQ4_NL d times the
+ * code (or level) is exact, and must come out rounded to f16 as kt_f32_to_f16 rounds it, bit for
+ * bit; Q4_1's and Q5_1's d c + m is rounded once, so within half an f16 step of the CPU's f32
+ * value (which is d c + m rounded to f32: 2^-24 of it more). Rows of 256 columns, random weights. */
+static void test_tc_weights(void)
+{
+    const uint32_t types[] = {KT_Q8_0, KT_Q4_0, KT_Q5_0, KT_IQ4_NL, KT_Q4_1, KT_Q5_1};
+    const int64_t rows = 32, cols = 256;
+    float *wf = malloc((size_t)(rows * cols) * 4), *deq = malloc((size_t)(rows * cols) * 4);
+    float *x = calloc((size_t)(64 * cols), 4), *got = malloc((size_t)(64 * rows) * 4);
+    fill(wf, (size_t)(rows * cols), 1.0f);
+    float *dx = kcuda_alloc((size_t)(64 * cols) * 4), *dy = kcuda_alloc((size_t)(64 * rows) * 4);
+    kcuda_set_matmul_kind(g, KCUDA_MM_TC);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const uint32_t type = types[t];
+        const bool exact = type != KT_Q4_1 && type != KT_Q5_1;
+        size_t rb = kt_row_bytes(type, (uint64_t)cols);
+        uint8_t *wq = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) {
+            kt_quantize_row(type, wf + r * cols, wq + (size_t)r * rb, cols);
+            kt_dequantize_row(type, wq + (size_t)r * rb, deq + r * cols, cols);
+        }
+        void *dq = to_dev(wq, rb * (size_t)rows);
+        kmat dw = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = dq};
+        long off = 0;
+        double worst = 0; /* Q4_1, Q5_1: the largest distance in f16 steps */
+        for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+            for (int i = 0; i < 64; i++)
+                for (int64_t c = 0; c < cols; c++)
+                    x[i * cols + c] = c == c0 + i ? 1.0f : 0.0f;
+            must(kcuda_upload(g, dx, x, (size_t)(64 * cols) * 4, err, sizeof err), "upload");
+            must(kcuda_matmul(g, &dw, 0, rows, dx, 64, dy, rows, err, sizeof err), "matmul");
+            from_dev(got, dy, (size_t)(64 * rows) * 4);
+            for (int i = 0; i < 64; i++)
+                for (int64_t r = 0; r < rows; r++) {
+                    const float cpu = deq[r * cols + c0 + i], tc = got[i * rows + r];
+                    const uint16_t h = kt_f32_to_f16(cpu);
+                    if (exact) {
+                        off += tc != kt_f16_to_f32(h);
+                        continue;
+                    }
+                    /* the f16 step at the CPU's value: the distance between its neighbours */
+                    const float step = kt_f16_to_f32((uint16_t)(h | 1)) -
+                                       kt_f16_to_f32((uint16_t)(h & ~1));
+                    const double d = fabs((double)tc - cpu) / fabs(step);
+                    worst = d > worst ? d : worst;
+                    off += d > 0.5 + 1e-3;
+                }
+        }
+        char what[96];
+        if (exact)
+            snprintf(what, sizeof what, "tensor cores' %s weights: the CPU's rounded to f16",
+                     kt_traits_of(type)->name);
+        else
+            snprintf(what, sizeof what,
+                     "tensor cores' %s weights: within half an f16 step (worst %.3f)",
+                     kt_traits_of(type)->name, worst);
+        printf("  %-72s %ld of %ld off %s\n", what, off, (long)(rows * cols), off ? "FAILED" : "ok");
+        failures += off != 0;
+        kcuda_free(dq);
+        free(wq);
+    }
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+    kcuda_free(dx);
+    kcuda_free(dy);
+    free(wf);
+    free(deq);
+    free(x);
+    free(got);
 }
 
 static void test_elementwise(void)
@@ -1202,6 +1279,7 @@ int main(void)
         return 1;
     }
     test_matmul();
+    test_tc_weights();
     test_float_rows();
     test_elementwise();
     test_att_parts_rule();

@@ -23,8 +23,8 @@ orochi-gpu-agreement-emu on the tiny model and two bench prompts: its JSON lines
 the logits stay within the Q4_1 tolerance of the GPU forward test (relative L2 3e-3), and every
 greedy token agrees or is a near tie; a bad option is refused with status 2, naming it.
 
-The same tool on Q4_K, Q5_K and Q6_K models, with the CUDA-core and the tensor-core matmul: every
-greedy token agrees with the CPU's.
+The same tool on models of every other quantized type (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, Q5_0, Q5_1,
+IQ4_NL), with the CUDA-core and the tensor-core matmul: every greedy token agrees with the CPU's.
 
 orochi-emu (the CLI with the GPU forward over the emulation) runs the `orochi bench --plans`
 commands deploy/gpu-check.sh runs on a GPU, on the tiny model: the GPU alone in each memory mode
@@ -131,14 +131,15 @@ def gpu_agreement_tool_reports_steps_and_differences():
 
 
 @t.case
-def k_quant_kernels_agree_with_the_cpu_over_the_emulation():
-    """Q4_K, Q5_K and Q6_K models (256-column rows: a K-quant super-block), on the CUDA-core and
-    the tensor-core matmul: every greedy token of two prompts equals the CPU's."""
+def quant_kernels_agree_with_the_cpu_over_the_emulation():
+    """Models of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K (256-column rows: a K-quant super-block), Q5_0, Q5_1
+    and IQ4_NL, on the CUDA-core and the tensor-core matmul: every greedy token of two prompts
+    equals the CPU's."""
     tool = G.built("orochi-gpu-agreement-emu", LEFT_OUT)
     prompts = os.path.join(G.env()["tmp"], "gpu-agreement-prompts-k.jsonl")
     with open(os.path.join(G.env()["source"], "bench", "prompts.jsonl")) as f, open(prompts, "w") as out:
         out.writelines(f.readlines()[:2])
-    for typ in ("q4_k", "q5_k", "q6_k"):
+    for typ in ("q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q5_0", "q5_1", "iq4_nl"):
         model = G.mkmodel(layers=2, dim=256, ffn=512, heads=4, kv_heads=2, vocab=512, ctx=256,
                           type=typ, seed=3)
         for kind in ("cuda", "tensor"):
