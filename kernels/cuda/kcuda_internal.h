@@ -108,13 +108,22 @@ __device__ static inline uint32_t kcuda_u32(const uint8_t *p)
     return *(const uint32_t *)p;
 }
 
-/* IQ4_NL's 16 levels (KTK_IQ4NL) as the signed bytes of two constants, levels 0-7 and 8-15: no
- * table in memory (kcuda_iq4nl, and the tensor cores' km_iq4nl_levels). */
-#define KCUDA_IQ4NL_LO 0xF6EADDCFBFAD9881ull
-#define KCUDA_IQ4NL_HI 0x7159453526190D01ull
-__device__ static inline float kcuda_iq4nl(uint32_t code)
+/* IQ4_NL's levels (KTK_IQ4NL) of the 8 codes of a lane's quant word v, whose nibbles run lo0, hi0,
+ * lo1, hi1 (its low half), lo2, hi2, lo3, hi3 — w0..w3 the low nibbles, w4..w7 the high ones: L[0]
+ * the levels as signed bytes (w0, w4, w1, w5), L[1] (w2, w6, w3, w7). No table in memory: levels
+ * 0-7 and 8-15 are the bytes of two 64-bit constants, and three byte permutations a half word of
+ * codes look them up — the codes' low 3 bits pick among levels 0-7 and among 8-15, their bit 3
+ * (moved to bit 2 of the last selector) between the two. No selector nibble has its bit 3 set
+ * (PRMT's sign mode on the device). */
+__device__ static inline void kcuda_iq4nl_levels(uint32_t v, uint32_t L[2])
 {
-    return (float)(int8_t)((code < 8 ? KCUDA_IQ4NL_LO : KCUDA_IQ4NL_HI) >> (8 * (code & 7)));
+    const uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
+    const uint32_t s = v & 0x77777777u, pick = 0x32103210u | ((v >> 1) & 0x44444444u);
+    for (int k = 0; k < 2; k++) {
+        const uint32_t sk = s >> 16 * k;
+        L[k] = __byte_perm(__byte_perm((uint32_t)lo, (uint32_t)(lo >> 32), sk),
+                           __byte_perm((uint32_t)hi, (uint32_t)(hi >> 32), sk), pick >> 16 * k);
+    }
 }
 
 /* The f32 number whose bits are v. */
@@ -376,16 +385,22 @@ __device__ static inline void kcuda_group_at(const uint8_t *span, const kcuda_pl
         const kcuda_b32block B = kcuda_b32_at<TYPE>(span, P);
         const float d = kcuda_half_bits(B.dm);
         const float m = TYPE == KT_Q4_1 || TYPE == KT_Q5_1 ? kcuda_half_bits(B.dm >> 16) : 0.0f;
-        for (int i = 0; i < 4; i++) {
+        if (TYPE == KT_IQ4_NL) {
+            /* the levels' bytes (kcuda_iq4nl_levels), each sign-extended by two shifts and then
+             * converted (I2FP, as Q8_0's quants below) */
+            uint32_t L[2];
+            kcuda_iq4nl_levels(B.v, L);
+            const int at[8] = {0, 16, 0, 16, 8, 24, 8, 24}; /* w0..w7: bit of the byte */
+            for (int i = 0; i < 8; i++)
+                w[i] = d * (float)((int32_t)(L[i >> 1 & 1] << (24 - at[i])) >> 24);
+        }
+        for (int i = 0; i < 4 && TYPE != KT_IQ4_NL; i++) {
             uint32_t lo = (B.v >> (8 * i)) & 0xf, hi = (B.v >> (8 * i + 4)) & 0xf;
             lo |= ((B.h >> i) & 1) << 4;
             hi |= ((B.h >> (16 + i)) & 1) << 4;
             if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1) {
                 w[i] = d * (float)lo + m;
                 w[4 + i] = d * (float)hi + m;
-            } else if (TYPE == KT_IQ4_NL) {
-                w[i] = d * kcuda_iq4nl(lo);
-                w[4 + i] = d * kcuda_iq4nl(hi);
             } else {
                 const int z = TYPE == KT_Q4_0 ? 8 : 16;
                 w[i] = d * (float)((int)lo - z);

@@ -416,22 +416,6 @@ __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint
  *    which shows where the two nearly cancel (docs/gpu.md, "Codes straight into f16").
  * h[0] = (w0, w2), h[1] = (w1, w3), h[2] = (w4, w6), h[3] = (w5, w7): km_load's slot order. */
 
-/* IQ4_NL's levels of the 8 codes of a lane's quant word v, whose nibbles run lo0, hi0, lo1, hi1
- * (its low half), lo2, hi2, lo3, hi3: L[0] the levels' bytes (w0, w4, w1, w5), L[1] (w2, w6, w3,
- * w7). Three byte permutations a half: the codes' low 3 bits pick among levels 0-7 and among
- * 8-15, their bit 3 (moved to bit 2 of the last selector) between the two. No selector nibble has
- * its bit 3 set (PRMT's sign mode on the device). */
-__device__ static inline void km_iq4nl_levels(uint32_t v, uint32_t L[2])
-{
-    const uint32_t t0 = (uint32_t)KCUDA_IQ4NL_LO, t1 = (uint32_t)(KCUDA_IQ4NL_LO >> 32);
-    const uint32_t t2 = (uint32_t)KCUDA_IQ4NL_HI, t3 = (uint32_t)(KCUDA_IQ4NL_HI >> 32);
-    const uint32_t s = v & 0x77777777u, pick = 0x32103210u | ((v >> 1) & 0x44444444u);
-    for (int k = 0; k < 2; k++) {
-        const uint32_t sk = s >> 16 * k;
-        L[k] = __byte_perm(__byte_perm(t0, t1, sk), __byte_perm(t2, t3, sk), pick >> 16 * k);
-    }
-}
-
 template <uint32_t TYPE>
 __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place &P, uint32_t h[4])
 {
@@ -456,7 +440,7 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
             mn = __byte_perm(B.dm, 0, 0x3232);
         if (TYPE == KT_IQ4_NL) {
             uint32_t L[2];
-            km_iq4nl_levels(B.v, L);
+            kcuda_iq4nl_levels(B.v, L);
             const uint32_t pair[4] = {0x0400u, 0x0602u, 0x0501u, 0x0703u}; /* bytes of L[0], L[1] */
             for (int i = 0; i < 4; i++)
                 q[i] = km_andxor(__byte_perm(L[0], L[1], pair[i]), 0x00FF00FFu, K8);
