@@ -259,17 +259,18 @@ __global__ void k_matmul(kq_job j)
  * KM_SPLIT warps a tile: warp s of a tile takes the row's 32-column blocks s, s + KM_SPLIT, ...,
  * and a lane (g = lane / 4, t = lane % 4) fills its A fragment with its 8 weights of rows g and
  * g + 8 for sub t as f16 (the first 4 go into the first k-step's slots, the last 4 into the
- * second's: km_load, every type straight from its codes, km_group_h2), its B fragment with the same columns of token g of the tile. A
- * permutation of the columns inside a k-step changes nothing as long as A and B follow it, so each
- * lane loads exactly the bytes the CUDA-core kernel's lane loads. The inputs are rounded to f16,
- * the products summed in f32. Tokens run in tiles of 8 (NT tiles a pass); a tile's KM_SPLIT partial
- * sums are added in warp order through shared memory. Every output is one lane's accumulator
- * over its warp's blocks in one order, then the warps in one order: a token's result depends
- * neither on the batch it came in, nor on which of the 8 columns of a tile it took, nor on R and
- * NT (chosen by the tiles a pass takes: R = 2 tiles a block from 4 token tiles a pass, whose warps
- * of one k-slice read the same inputs, once from L2 for both), nor on which block took its pass:
- * kcuda_set_matmul_groups deals the passes to G blocks of each row tile (gridDim.y), each pass
- * then a G-th of the step's tiles (kcuda_pass_tiles). KM_SPLIT is fixed: the order of the sums.
+ * second's: km_load, every type straight from its codes, km_group_h2), its B fragment with the
+ * same columns of token g of the tile. A permutation of the columns inside a k-step changes nothing
+ * as long as A and B follow it, so each lane loads exactly the bytes the CUDA-core kernel's lane
+ * loads. The inputs are rounded to f16, the products summed in f32. Tokens run in tiles of 8 (NT
+ * tiles a pass); a tile's KM_SPLIT partial sums are added in warp order through shared memory.
+ * Every output is one lane's accumulator over its warp's blocks in one order, then the warps in one
+ * order: a token's result depends neither on the batch it came in, nor on which of the 8 columns of
+ * a tile it took, nor on R and NT (chosen by the tiles a pass takes: R = 2 tiles a block from 4
+ * token tiles a pass, whose warps of one k-slice read the same inputs, once from L2 for both), nor
+ * on which block took its pass: kcuda_set_matmul_groups deals the passes to G blocks of each row
+ * tile (gridDim.y), each pass then a G-th of the step's tiles (kcuda_pass_tiles). KM_SPLIT is
+ * fixed: the order of the sums.
  *
  * The inputs (B) either come from x's f32 rows, each lane loading its token's 8 columns of the
  * block (16 bytes at two places of a row: 8 rows touched a warp per token tile) and rounding them,
@@ -513,16 +514,15 @@ __device__ static inline void km_load(const uint8_t *sa, const uint8_t *sb, cons
         A[2 * i] = ha[i], A[2 * i + 1] = hb[i];
 }
 
-/* Token tok's B fragments of block b, both k-steps: the 4 inputs from column a of the block and
- * the 4 from bo, rounded to f16 pairs in km_load's slot order, (0, 2), (1, 3), (4, 6), (5, 7)
- * (zeros for a token past the step's n). The one rounding of
- * the inputs: km_mul forms them where it multiplies, k_xfrag once for a step's fragment order. */
-__device__ static inline uint4 km_b(const float *x, int64_t cols, int64_t tok, int n, int64_t b,
-                                    int a, int bo)
+/* A token's B fragments of one block, both k-steps, from xr, its inputs of the block (zeros
+ * where !live: a token past the step's n, whose xr is not read): the 4 inputs from column a of the
+ * block and the 4 from bo, rounded to f16 pairs in km_load's slot order, (0, 2), (1, 3), (4, 6),
+ * (5, 7). The one rounding of the inputs: km_mul forms them where it multiplies, k_xfrag once for a
+ * step's fragment order. */
+__device__ static inline uint4 km_b(const float *xr, bool live, int a, int bo)
 {
     float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (tok < n) {
-        const float *xr = x + tok * cols + b * 32;
+    if (live) {
         u = *(const float4 *)(xr + a);
         v = *(const float4 *)(xr + bo);
     }
@@ -531,37 +531,42 @@ __device__ static inline uint4 km_b(const float *x, int64_t cols, int64_t tok, i
     return o;
 }
 
-/* Block b's fragments times the pass's tokens [t0, t0 + NT * 8) of n, into acc[NT][4]. */
+/* A block's fragments times the pass's NT token tiles, into acc[NT][4]: the lane's token of tile
+ * i has its inputs of the block at xb + i ts (ts: 8 rows of x), and only tiles i < live have one
+ * (the others multiply zeros). The addresses are a pointer carried from tile to tile and from
+ * block to block (k_mma), not a token's row times the row length again each time. */
 template <int NT>
-__device__ static inline void km_mul(const uint32_t A[8], int a, int bo, int64_t b, const float *x,
-                                     int64_t cols, int t0, int n, int g, float acc[NT][4])
+__device__ static inline void km_mul(const uint32_t A[8], int a, int bo, const float *xb,
+                                     int64_t ts, int live, float acc[NT][4])
 {
 #pragma unroll
     for (int i = 0; i < NT; i++) {
-        uint4 v = km_b(x, cols, t0 + 8 * i + g, n, b, a, bo);
+        uint4 v = km_b(xb, i < live, a, bo);
         uint32_t B0[2] = {v.x, v.y}, B1[2] = {v.z, v.w};
         km_mma(acc[i], A, B0);
         km_mma(acc[i], A + 4, B1);
+        xb += ts;
     }
 }
 
 /* The same, with the inputs in fragment order (k_xfrag): lane L's B fragments of token tile tt and
  * block b are the 16 bytes xf[(tt * nb + b) * 32 + L], one load of a warp's 512 consecutive
- * bytes. The same f16 values as km_mul's (rounded alike, zero past the step's tokens), so the same
- * sums. */
+ * bytes; fb is the pass's first tile's entry of the block, the next tile's fs = nb * 32 entries on,
+ * and tiles i >= live hold no token of the step (zeros). The same f16 values as km_mul's (rounded
+ * alike, zero past the step's tokens), so the same sums. */
 template <int NT>
-__device__ static inline void km_mul_frag(const uint32_t A[8], const uint4 *xf, int64_t nb,
-                                          int64_t b, int t0, int n, int lane, float acc[NT][4])
+__device__ static inline void km_mul_frag(const uint32_t A[8], const uint4 *fb, int64_t fs,
+                                          int live, float acc[NT][4])
 {
 #pragma unroll
     for (int i = 0; i < NT; i++) {
-        int64_t tt = t0 / 8 + i;
         uint4 v = {0u, 0u, 0u, 0u};
-        if (8 * tt < n)
-            v = xf[(tt * nb + b) * 32 + lane];
+        if (i < live)
+            v = *fb;
         uint32_t B0[2] = {v.x, v.y}, B1[2] = {v.z, v.w};
         km_mma(acc[i], A, B0);
         km_mma(acc[i], A + 4, B1);
+        fb += fs;
     }
 }
 
@@ -578,7 +583,7 @@ __global__ void k_xfrag(const float *x, int64_t cols, int n, uint4 *xf)
         int lane = (int)(i & 31), a, bo;
         int64_t b = (i >> 5) % nb, tok = (i >> 5) / nb * 8 + (lane >> 2);
         kcuda_group_cols<TYPE>(lane & 3, &a, &bo);
-        xf[i] = km_b(x, cols, tok, n, b, a, bo);
+        xf[i] = km_b(x + tok * cols + b * 32, tok < n, a, bo);
     }
 }
 
@@ -613,9 +618,16 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
             kcuda_group_cols<TYPE>(t, &a, &bo);
             int64_t b = ks;
             const uint8_t *spa = rowa, *spb = rowb;
+            /* the inputs of block b: the lane's token t0 + g (the tiles with one: live) at xb,
+             * or (fragment order) the pass's first tile's entry at fb; each advanced with b */
+            const float *xb = j.x + (int64_t)(t0 + g) * j.cols + b * 32;
+            const uint4 *fb = XF ? j.xf + ((int64_t)(t0 / 8) * nb + b) * 32 + lane : NULL;
+            const int64_t ts = 8 * j.cols, fs = nb * 32, XS = KM_SPLIT * 32;
+            const int live = XF ? (j.n - t0 + 7) / 8 : (j.n - t0 - g + 7) / 8;
             /* U blocks' weights loaded before any is multiplied (loads in flight), multiplied in
              * the order of the blocks: the same sums for every U */
-            for (; b + (U - 1) * KM_SPLIT < nb; b += U * KM_SPLIT, spa += U * SB, spb += U * SB) {
+            for (; b + (U - 1) * KM_SPLIT < nb;
+                 b += U * KM_SPLIT, spa += U * SB, spb += U * SB, xb += U * XS, fb += U * XS) {
                 uint32_t A[U][8];
 #pragma unroll
                 for (int u = 0; u < U; u++)
@@ -623,17 +635,17 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
 #pragma unroll
                 for (int u = 0; u < U; u++)
                     if (XF)
-                        km_mul_frag<NT>(A[u], j.xf, nb, b + u * KM_SPLIT, t0, j.n, lane, acc);
+                        km_mul_frag<NT>(A[u], fb + u * XS, fs, live, acc);
                     else
-                        km_mul<NT>(A[u], a, bo, b + u * KM_SPLIT, j.x, j.cols, t0, j.n, g, acc);
+                        km_mul<NT>(A[u], a, bo, xb + u * XS, ts, live, acc);
             }
-            for (; b < nb; b += KM_SPLIT, spa += SB, spb += SB) {
+            for (; b < nb; b += KM_SPLIT, spa += SB, spb += SB, xb += XS, fb += XS) {
                 uint32_t A[8];
                 km_load<TYPE>(spa, spb, P, A);
                 if (XF)
-                    km_mul_frag<NT>(A, j.xf, nb, b, t0, j.n, lane, acc);
+                    km_mul_frag<NT>(A, fb, fs, live, acc);
                 else
-                    km_mul<NT>(A, a, bo, b, j.x, j.cols, t0, j.n, g, acc);
+                    km_mul<NT>(A, a, bo, xb, ts, live, acc);
             }
             /* the tile's partial sums added in warp order: warp 0 writes, then 1, 2, ... add */
             for (int k = 0; k < KM_SPLIT; k++) {

@@ -16,9 +16,9 @@
  *               every token the bits of the token alone. kcuda_matmul_blas (cuBLAS)
  *               for the float types: F32 1e-5, F16 3e-3 and BF16 1.5e-2 (it rounds activations
  *               to the weight's type).
- *   tc weights  the weights the tensor cores multiply, read out by one-hot inputs (Q8_0, Q4_0, Q5_0,
- *               IQ4_NL: the CPU's dequantized weights rounded to f16, bit for bit; Q4_1, Q5_1:
- *               within half an f16 step of them).
+ *   tc weights  the weights the tensor cores multiply, read out by one-hot inputs (Q8_0, Q4_0,
+ *               Q5_0, IQ4_NL: the CPU's dequantized weights rounded to f16, bit for bit; Q4_1,
+ *               Q5_1: within half an f16 step of them).
  *   rmsnorm, rope, silu*mul, residual add, embedding rows: max relative error 1e-5 (2e-5 silu).
  *   attention   FULL, DENSE, SPARSE over prefixes of 0..1030 rows and tree ancestors, f32 and f16
  *               K/V, each stream whole and cut into 3, 16 and 256 parts (kcuda_att_parts), a warp
@@ -416,7 +416,8 @@ static void test_matmul(void)
  * rows (kt_dequantize_row, a reader written apart): for Q8_0, Q4_0, Q5_0 and IQ4_NL d times the
  * code (or level) is exact, and must come out rounded to f16 as kt_f32_to_f16 rounds it, bit for
  * bit; Q4_1's and Q5_1's d c + m is rounded once, so within half an f16 step of the CPU's f32
- * value (which is d c + m rounded to f32: 2^-24 of it more). Rows of 256 columns, random weights. */
+ * value (which is d c + m rounded to f32: 2^-24 of it more). Rows of 256 columns, random
+ * weights. */
 static void test_tc_weights(void)
 {
     const uint32_t types[] = {KT_Q8_0, KT_Q4_0, KT_Q5_0, KT_IQ4_NL, KT_Q4_1, KT_Q5_1};
@@ -470,7 +471,8 @@ static void test_tc_weights(void)
             snprintf(what, sizeof what,
                      "tensor cores' %s weights: within half an f16 step (worst %.3f)",
                      kt_traits_of(type)->name, worst);
-        printf("  %-72s %ld of %ld off %s\n", what, off, (long)(rows * cols), off ? "FAILED" : "ok");
+        printf("  %-72s %ld of %ld off %s\n", what, off, (long)(rows * cols),
+               off ? "FAILED" : "ok");
         failures += off != 0;
         kcuda_free(dq);
         free(wq);
