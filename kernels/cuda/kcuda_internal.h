@@ -141,19 +141,18 @@ __device__ static inline float kcuda_half_bits(uint32_t v)
 }
 
 /* Sub-block j (0..7) of the 6-bit scales and mins of Q4_K / Q5_K (ktk_scale_min), from the 12
- * bytes as the words s[0..2]: sub-blocks 0..3 take the low 6 bits of byte j of s[0] (scale) and
- * s[1] (min); 4..7 the nibbles of byte j - 4 of s[2] with the top 2 bits of the same bytes of s[0]
- * and s[1] above them. With the lane's constants (kcuda_place_of: sh = 8 (j mod 4); sha = sh, or
- * sh + 2 to bring the top 2 bits to bits 4-5; ma = 63 or 0x30; mc = 0 or 15) each is two shifts and
- * two logic operations, one formula for both halves: the same values as reading the bytes one by
- * one, in fewer instructions. */
-__device__ static inline void kcuda_scale_min(const uint32_t s[3], uint32_t sh, uint32_t sha,
-                                              uint32_t ma, uint32_t mc, float *sc, float *mn)
+ * bytes as the words s[0..2], as one word: the scale in its low half, the min in its high half.
+ * Sub-blocks 0..3 take the low 6 bits of byte j of s[0] (scale) and s[1] (min); 4..7 the nibbles of
+ * byte j - 4 of s[2] (low: scale, high: min) with the top 2 bits of the same bytes of s[0] and s[1]
+ * above them. One byte permutation puts byte j mod 4 of s[0] and of s[1] into the two halves, one
+ * more those of s[2] and of s[2] >> 4; then, with the lane's constants (kcuda_place_of: sel the
+ * permutation; sha 0, or 2 to bring the top 2 bits to bits 4-5; ma 0x003F003F or 0x00300030; mc 0
+ * or 0x000F000F), a shift and two logic operations make both halves at once. */
+__device__ static inline uint32_t kcuda_scale_min(const uint32_t s[3], uint32_t sel, uint32_t sha,
+                                                  uint32_t ma, uint32_t mc)
 {
-    uint32_t scv = ((s[0] >> sha) & ma) | ((s[2] >> sh) & mc);
-    uint32_t mnv = ((s[1] >> sha) & ma) | ((s[2] >> (sh + 4)) & mc);
-    *sc = (float)scv;
-    *mn = (float)mnv;
+    const uint32_t x = __byte_perm(s[0], s[1], sel), y = __byte_perm(s[2], s[2] >> 4, sel);
+    return ((x >> sha) & ma) | (y & mc);
 }
 
 /* The quantized types: the matmul reads them by groups of 8 weights (kcuda_group). */
@@ -210,8 +209,8 @@ __host__ __device__ static inline void kcuda_group_cols(int sub, int *a, int *bo
  *    Q3_K's hmask);
  *  - sc, sc2: Q6_K's, Q2_K's scale byte; Q3_K's two scale bytes;
  *  - sh: the codes' shift in their bytes; hsh: the high bits' (32-blocks: 4 sub);
- *  - ssh, ssh2: the scales' shifts (Q4_K/Q5_K: sh and sha of kcuda_scale_min; Q3_K: in their
- *    two bytes); ma, mc: Q4_K/Q5_K's masks (kcuda_scale_min). */
+ *  - ssh, ssh2: Q4_K/Q5_K: sel and sha of kcuda_scale_min; Q3_K: the scales' shifts in their two
+ *    bytes; ma, mc: Q4_K/Q5_K's masks (kcuda_scale_min). */
 struct kcuda_place {
     int off, qs, hs, sc, sc2;
     uint32_t sh, hsh, ssh, ssh2, ma, mc;
@@ -237,10 +236,10 @@ __device__ static inline kcuda_place kcuda_place_of(int j, int sub)
         P.hs = 16 + 8 * sub;
         P.sh = 4u * (uint32_t)(j & 1);
         P.hsh = (uint32_t)j;
-        P.ssh = 8u * (uint32_t)jj;
-        P.ssh2 = P.ssh + (j < 4 ? 0u : 2u);
-        P.ma = j < 4 ? 63u : 0x30u;
-        P.mc = j < 4 ? 0u : 15u;
+        P.ssh = (uint32_t)jj | (uint32_t)(4 + jj) << 8; /* bytes jj of two words: halves 0, 1 */
+        P.ssh2 = j < 4 ? 0u : 2u;
+        P.ma = j < 4 ? 0x003F003Fu : 0x00300030u;
+        P.mc = j < 4 ? 0u : 0x000F000Fu;
     } else if (TYPE == KT_Q6_K) {
         /* ql[128], qh[64], scales[16] (int8), d; sub-block j = 4n + jj: the low 4 bits in
          * ql[64n + 32 (jj & 1) + l] (nibble jj >> 1), the high 2 in qh[32n + l] (bits 2 jj) */
@@ -281,25 +280,27 @@ __host__ __device__ constexpr bool kcuda_kmin()
  *    offset not taken off (Q6_K's 32, Q3_K's 4). Q4_K's bytes keep the other sub-block's nibble
  *    above the code: each reader masks it with the mask it applies anyway;
  *  - d: the super-block's f16 d in the low half, dmin in the high half (kcuda_kmin types);
- *  - sc, mn: the sub-block's integer scale and min (Q6_K's and Q3_K's signed; no min).
+ *  - sc, mn: the sub-block's integer scale and min (Q6_K's and Q3_K's signed; no min); for the
+ *    kcuda_kmin types also scm, the two as one word (the scale in the low half, the min in the high
+ *    half), of which sc and mn are made (a reader that takes scm alone converts neither).
  * The weights are d sc (c - offset) - dmin mn. Loads: Q4_K/Q5_K's 144- and 176-byte super-blocks
  * are 16-aligned (kcuda_check_matmul: a row starts so), so d, dmin and the 12 scale bytes come in
  * one load, the lane's 8 quant bytes (and Q5_K's 8 qh bytes) in one each; Q2_K's 84-byte ones
  * are 4-aligned, Q3_K's 110 and Q6_K's 210 2-aligned (kcuda_u64h). */
 struct kcuda_kblock {
     uint32_t c[2];
-    uint32_t d;
+    uint32_t d, scm;
     float sc, mn;
 };
 
 template <uint32_t TYPE>
 __device__ static inline kcuda_kblock kcuda_kblock_at(const uint8_t *span, const kcuda_place &P)
 {
-    kcuda_kblock B = {{0u, 0u}, 0u, 0.0f, 0.0f};
+    kcuda_kblock B = {{0u, 0u}, 0u, 0u, 0.0f, 0.0f};
     if (TYPE == KT_Q4_K || TYPE == KT_Q5_K) {
         const uint4 hd = *(const uint4 *)span;
         const uint32_t s12[3] = {hd.y, hd.z, hd.w};
-        kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc, &B.sc, &B.mn);
+        B.scm = kcuda_scale_min(s12, P.ssh, P.ssh2, P.ma, P.mc);
         B.d = hd.x;
         const uint2 qv = *(const uint2 *)(span + P.qs);
         uint2 hv = {0u, 0u};
@@ -314,8 +315,7 @@ __device__ static inline kcuda_kblock kcuda_kblock_at(const uint8_t *span, const
     } else if (TYPE == KT_Q2_K) {
         /* scales[16], qs[64], d, dmin: the 2 bits of each byte, a 4-bit scale and min */
         const uint32_t sb = span[P.sc];
-        B.sc = (float)(sb & 15);
-        B.mn = (float)(sb >> 4);
+        B.scm = (sb & 15u) | (sb >> 4) << 16;
         B.d = kcuda_u32(span + 80);
         for (int k = 0; k < 2; k++)
             B.c[k] = (kcuda_u32(span + P.qs + 4 * k) >> P.sh) & 0x03030303u;
@@ -339,6 +339,11 @@ __device__ static inline kcuda_kblock kcuda_kblock_at(const uint8_t *span, const
         const uint32_t ml = q6 ? 0x0F0F0F0Fu : 0x03030303u, mh = q6 ? 0x03030303u : 0x01010101u;
         for (int k = 0; k < 2; k++)
             B.c[k] = ((L[k] >> P.sh) & ml) | ((H[k] >> P.hsh) & mh) << (q6 ? 4 : 2);
+    }
+    if (kcuda_kmin<TYPE>()) {
+        /* 6 bits at most: masked so, converted on the float pipe (I2FP), not as 16-bit values */
+        B.sc = (float)(B.scm & 63u);
+        B.mn = (float)(B.scm >> 16 & 63u);
     }
     return B;
 }

@@ -471,10 +471,11 @@ __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place
             /* the K-quants as the format keeps them (kcuda_kblock_at, the f32 path's reader) */
             const kcuda_kblock B = kcuda_kblock_at<TYPE>(span, P);
             if (with_min) {
-                /* (d, dmin) times (scale, min) as f16 pairs: each product rounded once, as the
-                 * f32 product (exact: 11 by 6 bits) rounded; then each spread to both halves,
-                 * the min negated */
-                const uint32_t dm = km_hmul2(B.d, km_h2(B.sc, B.mn));
+                /* (d, dmin) times (scale, min) as f16 pairs: the integer pair made f16 by its
+                 * bits (1024 + each, less 1024: exact), each product rounded once, as the f32
+                 * product (exact: 11 by 6 bits) rounded; then each spread to both halves, the min
+                 * negated */
+                const uint32_t dm = km_hmul2(B.d, km_hsub2(B.scm | K1024, K1024));
                 sc = __byte_perm(dm, 0, 0x1010);
                 mn = km_hneg2(__byte_perm(dm, 0, 0x3232));
             } else {
