@@ -624,11 +624,12 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
             const float *xb = j.x + (int64_t)(t0 + g) * j.cols + b * 32;
             const uint4 *fb = XF ? j.xf + ((int64_t)(t0 / 8) * nb + b) * 32 + lane : NULL;
             const int64_t ts = 8 * j.cols, fs = nb * 32, XS = KM_SPLIT * 32;
+            const int64_t FS = XF ? XS : 0; /* fb is NULL, and stays so, where x is read in place */
             const int live = XF ? (j.n - t0 + 7) / 8 : (j.n - t0 - g + 7) / 8;
             /* U blocks' weights loaded before any is multiplied (loads in flight), multiplied in
              * the order of the blocks: the same sums for every U */
             for (; b + (U - 1) * KM_SPLIT < nb;
-                 b += U * KM_SPLIT, spa += U * SB, spb += U * SB, xb += U * XS, fb += U * XS) {
+                 b += U * KM_SPLIT, spa += U * SB, spb += U * SB, xb += U * XS, fb += U * FS) {
                 uint32_t A[U][8];
 #pragma unroll
                 for (int u = 0; u < U; u++)
@@ -640,7 +641,7 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
                     else
                         km_mul<NT>(A[u], a, bo, xb + u * XS, ts, live, acc);
             }
-            for (; b < nb; b += KM_SPLIT, spa += SB, spb += SB, xb += XS, fb += XS) {
+            for (; b < nb; b += KM_SPLIT, spa += SB, spb += SB, xb += XS, fb += FS) {
                 uint32_t A[8];
                 km_load<TYPE>(spa, spb, P, A);
                 if (XF)
