@@ -416,7 +416,6 @@ __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint
  *    scale less the min rounded once: at most a rounding of each part more than the f32 path,
  *    which shows where the two nearly cancel (docs/gpu.md, "Codes straight into f16").
  * h[0] = (w0, w2), h[1] = (w1, w3), h[2] = (w4, w6), h[3] = (w5, w7): km_load's slot order. */
-
 template <uint32_t TYPE>
 __device__ static inline void km_group_h2(const uint8_t *span, const kcuda_place &P, uint32_t h[4])
 {
