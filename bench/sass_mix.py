@@ -4,8 +4,9 @@ object (the build's kcuda_matmul.cu.o), the instructions of its hot loop — the
 backward branch whose body holds the most loads from global memory — by opcode, with its loads
 (LDG), tensor-core products (HMMA) and integer-to-float conversions (I2F: the conversion pipe;
 I2FP: the float pipe), and its registers a thread with its stack frame, where spilled registers
-go, if it has one (cuobjdump -res-usage). Where a kernel issues more instructions than its loads can hide, these
-counts are its time; bench/gpu-profile.sh's issue share on a GPU says whether it does.
+go, if it has one (cuobjdump -res-usage). Where a kernel issues more instructions than its loads
+can hide, these counts are its time; bench/gpu-profile.sh's issue share on a GPU says whether it
+does.
 
     bench/sass_mix.py OBJECT [OBJECT...] [--kernel REGEX]
 

@@ -398,18 +398,19 @@ __device__ static inline void kcuda_group_at(const uint8_t *span, const kcuda_pl
             const int at[8] = {0, 16, 0, 16, 8, 24, 8, 24}; /* w0..w7: bit of the byte */
             for (int i = 0; i < 8; i++)
                 w[i] = d * (float)((int32_t)(L[i >> 1 & 1] << (24 - at[i])) >> 24);
-        }
-        for (int i = 0; i < 4 && TYPE != KT_IQ4_NL; i++) {
-            uint32_t lo = (B.v >> (8 * i)) & 0xf, hi = (B.v >> (8 * i + 4)) & 0xf;
-            lo |= ((B.h >> i) & 1) << 4;
-            hi |= ((B.h >> (16 + i)) & 1) << 4;
-            if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1) {
-                w[i] = d * (float)lo + m;
-                w[4 + i] = d * (float)hi + m;
-            } else {
-                const int z = TYPE == KT_Q4_0 ? 8 : 16;
-                w[i] = d * (float)((int)lo - z);
-                w[4 + i] = d * (float)((int)hi - z);
+        } else {
+            for (int i = 0; i < 4; i++) {
+                uint32_t lo = (B.v >> (8 * i)) & 0xf, hi = (B.v >> (8 * i + 4)) & 0xf;
+                lo |= ((B.h >> i) & 1) << 4;
+                hi |= ((B.h >> (16 + i)) & 1) << 4;
+                if (TYPE == KT_Q4_1 || TYPE == KT_Q5_1) {
+                    w[i] = d * (float)lo + m;
+                    w[4 + i] = d * (float)hi + m;
+                } else {
+                    const int z = TYPE == KT_Q4_0 ? 8 : 16;
+                    w[i] = d * (float)((int)lo - z);
+                    w[4 + i] = d * (float)((int)hi - z);
+                }
             }
         }
         return;
