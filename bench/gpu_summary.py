@@ -66,7 +66,8 @@ def main():
     steps, roof, prompt, variants = {}, {}, {}, {}
     for r in gpu:
         m = r["model"]
-        default = r.get("gpu_frag_ask", "auto") == "auto" and r.get("gpu_groups_ask", 0) == 0
+        default = r.get("gpu_frag_ask", "auto") == "auto" and r.get("gpu_groups_ask", 0) == 0 and \
+            r.get("gpu_depth_ask", 0) == 0 and not r.get("gpu_early", False)
         if r["bench"] == "plans":
             kind = r.get("gpu_matmul", "cuda")
             if default and r.get("gpu_fuse", True) and r.get("gpu_unroll_ask", 0) == 0 and \
@@ -77,8 +78,10 @@ def main():
                     if steps[(m, kind, 1)] == r["ms"]:
                         roof[(m, kind)] = r["roofline"]
             if kind == "tensor":
-                best(variants, (m, r["width"], "frag %s, groups %s" % (
-                    r.get("gpu_frag_ask", "auto"), r.get("gpu_groups_ask", 0) or "auto")), r["ms"])
+                best(variants, (m, r["width"], "frag %s, groups %s, depth %s%s" % (
+                    r.get("gpu_frag_ask", "auto"), r.get("gpu_groups_ask", 0) or "auto",
+                    r.get("gpu_depth_ask", 0) or "auto", ", early" if r.get("gpu_early") else "")),
+                     r["ms"])
         elif r["bench"] == "plans_prompt" and r.get("prompt") == 2048 and default:
             key = (m, r.get("gpu_matmul_ask", "auto"))
             if key not in prompt or r["ms"] < prompt[key]["ms"]:

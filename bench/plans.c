@@ -59,6 +59,8 @@ typedef struct {
     int gpu_att_tile;  /* --gpu-att-tile: attention by tiles, llama_gpu_params.att_tile */
     int gpu_frag;      /* --gpu-frag: llama_gpu_params.matmul_frag (pb_tile_word's index) */
     int gpu_groups;    /* --gpu-groups: llama_gpu_params.matmul_groups (0: the default) */
+    int gpu_depth;     /* --gpu-depth: llama_gpu_params.matmul_depth (0: by the launch's size) */
+    bool gpu_early;    /* --gpu-early on|off: llama_gpu_params.matmul_early */
     const char *search; /* --search FILE: find the partition, write it there */
     const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
     size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
@@ -119,7 +121,8 @@ static void pb_usage(FILE *out)
             "                    [--gpu-memory auto|mapped|mirror] [--gpu-graphs on|off]\n"
             "                    [--gpu-fuse on|off] [--gpu-unroll auto|1|2|4]\n"
             "                    [--gpu-matmul auto|cuda|tensor] [--gpu-frag auto|on|off]\n"
-            "                    [--gpu-groups auto|1|2|4|8]\n"
+            "                    [--gpu-groups auto|1|2|4|8] [--gpu-depth auto|4|8]\n"
+            "                    [--gpu-early on|off]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
             "                    [--gpu-att-tile auto|on|off] [--gpu-weights auto|device|mapped]\n"
             "                    [--gpu-memory-limit BYTES] [--search PLAN] [--prompt P]\n"
@@ -137,7 +140,11 @@ static void pb_usage(FILE *out)
             "  into fragment order by a launch of their own, the same bits (auto: from 17\n"
             "  tokens; on: from 2; off: every warp reads the f32 rows); --gpu-groups: the\n"
             "  tensor-core matmul's token groups a launch, each its own blocks (the same bits;\n"
-            "  auto: 1);\n"
+            "  auto: 1); --gpu-depth: the blocks a warp of it loads before it multiplies in a\n"
+            "  step of up to 8 tokens (the same bits; auto: 8 where the device holds all the\n"
+            "  launch's blocks at once with 8, else 4); --gpu-early: the tensor-core matmul\n"
+            "  launched while the kernel ahead finishes, its first weights into L2 meanwhile\n"
+            "  (the same bits; off by default);\n"
             "  --gpu-att-parts: the parts GPU attention cuts each key stream into (auto: by\n"
             "  length and width; 1: never; the same answer within rounding); --gpu-att-keys: the\n"
             "  keys a warp of it scores at once (4; 1 to compare); --gpu-att-tile: the tiled\n"
@@ -284,6 +291,8 @@ static void *pb_part_main(void *argp)
                              .att_tile = o->gpu_att_tile,
                              .matmul_frag = o->gpu_frag,
                              .matmul_groups = o->gpu_groups,
+                             .matmul_depth = o->gpu_depth,
+                             .matmul_early = o->gpu_early,
                              .weights = (llama_gpu_weights)llama_gpu_weights_parse(o->gpu_weights),
                              .memory_limit = o->gpu_limit};
     if (o->gpu[me] && !(gpu = llama_gpu_new(x, &gprm, r->block, r->block_bytes, err, sizeof err))) {
@@ -458,6 +467,15 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
                 return 2;
             }
             o->gpu_groups = atoi(val); /* auto: 0 */
+        } else if (!strcmp(a, "--gpu-early")) {
+            if (!pb_on_off(a, val, &o->gpu_early))
+                return 2;
+        } else if (!strcmp(a, "--gpu-depth")) {
+            if (strcmp(val, "auto") && strcmp(val, "4") && strcmp(val, "8")) {
+                fprintf(stderr, "orochi bench: --gpu-depth %s: auto, 4 or 8\n", val);
+                return 2;
+            }
+            o->gpu_depth = atoi(val); /* auto: 0 */
         } else if (!strcmp(a, "--gpu-att-parts")) {
             if ((o->gpu_att_parts = llama_gpu_att_parts_parse(val)) < 0) {
                 fprintf(stderr, "orochi bench: --gpu-att-parts %s: auto or 1..256\n", val);
@@ -960,6 +978,7 @@ int bench_plans(int argc, char **argv)
                         "\"gpu_matmul_ask\":\"%s\",\"gpu_matmul\":\"%s\","
                         "\"gpu_frag_ask\":\"%s\",\"gpu_frag\":%s,"
                         "\"gpu_groups_ask\":%d,\"gpu_groups\":%d,"
+                        "\"gpu_depth_ask\":%d,\"gpu_depth\":%d,\"gpu_early\":%s,"
                         "\"copy_gbps\":%.1f,\"roofline\":%.4f,\"mma_tflops\":%.4g,"
                         "\"tc_share\":%.4f}\n",
                         o.names[p], o.widths[wi], med, gb / (med / 1e3), o.parts, devs,
@@ -970,16 +989,16 @@ int bench_plans(int argc, char **argv)
                         pb_tile_word[o.gpu_att_tile], how.att_tiles ? "true" : "false",
                         pb_matmul_word[o.gpu_matmul], how.tensor_cores ? "tensor" : "cuda",
                         pb_tile_word[o.gpu_frag], how.frag ? "true" : "false", o.gpu_groups,
-                        how.groups, copy,
+                        how.groups, o.gpu_depth, how.depth, o.gpu_early ? "true" : "false", copy,
                         copy > 0 ? gb / (med / 1e3) / copy : 0.0, tc,
                         tc > 0 ? tflop * o.widths[wi] / (med / 1e3) / tc : 0.0);
         }
         printf("\n");
     }
     if (o.gpu[0]) { /* what the GPU part queued a step: kernels, copies (a graph: one launch) */
-        printf("device ops a step of part 0 (GPU, %s, graphs %s, launches %s), %s:",
+        printf("device ops a step of part 0 (GPU, %s, graphs %s, launches %s%s), %s:",
                o.gpu_memory, o.gpu_graphs ? "on" : "off", o.gpu_fuse ? "fused" : "one per op",
-               o.names[0]);
+               o.gpu_early ? ", the tensor-core matmul early" : "", o.names[0]);
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" W=%d %ld", o.widths[wi], r.ops[wi]);
         printf("\nattention parts a key stream (%s):", o.gpu_att_parts ? "asked" : "by length");
@@ -999,6 +1018,10 @@ int bench_plans(int argc, char **argv)
         printf("\ntensor-core token groups (%s):", o.gpu_groups ? "asked" : "auto");
         for (int wi = 0; wi < o.n_widths; wi++)
             printf(" W=%d %d", o.widths[wi], r.how[wi].groups);
+        printf("\ntensor-core blocks in flight a warp, q/k/v (%s):",
+               o.gpu_depth ? "asked" : "by size");
+        for (int wi = 0; wi < o.n_widths; wi++)
+            printf(" W=%d %d", o.widths[wi], r.how[wi].depth);
         printf("\n");
     }
     if (copy > 0) { /* the weights' GB/s over the device's copy GB/s (read + write) */

@@ -20,7 +20,8 @@
 #   GPU_CHECK_DEADLINE=S   stop starting stages S seconds after the start; each later stage says
 #                          it was skipped (for a lent machine's fixed time)
 #   GPU_CHECK_STAGES=LIST  run only these of tests,agreement,kquants,roofline,frag,tgroups,
-#                          fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer
+#                          depth,early,fusion,attention,groups,bandwidth,plans,onecopy,
+#                          sanitizer,peer
 #   GPU_CHECK_PEER=DIR     llama.cpp built with CUDA (bench/peer-cuda.sh: llama-bench and its
 #                          libraries in one folder; default build/peer-cuda, carried to the
 #                          machine): the peer stage times it beside orochi on the 8B shape
@@ -50,7 +51,7 @@ jobs="$(nproc)"
 widths=1,2,4,8,16,32,64
 reps=5
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then widths=1,8,64; reps=2; fi
-stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,tgroups,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer},"
+stages=",${GPU_CHECK_STAGES:-tests,agreement,kquants,roofline,frag,tgroups,depth,early,fusion,attention,groups,bandwidth,plans,onecopy,sanitizer,peer},"
 start=$SECONDS
 deadline=${GPU_CHECK_DEADLINE:-100000}
 status=0
@@ -203,16 +204,24 @@ fi
 # tokens, and never: the GPU alone (mirror, graphs on) on the 8B and 1B shapes at Q4_K (the
 # roofline stage's files, made here where missing), the variants alternating over two rounds; the
 # same bits in all three (unit_cuda_kernels), so only the time may differ
-if stage frag 60; then
+# tc_variants LABEL FLAG WIDTHS VALUE...: the GPU alone on tensor cores (mirror, graphs on) on
+# the 8B and 1B shapes at Q4_K with FLAG at each VALUE in turn, over two rounds
+tc_variants() {
+    local label=$1 flag=$2 widths=$3 spec round v
+    shift 3
     for spec in 8b:q4_k 1b:q4_k; do
         stage_model "$spec" || continue
         for round in 1 2; do
-            for f in auto off on; do
-                gpu_alone "$m" "tensor cores, inputs in fragment order $f (round $round)" \
-                    --widths 1,2,8,16,17,32,64 --ctx 256 --gpu-matmul tensor --gpu-frag "$f"
+            for v in "$@"; do
+                gpu_alone "$m" "tensor cores, $label $v (round $round)" --widths "$widths" \
+                    --ctx 256 --gpu-matmul tensor "$flag" "$v"
             done
         done
     done
+}
+
+if stage frag 60; then
+    tc_variants "inputs in fragment order" --gpu-frag 1,2,8,16,17,32,64 auto off on
 fi
 
 # the tensor-core matmul's token tiles dealt to 1 (the default), 2, 4 and 8 groups of blocks a
@@ -232,6 +241,23 @@ if stage tgroups 60; then
             done
         done
     done
+fi
+
+# the tensor-core matmul's blocks in flight a warp in a step of up to 8 tokens (--gpu-depth: by
+# default 8 where the device holds every block of the launch at once with 8, else 4; and 4 and 8
+# always): the GPU alone (mirror, graphs on) on the 8B and 1B shapes at Q4_K, widths 1, 2, 4, 8,
+# the variants alternating over two rounds; the same bits in all three (unit_cuda_kernels), so
+# only the time may differ
+if stage depth 60; then
+    tc_variants "blocks in flight" --gpu-depth 1,2,4,8 auto 4 8
+fi
+
+# the tensor-core matmul launched early (--gpu-early: a programmatic dependent launch after the
+# kernel ahead, its first weights into L2 while that one finishes) against plain launches: the GPU
+# alone (mirror, graphs on) on the 8B and 1B shapes at Q4_K, widths 1, 2, 8 and 64, alternating
+# over two rounds; the same bits (unit_cuda_forward's early case, in the tests stage)
+if stage early 60; then
+    tc_variants "launched early" --gpu-early 1,2,8,64 off on
 fi
 
 # the fused launches against one launch per op, and the quantized matmul by default (2 groups in

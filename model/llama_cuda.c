@@ -599,6 +599,16 @@ llama_gpu *llama_gpu_new(llama_ctx *x, const llama_gpu_params *prm, void *map_ba
     kcuda_set_att_tile(gp->g, prm->att_tile);
     kcuda_set_matmul_frag(gp->g, prm->matmul_frag);
     kcuda_set_matmul_groups(gp->g, prm->matmul_groups);
+    kcuda_set_matmul_depth(gp->g, prm->matmul_depth);
+    kcuda_set_matmul_early(gp->g, prm->matmul_early);
+    /* what the tensor cores' depth rule asks of the runtime, asked before any step is captured */
+    for (int l = 0; l < c->n_layers; l++) {
+        const llama_layer *L = &m->layers[l];
+        const kmat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            kcuda_matmul_prepare(gp->g, ws[i]->type);
+    }
+    kcuda_matmul_prepare(gp->g, m->lm_head.type);
     void *dev;
     if (kcuda_register(map_base, map_bytes, &dev, err, errlen))
         goto fail;
@@ -1321,10 +1331,16 @@ int llama_gpu_forward(llama_gpu *gp, const llama_batch *b, float *logits, char *
             gp->att_keys = h->n_prefix[i] + h->n_anc[i];
     }
     kcuda_att a = gpu_att_of(gp, 0);
-    uint32_t wq = x->m->layers[0].wq.type;
-    gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n), kcuda_att_tiles(g, &a, n) != 0,
-                              kcuda_matmul_unroll(g, n), kcuda_matmul_kind(g, wq) == KCUDA_MM_TC,
-                              kcuda_matmul_frag(g, wq, n) != 0, kcuda_matmul_groups(g, wq, n)};
+    const llama_layer *l0 = &x->m->layers[0];
+    uint32_t wq = l0->wq.type;
+    int64_t qkv_rows = l0->wq.rows + l0->wk.rows + l0->wv.rows;
+    gp->how = (llama_gpu_how){kcuda_att_parts(g, &a, n),
+                              kcuda_att_tiles(g, &a, n) != 0,
+                              kcuda_matmul_unroll(g, n),
+                              kcuda_matmul_kind(g, wq) == KCUDA_MM_TC,
+                              kcuda_matmul_frag(g, wq, n) != 0,
+                              kcuda_matmul_groups(g, wq, n),
+                              kcuda_matmul_depth(g, wq, qkv_rows, n)};
     if (x->n_split)
         memcpy(h->split, x->split_heads, (size_t)x->n_split * sizeof *h->split);
     /* up to the last ancestor list this step uses (the arrays before it are whole) */

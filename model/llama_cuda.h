@@ -74,6 +74,11 @@ typedef struct {
     int matmul_groups;       /* the tensor-core matmul's token groups a launch:
                                 kcuda_set_matmul_groups's 0 (the default), 1, 2, 4 or 8; the
                                 same bits */
+    bool matmul_early;       /* the tensor-core matmul launched early: kcuda_set_matmul_early (off
+                                by default; the same bits) */
+    int matmul_depth;        /* the tensor-core matmul's blocks in flight a warp in a step of up
+                                to 8 tokens: kcuda_set_matmul_depth's 0 (by the launch's size),
+                                4 or 8; the same bits */
 } llama_gpu_params;
 
 /* "auto", "mapped", "mirror" to the mode; -1 for another word. Inline, so that the roles that
@@ -179,8 +184,9 @@ long llama_gpu_launches(const llama_gpu *gpu);
 /* How the last step's kernels ran: the parts attention cut each token's key stream into
  * (kcuda_att_parts), whether attention ran by tiles (kcuda_att_tiles), the quantized matmul's
  * groups in flight (kcuda_matmul_unroll), whether the first layer's q projection ran on tensor
- * cores (kcuda_matmul_kind), with its inputs in fragment order (kcuda_matmul_frag) and in how many
- * token groups (kcuda_matmul_groups). */
+ * cores (kcuda_matmul_kind), with its inputs in fragment order (kcuda_matmul_frag), in how many
+ * token groups (kcuda_matmul_groups) and with how many blocks in flight a warp in the fused q/k/v
+ * launch of the whole matrices (kcuda_matmul_depth: 0 on CUDA cores). */
 typedef struct {
     int att_parts;
     bool att_tiles;
@@ -188,6 +194,7 @@ typedef struct {
     bool tensor_cores;
     bool frag;
     int groups;
+    int depth;
 } llama_gpu_how;
 llama_gpu_how llama_gpu_last_step(const llama_gpu *gpu);
 /* The device memory the part holds: its weight matrices' (0 with mapped weights), the device

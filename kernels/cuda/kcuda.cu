@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "kernels/cuda/kcuda_internal.h"
@@ -66,6 +67,7 @@ kcuda *kcuda_new(int device, char *err, size_t errlen)
     if (cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         g->sms < 1)
         g->sms = 1;
+    memset(g->resident8, 0xff, sizeof g->resident8); /* -1: asked at the first launch */
     if (cudaMalloc((void **)&g->att_part, KCUDA_ATT_PART_FLOATS * sizeof(float)) != cudaSuccess)
         g->att_part = NULL;
     return g;
@@ -369,6 +371,7 @@ void kcuda_graph_destroy(kcuda_graph **graph)
 /* One block per row: the sum of squares in double, as k_rmsnorm. */
 __global__ void k_rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
 {
+    kcuda_let_next_start(); /* the matmul after it may start (kcuda_set_matmul_early) */
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
     double ss = 0;

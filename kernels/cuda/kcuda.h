@@ -220,6 +220,29 @@ int kcuda_matmul_frag(const kcuda *g, uint32_t type, int n);
 void kcuda_set_matmul_groups(kcuda *g, int groups);
 /* The groups a matmul of `type` over n tokens runs in (1 on CUDA cores and for a float type). */
 int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n);
+/* The tensor-core matmul's loads in flight in a step of up to 8 tokens (one token tile a pass):
+ * each warp loads `blocks` (4 or 8) of its row tile's 32-column blocks before it multiplies any,
+ * the products in the same order — the same bits whatever the setting. 0 (until set; another
+ * value too): kcuda_depth_rule's default, 8 where the device holds every block of the launch at once
+ * with the 8-deep kernel (a matrix of few rows, whose warps alone must keep the memory busy), else
+ * 4. Wider steps keep 4 (2 token tiles a pass) or 2 (4 or 8). */
+void kcuda_set_matmul_depth(kcuda *g, int blocks);
+/* The blocks in flight a warp of a matmul of `type` over `rows` rows (the rows of one launch: the
+ * fused q/k/v's together) and n tokens loads: 2, 4 or 8; 0 on CUDA cores, for a float type and on
+ * the CPU stand-in. Asks the runtime what a multiprocessor holds once per kernel. */
+int kcuda_matmul_depth(kcuda *g, uint32_t type, int64_t rows, int n);
+/* The tensor-core matmul launched early (on: a programmatic dependent launch, sm_90): its blocks may
+ * start while the kernel ahead of it in the stream still runs, bring the first round of their
+ * weights into L2 meanwhile, and wait for that kernel's writes before they read their inputs — the
+ * same bits, a launch's start and its first loads hidden behind the kernel before. The kernels
+ * that come before a matmul in a forward (rmsnorm, attention, the matmul) let the next one start
+ * as soon as all their blocks run. Off until set (not yet timed on a GPU). */
+void kcuda_set_matmul_early(kcuda *g, bool on);
+/* Ask the runtime, once and outside any graph capture, what a multiprocessor holds of the 8-deep
+ * kernels of `type` (every fused form, inputs in fragment order or not), which kcuda_depth_rule
+ * needs: a launch captured before its type was prepared takes 4 blocks in flight (the same bits).
+ * Nothing for a float type; the CPU stand-in does nothing. */
+void kcuda_matmul_prepare(kcuda *g, uint32_t type);
 /* The scratch bytes the fragment order of n tokens of `cols` inputs takes (kcuda_reserve): 8-token
  * tiles of f16 values. */
 static inline size_t kcuda_frag_bytes(int n, int64_t cols)

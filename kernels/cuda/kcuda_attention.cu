@@ -63,6 +63,7 @@ template <typename T, int ATT_KEYS>
 __global__ void att_kernel(kcuda_att a, int mode, const float *q, int64_t q_stride, int h0,
                            float *out, int64_t out_stride, int64_t rec_stride, float *part)
 {
+    kcuda_let_next_start(); /* wo's matmul may start (kcuda_set_matmul_early) */
     int i = blockIdx.x, h = h0 + blockIdx.y, z = blockIdx.z, parts = gridDim.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int hd = a.head_dim, per = hd / 32, kvh = h / (a.n_heads / a.n_kv_heads);
@@ -196,6 +197,7 @@ __global__ void att_tile_kernel(kcuda_att a, int mode, const float *q, int64_t q
                                 int h1, int n, float *out, int64_t out_stride, int64_t rec_stride,
                                 float *part)
 {
+    kcuda_let_next_start(); /* wo's matmul may start (kcuda_set_matmul_early) */
     int i0 = blockIdx.x, z = blockIdx.z, parts = gridDim.z;
     int gs = a.n_heads / a.n_kv_heads, kvh = h0 / gs + blockIdx.y, tg = ATT_TILE_Q / gs;
     if (!att_group_start(a, mode, i0, tg))
@@ -312,6 +314,7 @@ __global__ void att_tile_kernel(kcuda_att a, int mode, const float *q, int64_t q
 __global__ void att_join_kernel(const float *part, int parts, int hd, int mode, int h0,
                                 float *out, int64_t out_stride, int64_t rec_stride)
 {
+    kcuda_let_next_start(); /* wo's matmul may start (kcuda_set_matmul_early) */
     int i = blockIdx.x, h = h0 + blockIdx.y;
     const float *p = part + ((int64_t)i * gridDim.y + blockIdx.y) * parts * (hd + 2);
     __shared__ float f[KCUDA_ATT_MAX_PARTS];

@@ -188,6 +188,25 @@ static inline int kcuda_groups_rule(int set, int n)
     return passes < 1 ? 1 : passes < set ? passes : set;
 }
 
+/* The blocks a tensor-core warp loads before it multiplies any (its loads in flight) in a pass of
+ * `pass_tiles` token tiles, under kcuda_set_matmul_depth's `set`: 2 from 4 tiles (their
+ * accumulators take the registers), 4 for 2; for one tile (a step of up to 8 tokens) 4 or 8 as
+ * set, and by default 8 where all the launch's `blocks` are resident at once with the 8-deep
+ * kernel (`resident8`: the multiprocessors times the blocks of it one holds) — a launch too small
+ * to give the device more warps than that, whose warps' own loads in flight are all that covers
+ * the memory's latency — else 4, which leaves room for more blocks a multiprocessor. The same
+ * sums in the same order whatever the depth: the same bits. */
+static inline int kcuda_depth_rule(int set, int pass_tiles, long blocks, long resident8)
+{
+    if (pass_tiles > 2)
+        return 2;
+    if (pass_tiles > 1 || set == 4)
+        return 4;
+    if (set == 8)
+        return 8;
+    return blocks > 0 && blocks <= resident8 ? 8 : 4;
+}
+
 /* kcuda_att_parts for a device of `sms` multiprocessors, `tile` as kcuda_att_tiled takes it (the
  * CUDA op set and its stand-in share the rule, so both count the same launches). */
 static inline int kcuda_att_parts_rule(const kcuda_att *a, int n, int sms, int tile)

@@ -665,6 +665,27 @@ int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n)
     return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC ? kcuda_groups_rule(g->groups, n) : 1;
 }
 
+void kcuda_set_matmul_early(kcuda *g, bool on)
+{
+    (void)g, (void)on; /* the CPU twins run one op after another */
+}
+
+void kcuda_set_matmul_depth(kcuda *g, int blocks)
+{
+    (void)g, (void)blocks; /* the CPU twins load no blocks ahead */
+}
+
+int kcuda_matmul_depth(kcuda *g, uint32_t type, int64_t rows, int n)
+{
+    (void)g, (void)type, (void)rows, (void)n;
+    return 0; /* no tensor cores */
+}
+
+void kcuda_matmul_prepare(kcuda *g, uint32_t type)
+{
+    (void)g, (void)type;
+}
+
 void kcuda_set_att_keys(kcuda *g, int keys)
 {
     (void)g, (void)keys; /* nor these */

@@ -32,6 +32,11 @@ struct kcuda {
     int mm_kind;   /* quantized matmul: KCUDA_MM_* (kcuda_set_matmul_kind) */
     int frag;      /* tensor-core matmul's inputs: KCUDA_FRAG_* (kcuda_set_matmul_frag) */
     int groups;    /* tensor-core matmul's token groups as set (kcuda_set_matmul_groups) */
+    int depth;     /* tensor-core matmul's blocks in flight a warp, one-tile passes: 0, 4 or 8
+                      (kcuda_set_matmul_depth) */
+    bool early;    /* tensor-core matmul launched early (kcuda_set_matmul_early) */
+    int resident8[32][3][2]; /* blocks of the 8-deep k_mma<type, op, 1, 8, 1, frag> one
+                                multiprocessor holds (-1: not yet asked) */
     int sms;         /* the device's multiprocessors (kcuda_att_parts) */
     int att_keys;    /* keys an attention warp scores at a time (kcuda_set_att_keys) */
     int att_tile;    /* attention by tiles: KCUDA_TILE_* (kcuda_set_att_tile) */
@@ -50,6 +55,36 @@ static inline double kcuda_now(void)
 int kcuda_fail(cudaError_t e, const char *what, char *err, size_t errlen);
 /* The context's scratch, at least `bytes` (NULL when that cannot be had). */
 void *kcuda_scratch(kcuda *g, size_t bytes);
+
+/* Programmatic dependent launch (sm_90; kcuda_set_matmul_early). kcuda_let_next_start: the next
+ * kernel of the stream, where it was launched so, may start before this one finishes (a hint; no
+ * effect on what either computes). kcuda_wait_prior: wait until the kernels before this one have
+ * finished and their writes show — a kernel launched early must call it before it reads anything
+ * they write, or writes anything they read. Both return at once where no launch asked for it,
+ * and over the emulation, which runs a stream's kernels one after another. */
+__device__ static inline void kcuda_let_next_start(void)
+{
+#if !defined(OROCHI_KEMU_H) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ static inline void kcuda_wait_prior(void)
+{
+#if !defined(OROCHI_KEMU_H) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Bring the 128-byte line at p into L2 (a hint; nothing over the emulation). */
+__device__ static inline void kcuda_prefetch_l2(const void *p)
+{
+#ifndef OROCHI_KEMU_H
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 
 __device__ static inline float kcuda_warp_sum(float v)
 {

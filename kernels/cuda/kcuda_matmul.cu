@@ -193,6 +193,7 @@ struct kq_job {
     const float *x;
     const uint4 *xf; /* tensor cores: x in fragment order (k_xfrag), or NULL */
     int n;
+    bool early; /* tensor cores: launched before the kernel ahead finished (kcuda_set_matmul_early) */
 };
 
 /* The matrix (segment) of a job block blockIdx.x falls in, picked by constant indices (the job
@@ -268,9 +269,15 @@ __global__ void k_matmul(kq_job j)
  * order: a token's result depends neither on the batch it came in, nor on which of the 8 columns of
  * a tile it took, nor on R and NT (chosen by the tiles a pass takes: R = 2 tiles a block from 4
  * token tiles a pass, whose warps of one k-slice read the same inputs, once from L2 for both), nor
+ * on U, the blocks a warp loads before it multiplies any (kcuda_depth_rule: 8 at one tile a pass
+ * where the device holds the whole launch at once with 8, else 4; 4 at two tiles, 2 from four), nor
  * on which block took its pass: kcuda_set_matmul_groups deals the passes to G blocks of each row
  * tile (gridDim.y), each pass then a G-th of the step's tiles (kcuda_pass_tiles). KM_SPLIT is
  * fixed: the order of the sums.
+ *
+ * Launched early (kq_job.early, kcuda_set_matmul_early: a programmatic dependent launch), a block
+ * brings its first round of weights into L2 and then waits for the kernel ahead; every block
+ * waits for it before it reads x or y either way (kcuda_wait_prior).
  *
  * The inputs (B) either come from x's f32 rows, each lane loading its token's 8 columns of the
  * block (16 bytes at two places of a row: 8 rows touched a warp per token tile) and rounding them,
@@ -587,6 +594,18 @@ __global__ void k_xfrag(const float *x, int64_t cols, int n, uint4 *xf)
     }
 }
 
+/* Output slot (q, L) of a tile's partial sums: the one sum (S = 1), or the S warps' added in warp
+ * order — the additions the one sum had, warp 0's value first. */
+template <int S, int Q>
+__device__ static inline float km_warps_sum(const float (&red)[S][Q][32], int q, int L)
+{
+    float v = red[0][q][L];
+#pragma unroll
+    for (int k = 1; k < S; k++)
+        v = v + red[k][q][L];
+    return v;
+}
+
 template <uint32_t TYPE, int OP, int NT, int U, int R, bool XF>
 __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
 {
@@ -598,8 +617,30 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
     /* rows past the segment's end compute on its last row and are not written */
     int64_t ra = r0 + g < s.hi ? r0 + g : s.hi - 1, rb = r0 + g + 8 < s.hi ? r0 + g + 8 : s.hi - 1;
     const int NM = OP == KQ_SILU ? 2 : 1;
-    __shared__ float red[NM][R][NT * 4][32];
     int64_t nb = j.cols / 32;
+    kcuda_let_next_start();
+    if (j.early) {
+        /* launched while the kernel ahead still runs (kcuda_set_matmul_early): the first U spans
+         * of the block's rows (every warp's first round of loads) into L2 meanwhile, then wait
+         * for that kernel's writes (x, and y where the sums are added to it) */
+        const int64_t SB = kcuda_span_bytes<TYPE>(), rt0 = r0 - (int64_t)tile * KM_ROWS;
+        const int64_t used = (nb + KM_SPLIT - 1) / KM_SPLIT * SB;
+        const int64_t lim = U * SB < used ? U * SB : used;
+        const int lines = (int)((lim + 127) / 128) + 1; /* a row need not start on a line */
+        for (int k = threadIdx.x; k < NM * R * KM_ROWS * lines; k += blockDim.x) {
+            int l = k % lines, rr = (k / lines) % (R * KM_ROWS), m = k / (lines * R * KM_ROWS);
+            int64_t row = rt0 + rr < s.hi ? rt0 + rr : s.hi - 1, at = (int64_t)l * 128;
+            if (lim > 0)
+                kcuda_prefetch_l2((m ? s.w2 : s.w) + (size_t)row * s.row_bytes +
+                                  (at < lim ? at : lim - 1));
+        }
+    }
+    kcuda_wait_prior();
+    /* the warps' partial sums: up to 2 token tiles a pass each warp's apart (S = KM_SPLIT), added
+     * in warp order after one barrier; from 4, one sum added to in warp order, a barrier a warp
+     * (their KM_SPLIT copies would not fit): the same additions either way */
+    constexpr int S = NT <= 2 ? KM_SPLIT : 1;
+    __shared__ float red[NM][R][S][NT * 4][32];
     /* the passes of NT token tiles, dealt to the launch's token groups (blockIdx.y) in turn */
     for (int t0 = blockIdx.y * NT * 8; t0 < j.n; t0 += gridDim.y * NT * 8) {
         for (int m = 0; m < NM; m++) {
@@ -648,18 +689,27 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
                 else
                     km_mul<NT>(A, a, bo, xb, ts, live, acc);
             }
-            /* the tile's partial sums added in warp order: warp 0 writes, then 1, 2, ... add */
-            for (int k = 0; k < KM_SPLIT; k++) {
-                if (ks == k)
+            if constexpr (S > 1) {
 #pragma unroll
-                    for (int i = 0; i < NT; i++)
-                        for (int e = 0; e < 4; e++) {
-                            float *r = &red[m][tile][4 * i + e][lane];
-                            *r = k ? *r + acc[i][e] : acc[i][e];
-                        }
-                __syncthreads();
+                for (int i = 0; i < NT; i++)
+                    for (int e = 0; e < 4; e++)
+                        red[m][tile][ks % S][4 * i + e][lane] = acc[i][e];
+            } else {
+                /* the tile's partial sums added in warp order: warp 0 writes, then 1, 2, ... add */
+                for (int k = 0; k < KM_SPLIT; k++) {
+                    if (ks == k)
+#pragma unroll
+                        for (int i = 0; i < NT; i++)
+                            for (int e = 0; e < 4; e++) {
+                                float *r = &red[m][tile][0][4 * i + e][lane];
+                                *r = k ? *r + acc[i][e] : acc[i][e];
+                            }
+                    __syncthreads();
+                }
             }
         }
+        if constexpr (S > 1)
+            __syncthreads();
         /* output (tile, lane L, slot q): row g(L) (+8 for e >= 2), token t0 + 8 i + 2 t(L) +
          * e % 2; the block's threads take them in turn */
         int64_t rt0 = r0 - (int64_t)tile * KM_ROWS; /* the block's first row */
@@ -669,32 +719,92 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
             int tok = t0 + 8 * i + 2 * (L & 3) + (e & 1);
             if (r >= s.hi || tok >= j.n)
                 continue;
-            float v = red[0][tl][q][L], *out = s.y + (int64_t)tok * s.ldy + r;
+            float v = km_warps_sum<S>(red[0][tl], q, L), *out = s.y + (int64_t)tok * s.ldy + r;
             if (OP == KQ_STORE)
                 *out = v;
             else if (OP == KQ_ADD)
                 *out = *out + v;
             else
-                *out = kcuda_silu_mul1(v, red[NM - 1][tl][q][L]);
+                *out = kcuda_silu_mul1(v, km_warps_sum<S>(red[NM - 1][tl], q, L));
         }
         __syncthreads();
     }
 }
 
+/* Queue a tensor-core launch: plainly, or (j.early) as a programmatic dependent launch, whose
+ * blocks may start while the kernel ahead of it still runs (k_mma waits for its writes). */
+static void km_start(kcuda *g, void (*kernel)(kq_job), dim3 grid, dim3 block, const kq_job &j)
+{
+#ifdef OROCHI_KEMU_H
+    const bool early = false; /* the emulation runs a stream's kernels one after another */
+#else
+    const bool early = j.early;
+#endif
+    if (!early) {
+        kernel<<<grid, block, 0, g->stream>>>(j);
+        return;
+    }
+#ifndef OROCHI_KEMU_H
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = 0;
+    c.stream = g->stream;
+    c.attrs = at;
+    c.numAttrs = 1;
+    if (cudaLaunchKernelEx(&c, kernel, j) != cudaSuccess) { /* a runtime without it: plainly */
+        (void)cudaGetLastError();
+        kernel<<<grid, block, 0, g->stream>>>(j);
+    }
+#endif
+}
+
+/* The blocks of the 8-deep one-tile kernel the device holds at once (its multiprocessors times
+ * what one holds of it, asked once per kernel: kcuda_depth_rule's resident8); 0 where the
+ * runtime cannot say, so that the depth stays 4 — and, not yet asked, while a graph is being
+ * captured (kcuda_matmul_prepare asks before). */
+template <uint32_t TYPE, int OP, bool XF>
+static long km_resident8(kcuda *g)
+{
+    static_assert(TYPE < 32 && OP < 3, "kcuda.resident8 is indexed by type and op");
+    int &n = g->resident8[TYPE][OP][XF];
+    if (n < 0 && g->capturing)
+        return 0;
+    if (n < 0) {
+        int per = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_mma<TYPE, OP, 1, 8, 1, XF>,
+                                                          32 * KM_SPLIT, 0) != cudaSuccess) {
+            per = 0;
+            (void)cudaGetLastError();
+        }
+        n = per;
+    }
+    return (long)n * g->sms;
+}
+
 /* A quantized type on tensor cores: the token tiles a pass takes (by the step's width and its
- * token groups: kcuda_pass_tiles), the blocks a warp loads before it multiplies, and the groups
- * as gridDim.y (a token's bits depend on none of them). */
+ * token groups: kcuda_pass_tiles), the blocks a warp loads before it multiplies (kcuda_depth_rule),
+ * and the groups as gridDim.y (a token's bits depend on none of them). */
 template <uint32_t TYPE, int OP, bool XF>
 static void km_launch(kcuda *g, dim3 grid, const kq_job &j)
 {
     dim3 one(32 * KM_SPLIT), two(32 * KM_SPLIT * 2);
     static_assert(KM_TILES == 8, "km_launch takes 1, 2, 4 or 8 token tiles a pass");
     grid.y = (unsigned)kcuda_groups_rule(g->groups, j.n);
-    switch (kcuda_pass_tiles(j.n, g->groups)) {
-    case 1: k_mma<TYPE, OP, 1, 4, 1, XF><<<grid, one, 0, g->stream>>>(j); return;
-    case 2: k_mma<TYPE, OP, 2, 4, 1, XF><<<grid, one, 0, g->stream>>>(j); return;
-    case 4: k_mma<TYPE, OP, 4, 2, 2, XF><<<grid, two, 0, g->stream>>>(j); return;
-    default: k_mma<TYPE, OP, 8, 2, 2, XF><<<grid, two, 0, g->stream>>>(j); return;
+    int tiles = kcuda_pass_tiles(j.n, g->groups);
+    if (tiles == 1 && kcuda_depth_rule(g->depth, 1, (long)grid.x * grid.y,
+                                       g->depth ? 0 : km_resident8<TYPE, OP, XF>(g)) == 8) {
+        km_start(g, k_mma<TYPE, OP, 1, 8, 1, XF>, grid, one, j);
+        return;
+    }
+    switch (tiles) {
+    case 1: km_start(g, k_mma<TYPE, OP, 1, 4, 1, XF>, grid, one, j); return;
+    case 2: km_start(g, k_mma<TYPE, OP, 2, 4, 1, XF>, grid, one, j); return;
+    case 4: km_start(g, k_mma<TYPE, OP, 4, 2, 2, XF>, grid, two, j); return;
+    default: km_start(g, k_mma<TYPE, OP, 8, 2, 2, XF>, grid, two, j); return;
     }
 }
 
@@ -702,8 +812,10 @@ static void km_launch(kcuda *g, dim3 grid, const kq_job &j)
  * (kcuda_frag_rule) and the scratch can hold them (a capture cannot grow it: kcuda_reserve);
  * either way the same bits. */
 template <uint32_t TYPE, int OP>
-static void km_run(kcuda *g, dim3 grid, const kq_job &j)
+static void km_run(kcuda *g, dim3 grid, const kq_job &job)
 {
+    kq_job j = job;
+    j.early = g->early;
     size_t bytes = kcuda_frag_bytes(j.n, j.cols);
     uint4 *xf = kcuda_frag_rule(g->frag, j.n) ? (uint4 *)kcuda_scratch(g, bytes) : NULL;
     if (!xf) {
@@ -879,6 +991,78 @@ void kcuda_set_matmul_groups(kcuda *g, int groups)
 int kcuda_matmul_groups(const kcuda *g, uint32_t type, int n)
 {
     return kcuda_mm_rule(g->mm_kind, type) == KCUDA_MM_TC ? kcuda_groups_rule(g->groups, n) : 1;
+}
+
+void kcuda_set_matmul_early(kcuda *g, bool on)
+{
+    g->early = on;
+}
+
+void kcuda_set_matmul_depth(kcuda *g, int blocks)
+{
+    g->depth = blocks == 4 || blocks == 8 ? blocks : 0;
+}
+
+/* km_resident8 of a quantized type as a launch of KQ_STORE (the q/k/v launch) would ask it */
+template <bool XF>
+static long km_resident8_of(kcuda *g, uint32_t type)
+{
+    switch (type) {
+    case KT_Q8_0: return km_resident8<KT_Q8_0, KQ_STORE, XF>(g);
+    case KT_Q4_0: return km_resident8<KT_Q4_0, KQ_STORE, XF>(g);
+    case KT_Q4_1: return km_resident8<KT_Q4_1, KQ_STORE, XF>(g);
+    case KT_Q5_0: return km_resident8<KT_Q5_0, KQ_STORE, XF>(g);
+    case KT_Q5_1: return km_resident8<KT_Q5_1, KQ_STORE, XF>(g);
+    case KT_IQ4_NL: return km_resident8<KT_IQ4_NL, KQ_STORE, XF>(g);
+    case KT_Q2_K: return km_resident8<KT_Q2_K, KQ_STORE, XF>(g);
+    case KT_Q3_K: return km_resident8<KT_Q3_K, KQ_STORE, XF>(g);
+    case KT_Q4_K: return km_resident8<KT_Q4_K, KQ_STORE, XF>(g);
+    case KT_Q5_K: return km_resident8<KT_Q5_K, KQ_STORE, XF>(g);
+    default: return km_resident8<KT_Q6_K, KQ_STORE, XF>(g);
+    }
+}
+
+template <uint32_t TYPE>
+static void km_prepare(kcuda *g)
+{
+    (void)km_resident8<TYPE, KQ_STORE, false>(g);
+    (void)km_resident8<TYPE, KQ_STORE, true>(g);
+    (void)km_resident8<TYPE, KQ_ADD, false>(g);
+    (void)km_resident8<TYPE, KQ_ADD, true>(g);
+    (void)km_resident8<TYPE, KQ_SILU, false>(g);
+    (void)km_resident8<TYPE, KQ_SILU, true>(g);
+}
+
+void kcuda_matmul_prepare(kcuda *g, uint32_t type)
+{
+    switch (type) {
+    case KT_Q8_0: km_prepare<KT_Q8_0>(g); return;
+    case KT_Q4_0: km_prepare<KT_Q4_0>(g); return;
+    case KT_Q4_1: km_prepare<KT_Q4_1>(g); return;
+    case KT_Q5_0: km_prepare<KT_Q5_0>(g); return;
+    case KT_Q5_1: km_prepare<KT_Q5_1>(g); return;
+    case KT_IQ4_NL: km_prepare<KT_IQ4_NL>(g); return;
+    case KT_Q2_K: km_prepare<KT_Q2_K>(g); return;
+    case KT_Q3_K: km_prepare<KT_Q3_K>(g); return;
+    case KT_Q4_K: km_prepare<KT_Q4_K>(g); return;
+    case KT_Q5_K: km_prepare<KT_Q5_K>(g); return;
+    case KT_Q6_K: km_prepare<KT_Q6_K>(g); return;
+    default: return; /* float types: CUDA cores */
+    }
+}
+
+int kcuda_matmul_depth(kcuda *g, uint32_t type, int64_t rows, int n)
+{
+    if (kcuda_mm_rule(g->mm_kind, type) != KCUDA_MM_TC)
+        return 0;
+    int tiles = kcuda_pass_tiles(n, g->groups);
+    long blocks = (long)((rows + KM_ROWS * km_tiles_per_block(tiles) - 1) /
+                         (KM_ROWS * km_tiles_per_block(tiles))) *
+                  kcuda_groups_rule(g->groups, n);
+    long resident8 = tiles > 1 || g->depth ? 0
+                     : kcuda_frag_rule(g->frag, n) ? km_resident8_of<true>(g, type)
+                                                   : km_resident8_of<false>(g, type);
+    return kcuda_depth_rule(g->depth, tiles, blocks, resident8);
 }
 
 /* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */

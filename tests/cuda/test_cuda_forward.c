@@ -33,8 +33,9 @@
  *     recording at the crossing, the last step against the CPU;
  *   - the other types the CPU computes (test_more_types: Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL, dim 256):
  *     one GPU part on CUDA cores and on tensor cores, and the mixed pair, within 3e-3; on tensor
- *     cores with the inputs in fragment order from 1 token (matmul_frag, graphs on), the bits
- *     of the tensor cores reading them in place;
+ *     cores with the inputs in fragment order from 1 token (matmul_frag, graphs on), and
+ *     launched early (matmul_early, graphs on: programmatic dependent launches), the bits of
+ *     the tensor cores reading them in place, launched plainly;
  *   - the families' pieces (test_families: qwen2, qwen3 with head size 96, a llama with biases and
  *     Llama 3.1's RoPE factors): one GPU part fused and one launch per op, the mixed pair and the
  *     Megatron pair, within 1e-5.
@@ -442,17 +443,19 @@ static void test_more_types(void)
         }
         llama_partition plan;
         plan_07(&plan);
-        static const char *cases[4] = {"one part on the GPU, CUDA cores",
+        static const char *cases[5] = {"one part on the GPU, CUDA cores",
                                        "one part on the GPU, tensor cores",
                                        "GPU 0.7 (mirror) + CPU 0.3",
-                                       "tensor cores, inputs in fragment order"};
+                                       "tensor cores, inputs in fragment order",
+                                       "tensor cores launched early"};
         float *tc = calloc(n, 4);
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             llama_gpu_params gp = {.memory = LLAMA_GPU_MIRROR, .graphs = k != 2,
                                    .matmul_kind = k == 0   ? KCUDA_MM_SIMT
                                                   : k == 2 ? KCUDA_MM_AUTO
                                                            : KCUDA_MM_TC,
-                                   .matmul_frag = k == 3 ? KCUDA_FRAG_ON : KCUDA_FRAG_AUTO};
+                                   .matmul_frag = k == 3 ? KCUDA_FRAG_ON : KCUDA_FRAG_AUTO,
+                                   .matmul_early = k == 4};
             if (run(m, KV_F32, k == 2 ? 2 : 1, 1, &gp, k == 2 ? &plan : NULL, got, NULL)) {
                 failures++;
                 continue;
@@ -461,9 +464,11 @@ static void test_more_types(void)
             compare(cases[k], got, ref, m->cfg.vocab, k == 0 ? EXACT(3e-3) : 3e-3);
             if (k == 1)
                 memcpy(tc, got, n * 4);
-            if (k == 3) { /* the same f16 values in the same sums: the bits of case 1 */
+            if (k >= 3) { /* the same f16 values in the same sums: the bits of case 1 */
                 bool same = !memcmp(tc, got, n * 4);
-                printf("  %-52s %s\n", "... the bits of the inputs read in place",
+                printf("  %-52s %s\n",
+                       k == 3 ? "... the bits of the inputs read in place"
+                              : "... the bits of the matmul launched after the kernel ahead",
                        same ? "ok" : "FAILED");
                 failures += !same;
             }

@@ -37,6 +37,9 @@
  *               and kcuda_rope_store (f32, f16 K/V) bit for bit the ops each replaces; matrices
  *               of two types refused with the reason. The quantized matmul with 2 and 4 groups
  *               in flight per lane (kcuda_set_matmul_unroll) bit for bit the matmul with 1.
+ *   tc depth    on tensor cores, steps of 1 and 5 tokens with 8 blocks in flight a warp
+ *               (kcuda_set_matmul_depth) bit for bit those with 4, every quantized type, plain
+ *               and gate/up; the rule (kcuda_depth_rule) on fixtures and as reported.
  *   mapped host memory (kcuda_register, the arena's path): an op writes into registered host
  *               memory and the host reads the result.
  * Without a usable GPU it prints why and exits 77, which ctest reports as skipped.
@@ -1154,7 +1157,8 @@ static void test_fused(void)
         kcuda_set_matmul_unroll(g, 0);
         /* on tensor cores the loads in flight, the token tiles a pass and the row tiles a block
          * follow the width: 17 tokens at once (2 blocks in flight, 2 row tiles) must be the bits
-         * of each alone (4 in flight, 1 tile), over whole rounds of loads and a remainder */
+         * of each alone (8 in flight for so few rows, kcuda_depth_rule; 1 tile), over whole
+         * rounds of loads and a remainder */
         kcuda_set_matmul_kind(g, KCUDA_MM_TC);
         for (int i = 0; i < 17; i++)
             must(kcuda_matmul(g, &m, 0, 61, dxw + i * wide, 1, y1 + i * 61, 61, err, sizeof err) ||
@@ -1243,6 +1247,72 @@ static void test_fused(void)
     free(cs), free(sn), free(hq), free(hk), free(hv), free(x), free(a), free(b);
 }
 
+/* The tensor cores' loads in flight in a step of up to 8 tokens (kcuda_set_matmul_depth): 8 blocks
+ * a warp the bits of 4, every quantized type, the plain matmul and gate/up, widths 1 and 5, on
+ * rows of 88 blocks of 32 (each warp 11 blocks: a whole round of 8, two of 4, and a remainder);
+ * and the depth the rule picks, on fixtures and as the op set reports it. */
+static void test_tc_depth(void)
+{
+    static const struct {
+        int set, tiles;
+        long blocks, resident8;
+        int want;
+    } d[] = {{0, 1, 256, 264, 8},  {0, 1, 264, 264, 8}, {0, 1, 265, 264, 4}, {0, 1, 256, 0, 4},
+             {0, 2, 4, 264, 4},    {0, 4, 4, 264, 2},   {0, 8, 4, 264, 2},   {4, 1, 4, 264, 4},
+             {8, 1, 9999, 264, 8}, {8, 2, 4, 264, 4},   {3, 1, 265, 264, 4}};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        char what[112];
+        snprintf(what, sizeof what, "tc depth, set %d, %d tiles a pass, %ld blocks, %ld resident",
+                 d[i].set, d[i].tiles, d[i].blocks, d[i].resident8);
+        check_int(what, kcuda_depth_rule(d[i].set, d[i].tiles, d[i].blocks, d[i].resident8),
+                  d[i].want);
+    }
+    const int64_t rows = 61, cols = 88 * 32;
+    kcuda_set_matmul_kind(g, KCUDA_MM_TC);
+    /* 4 row tiles: every device holds them at once (the emulation says so by default) */
+    check_int("tc depth reported, Q4_K, 61 rows, W=1", kcuda_matmul_depth(g, KT_Q4_K, rows, 1), 8);
+    check_int("tc depth reported, Q4_K, W=9", kcuda_matmul_depth(g, KT_Q4_K, rows, 9), 4);
+    check_int("tc depth reported, Q4_K, W=17", kcuda_matmul_depth(g, KT_Q4_K, rows, 17), 2);
+    check_int("tc depth reported, F16", kcuda_matmul_depth(g, KT_F16, rows, 1), 0);
+    kcuda_set_matmul_depth(g, 4);
+    check_int("tc depth reported, Q4_K, W=1, set 4", kcuda_matmul_depth(g, KT_Q4_K, rows, 1), 4);
+    float *xw = malloc((size_t)(5 * cols) * 4), *wf = malloc((size_t)(rows * cols) * 4);
+    fill(xw, (size_t)(5 * cols), 1.0f);
+    fill(wf, (size_t)(rows * cols), 1.0f);
+    float *dx = to_dev(xw, (size_t)(5 * cols) * 4);
+    float *y4 = kcuda_alloc((size_t)5 * rows * 4), *y8 = kcuda_alloc((size_t)5 * rows * 4);
+    float *s4 = kcuda_alloc((size_t)5 * rows * 4), *s8 = kcuda_alloc((size_t)5 * rows * 4);
+    float *ha = malloc((size_t)5 * rows * 4), *hb = malloc((size_t)5 * rows * 4);
+    for (size_t t = N_FLOAT; t < N_TYPES; t++) {
+        size_t rb = kt_row_bytes(all_types[t], (uint64_t)cols);
+        uint8_t *q = malloc(rb * rows);
+        for (int64_t i = 0; i < rows; i++)
+            kt_quantize_row(all_types[t], wf + i * cols, q + (size_t)i * rb, cols);
+        kmat m = {.type = all_types[t], .rows = rows, .cols = cols, .row_bytes = rb};
+        m.data = to_dev(q, rb * rows);
+        for (int n = 1; n <= 5; n += 4) {
+            float *y[2] = {y4, y8}, *sg[2] = {s4, s8};
+            for (int k = 0; k < 2; k++) {
+                kcuda_set_matmul_depth(g, 4 << k);
+                must(kcuda_matmul(g, &m, 0, rows, dx, n, y[k], rows, err, sizeof err) ||
+                         kcuda_matmul_silu(g, &m, &m, 0, rows, dx, n, sg[k], rows, err, sizeof err),
+                     "matmul");
+            }
+            char what[96];
+            snprintf(what, sizeof what, "matmul (and gate/up) %s, tensor cores 8 deep, W=%d",
+                     kt_traits_of(all_types[t])->name, n);
+            report_same(what, dev_same(y4, y8, ha, hb, (size_t)n * rows) &&
+                                  dev_same(s4, s8, ha, hb, (size_t)n * rows));
+        }
+        kcuda_free((void *)m.data);
+        free(q);
+    }
+    kcuda_set_matmul_depth(g, 0);
+    kcuda_set_matmul_kind(g, KCUDA_MM_AUTO);
+    kcuda_free(dx), kcuda_free(y4), kcuda_free(y8), kcuda_free(s4), kcuda_free(s8);
+    free(xw), free(wf), free(ha), free(hb);
+}
+
 static void test_mapped(void)
 {
     int dim = 256, n = 3;
@@ -1289,6 +1359,7 @@ int main(void)
     test_attention(KV_F16);
     test_copies();
     test_fused();
+    test_tc_depth();
     test_mapped();
     kcuda_destroy(&g);
     printf("unit_cuda_kernels: %s\n", failures ? "FAILED" : "all agree");

@@ -371,6 +371,13 @@ static int kemu_sms()
     return v >= 1 && v <= 1024 ? v : 1;
 }
 
+int kemu_resident()
+{
+    const char *e = getenv("OROCHI_KEMU_RESIDENT");
+    int v = e ? atoi(e) : 64;
+    return v >= 1 && v <= 1024 ? v : 64;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
     if (device != 0)

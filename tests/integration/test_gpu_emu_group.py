@@ -34,8 +34,10 @@ attention cut into 3 parts (one join launch more a layer) and one key a warp, ti
 tiled attention cut into 2, and no tiles by default at this short context, with the tensor-core
 matmul's inputs in fragment order from 1 token (one launch more before each matmul at widths 1
 and 8); a 70-token prompt (--prompt) timed with its share of the tensor cores, the token
-tiles in 4 groups of blocks (--gpu-groups: 4 used at width 32, 1 at width 1); bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll, --gpu-frag
-and --gpu-groups values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
+tiles in 4 groups of blocks (--gpu-groups: 4 used at width 32, 1 at width 1), the tensor-core
+matmul launched early (--gpu-early on) and its 8 blocks in flight by default (one tile a pass
+at both widths); bad --gpu-att-parts, --gpu-att-keys, --gpu-att-tile, --gpu-unroll, --gpu-frag,
+--gpu-groups, --gpu-depth and --gpu-early values refused; every row with the tensor cores' measured rate and its step's share of it; GPU + CPU under HCMP, the dense/sparse split and
 Megatron in each memory mode; and the partition search, which must write a two-part partition.
 
 bench/gpu_profile.py (the summary of bench/gpu-profile.sh's Nsight Compute CSV) on a CSV written
@@ -225,7 +227,8 @@ def gpu_check_bench_commands_run_over_the_emulation():
             "a row without the tensor cores' rate or its share: %r", [(x["mma_tflops"], x["tc_share"]) for x in rows])
     for flag, val, says in (("--gpu-att-parts", "0", "auto or 1..256"), ("--gpu-att-keys", "2", "1 or 4"),
                             ("--gpu-att-tile", "yes", "auto, on or off"), ("--gpu-unroll", "3", "auto, 1, 2 or 4"),
-                            ("--gpu-frag", "2", "auto, on or off"), ("--gpu-groups", "3", "auto, 1, 2, 4 or 8")):
+                            ("--gpu-frag", "2", "auto, on or off"), ("--gpu-groups", "3", "auto, 1, 2, 4 or 8"),
+                            ("--gpu-depth", "2", "auto, 4 or 8"), ("--gpu-early", "yes", "on or off")):
         r = subprocess.run([cli] + common + [flag, val], capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and "%s %s: %s" % (flag, val, says) in r.stderr,
                 "%s %s was not refused with status 2 (%d): %s", flag, val, r.returncode, r.stderr)
@@ -237,7 +240,7 @@ def gpu_check_bench_commands_run_over_the_emulation():
         os.remove(pjs)
     r = subprocess.run([cli, "bench", "--plans", "--model", model, "--widths", "1,32", "--reps", "1", "--ctx", "16",
                         "--prompt", "70", "--parts", "1", "--devices", "gpu", "--plan", "hcmp:even",
-                        "--gpu-groups", "4", "--json", pjs],
+                        "--gpu-groups", "4", "--gpu-early", "on", "--json", pjs],
                        capture_output=True, text=True, timeout=300)
     G.check(r.returncode == 0 and "a 70-token prompt from position 0" in r.stdout and
             "of the tensor cores" in r.stdout and "tensor-core token groups (asked): W=1 1 W=32 4" in r.stdout,
@@ -250,6 +253,13 @@ def gpu_check_bench_commands_run_over_the_emulation():
             "the prompt's row: %r", prow)
     G.check([(x["gpu_groups_ask"], x["gpu_groups"]) for x in prows if x["bench"] == "plans"] == [(4, 1), (4, 4)],
             "the rows do not say the token groups: %r", prows)
+    # one token tile a pass at both widths (32 tokens in 4 groups), the q/k/v launch's few blocks
+    # all resident (the emulation holds 64 a multiprocessor): 8 blocks in flight a warp by default
+    G.check([(x["gpu_depth_ask"], x["gpu_depth"]) for x in prows if x["bench"] == "plans"] == [(0, 8), (0, 8)] and
+            "tensor-core blocks in flight a warp, q/k/v (by size): W=1 8 W=32 8" in r.stdout,
+            "the rows do not say the blocks in flight: %r", prows)
+    G.check(all(x["gpu_early"] for x in prows if x["bench"] == "plans") and "the tensor-core matmul early" in r.stdout,
+            "the rows do not say the matmul was launched early: %r", prows)
     plan = os.path.join(G.env()["tmp"], "gpu-emu-search.json")
     if os.path.exists(plan):
         os.remove(plan)
@@ -316,11 +326,11 @@ def gpu_profile_summary_reads_bounds():
     G.check(r.returncode != 0 and "no ncu CSV header" in r.stderr, "a file without a header: %d %s", r.returncode, r.stderr)
 
 
-def plans_row(model, kind, width, ms, roofline=0.0, frag="auto", groups=0):
+def plans_row(model, kind, width, ms, roofline=0.0, frag="auto", groups=0, depth=0):
     return {"bench": "plans", "plan": "hcmp:even", "width": width, "ms": ms, "parts": 1, "devices": "gpu",
             "model": model, "gpu_memory": "mirror", "gpu_graphs": True, "gpu_fuse": True, "gpu_unroll_ask": 0,
             "gpu_att_ask": 0, "gpu_matmul": kind, "gpu_frag_ask": frag, "gpu_groups_ask": groups,
-            "roofline": roofline}
+            "gpu_depth_ask": depth, "roofline": roofline}
 
 
 @t.case
@@ -332,6 +342,7 @@ def gpu_summary_reports_the_issue_rows():
     rows = [plans_row(b8, "tensor", 1, 10.0, 0.10), plans_row(b8, "tensor", 1, 8.0, 0.62),
             plans_row(b8, "tensor", 64, 15.0), plans_row(b8, "cuda", 1, 20.0, 0.31),
             plans_row(b8, "tensor", 64, 14.0, frag="on"), plans_row(b8, "tensor", 64, 12.0, groups=4),
+            plans_row(b8, "tensor", 1, 7.5, 0.70, depth=8),  # a variant, not the default's row
             plans_row(b1, "tensor", 1, 2.0, 0.30),
             dict(plans_row(b8, "tensor", 1, 1.0, 0.99), devices="gpu,cpu", parts=2)]  # not the GPU alone
     for ms, share in ((1000.0, 0.45), (1500.0, 0.30)):
@@ -352,8 +363,10 @@ def gpu_summary_reports_the_issue_rows():
     for want in ("| gc-8b-q4_k.gguf | tensor | 8.00 | 62.0% met | 15.00 | 1.88 met | 1000.00 | 45.0% met |",
                  "| gc-8b-q4_k.gguf | cuda | 20.00 | 31.0% short | - | - | - | - |",
                  "| gc-1b-q4_k.gguf | tensor | 2.00 | 30.0% short | - | - | - | - |",
-                 "| model | W | frag auto, groups 4 | frag auto, groups auto | frag on, groups auto |",
-                 "| gc-8b-q4_k.gguf | 64 | 12.00* | 15.00 | 14.00 |",
+                 "| model | W | frag auto, groups 4, depth auto | frag auto, groups auto, depth 8 | "
+                 "frag auto, groups auto, depth auto | frag on, groups auto, depth auto |",
+                 "| gc-8b-q4_k.gguf | 1 | - | 7.50* | 8.00 | - |",
+                 "| gc-8b-q4_k.gguf | 64 | 12.00* | - | 15.00 | 14.00 |",
                  "| gc-8b-q4_k.gguf | 150.0 | 125.0 | 2000.0 | 4266.7 | 5000.0 | 2048.0 |"):
         G.check(want in lines, "no line %r in the summary:\n%s", want, r.stdout)
     r = subprocess.run([sys.executable, tool, plans], capture_output=True, text=True, timeout=60)
