@@ -613,6 +613,7 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
     int tile = warp / KM_SPLIT, ks = warp % KM_SPLIT;
     int64_t r0;
     kq_seg s = kq_seg_of(j, KM_ROWS * R, &r0);
+    const int64_t rt0 = r0; /* the block's first row */
     r0 += (int64_t)tile * KM_ROWS;
     /* rows past the segment's end compute on its last row and are not written */
     int64_t ra = r0 + g < s.hi ? r0 + g : s.hi - 1, rb = r0 + g + 8 < s.hi ? r0 + g + 8 : s.hi - 1;
@@ -623,7 +624,7 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
         /* launched while the kernel ahead still runs (kcuda_set_matmul_early): the first U spans
          * of the block's rows (every warp's first round of loads) into L2 meanwhile, then wait
          * for that kernel's writes (x, and y where the sums are added to it) */
-        const int64_t SB = kcuda_span_bytes<TYPE>(), rt0 = r0 - (int64_t)tile * KM_ROWS;
+        const int64_t SB = kcuda_span_bytes<TYPE>();
         const int64_t used = (nb + KM_SPLIT - 1) / KM_SPLIT * SB;
         const int64_t lim = U * SB < used ? U * SB : used;
         const int lines = (int)((lim + 127) / 128) + 1; /* a row need not start on a line */
@@ -712,7 +713,6 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
             __syncthreads();
         /* output (tile, lane L, slot q): row g(L) (+8 for e >= 2), token t0 + 8 i + 2 t(L) +
          * e % 2; the block's threads take them in turn */
-        int64_t rt0 = r0 - (int64_t)tile * KM_ROWS; /* the block's first row */
         for (int o = threadIdx.x; o < R * NT * 4 * 32; o += KM_SPLIT * R * 32) {
             int tl = o / (NT * 4 * 32), q = (o >> 5) % (NT * 4), L = o & 31, i = q >> 2, e = q & 3;
             int64_t r = rt0 + tl * KM_ROWS + (L >> 2) + (e >= 2 ? 8 : 0);
@@ -735,31 +735,24 @@ __global__ void __launch_bounds__(32 * KM_SPLIT * R) k_mma(kq_job j)
  * blocks may start while the kernel ahead of it still runs (k_mma waits for its writes). */
 static void km_start(kcuda *g, void (*kernel)(kq_job), dim3 grid, dim3 block, const kq_job &j)
 {
-#ifdef OROCHI_KEMU_H
-    const bool early = false; /* the emulation runs a stream's kernels one after another */
-#else
-    const bool early = j.early;
-#endif
-    if (!early) {
-        kernel<<<grid, block, 0, g->stream>>>(j);
-        return;
-    }
-#ifndef OROCHI_KEMU_H
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t c = {};
-    c.gridDim = grid;
-    c.blockDim = block;
-    c.dynamicSmemBytes = 0;
-    c.stream = g->stream;
-    c.attrs = at;
-    c.numAttrs = 1;
-    if (cudaLaunchKernelEx(&c, kernel, j) != cudaSuccess) { /* a runtime without it: plainly */
-        (void)cudaGetLastError();
-        kernel<<<grid, block, 0, g->stream>>>(j);
+#ifndef OROCHI_KEMU_H /* the emulation runs a stream's kernels one after another: plainly there */
+    if (j.early) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t c = {};
+        c.gridDim = grid;
+        c.blockDim = block;
+        c.dynamicSmemBytes = 0;
+        c.stream = g->stream;
+        c.attrs = at;
+        c.numAttrs = 1;
+        if (cudaLaunchKernelEx(&c, kernel, j) == cudaSuccess)
+            return;
+        (void)cudaGetLastError(); /* a runtime without it: plainly */
     }
 #endif
+    kernel<<<grid, block, 0, g->stream>>>(j);
 }
 
 /* The blocks of the 8-deep one-tile kernel the device holds at once (its multiprocessors times
@@ -1003,25 +996,6 @@ void kcuda_set_matmul_depth(kcuda *g, int blocks)
     g->depth = blocks == 4 || blocks == 8 ? blocks : 0;
 }
 
-/* km_resident8 of a quantized type as a launch of KQ_STORE (the q/k/v launch) would ask it */
-template <bool XF>
-static long km_resident8_of(kcuda *g, uint32_t type)
-{
-    switch (type) {
-    case KT_Q8_0: return km_resident8<KT_Q8_0, KQ_STORE, XF>(g);
-    case KT_Q4_0: return km_resident8<KT_Q4_0, KQ_STORE, XF>(g);
-    case KT_Q4_1: return km_resident8<KT_Q4_1, KQ_STORE, XF>(g);
-    case KT_Q5_0: return km_resident8<KT_Q5_0, KQ_STORE, XF>(g);
-    case KT_Q5_1: return km_resident8<KT_Q5_1, KQ_STORE, XF>(g);
-    case KT_IQ4_NL: return km_resident8<KT_IQ4_NL, KQ_STORE, XF>(g);
-    case KT_Q2_K: return km_resident8<KT_Q2_K, KQ_STORE, XF>(g);
-    case KT_Q3_K: return km_resident8<KT_Q3_K, KQ_STORE, XF>(g);
-    case KT_Q4_K: return km_resident8<KT_Q4_K, KQ_STORE, XF>(g);
-    case KT_Q5_K: return km_resident8<KT_Q5_K, KQ_STORE, XF>(g);
-    default: return km_resident8<KT_Q6_K, KQ_STORE, XF>(g);
-    }
-}
-
 template <uint32_t TYPE>
 static void km_prepare(kcuda *g)
 {
@@ -1059,10 +1033,12 @@ int kcuda_matmul_depth(kcuda *g, uint32_t type, int64_t rows, int n)
     long blocks = (long)((rows + KM_ROWS * km_tiles_per_block(tiles) - 1) /
                          (KM_ROWS * km_tiles_per_block(tiles))) *
                   kcuda_groups_rule(g->groups, n);
-    long resident8 = tiles > 1 || g->depth ? 0
-                     : kcuda_frag_rule(g->frag, n) ? km_resident8_of<true>(g, type)
-                                                   : km_resident8_of<false>(g, type);
-    return kcuda_depth_rule(g->depth, tiles, blocks, resident8);
+    int per = 0; /* what a multiprocessor holds of the q/k/v launch's 8-deep kernel */
+    if (tiles == 1 && !g->depth) {
+        kcuda_matmul_prepare(g, type); /* asked once (km_resident8); not while capturing */
+        per = g->resident8[type][KQ_STORE][kcuda_frag_rule(g->frag, n)];
+    }
+    return kcuda_depth_rule(g->depth, tiles, blocks, per > 0 ? (long)per * g->sms : 0);
 }
 
 /* Matrix w's rows [lo, hi) from input column c0 as the job's next matrix. */
