@@ -100,11 +100,7 @@ __global__ void att_kernel(kcuda_att a, int mode, const float *q, int64_t q_stri
 #pragma unroll
                 for (int b = 0; b < ATT_KEYS; b++)
                     s[b] += qv[c] * att_load(kr[b], lane + 32 * c);
-#pragma unroll
-        for (int sh = 16; sh > 0; sh >>= 1)
-#pragma unroll
-            for (int b = 0; b < ATT_KEYS; b++)
-                s[b] += __shfl_xor_sync(0xffffffffu, s[b], sh);
+        kcuda_warp_butterfly(s, [](float x, float y) { return x + y; });
         float mn = m;
 #pragma unroll
         for (int b = 0; b < ATT_KEYS; b++) {
@@ -253,10 +249,9 @@ __global__ void att_tile_kernel(kcuda_att a, int mode, const float *q, int64_t q
                     d += sq[k][c] * sk[lane][c];
                 s = d * a.scale;
             }
-            float mx = s;
-            for (int sh = 16; sh > 0; sh >>= 1)
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
-            float mn = fmaxf(m[u], mx), cold = expf(m[u] - mn);
+            float mx[1] = {s};
+            kcuda_warp_butterfly(mx, [](float x, float y) { return fmaxf(x, y); });
+            float mn = fmaxf(m[u], mx[0]), cold = expf(m[u] - mn);
             float pj = lane < cnt ? expf(s - mn) : 0.0f;
             l[u] = l[u] * cold + kcuda_warp_sum(pj);
             m[u] = mn;

@@ -86,18 +86,50 @@ __device__ static inline void kcuda_prefetch_l2(const void *p)
 #endif
 }
 
+/* The warp's xor butterfly over each of a lane's N values: at each step o = 16, 8, 4, 2, 1,
+ * v[k] = op(v[k], v[k] of lane ^ o). On a device 5 shuffles a value; over the emulation one
+ * meeting of the warp (kemu_warp_gather) and then the steps' sums this lane's result is made of,
+ * the same operands in the same order: the same bits, without a meeting a shuffle. */
+template <int N, typename T, typename Op>
+__device__ static inline void kcuda_warp_butterfly(T (&v)[N], const Op &op)
+{
+#ifdef OROCHI_KEMU_H
+    /* step o needs the lanes j = this lane ^ m (m < o) only, whose partners j ^ o it leaves */
+    T x[32][N];
+    kemu_warp_gather(0xffffffffu, v, sizeof v, x);
+    const int me = threadIdx.x & 31;
+    for (int o = 16; o > 0; o >>= 1)
+        for (int m = 0; m < o; m++) {
+            const int j = (me & ~(o - 1)) | m;
+            for (int k = 0; k < N; k++)
+                x[j][k] = op(x[j][k], x[j ^ o][k]);
+        }
+    memcpy(v, x[me], sizeof v);
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            v[k] = op(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
+#endif
+}
+
+template <typename T>
+__device__ static inline T kcuda_warp_sum_t(T v)
+{
+    T a[1] = {v};
+    kcuda_warp_butterfly(a, [](T x, T y) { return x + y; });
+    return a[0];
+}
+
 __device__ static inline float kcuda_warp_sum(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return kcuda_warp_sum_t(v);
 }
 
 __device__ static inline double kcuda_warp_sum_d(double v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return kcuda_warp_sum_t(v);
 }
 
 __device__ static inline float kcuda_half(const uint8_t *p)

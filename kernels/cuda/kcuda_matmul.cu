@@ -382,14 +382,18 @@ __device__ static inline uint32_t km_hfma2(uint32_t a, uint32_t b, uint32_t c)
 __device__ static inline void km_mma(float d[4], const uint32_t a[4], const uint32_t b[2])
 {
 #ifdef OROCHI_KEMU_H
+    /* the warp's fragments in one meeting (each lane's 4 A words, then its 2 B words) */
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    uint32_t all[32][6];
+    kemu_warp_gather(0xffffffffu, mine, sizeof mine, all);
     for (int tt = 0; tt < 4; tt++) {
         uint32_t ar[4], bc[2][2];
         for (int r = 0; r < 4; r++)
-            ar[r] = __shfl_sync(0xffffffffu, a[r], g * 4 + tt);
+            ar[r] = all[g * 4 + tt][r];
         for (int c = 0; c < 2; c++)
             for (int r = 0; r < 2; r++)
-                bc[c][r] = __shfl_sync(0xffffffffu, b[r], (2 * t + c) * 4 + tt);
+                bc[c][r] = all[(2 * t + c) * 4 + tt][4 + r];
         for (int row = 0; row < 2; row++)
             for (int c = 0; c < 2; c++) {
                 float s = 0.0f;

@@ -1,8 +1,9 @@
 /*
  * tests/cuda_emu/kemu.cc — the CUDA emulation's runtime (kemu.h): launches as fibers, device
- * memory with guard pages, streams that record while capturing, graphs, and a reference cuBLAS
- * GEMM. A fault that would be a device error or undefined on one (a shuffle a lane cannot reach,
- * lanes shuffling differently) stops the process with a message naming the block and thread.
+ * memory with guard pages, streams that record while capturing, graphs, a reference cuBLAS
+ * GEMM, and the warp gather (every lane's bytes to each lane in one meeting). A fault that
+ * would be a device error or undefined on one (a shuffle a lane cannot reach, lanes shuffling
+ * differently) stops the process with a message naming the block and thread.
  */
 #include "tests/cuda_emu/kemu.h"
 
@@ -58,6 +59,9 @@ struct kemu_fiber {
     unsigned bytes, mask;
     int xr;      /* the lane mask of an xor shuffle, or the source lane of an indexed one */
     bool direct; /* an indexed shuffle (__shfl_sync) */
+    /* a gather (kemu_warp_gather): this lane's bytes, and where every lane's go */
+    const void *in;
+    void *out;
 };
 
 struct kemu_block {
@@ -75,6 +79,20 @@ struct kemu_block {
 };
 
 static thread_local kemu_block *B;
+
+/* ===== 16-bit floats ===== */
+
+float kemu_half_f32[65536];
+
+__attribute__((constructor)) static void kemu_half_table()
+{
+    for (uint32_t b = 0; b < 65536; b++) {
+        _Float16 v;
+        const uint16_t h = (uint16_t)b;
+        memcpy(&v, &h, 2);
+        kemu_half_f32[b] = (float)v;
+    }
+}
 /* This thread's fiber stacks and fibers, kept for its later launches and given back when it ends
  * (a test that runs many short-lived host threads would otherwise run out of mappings). */
 struct kemu_thread_mem {
@@ -162,6 +180,7 @@ static void kemu_shfl_any(unsigned mask, void *v, size_t bytes, int xor_mask, bo
         kemu_fault(direct ? "a shuffle's source lane is outside 0..31"
                           : "a shuffle's lane mask is outside 0..31");
     f->direct = direct;
+    f->in = nullptr;
     f->val = 0;
     if (bytes == 4)
         memcpy(&f->val, v, 4);
@@ -185,6 +204,20 @@ void kemu_shfl_xor(unsigned mask, void *v, size_t bytes, int xor_mask)
 void kemu_shfl(unsigned mask, void *v, size_t bytes, int src_lane)
 {
     kemu_shfl_any(mask, v, bytes, src_lane, true);
+}
+
+void kemu_warp_gather(unsigned mask, const void *v, size_t bytes, void *all)
+{
+    kemu_fiber *f = &B->f[B->cur];
+    if (bytes == 0 || bytes > KEMU_GATHER_MAX)
+        kemu_fault("a warp gather of no bytes or of more than KEMU_GATHER_MAX");
+    f->in = v;
+    f->out = all;
+    f->bytes = (unsigned)bytes;
+    f->mask = mask;
+    f->direct = false;
+    f->xr = 0;
+    kemu_yield(F_SHFL);
 }
 
 static char *kemu_stack(int i)
@@ -262,17 +295,30 @@ static bool kemu_shuffle(int w)
                                ? "a shuffle waits for a lane of its warp that has returned"
                                : "a shuffle waits for a lane of its warp that waits at a barrier");
             }
+    const bool gather = lane[0].in != nullptr;
     uint64_t got[32];
     for (int i = 0; i < 32; i++) {
-        if (lane[i].mask != 0xffffffffu || lane[i].direct != lane[0].direct ||
-            (!lane[i].direct && lane[i].xr != lane[0].xr) || lane[i].bytes != lane[0].bytes) {
+        if (lane[i].mask != 0xffffffffu || (lane[i].in != nullptr) != gather ||
+            lane[i].direct != lane[0].direct || (!lane[i].direct && lane[i].xr != lane[0].xr) ||
+            lane[i].bytes != lane[0].bytes) {
             B->cur = 32 * w + i;
             kemu_fault("the lanes of a warp shuffle differently (mask, kind, lane mask or size)");
         }
-        got[i] = lane[lane[i].direct ? lane[i].xr : i ^ lane[i].xr].val;
+        if (!gather)
+            got[i] = lane[lane[i].direct ? lane[i].xr : i ^ lane[i].xr].val;
+    }
+    if (gather) {
+        /* every lane's bytes into lane 0's out, then copies of it: the fibers are stopped, so
+         * their stacks hold still */
+        const size_t n = lane[0].bytes;
+        for (int j = 0; j < 32; j++)
+            memcpy((char *)lane[0].out + j * n, lane[j].in, n);
+        for (int i = 1; i < 32; i++)
+            memcpy(lane[i].out, lane[0].out, 32 * n);
     }
     for (int i = 0; i < 32; i++) {
-        lane[i].val = got[i];
+        if (!gather)
+            lane[i].val = got[i];
         lane[i].state = F_READY;
     }
     return true;

@@ -10,6 +10,8 @@
  * barriers and shuffles have CUDA's semantics: a barrier waits for every live thread of the
  * block, a shuffle exchanges among the 32 lanes of a warp, and a shuffle some lane of the warp
  * cannot reach (it returned, or waits at a barrier) is reported as the fault it is on a GPU.
+ * A warp-wide instruction the op set emulates (mma.sync, the xor butterfly) meets once through
+ * kemu_warp_gather, the emulation's own, where shuffles would meet once each.
  * `__shared__` arrays are per block (the blocks run one after another on one thread).
  *
  * What it checks beyond the results: launch limits (threads per block, grid y/z), device memory
@@ -83,6 +85,12 @@ template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src_la
     return v;
 }
 
+/* Every lane's `bytes` at v (KEMU_GATHER_MAX at most), in lane order, into all[32 * bytes] of
+ * each lane: one meeting of the warp where as many shuffles would take one each. The emulation's
+ * own (no device has it), for the emulated forms of warp-wide instructions (mma.sync). */
+#define KEMU_GATHER_MAX 64
+void kemu_warp_gather(unsigned mask, const void *v, size_t bytes, void *all);
+
 static inline float __fadd_rn(float a, float b)
 {
     return a + b;
@@ -124,11 +132,11 @@ static inline __half __ushort_as_half(unsigned short v)
     h.bits = v;
     return h;
 }
+/* Every f16 value as an f32 (exact), by its bits: kemu.cc fills it before main. */
+extern float kemu_half_f32[65536];
 static inline float __half2float(__half h)
 {
-    _Float16 v;
-    memcpy(&v, &h.bits, 2);
-    return (float)v;
+    return kemu_half_f32[h.bits];
 }
 
 /* a * b + c of three f16 values (their bits), rounded once to f16, ties to even: the device's

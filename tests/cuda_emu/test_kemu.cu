@@ -3,6 +3,11 @@
  * the GPU op set's tests run on it mean something (ctest unit_cuda_emu_self):
  *   - thread and block coordinates over 3-D grids and blocks; a launch without arguments;
  *   - __syncthreads and __shared__ in a block reduction, and warp shuffles (exact sums);
+ *   - the warp gather (kemu_warp_gather): every lane's bytes in lane order, in every lane; a warp
+ *     whose lanes mix a gather and a shuffle faults;
+ *   - the GPU op set's warp butterfly (kcuda_warp_butterfly: one gather over the emulation) gives
+ *     each lane the bits of the 5 shuffles it stands for, sums and maxima, 1 and 4 values, f32 and
+ *     f64, on values whose sums depend on their order (the butterfly in the other order differs);
  *   - faults a GPU raises, each in a child process: a shuffle whose lane has returned, a read
  *     past the end of device memory; a block of 2048 threads refused at launch;
  *   - the capture rules: an allocation while recording invalidates the capture, a captured copy
@@ -22,6 +27,8 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "kernels/cuda/kcuda_internal.h"
 
 static int failures;
 
@@ -76,6 +83,103 @@ __global__ void k_early_return(float *x)
         return;
     float v = x[threadIdx.x];
     x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 1);
+}
+
+/* Each lane gathers (its lane, block, warp, lane * 5 + 1): out[thread][j] what it got of lane j. */
+__global__ void k_gather(uint32_t *out)
+{
+    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t mine[4] = {lane, blockIdx.x, threadIdx.x >> 5, lane * 5 + 1};
+    uint32_t all[32][4];
+    kemu_warp_gather(0xffffffffu, mine, sizeof mine, all);
+    memcpy(out + (blockIdx.x * blockDim.x + threadIdx.x) * 128, all, sizeof all);
+}
+
+/* Lanes 0..15 gather, lanes 16..31 shuffle: no device instruction does both at once. */
+__global__ void k_gather_mixed(uint32_t *x)
+{
+    uint32_t v = x[threadIdx.x], all[32];
+    if (threadIdx.x < 16)
+        kemu_warp_gather(0xffffffffu, &v, sizeof v, all);
+    else
+        v = __shfl_xor_sync(0xffffffffu, v, 1);
+    x[threadIdx.x] = v;
+}
+
+/* Each lane's x[lane] through the op set's butterfly and through 5 shuffles in the device's order
+ * (o = 16 .. 1), or in the other order (o = 1 .. 16, `flip`): got and want per lane, for a sum
+ * and a maximum of one f32, a sum of 4 f32 values, and a sum of one f64. */
+__global__ void k_butterfly(const float *x, const double *xd, int flip, float *got, float *want,
+                            double *gotd, double *wantd)
+{
+    const int lane = threadIdx.x & 31, base = blockIdx.x * 32;
+    auto add = [](float a, float b) { return a + b; };
+    auto mx = [](float a, float b) { return fmaxf(a, b); };
+    float s[1] = {x[base + lane]}, m[1] = {x[base + lane]}, q[4];
+    for (int k = 0; k < 4; k++)
+        q[k] = x[(base + lane * 4 + k) % (32 * gridDim.x)];
+    double d = xd[base + lane];
+    float rs = s[0], rm = m[0], rq[4] = {q[0], q[1], q[2], q[3]};
+    double rd = d;
+    for (int i = 0; i < 5; i++) {
+        const int o = flip ? 1 << i : 16 >> i;
+        rs += __shfl_xor_sync(0xffffffffu, rs, o);
+        rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
+        for (int k = 0; k < 4; k++)
+            rq[k] += __shfl_xor_sync(0xffffffffu, rq[k], o);
+        rd += __shfl_xor_sync(0xffffffffu, rd, o);
+    }
+    kcuda_warp_butterfly(s, add);
+    kcuda_warp_butterfly(m, mx);
+    kcuda_warp_butterfly(q, add);
+    float *g = got + (base + lane) * 6, *w = want + (base + lane) * 6;
+    g[0] = s[0], g[1] = m[0], w[0] = rs, w[1] = rm;
+    for (int k = 0; k < 4; k++)
+        g[2 + k] = q[k], w[2 + k] = rq[k];
+    gotd[base + lane] = kcuda_warp_sum_d(d);
+    wantd[base + lane] = rd;
+}
+
+/* The butterfly's bits against the shuffles' over 16 warps of values 2^-20 .. 2^20 apart: every
+ * lane equal in the device's order; in the other order, some lane differs (the values make the
+ * order matter, so the first check can fail). */
+static void check_butterfly()
+{
+    const int warps = 16, n = 32 * warps;
+    float *x, *got, *want;
+    double *xd, *gotd, *wantd;
+    cudaMalloc(&x, n * sizeof *x);
+    cudaMalloc(&xd, n * sizeof *xd);
+    cudaMalloc(&got, 6 * n * sizeof *got);
+    cudaMalloc(&want, 6 * n * sizeof *want);
+    cudaMalloc(&gotd, n * sizeof *gotd);
+    cudaMalloc(&wantd, n * sizeof *wantd);
+    uint32_t r = 12345;
+    for (int i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        const float m = (float)(r >> 8) / (float)(1u << 24) - 0.5f;
+        x[i] = ldexpf(m, (int)(r % 41) - 20);
+        xd[i] = ldexp((double)m, (int)(r % 97) - 48) * (1.0 + 1e-9 * i);
+    }
+    bool same = true, differs = false;
+    for (int flip = 0; flip < 2; flip++) {
+        k_butterfly<<<warps, 32>>>(x, xd, flip, got, want, gotd, wantd);
+        bool eq = !memcmp(got, want, 6 * n * sizeof *got) && !memcmp(gotd, wantd, n * sizeof *gotd);
+        if (flip)
+            differs = !eq;
+        else
+            same = eq;
+    }
+    expect(same, "the op set's butterfly: the bits of 5 shuffles, every lane");
+    expect(differs, "the butterfly in the other order differs (the values make order matter)");
+    cudaFree(x), cudaFree(xd), cudaFree(got), cudaFree(want), cudaFree(gotd), cudaFree(wantd);
+}
+
+static void gather_mixed()
+{
+    uint32_t *x;
+    cudaMalloc(&x, 32 * sizeof *x);
+    k_gather_mixed<<<1, 32>>>(x);
 }
 
 __global__ void k_read(const float *x, int i, float *out)
@@ -248,6 +352,21 @@ int main()
         ok &= rev[i] == (i / 32 * 32 + 31 - i % 32) * 3;
     expect(ok, "an indexed shuffle reads the lane each lane names, within its warp");
     expect(faults(early_return, "has returned"), "a shuffle whose lane returned faults");
+
+    uint32_t *gat;
+    cudaMalloc(&gat, 2 * 64 * 128 * sizeof *gat);
+    k_gather<<<2, 64>>>(gat);
+    ok = true;
+    for (int t = 0; t < 128; t++)
+        for (int j = 0; j < 32; j++) {
+            const uint32_t *e = gat + t * 128 + j * 4;
+            ok &= e[0] == (uint32_t)j && e[1] == (uint32_t)(t / 64) &&
+                  e[2] == (uint32_t)(t % 64 / 32) && e[3] == (uint32_t)j * 5 + 1;
+        }
+    expect(ok, "a warp gather: every lane's bytes in lane order, in each lane of its warp");
+    expect(faults(gather_mixed, "shuffle differently"),
+           "a warp mixing a gather and a shuffle faults");
+    check_butterfly();
     expect(faults(overrun, NULL), "a read past the end of device memory faults");
     cudaGetLastError();
     k_noargs<<<1, 2048>>>();
