@@ -6,7 +6,8 @@
 # (registers a thread; achieved occupancy, issue slots, L1, L2 and DRAM throughput, % of peak), at width 1 and width
 # 16, on a random-weight model (default: the 1B shape of deploy/gpu-check.sh), summarised by
 # bench/gpu_profile.py: per kernel and launch shape the device time, its share, the DRAM bytes
-# read over it (GB/s) and those bounds.
+# read over it (GB/s) and those bounds; per kernel the warps stalled per instruction issued by
+# reason (memory, barrier, fixed latency, a busy unit: GPU_PROFILE_STALLS=0 leaves them out).
 #   usage: bench/gpu-profile.sh [OUT_DIR]      (default $OUT, else /tmp/gpu-profile)
 #   GPU_PROFILE_MODEL=PATH  another model (8b: the 8B shape at Q4_K, /tmp/gc-8b-q4_k.gguf, made
 #                           where missing); GPU_PROFILE_WIDTHS="1 16" the widths profiled;
@@ -33,6 +34,12 @@ metrics=gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread
 metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__inst_issued.avg.pct_of_peak_sustained_active,l1tex__throughput.avg.pct_of_peak_sustained_active
 metrics+=,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed
+if [ "${GPU_PROFILE_STALLS:-1}" != 0 ]; then
+    for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle lg_throttle \
+        mio_throttle not_selected branch_resolving; do
+        metrics+=,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+    done
+fi
 : >"$out/profile.txt"
 for w in ${GPU_PROFILE_WIDTHS:-1 16}; do
     # a context of 2 steps of the width: few prefill launches beside the timed ones

@@ -4,7 +4,12 @@ kernel and launch shape, the launches, the summed and mean device time, the shar
 the DRAM bytes read over the time (GB/s), and, where the CSV has them, what bounds the kernel (the
 time-weighted mean over its launches: the registers a thread, then % of the peak: achieved
 occupancy, issue slots, L1, L2 and DRAM throughput; a latency-bound kernel is low in all); then the sum per kernel name, and per
-forward step where the embedding kernel (once a step) counts the steps.
+forward step where the embedding kernel (once a step) counts the steps; and, where the CSV has the
+warp stall metrics (smsp__average_warps_issue_stalled_REASON_per_issue_active.ratio, any reasons),
+per kernel name the warps that waited for each reason per instruction issued (time-weighted), the
+largest first: what a kernel low in every bound waits on (long_scoreboard: its loads from
+memory; barrier: __syncthreads; wait: fixed latencies between dependent instructions;
+math_pipe_throttle: a busy unit, which is an issue bound).
 
     bench/gpu_profile.py PROFILE.csv [--title TEXT]
 
@@ -12,6 +17,7 @@ The CSV is `ncu --csv --print-units base --metrics gpu__time_duration.sum,dram__
 with, optionally, the metrics of BOUNDS (bench/gpu-profile.sh asks for them all).
 """
 import csv
+import re
 import sys
 from collections import defaultdict
 
@@ -26,6 +32,34 @@ BOUNDS = (
     ("L2%", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("DRAM%", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
 )
+
+
+# a warp stall metric: the warps that waited for REASON per instruction issued
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+STALLS_SHOWN = 4
+
+
+def stall_lines(launches):
+    """Per kernel name (the longest first), its stall reasons' time-weighted means, largest first
+    (the first STALLS_SHOWN); none without stall metrics."""
+    by_name = defaultdict(lambda: [0.0, defaultdict(float), defaultdict(float)])
+    for e in launches.values():
+        ns = e.get("gpu__time_duration.sum", 0.0)
+        v = by_name[e["name"]]
+        v[0] += ns
+        for m, x in e.items():
+            st = STALL.match(m) if isinstance(x, float) else None
+            if st:
+                v[1][st.group(1)] += x * ns
+                v[2][st.group(1)] += ns
+    lines = []
+    for name, (ns, wsum, wns) in sorted(by_name.items(), key=lambda kv: -kv[1][0]):
+        mean = {r: wsum[r] / wns[r] for r in wsum if wns[r]}
+        if not mean:
+            continue
+        top = sorted(mean.items(), key=lambda kv: -kv[1])[:STALLS_SHOWN]
+        lines.append("  %-40s %s" % (name[:40], "  ".join("%s %.2f" % kv for kv in top)))
+    return lines
 
 
 def short(name):
@@ -102,6 +136,10 @@ def main():
         n, ns, rd = v[:3]
         print("  %-40s %7d launches %10.3f ms %5.1f%% %8.1f GB/s%s" % (
             name[:40], n, ns / 1e6, 100 * ns / total, rd / ns if ns else 0, bound_cols(v)))
+    stalls = stall_lines(launches)
+    if stalls:
+        print("warps stalled per instruction issued, by reason (the largest %d):" % STALLS_SHOWN)
+        print("\n".join(stalls))
 
 
 if __name__ == "__main__":

@@ -277,10 +277,10 @@ def gpu_check_bench_commands_run_over_the_emulation():
 NCU_HEAD = ['"ID"', '"Kernel Name"', '"Block Size"', '"Grid Size"', '"Metric Name"', '"Metric Unit"', '"Metric Value"']
 
 
-def ncu_csv(path, launches, bounds):
+def ncu_csv(path, launches, bounds, stalls=None):
     """An Nsight Compute CSV (--csv --print-units base) of `launches`: (id, name, grid, ns, bytes,
     occupancy %) each, 40 registers a thread, the occupancy and a flat 50% of every other bound
-    metric when `bounds`."""
+    metric when `bounds`; stalls: {launch id: {reason: warps per issue}}, the warp stall metrics."""
     lines = [",".join(NCU_HEAD)]
     extra = ["sm__inst_issued.avg.pct_of_peak_sustained_active", "l1tex__throughput.avg.pct_of_peak_sustained_active",
              "lts__throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed"]
@@ -290,6 +290,8 @@ def ncu_csv(path, launches, bounds):
             metrics.append(("launch__registers_per_thread", "register/thread", 40))
             metrics.append(("sm__warps_active.avg.pct_of_peak_sustained_active", "%", occ))
             metrics += [(m, "%", 50.0) for m in extra]
+        for reason, v in (stalls or {}).get(i, {}).items():
+            metrics.append(("smsp__average_warps_issue_stalled_%s_per_issue_active.ratio" % reason, "", v))
         for m, unit, v in metrics:
             lines.append('"%d","%s","(256, 1, 1)","%s","%s","%s","%s"' % (i, name, grid, m, unit, "{:,}".format(v)))
     with open(path, "w") as f:
@@ -316,6 +318,25 @@ def gpu_profile_summary_reads_bounds():
     # 2 launches, 4 us, 80% of the time, 1000 GB/s; occupancy weighted by time: (3 * 20 + 1 * 60) / 4 = 30
     G.check(row[-11:] == ["2", "0.004", "2.00", "80.0%", "1000.0", "40", "30", "50", "50", "50", "50"],
             "the k_mma row: %r", row)
+    G.check("stalled" not in r.stdout, "stall lines without stall metrics: %s", r.stdout)
+    # the stalls: time-weighted per kernel name, the largest 4 of 5 reasons first; a kernel
+    # without stall metrics has no line
+    stalls = {1: {"long_scoreboard": 4.0, "barrier": 1.0, "wait": 0.5, "not_selected": 0.2,
+                  "mio_throttle": 0.1},
+              2: {"long_scoreboard": 8.0, "barrier": 1.0, "wait": 4.5, "not_selected": 0.2,
+                  "mio_throttle": 0.1}}
+    ncu_csv(path, launches, True, stalls)
+    r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, timeout=60)
+    out = r.stdout.splitlines()
+    at = next((i for i, x in enumerate(out) if x.startswith("warps stalled per instruction issued")), None)
+    G.check(r.returncode == 0 and at is not None, "no stall lines (%d): %s", r.returncode, r.stdout)
+    if at is not None:
+        # long_scoreboard (3 * 4 + 1 * 8) / 4 = 5, wait (3 * 0.5 + 4.5) / 4 = 1.5, barrier 1,
+        # not_selected 0.2
+        G.check(out[at + 1:] == ["  %-40s %s" % ("void k_mma<24u, 0, 1, 4, 1, false>",
+                                                "long_scoreboard 5.00  wait 1.50  barrier 1.00  "
+                                                "not_selected 0.20")],
+                "the stall lines: %r", out[at + 1:])
     ncu_csv(path, launches, False)
     r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, timeout=60)
     G.check(r.returncode == 0 and "occ%" not in r.stdout and "regs" not in r.stdout and r.stdout.splitlines()[1].split()[-1] == "GB/s",
