@@ -42,8 +42,9 @@ Megatron in each memory mode; and the partition search, which must write a two-p
 
 bench/gpu_profile.py (the summary of bench/gpu-profile.sh's Nsight Compute CSV) on a CSV written
 here: the launches, times and GB/s per kernel and shape, what bounds each kernel as the
-time-weighted mean of its launches' occupancy, issue, L1, L2 and DRAM shares, and no such columns
-for a CSV without those metrics.
+time-weighted mean of its launches' occupancy, issue, L1, L2 and DRAM shares, each kernel's four
+largest warp stall reasons (time-weighted, the largest first), and no such columns or lines for a
+CSV without those metrics.
 
 bench/gpu_summary.py (deploy/gpu-check.sh's summary.md) on JSON lines written here: the issue's
 rows from the fastest default run (its roofline share, the width-64 over width-1 ratio, the
