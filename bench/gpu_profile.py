@@ -39,22 +39,21 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\
 STALLS_SHOWN = 4
 
 
-def stall_lines(launches):
-    """Per kernel name (the longest first), its stall reasons' time-weighted means, largest first
-    (the first STALLS_SHOWN); none without stall metrics."""
-    by_name = defaultdict(lambda: [0.0, defaultdict(float), defaultdict(float)])
+def stall_lines(launches, names):
+    """Per kernel name of `names` (in their order), its stall reasons' time-weighted means, largest
+    first (the first STALLS_SHOWN); none without stall metrics."""
+    wsum = defaultdict(lambda: defaultdict(float))  # name: reason: mean times ns
+    wns = defaultdict(lambda: defaultdict(float))   # name: reason: the ns it covers
     for e in launches.values():
         ns = e.get("gpu__time_duration.sum", 0.0)
-        v = by_name[e["name"]]
-        v[0] += ns
         for m, x in e.items():
             st = STALL.match(m) if isinstance(x, float) else None
             if st:
-                v[1][st.group(1)] += x * ns
-                v[2][st.group(1)] += ns
+                wsum[e["name"]][st.group(1)] += x * ns
+                wns[e["name"]][st.group(1)] += ns
     lines = []
-    for name, (ns, wsum, wns) in sorted(by_name.items(), key=lambda kv: -kv[1][0]):
-        mean = {r: wsum[r] / wns[r] for r in wsum if wns[r]}
+    for name in names:
+        mean = {r: wsum[name][r] / wns[name][r] for r in wsum[name] if wns[name][r]}
         if not mean:
             continue
         top = sorted(mean.items(), key=lambda kv: -kv[1])[:STALLS_SHOWN]
@@ -132,11 +131,13 @@ def main():
             name[:34], grid[:16], n, ns / 1e6, ns / n / 1e3, 100 * ns / total, rd / ns if ns else 0,
             bound_cols(v)))
     print("by kernel:")
-    for name, v in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+    names = sorted(by_name, key=lambda k: -by_name[k][1])  # the longest first
+    for name in names:
+        v = by_name[name]
         n, ns, rd = v[:3]
         print("  %-40s %7d launches %10.3f ms %5.1f%% %8.1f GB/s%s" % (
             name[:40], n, ns / 1e6, 100 * ns / total, rd / ns if ns else 0, bound_cols(v)))
-    stalls = stall_lines(launches)
+    stalls = stall_lines(launches, names)
     if stalls:
         print("warps stalled per instruction issued, by reason (the largest %d):" % STALLS_SHOWN)
         print("\n".join(stalls))

@@ -93,6 +93,7 @@ __attribute__((constructor)) static void kemu_half_table()
         kemu_half_f32[b] = (float)v;
     }
 }
+
 /* This thread's fiber stacks and fibers, kept for its later launches and given back when it ends
  * (a test that runs many short-lived host threads would otherwise run out of mappings). */
 struct kemu_thread_mem {
