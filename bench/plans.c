@@ -65,6 +65,8 @@ typedef struct {
     const char *gpu_weights; /* --gpu-weights: auto, device, mapped */
     size_t gpu_limit;        /* --gpu-memory-limit (0: none) */
     int prompt;              /* --prompt: the tokens of a prompt timed from position 0 (0: none) */
+    int search_rounds;       /* --search-rounds: the search's rounds at most (0: 12, 20 under a
+                              * --gpu-memory-limit) */
 } pb_opts;
 
 /* What the part threads share. */
@@ -125,7 +127,8 @@ static void pb_usage(FILE *out)
             "                    [--gpu-early on|off]\n"
             "                    [--gpu-att-parts auto|N] [--gpu-att-keys 1|4]\n"
             "                    [--gpu-att-tile auto|on|off] [--gpu-weights auto|device|mapped]\n"
-            "                    [--gpu-memory-limit BYTES] [--search PLAN] [--prompt P]\n"
+            "                    [--gpu-memory-limit BYTES] [--search PLAN] [--search-rounds N]\n"
+            "                    [--prompt P]\n"
             "  Verification step time against width for partition plans, the parts run as\n"
             "  threads over one shared block (as worker processes share the arena). A plan is\n"
             "  hcmp:S (every kind by shares S, e.g. 0.7/0.3 or even), split:S (linears by S,\n"
@@ -160,6 +163,8 @@ static void pb_usage(FILE *out)
             "  PLAN (its other keys kept; a new file holds the partition alone). Then the\n"
             "  devices are chosen (ctl_device_choice): the fastest part alone unless the split\n"
             "  beats it by 1%%; the plan's partition says which and why (\"devices\", \"why\").\n"
+            "  --search-rounds N: the search's rounds at most (1..100; default 12, 20 under a\n"
+            "  --gpu-memory-limit): fewer is quicker and coarser.\n"
             "  --gpu-weights and --gpu-memory-limit as orochi-worker takes them: under a limit\n"
             "  a split whose GPU share would not fit is not timed (over the limit), and a GPU\n"
             "  that cannot hold the model is never chosen alone.\n");
@@ -524,22 +529,29 @@ static int pb_parse(pb_opts *o, int argc, char **argv)
             if ((o->n_widths = cli_int_list("bench", a, val, 1, 64, o->widths, PB_MAX_WIDTHS)) < 1)
                 return 2;
         } else if (!strcmp(a, "--parts") || !strcmp(a, "--threads-per-part") ||
-                   !strcmp(a, "--ctx") || !strcmp(a, "--reps") || !strcmp(a, "--prompt")) {
-            long hi = !strcmp(a, "--parts")    ? LLAMA_MAX_PARTS
-                      : !strcmp(a, "--ctx")    ? 65536
-                      : !strcmp(a, "--prompt") ? 16384
-                                               : 1000;
+                   !strcmp(a, "--ctx") || !strcmp(a, "--reps") || !strcmp(a, "--prompt") ||
+                   !strcmp(a, "--search-rounds")) {
+            long hi = !strcmp(a, "--parts")           ? LLAMA_MAX_PARTS
+                      : !strcmp(a, "--ctx")           ? 65536
+                      : !strcmp(a, "--prompt")        ? 16384
+                      : !strcmp(a, "--search-rounds") ? 100
+                                                      : 1000;
             if (!cli_int("bench", a, val, 1, hi, &v))
                 return 2;
             *(!strcmp(a, "--parts")           ? &o->parts
               : !strcmp(a, "--threads-per-part") ? &o->threads
               : !strcmp(a, "--ctx")           ? &o->ctx
               : !strcmp(a, "--prompt")        ? &o->prompt
+              : !strcmp(a, "--search-rounds") ? &o->search_rounds
                                               : &o->reps) = (int)v;
         } else {
             fprintf(stderr, "orochi bench: unknown option '%s' for --plans\n", a);
             return 2;
         }
+    }
+    if (o->search_rounds && !o->search) {
+        fprintf(stderr, "orochi bench: --search-rounds is for --search\n");
+        return 2;
     }
     if (o->prompt && o->search) {
         fprintf(stderr, "orochi bench: --prompt times plans; --search finds one: not both\n");
@@ -772,7 +784,10 @@ static int pb_search_run(pb_opts *o, pb_run *r)
                     names[p], (double)r->need[p] / (1 << 20), (double)o->gpu_limit / (1 << 20));
     }
     ctl_split_opts so = {.groups = LP_N, .parts = P, .delta = 0.1, .min_delta = 0.02,
-                         .margin = 0.01, .max_rounds = o->gpu_limit ? 20 : 12};
+                         .margin = 0.01,
+                         .max_rounds = o->search_rounds ? o->search_rounds
+                                       : o->gpu_limit   ? 20
+                                                        : 12};
     int rounds = 0;
     if (!rc)
         rc = ctl_split_search(&so, part_ms, pb_search_eval, &s, best, &best_ms, &rounds);

@@ -67,6 +67,7 @@ typedef struct {
      * chosen), and the GPU settings the search passes on */
     const char *devices, *gpu_limit, *gpu_weights;
     int threads, n_gen, depth, ranks, per_cat, reps, act_bits;
+    int search_rounds; /* --search-rounds: passed on to the search (0: its default) */
     kv_type kv; /* --kv: the K/V type the group runs with (the step times) */
     bool plain; /* --plain: prompts as completions, not chat messages */
     int widths[PF_MAX_W], n_widths, ctxs[PF_MAX_CTX], n_ctxs;
@@ -86,7 +87,7 @@ static void pf_usage(FILE *out)
             "                      [--depth D] [--ranks R] [--reps N] [--out plan.json]\n"
             "                      [--plot plan.png] [--plain] [--act-bits auto|16|8] [--kv f32|f16]\n"
             "                      [--devices cpu,gpu,...] [--gpu-memory-limit BYTES]\n"
-            "                      [--gpu-weights auto|device|mapped]\n"
+            "                      [--gpu-weights auto|device|mapped] [--search-rounds N]\n"
             "  Measures the step time per width and context bucket and each speculator's\n"
             "  acceptance by depth and candidate rank on a calibration prompt set (JSON lines\n"
             "  with id, category, prompt; default bench/prompts.jsonl), then writes the plan:\n"
@@ -104,7 +105,9 @@ static void pf_usage(FILE *out)
             "  --workers gives them); with two or more, the partition is searched too and the\n"
             "  devices chosen by measurement (orochi bench --plans --search: the fastest device\n"
             "  alone unless a split beats it; a GPU over --gpu-memory-limit never alone), and\n"
-            "  the plan's \"partition\" says which and why (docs/gpu.md, \"Which devices\").\n");
+            "  the plan's \"partition\" says which and why (docs/gpu.md, \"Which devices\").\n"
+            "  --search-rounds N: that search's rounds at most (1..100; default 12, 20 under a\n"
+            "  --gpu-memory-limit): fewer is quicker and coarser.\n");
 }
 
 static int pf_list(const char *opt, const char *s, int *out, int max, long lo, long hi)
@@ -220,6 +223,8 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
             o->per_cat = (int)x;
         else if (!strcmp(a, "--reps") && cli_int("profile", a, v, 1, 64, &x))
             o->reps = (int)x;
+        else if (!strcmp(a, "--search-rounds") && cli_int("profile", a, v, 1, 100, &x))
+            o->search_rounds = (int)x;
         else if (!strcmp(a, "--act-bits") && llama_act_bits_parse(v) >= 0)
             o->act_bits = llama_act_bits_parse(v);
         else if (!strcmp(a, "--act-bits")) {
@@ -232,7 +237,8 @@ static int pf_parse(pf_opts *o, int argc, char **argv)
             return -1;
         }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-n") || !strcmp(a, "--depth") ||
-                 !strcmp(a, "--ranks") || !strcmp(a, "--per-category") || !strcmp(a, "--reps"))
+                 !strcmp(a, "--ranks") || !strcmp(a, "--per-category") || !strcmp(a, "--reps") ||
+                 !strcmp(a, "--search-rounds"))
             return -1; /* cli_int said why */
         else {
             fprintf(stderr, "orochi profile: unknown option '%s'\n", a);
@@ -740,7 +746,7 @@ static int pf_devices(const pf_opts *o)
         parts += *p == ',';
     if (parts < 2)
         return 0; /* one worker: nothing to split */
-    char np[16], tpp[16], widths[128], ctx[16], reps[16];
+    char np[16], tpp[16], widths[128], ctx[16], reps[16], rounds[16];
     snprintf(np, sizeof np, "%d", parts);
     snprintf(tpp, sizeof tpp, "%d", o->threads / parts > 0 ? o->threads / parts : 1);
     size_t at = 0;
@@ -760,6 +766,11 @@ static int pf_devices(const pf_opts *o)
     if (o->gpu_weights) {
         argv[argc++] = "--gpu-weights";
         argv[argc++] = o->gpu_weights;
+    }
+    if (o->search_rounds) {
+        snprintf(rounds, sizeof rounds, "%d", o->search_rounds);
+        argv[argc++] = "--search-rounds";
+        argv[argc++] = rounds;
     }
     fprintf(stderr, "orochi profile: the partition for workers %s and the choice of devices "
                     "(bench --plans --search)...\n", o->devices);

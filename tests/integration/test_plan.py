@@ -10,6 +10,7 @@
   `orochi run --temp 0`, shows the plan in its status, and picks up a rewritten plan without a
   restart; a plan whose tree shape is a chain keeps the output lossless; a plan that is not a
   plan, or whose tree is malformed, is refused at start with the reason;
+- the profile's `--search-rounds N` stops its partition search after N rounds;
 - `orochi bench --plans --search PLAN` puts a partition for two parts into a plan (its other keys
   kept), every kind's shares summing to 1, the devices it was found for and why they were chosen
   (the coordinator logs the reason), and a group of two workers following that plan answers
@@ -17,7 +18,8 @@
   by a group of CPU workers, naming the worker.
 - `orochi bench --plans --prompt P` times a P-token prompt (chunks of 64 from position 0) per plan
   on two CPU parts: one JSON line a plan with its tokens/s the prompt over its time, the table's
-  line; --prompt 0 and --prompt with --search are refused, naming the problem.
+  line; --prompt 0, --prompt with --search, --search-rounds without --search and out of range
+  are refused, naming the problem.
 """
 import json
 import os
@@ -103,8 +105,11 @@ def group_follows_the_plan_and_rereads_it():
     tmp = G.env()["tmp"]
     plan_path = os.path.join(tmp, "plan-group-%d.json" % os.getpid())
     # the group's two workers named: the profile also searches their partition and chooses them
-    r = profile(model, plan_path, "--devices", "cpu,cpu")
+    # (2 rounds of the search: its 12 take minutes in the sanitizer build)
+    r = profile(model, plan_path, "--devices", "cpu,cpu", "--search-rounds", "2")
     G.check(r.returncode == 0, "orochi profile failed: %s", r.stderr[-2000:])
+    G.check("partition search: 2 parts, 2 rounds" in r.stdout,
+            "the search did not stop after --search-rounds 2:\n%s", r.stdout[-1500:])
     part = json.load(open(plan_path)).get("partition", {})
     G.check(part.get("parts") == 2 and part.get("devices") == ["cpu", "cpu"] and part.get("why"),
             "the profile with --devices cpu,cpu wrote no partition with its devices and why: %s", part)
@@ -224,7 +229,10 @@ def bench_plans_times_a_prompt():
                 and x["tc_share"] == 0 and x["parts"] == 2, "a prompt row: %r", x)
     G.check(len([x for x in rows if x["bench"] == "plans"]) == 4, "the widths' rows: %r", rows)
     for extra, says in ((["--prompt", "0"], "--prompt expects an integer in [1, 16384], got '0'"),
-                        (["--prompt", "8", "--search", js + ".plan"], "--prompt times plans; --search finds one")):
+                        (["--prompt", "8", "--search", js + ".plan"], "--prompt times plans; --search finds one"),
+                        (["--search-rounds", "3"], "--search-rounds is for --search"),
+                        (["--search", js + ".plan", "--search-rounds", "0"],
+                         "--search-rounds expects an integer in [1, 100], got '0'")):
         r = subprocess.run([e["bin"], "bench", "--plans", "--model", model] + extra,
                            capture_output=True, text=True, timeout=60)
         G.check(r.returncode == 2 and says in r.stderr, "%r was not refused (%d): %s", extra, r.returncode, r.stderr)
