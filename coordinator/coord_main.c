@@ -904,10 +904,13 @@ int main(int argc, char **argv)
             int running = coord_drain_prune(&drain);
             pthread_mutex_unlock(&drain.lock);
             /* an ended request may still be on its way to its client (the rest of a stream): the
-             * HTTP side gets COORD_DRAIN_FLUSH_US to send it before the server is stopped */
+             * HTTP side gets up to COORD_DRAIN_FLUSH_US to send it before the server is stopped,
+             * and no wait once no connection is open (every answer delivered: a client that
+             * keeps its connection alive gets the whole of it) */
             if (!running && !flush_until)
                 flush_until = rt_now_us() + COORD_DRAIN_FLUSH_US;
-            if (!running && rt_now_us() >= flush_until) {
+            if (!running &&
+                (rt_now_us() >= flush_until || !http_server_open_connections(c.http))) {
                 rt_log("coordinator", "drained");
                 break;
             }

@@ -318,6 +318,11 @@ int http_server_port(const http_server *srv)
     return srv->port;
 }
 
+int http_server_open_connections(http_server *srv)
+{
+    return atomic_load(&srv->open);
+}
+
 void http_server_stop(http_server **psrv)
 {
     if (!psrv || !*psrv)

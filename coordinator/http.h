@@ -65,6 +65,9 @@ http_server *http_server_start(const http_config *cfg, const http_engine *engine
                                size_t errlen);
 /* The TCP port the server listens on (the chosen one when cfg->port was 0). */
 int http_server_port(const http_server *srv);
+/* The connections open now: 0 when every response queued so far has reached its client (or the
+ * client left), which a draining coordinator waits for before it stops the server. */
+int http_server_open_connections(http_server *srv);
 /* Stops accepting, ends open connections (waiting handlers give up within ~0.2 s and cancel their
  * requests), joins the threads, frees, and sets *srv to NULL. NULL-safe. */
 void http_server_stop(http_server **srv);

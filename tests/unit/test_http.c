@@ -1481,6 +1481,33 @@ static void *post_hang(void *arg)
     return (void *)rc;
 }
 
+/* The count a draining coordinator waits for: 0, 1 while a client holds a connection, 0 again once
+ * it closed it; and 0 after a request answered on a connection of its own. */
+static int open_connections_within(const fixture *fx, int want, int ms)
+{
+    int n = http_server_open_connections(fx->srv);
+    for (int i = 0; i < ms / 10 && n != want; i++) {
+        fake_sleep_ms(10);
+        n = http_server_open_connections(fx->srv);
+    }
+    return n;
+}
+
+static void test_open_connections(void **state)
+{
+    fixture *fx = *state;
+    assert_int_equal(open_connections_within(fx, 0, 2000), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx->port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(open_connections_within(fx, 1, 2000), 1);
+    close(fd);
+    assert_int_equal(open_connections_within(fx, 0, 2000), 0);
+    expect_still_serving(fx);
+    assert_int_equal(open_connections_within(fx, 0, 2000), 0);
+}
+
 /* The engine never answers; stopping the server must still be prompt, and cancel the request. */
 static void test_stop_with_request_in_flight(void **state)
 {
@@ -2207,6 +2234,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_clients, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_cancels, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_idle_timeout, setup_short_idle, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_open_connections, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_request_in_flight, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_start_errors, setup_default, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cli_generate, setup_default, fx_teardown),
