@@ -179,11 +179,11 @@ def test_trace_has_a_track_per_process_and_consistent_steps():
         seconds = 8 if G.asan_build() else 3
         for _ in range(4):
             launch(g, "trace", "--seconds", str(seconds), "--out", out)
-            ev, _, spans = read_trace(out)
-            counts = [sum(e["name"] == "step" for e in spans.get(r, []))
-                      for r in ("worker-0", "worker-1")]
+            tr, spans = read_trace(out)
+            counts = [sum(e["name"] == "step" for e in spans.get(role, []))
+                      for role in ("worker-0", "worker-1")]
             G.log("  %d events in %d s; spans per process: %s" % (
-                len(ev), seconds,
+                len(tr["traceEvents"]), seconds,
                 ", ".join("%s %d" % (k, len(v)) for k, v in sorted(spans.items()))))
             if min(counts) >= 10:
                 break
@@ -212,15 +212,13 @@ def test_trace_has_a_track_per_process_and_consistent_steps():
         med = statistics.median(ratios)
         G.log("  worker step / coordinator step: median %.3f over %d steps" % (med, len(ratios)))
         G.check(0.9 <= med <= 1.1, "the workers' step times are %.3f x the coordinator's", med)
-        with open(out) as f:
-            other = json.load(f).get("otherData", {})
         for k in ("seconds", "load_average"):
-            G.check(k in other, "otherData has no %r", k)
+            G.check(k in tr.get("otherData", {}), "otherData has no %r", k)
 
 
 def read_trace(path):
-    """The trace file's events, its process names by pid and its complete spans by process name;
-    checks that every span is well formed and on a named track."""
+    """The trace file's JSON and its complete spans by process name; checks that every span is
+    well formed and on a named track."""
     with open(path) as f:
         tr = json.load(f)
     G.check(isinstance(tr.get("traceEvents"), list), "no traceEvents list")
@@ -232,7 +230,7 @@ def read_trace(path):
         if e.get("ph") == "X":
             G.check(e["dur"] >= 0 and e["ts"] >= 0 and e["pid"] in names, "a bad span: %r", e)
             spans.setdefault(names[e["pid"]], []).append(e)
-    return ev, names, spans
+    return tr, spans
 
 
 def perf_usable():

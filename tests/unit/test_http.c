@@ -488,15 +488,22 @@ static void expect_error_code(const fixture *fx, const char *path, const char *b
     cJSON_Delete(js);
 }
 
-/* Raw bytes to the server; collects the answer until the server closes or nothing arrives for
- * wait_ms. */
-static size_t raw_exchange(int port, const char *data, size_t len, char *out, size_t cap, int wait_ms)
+/* A TCP connection to the server on this machine's loopback port. */
+static int connect_local(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Raw bytes to the server; collects the answer until the server closes or nothing arrives for
+ * wait_ms. */
+static size_t raw_exchange(int port, const char *data, size_t len, char *out, size_t cap, int wait_ms)
+{
+    int fd = connect_local(port);
     struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (len)
@@ -1417,10 +1424,7 @@ static void test_client_gone_cancels(void **state)
     /* not streaming: the client sends the request and hangs up while the engine works */
     static const char req[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                               "Content-Length: 17\r\n\r\n{\"prompt\":\"slow\"}";
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = connect_local(fx->port);
     assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
     fake_sleep_ms(100);
     close(fd);
@@ -1445,10 +1449,7 @@ static void test_idle_timeout(void **state)
     fixture *fx = *state;
     static const char req[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                               "Content-Length: 19\r\n\r\n{\"prompt\":\"sleepy\"}";
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = connect_local(fx->port);
     struct timeval tv = {10, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct timespec t0, t1;
@@ -1497,10 +1498,7 @@ static void test_open_connections(void **state)
 {
     fixture *fx = *state;
     assert_int_equal(open_connections_within(fx, 0, 2000), 0);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = connect_local(fx->port);
     assert_int_equal(open_connections_within(fx, 1, 2000), 1);
     close(fd);
     assert_int_equal(open_connections_within(fx, 0, 2000), 0);
@@ -2098,11 +2096,7 @@ static void test_logprobs_stream(void **state)
 
 static int raw_connect(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = connect_local(port);
     return fd;
 }
 
